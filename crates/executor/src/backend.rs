@@ -1,0 +1,175 @@
+//! The object-safe [`Backend`] trait through which the executor drives a
+//! device, and the types that cross it: [`Buffer`], [`Executable`],
+//! [`BackendError`].
+//!
+//! A backend receives verified graphs (fused subgraphs, never lazy tensors),
+//! compiles them once into an [`Executable`], and runs that executable on
+//! input buffers. Everything about kernels, pipelines and memory stays
+//! inside the backend.
+//!
+//! Host byte format ("canonical bytes"): elements in row-major order, little
+//! endian, `dtype.size_bytes()` each; bool is one byte, 0 or 1.
+
+use lazuli_ir::{DType, Node, ScalarValue, ValueType, VerifiedGraph};
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use thiserror::Error;
+
+/// Which family a backend belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The CPU reference backend.
+    Cpu,
+    /// The wgpu (WGSL) backend.
+    Wgpu,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Wgpu => "wgpu",
+        })
+    }
+}
+
+/// Storage owned by a backend. Backends downcast through `as_any`.
+pub trait DeviceStorage: Send + Sync + fmt::Debug + 'static {
+    /// For downcasting to the backend's concrete storage type.
+    fn as_any(&self) -> &dyn Any;
+    /// Size in bytes of the allocation (may exceed the tensor's bytes).
+    fn byte_size(&self) -> usize;
+}
+
+/// A tensor's data on one backend: shared, immutable storage plus its type.
+/// Cloning is cheap. Dropping the last clone returns the storage to its
+/// backend's pool (the storage's own `Drop` does that).
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    /// The backend's storage.
+    pub storage: Arc<dyn DeviceStorage>,
+    /// Shape and dtype of the tensor it holds.
+    pub ty: ValueType,
+    /// Which backend family owns it.
+    pub kind: BackendKind,
+}
+
+impl Buffer {
+    /// Bytes of tensor data in the canonical host format.
+    pub fn host_bytes(&self) -> usize {
+        self.ty.shape.numel() * self.ty.dtype.size_bytes()
+    }
+
+    /// True if no other clone of this buffer exists, so a backend may
+    /// write the result of an elementwise op into it (buffer donation).
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+    }
+}
+
+/// A compiled graph, ready to run many times.
+pub trait Executable: Send + Sync + 'static {
+    /// For downcasting to the backend's concrete type.
+    fn as_any(&self) -> &dyn Any;
+    /// How many kernel launches one execution performs.
+    fn kernel_count(&self) -> usize;
+    /// The generated source of each kernel, as (name, source); empty for
+    /// backends without generated code.
+    fn kernel_sources(&self) -> Vec<(String, String)>;
+}
+
+/// Errors a backend reports: only what a caller cannot foresee.
+#[derive(Debug, Clone, Error)]
+pub enum BackendError {
+    /// The device ran out of memory.
+    #[error("out of memory allocating {bytes} bytes on {device}")]
+    OutOfMemory {
+        /// Requested size.
+        bytes: u64,
+        /// Device name.
+        device: String,
+    },
+    /// The device was lost or reported an internal error.
+    #[error("device error on {device}: {message}")]
+    Device {
+        /// Device name.
+        device: String,
+        /// What the driver said.
+        message: String,
+    },
+    /// The backend cannot run a node (the executor routes such nodes to
+    /// the CPU fallback, so users see this only if that is impossible).
+    #[error("{backend} does not support {op} on {dtype}")]
+    Unsupported {
+        /// Backend name.
+        backend: String,
+        /// The op.
+        op: String,
+        /// The dtype.
+        dtype: DType,
+    },
+    /// A tensor is larger than the device can bind in one buffer.
+    #[error("{op}: tensor of {bytes} bytes exceeds the device's max buffer binding of {limit} bytes")]
+    TooLarge {
+        /// The op.
+        op: String,
+        /// Needed size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Generated code failed validation or compilation (always a bug in
+    /// code generation; the message includes the source location).
+    #[error("compiling kernel {kernel} failed: {message}")]
+    Compile {
+        /// The kernel name.
+        kernel: String,
+        /// Validator or driver message.
+        message: String,
+    },
+    /// An execution failed for another reason.
+    #[error("execution failed: {0}")]
+    Execution(String),
+}
+
+/// A device backend. Object safe: the executor holds `Arc<dyn Backend>`.
+pub trait Backend: Send + Sync + 'static {
+    /// Family of this backend.
+    fn kind(&self) -> BackendKind;
+
+    /// Human-readable device name, e.g. "wgpu: llvmpipe (Vulkan, Cpu)".
+    fn name(&self) -> String;
+
+    /// True if this backend runs `node` (its op with its operand and
+    /// result dtypes) natively. `inputs` are the operand nodes. Nodes for
+    /// which this is false run on the CPU fallback.
+    fn supports(&self, node: &Node, inputs: &[&Node]) -> bool;
+
+    /// Copies canonical host bytes into a new buffer of type `ty`.
+    fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError>;
+
+    /// Reads a buffer back as canonical host bytes (blocking).
+    fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError>;
+
+    /// Compiles a verified graph whose nodes this backend all supports.
+    fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError>;
+
+    /// Runs `exe` on `inputs` (one per graph parameter, in order) and the
+    /// lifted `scalars` (one per scalar slot, already cast to its dtype).
+    /// Returns one buffer per graph output, in order, once the device has
+    /// finished (the executor calls this from its worker thread). Inputs are
+    /// passed by value so a backend may donate a uniquely held input buffer.
+    fn execute(
+        &self,
+        exe: &dyn Executable,
+        inputs: Vec<Buffer>,
+        scalars: &[ScalarValue],
+    ) -> Result<Vec<Buffer>, BackendError>;
+
+    /// Bytes currently held by the backend's buffer pool (free + in use), for
+    /// leak checks; backends without a pool return the bytes they know of.
+    fn pool_bytes(&self) -> u64 {
+        0
+    }
+}

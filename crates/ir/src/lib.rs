@@ -1,0 +1,26 @@
+//! `lazuli-ir`: the intermediate representation of Lazuli.
+//!
+//! Element types ([`DType`]), shapes ([`Shape`]), the closed op set ([`Op`])
+//! with type inference, the arena [`Graph`] with typed [`NodeId`]s,
+//! structural hashing, verification ([`VerifiedGraph`]), text and DOT
+//! dumps, optimization passes ([`passes`]) and fusion planning
+//! ([`fusion`]).
+//!
+//! Architecture invariant: this crate knows nothing of wgpu, threads or IO.
+
+mod dtype;
+mod error;
+mod graph;
+mod hash;
+mod op;
+mod shape;
+
+pub use dtype::{DType, ScalarValue};
+pub use error::IrError;
+pub use graph::{describe, Graph, Node, NodeId, VerifiedGraph};
+pub use hash::{stable_hash, StableHasher};
+pub use shape::Shape;
+pub use op::{
+    reduced_shape, ArgReduceOp, BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp,
+    UnaryOp, ValueType,
+};

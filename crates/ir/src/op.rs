@@ -1,0 +1,916 @@
+//! The closed op set ([`Op`]) with its group predicates and type inference.
+//!
+//! Each variant's doc line states its semantics and dtype rule. Shapes and
+//! dtypes are inferred by [`Op::infer`] from the operand types when a node
+//! is made; a mismatch is an [`IrError`] naming the op and the shapes.
+
+use crate::{DType, IrError, ScalarValue, Shape};
+
+/// The shape and dtype of a value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ValueType {
+    /// Dimensions.
+    pub shape: Shape,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl ValueType {
+    /// A value type from parts.
+    pub fn new(shape: impl Into<Shape>, dtype: DType) -> ValueType {
+        ValueType { shape: shape.into(), dtype }
+    }
+}
+
+/// Unary elementwise functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`; signed ints and floats.
+    Neg,
+    /// `|x|`; numeric.
+    Abs,
+    /// `e^x`; floats.
+    Exp,
+    /// Natural log; floats.
+    Log,
+    /// Square root; floats.
+    Sqrt,
+    /// `1 / sqrt(x)`; floats.
+    Rsqrt,
+    /// `1 / x`; floats.
+    Reciprocal,
+    /// `max(x, 0)`; numeric.
+    Relu,
+    /// `1 / (1 + e^-x)`; floats.
+    Sigmoid,
+    /// Hyperbolic tangent; floats.
+    Tanh,
+    /// Exact GELU `x * Phi(x)` (erf form); floats.
+    Gelu,
+    /// GELU, tanh approximation; floats.
+    GeluTanh,
+    /// Error function; floats.
+    Erf,
+    /// Sine; floats.
+    Sin,
+    /// Cosine; floats.
+    Cos,
+    /// Round down; floats.
+    Floor,
+    /// Round up; floats.
+    Ceil,
+    /// Round half to even; floats.
+    Round,
+    /// -1, 0 or 1 (0 for 0, NaN stays NaN); numeric.
+    Sign,
+    /// Logical not; bool only.
+    Not,
+    /// `x != x`; floats -> bool.
+    IsNan,
+    /// `|x| == inf`; floats -> bool.
+    IsInf,
+}
+
+impl UnaryOp {
+    /// Lowercase name used in dumps and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Reciprocal => "reciprocal",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Not => "logical_not",
+            UnaryOp::IsNan => "isnan",
+            UnaryOp::IsInf => "isinf",
+        }
+    }
+
+    fn result_dtype(self, x: DType) -> Result<DType, &'static str> {
+        use UnaryOp::*;
+        match self {
+            Not if x == DType::Bool => Ok(DType::Bool),
+            Not => Err("bool"),
+            IsNan | IsInf if x.is_float() => Ok(DType::Bool),
+            IsNan | IsInf => Err("a float dtype"),
+            Neg if x.is_float() || x.is_signed_int() => Ok(x),
+            Neg => Err("a signed integer or float dtype"),
+            Abs | Relu | Sign if x.is_numeric() => Ok(x),
+            Abs | Relu | Sign => Err("a numeric dtype"),
+            _ if x.is_float() => Ok(x),
+            _ => Err("a float dtype"),
+        }
+    }
+}
+
+/// Binary elementwise functions; operands broadcast (numpy rules) and must
+/// have the same dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b` (integers wrap); numeric.
+    Add,
+    /// `a - b` (integers wrap); numeric.
+    Sub,
+    /// `a * b` (integers wrap); numeric.
+    Mul,
+    /// `a / b`; integers truncate toward zero (division by zero gives 0).
+    Div,
+    /// `a ^ b`; numeric.
+    Pow,
+    /// Elementwise maximum (NaN propagates); numeric.
+    Maximum,
+    /// Elementwise minimum (NaN propagates); numeric.
+    Minimum,
+    /// Floored modulo: the result has the sign of `b` (Python `%`).
+    Mod,
+    /// Truncated remainder: the result has the sign of `a` (C `fmod`).
+    Rem,
+    /// `a == b` -> bool.
+    Eq,
+    /// `a != b` -> bool.
+    Ne,
+    /// `a < b` -> bool.
+    Lt,
+    /// `a <= b` -> bool.
+    Le,
+    /// `a > b` -> bool.
+    Gt,
+    /// `a >= b` -> bool.
+    Ge,
+    /// Logical and; bool only.
+    And,
+    /// Logical or; bool only.
+    Or,
+    /// Logical xor; bool only.
+    Xor,
+}
+
+impl BinaryOp {
+    /// Lowercase name used in dumps and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Mod => "mod",
+            BinaryOp::Rem => "rem",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::And => "logical_and",
+            BinaryOp::Or => "logical_or",
+            BinaryOp::Xor => "logical_xor",
+        }
+    }
+
+    /// True for the comparisons, whose result is bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
+    }
+
+    /// True for the logical ops (bool operands and result).
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    }
+
+    fn result_dtype(self, x: DType) -> Result<DType, &'static str> {
+        if self.is_logical() {
+            return if x == DType::Bool { Ok(DType::Bool) } else { Err("bool operands") };
+        }
+        if self.is_comparison() {
+            return Ok(DType::Bool);
+        }
+        if x == DType::Bool {
+            return Err("numeric operands");
+        }
+        Ok(x)
+    }
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum; numeric. The empty sum is 0.
+    Sum,
+    /// Arithmetic mean; floats. The empty mean is NaN.
+    Mean,
+    /// Maximum (NaN propagates); numeric or bool. Empty: the dtype's lowest.
+    Max,
+    /// Minimum (NaN propagates); numeric or bool. Empty: the dtype's highest.
+    Min,
+    /// Product; numeric. The empty product is 1.
+    Prod,
+}
+
+impl ReduceOp {
+    /// Lowercase name used in dumps and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Prod => "prod",
+        }
+    }
+}
+
+/// Index-of-extremum reductions along one axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgReduceOp {
+    /// Index of the maximum.
+    ArgMax,
+    /// Index of the minimum.
+    ArgMin,
+}
+
+/// The distribution of a random op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RandomDist {
+    /// Uniform in [0, 1).
+    Uniform,
+    /// Standard normal (Box-Muller over two uniforms).
+    Normal,
+}
+
+/// The kind of a pooling window reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// Maximum over the window (padding never wins).
+    Max,
+    /// Average over the window.
+    Avg {
+        /// Count padded elements in the divisor.
+        count_include_pad: bool,
+    },
+}
+
+/// Attributes of an N-d pooling op over the trailing spatial dims of an
+/// `[N, C, spatial...]` input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolAttrs {
+    /// Max or average.
+    pub kind: PoolKind,
+    /// Window size per spatial dim.
+    pub kernel: Vec<usize>,
+    /// Stride per spatial dim.
+    pub strides: Vec<usize>,
+    /// Padding before each spatial dim.
+    pub pads_begin: Vec<usize>,
+    /// Padding after each spatial dim.
+    pub pads_end: Vec<usize>,
+    /// Dilation per spatial dim.
+    pub dilations: Vec<usize>,
+    /// Use ceil instead of floor when computing the output size.
+    pub ceil_mode: bool,
+}
+
+/// Attributes of a 2-d convolution (`[N, C, H, W]` input, `[O, C/groups, kh, kw]` weight).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConvAttrs {
+    /// Stride (h, w).
+    pub strides: [usize; 2],
+    /// Padding (top, left, bottom, right).
+    pub pads: [usize; 4],
+    /// Dilation (h, w).
+    pub dilations: [usize; 2],
+    /// Number of groups.
+    pub groups: usize,
+}
+
+/// One IR operation. Leaves have no operands; every other op's operand
+/// count is fixed except `Concat`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Graph input number `i` (device or host data); type from the graph's parameter table.
+    Parameter(u32),
+    /// A baked rank-0 constant of the given dtype (only special values are baked).
+    Constant(ScalarValue, DType),
+    /// Lifted rank-0 scalar: value `i` of the plan's scalar table (dtype from the table).
+    ScalarParam(u32),
+    /// `out[idx] = idx[axis]` for a tensor of `shape`, cast to `dtype`.
+    Iota {
+        /// Output shape.
+        shape: Shape,
+        /// The axis whose index is the value.
+        axis: usize,
+        /// Output dtype (numeric).
+        dtype: DType,
+    },
+    /// Counter-based random numbers (Philox-4x32-10) of `shape`, f32. Operands:
+    /// two rank-0 u32 key words (seed, step). Element `i` uses counter `i`.
+    Random {
+        /// Output shape.
+        shape: Shape,
+        /// Distribution.
+        dist: RandomDist,
+    },
+    /// Unary elementwise function.
+    Unary(UnaryOp),
+    /// Binary elementwise function with broadcasting.
+    Binary(BinaryOp),
+    /// `cond ? a : b` with three-way broadcasting; `cond` bool, `a` and `b` the same dtype.
+    Where,
+    /// Convert to `dtype` (float->int truncates toward zero and saturates; nonzero->true).
+    Cast(DType),
+    /// Reduce over `axes` (sorted, unique); kept as size 1 when `keepdim`.
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// Axes to reduce.
+        axes: Vec<usize>,
+        /// Keep reduced axes as size 1.
+        keepdim: bool,
+    },
+    /// Index (i32) of the max/min along `axis`; ties take the first index, or the last with `select_last`.
+    ArgReduce {
+        /// ArgMax or ArgMin.
+        op: ArgReduceOp,
+        /// The axis.
+        axis: usize,
+        /// Keep the axis as size 1.
+        keepdim: bool,
+        /// Prefer the last index among ties.
+        select_last: bool,
+    },
+    /// Inclusive (or exclusive) prefix sum along `axis`, optionally from the end.
+    CumSum {
+        /// The axis.
+        axis: usize,
+        /// Exclude the current element.
+        exclusive: bool,
+        /// Accumulate from the end.
+        reverse: bool,
+    },
+    /// Softmax (or log-softmax) along `axis`; floats.
+    Softmax {
+        /// The axis.
+        axis: usize,
+        /// Log-softmax instead of softmax.
+        log: bool,
+    },
+    /// `[.., m, k] @ [.., k, n]` with broadcast batch dims; both operands rank >= 2, same numeric dtype.
+    MatMul,
+    /// Same elements in a new shape (equal element count).
+    Reshape(Shape),
+    /// Reorder dims: `out.dims[i] = in.dims[perm[i]]`.
+    Permute(Vec<usize>),
+    /// Broadcast to `shape` (numpy rules).
+    Expand(Shape),
+    /// Strided slice: output dim `i` takes `starts[i] + j * steps[i]` for `j` in `0..lens[i]`; steps may be negative.
+    Slice {
+        /// First index per dim (in range when the dim is not empty).
+        starts: Vec<i64>,
+        /// Step per dim (non-zero).
+        steps: Vec<i64>,
+        /// Output length per dim.
+        lens: Vec<usize>,
+    },
+    /// Join operands along `axis`; same dtype, other dims equal.
+    Concat {
+        /// The axis.
+        axis: usize,
+    },
+    /// Pad with a constant (second operand, rank-0, same dtype) or by reflect/edge.
+    Pad {
+        /// Elements before, per dim.
+        before: Vec<usize>,
+        /// Elements after, per dim.
+        after: Vec<usize>,
+        /// Padding mode.
+        mode: PadMode,
+    },
+    /// `out = data.take(indices, axis)`: indices (any int dtype, negative counts from the end) replace dim `axis`.
+    Gather {
+        /// The axis of `data`.
+        axis: usize,
+    },
+    /// 2-d convolution of `[N, C, H, W]` by `[O, C/g, kh, kw]`; floats.
+    Conv2d(ConvAttrs),
+    /// N-d max/avg pooling over the spatial dims of `[N, C, ...]`; floats (max: any numeric).
+    Pool(PoolAttrs),
+}
+
+/// How `Op::Pad` fills the border.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PadMode {
+    /// The constant operand.
+    Constant,
+    /// Mirror without repeating the edge.
+    Reflect,
+    /// Repeat the edge element.
+    Edge,
+}
+
+impl Op {
+    /// A short name for dumps and error messages.
+    pub fn name(&self) -> String {
+        match self {
+            Op::Parameter(_) => "parameter".into(),
+            Op::Constant(..) => "constant".into(),
+            Op::ScalarParam(_) => "scalar".into(),
+            Op::Iota { .. } => "iota".into(),
+            Op::Random { dist: RandomDist::Uniform, .. } => "rand".into(),
+            Op::Random { dist: RandomDist::Normal, .. } => "randn".into(),
+            Op::Unary(u) => u.name().into(),
+            Op::Binary(b) => b.name().into(),
+            Op::Where => "where".into(),
+            Op::Cast(_) => "cast".into(),
+            Op::Reduce { op, .. } => format!("reduce_{}", op.name()),
+            Op::ArgReduce { op: ArgReduceOp::ArgMax, .. } => "argmax".into(),
+            Op::ArgReduce { op: ArgReduceOp::ArgMin, .. } => "argmin".into(),
+            Op::CumSum { .. } => "cumsum".into(),
+            Op::Softmax { log: false, .. } => "softmax".into(),
+            Op::Softmax { log: true, .. } => "log_softmax".into(),
+            Op::MatMul => "matmul".into(),
+            Op::Reshape(_) => "reshape".into(),
+            Op::Permute(_) => "permute".into(),
+            Op::Expand(_) => "expand".into(),
+            Op::Slice { .. } => "slice".into(),
+            Op::Concat { .. } => "concat".into(),
+            Op::Pad { .. } => "pad".into(),
+            Op::Gather { .. } => "gather".into(),
+            Op::Conv2d(_) => "conv2d".into(),
+            Op::Pool(PoolAttrs { kind: PoolKind::Max, .. }) => "max_pool".into(),
+            Op::Pool(PoolAttrs { kind: PoolKind::Avg { .. }, .. }) => "avg_pool".into(),
+        }
+    }
+
+    /// Leaves: no operands.
+    pub fn is_leaf(&self) -> bool {
+        matches!(
+            self,
+            Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }
+        )
+    }
+
+    /// Pure per-element functions of operands at the same (broadcast) index.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
+    }
+
+    /// Ops that only move or repeat elements; each output element reads
+    /// exactly one operand element (or a pad value) at a computable index.
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. }
+        )
+    }
+
+    /// Reductions over axes, including arg-reductions and softmax.
+    pub fn is_reduction(&self) -> bool {
+        matches!(self, Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Softmax { .. } | Op::CumSum { .. })
+    }
+
+    /// Infers the result type from operand types. `params` and `scalars`
+    /// give the types of `Parameter` and `ScalarParam` leaves.
+    pub fn infer(
+        &self,
+        inputs: &[ValueType],
+        params: &[ValueType],
+        scalars: &[DType],
+    ) -> Result<ValueType, IrError> {
+        let name = self.name();
+        let op = name.as_str();
+        let arity = |n: usize| -> Result<(), IrError> {
+            if inputs.len() == n {
+                Ok(())
+            } else {
+                Err(IrError::Arity { op: op.to_string(), expected: n.to_string(), got: inputs.len() })
+            }
+        };
+        let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype).collect();
+        let check_axis = |axis: usize, shape: &Shape| -> Result<(), IrError> {
+            if axis < shape.rank() {
+                Ok(())
+            } else {
+                Err(IrError::Axis { op: op.to_string(), axis: axis as isize, shape: shape.clone(), rank: shape.rank() })
+            }
+        };
+        match self {
+            Op::Parameter(i) => {
+                arity(0)?;
+                params
+                    .get(*i as usize)
+                    .cloned()
+                    .ok_or_else(|| IrError::shape(op, format!("parameter {i} is not in the parameter table")))
+            }
+            Op::Constant(_, dtype) => {
+                arity(0)?;
+                Ok(ValueType::new(Shape::scalar(), *dtype))
+            }
+            Op::ScalarParam(i) => {
+                arity(0)?;
+                scalars
+                    .get(*i as usize)
+                    .map(|d| ValueType::new(Shape::scalar(), *d))
+                    .ok_or_else(|| IrError::shape(op, format!("scalar slot {i} is not in the scalar table")))
+            }
+            Op::Iota { shape, axis, dtype } => {
+                arity(0)?;
+                check_axis(*axis, shape)?;
+                if !dtype.is_numeric() {
+                    return Err(IrError::dtype(op, "a numeric dtype", &[*dtype]));
+                }
+                Ok(ValueType::new(shape.clone(), *dtype))
+            }
+            Op::Random { shape, .. } => {
+                arity(2)?;
+                for v in inputs {
+                    if v.dtype != DType::U32 || v.shape.rank() != 0 {
+                        return Err(IrError::dtype(op, "two rank-0 u32 key operands", &dtypes));
+                    }
+                }
+                Ok(ValueType::new(shape.clone(), DType::F32))
+            }
+            Op::Unary(u) => {
+                arity(1)?;
+                let d = u
+                    .result_dtype(inputs[0].dtype)
+                    .map_err(|want| IrError::dtype(op, format!("expected {want}"), &dtypes))?;
+                Ok(ValueType::new(inputs[0].shape.clone(), d))
+            }
+            Op::Binary(b) => {
+                arity(2)?;
+                if inputs[0].dtype != inputs[1].dtype {
+                    return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes));
+                }
+                let d = b
+                    .result_dtype(inputs[0].dtype)
+                    .map_err(|want| IrError::dtype(op, format!("expected {want}"), &dtypes))?;
+                let shape = broadcast(op, &inputs[0].shape, &inputs[1].shape)?;
+                Ok(ValueType::new(shape, d))
+            }
+            Op::Where => {
+                arity(3)?;
+                if inputs[0].dtype != DType::Bool {
+                    return Err(IrError::dtype(op, "condition must be bool", &dtypes));
+                }
+                if inputs[1].dtype != inputs[2].dtype {
+                    return Err(IrError::dtype(op, "both branches must have the same dtype", &dtypes));
+                }
+                let s = broadcast(op, &inputs[0].shape, &inputs[1].shape)?;
+                let s = broadcast(op, &s, &inputs[2].shape)?;
+                Ok(ValueType::new(s, inputs[1].dtype))
+            }
+            Op::Cast(d) => {
+                arity(1)?;
+                Ok(ValueType::new(inputs[0].shape.clone(), *d))
+            }
+            Op::Reduce { op: r, axes, keepdim } => {
+                arity(1)?;
+                let x = &inputs[0];
+                check_axes(op, axes, &x.shape)?;
+                let ok = match r {
+                    ReduceOp::Mean => x.dtype.is_float(),
+                    ReduceOp::Max | ReduceOp::Min => true,
+                    ReduceOp::Sum | ReduceOp::Prod => x.dtype.is_numeric(),
+                };
+                if !ok {
+                    let want = if *r == ReduceOp::Mean { "a float dtype" } else { "a numeric dtype" };
+                    return Err(IrError::dtype(op, format!("expected {want}"), &dtypes));
+                }
+                Ok(ValueType::new(reduced_shape(&x.shape, axes, *keepdim), x.dtype))
+            }
+            Op::ArgReduce { axis, keepdim, .. } => {
+                arity(1)?;
+                let x = &inputs[0];
+                check_axis(*axis, &x.shape)?;
+                if x.shape.dims()[*axis] == 0 {
+                    return Err(IrError::shape(op, format!("cannot take {op} over the empty axis {axis} of {}", x.shape)));
+                }
+                Ok(ValueType::new(reduced_shape(&x.shape, &[*axis], *keepdim), DType::I32))
+            }
+            Op::CumSum { axis, .. } => {
+                arity(1)?;
+                check_axis(*axis, &inputs[0].shape)?;
+                if !inputs[0].dtype.is_numeric() {
+                    return Err(IrError::dtype(op, "expected a numeric dtype", &dtypes));
+                }
+                Ok(inputs[0].clone())
+            }
+            Op::Softmax { axis, .. } => {
+                arity(1)?;
+                check_axis(*axis, &inputs[0].shape)?;
+                if !inputs[0].dtype.is_float() {
+                    return Err(IrError::dtype(op, "expected a float dtype", &dtypes));
+                }
+                Ok(inputs[0].clone())
+            }
+            Op::MatMul => {
+                arity(2)?;
+                let (a, b) = (&inputs[0], &inputs[1]);
+                if a.dtype != b.dtype || !a.dtype.is_numeric() {
+                    return Err(IrError::dtype(op, "operands must have the same numeric dtype", &dtypes));
+                }
+                if a.shape.rank() < 2 || b.shape.rank() < 2 {
+                    return Err(IrError::shape(op, format!("operands must have rank >= 2, got {} and {}", a.shape, b.shape)));
+                }
+                let (ad, bd) = (a.shape.dims(), b.shape.dims());
+                let (m, k1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+                let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+                if k1 != k2 {
+                    return Err(IrError::shape(
+                        op,
+                        format!("inner dimensions differ: {} @ {} ({k1} != {k2})", a.shape, b.shape),
+                    ));
+                }
+                let ab = Shape::new(&ad[..ad.len() - 2]);
+                let bb = Shape::new(&bd[..bd.len() - 2]);
+                let batch = ab.broadcast(&bb).ok_or_else(|| {
+                    IrError::shape(op, format!("batch dimensions of {} and {} do not broadcast", a.shape, b.shape))
+                })?;
+                let mut dims = batch.0;
+                dims.push(m);
+                dims.push(n);
+                Ok(ValueType::new(dims, a.dtype))
+            }
+            Op::Reshape(shape) => {
+                arity(1)?;
+                if shape.numel() != inputs[0].shape.numel() {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "cannot reshape {} ({} elements) to {} ({} elements)",
+                            inputs[0].shape,
+                            inputs[0].shape.numel(),
+                            shape,
+                            shape.numel()
+                        ),
+                    ));
+                }
+                Ok(ValueType::new(shape.clone(), inputs[0].dtype))
+            }
+            Op::Permute(perm) => {
+                arity(1)?;
+                let s = &inputs[0].shape;
+                let mut seen = vec![false; s.rank()];
+                let valid = perm.len() == s.rank()
+                    && perm.iter().all(|&p| p < s.rank() && !std::mem::replace(&mut seen[p], true));
+                if !valid {
+                    return Err(IrError::shape(op, format!("{perm:?} is not a permutation of the {} dims of {s}", s.rank())));
+                }
+                Ok(ValueType::new(perm.iter().map(|&p| s.dims()[p]).collect::<Vec<_>>(), inputs[0].dtype))
+            }
+            Op::Expand(shape) => {
+                arity(1)?;
+                if !inputs[0].shape.broadcasts_to(shape) {
+                    return Err(IrError::shape(op, format!("cannot broadcast {} to {}", inputs[0].shape, shape)));
+                }
+                Ok(ValueType::new(shape.clone(), inputs[0].dtype))
+            }
+            Op::Slice { starts, steps, lens } => {
+                arity(1)?;
+                let s = &inputs[0].shape;
+                if starts.len() != s.rank() || steps.len() != s.rank() || lens.len() != s.rank() {
+                    return Err(IrError::shape(op, format!("slice spec has {} dims, operand {s} has {}", starts.len(), s.rank())));
+                }
+                for d in 0..s.rank() {
+                    let (start, step, len, dim) = (starts[d], steps[d], lens[d] as i64, s.dims()[d] as i64);
+                    if step == 0 {
+                        return Err(IrError::shape(op, format!("step of dim {d} is 0")));
+                    }
+                    if len > 0 {
+                        let last = start + (len - 1) * step;
+                        if start < 0 || start >= dim || last < 0 || last >= dim {
+                            return Err(IrError::shape(
+                                op,
+                                format!("dim {d}: indices {start}..={last} (step {step}) out of range for size {dim} in {s}"),
+                            ));
+                        }
+                    }
+                }
+                Ok(ValueType::new(lens.clone(), inputs[0].dtype))
+            }
+            Op::Concat { axis } => {
+                if inputs.is_empty() {
+                    return Err(IrError::Arity { op: op.to_string(), expected: "at least 1".into(), got: 0 });
+                }
+                let first = &inputs[0];
+                check_axis(*axis, &first.shape)?;
+                let mut dims = first.shape.0.clone();
+                dims[*axis] = 0;
+                for v in inputs {
+                    if v.dtype != first.dtype {
+                        return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes));
+                    }
+                    let same_rank = v.shape.rank() == first.shape.rank();
+                    let same_other = same_rank
+                        && (0..dims.len()).all(|d| d == *axis || v.shape.dims()[d] == first.shape.dims()[d]);
+                    if !same_other {
+                        return Err(IrError::shape(
+                            op,
+                            format!("shapes {} and {} differ outside axis {axis}", first.shape, v.shape),
+                        ));
+                    }
+                    dims[*axis] += v.shape.dims()[*axis];
+                }
+                Ok(ValueType::new(dims, first.dtype))
+            }
+            Op::Pad { before, after, mode } => {
+                let want = if *mode == PadMode::Constant { 2 } else { 1 };
+                arity(want)?;
+                let s = &inputs[0].shape;
+                if before.len() != s.rank() || after.len() != s.rank() {
+                    return Err(IrError::shape(op, format!("pads for {} dims given for operand {s}", before.len())));
+                }
+                if want == 2 && (inputs[1].dtype != inputs[0].dtype || inputs[1].shape.rank() != 0) {
+                    return Err(IrError::dtype(op, "pad value must be a rank-0 tensor of the operand's dtype", &dtypes));
+                }
+                for d in 0..s.rank() {
+                    let n = s.dims()[d];
+                    let bad = match mode {
+                        PadMode::Reflect => (before[d] > 0 || after[d] > 0) && (before[d] >= n || after[d] >= n),
+                        PadMode::Edge => (before[d] > 0 || after[d] > 0) && n == 0,
+                        PadMode::Constant => false,
+                    };
+                    if bad {
+                        return Err(IrError::shape(op, format!("{mode:?} padding of dim {d} by ({}, {}) needs a larger dim than {n} in {s}", before[d], after[d])));
+                    }
+                }
+                let dims: Vec<usize> = (0..s.rank()).map(|d| s.dims()[d] + before[d] + after[d]).collect();
+                Ok(ValueType::new(dims, inputs[0].dtype))
+            }
+            Op::Gather { axis } => {
+                arity(2)?;
+                let (x, idx) = (&inputs[0], &inputs[1]);
+                check_axis(*axis, &x.shape)?;
+                if !idx.dtype.is_int() {
+                    return Err(IrError::dtype(op, "indices must have an integer dtype", &dtypes));
+                }
+                let mut dims = x.shape.dims()[..*axis].to_vec();
+                dims.extend_from_slice(idx.shape.dims());
+                dims.extend_from_slice(&x.shape.dims()[*axis + 1..]);
+                Ok(ValueType::new(dims, x.dtype))
+            }
+            Op::Conv2d(c) => {
+                arity(2)?;
+                let (x, w) = (&inputs[0], &inputs[1]);
+                if x.dtype != w.dtype || !x.dtype.is_float() {
+                    return Err(IrError::dtype(op, "input and weight must have the same float dtype", &dtypes));
+                }
+                if x.shape.rank() != 4 || w.shape.rank() != 4 {
+                    return Err(IrError::shape(op, format!("expected [N, C, H, W] input and [O, C/g, kh, kw] weight, got {} and {}", x.shape, w.shape)));
+                }
+                let (xd, wd) = (x.shape.dims(), w.shape.dims());
+                if c.groups == 0 || xd[1] != wd[1] * c.groups || wd[0] % c.groups != 0 {
+                    return Err(IrError::shape(op, format!("channels of {} do not match weight {} with {} groups", x.shape, w.shape, c.groups)));
+                }
+                let mut dims = vec![xd[0], wd[0]];
+                for i in 0..2 {
+                    let padded = xd[2 + i] + c.pads[i] + c.pads[i + 2];
+                    let eff = c.dilations[i] * (wd[2 + i] - 1) + 1;
+                    if c.strides[i] == 0 || padded < eff {
+                        return Err(IrError::shape(op, format!("kernel {} does not fit input {} with pads {:?}", w.shape, x.shape, c.pads)));
+                    }
+                    dims.push((padded - eff) / c.strides[i] + 1);
+                }
+                Ok(ValueType::new(dims, x.dtype))
+            }
+            Op::Pool(p) => {
+                arity(1)?;
+                let x = &inputs[0];
+                let nsp = p.kernel.len();
+                if x.shape.rank() != nsp + 2
+                    || [p.strides.len(), p.pads_begin.len(), p.pads_end.len(), p.dilations.len()].iter().any(|&l| l != nsp)
+                {
+                    return Err(IrError::shape(op, format!("a {nsp}-d window needs an input of rank {}, got {}", nsp + 2, x.shape)));
+                }
+                if !x.dtype.is_numeric() || (matches!(p.kind, PoolKind::Avg { .. }) && !x.dtype.is_float()) {
+                    return Err(IrError::dtype(op, "expected a float dtype (max pool: numeric)", &dtypes));
+                }
+                let mut dims = x.shape.dims()[..2].to_vec();
+                for i in 0..nsp {
+                    let padded = x.shape.dims()[2 + i] + p.pads_begin[i] + p.pads_end[i];
+                    let eff = p.dilations[i] * (p.kernel[i].max(1) - 1) + 1;
+                    if p.strides[i] == 0 || p.kernel[i] == 0 || padded < eff {
+                        return Err(IrError::shape(op, format!("window {:?} does not fit input {}", p.kernel, x.shape)));
+                    }
+                    let span = padded - eff;
+                    let mut out = if p.ceil_mode { span.div_ceil(p.strides[i]) + 1 } else { span / p.strides[i] + 1 };
+                    // A window may not start inside the end padding (ONNX / PyTorch rule).
+                    if p.ceil_mode && (out - 1) * p.strides[i] >= x.shape.dims()[2 + i] + p.pads_begin[i] {
+                        out -= 1;
+                    }
+                    dims.push(out);
+                }
+                Ok(ValueType::new(dims, x.dtype))
+            }
+        }
+    }
+}
+
+fn broadcast(op: &str, a: &Shape, b: &Shape) -> Result<Shape, IrError> {
+    a.broadcast(b)
+        .ok_or_else(|| IrError::Broadcast { op: op.to_string(), lhs: a.clone(), rhs: b.clone() })
+}
+
+fn check_axes(op: &str, axes: &[usize], shape: &Shape) -> Result<(), IrError> {
+    for (i, &a) in axes.iter().enumerate() {
+        if a >= shape.rank() {
+            return Err(IrError::Axis { op: op.to_string(), axis: a as isize, shape: shape.clone(), rank: shape.rank() });
+        }
+        if i > 0 && axes[i - 1] >= a {
+            return Err(IrError::shape(op, format!("axes {axes:?} must be sorted and unique")));
+        }
+    }
+    Ok(())
+}
+
+/// The shape left after reducing `axes` of `shape`.
+pub fn reduced_shape(shape: &Shape, axes: &[usize], keepdim: bool) -> Shape {
+    let mut dims = Vec::with_capacity(shape.rank());
+    for (i, &d) in shape.dims().iter().enumerate() {
+        if axes.contains(&i) {
+            if keepdim {
+                dims.push(1);
+            }
+        } else {
+            dims.push(d);
+        }
+    }
+    Shape(dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vt(dims: &[usize], d: DType) -> ValueType {
+        ValueType::new(dims, d)
+    }
+
+    #[test]
+    fn binary_broadcast_error_names_op_and_shapes() {
+        let e = Op::Binary(BinaryOp::Add)
+            .infer(&[vt(&[2, 3], DType::F32), vt(&[4], DType::F32)], &[], &[])
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("add") && msg.contains("[2, 3]") && msg.contains("[4]"), "{msg}");
+    }
+
+    #[test]
+    fn dtype_mismatch_names_dtypes() {
+        let e = Op::Binary(BinaryOp::Mul)
+            .infer(&[vt(&[2], DType::F32), vt(&[2], DType::I32)], &[], &[])
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("mul") && msg.contains("f32") && msg.contains("i32"), "{msg}");
+    }
+
+    #[test]
+    fn matmul_batch_broadcast() {
+        let t = Op::MatMul
+            .infer(&[vt(&[2, 1, 3, 4], DType::F32), vt(&[5, 4, 6], DType::F32)], &[], &[])
+            .unwrap();
+        assert_eq!(t.shape, Shape::new([2, 5, 3, 6]));
+    }
+
+    #[test]
+    fn slice_with_negative_step() {
+        let op = Op::Slice { starts: vec![4], steps: vec![-2], lens: vec![3] };
+        assert_eq!(op.infer(&[vt(&[5], DType::F32)], &[], &[]).unwrap().shape, Shape::new([3]));
+        let bad = Op::Slice { starts: vec![4], steps: vec![-2], lens: vec![4] };
+        assert!(bad.infer(&[vt(&[5], DType::F32)], &[], &[]).is_err());
+    }
+
+    #[test]
+    fn pool_ceil_mode() {
+        let p = PoolAttrs {
+            kind: PoolKind::Max,
+            kernel: vec![3, 3],
+            strides: vec![2, 2],
+            pads_begin: vec![0, 0],
+            pads_end: vec![0, 0],
+            dilations: vec![1, 1],
+            ceil_mode: true,
+        };
+        let t = Op::Pool(p).infer(&[vt(&[1, 1, 4, 4], DType::F32)], &[], &[]).unwrap();
+        assert_eq!(t.shape, Shape::new([1, 1, 2, 2]));
+    }
+}

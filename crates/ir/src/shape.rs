@@ -1,0 +1,147 @@
+//! Tensor shapes ([`Shape`]): dimension lists, element counts, strides and
+//! numpy-style broadcasting.
+
+use std::fmt;
+
+/// The dimensions of a tensor, outermost first. A rank-0 shape is a scalar.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Shape(pub Vec<usize>);
+
+impl Shape {
+    /// A shape from dimension sizes.
+    pub fn new(dims: impl Into<Vec<usize>>) -> Shape {
+        Shape(dims.into())
+    }
+
+    /// The rank-0 shape.
+    pub fn scalar() -> Shape {
+        Shape(Vec::new())
+    }
+
+    /// Dimension sizes.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Number of elements (1 for a scalar, 0 if any dimension is 0).
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+
+    /// Row-major (C order) strides in elements.
+    pub fn strides(&self) -> Vec<usize> {
+        let mut strides = vec![0; self.0.len()];
+        let mut acc = 1;
+        for (i, d) in self.0.iter().enumerate().rev() {
+            strides[i] = acc;
+            acc *= *d;
+        }
+        strides
+    }
+
+    /// Numpy broadcasting of two shapes; `None` if they are incompatible.
+    pub fn broadcast(&self, other: &Shape) -> Option<Shape> {
+        let rank = self.rank().max(other.rank());
+        let mut out = vec![0; rank];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let a = dim_from_right(&self.0, rank - 1 - i);
+            let b = dim_from_right(&other.0, rank - 1 - i);
+            *slot = match (a, b) {
+                (a, b) if a == b => a,
+                (1, b) => b,
+                (a, 1) => a,
+                _ => return None,
+            };
+        }
+        Some(Shape(out))
+    }
+
+    /// True if `self` can be broadcast to `target` (numpy rules, one way).
+    pub fn broadcasts_to(&self, target: &Shape) -> bool {
+        if self.rank() > target.rank() {
+            return false;
+        }
+        let off = target.rank() - self.rank();
+        self.0
+            .iter()
+            .enumerate()
+            .all(|(i, &d)| d == 1 || d == target.0[off + i])
+    }
+
+    /// Resolves a possibly negative axis against this rank.
+    pub fn axis(&self, axis: isize) -> Option<usize> {
+        let r = self.rank() as isize;
+        let a = if axis < 0 { axis + r } else { axis };
+        (0..r).contains(&a).then_some(a as usize)
+    }
+}
+
+fn dim_from_right(dims: &[usize], k: usize) -> usize {
+    if k < dims.len() {
+        dims[dims.len() - 1 - k]
+    } else {
+        1
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        write!(f, "]")
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(v: Vec<usize>) -> Self {
+        Shape(v)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(v: &[usize]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(v: [usize; N]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_rules() {
+        let a = Shape::new([3, 1, 5]);
+        let b = Shape::new([4, 1]);
+        assert_eq!(a.broadcast(&b), Some(Shape::new([3, 4, 5])));
+        assert_eq!(Shape::new([2]).broadcast(&Shape::new([3])), None);
+        assert_eq!(Shape::new([0, 1]).broadcast(&Shape::new([1, 4])), Some(Shape::new([0, 4])));
+        assert!(Shape::new([1, 5]).broadcasts_to(&Shape::new([2, 3, 5])));
+        assert!(!Shape::new([2, 5]).broadcasts_to(&Shape::new([3, 5])));
+    }
+
+    #[test]
+    fn strides_and_numel() {
+        let s = Shape::new([2, 3, 4]);
+        assert_eq!(s.strides(), vec![12, 4, 1]);
+        assert_eq!(s.numel(), 24);
+        assert_eq!(Shape::scalar().numel(), 1);
+        assert_eq!(s.axis(-1), Some(2));
+        assert_eq!(s.axis(3), None);
+    }
+}
