@@ -262,3 +262,17 @@ mod tests {
         assert_eq!(ScalarValue::Float(f64::NAN), ScalarValue::Float(f64::NAN));
     }
 }
+
+macro_rules! scalar_from {
+    ($($t:ty => $v:ident as $c:ty),*) => {$(
+        impl From<$t> for ScalarValue {
+            fn from(x: $t) -> ScalarValue {
+                ScalarValue::$v(x as $c)
+            }
+        }
+    )*};
+}
+
+scalar_from!(f32 => Float as f64, f64 => Float as f64, i8 => Int as i64, i16 => Int as i64, i32 => Int as i64,
+    i64 => Int as i64, u8 => UInt as u64, u16 => UInt as u64, u32 => UInt as u64, u64 => UInt as u64,
+    usize => UInt as u64, bool => Bool as bool);

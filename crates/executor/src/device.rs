@@ -1,0 +1,427 @@
+//! Devices: one backend (plus the CPU fallback), the live-tensor registry,
+//! the compile cache, the worker thread that runs plans asynchronously,
+//! barriers, stored asynchronous errors and the step RNG state.
+
+use crate::lazy::{CellState, DataCell, LazyNode};
+use crate::plan::Plan;
+use crate::tensor::TensorInner;
+use crate::trace::{trace, Traced};
+use crate::{metrics, Backend, BackendKind, Buffer, ExecError, Result};
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use lazuli_ir::ScalarValue;
+use lru::LruCache;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+
+/// A compute device: cheap to clone, shared by every tensor on it.
+#[derive(Clone)]
+pub struct Device(pub(crate) Arc<DeviceInner>);
+
+pub(crate) struct DeviceInner {
+    pub id: u64,
+    pub main: Arc<dyn Backend>,
+    pub cpu: Arc<dyn Backend>,
+    pub live: Mutex<HashMap<u64, Weak<TensorInner>>>,
+    cache: Mutex<LruCache<u64, Arc<Plan>>>,
+    tx: Option<Sender<Job>>,
+    shared: Arc<Shared>,
+    pub rng: Mutex<RngState>,
+    force_fallback: RwLock<BTreeSet<String>>,
+    explainer: Mutex<crate::explain::Explainer>,
+    /// Serializes syncs so plans reach the worker in trace order.
+    sync_lock: Mutex<()>,
+    worker: Option<JoinHandle<()>>,
+}
+
+/// The seed and step counter of the device RNG.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RngState {
+    pub seed: u64,
+    pub step: u64,
+    /// Random ops recorded in the current step (each gets its own stream).
+    pub offset: u64,
+}
+
+/// State shared with the worker thread.
+#[derive(Default)]
+struct Shared {
+    outstanding: Mutex<usize>,
+    idle: Condvar,
+    error: Mutex<Option<ExecError>>,
+    faults: Mutex<crate::fault::Faults>,
+}
+
+struct Job {
+    plan: Arc<Plan>,
+    inputs: Vec<Arc<DataCell>>,
+    scalars: Vec<ScalarValue>,
+    outputs: Vec<Arc<DataCell>>,
+    context: String,
+}
+
+impl Device {
+    /// A device running on `main`, with `cpu` as the fallback for nodes
+    /// `main` does not support (pass the same CPU backend twice for a CPU
+    /// device).
+    pub fn new(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>) -> Device {
+        let (tx, rx) = unbounded::<Job>();
+        let shared = Arc::new(Shared::default());
+        let worker = {
+            let (main, cpu, shared) = (main.clone(), cpu.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name("lazuli-worker".into())
+                .spawn(move || worker_loop(rx, main, cpu, shared))
+                .expect("spawning the device worker thread")
+        };
+        let cache_size = std::env::var("LAZULI_COMPILE_CACHE_SIZE")
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .and_then(NonZeroUsize::new)
+            .unwrap_or(NonZeroUsize::new(1024).expect("non-zero"));
+        let force = std::env::var("LAZULI_FORCE_FALLBACK")
+            .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+            .unwrap_or_default();
+        Device(Arc::new(DeviceInner {
+            id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+            main,
+            cpu,
+            live: Mutex::new(HashMap::new()),
+            cache: Mutex::new(LruCache::new(cache_size)),
+            tx: Some(tx),
+            shared,
+            rng: Mutex::new(RngState::default()),
+            force_fallback: RwLock::new(force),
+            explainer: Mutex::new(Default::default()),
+            sync_lock: Mutex::new(()),
+            worker: Some(worker),
+        }))
+    }
+
+    /// The device's name, e.g. "cpu" or "wgpu: llvmpipe (Vulkan, Cpu)".
+    pub fn name(&self) -> String {
+        self.0.main.name()
+    }
+
+    /// The backend family.
+    pub fn kind(&self) -> BackendKind {
+        self.0.main.kind()
+    }
+
+    /// The main backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.0.main
+    }
+
+    /// True if both handles are the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        self.0.id == other.0.id
+    }
+
+    /// Number of live tensors (handles not yet dropped) on this device.
+    pub fn live_tensors(&self) -> usize {
+        self.0.live.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Number of compiled plans in the compile cache.
+    pub fn cached_plans(&self) -> usize {
+        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Bytes held by the main backend's buffer pool.
+    pub fn pool_bytes(&self) -> u64 {
+        self.0.main.pool_bytes()
+    }
+
+    /// Forces nodes of the named ops (e.g. "exp", "matmul") onto the CPU
+    /// fallback, as `LAZULI_FORCE_FALLBACK=exp,matmul` does. Plans compiled
+    /// before the call keep their partition, so the cache is cleared.
+    pub fn set_force_fallback(&self, ops: &[&str]) {
+        *self.0.force_fallback.write().unwrap_or_else(|e| e.into_inner()) =
+            ops.iter().map(|s| s.to_string()).collect();
+        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Fault injection (tests): the next `n` executions on this device fail
+    /// with a device error, raised at the next barrier.
+    pub fn fail_next_executions(&self, n: usize) {
+        self.0.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).fail_next = n;
+    }
+
+    /// Fault injection (tests): delay every execution on this device by `d`.
+    pub fn set_execution_delay(&self, d: Option<std::time::Duration>) {
+        self.0.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).delay = d;
+    }
+
+    pub(crate) fn force_fallback(&self) -> BTreeSet<String> {
+        self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Seeds the device RNG and restarts its step counter.
+    pub fn manual_seed(&self, seed: u64) {
+        *self.0.rng.lock().unwrap_or_else(|e| e.into_inner()) = RngState { seed, step: 0, offset: 0 };
+    }
+
+    /// Waits until every submitted execution has finished (LTC's
+    /// WaitDeviceOps) and returns the first asynchronous error since the
+    /// last barrier, if any.
+    pub fn wait(&self) -> Result<()> {
+        let started = Instant::now();
+        let shared = &self.0.shared;
+        let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            n = shared.idle.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(n);
+        metrics::record_time("BarrierWait", started.elapsed());
+        match shared.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Syncs every live tensor with pending IR in one graph and advances the
+    /// step RNG (LTC's MarkStep). Returns without waiting for the device.
+    #[track_caller]
+    pub fn mark_step(&self) -> Result<()> {
+        let loc = std::panic::Location::caller();
+        let tensors: Vec<crate::Tensor> = {
+            let live = self.0.live.lock().unwrap_or_else(|e| e.into_inner());
+            let mut v: Vec<_> = live.values().filter_map(|w| w.upgrade()).map(crate::Tensor).collect();
+            v.sort_by_key(|t| t.id());
+            v
+        };
+        metrics::inc("MarkStep", 1);
+        let refs: Vec<&crate::Tensor> = tensors.iter().collect();
+        let r = self.sync_tensors(&refs, &format!("mark_step at {}:{}", loc.file(), loc.line()));
+        let mut rng = self.0.rng.lock().unwrap_or_else(|e| e.into_inner());
+        rng.step += 1;
+        rng.offset = 0;
+        r
+    }
+
+    /// Traces the pending IR of `tensors` into one graph, compiles it (or
+    /// takes it from the cache) and submits it to the worker. Outputs get
+    /// placeholders at once; the call returns before the device is done.
+    pub(crate) fn sync_tensors(&self, tensors: &[&crate::Tensor], trigger: &str) -> Result<()> {
+        let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let started = Instant::now();
+        // Collect pending roots, deduplicated by node identity.
+        let mut roots: Vec<Arc<LazyNode>> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut owners: Vec<(crate::Tensor, usize)> = Vec::new();
+        for t in tensors {
+            if !t.device().same(self) {
+                return Err(ExecError::DeviceMismatch { op: "sync".into(), a: self.name(), b: t.device().name() });
+            }
+            let node = t.node();
+            if !node.is_pending() {
+                continue;
+            }
+            let key = Arc::as_ptr(&node) as usize;
+            if seen.insert(key) {
+                roots.push(node);
+            }
+            let idx = roots.iter().position(|r| Arc::as_ptr(r) as usize == key).expect("root recorded");
+            owners.push(((*t).clone(), idx));
+        }
+        if roots.is_empty() {
+            return Ok(());
+        }
+        let traced = trace(&roots);
+        metrics::record_time("Trace", started.elapsed());
+        // A value whose producer already failed poisons this sync.
+        for cell in &traced.inputs {
+            if let CellState::Failed(e) = &*cell.state.lock().unwrap_or_else(|e| e.into_inner()) {
+                return Err(ExecError::Poisoned { op: trigger.to_string(), cause: Box::new(e.clone()) });
+            }
+        }
+        let plan = self.lookup_or_compile(&traced, trigger)?;
+        metrics::inc("SyncedTensors", owners.len() as u64);
+        metrics::record_value("GraphSize", traced.graph.len() as f64);
+        metrics::record_value("KernelsPerPlan", plan.kernel_count() as f64);
+        // Install placeholders.
+        let outputs: Vec<Arc<DataCell>> = roots
+            .iter()
+            .map(|r| DataCell::new(self.0.id, r.ty.clone(), CellState::Pending))
+            .collect();
+        for (root, cell) in roots.iter().zip(&outputs) {
+            let _ = root.materialized.set(cell.clone());
+        }
+        for (t, idx) in &owners {
+            t.set_node(Arc::new(LazyNode::data(outputs[*idx].clone(), roots[*idx].location)));
+        }
+        let hash = traced.graph.structural_hash();
+        let context = format!(
+            "executing graph {hash:016x} ({} nodes, {} kernels), synced by {trigger}",
+            traced.graph.len(),
+            plan.kernel_count()
+        );
+        let Traced { inputs, scalars, .. } = traced;
+        *self.0.shared.outstanding.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let job = Job { plan, inputs, scalars, outputs, context };
+        self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
+            ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
+        })?;
+        Ok(())
+    }
+
+    fn lookup_or_compile(&self, traced: &Traced, trigger: &str) -> Result<Arc<Plan>> {
+        let hash = traced.graph.structural_hash();
+        {
+            let mut cache = self.0.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(plan) = cache.get(&hash) {
+                if plan.graph == traced.graph {
+                    metrics::inc("CachedCompile", 1);
+                    return Ok(plan.clone());
+                }
+            }
+        }
+        metrics::inc("UncachedCompile", 1);
+        self.0.explainer.lock().unwrap_or_else(|e| e.into_inner()).on_miss(&traced.graph, &traced.locations, trigger);
+        let started = Instant::now();
+        let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let plan = Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force)
+            .map_err(|source| ExecError::Backend {
+                context: format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len()),
+                source,
+            })?;
+        metrics::record_time("Compile", started.elapsed());
+        let plan = Arc::new(plan);
+        if let Ok(dir) = std::env::var("LAZULI_DUMP_DIR") {
+            if let Err(e) = dump_plan(std::path::Path::new(&dir), hash, traced, &plan) {
+                tracing::warn!(dir, error = %e, "LAZULI_DUMP_DIR: could not write the dump");
+            }
+        }
+        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).put(hash, plan.clone());
+        Ok(plan)
+    }
+
+    /// Resolves a ready cell to its buffer (barrier), uploading host data.
+    pub(crate) fn buffer_of(&self, cell: &DataCell, op: &str) -> Result<Buffer> {
+        let started = Instant::now();
+        let mut st = cell.wait();
+        metrics::record_time("BarrierWait", started.elapsed());
+        resolve(&mut st, &cell.ty, self.0.main.as_ref(), op)
+    }
+
+    /// Reads the canonical bytes of a cell (barrier + download).
+    pub(crate) fn read_cell(&self, cell: &DataCell, op: &str) -> Result<Vec<u8>> {
+        {
+            let st = cell.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let CellState::Host(bytes) = &*st {
+                return Ok(bytes.to_vec());
+            }
+        }
+        let buf = self.buffer_of(cell, op)?;
+        let owner = if buf.kind == self.0.cpu.kind() { &self.0.cpu } else { &self.0.main };
+        let bytes = owner
+            .download(&buf)
+            .map_err(|source| ExecError::Backend { context: format!("{op}: reading back a tensor"), source })?;
+        metrics::record_value("BytesDownloaded", bytes.len() as f64);
+        Ok(bytes)
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Writes `<hash>.ir.txt`, `<hash>.dot` and one `<hash>.<kernel>.wgsl`
+/// per kernel of a newly compiled graph.
+fn dump_plan(dir: &std::path::Path, hash: u64, traced: &Traced, plan: &Plan) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut ir = traced.graph.to_text();
+    ir.push_str("\n# optimized\n");
+    ir.push_str(&plan.optimized.to_text());
+    std::fs::write(dir.join(format!("{hash:016x}.ir.txt")), ir)?;
+    std::fs::write(dir.join(format!("{hash:016x}.dot")), traced.graph.to_dot())?;
+    for (i, (name, src)) in plan.kernel_sources().iter().enumerate() {
+        let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+        std::fs::write(dir.join(format!("{hash:016x}.{i:02}_{safe}.wgsl")), src)?;
+    }
+    Ok(())
+}
+
+/// Turns a non-pending cell state into a buffer, uploading host data once.
+fn resolve(st: &mut CellState, ty: &lazuli_ir::ValueType, main: &dyn Backend, op: &str) -> Result<Buffer> {
+    match st {
+        CellState::Ready(b) => Ok(b.clone()),
+        CellState::Failed(e) => Err(ExecError::Poisoned { op: op.to_string(), cause: Box::new(e.clone()) }),
+        CellState::Host(bytes) => {
+            let buf = main
+                .upload(bytes, ty)
+                .map_err(|source| ExecError::Backend { context: format!("{op}: uploading host data"), source })?;
+            metrics::record_value("BytesUploaded", bytes.len() as f64);
+            *st = CellState::Ready(buf.clone());
+            Ok(buf)
+        }
+        CellState::Pending => unreachable!("resolve is called after the barrier"),
+    }
+}
+
+fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>, shared: Arc<Shared>) {
+    for job in rx {
+        let _span = tracing::debug_span!("execute", context = %job.context).entered();
+        let started = Instant::now();
+        let result = run_job(&job, main.as_ref(), cpu.as_ref(), &shared.faults);
+        metrics::record_time("Execute", started.elapsed());
+        match result {
+            Ok(bufs) => {
+                for (cell, buf) in job.outputs.iter().zip(bufs) {
+                    cell.fill(CellState::Ready(buf));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "asynchronous execution failed");
+                for cell in &job.outputs {
+                    cell.fill(CellState::Failed(e.clone()));
+                }
+                let mut slot = shared.error.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_none() {
+                    *slot = Some(e);
+                }
+            }
+        }
+        let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            shared.idle.notify_all();
+        }
+    }
+}
+
+fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, faults: &Mutex<crate::fault::Faults>) -> Result<Vec<Buffer>> {
+    let mut inputs = Vec::with_capacity(job.inputs.len());
+    for cell in &job.inputs {
+        let mut st = cell.wait();
+        inputs.push(resolve(&mut st, &cell.ty, main, &job.context)?);
+    }
+    crate::fault::before_execute(faults, &job.context)?;
+    job.plan
+        .run(inputs, &job.scalars, main, cpu)
+        .map_err(|source| ExecError::Backend { context: job.context.clone(), source })
+}

@@ -1,0 +1,77 @@
+//! Executor errors ([`ExecError`]): IR errors at record time, backend errors
+//! raised at barriers, and misuse of the API (wrong dtype read, mixed devices).
+
+use crate::BackendError;
+use lazuli_ir::{DType, IrError, Shape};
+use thiserror::Error;
+
+/// An error returned by the executor. Errors raised inside an asynchronous
+/// execution are stored and returned by the next barrier on that device.
+#[derive(Debug, Clone, Error)]
+pub enum ExecError {
+    /// A bad shape, axis or dtype found when an op was recorded.
+    #[error(transparent)]
+    Ir(#[from] IrError),
+    /// A backend failed while compiling or running a graph.
+    #[error("{context}: {source}")]
+    Backend {
+        /// What the executor was doing (e.g. "executing graph 1a2b.. (3 kernels), synced by to_vec at src/main.rs:10").
+        context: String,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
+    /// A value was read with the wrong element type.
+    #[error("{op}: tensor has dtype {actual} and shape {shape}, cannot read it as {expected}")]
+    ReadDType {
+        /// The reading call.
+        op: String,
+        /// The tensor's dtype.
+        actual: DType,
+        /// The requested dtype.
+        expected: DType,
+        /// The tensor's shape.
+        shape: Shape,
+    },
+    /// Host data does not fit the requested shape.
+    #[error("{op}: {len} values cannot fill shape {shape} ({numel} elements)")]
+    DataLength {
+        /// The creating call.
+        op: String,
+        /// Values given.
+        len: usize,
+        /// Shape requested.
+        shape: Shape,
+        /// Its element count.
+        numel: usize,
+    },
+    /// Operands live on different devices.
+    #[error("{op}: operands live on different devices ({a} and {b})")]
+    DeviceMismatch {
+        /// The op.
+        op: String,
+        /// First device.
+        a: String,
+        /// Second device.
+        b: String,
+    },
+    /// A value depends on an execution that failed earlier.
+    #[error("{op}: the value was produced by a failed execution: {cause}")]
+    Poisoned {
+        /// The reading or syncing call.
+        op: String,
+        /// The original failure.
+        cause: Box<ExecError>,
+    },
+    /// A misuse of the API that is not a shape or dtype problem.
+    #[error("{op}: {detail}")]
+    Invalid {
+        /// The call.
+        op: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// Result alias of the executor.
+pub type Result<T, E = ExecError> = std::result::Result<T, E>;

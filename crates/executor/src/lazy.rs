@@ -1,0 +1,137 @@
+//! The recording form of the IR: immutable, reference-counted [`LazyNode`]s
+//! (like LTC's `NodePtr`) and the [`DataCell`]s that hold materialized data.
+//!
+//! A node is made once per op call and never changes, except that a sync
+//! may record the cell its value was materialized into, so that a later
+//! graph reading the same node uses the data instead of recomputing it.
+//! Nodes nobody can reach are freed by reference counting.
+
+use crate::{Buffer, ExecError};
+use lazuli_ir::{stable_hash, Op, ScalarValue, ValueType};
+use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+static NEXT_CELL: AtomicU64 = AtomicU64::new(1);
+
+/// What a lazy node is.
+#[derive(Debug)]
+pub(crate) enum NodeKind {
+    /// An op over the operands (never `Parameter` or `ScalarParam`).
+    Op(Op),
+    /// Materialized data: becomes a graph parameter.
+    Data(Arc<DataCell>),
+    /// A lifted (non-special) scalar: becomes a scalar slot, value passed at run time.
+    Scalar(ScalarValue),
+}
+
+/// One recorded value.
+#[derive(Debug)]
+pub(crate) struct LazyNode {
+    pub kind: NodeKind,
+    pub operands: Vec<Arc<LazyNode>>,
+    pub ty: ValueType,
+    /// Structural hash: op, attributes, type and operand hashes; never data.
+    pub hash: u64,
+    /// The user call that recorded the node.
+    pub location: &'static Location<'static>,
+    /// Approximate size of the pending graph under this node (saturating).
+    pub size: usize,
+    /// Set when a sync materialized this node's value.
+    pub materialized: OnceLock<Arc<DataCell>>,
+}
+
+impl LazyNode {
+    pub fn op(op: Op, operands: Vec<Arc<LazyNode>>, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
+        let hash = stable_hash(&(1u8, &op, operands.iter().map(|o| o.hash).collect::<Vec<_>>(), &ty));
+        let size = operands.iter().fold(1usize, |acc, o| acc.saturating_add(o.pending_size()));
+        LazyNode { kind: NodeKind::Op(op), operands, ty, hash, location, size, materialized: OnceLock::new() }
+    }
+
+    pub fn data(cell: Arc<DataCell>, location: &'static Location<'static>) -> LazyNode {
+        let ty = cell.ty.clone();
+        let hash = stable_hash(&(2u8, &ty));
+        LazyNode { kind: NodeKind::Data(cell), operands: Vec::new(), ty, hash, location, size: 0, materialized: OnceLock::new() }
+    }
+
+    pub fn scalar(value: ScalarValue, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
+        let hash = stable_hash(&(3u8, &ty));
+        LazyNode { kind: NodeKind::Scalar(value), operands: Vec::new(), ty, hash, location, size: 1, materialized: OnceLock::new() }
+    }
+
+    /// Size counted toward the graph size limit: zero once materialized.
+    pub fn pending_size(&self) -> usize {
+        if self.materialized.get().is_some() {
+            0
+        } else {
+            self.size
+        }
+    }
+
+    /// The data cell this node reads from, if it is data or was materialized.
+    pub fn cell(&self) -> Option<&Arc<DataCell>> {
+        match &self.kind {
+            NodeKind::Data(c) => Some(c),
+            _ => self.materialized.get(),
+        }
+    }
+
+    /// True if the node still needs computing.
+    pub fn is_pending(&self) -> bool {
+        self.cell().is_none() && !matches!(self.kind, NodeKind::Scalar(_))
+    }
+}
+
+/// State of a data cell.
+#[derive(Debug)]
+pub(crate) enum CellState {
+    /// Host data not yet uploaded to the device (uploaded on first use).
+    Host(Arc<[u8]>),
+    /// A placeholder: an execution will fill it.
+    Pending,
+    /// Device data.
+    Ready(Buffer),
+    /// The execution that was to fill it failed.
+    Failed(ExecError),
+}
+
+/// A slot for one tensor's data, filled asynchronously by the device worker.
+#[derive(Debug)]
+pub(crate) struct DataCell {
+    pub id: u64,
+    pub device_id: u64,
+    pub ty: ValueType,
+    pub state: Mutex<CellState>,
+    pub ready: Condvar,
+}
+
+impl DataCell {
+    pub fn new(device_id: u64, ty: ValueType, state: CellState) -> Arc<DataCell> {
+        Arc::new(DataCell {
+            id: NEXT_CELL.fetch_add(1, Ordering::Relaxed),
+            device_id,
+            ty,
+            state: Mutex::new(state),
+            ready: Condvar::new(),
+        })
+    }
+
+    pub fn fill(&self, state: CellState) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = state;
+        self.ready.notify_all();
+    }
+
+    /// Barrier on this cell: waits until it is not pending.
+    pub fn wait(&self) -> std::sync::MutexGuard<'_, CellState> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while matches!(*g, CellState::Pending) {
+            g = self.ready.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        g
+    }
+
+    /// True if an execution still has to fill the cell.
+    pub fn is_pending(&self) -> bool {
+        matches!(*self.state.lock().unwrap_or_else(|e| e.into_inner()), CellState::Pending)
+    }
+}

@@ -1,0 +1,562 @@
+//! Op methods on [`Tensor`]: each records one or a few IR nodes and returns
+//! `Result<Tensor>`; shapes and dtypes are checked at the call. Axes may be
+//! negative (counted from the end). Operator sugar (`&a + &b`) returns
+//! `Result<Tensor>` too, so it never panics.
+
+use crate::{ExecError, Result, Tensor};
+use lazuli_ir::{
+    ArgReduceOp, BinaryOp, ConvAttrs, DType, IrError, Op, PadMode, PoolAttrs, ReduceOp, ScalarValue, Shape, UnaryOp,
+};
+
+macro_rules! unary_methods {
+    ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {$(
+        $(#[$m])*
+        #[track_caller]
+        pub fn $name(&self) -> Result<Tensor> {
+            Tensor::record(Op::Unary(UnaryOp::$op), &[self])
+        }
+    )*};
+}
+
+macro_rules! binary_methods {
+    ($($(#[$m:meta])* $name:ident, $scalar:ident => $op:ident),* $(,)?) => {$(
+        $(#[$m])*
+        #[track_caller]
+        pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+            Tensor::record(Op::Binary(BinaryOp::$op), &[self, other])
+        }
+        /// The same op with a scalar right operand of this tensor's dtype.
+        #[track_caller]
+        pub fn $scalar(&self, value: impl Into<ScalarValue>) -> Result<Tensor> {
+            let s = Tensor::scalar(value, self.dtype(), self.device());
+            Tensor::record(Op::Binary(BinaryOp::$op), &[self, &s])
+        }
+    )*};
+}
+
+impl Tensor {
+    unary_methods! {
+        /// `-x`.
+        neg => Neg,
+        /// `|x|`.
+        abs => Abs,
+        /// `e^x`.
+        exp => Exp,
+        /// Natural logarithm.
+        log => Log,
+        /// Square root.
+        sqrt => Sqrt,
+        /// `1/sqrt(x)`.
+        rsqrt => Rsqrt,
+        /// `1/x`.
+        reciprocal => Reciprocal,
+        /// `max(x, 0)`.
+        relu => Relu,
+        /// Logistic sigmoid.
+        sigmoid => Sigmoid,
+        /// Hyperbolic tangent.
+        tanh => Tanh,
+        /// GELU (exact, erf form).
+        gelu => Gelu,
+        /// GELU (tanh approximation).
+        gelu_tanh => GeluTanh,
+        /// Error function.
+        erf => Erf,
+        /// Sine.
+        sin => Sin,
+        /// Cosine.
+        cos => Cos,
+        /// Round down.
+        floor => Floor,
+        /// Round up.
+        ceil => Ceil,
+        /// Round half to even.
+        round => Round,
+        /// Sign (-1, 0, 1).
+        sign => Sign,
+        /// Logical not (bool).
+        logical_not => Not,
+        /// NaN test (-> bool).
+        isnan => IsNan,
+        /// Infinity test (-> bool).
+        isinf => IsInf,
+    }
+
+    binary_methods! {
+        /// `a + b` with broadcasting.
+        add, add_scalar => Add,
+        /// `a - b` with broadcasting.
+        sub, sub_scalar => Sub,
+        /// `a * b` with broadcasting.
+        mul, mul_scalar => Mul,
+        /// `a / b` with broadcasting (integers truncate).
+        div, div_scalar => Div,
+        /// `a ^ b` with broadcasting.
+        pow, pow_scalar => Pow,
+        /// Elementwise maximum (NaN propagates).
+        maximum, maximum_scalar => Maximum,
+        /// Elementwise minimum (NaN propagates).
+        minimum, minimum_scalar => Minimum,
+        /// Floored modulo (sign of the divisor).
+        modulo, modulo_scalar => Mod,
+        /// Truncated remainder (sign of the dividend).
+        rem, rem_scalar => Rem,
+        /// `a == b`.
+        eq, eq_scalar => Eq,
+        /// `a != b`.
+        ne, ne_scalar => Ne,
+        /// `a < b`.
+        lt, lt_scalar => Lt,
+        /// `a <= b`.
+        le, le_scalar => Le,
+        /// `a > b`.
+        gt, gt_scalar => Gt,
+        /// `a >= b`.
+        ge, ge_scalar => Ge,
+        /// Logical and.
+        logical_and, logical_and_scalar => And,
+        /// Logical or.
+        logical_or, logical_or_scalar => Or,
+        /// Logical xor.
+        logical_xor, logical_xor_scalar => Xor,
+    }
+
+    /// `cond ? a : b` elementwise with broadcasting (`self` is the condition).
+    #[track_caller]
+    pub fn where_(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        Tensor::record(Op::Where, &[self, a, b])
+    }
+
+    /// Converts to `dtype` (no node if the dtype is already right).
+    #[track_caller]
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        Tensor::record(Op::Cast(dtype), &[self])
+    }
+
+    /// `min(max(x, lo), hi)`; either bound may be absent.
+    #[track_caller]
+    pub fn clamp(&self, lo: Option<f64>, hi: Option<f64>) -> Result<Tensor> {
+        let mut x = self.clone();
+        if let Some(lo) = lo {
+            x = x.maximum_scalar(lo)?;
+        }
+        if let Some(hi) = hi {
+            x = x.minimum_scalar(hi)?;
+        }
+        Ok(x)
+    }
+
+    fn axis(&self, op: &str, axis: isize) -> Result<usize> {
+        self.shape().axis(axis).ok_or_else(|| {
+            ExecError::Ir(IrError::Axis { op: op.into(), axis, shape: self.shape().clone(), rank: self.rank() })
+        })
+    }
+
+    fn axes(&self, op: &str, axes: &[isize]) -> Result<Vec<usize>> {
+        let mut v = axes.iter().map(|&a| self.axis(op, a)).collect::<Result<Vec<_>>>()?;
+        v.sort_unstable();
+        let before = v.len();
+        v.dedup();
+        if v.len() != before {
+            return Err(ExecError::Ir(IrError::Shape { op: op.into(), detail: format!("axes {axes:?} repeat an axis of {}", self.shape()) }));
+        }
+        Ok(v)
+    }
+
+    #[track_caller]
+    fn reduce(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let name = format!("reduce_{}", op.name());
+        let axes = self.axes(&name, axes)?;
+        Tensor::record(Op::Reduce { op, axes, keepdim }, &[self])
+    }
+
+    /// Sum over `axes` (all axes if empty).
+    #[track_caller]
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &self.all_if_empty(axes), keepdim)
+    }
+
+    /// Mean over `axes` (all axes if empty).
+    #[track_caller]
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Mean, &self.all_if_empty(axes), keepdim)
+    }
+
+    /// Maximum over `axes` (all axes if empty).
+    #[track_caller]
+    pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &self.all_if_empty(axes), keepdim)
+    }
+
+    /// Minimum over `axes` (all axes if empty).
+    #[track_caller]
+    pub fn min(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &self.all_if_empty(axes), keepdim)
+    }
+
+    /// Product over `axes` (all axes if empty).
+    #[track_caller]
+    pub fn prod(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Prod, &self.all_if_empty(axes), keepdim)
+    }
+
+    /// Reduction over exactly the given axes (an empty list reduces nothing).
+    #[track_caller]
+    pub fn reduce_axes(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(op, axes, keepdim)
+    }
+
+    fn all_if_empty(&self, axes: &[isize]) -> Vec<isize> {
+        if axes.is_empty() {
+            (0..self.rank() as isize).collect()
+        } else {
+            axes.to_vec()
+        }
+    }
+
+    /// Index (i32) of the maximum along `axis`.
+    #[track_caller]
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let axis = self.axis("argmax", axis)?;
+        Tensor::record(Op::ArgReduce { op: ArgReduceOp::ArgMax, axis, keepdim, select_last: false }, &[self])
+    }
+
+    /// Index (i32) of the minimum along `axis`.
+    #[track_caller]
+    pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let axis = self.axis("argmin", axis)?;
+        Tensor::record(Op::ArgReduce { op: ArgReduceOp::ArgMin, axis, keepdim, select_last: false }, &[self])
+    }
+
+    /// Arg-reduction with every option.
+    #[track_caller]
+    pub fn arg_reduce(&self, op: ArgReduceOp, axis: isize, keepdim: bool, select_last: bool) -> Result<Tensor> {
+        let axis = self.axis("arg_reduce", axis)?;
+        Tensor::record(Op::ArgReduce { op, axis, keepdim, select_last }, &[self])
+    }
+
+    /// Prefix sum along `axis`.
+    #[track_caller]
+    pub fn cumsum(&self, axis: isize, exclusive: bool, reverse: bool) -> Result<Tensor> {
+        let axis = self.axis("cumsum", axis)?;
+        Tensor::record(Op::CumSum { axis, exclusive, reverse }, &[self])
+    }
+
+    /// Softmax along `axis`.
+    #[track_caller]
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        let axis = self.axis("softmax", axis)?;
+        Tensor::record(Op::Softmax { axis, log: false }, &[self])
+    }
+
+    /// Log-softmax along `axis`.
+    #[track_caller]
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        let axis = self.axis("log_softmax", axis)?;
+        Tensor::record(Op::Softmax { axis, log: true }, &[self])
+    }
+
+    /// Matrix product. 1-D operands are promoted like numpy (a leading or
+    /// trailing 1 is added and removed again); batch dims broadcast.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
+        let b = if other.rank() == 1 { other.unsqueeze(-1)? } else { other.clone() };
+        if self.rank() == 0 || other.rank() == 0 {
+            return Err(ExecError::Ir(IrError::Shape {
+                op: "matmul".into(),
+                detail: format!("operands must have rank >= 1, got {} and {}", self.shape(), other.shape()),
+            }));
+        }
+        let mut out = Tensor::record(Op::MatMul, &[&a, &b])?;
+        if other.rank() == 1 {
+            out = out.squeeze(&[-1])?;
+        }
+        if self.rank() == 1 {
+            let ax = out.rank() as isize - if other.rank() == 1 { 1 } else { 2 };
+            out = out.squeeze(&[ax])?;
+        }
+        Ok(out)
+    }
+
+    /// Same elements in a new shape; one dim may be `-1` (inferred).
+    #[track_caller]
+    pub fn reshape(&self, dims: impl AsRef<[isize]>) -> Result<Tensor> {
+        let dims = dims.as_ref();
+        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let holes = dims.iter().filter(|&&d| d < 0).count();
+        let bad = || {
+            ExecError::Ir(IrError::Shape {
+                op: "reshape".into(),
+                detail: format!("cannot reshape {} ({} elements) to {dims:?}", self.shape(), self.numel()),
+            })
+        };
+        if holes > 1 || dims.iter().any(|&d| d < -1) {
+            return Err(bad());
+        }
+        let shape: Vec<usize> = dims
+            .iter()
+            .map(|&d| {
+                if d >= 0 {
+                    Ok(d as usize)
+                } else if known > 0 && self.numel() % known == 0 {
+                    Ok(self.numel() / known)
+                } else {
+                    Err(bad())
+                }
+            })
+            .collect::<Result<_>>()?;
+        if Shape::new(shape.clone()) == *self.shape() {
+            return Ok(self.clone());
+        }
+        Tensor::record(Op::Reshape(Shape::new(shape)), &[self])
+    }
+
+    /// [`Tensor::reshape`] to a known shape.
+    #[track_caller]
+    pub fn reshape_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape == *self.shape() {
+            return Ok(self.clone());
+        }
+        Tensor::record(Op::Reshape(shape), &[self])
+    }
+
+    /// Reorders dims: `out.dims[i] = self.dims[perm[i]]` (negative entries allowed).
+    #[track_caller]
+    pub fn permute(&self, perm: &[isize]) -> Result<Tensor> {
+        let p: Vec<usize> = perm
+            .iter()
+            .map(|&a| self.shape().axis(a).unwrap_or(usize::MAX))
+            .collect();
+        Tensor::record(Op::Permute(p), &[self])
+    }
+
+    /// Swaps two dims.
+    #[track_caller]
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        let (a, b) = (self.axis("transpose", a)?, self.axis("transpose", b)?);
+        let mut p: Vec<usize> = (0..self.rank()).collect();
+        p.swap(a, b);
+        Tensor::record(Op::Permute(p), &[self])
+    }
+
+    /// Transpose of the last two dims.
+    #[track_caller]
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Ok(self.clone());
+        }
+        self.transpose(-2, -1)
+    }
+
+    /// Broadcasts to `shape` (numpy rules).
+    #[track_caller]
+    pub fn expand(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape == *self.shape() {
+            return Ok(self.clone());
+        }
+        Tensor::record(Op::Expand(shape), &[self])
+    }
+
+    /// Inserts a size-1 dim at `axis` (in the output's numbering).
+    #[track_caller]
+    pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
+        let r = self.rank() as isize + 1;
+        let a = if axis < 0 { axis + r } else { axis };
+        if !(0..r).contains(&a) {
+            return Err(ExecError::Ir(IrError::Axis { op: "unsqueeze".into(), axis, shape: self.shape().clone(), rank: self.rank() }));
+        }
+        let mut dims = self.dims().to_vec();
+        dims.insert(a as usize, 1);
+        self.reshape_to(dims)
+    }
+
+    /// Removes size-1 dims (`axes` empty: every size-1 dim).
+    #[track_caller]
+    pub fn squeeze(&self, axes: &[isize]) -> Result<Tensor> {
+        let axes = self.axes("squeeze", axes)?;
+        for &a in &axes {
+            if self.dims()[a] != 1 {
+                return Err(ExecError::Ir(IrError::Shape {
+                    op: "squeeze".into(),
+                    detail: format!("dim {a} of {} has size {}, not 1", self.shape(), self.dims()[a]),
+                }));
+            }
+        }
+        let dims: Vec<usize> = self
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, &d)| if axes.is_empty() { d != 1 } else { !axes.contains(i) })
+            .map(|(_, &d)| d)
+            .collect();
+        self.reshape_to(dims)
+    }
+
+    /// Flattens dims `start..=end` into one.
+    #[track_caller]
+    pub fn flatten(&self, start: isize, end: isize) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return self.reshape_to([1]);
+        }
+        let (s, e) = (self.axis("flatten", start)?, self.axis("flatten", end)?);
+        if s > e {
+            return Err(ExecError::Ir(IrError::Shape { op: "flatten".into(), detail: format!("start {start} after end {end} for {}", self.shape()) }));
+        }
+        let mut dims = self.dims()[..s].to_vec();
+        dims.push(self.dims()[s..=e].iter().product());
+        dims.extend_from_slice(&self.dims()[e + 1..]);
+        self.reshape_to(dims)
+    }
+
+    /// Python-style slice of one axis: `start..end` by `step` (negative
+    /// values count from the end, out-of-range bounds clamp like numpy).
+    #[track_caller]
+    pub fn slice(&self, axis: isize, start: i64, end: i64, step: i64) -> Result<Tensor> {
+        let ax = self.axis("slice", axis)?;
+        let n = self.dims()[ax] as i64;
+        if step == 0 {
+            return Err(ExecError::Ir(IrError::Shape { op: "slice".into(), detail: format!("step 0 on axis {axis} of {}", self.shape()) }));
+        }
+        let norm = |v: i64| if v < 0 { v + n } else { v };
+        let (s, e) = if step > 0 {
+            (norm(start).clamp(0, n), norm(end).clamp(0, n))
+        } else {
+            (norm(start).clamp(-1, n - 1), norm(end).clamp(-1, n - 1))
+        };
+        let len = if step > 0 { ((e - s).max(0) + step - 1) / step } else { ((s - e).max(0) + (-step) - 1) / (-step) };
+        let mut starts = vec![0i64; self.rank()];
+        let mut steps = vec![1i64; self.rank()];
+        let mut lens = self.dims().to_vec();
+        starts[ax] = if len > 0 { s } else { 0 };
+        steps[ax] = step;
+        lens[ax] = len as usize;
+        if len == n && step == 1 {
+            return Ok(self.clone());
+        }
+        Tensor::record(Op::Slice { starts, steps, lens }, &[self])
+    }
+
+    /// `len` elements of `axis` from `start` (no clamping).
+    #[track_caller]
+    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
+        let ax = self.axis("narrow", axis)?;
+        let mut starts = vec![0i64; self.rank()];
+        let steps = vec![1i64; self.rank()];
+        let mut lens = self.dims().to_vec();
+        starts[ax] = start as i64;
+        lens[ax] = len;
+        if len == 0 {
+            starts[ax] = 0;
+        }
+        Tensor::record(Op::Slice { starts, steps, lens }, &[self])
+    }
+
+    /// Joins tensors along `axis`.
+    #[track_caller]
+    pub fn concat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| IrError::Arity { op: "concat".into(), expected: "at least 1".into(), got: 0 })?;
+        let axis = first.axis("concat", axis)?;
+        if tensors.len() == 1 {
+            return Ok((*first).clone());
+        }
+        Tensor::record(Op::Concat { axis }, tensors)
+    }
+
+    /// Stacks same-shape tensors along a new axis.
+    #[track_caller]
+    pub fn stack(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
+        let us: Vec<Tensor> = tensors.iter().map(|t| t.unsqueeze(axis)).collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = us.iter().collect();
+        Tensor::concat(&refs, axis)
+    }
+
+    /// Pads each dim by `(before, after)` with a constant value.
+    #[track_caller]
+    pub fn pad(&self, pads: &[(usize, usize)], value: impl Into<ScalarValue>) -> Result<Tensor> {
+        let v = Tensor::scalar(value, self.dtype(), self.device());
+        Tensor::record(
+            Op::Pad { before: pads.iter().map(|p| p.0).collect(), after: pads.iter().map(|p| p.1).collect(), mode: PadMode::Constant },
+            &[self, &v],
+        )
+    }
+
+    /// Pads by reflection or edge repetition.
+    #[track_caller]
+    pub fn pad_mode(&self, pads: &[(usize, usize)], mode: PadMode) -> Result<Tensor> {
+        if mode == PadMode::Constant {
+            return self.pad(pads, 0);
+        }
+        Tensor::record(Op::Pad { before: pads.iter().map(|p| p.0).collect(), after: pads.iter().map(|p| p.1).collect(), mode }, &[self])
+    }
+
+    /// `take(indices, axis)`: indices (integer dtype) replace dim `axis`.
+    #[track_caller]
+    pub fn gather(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
+        let axis = self.axis("gather", axis)?;
+        Tensor::record(Op::Gather { axis }, &[self, indices])
+    }
+
+    /// 2-d convolution (`[N, C, H, W]` by `[O, C/groups, kh, kw]`).
+    #[track_caller]
+    pub fn conv2d(&self, weight: &Tensor, attrs: ConvAttrs) -> Result<Tensor> {
+        Tensor::record(Op::Conv2d(attrs), &[self, weight])
+    }
+
+    /// N-d max or average pooling.
+    #[track_caller]
+    pub fn pool(&self, attrs: PoolAttrs) -> Result<Tensor> {
+        Tensor::record(Op::Pool(attrs), &[self])
+    }
+}
+
+macro_rules! sugar {
+    ($tr:ident, $m:ident, $f:ident, $fs:ident) => {
+        impl std::ops::$tr<&Tensor> for &Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $m(self, rhs: &Tensor) -> Result<Tensor> {
+                Tensor::$f(self, rhs)
+            }
+        }
+        impl std::ops::$tr<Tensor> for Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $m(self, rhs: Tensor) -> Result<Tensor> {
+                Tensor::$f(&self, &rhs)
+            }
+        }
+        impl std::ops::$tr<f32> for &Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $m(self, rhs: f32) -> Result<Tensor> {
+                Tensor::$fs(&self, rhs)
+            }
+        }
+        impl std::ops::$tr<f32> for Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $m(self, rhs: f32) -> Result<Tensor> {
+                Tensor::$fs(&self, rhs)
+            }
+        }
+    };
+}
+
+sugar!(Add, add, add, add_scalar);
+sugar!(Sub, sub, sub, sub_scalar);
+sugar!(Mul, mul, mul, mul_scalar);
+sugar!(Div, div, div, div_scalar);
+
+impl std::ops::Neg for &Tensor {
+    type Output = Result<Tensor>;
+    #[track_caller]
+    fn neg(self) -> Result<Tensor> {
+        Tensor::neg(self)
+    }
+}

@@ -1,0 +1,245 @@
+//! Compiled plans: a traced graph optimized, partitioned into backend
+//! segments (native and CPU fallback), and compiled. [`Plan::run`] executes
+//! the segments in order, moving data across at segment boundaries only.
+
+use crate::{metrics, Backend, BackendError, BackendKind, Buffer, Executable};
+use lazuli_ir::{Graph, NodeId, Op, ScalarValue};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a value comes from when a segment or the plan reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ValueRef {
+    /// Graph parameter `i`.
+    Param(usize),
+    /// A node of the optimized graph computed by an earlier segment.
+    Node(NodeId),
+}
+
+/// A run of nodes compiled for one backend.
+pub(crate) struct Segment {
+    /// True if this segment runs on the CPU fallback.
+    pub on_cpu: bool,
+    pub exe: Arc<dyn Executable>,
+    pub inputs: Vec<ValueRef>,
+    /// Nodes of the optimized graph this segment produces, in its output order.
+    pub outputs: Vec<NodeId>,
+    /// The segment's own graph (for dumps).
+    pub graph: Graph,
+}
+
+/// A compiled, cacheable plan for one graph shape.
+pub(crate) struct Plan {
+    /// The traced graph (the cache key's source; compared on a hit).
+    pub graph: Graph,
+    pub optimized: Graph,
+    pub segments: Vec<Segment>,
+    /// One entry per output of `graph`.
+    pub outputs: Vec<ValueRef>,
+    /// Names of the ops that run on the CPU fallback, one entry per node.
+    pub fallback_ops: Vec<String>,
+}
+
+impl Plan {
+    /// Kernel launches of one execution.
+    pub fn kernel_count(&self) -> usize {
+        self.segments.iter().map(|s| s.exe.kernel_count()).sum()
+    }
+
+    /// Generated kernel sources of every segment, as (name, source).
+    pub fn kernel_sources(&self) -> Vec<(String, String)> {
+        self.segments.iter().flat_map(|s| s.exe.kernel_sources()).collect()
+    }
+
+    /// Optimizes, partitions and compiles `graph`.
+    pub fn compile(
+        graph: Graph,
+        main: &dyn Backend,
+        cpu: &dyn Backend,
+        force_fallback: &BTreeSet<String>,
+    ) -> Result<Plan, BackendError> {
+        let optimized = crate::optimize::optimize(&graph);
+        let n = optimized.len();
+        let is_leaf = |op: &Op| matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_));
+        // Colour each node: native (even segments) or CPU fallback (odd).
+        let mut on_cpu = vec![false; n];
+        let mut fallback_ops = Vec::new();
+        if main.kind() != BackendKind::Cpu {
+            for (i, node) in optimized.nodes().iter().enumerate() {
+                if is_leaf(&node.op) {
+                    continue;
+                }
+                let inputs: Vec<_> = node.inputs.iter().map(|x| optimized.node(*x)).collect();
+                let name = node.op.name();
+                if force_fallback.contains(&name) || !main.supports(node, &inputs) {
+                    on_cpu[i] = true;
+                    fallback_ops.push(name);
+                }
+            }
+        }
+        // Segment index: the smallest index of the right parity after every
+        // operand's segment (strictly after when the colour differs).
+        let mut seg = vec![usize::MAX; n];
+        let outputs_set: BTreeSet<NodeId> = optimized.outputs.iter().copied().collect();
+        for (i, node) in optimized.nodes().iter().enumerate() {
+            let leaf = is_leaf(&node.op);
+            if leaf && !(outputs_set.contains(&NodeId(i as u32)) && !matches!(node.op, Op::Parameter(_))) {
+                continue;
+            }
+            let parity = on_cpu[i] as usize;
+            let mut k = parity;
+            for x in &node.inputs {
+                let s = seg[x.index()];
+                if s == usize::MAX {
+                    continue;
+                }
+                let min = if on_cpu[x.index()] == on_cpu[i] { s } else { s + 1 };
+                k = k.max(min);
+            }
+            if k % 2 != parity {
+                k += 1;
+            }
+            seg[i] = k;
+        }
+        let users = optimized.users();
+        let max_seg = seg.iter().copied().filter(|&s| s != usize::MAX).max();
+        let mut segments = Vec::new();
+        if let Some(max_seg) = max_seg {
+            for k in 0..=max_seg {
+                let members: Vec<usize> = (0..n).filter(|&i| seg[i] == k).collect();
+                if members.is_empty() {
+                    continue;
+                }
+                let (sg, inputs, outs) = build_segment(&optimized, &members, &seg, k, &users, &outputs_set);
+                let backend = if k % 2 == 1 { cpu } else { main };
+                let verified = sg.clone().verify().map_err(|e| BackendError::Compile {
+                    kernel: format!("segment {k}"),
+                    message: format!("segment graph failed verification (a bug): {e}"),
+                })?;
+                let exe = backend.compile(&verified)?;
+                segments.push(Segment { on_cpu: k % 2 == 1, exe, inputs, outputs: outs, graph: sg });
+            }
+        }
+        let outputs = optimized
+            .outputs
+            .iter()
+            .map(|o| match optimized.node(*o).op {
+                Op::Parameter(p) => ValueRef::Param(p as usize),
+                _ => ValueRef::Node(*o),
+            })
+            .collect();
+        Ok(Plan { graph, optimized, segments, outputs, fallback_ops })
+    }
+
+    /// Runs the plan (on the worker thread) and returns one buffer per output.
+    pub fn run(
+        &self,
+        inputs: Vec<Buffer>,
+        scalars: &[ScalarValue],
+        main: &dyn Backend,
+        cpu: &dyn Backend,
+    ) -> Result<Vec<Buffer>, BackendError> {
+        let mut values: HashMap<NodeId, Buffer> = HashMap::new();
+        for name in &self.fallback_ops {
+            metrics::inc(&format!("Fallback::{name}"), 1);
+        }
+        if !self.fallback_ops.is_empty() {
+            metrics::inc("FallbackOps", self.fallback_ops.len() as u64);
+        }
+        for s in &self.segments {
+            let backend = if s.on_cpu { cpu } else { main };
+            let mut args = Vec::with_capacity(s.inputs.len());
+            for r in &s.inputs {
+                let buf = match r {
+                    ValueRef::Param(p) => inputs[*p].clone(),
+                    ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
+                };
+                args.push(transfer(buf, backend, main, cpu)?);
+            }
+            let started = Instant::now();
+            let outs = backend.execute(s.exe.as_ref(), args, scalars)?;
+            metrics::record_time(if s.on_cpu { "ExecuteFallback" } else { "ExecuteSegment" }, started.elapsed());
+            for (id, buf) in s.outputs.iter().zip(outs) {
+                values.insert(*id, buf);
+            }
+        }
+        Ok(self
+            .outputs
+            .iter()
+            .map(|r| match r {
+                ValueRef::Param(p) => inputs[*p].clone(),
+                ValueRef::Node(id) => values[id].clone(),
+            })
+            .collect())
+    }
+}
+
+/// Moves a buffer to `to` through host memory if another backend owns it.
+fn transfer(buf: Buffer, to: &dyn Backend, main: &dyn Backend, cpu: &dyn Backend) -> Result<Buffer, BackendError> {
+    if buf.kind == to.kind() {
+        return Ok(buf);
+    }
+    let from = if buf.kind == cpu.kind() { cpu } else { main };
+    let bytes = from.download(&buf)?;
+    metrics::inc("FallbackTransfers", 1);
+    metrics::record_value("FallbackTransferBytes", bytes.len() as f64);
+    to.upload(&bytes, &buf.ty)
+}
+
+/// Builds the graph of one segment: its member nodes, leaves copied in,
+/// values from elsewhere as parameters.
+fn build_segment(
+    g: &Graph,
+    members: &[usize],
+    seg: &[usize],
+    k: usize,
+    users: &[Vec<NodeId>],
+    outputs: &BTreeSet<NodeId>,
+) -> (Graph, Vec<ValueRef>, Vec<NodeId>) {
+    let mut sg = Graph::new();
+    sg.scalars = g.scalars.clone();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut inputs: Vec<ValueRef> = Vec::new();
+    let mut input_ids: HashMap<ValueRef, NodeId> = HashMap::new();
+    for &i in members {
+        let node = &g.nodes()[i];
+        let mut args = Vec::with_capacity(node.inputs.len());
+        for x in &node.inputs {
+            if let Some(m) = map.get(x) {
+                args.push(*m);
+                continue;
+            }
+            let xn = g.node(*x);
+            let id = match &xn.op {
+                Op::Constant(..) | Op::ScalarParam(_) if seg[x.index()] == usize::MAX => {
+                    sg.push_typed(xn.op.clone(), vec![], xn.ty())
+                }
+                _ => {
+                    let r = match xn.op {
+                        Op::Parameter(p) => ValueRef::Param(p as usize),
+                        _ => ValueRef::Node(*x),
+                    };
+                    *input_ids.entry(r).or_insert_with(|| {
+                        inputs.push(r);
+                        sg.param(xn.ty())
+                    })
+                }
+            };
+            map.insert(*x, id);
+            args.push(id);
+        }
+        let id = sg.push_typed(node.op.clone(), args, node.ty());
+        map.insert(NodeId(i as u32), id);
+    }
+    let mut outs = Vec::new();
+    for &i in members {
+        let id = NodeId(i as u32);
+        let used_later = users[i].iter().any(|u| seg[u.index()] != k);
+        if used_later || outputs.contains(&id) {
+            outs.push(id);
+            sg.outputs.push(map[&id]);
+        }
+    }
+    (sg, inputs, outs)
+}

@@ -1,0 +1,400 @@
+//! The [`Tensor`] handle: cheap to clone, `Send + Sync`, with a unique id
+//! and one of three states — device data, pending IR, or host data (not yet
+//! uploaded). Creating tensors, reading values (the barriers) and in-place
+//! updates live here; op methods live in `ops`.
+
+use crate::device::Device;
+use crate::element::{self, Element};
+use crate::lazy::{CellState, DataCell, LazyNode, NodeKind};
+use crate::{metrics, ExecError, Result};
+use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, ValueType};
+use std::fmt;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_TENSOR: AtomicU64 = AtomicU64::new(1);
+
+/// A lazy tensor. Ops record IR; values are computed at sync points
+/// ([`Tensor::to_vec`], [`Tensor::item`], [`sync`], [`Device::mark_step`]).
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<TensorInner>);
+
+pub(crate) struct TensorInner {
+    id: u64,
+    device: Device,
+    ty: ValueType,
+    node: Mutex<Arc<LazyNode>>,
+    generation: AtomicU64,
+    pub(crate) grad: Mutex<crate::autograd::GradState>,
+}
+
+impl Drop for TensorInner {
+    fn drop(&mut self) {
+        self.device.0.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
+}
+
+/// Where a tensor's value is right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorState {
+    /// On the device (or being computed into a placeholder there).
+    DeviceData,
+    /// Recorded ops not yet synced.
+    PendingIr,
+    /// Host data not yet uploaded.
+    HostData,
+}
+
+fn max_graph_nodes() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("LAZULI_MAX_GRAPH_NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(4096)
+    })
+}
+
+impl Tensor {
+    pub(crate) fn from_node(device: &Device, node: Arc<LazyNode>) -> Tensor {
+        let id = NEXT_TENSOR.fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::new(TensorInner {
+            id,
+            device: device.clone(),
+            ty: node.ty.clone(),
+            node: Mutex::new(node),
+            generation: AtomicU64::new(0),
+            grad: Mutex::new(Default::default()),
+        });
+        device.0.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&inner));
+        Tensor(inner)
+    }
+
+    /// Unique id of this tensor (shared by its clones).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// The device the tensor lives on.
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &Shape {
+        &self.0.ty.shape
+    }
+
+    /// Dimension sizes.
+    pub fn dims(&self) -> &[usize] {
+        self.0.ty.shape.dims()
+    }
+
+    /// Rank.
+    pub fn rank(&self) -> usize {
+        self.0.ty.shape.rank()
+    }
+
+    /// Element count.
+    pub fn numel(&self) -> usize {
+        self.0.ty.shape.numel()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.0.ty.dtype
+    }
+
+    /// Shape and dtype.
+    pub fn ty(&self) -> &ValueType {
+        &self.0.ty
+    }
+
+    /// How many in-place updates ([`Tensor::assign`]) this tensor has seen.
+    pub fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn node(&self) -> Arc<LazyNode> {
+        self.0.node.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_node(&self, node: Arc<LazyNode>) {
+        *self.0.node.lock().unwrap_or_else(|e| e.into_inner()) = node;
+    }
+
+    /// The tensor's current state.
+    pub fn state(&self) -> TensorState {
+        let node = self.node();
+        match node.cell() {
+            None => TensorState::PendingIr,
+            Some(c) => match &*c.state.lock().unwrap_or_else(|e| e.into_inner()) {
+                CellState::Host(_) => TensorState::HostData,
+                _ => TensorState::DeviceData,
+            },
+        }
+    }
+
+    /// A tensor from host values in row-major order.
+    #[track_caller]
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.numel() {
+            return Err(ExecError::DataLength { op: "from_slice".into(), len: data.len(), shape: shape.clone(), numel: shape.numel() });
+        }
+        Tensor::from_bytes(element::to_bytes(data), ValueType::new(shape, T::DTYPE), device)
+    }
+
+    /// A tensor from canonical little-endian bytes (see the Backend docs).
+    #[track_caller]
+    pub fn from_bytes(bytes: Vec<u8>, ty: ValueType, device: &Device) -> Result<Tensor> {
+        let want = ty.shape.numel() * ty.dtype.size_bytes();
+        if bytes.len() != want {
+            return Err(ExecError::DataLength {
+                op: "from_bytes".into(),
+                len: bytes.len() / ty.dtype.size_bytes().max(1),
+                shape: ty.shape.clone(),
+                numel: ty.shape.numel(),
+            });
+        }
+        let cell = DataCell::new(device.0.id, ty, CellState::Host(bytes.into()));
+        Ok(Tensor::from_node(device, Arc::new(LazyNode::data(cell, Location::caller()))))
+    }
+
+    /// A rank-0 tensor. Special values (0, 1, -1, booleans) are baked into
+    /// kernels; others are lifted into a parameter slot so that a new value
+    /// compiles nothing new.
+    #[track_caller]
+    pub fn scalar(value: impl Into<ScalarValue>, dtype: DType, device: &Device) -> Tensor {
+        let v: ScalarValue = value.into();
+        let v = v.cast(dtype);
+        let node = if v.is_special() {
+            let ty = ValueType::new(Shape::scalar(), dtype);
+            LazyNode::op(Op::Constant(v, dtype), vec![], ty, Location::caller())
+        } else {
+            LazyNode::scalar(v, ValueType::new(Shape::scalar(), dtype), Location::caller())
+        };
+        Tensor::from_node(device, Arc::new(node))
+    }
+
+    /// A rank-0 tensor that is always a lifted parameter, never baked (for
+    /// values that change every step, like RNG keys).
+    #[track_caller]
+    pub fn lifted_scalar(value: ScalarValue, dtype: DType, device: &Device) -> Tensor {
+        let node = LazyNode::scalar(value.cast(dtype), ValueType::new(Shape::scalar(), dtype), Location::caller());
+        Tensor::from_node(device, Arc::new(node))
+    }
+
+    /// A tensor of `shape` filled with `value`.
+    #[track_caller]
+    pub fn full(shape: impl Into<Shape>, value: impl Into<ScalarValue>, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let s = Tensor::scalar(value, dtype, device);
+        if shape.rank() == 0 {
+            return Ok(s);
+        }
+        s.expand(shape)
+    }
+
+    /// A tensor of zeros.
+    #[track_caller]
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, ScalarValue::Int(0), dtype, device)
+    }
+
+    /// A tensor of ones.
+    #[track_caller]
+    pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, ScalarValue::Int(1), dtype, device)
+    }
+
+    /// `[start, start + step, ...]` up to (excluding) `end`, like numpy.
+    #[track_caller]
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(ExecError::Invalid { op: "arange".into(), detail: format!("bad range {start}..{end} step {step}") });
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let idx = Tensor::iota([n], 0, dtype, device)?;
+        let scaled = if step == 1.0 { idx } else { idx.mul(&Tensor::scalar(step, dtype, device))? };
+        if start == 0.0 {
+            Ok(scaled)
+        } else {
+            scaled.add(&Tensor::scalar(start, dtype, device))
+        }
+    }
+
+    /// `out[i] = index of i along axis`, as `dtype`.
+    #[track_caller]
+    pub fn iota(shape: impl Into<Shape>, axis: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::record_on(device, Op::Iota { shape: shape.into(), axis, dtype }, &[])
+    }
+
+    /// Records `op` over `operands` (all on one device), inferring and
+    /// checking the result type now.
+    #[track_caller]
+    pub fn record(op: Op, operands: &[&Tensor]) -> Result<Tensor> {
+        let device = operands.first().map(|t| t.device().clone()).ok_or_else(|| IrError::Arity {
+            op: op.name(),
+            expected: "at least 1".into(),
+            got: 0,
+        })?;
+        Tensor::record_on(&device, op, operands)
+    }
+
+    /// [`Tensor::record`] with an explicit device (for leaf ops).
+    #[track_caller]
+    pub fn record_on(device: &Device, op: Op, operands: &[&Tensor]) -> Result<Tensor> {
+        let location = Location::caller();
+        let _span = tracing::trace_span!("record", op = %op.name()).entered();
+        for t in operands {
+            if !t.device().same(device) {
+                return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });
+            }
+        }
+        let nodes: Vec<Arc<LazyNode>> = operands.iter().map(|t| t.node()).collect();
+        let tys: Vec<ValueType> = nodes.iter().map(|n| n.ty.clone()).collect();
+        let ty = op.infer(&tys, &[], &[])?;
+        let node = Arc::new(LazyNode::op(op, nodes, ty, location));
+        let limit = max_graph_nodes();
+        let over = node.size > limit && pending_count(&node) > limit;
+        let t = Tensor::from_node(device, node);
+        if over {
+            metrics::inc("GraphSizeLimitHits", 1);
+            device.sync_tensors(&[&t], &format!("graph size limit ({limit} nodes) at {}:{}", location.file(), location.line()))?;
+        }
+        Ok(t)
+    }
+
+    /// Materializes this tensor (asynchronously); see [`sync`].
+    #[track_caller]
+    pub fn sync(&self) -> Result<()> {
+        sync(&[self])
+    }
+
+    /// Reads the values as `T`, which must match the dtype (a barrier).
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let loc = Location::caller();
+        if T::DTYPE != self.dtype() {
+            return Err(ExecError::ReadDType { op: "to_vec".into(), actual: self.dtype(), expected: T::DTYPE, shape: self.shape().clone() });
+        }
+        let bytes = self.read_bytes_at(&format!("to_vec at {}:{}", loc.file(), loc.line()))?;
+        Ok(element::from_bytes(&bytes))
+    }
+
+    /// Reads the single value of a one-element tensor (a barrier).
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        let loc = Location::caller();
+        if self.numel() != 1 {
+            return Err(ExecError::Invalid { op: "item".into(), detail: format!("tensor of shape {} has {} elements, not 1", self.shape(), self.numel()) });
+        }
+        if T::DTYPE != self.dtype() {
+            return Err(ExecError::ReadDType { op: "item".into(), actual: self.dtype(), expected: T::DTYPE, shape: self.shape().clone() });
+        }
+        let bytes = self.read_bytes_at(&format!("item at {}:{}", loc.file(), loc.line()))?;
+        Ok(T::read_bytes(&bytes))
+    }
+
+    /// Reads every value as a [`ScalarValue`] whatever the dtype (a barrier).
+    #[track_caller]
+    pub fn to_scalars(&self) -> Result<Vec<ScalarValue>> {
+        let loc = Location::caller();
+        let bytes = self.read_bytes_at(&format!("to_scalars at {}:{}", loc.file(), loc.line()))?;
+        Ok((0..self.numel()).map(|i| element::read_scalar(&bytes, self.dtype(), i)).collect())
+    }
+
+    /// Reads the canonical bytes (a barrier).
+    #[track_caller]
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let loc = Location::caller();
+        self.read_bytes_at(&format!("to_bytes at {}:{}", loc.file(), loc.line()))
+    }
+
+    fn read_bytes_at(&self, trigger: &str) -> Result<Vec<u8>> {
+        let _span = tracing::debug_span!("barrier", trigger).entered();
+        self.device().sync_tensors(&[self], trigger)?;
+        let node = self.node();
+        let cell = node.cell().expect("a synced tensor holds a data cell");
+        self.device().read_cell(cell, trigger)
+    }
+
+    /// Replaces this tensor's value with `other`'s (same shape and dtype),
+    /// for every clone of the handle: the in-place update an optimizer
+    /// needs. Records nothing and copies nothing; bumps the generation.
+    #[track_caller]
+    pub fn assign(&self, other: &Tensor) -> Result<()> {
+        if other.ty() != self.ty() {
+            return Err(ExecError::Invalid {
+                op: "assign".into(),
+                detail: format!("cannot assign {}{} to {}{}", other.dtype(), other.shape(), self.dtype(), self.shape()),
+            });
+        }
+        if !other.device().same(self.device()) {
+            return Err(ExecError::DeviceMismatch { op: "assign".into(), a: self.device().name(), b: other.device().name() });
+        }
+        self.set_node(other.node());
+        self.0.generation.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `self += other` in place (other broadcasts to self's shape).
+    #[track_caller]
+    pub fn add_(&self, other: &Tensor) -> Result<()> {
+        let sum = self.add(other)?;
+        self.assign(&sum)
+    }
+
+    /// `self -= other` in place.
+    #[track_caller]
+    pub fn sub_(&self, other: &Tensor) -> Result<()> {
+        let d = self.sub(other)?;
+        self.assign(&d)
+    }
+
+    /// `self *= other` in place.
+    #[track_caller]
+    pub fn mul_(&self, other: &Tensor) -> Result<()> {
+        let d = self.mul(other)?;
+        self.assign(&d)
+    }
+
+    /// A new handle sharing this tensor's current value but no history:
+    /// gradients do not flow through it.
+    #[track_caller]
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_node(self.device(), self.node())
+    }
+
+    pub(crate) fn is_lifted_scalar(&self) -> bool {
+        matches!(self.node().kind, NodeKind::Scalar(_))
+    }
+}
+
+/// Exact number of pending nodes under `node` (stops at data).
+fn pending_count(node: &Arc<LazyNode>) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![node.clone()];
+    while let Some(n) = stack.pop() {
+        if !n.is_pending() || !seen.insert(Arc::as_ptr(&n)) {
+            continue;
+        }
+        stack.extend(n.operands.iter().cloned());
+    }
+    seen.len()
+}
+
+/// Materializes all given tensors with pending IR as ONE graph and returns
+/// without waiting for the device (read a value or call
+/// [`Device::wait`] to wait). All tensors must share one device.
+#[track_caller]
+pub fn sync(tensors: &[&Tensor]) -> Result<()> {
+    let loc = Location::caller();
+    let Some(first) = tensors.first() else { return Ok(()) };
+    first.device().sync_tensors(tensors, &format!("sync at {}:{}", loc.file(), loc.line()))
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor(id={}, {}{}, {:?}, on {})", self.id(), self.dtype(), self.shape(), self.state(), self.device().name())
+    }
+}
