@@ -176,10 +176,9 @@ impl Graph {
                 return Err(IrError::Verify { node: i, detail: format!("operand {bad} does not precede the node") });
             }
             let tys: Vec<ValueType> = n.inputs.iter().map(|x| self.nodes[x.index()].ty()).collect();
-            let ty = n.op.infer(&tys, &self.params, &self.scalars).map_err(|e| IrError::Verify {
-                node: i,
-                detail: e.to_string(),
-            })?;
+            let ty =
+                n.op.infer(&tys, &self.params, &self.scalars)
+                    .map_err(|e| IrError::Verify { node: i, detail: e.to_string() })?;
             if ty != n.ty() {
                 return Err(IrError::Verify {
                     node: i,
@@ -258,7 +257,9 @@ pub fn describe(op: &Op) -> String {
         Op::ArgReduce { axis, keepdim, select_last, .. } => {
             format!("{} axis={axis} keepdim={keepdim} select_last={select_last}", op.name())
         }
-        Op::CumSum { axis, exclusive, reverse } => format!("cumsum axis={axis} exclusive={exclusive} reverse={reverse}"),
+        Op::CumSum { axis, exclusive, reverse } => {
+            format!("cumsum axis={axis} exclusive={exclusive} reverse={reverse}")
+        }
         Op::Softmax { axis, .. } => format!("{} axis={axis}", op.name()),
         Op::Reshape(s) => format!("reshape {s}"),
         Op::Permute(p) => format!("permute {p:?}"),
@@ -267,8 +268,17 @@ pub fn describe(op: &Op) -> String {
         Op::Concat { axis } => format!("concat axis={axis}"),
         Op::Pad { before, after, mode } => format!("pad {mode:?} before={before:?} after={after:?}"),
         Op::Gather { axis } => format!("gather axis={axis}"),
-        Op::Conv2d(c) => format!("conv2d strides={:?} pads={:?} dilations={:?} groups={}", c.strides, c.pads, c.dilations, c.groups),
-        Op::Pool(p) => format!("{} kernel={:?} strides={:?} pads={:?}/{:?}", op.name(), p.kernel, p.strides, p.pads_begin, p.pads_end),
+        Op::Conv2d(c) => {
+            format!("conv2d strides={:?} pads={:?} dilations={:?} groups={}", c.strides, c.pads, c.dilations, c.groups)
+        }
+        Op::Pool(p) => format!(
+            "{} kernel={:?} strides={:?} pads={:?}/{:?}",
+            op.name(),
+            p.kernel,
+            p.strides,
+            p.pads_begin,
+            p.pads_end
+        ),
         other => other.name(),
     }
 }

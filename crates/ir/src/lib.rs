@@ -10,17 +10,20 @@
 
 mod dtype;
 mod error;
+pub mod fusion;
 mod graph;
 mod hash;
 mod op;
+pub mod passes;
+pub mod philox;
 mod shape;
 
 pub use dtype::{DType, ScalarValue};
 pub use error::IrError;
 pub use graph::{describe, Graph, Node, NodeId, VerifiedGraph};
 pub use hash::{stable_hash, StableHasher};
-pub use shape::Shape;
 pub use op::{
-    reduced_shape, ArgReduceOp, BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp,
-    UnaryOp, ValueType,
+    reduced_shape, ArgReduceOp, BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp, UnaryOp,
+    ValueType,
 };
+pub use shape::Shape;

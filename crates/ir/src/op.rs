@@ -186,10 +186,7 @@ impl BinaryOp {
 
     /// True for the comparisons, whose result is bool.
     pub fn is_comparison(self) -> bool {
-        matches!(
-            self,
-            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
-        )
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
     }
 
     /// True for the logical ops (bool operands and result).
@@ -462,10 +459,7 @@ impl Op {
 
     /// Leaves: no operands.
     pub fn is_leaf(&self) -> bool {
-        matches!(
-            self,
-            Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }
-        )
+        matches!(self, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. })
     }
 
     /// Pure per-element functions of operands at the same (broadcast) index.
@@ -489,12 +483,7 @@ impl Op {
 
     /// Infers the result type from operand types. `params` and `scalars`
     /// give the types of `Parameter` and `ScalarParam` leaves.
-    pub fn infer(
-        &self,
-        inputs: &[ValueType],
-        params: &[ValueType],
-        scalars: &[DType],
-    ) -> Result<ValueType, IrError> {
+    pub fn infer(&self, inputs: &[ValueType], params: &[ValueType], scalars: &[DType]) -> Result<ValueType, IrError> {
         let name = self.name();
         let op = name.as_str();
         let arity = |n: usize| -> Result<(), IrError> {
@@ -602,7 +591,10 @@ impl Op {
                 let x = &inputs[0];
                 check_axis(*axis, &x.shape)?;
                 if x.shape.dims()[*axis] == 0 {
-                    return Err(IrError::shape(op, format!("cannot take {op} over the empty axis {axis} of {}", x.shape)));
+                    return Err(IrError::shape(
+                        op,
+                        format!("cannot take {op} over the empty axis {axis} of {}", x.shape),
+                    ));
                 }
                 Ok(ValueType::new(reduced_shape(&x.shape, &[*axis], *keepdim), DType::I32))
             }
@@ -629,7 +621,10 @@ impl Op {
                     return Err(IrError::dtype(op, "operands must have the same numeric dtype", &dtypes));
                 }
                 if a.shape.rank() < 2 || b.shape.rank() < 2 {
-                    return Err(IrError::shape(op, format!("operands must have rank >= 2, got {} and {}", a.shape, b.shape)));
+                    return Err(IrError::shape(
+                        op,
+                        format!("operands must have rank >= 2, got {} and {}", a.shape, b.shape),
+                    ));
                 }
                 let (ad, bd) = (a.shape.dims(), b.shape.dims());
                 let (m, k1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
@@ -673,7 +668,10 @@ impl Op {
                 let valid = perm.len() == s.rank()
                     && perm.iter().all(|&p| p < s.rank() && !std::mem::replace(&mut seen[p], true));
                 if !valid {
-                    return Err(IrError::shape(op, format!("{perm:?} is not a permutation of the {} dims of {s}", s.rank())));
+                    return Err(IrError::shape(
+                        op,
+                        format!("{perm:?} is not a permutation of the {} dims of {s}", s.rank()),
+                    ));
                 }
                 Ok(ValueType::new(perm.iter().map(|&p| s.dims()[p]).collect::<Vec<_>>(), inputs[0].dtype))
             }
@@ -688,7 +686,10 @@ impl Op {
                 arity(1)?;
                 let s = &inputs[0].shape;
                 if starts.len() != s.rank() || steps.len() != s.rank() || lens.len() != s.rank() {
-                    return Err(IrError::shape(op, format!("slice spec has {} dims, operand {s} has {}", starts.len(), s.rank())));
+                    return Err(IrError::shape(
+                        op,
+                        format!("slice spec has {} dims, operand {s} has {}", starts.len(), s.rank()),
+                    ));
                 }
                 for d in 0..s.rank() {
                     let (start, step, len, dim) = (starts[d], steps[d], lens[d] as i64, s.dims()[d] as i64);
@@ -720,8 +721,8 @@ impl Op {
                         return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes));
                     }
                     let same_rank = v.shape.rank() == first.shape.rank();
-                    let same_other = same_rank
-                        && (0..dims.len()).all(|d| d == *axis || v.shape.dims()[d] == first.shape.dims()[d]);
+                    let same_other =
+                        same_rank && (0..dims.len()).all(|d| d == *axis || v.shape.dims()[d] == first.shape.dims()[d]);
                     if !same_other {
                         return Err(IrError::shape(
                             op,
@@ -740,7 +741,11 @@ impl Op {
                     return Err(IrError::shape(op, format!("pads for {} dims given for operand {s}", before.len())));
                 }
                 if want == 2 && (inputs[1].dtype != inputs[0].dtype || inputs[1].shape.rank() != 0) {
-                    return Err(IrError::dtype(op, "pad value must be a rank-0 tensor of the operand's dtype", &dtypes));
+                    return Err(IrError::dtype(
+                        op,
+                        "pad value must be a rank-0 tensor of the operand's dtype",
+                        &dtypes,
+                    ));
                 }
                 for d in 0..s.rank() {
                     let n = s.dims()[d];
@@ -750,7 +755,13 @@ impl Op {
                         PadMode::Constant => false,
                     };
                     if bad {
-                        return Err(IrError::shape(op, format!("{mode:?} padding of dim {d} by ({}, {}) needs a larger dim than {n} in {s}", before[d], after[d])));
+                        return Err(IrError::shape(
+                            op,
+                            format!(
+                                "{mode:?} padding of dim {d} by ({}, {}) needs a larger dim than {n} in {s}",
+                                before[d], after[d]
+                            ),
+                        ));
                     }
                 }
                 let dims: Vec<usize> = (0..s.rank()).map(|d| s.dims()[d] + before[d] + after[d]).collect();
@@ -775,18 +786,30 @@ impl Op {
                     return Err(IrError::dtype(op, "input and weight must have the same float dtype", &dtypes));
                 }
                 if x.shape.rank() != 4 || w.shape.rank() != 4 {
-                    return Err(IrError::shape(op, format!("expected [N, C, H, W] input and [O, C/g, kh, kw] weight, got {} and {}", x.shape, w.shape)));
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "expected [N, C, H, W] input and [O, C/g, kh, kw] weight, got {} and {}",
+                            x.shape, w.shape
+                        ),
+                    ));
                 }
                 let (xd, wd) = (x.shape.dims(), w.shape.dims());
                 if c.groups == 0 || xd[1] != wd[1] * c.groups || wd[0] % c.groups != 0 {
-                    return Err(IrError::shape(op, format!("channels of {} do not match weight {} with {} groups", x.shape, w.shape, c.groups)));
+                    return Err(IrError::shape(
+                        op,
+                        format!("channels of {} do not match weight {} with {} groups", x.shape, w.shape, c.groups),
+                    ));
                 }
                 let mut dims = vec![xd[0], wd[0]];
                 for i in 0..2 {
                     let padded = xd[2 + i] + c.pads[i] + c.pads[i + 2];
                     let eff = c.dilations[i] * (wd[2 + i] - 1) + 1;
                     if c.strides[i] == 0 || padded < eff {
-                        return Err(IrError::shape(op, format!("kernel {} does not fit input {} with pads {:?}", w.shape, x.shape, c.pads)));
+                        return Err(IrError::shape(
+                            op,
+                            format!("kernel {} does not fit input {} with pads {:?}", w.shape, x.shape, c.pads),
+                        ));
                     }
                     dims.push((padded - eff) / c.strides[i] + 1);
                 }
@@ -797,9 +820,14 @@ impl Op {
                 let x = &inputs[0];
                 let nsp = p.kernel.len();
                 if x.shape.rank() != nsp + 2
-                    || [p.strides.len(), p.pads_begin.len(), p.pads_end.len(), p.dilations.len()].iter().any(|&l| l != nsp)
+                    || [p.strides.len(), p.pads_begin.len(), p.pads_end.len(), p.dilations.len()]
+                        .iter()
+                        .any(|&l| l != nsp)
                 {
-                    return Err(IrError::shape(op, format!("a {nsp}-d window needs an input of rank {}, got {}", nsp + 2, x.shape)));
+                    return Err(IrError::shape(
+                        op,
+                        format!("a {nsp}-d window needs an input of rank {}, got {}", nsp + 2, x.shape),
+                    ));
                 }
                 if !x.dtype.is_numeric() || (matches!(p.kind, PoolKind::Avg { .. }) && !x.dtype.is_float()) {
                     return Err(IrError::dtype(op, "expected a float dtype (max pool: numeric)", &dtypes));
@@ -809,7 +837,10 @@ impl Op {
                     let padded = x.shape.dims()[2 + i] + p.pads_begin[i] + p.pads_end[i];
                     let eff = p.dilations[i] * (p.kernel[i].max(1) - 1) + 1;
                     if p.strides[i] == 0 || p.kernel[i] == 0 || padded < eff {
-                        return Err(IrError::shape(op, format!("window {:?} does not fit input {}", p.kernel, x.shape)));
+                        return Err(IrError::shape(
+                            op,
+                            format!("window {:?} does not fit input {}", p.kernel, x.shape),
+                        ));
                     }
                     let span = padded - eff;
                     let mut out = if p.ceil_mode { span.div_ceil(p.strides[i]) + 1 } else { span / p.strides[i] + 1 };
@@ -826,14 +857,18 @@ impl Op {
 }
 
 fn broadcast(op: &str, a: &Shape, b: &Shape) -> Result<Shape, IrError> {
-    a.broadcast(b)
-        .ok_or_else(|| IrError::Broadcast { op: op.to_string(), lhs: a.clone(), rhs: b.clone() })
+    a.broadcast(b).ok_or_else(|| IrError::Broadcast { op: op.to_string(), lhs: a.clone(), rhs: b.clone() })
 }
 
 fn check_axes(op: &str, axes: &[usize], shape: &Shape) -> Result<(), IrError> {
     for (i, &a) in axes.iter().enumerate() {
         if a >= shape.rank() {
-            return Err(IrError::Axis { op: op.to_string(), axis: a as isize, shape: shape.clone(), rank: shape.rank() });
+            return Err(IrError::Axis {
+                op: op.to_string(),
+                axis: a as isize,
+                shape: shape.clone(),
+                rank: shape.rank(),
+            });
         }
         if i > 0 && axes[i - 1] >= a {
             return Err(IrError::shape(op, format!("axes {axes:?} must be sorted and unique")));
@@ -867,27 +902,22 @@ mod tests {
 
     #[test]
     fn binary_broadcast_error_names_op_and_shapes() {
-        let e = Op::Binary(BinaryOp::Add)
-            .infer(&[vt(&[2, 3], DType::F32), vt(&[4], DType::F32)], &[], &[])
-            .unwrap_err();
+        let e =
+            Op::Binary(BinaryOp::Add).infer(&[vt(&[2, 3], DType::F32), vt(&[4], DType::F32)], &[], &[]).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("add") && msg.contains("[2, 3]") && msg.contains("[4]"), "{msg}");
     }
 
     #[test]
     fn dtype_mismatch_names_dtypes() {
-        let e = Op::Binary(BinaryOp::Mul)
-            .infer(&[vt(&[2], DType::F32), vt(&[2], DType::I32)], &[], &[])
-            .unwrap_err();
+        let e = Op::Binary(BinaryOp::Mul).infer(&[vt(&[2], DType::F32), vt(&[2], DType::I32)], &[], &[]).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("mul") && msg.contains("f32") && msg.contains("i32"), "{msg}");
     }
 
     #[test]
     fn matmul_batch_broadcast() {
-        let t = Op::MatMul
-            .infer(&[vt(&[2, 1, 3, 4], DType::F32), vt(&[5, 4, 6], DType::F32)], &[], &[])
-            .unwrap();
+        let t = Op::MatMul.infer(&[vt(&[2, 1, 3, 4], DType::F32), vt(&[5, 4, 6], DType::F32)], &[], &[]).unwrap();
         assert_eq!(t.shape, Shape::new([2, 5, 3, 6]));
     }
 

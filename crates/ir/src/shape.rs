@@ -67,10 +67,7 @@ impl Shape {
             return false;
         }
         let off = target.rank() - self.rank();
-        self.0
-            .iter()
-            .enumerate()
-            .all(|(i, &d)| d == 1 || d == target.0[off + i])
+        self.0.iter().enumerate().all(|(i, &d)| d == 1 || d == target.0[off + i])
     }
 
     /// Resolves a possibly negative axis against this rank.

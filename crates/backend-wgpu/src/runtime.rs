@@ -1,0 +1,428 @@
+//! The backend proper: device setup, compile (plan, lower, validate,
+//! cache pipelines), execute (one command encoder per plan, one submit,
+//! wait), upload and download in the canonical host byte format.
+
+use crate::adapter;
+use crate::codegen::{self, LowerError, LowerLimits, Wgsl, WORKGROUP_SIZE};
+use crate::pipeline::{PipelineCache, PipelineEntry};
+use crate::pool::{Pool, WgpuStorage};
+use crate::validate::validate_wgsl;
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, Executable};
+use lazuli_ir::fusion::{self, FusionLimits, FusionPlan};
+use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+use wgpu::BufferUsages;
+
+/// Options of [`WgpuBackend::new`].
+#[derive(Clone, Debug, Default)]
+pub struct WgpuOptions {
+    /// Clamp of the storage buffers per kernel (planner and device limit);
+    /// tests use it to force splitting.
+    pub max_storage_buffers: Option<u32>,
+    /// Substring of the adapter name to pick (else `WGPU_ADAPTER_NAME`,
+    /// else the best adapter by type).
+    pub adapter_name: Option<String>,
+    /// Most idle bytes the buffer pool keeps (default 256 MiB).
+    pub pool_max_free_bytes: Option<u64>,
+    /// Most cached pipelines (default 1024).
+    pub pipeline_cache_size: Option<usize>,
+}
+
+/// The wgpu backend.
+#[derive(Clone)]
+pub struct WgpuBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    name: String,
+    pool: Arc<Pool>,
+    pipelines: PipelineCache,
+    fusion: FusionLimits,
+    max_binding: u64,
+}
+
+const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
+const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
+const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_DST);
+
+fn device_err(name: &str, message: impl ToString) -> BackendError {
+    BackendError::Device { device: name.to_string(), message: message.to_string() }
+}
+
+impl WgpuBackend {
+    /// Opens an adapter and device. Fails with `BackendError::Device` when
+    /// no adapter matches.
+    pub fn new(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
+        let inst = adapter::instance();
+        let a = adapter::select(&inst, options.adapter_name.as_deref())
+            .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
+        let info = a.get_info();
+        let name = format!("wgpu: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+        let limits = a.limits();
+        let (device, queue) = pollster::block_on(a.request_device(&wgpu::DeviceDescriptor {
+            label: Some("lazuli"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| device_err(&name, e))?;
+        let log_name = name.clone();
+        device.on_uncaptured_error(Arc::new(move |e| {
+            tracing::error!(device = %log_name, "uncaptured wgpu error: {e}");
+        }));
+        let mut max_sb = limits.max_storage_buffers_per_shader_stage as usize;
+        if let Some(m) = options.max_storage_buffers {
+            max_sb = max_sb.min(m as usize);
+        }
+        let pool = Pool::new(device.clone(), options.pool_max_free_bytes.unwrap_or(256 << 20));
+        let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        Ok(WgpuBackend {
+            inner: Arc::new(Inner {
+                device,
+                queue,
+                name,
+                pool,
+                pipelines: PipelineCache::new(options.pipeline_cache_size.unwrap_or(1024)),
+                fusion: FusionLimits { max_storage_buffers: max_sb.max(3), ..FusionLimits::default() },
+                max_binding,
+            }),
+        })
+    }
+
+    /// The fusion limits this backend plans with.
+    pub fn fusion_limits(&self) -> FusionLimits {
+        self.inner.fusion
+    }
+
+    /// Idle bytes in the buffer pool.
+    pub fn pool_free_bytes(&self) -> u64 {
+        self.inner.pool.free_bytes()
+    }
+
+    /// Number of cached pipelines.
+    pub fn cached_pipelines(&self) -> usize {
+        self.inner.pipelines.len()
+    }
+
+    fn create_pipeline(&self, name: &str, w: &Wgsl) -> Result<PipelineEntry, BackendError> {
+        let dev = &self.inner.device;
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(w.source.as_str().into()),
+        });
+        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        for k in 0..w.inputs {
+            entries.push(storage(1 + k as u32, true));
+        }
+        for k in 0..w.outputs {
+            entries.push(storage((1 + w.inputs + k) as u32, false));
+        }
+        let layout =
+            dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
+        let pl = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(w.entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", w.source) });
+        }
+        Ok(PipelineEntry { pipeline, layout })
+    }
+
+    fn storage<'b>(&self, b: &'b Buffer) -> Result<&'b WgpuStorage, BackendError> {
+        b.storage
+            .as_any()
+            .downcast_ref::<WgpuStorage>()
+            .ok_or_else(|| BackendError::Execution(format!("buffer of {} is not a wgpu buffer", b.kind)))
+    }
+
+    fn new_buffer(&self, ty: &ValueType, what: &str) -> Result<Buffer, BackendError> {
+        let bytes = (ty.shape.numel() as u64 * 4).max(4);
+        if bytes > self.inner.max_binding {
+            return Err(BackendError::TooLarge { op: what.to_string(), bytes, limit: self.inner.max_binding });
+        }
+        let st = self.inner.pool.acquire(bytes, STORAGE);
+        Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
+    }
+
+    fn wait(&self) -> Result<(), BackendError> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| device_err(&self.inner.name, e))
+    }
+}
+
+/// A compiled plan: the graph, its kernels and their pipelines.
+pub struct WgpuExecutable {
+    graph: VerifiedGraph,
+    plan: FusionPlan,
+    kernels: Vec<CompiledKernel>,
+}
+
+struct CompiledKernel {
+    name: String,
+    wgsl: Wgsl,
+    pipeline: Arc<PipelineEntry>,
+}
+
+impl WgpuExecutable {
+    /// The fusion plan.
+    pub fn plan(&self) -> &FusionPlan {
+        &self.plan
+    }
+}
+
+impl Executable for WgpuExecutable {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn kernel_count(&self) -> usize {
+        self.kernels.iter().filter(|k| k.wgsl.invocations > 0).count()
+    }
+    fn kernel_sources(&self) -> Vec<(String, String)> {
+        self.kernels.iter().map(|k| (k.name.clone(), k.wgsl.source.clone())).collect()
+    }
+}
+
+fn gpu_dtype(d: DType) -> bool {
+    codegen::dtype_supported(d)
+}
+
+impl Backend for WgpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+
+    fn name(&self) -> String {
+        self.inner.name.clone()
+    }
+
+    fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
+        gpu_dtype(node.dtype) && inputs.iter().all(|n| gpu_dtype(n.dtype)) && codegen::op_supported(&node.op)
+    }
+
+    fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
+        if !gpu_dtype(ty.dtype) {
+            return Err(BackendError::Unsupported { backend: self.name(), op: "upload".into(), dtype: ty.dtype });
+        }
+        let n = ty.shape.numel();
+        debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
+        let buf = self.new_buffer(ty, "upload")?;
+        if n > 0 {
+            let st = self.storage(&buf)?;
+            if ty.dtype == DType::Bool {
+                let words: Vec<u32> = bytes.iter().map(|&b| (b != 0) as u32).collect();
+                self.inner.queue.write_buffer(st.buffer(), 0, bytemuck::cast_slice(&words));
+            } else {
+                self.inner.queue.write_buffer(st.buffer(), 0, bytes);
+            }
+        }
+        Ok(buf)
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
+        let n = buffer.ty.shape.numel();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let st = self.storage(buffer)?;
+        let bytes = n as u64 * 4;
+        let staging = self.inner.pool.acquire(bytes, READBACK);
+        let mut enc = self.inner.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(st.buffer(), 0, staging.buffer(), 0, bytes);
+        self.inner.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.buffer().map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
+        let out = {
+            let view = staging.buffer().get_mapped_range(0..bytes).map_err(|e| device_err(&self.inner.name, e))?;
+            if buffer.ty.dtype == DType::Bool {
+                let words: &[u32] = bytemuck::cast_slice(&view);
+                words.iter().map(|&w| (w != 0) as u8).collect()
+            } else {
+                view.to_vec()
+            }
+        };
+        staging.buffer().unmap();
+        Ok(out)
+    }
+
+    fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError> {
+        let plan = fusion::plan(graph, &self.inner.fusion);
+        let mut kernels = Vec::with_capacity(plan.kernels.len());
+        for (i, k) in plan.kernels.iter().enumerate() {
+            let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
+            let wgsl = codegen::lower(k, graph, &LowerLimits::default()).map_err(|e| match e {
+                LowerError::Unsupported { op, dtype } => {
+                    BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
+                }
+                LowerError::TooLarge { op, elements } => {
+                    BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
+                }
+            })?;
+            validate_wgsl(&wgsl.source).map_err(|m| BackendError::Compile {
+                kernel: name.clone(),
+                message: format!("{m}\n{}", wgsl.source),
+            })?;
+            let key = PipelineCache::key(&wgsl.source, wgsl.entry);
+            let pipeline = self.inner.pipelines.get_or_create(key, || self.create_pipeline(&name, &wgsl))?;
+            kernels.push(CompiledKernel { name, wgsl, pipeline });
+        }
+        Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels }))
+    }
+
+    fn execute(
+        &self,
+        exe: &dyn Executable,
+        inputs: Vec<Buffer>,
+        scalars: &[ScalarValue],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        let exe = exe
+            .as_any()
+            .downcast_ref::<WgpuExecutable>()
+            .ok_or_else(|| BackendError::Execution("executable of another backend".into()))?;
+        let g = &exe.graph;
+        if inputs.len() != g.params.len() || scalars.len() != g.scalars.len() {
+            return Err(BackendError::Execution(format!(
+                "expected {} inputs and {} scalars, got {} and {}",
+                g.params.len(),
+                g.scalars.len(),
+                inputs.len(),
+                scalars.len()
+            )));
+        }
+        // Uniform: z = 0, then one 32-bit word per scalar, padded to 16 bytes.
+        let mut words: Vec<u32> = vec![0];
+        for (v, d) in scalars.iter().zip(&g.scalars) {
+            words.push(match d {
+                DType::F32 => (v.as_f64() as f32).to_bits(),
+                DType::I32 => v.as_i64() as i32 as u32,
+                DType::Bool => v.as_bool() as u32,
+                _ => v.as_u64() as u32,
+            });
+        }
+        while !words.len().is_multiple_of(4) {
+            words.push(0);
+        }
+        let ubytes = words.len() as u64 * 4;
+        let uniform = self.inner.pool.acquire(ubytes, UNIFORM);
+        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+
+        let mut values: HashMap<NodeId, Buffer> = HashMap::new();
+        for id in g.ids() {
+            if let Op::Parameter(i) = g.node(id).op {
+                values.insert(id, inputs[i as usize].clone());
+            }
+        }
+        for &m in &exe.plan.materialized {
+            if let std::collections::hash_map::Entry::Vacant(e) = values.entry(m) {
+                e.insert(self.new_buffer(&g.node(m).ty(), &g.node(m).op.name())?);
+            }
+        }
+        let dev = &self.inner.device;
+        let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
+        let mut launches = 0u64;
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            for k in &exe.kernels {
+                if k.wgsl.invocations == 0 {
+                    continue;
+                }
+                let kernel = &exe.plan.kernels[launches_index(exe, k)];
+                let mut bufs: Vec<&wgpu::Buffer> = vec![uniform.buffer()];
+                for id in kernel.inputs.iter().chain(&kernel.outputs) {
+                    let b = values.get(id).ok_or_else(|| {
+                        BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name))
+                    })?;
+                    bufs.push(self.storage(b)?.buffer());
+                }
+                let entries: Vec<wgpu::BindGroupEntry> = bufs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                    .collect();
+                let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &k.pipeline.layout,
+                    entries: &entries,
+                });
+                let groups = k.wgsl.invocations.div_ceil(WORKGROUP_SIZE as u64);
+                let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
+                pass.set_pipeline(&k.pipeline.pipeline);
+                pass.set_bind_group(0, &bg, &[]);
+                pass.dispatch_workgroups(x as u32, y as u32, 1);
+                launches += 1;
+            }
+        }
+        self.inner.queue.submit([enc.finish()]);
+        let waited = self.wait();
+        let val_err = pollster::block_on(val.pop());
+        let oom_err = pollster::block_on(oom.pop());
+        metrics::inc("KernelLaunches", launches);
+        if let Some(e) = oom_err {
+            return Err(BackendError::OutOfMemory { bytes: 0, device: format!("{}: {e}", self.inner.name) });
+        }
+        if let Some(e) = val_err {
+            return Err(BackendError::Execution(e.to_string()));
+        }
+        waited?;
+        drop(uniform);
+        g.outputs
+            .iter()
+            .map(|o| {
+                values.get(o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed")))
+            })
+            .collect()
+    }
+
+    fn pool_bytes(&self) -> u64 {
+        self.inner.pool.bytes()
+    }
+}
+
+/// Index of compiled kernel `k` in the plan (kernels are compiled in plan
+/// order, one each).
+fn launches_index(exe: &WgpuExecutable, k: &CompiledKernel) -> usize {
+    exe.kernels.iter().position(|c| std::ptr::eq(c, k)).expect("kernel of this executable")
+}

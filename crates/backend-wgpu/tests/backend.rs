@@ -1,0 +1,495 @@
+//! End-to-end tests of the wgpu backend on whatever adapter is present
+//! (lavapipe in CI). Without an adapter they print a message and pass,
+//! unless `LAZULI_REQUIRE_ADAPTER=1`.
+
+use lazuli_executor::{metrics, Backend};
+use lazuli_ir::{
+    ArgReduceOp, BinaryOp, DType, Graph, NodeId, Op, PadMode, RandomDist, ReduceOp, ScalarValue, UnaryOp, ValueType,
+};
+use lazuli_wgpu::{validate_wgsl, WgpuBackend, WgpuOptions};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Tests share global metrics and a slow software device: run one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn backend_with(opts: WgpuOptions) -> Option<WgpuBackend> {
+    match WgpuBackend::new(opts) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            if std::env::var("LAZULI_REQUIRE_ADAPTER").as_deref() == Ok("1") {
+                panic!("no wgpu adapter but LAZULI_REQUIRE_ADAPTER=1: {e}");
+            }
+            eprintln!("skipping: no wgpu adapter ({e})");
+            None
+        }
+    }
+}
+
+fn backend() -> Option<WgpuBackend> {
+    static B: OnceLock<Option<WgpuBackend>> = OnceLock::new();
+    B.get_or_init(|| backend_with(WgpuOptions::default())).clone()
+}
+
+enum Data {
+    F(Vec<f32>),
+    I(Vec<i32>),
+}
+
+fn bytes(d: &Data) -> Vec<u8> {
+    match d {
+        Data::F(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// Compiles and runs `g` with `inputs` (one per param) and `scalars`,
+/// validating every generated source; returns raw output bytes.
+fn run_on(b: &WgpuBackend, g: Graph, inputs: &[Data], scalars: &[ScalarValue]) -> Vec<Vec<u8>> {
+    let params = g.params.clone();
+    let v = g.verify().expect("valid graph");
+    let exe = b.compile(&v).expect("compile");
+    for (name, src) in exe.kernel_sources() {
+        validate_wgsl(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+    }
+    let bufs = inputs.iter().zip(&params).map(|(d, ty)| b.upload(&bytes(d), ty).expect("upload")).collect();
+    let outs = b.execute(exe.as_ref(), bufs, scalars).expect("execute");
+    outs.iter().map(|o| b.download(o).expect("download")).collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn i32s(b: &[u8]) -> Vec<i32> {
+    b.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "got {got:?} want {want:?}");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * (1.0 + b.abs());
+        assert!(ok, "element {i}: got {a}, want {b}\n got {got:?}\nwant {want:?}");
+    }
+}
+
+fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
+    g.push(op, ins).unwrap()
+}
+
+fn bin(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+    push(g, Op::Binary(op), &[a, b])
+}
+
+fn seq(n: usize) -> Vec<f32> {
+    (0..n).map(|i| i as f32).collect()
+}
+
+#[test]
+fn w1_is_one_kernel_and_correct() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([4, 5], DType::F32));
+    let s: Vec<NodeId> = (0..4).map(|_| g.scalar(DType::F32)).collect();
+    let t = bin(&mut g, BinaryOp::Mul, x, s[0]);
+    let t = bin(&mut g, BinaryOp::Add, t, s[1]);
+    let t = push(&mut g, Op::Unary(UnaryOp::Relu), &[t]);
+    let t = bin(&mut g, BinaryOp::Sub, t, s[2]);
+    let t = push(&mut g, Op::Unary(UnaryOp::Tanh), &[t]);
+    let y = bin(&mut g, BinaryOp::Mul, t, s[3]);
+    g.outputs.push(y);
+    let xs: Vec<f32> = (0..20).map(|i| i as f32 / 10.0 - 1.0).collect();
+    let sc = [1.5, 0.5, 0.25, 2.0].map(ScalarValue::Float);
+    let before = metrics::counter("KernelLaunches");
+    let out = run_on(&b, g, &[Data::F(xs.clone())], &sc);
+    assert_eq!(metrics::counter("KernelLaunches") - before, 1);
+    let want: Vec<f32> = xs.iter().map(|x| ((x * 1.5 + 0.5f32).max(0.0) - 0.25).tanh() * 2.0).collect();
+    close(&f32s(&out[0]), &want, 1e-5);
+}
+
+#[test]
+fn twelve_inputs_with_eight_buffers() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { max_storage_buffers: Some(8), ..Default::default() }) else { return };
+    let mut g = Graph::new();
+    let xs: Vec<NodeId> = (0..12).map(|_| g.param(ValueType::new([3, 4], DType::F32))).collect();
+    let mut acc = xs[0];
+    for &x in &xs[1..] {
+        acc = bin(&mut g, BinaryOp::Add, acc, x);
+    }
+    g.outputs.push(acc);
+    let v = g.clone().verify().unwrap();
+    let exe = b.compile(&v).unwrap();
+    assert!(exe.kernel_count() >= 2);
+    let data: Vec<Data> = (0..12).map(|k| Data::F((0..12).map(|i| (i * 100 + k) as f32).collect())).collect();
+    let out = run_on(&b, g, &data, &[]);
+    let want: Vec<f32> = (0..12).map(|i| (0..12).map(|k| (i * 100 + k) as f32).sum()).collect();
+    close(&f32s(&out[0]), &want, 0.0);
+}
+
+#[test]
+fn wide_concat_with_eight_buffers() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { max_storage_buffers: Some(8), ..Default::default() }) else { return };
+    let mut g = Graph::new();
+    let xs: Vec<NodeId> = (0..10).map(|_| g.param(ValueType::new([2, 1], DType::F32))).collect();
+    let c = push(&mut g, Op::Concat { axis: 1 }, &xs);
+    let n = push(&mut g, Op::Unary(UnaryOp::Neg), &[c]);
+    g.outputs.push(n);
+    let data: Vec<Data> = (0..10).map(|k| Data::F(vec![k as f32, 10.0 + k as f32])).collect();
+    let out = run_on(&b, g, &data, &[]);
+    let want: Vec<f32> = (0..2).flat_map(|r| (0..10).map(move |k| -((r * 10 + k) as f32))).collect();
+    close(&f32s(&out[0]), &want, 0.0);
+}
+
+#[test]
+fn scalar_change_reuses_pipeline() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let build = || {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([7], DType::F32));
+        let s = g.scalar(DType::F32);
+        let y = bin(&mut g, BinaryOp::Mul, x, s);
+        let y = push(&mut g, Op::Unary(UnaryOp::Sin), &[y]);
+        g.outputs.push(y);
+        g
+    };
+    let xs = seq(7);
+    let out = run_on(&b, build(), &[Data::F(xs.clone())], &[ScalarValue::Float(0.37)]);
+    close(&f32s(&out[0]), &xs.iter().map(|x| (x * 0.37).sin()).collect::<Vec<_>>(), 1e-5);
+    let before = metrics::counter("PipelinesCreated");
+    let out = run_on(&b, build(), &[Data::F(xs.clone())], &[ScalarValue::Float(0.91)]);
+    assert_eq!(metrics::counter("PipelinesCreated"), before);
+    close(&f32s(&out[0]), &xs.iter().map(|x| (x * 0.91).sin()).collect::<Vec<_>>(), 1e-5);
+}
+
+#[test]
+fn large_elementwise_and_pool_reuse() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let n = 1 << 20;
+    let build = || {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([n], DType::F32));
+        let one = push(&mut g, Op::Constant(ScalarValue::Float(1.0), DType::F32), &[]);
+        let y = bin(&mut g, BinaryOp::Add, x, one);
+        let y = bin(&mut g, BinaryOp::Mul, y, y);
+        g.outputs.push(y);
+        g
+    };
+    let xs = seq(n).iter().map(|v| v / n as f32).collect::<Vec<_>>();
+    let out = f32s(&run_on(&b, build(), &[Data::F(xs.clone())], &[])[0]);
+    for i in [0, 1, 12345, n / 2, n - 1] {
+        let w = (xs[i] + 1.0) * (xs[i] + 1.0);
+        assert!((out[i] - w).abs() < 1e-5, "{i}: {} vs {w}", out[i]);
+    }
+    let allocs = metrics::counter("WgpuBufferAllocations");
+    let _ = run_on(&b, build(), &[Data::F(xs)], &[]);
+    assert_eq!(metrics::counter("WgpuBufferAllocations"), allocs, "a repeated run must reuse pooled buffers");
+}
+
+#[test]
+fn zero_size_launches_nothing() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([0, 3], DType::F32));
+    let y = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let s = push(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[y]);
+    g.outputs.push(y);
+    g.outputs.push(s);
+    let before = metrics::counter("KernelLaunches");
+    let out = run_on(&b, g, &[Data::F(vec![])], &[]);
+    assert!(out[0].is_empty());
+    assert_eq!(f32s(&out[1]), vec![0.0; 3]);
+    assert_eq!(metrics::counter("KernelLaunches") - before, 1, "only the reduce (3 outputs) launches");
+}
+
+#[test]
+fn broadcasting_both_ways() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let a = g.param(ValueType::new([3, 1], DType::F32));
+    let c = g.param(ValueType::new([1, 4], DType::F32));
+    let d = g.param(ValueType::new([4], DType::F32));
+    let s = bin(&mut g, BinaryOp::Sub, a, c);
+    let t = bin(&mut g, BinaryOp::Mul, d, s);
+    g.outputs.push(t);
+    let out = run_on(
+        &b,
+        g,
+        &[Data::F(vec![1.0, 2.0, 3.0]), Data::F(vec![10.0, 20.0, 30.0, 40.0]), Data::F(vec![1.0, -1.0, 2.0, 0.5])],
+        &[],
+    );
+    let mut want = vec![];
+    for i in 0..3 {
+        for j in 0..4 {
+            want.push([1.0, -1.0, 2.0, 0.5][j] * ((i + 1) as f32 - 10.0 * (j + 1) as f32));
+        }
+    }
+    close(&f32s(&out[0]), &want, 0.0);
+}
+
+#[test]
+fn reductions_over_axes() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([2, 3, 4], DType::F32));
+    let r = |g: &mut Graph, op, axes: Vec<usize>, keepdim| push(g, Op::Reduce { op, axes, keepdim }, &[x]);
+    let s1 = r(&mut g, ReduceOp::Sum, vec![1], false);
+    let s02 = r(&mut g, ReduceOp::Sum, vec![0, 2], true);
+    let mx = r(&mut g, ReduceOp::Max, vec![2], false);
+    let mean = r(&mut g, ReduceOp::Mean, vec![0, 1, 2], false);
+    let mn = r(&mut g, ReduceOp::Min, vec![0], false);
+    let am = push(&mut g, Op::ArgReduce { op: ArgReduceOp::ArgMax, axis: 1, keepdim: false, select_last: false }, &[x]);
+    g.outputs.extend([s1, s02, mx, mean, mn, am]);
+    // Values with a non-monotone pattern so argmax is not trivial.
+    let xs: Vec<f32> = (0..24).map(|i| ((i * 7) % 11) as f32).collect();
+    let at = |i: usize, j: usize, k: usize| xs[i * 12 + j * 4 + k];
+    let out = run_on(&b, g, &[Data::F(xs.clone())], &[]);
+    let want_s1: Vec<f32> = (0..2).flat_map(|i| (0..4).map(move |k| (0..3).map(|j| at(i, j, k)).sum())).collect();
+    close(&f32s(&out[0]), &want_s1, 0.0);
+    let want_s02: Vec<f32> = (0..3).map(|j| (0..2).flat_map(|i| (0..4).map(move |k| at(i, j, k))).sum()).collect();
+    close(&f32s(&out[1]), &want_s02, 0.0);
+    let want_mx: Vec<f32> =
+        (0..2).flat_map(|i| (0..3).map(move |j| (0..4).map(|k| at(i, j, k)).fold(f32::MIN, f32::max))).collect();
+    close(&f32s(&out[2]), &want_mx, 0.0);
+    close(&f32s(&out[3]), &[xs.iter().sum::<f32>() / 24.0], 1e-6);
+    let want_mn: Vec<f32> = (0..12).map(|jk| xs[jk].min(xs[12 + jk])).collect();
+    close(&f32s(&out[4]), &want_mn, 0.0);
+    let want_am: Vec<i32> = (0..2)
+        .flat_map(|i| {
+            (0..4).map(move |k| {
+                let mut best = 0;
+                for j in 1..3 {
+                    if at(i, j, k) > at(i, best, k) {
+                        best = j;
+                    }
+                }
+                best as i32
+            })
+        })
+        .collect();
+    assert_eq!(i32s(&out[5]), want_am);
+}
+
+#[test]
+fn reduce_fuses_prologue_and_propagates_nan() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([2, 3], DType::F32));
+    let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let t = push(&mut g, Op::Permute(vec![1, 0]), &[e]);
+    let s = push(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[t]);
+    let m = push(&mut g, Op::Reduce { op: ReduceOp::Max, axes: vec![1], keepdim: false }, &[x]);
+    g.outputs.extend([s, m]);
+    let xs = vec![0.0, 1.0, 2.0, f32::NAN, -1.0, 0.5];
+    let out = run_on(&b, g, &[Data::F(xs.clone())], &[]);
+    close(&f32s(&out[0]), &[1.0 + 1f32.exp() + 2f32.exp(), f32::NAN], 1e-5);
+    close(&f32s(&out[1]), &[2.0, f32::NAN], 0.0);
+}
+
+#[test]
+fn matmul_batched_broadcast_and_transposed() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let a = g.param(ValueType::new([2, 1, 2, 3], DType::F32));
+    let bt = g.param(ValueType::new([3, 4, 3], DType::F32)); // [batch 3, n=4, k=3]
+    let bv = push(&mut g, Op::Permute(vec![0, 2, 1]), &[bt]);
+    let m = push(&mut g, Op::MatMul, &[a, bv]);
+    g.outputs.push(m);
+    let av: Vec<f32> = (0..12).map(|i| i as f32 - 5.0).collect();
+    let bvv: Vec<f32> = (0..36).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
+    let v = g.clone().verify().unwrap();
+    assert_eq!(b.compile(&v).unwrap().kernel_count(), 1);
+    let out = f32s(&run_on(&b, g, &[Data::F(av.clone()), Data::F(bvv.clone())], &[])[0]);
+    let mut want = vec![];
+    for p in 0..2 {
+        for q in 0..3 {
+            for i in 0..2 {
+                for j in 0..4 {
+                    let mut acc = 0.0;
+                    for k in 0..3 {
+                        acc += av[p * 6 + i * 3 + k] * bvv[q * 12 + j * 3 + k];
+                    }
+                    want.push(acc);
+                }
+            }
+        }
+    }
+    close(&out, &want, 0.0);
+}
+
+#[test]
+fn views_permute_slice_expand_concat_pad() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([2, 3], DType::F32));
+    let p = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+    let sl = push(&mut g, Op::Slice { starts: vec![1, 2], steps: vec![1, -1], lens: vec![1, 3] }, &[x]);
+    let col = push(&mut g, Op::Slice { starts: vec![0, 0], steps: vec![1, 2], lens: vec![2, 2] }, &[x]);
+    let r = push(&mut g, Op::Reshape(vec![2, 1, 3].into()), &[x]);
+    let e = push(&mut g, Op::Expand(vec![2, 2, 3].into()), &[r]);
+    let c = push(&mut g, Op::Concat { axis: 1 }, &[x, col]);
+    let nine = g.scalar(DType::F32);
+    let pc = push(&mut g, Op::Pad { before: vec![1, 0], after: vec![0, 2], mode: PadMode::Constant }, &[x, nine]);
+    let pr = push(&mut g, Op::Pad { before: vec![0, 2], after: vec![1, 1], mode: PadMode::Reflect }, &[x]);
+    let pe = push(&mut g, Op::Pad { before: vec![1, 1], after: vec![0, 0], mode: PadMode::Edge }, &[x]);
+    g.outputs.extend([p, sl, e, c, pc, pr, pe]);
+    let out = run_on(&b, g, &[Data::F(vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0])], &[ScalarValue::Float(9.0)]);
+    let o: Vec<Vec<f32>> = out.iter().map(|v| f32s(v)).collect();
+    assert_eq!(o[0], vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    assert_eq!(o[1], vec![5.0, 4.0, 3.0]);
+    assert_eq!(o[2], vec![0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 3.0, 4.0, 5.0]);
+    assert_eq!(o[3], vec![0.0, 1.0, 2.0, 0.0, 2.0, 3.0, 4.0, 5.0, 3.0, 5.0]);
+    assert_eq!(o[4], vec![9.0, 9.0, 9.0, 9.0, 9.0, 0.0, 1.0, 2.0, 9.0, 9.0, 3.0, 4.0, 5.0, 9.0, 9.0]);
+    // Reflect: rows [r0, r1, r0], cols [2,1,0,1,2,1].
+    let refl = |r: [f32; 3]| vec![r[2], r[1], r[0], r[1], r[2], r[1]];
+    let mut want = refl([0.0, 1.0, 2.0]);
+    want.extend(refl([3.0, 4.0, 5.0]));
+    want.extend(refl([0.0, 1.0, 2.0]));
+    assert_eq!(o[5], want);
+    assert_eq!(o[6], vec![0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 1.0, 2.0, 3.0, 3.0, 4.0, 5.0]);
+}
+
+#[test]
+fn softmax_cumsum_gather() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([2, 3], DType::F32));
+    let idx = g.param(ValueType::new([2], DType::I32));
+    let sm = push(&mut g, Op::Softmax { axis: 1, log: false }, &[x]);
+    let lsm = push(&mut g, Op::Softmax { axis: 0, log: true }, &[x]);
+    let cs = push(&mut g, Op::CumSum { axis: 1, exclusive: false, reverse: false }, &[x]);
+    let csr = push(&mut g, Op::CumSum { axis: 1, exclusive: true, reverse: true }, &[x]);
+    let ga = push(&mut g, Op::Gather { axis: 1 }, &[x, idx]);
+    g.outputs.extend([sm, lsm, cs, csr, ga]);
+    let xs = vec![1.0, 2.0, 3.0, -1.0, 0.0, 4.0];
+    let out = run_on(&b, g, &[Data::F(xs.clone()), Data::I(vec![-1, 0])], &[]);
+    let mut want = vec![];
+    for r in 0..2 {
+        let row = &xs[r * 3..r * 3 + 3];
+        let m = row.iter().cloned().fold(f32::MIN, f32::max);
+        let s: f32 = row.iter().map(|v| (v - m).exp()).sum();
+        want.extend(row.iter().map(|v| (v - m).exp() / s));
+    }
+    close(&f32s(&out[0]), &want, 1e-6);
+    let mut want = vec![0.0; 6];
+    for c in 0..3 {
+        let (a, d) = (xs[c], xs[3 + c]);
+        let m = a.max(d);
+        let l = ((a - m).exp() + (d - m).exp()).ln();
+        want[c] = a - m - l;
+        want[3 + c] = d - m - l;
+    }
+    close(&f32s(&out[1]), &want, 1e-6);
+    close(&f32s(&out[2]), &[1.0, 3.0, 6.0, -1.0, -1.0, 3.0], 0.0);
+    close(&f32s(&out[3]), &[5.0, 3.0, 0.0, 4.0, 4.0, 0.0], 0.0);
+    close(&f32s(&out[4]), &[3.0, 1.0, 4.0, -1.0], 0.0);
+}
+
+#[test]
+fn integer_bool_semantics() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let a = g.param(ValueType::new([6], DType::I32));
+    let c = g.param(ValueType::new([6], DType::I32));
+    let f = g.param(ValueType::new([6], DType::F32));
+    let div = bin(&mut g, BinaryOp::Div, a, c);
+    let md = bin(&mut g, BinaryOp::Mod, a, c);
+    let rm = bin(&mut g, BinaryOp::Rem, a, c);
+    let lt = bin(&mut g, BinaryOp::Lt, a, c);
+    let ci = push(&mut g, Op::Cast(DType::I32), &[f]);
+    let rd = push(&mut g, Op::Unary(UnaryOp::Round), &[f]);
+    let zero = push(&mut g, Op::Constant(ScalarValue::Float(0.0), DType::F32), &[]);
+    let mx = bin(&mut g, BinaryOp::Maximum, f, zero);
+    let w = push(&mut g, Op::Where, &[lt, f, zero]);
+    let nb = push(&mut g, Op::Unary(UnaryOp::Not), &[lt]);
+    g.outputs.extend([div, md, rm, lt, ci, rd, mx, w, nb]);
+    let av = vec![7, -7, 7, -7, 5, 3];
+    let cv = vec![2, 2, -2, -2, 0, 9];
+    let fv = vec![2.5, -3.5, f32::NAN, 3e10, -3e10, 0.5];
+    let out = run_on(&b, g, &[Data::I(av), Data::I(cv), Data::F(fv.clone())], &[]);
+    assert_eq!(i32s(&out[0]), vec![3, -3, -3, 3, 0, 0]);
+    assert_eq!(i32s(&out[1]), vec![1, 1, -1, -1, 0, 3]);
+    assert_eq!(i32s(&out[2]), vec![1, -1, 1, -1, 0, 3]);
+    assert_eq!(out[3], vec![0, 1, 0, 1, 0, 1]);
+    assert_eq!(i32s(&out[4]), vec![2, -3, 0, i32::MAX, i32::MIN, 0]);
+    close(&f32s(&out[5]), &[2.0, -4.0, f32::NAN, 3e10, -3e10, 0.0], 0.0);
+    close(&f32s(&out[6]), &[2.5, 0.0, f32::NAN, 3e10, 0.0, 0.5], 0.0);
+    close(&f32s(&out[7]), &[0.0, -3.5, 0.0, 3e10, 0.0, 0.5], 0.0);
+    assert_eq!(out[8], vec![1, 0, 1, 0, 1, 0]);
+}
+
+#[test]
+fn unary_float_functions() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([5], DType::F32));
+    let ops = [UnaryOp::Gelu, UnaryOp::Erf, UnaryOp::Sigmoid, UnaryOp::Sign, UnaryOp::GeluTanh];
+    for u in ops {
+        let y = push(&mut g, Op::Unary(u), &[x]);
+        g.outputs.push(y);
+    }
+    let two = g.scalar(DType::F32);
+    let p = bin(&mut g, BinaryOp::Pow, x, two);
+    g.outputs.push(p);
+    let xs = vec![-2.0, -0.5, 0.0, 0.7, 3.0];
+    let out = run_on(&b, g, &[Data::F(xs.clone())], &[ScalarValue::Float(3.0)]);
+    // erf reference values (at -2, -0.5, 0, 0.7, 3).
+    let e = vec![-0.995_322_3_f32, -0.520_499_9, 0.0, 0.677_801_2, 0.999_977_9];
+    close(&f32s(&out[1]), &e, 1e-6);
+    // gelu(x) = x/2 (1 + erf(x / sqrt 2)); erf at x / sqrt 2 for x = -2, 0.7.
+    let g = f32s(&out[0]);
+    close(&[g[0], g[2], g[3]], &[-0.045_500_26, 0.0, 0.530_625_5], 1e-5);
+    close(&f32s(&out[2]), &xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect::<Vec<_>>(), 1e-6);
+    close(&f32s(&out[3]), &[-1.0, -1.0, 0.0, 1.0, 1.0], 0.0);
+    close(&f32s(&out[5]), &xs.iter().map(|v| v * v * v).collect::<Vec<_>>(), 1e-5);
+}
+
+#[test]
+fn random_uniform_matches_philox() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let seed = g.scalar(DType::U32);
+    let step = g.scalar(DType::U32);
+    let r = push(&mut g, Op::Random { shape: vec![37].into(), dist: RandomDist::Uniform }, &[seed, step]);
+    let n = push(&mut g, Op::Random { shape: vec![10].into(), dist: RandomDist::Normal }, &[seed, step]);
+    g.outputs.extend([r, n]);
+    let out = run_on(&b, g, &[], &[ScalarValue::UInt(1234), ScalarValue::UInt(7)]);
+    let got = f32s(&out[0]);
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v.to_bits(), lazuli_ir::philox::uniform_f32(1234, 7, i as u64).to_bits(), "element {i}");
+    }
+    let want: Vec<f32> = (0..10).map(|i| lazuli_ir::philox::normal_f32(1234, 7, i)).collect();
+    close(&f32s(&out[1]), &want, 1e-5);
+}
+
+#[test]
+fn bool_round_trip_and_unsupported_dtypes() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let ty = ValueType::new([5], DType::Bool);
+    let buf = b.upload(&[1, 0, 0, 1, 1], &ty).unwrap();
+    assert_eq!(b.download(&buf).unwrap(), vec![1, 0, 0, 1, 1]);
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([2], DType::F64));
+    let y = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let (xn, yn) = (g.node(x).clone(), g.node(y).clone());
+    assert!(!b.supports(&yn, &[&xn]));
+    assert!(b.name().starts_with("wgpu: "));
+    assert!(!lazuli_wgpu::list_adapters().is_empty());
+}

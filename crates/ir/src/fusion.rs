@@ -1,0 +1,618 @@
+//! Fusion planning: cuts a [`Graph`] into an ordered list of kernels
+//! ([`FusionPlan`]), each of which a backend lowers to one compute shader.
+//!
+//! Rules:
+//! - Chains of elementwise, broadcast and view ops (`Reshape`, `Permute`,
+//!   `Expand`, `Slice`, `Concat`, `Pad`, `Where`, `Cast`, leaves) become one
+//!   [`KernelKind::Elementwise`] kernel evaluated per output element; views
+//!   are index math, never materialized.
+//! - Reductions, arg-reductions, softmax, cumulative sums, gathers and
+//!   random ops are kernel roots that inline their elementwise prologue
+//!   (operands evaluated at the operand index inside the loop). Matmul,
+//!   convolution and pooling inline only views and leaves (an inlined
+//!   elementwise prologue would be recomputed once per output column).
+//! - Graph outputs, non-elementwise roots and nodes needed by several
+//!   kernels are materialized (written to a buffer). Cheap leaves
+//!   (constants, lifted scalars, iota) are duplicated instead.
+//! - Every kernel binds at most [`FusionLimits::max_storage_buffers`]
+//!   storage buffers (inputs + outputs); a group that would exceed it is
+//!   split by materializing an intermediate node, and a `Concat` with too
+//!   many operands is written by several kernels, each covering a range of
+//!   its operands. Planning never fails.
+//! - Independent elementwise kernels with identical output shapes may share
+//!   one multi-output kernel when the buffer limit allows.
+//!
+//! The plan is deterministic: the same graph and limits give the same plan.
+
+use crate::{Graph, NodeId, Op};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+/// Limits a backend imposes on one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FusionLimits {
+    /// Most storage buffers (inputs + outputs) one kernel may bind. The
+    /// uniform buffer of lifted scalars does not count. At least 2.
+    pub max_storage_buffers: usize,
+    /// Most times one inlined node may be evaluated per output element
+    /// before it is materialized instead (guards against exponential
+    /// recomputation in DAGs with much sharing).
+    pub max_inline_evals: usize,
+    /// Merge independent elementwise kernels of identical shape.
+    pub merge_siblings: bool,
+}
+
+impl Default for FusionLimits {
+    fn default() -> Self {
+        FusionLimits { max_storage_buffers: 8, max_inline_evals: 8, merge_siblings: true }
+    }
+}
+
+/// What a kernel computes; decides the loop structure of its code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// Per-element evaluation of one or more outputs of identical shape.
+    Elementwise,
+    /// Part of a `Concat` root: operands `start..end` of the root.
+    ConcatPart {
+        /// First operand index.
+        start: usize,
+        /// One past the last operand index.
+        end: usize,
+    },
+    /// `Op::Reduce`.
+    Reduce,
+    /// `Op::ArgReduce`.
+    ArgReduce,
+    /// `Op::Softmax`.
+    Softmax,
+    /// `Op::CumSum`.
+    CumSum,
+    /// `Op::MatMul`.
+    MatMul,
+    /// `Op::Gather`.
+    Gather,
+    /// `Op::Random`.
+    Random,
+    /// `Op::Conv2d`.
+    Conv2d,
+    /// `Op::Pool`.
+    Pool,
+}
+
+/// One kernel of a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// The loop structure.
+    pub kind: KernelKind,
+    /// Nodes whose values this kernel writes to buffers, in order. For a
+    /// non-elementwise kind this is exactly the root.
+    pub outputs: Vec<NodeId>,
+    /// Materialized nodes read from buffers (graph parameters or other
+    /// kernels' outputs), sorted by id.
+    pub inputs: Vec<NodeId>,
+    /// Nodes evaluated inside the kernel, in topological order. For
+    /// elementwise kernels this includes the outputs; for other kinds it is
+    /// the root's prologue (the root itself is not listed).
+    pub inline: Vec<NodeId>,
+}
+
+impl Kernel {
+    /// Storage buffers bound by this kernel.
+    pub fn storage_buffers(&self) -> usize {
+        self.inputs.len() + self.outputs.len()
+    }
+
+    /// The node whose shape defines the kernel's iteration (the root).
+    pub fn root(&self) -> NodeId {
+        self.outputs[0]
+    }
+}
+
+/// An ordered list of kernels; running them in order computes every graph
+/// output.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FusionPlan {
+    /// Kernels in execution order.
+    pub kernels: Vec<Kernel>,
+    /// Every node written to a buffer by some kernel, sorted.
+    pub materialized: Vec<NodeId>,
+}
+
+impl FusionPlan {
+    /// A short text dump, one kernel per line.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        for (i, k) in self.kernels.iter().enumerate() {
+            let ids = |v: &[NodeId]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
+            let _ = writeln!(
+                s,
+                "k{i} {:?}: out [{}] in [{}] inline [{}]",
+                k.kind,
+                ids(&k.outputs),
+                ids(&k.inputs),
+                ids(&k.inline)
+            );
+        }
+        s
+    }
+}
+
+/// How a node may be placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// Graph input: read from a buffer.
+    Param,
+    /// Duplicated into every kernel that uses it.
+    CheapLeaf,
+    /// Elementwise or view: inlined into its users' kernel when possible.
+    Fusible,
+    /// A kernel root of the given kind.
+    Root(KernelKind),
+}
+
+fn class(op: &Op) -> Class {
+    match op {
+        Op::Parameter(_) => Class::Param,
+        Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. } => Class::CheapLeaf,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => Class::Fusible,
+        Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => {
+            Class::Fusible
+        }
+        Op::Reduce { .. } => Class::Root(KernelKind::Reduce),
+        Op::ArgReduce { .. } => Class::Root(KernelKind::ArgReduce),
+        Op::Softmax { .. } => Class::Root(KernelKind::Softmax),
+        Op::CumSum { .. } => Class::Root(KernelKind::CumSum),
+        Op::MatMul => Class::Root(KernelKind::MatMul),
+        Op::Gather { .. } => Class::Root(KernelKind::Gather),
+        Op::Random { .. } => Class::Root(KernelKind::Random),
+        Op::Conv2d(_) => Class::Root(KernelKind::Conv2d),
+        Op::Pool(_) => Class::Root(KernelKind::Pool),
+    }
+}
+
+fn is_view(op: &Op) -> bool {
+    op.is_view()
+}
+
+/// Whether a group of `kind` may inline node `op` as part of its prologue.
+fn accepts(kind: KernelKind, op: &Op) -> bool {
+    match kind {
+        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool => is_view(op),
+        _ => true,
+    }
+}
+
+/// Plans the kernels of `graph` under `limits`. Never fails.
+pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
+    let max = limits.max_storage_buffers.max(2);
+    let mut forced: BTreeSet<NodeId> = BTreeSet::new();
+    // Each round materializes at least one more node, so this terminates.
+    loop {
+        let groups = assign(graph, &forced, limits);
+        let mut progressed = false;
+        for g in &groups {
+            if g.kernel.storage_buffers() <= max {
+                continue;
+            }
+            if let Some(n) = split_candidate(graph, &g.kernel, max) {
+                if forced.insert(n) {
+                    progressed = true;
+                    break;
+                }
+            }
+        }
+        if !progressed {
+            return finish(graph, groups, max, limits);
+        }
+    }
+}
+
+struct Group {
+    kernel: Kernel,
+}
+
+/// Assigns every live node to a group by a backward pass.
+fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Vec<Group> {
+    let n = graph.len();
+    let nodes = graph.nodes();
+    let mut is_output = vec![false; n];
+    for o in &graph.outputs {
+        is_output[o.index()] = true;
+    }
+    // group[i]: the group node i is inlined into or roots; None = not in one.
+    let mut group: Vec<Option<usize>> = vec![None; n];
+    let mut live = vec![false; n];
+    // evals[i]: how often node i is evaluated per iteration of its group.
+    let mut evals = vec![0usize; n];
+    let mut kinds: Vec<KernelKind> = Vec::new();
+    let mut roots: Vec<NodeId> = Vec::new();
+    // Users of each node (with multiplicity), filled as users are visited.
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    for (i, node) in nodes.iter().enumerate() {
+        for x in &node.inputs {
+            users[x.index()].push(NodeId(i as u32));
+        }
+    }
+    for i in (0..n).rev() {
+        let id = NodeId(i as u32);
+        let node = &nodes[i];
+        let used = users[i].iter().any(|u| live[u.index()]);
+        if !used && !is_output[i] {
+            continue;
+        }
+        live[i] = true;
+        let c = class(&node.op);
+        let new_group = |kind: KernelKind, kinds: &mut Vec<KernelKind>, roots: &mut Vec<NodeId>| {
+            kinds.push(kind);
+            roots.push(id);
+            kinds.len() - 1
+        };
+        match c {
+            Class::Param => {}
+            Class::CheapLeaf => {
+                if is_output[i] {
+                    group[i] = Some(new_group(KernelKind::Elementwise, &mut kinds, &mut roots));
+                    evals[i] = 1;
+                }
+            }
+            Class::Root(kind) => {
+                group[i] = Some(new_group(kind, &mut kinds, &mut roots));
+                evals[i] = 1;
+            }
+            Class::Fusible => {
+                let mut gs: BTreeSet<usize> = BTreeSet::new();
+                let mut ev = 0usize;
+                for u in &users[i] {
+                    if !live[u.index()] {
+                        continue;
+                    }
+                    match group[u.index()] {
+                        Some(g) => {
+                            gs.insert(g);
+                            ev += evals[u.index()].max(1);
+                        }
+                        None => {
+                            // A user outside any group (cannot happen for
+                            // fusible users); force materialization.
+                            gs.insert(usize::MAX);
+                        }
+                    }
+                }
+                let join = !is_output[i]
+                    && !forced.contains(&id)
+                    && gs.len() == 1
+                    && {
+                        let g = *gs.iter().next().expect("one group");
+                        g != usize::MAX && accepts(kinds[g], &node.op)
+                    }
+                    && ev <= limits.max_inline_evals;
+                if join {
+                    group[i] = gs.iter().next().copied();
+                    evals[i] = ev;
+                } else {
+                    group[i] = Some(new_group(KernelKind::Elementwise, &mut kinds, &mut roots));
+                    evals[i] = 1;
+                }
+            }
+        }
+    }
+    // Build kernels: inputs are materialized operands reached from members.
+    let ng = kinds.len();
+    let mut inline: Vec<Vec<NodeId>> = vec![Vec::new(); ng];
+    let mut inputs: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); ng];
+    let is_root = |x: NodeId, group: &[Option<usize>]| -> bool { group[x.index()].is_some_and(|g| roots[g] == x) };
+    // Members per group, then operand closure including cheap leaves.
+    let mut members: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); ng];
+    for (i, g) in group.iter().enumerate() {
+        if let Some(g) = *g {
+            members[g].insert(NodeId(i as u32));
+        }
+    }
+    for g in 0..ng {
+        let mut set = members[g].clone();
+        // Walk operands: cheap leaves join, materialized nodes are inputs.
+        let mut stack: Vec<NodeId> = members[g].iter().copied().collect();
+        while let Some(x) = stack.pop() {
+            for &op in &nodes[x.index()].inputs {
+                let oc = class(&nodes[op.index()].op);
+                let materialized = oc == Class::Param || is_root(op, &group);
+                if materialized {
+                    inputs[g].insert(op);
+                } else if oc == Class::CheapLeaf || group[op.index()] == Some(g) {
+                    if set.insert(op) {
+                        stack.push(op);
+                    }
+                } else {
+                    inputs[g].insert(op);
+                }
+            }
+        }
+        let root = roots[g];
+        let elementwise = kinds[g] == KernelKind::Elementwise;
+        inline[g] = set.into_iter().filter(|&x| elementwise || x != root).collect();
+    }
+    let mut out: Vec<Group> = (0..ng)
+        .map(|g| Group {
+            kernel: Kernel {
+                kind: kinds[g],
+                outputs: vec![roots[g]],
+                inputs: inputs[g].iter().copied().collect(),
+                inline: inline[g].clone(),
+            },
+        })
+        .collect();
+    // Topological order of kernels: by root id (roots were created in
+    // reverse order).
+    out.sort_by_key(|g| g.kernel.outputs[0]);
+    out
+}
+
+/// Picks an inlined node of `k` to materialize so that `k` gets fewer
+/// inputs: the one reaching the most distinct inputs while still fitting.
+fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
+    let nodes = graph.nodes();
+    let inl: BTreeSet<NodeId> = k.inline.iter().copied().collect();
+    let inputs: BTreeSet<NodeId> = k.inputs.iter().copied().collect();
+    let mut reach: HashMap<NodeId, BTreeSet<NodeId>> = HashMap::new();
+    let mut best: Option<(usize, NodeId)> = None;
+    for &x in &k.inline {
+        let mut set = BTreeSet::new();
+        for op in &nodes[x.index()].inputs {
+            if inputs.contains(op) {
+                set.insert(*op);
+            } else if let Some(s) = reach.get(op) {
+                set.extend(s.iter().copied());
+            }
+        }
+        let c = class(&nodes[x.index()].op);
+        let candidate = c == Class::Fusible && !k.outputs.contains(&x) && set.len() >= 2 && set.len() < max;
+        if candidate && best.is_none_or(|(b, _)| set.len() > b) {
+            best = Some((set.len(), x));
+        }
+        reach.insert(x, set);
+    }
+    let _ = inl;
+    // No subtree fits: materialize an inlined concat, whose kernel is then
+    // split by operand ranges.
+    best.map(|(_, x)| x).or_else(|| {
+        k.inline
+            .iter()
+            .copied()
+            .filter(|x| !k.outputs.contains(x) && matches!(nodes[x.index()].op, Op::Concat { .. }))
+            .max_by_key(|x| nodes[x.index()].inputs.len())
+    })
+}
+
+/// Splits over-wide concats, merges siblings and collects the plan.
+fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) -> FusionPlan {
+    let nodes = graph.nodes();
+    let mut kernels: Vec<Kernel> = Vec::new();
+    for g in groups {
+        let k = g.kernel;
+        let root = k.root();
+        let concat_root = matches!(nodes[root.index()].op, Op::Concat { .. }) && k.kind == KernelKind::Elementwise;
+        if k.storage_buffers() > max && concat_root {
+            kernels.extend(split_concat(graph, &k, max));
+        } else {
+            kernels.push(k);
+        }
+    }
+    if limits.merge_siblings {
+        kernels = merge_siblings(graph, kernels, max);
+    }
+    let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
+    materialized.sort();
+    materialized.dedup();
+    FusionPlan { kernels, materialized }
+}
+
+/// The inline closure and inputs of a set of operand subtrees of `k`.
+fn sub_kernel(graph: &Graph, k: &Kernel, roots: &[NodeId]) -> (Vec<NodeId>, Vec<NodeId>) {
+    let nodes = graph.nodes();
+    let inl: BTreeSet<NodeId> = k.inline.iter().copied().collect();
+    let mut set = BTreeSet::new();
+    let mut ins = BTreeSet::new();
+    let mut stack: Vec<NodeId> = Vec::new();
+    for &r in roots {
+        if inl.contains(&r) {
+            if set.insert(r) {
+                stack.push(r);
+            }
+        } else {
+            ins.insert(r);
+        }
+    }
+    while let Some(x) = stack.pop() {
+        for &op in &nodes[x.index()].inputs {
+            if inl.contains(&op) {
+                if set.insert(op) {
+                    stack.push(op);
+                }
+            } else {
+                ins.insert(op);
+            }
+        }
+    }
+    (set.into_iter().collect(), ins.into_iter().collect())
+}
+
+fn split_concat(graph: &Graph, k: &Kernel, max: usize) -> Vec<Kernel> {
+    let root = k.root();
+    let operands = &graph.node(root).inputs;
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < operands.len() {
+        let mut end = start + 1;
+        while end < operands.len() {
+            let (_, ins) = sub_kernel(graph, k, &operands[start..end + 1]);
+            if ins.len() + 1 > max {
+                break;
+            }
+            end += 1;
+        }
+        let (mut inline, inputs) = sub_kernel(graph, k, &operands[start..end]);
+        inline.push(root);
+        parts.push(Kernel { kind: KernelKind::ConcatPart { start, end }, outputs: vec![root], inputs, inline });
+        start = end;
+    }
+    parts
+}
+
+fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+    let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
+    for a in 0..ks.len() {
+        for b in a + 1..ks.len() {
+            let (Some(ka), Some(kb)) = (&ks[a], &ks[b]) else { continue };
+            if ka.kind != KernelKind::Elementwise || kb.kind != KernelKind::Elementwise {
+                continue;
+            }
+            if graph.node(ka.root()).shape != graph.node(kb.root()).shape {
+                continue;
+            }
+            let mut ins: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
+            ins.extend(kb.inputs.iter().copied());
+            if ins.len() + ka.outputs.len() + kb.outputs.len() > max {
+                continue;
+            }
+            // Moving `a` to position `b` is valid if no kernel in (a, b]
+            // reads a's outputs.
+            let reads_a =
+                (a + 1..=b).any(|c| ks[c].as_ref().is_some_and(|kc| kc.inputs.iter().any(|x| ka.outputs.contains(x))));
+            if reads_a {
+                continue;
+            }
+            let mut outputs = ka.outputs.clone();
+            outputs.extend(kb.outputs.iter().copied());
+            let mut inline: BTreeSet<NodeId> = ka.inline.iter().copied().collect();
+            inline.extend(kb.inline.iter().copied());
+            let merged = Kernel {
+                kind: KernelKind::Elementwise,
+                outputs,
+                inputs: ins.into_iter().collect(),
+                inline: inline.into_iter().collect(),
+            };
+            ks[a] = None;
+            ks[b] = Some(merged);
+            break;
+        }
+    }
+    ks.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BinaryOp, DType, ReduceOp, ScalarValue, UnaryOp, ValueType};
+
+    fn bin(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+        g.push(Op::Binary(op), &[a, b]).unwrap()
+    }
+
+    fn check_limits(g: &Graph, p: &FusionPlan, max: usize) {
+        for k in &p.kernels {
+            assert!(k.storage_buffers() <= max, "{}", p.to_text());
+        }
+        for o in &g.outputs {
+            if !matches!(g.node(*o).op, Op::Parameter(_)) {
+                assert!(p.materialized.contains(o));
+            }
+        }
+    }
+
+    #[test]
+    fn w1_is_one_kernel() {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([4096, 4096], DType::F32));
+        let a = g.scalar(DType::F32);
+        let b = g.scalar(DType::F32);
+        let c = g.scalar(DType::F32);
+        let two = g.scalar(DType::F32);
+        let t = bin(&mut g, BinaryOp::Mul, x, a);
+        let t = bin(&mut g, BinaryOp::Add, t, b);
+        let t = g.push(Op::Unary(UnaryOp::Relu), &[t]).unwrap();
+        let t = bin(&mut g, BinaryOp::Sub, t, c);
+        let t = g.push(Op::Unary(UnaryOp::Tanh), &[t]).unwrap();
+        let y = bin(&mut g, BinaryOp::Mul, t, two);
+        g.outputs.push(y);
+        let p = plan(&g, &FusionLimits::default());
+        assert_eq!(p.kernels.len(), 1, "{}", p.to_text());
+        assert_eq!(p.kernels[0].inputs, vec![x]);
+        assert_eq!(p.kernels[0].outputs, vec![y]);
+    }
+
+    #[test]
+    fn twelve_input_sum_splits() {
+        let mut g = Graph::new();
+        let xs: Vec<NodeId> = (0..12).map(|_| g.param(ValueType::new([4, 4], DType::F32))).collect();
+        let mut acc = xs[0];
+        for &x in &xs[1..] {
+            acc = bin(&mut g, BinaryOp::Add, acc, x);
+        }
+        g.outputs.push(acc);
+        let p = plan(&g, &FusionLimits::default());
+        assert!(p.kernels.len() >= 2, "{}", p.to_text());
+        check_limits(&g, &p, 8);
+        for lim in 3..8 {
+            let p = plan(&g, &FusionLimits { max_storage_buffers: lim, ..FusionLimits::default() });
+            check_limits(&g, &p, lim);
+        }
+    }
+
+    #[test]
+    fn wide_concat_splits() {
+        let mut g = Graph::new();
+        let xs: Vec<NodeId> = (0..12).map(|_| g.param(ValueType::new([2, 3], DType::F32))).collect();
+        let c = g.push(Op::Concat { axis: 1 }, &xs).unwrap();
+        let r = g.push(Op::Unary(UnaryOp::Exp), &[c]).unwrap();
+        g.outputs.push(r);
+        let p = plan(&g, &FusionLimits::default());
+        check_limits(&g, &p, 8);
+        assert!(p.kernels.iter().any(|k| matches!(k.kind, KernelKind::ConcatPart { .. })), "{}", p.to_text());
+    }
+
+    #[test]
+    fn reduce_of_elementwise_is_one_kernel() {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([8, 16], DType::F32));
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let t = g.push(Op::Permute(vec![1, 0]), &[e]).unwrap();
+        let s = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: false }, &[t]).unwrap();
+        g.outputs.push(s);
+        let p = plan(&g, &FusionLimits::default());
+        assert_eq!(p.kernels.len(), 1, "{}", p.to_text());
+        assert_eq!(p.kernels[0].kind, KernelKind::Reduce);
+        assert_eq!(p.kernels[0].inline, vec![e, t]);
+    }
+
+    #[test]
+    fn matmul_reads_through_transpose() {
+        let mut g = Graph::new();
+        let a = g.param(ValueType::new([8, 4], DType::F32));
+        let b = g.param(ValueType::new([5, 4], DType::F32));
+        let bt = g.push(Op::Permute(vec![1, 0]), &[b]).unwrap();
+        let m = g.push(Op::MatMul, &[a, bt]).unwrap();
+        g.outputs.push(m);
+        let p = plan(&g, &FusionLimits::default());
+        assert_eq!(p.kernels.len(), 1, "{}", p.to_text());
+        assert_eq!(p.kernels[0].inputs, vec![a, b]);
+    }
+
+    #[test]
+    fn shared_node_is_materialized_and_siblings_merge() {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([4, 8], DType::F32));
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let s = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: true }, &[e]).unwrap();
+        let y = bin(&mut g, BinaryOp::Div, e, s);
+        let one = g.push(Op::Constant(ScalarValue::Float(1.0), DType::F32), &[]).unwrap();
+        let z = bin(&mut g, BinaryOp::Add, x, one);
+        g.outputs.push(y);
+        g.outputs.push(z);
+        let p = plan(&g, &FusionLimits::default());
+        assert!(p.materialized.contains(&e), "{}", p.to_text());
+        check_limits(&g, &p, 8);
+        // e and z are independent elementwise roots of the same shape.
+        assert_eq!(p.kernels.len(), 3, "{}", p.to_text());
+    }
+}
