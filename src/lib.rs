@@ -1,1 +1,33 @@
-//! placeholder
+//! Lazuli: a lazy tensor engine for Rust on wgpu.
+//!
+//! Tensor ops are recorded lazily into an IR graph. At a sync point
+//! (reading a value, [`sync`], [`Device::mark_step`]) the graph is hashed,
+//! optimized, fused into WGSL compute kernels cached by graph hash, and run
+//! asynchronously; ops the GPU backend cannot run go to a CPU fallback.
+//!
+//! ```no_run
+//! use lazuli::prelude::*;
+//! # fn main() -> lazuli::Result<()> {
+//! let dev = Device::default();
+//! let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0, -4.0], [2, 2], &dev)?;
+//! let y = ((&x * 1.5)? + 0.5)?.relu()?.tanh()?;
+//! println!("{:?}", y.to_vec::<f32>()?);
+//! # Ok(()) }
+//! ```
+//!
+//! This crate is the facade: it wires the backends (`lazuli-cpu`,
+//! `lazuli-wgpu`) to the executor and re-exports the public API.
+
+mod device;
+
+pub use device::{adapters, DeviceExt, DeviceKind, WgpuDeviceOptions};
+pub use lazuli_executor::{
+    debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, Result, Tensor, TensorState,
+};
+pub use lazuli_ir as ir;
+pub use lazuli_ir::{DType, ScalarValue, Shape};
+
+/// The names most programs need: `use lazuli::prelude::*;`.
+pub mod prelude {
+    pub use crate::{sync, DType, Device, DeviceExt, Shape, Tensor, TensorState};
+}

@@ -53,6 +53,7 @@ use lazuli::BackendKind;
 
 #[test]
 fn changed_meaning_changes_the_key() {
+    let _g = common::metrics_lock();
     let dev = Device::cpu();
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2], &dev).unwrap();
     let h = |t: &Tensor| lazuli::debug::graph_hash(&[t]);
@@ -72,6 +73,7 @@ fn changed_meaning_changes_the_key() {
 
 #[test]
 fn cached_plan_behaves_like_a_fresh_one() {
+    let _g = common::metrics_lock();
     for dev in common::devices() {
         let data = common::rand_vec(40, 3, -2.0, 2.0);
         let x = Tensor::from_slice(&data, [8, 5], &dev).unwrap();

@@ -1,0 +1,166 @@
+//! Index arithmetic shared by the kernels: broadcast strides, a strided
+//! walk over an output shape, and gathers through per-dimension offset
+//! tables (the engine of every view op).
+//!
+//! Loops run an odometer over the outer dimensions and a tight loop over
+//! the innermost one, so no per-element allocation or division happens.
+
+use std::borrow::Cow;
+
+/// Offset-table entry meaning "no source element: use the fill value".
+pub(crate) const FILL: usize = usize::MAX;
+
+/// Row-major strides of `dims`.
+pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![0; dims.len()];
+    let mut acc = 1;
+    for (i, d) in dims.iter().enumerate().rev() {
+        s[i] = acc;
+        acc *= *d;
+    }
+    s
+}
+
+/// Strides of `src` read as a tensor of shape `out` under numpy
+/// broadcasting: right-aligned, 0 where `src` has size 1 (or is missing).
+pub(crate) fn broadcast_strides(src: &[usize], out: &[usize]) -> Vec<usize> {
+    let s = strides(src);
+    let off = out.len() - src.len();
+    (0..out.len()).map(|i| if i < off || src[i - off] == 1 { 0 } else { s[i - off] }).collect()
+}
+
+/// Calls `f` with the `K` operand offsets of every element of an output of
+/// shape `dims`, in row-major order. `strides[k]` are operand `k`'s strides
+/// (one per output dim).
+#[inline]
+pub(crate) fn walk<const K: usize>(dims: &[usize], strides: [&[usize]; K], mut f: impl FnMut([usize; K])) {
+    if dims.contains(&0) {
+        return;
+    }
+    let r = dims.len();
+    if r == 0 {
+        f([0; K]);
+        return;
+    }
+    let last = dims[r - 1];
+    let ls: [usize; K] = std::array::from_fn(|k| strides[k][r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let mut base = [0usize; K];
+    loop {
+        let mut o = base;
+        for _ in 0..last {
+            f(o);
+            for k in 0..K {
+                o[k] += ls[k];
+            }
+        }
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..K {
+                base[k] += strides[k][d];
+            }
+            if idx[d] < dims[d] {
+                break;
+            }
+            for k in 0..K {
+                base[k] -= strides[k][d] * dims[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Builds a tensor whose element at coordinates `c` is
+/// `src[sum_d tables[d][c[d]]]`, or `fill` when any entry is [`FILL`].
+/// The output shape is given by the table lengths.
+pub(crate) fn take_tables<T: Copy>(src: &[T], tables: &[Vec<usize>], fill: Option<T>) -> Vec<T> {
+    let n: usize = tables.iter().map(|t| t.len()).product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let r = tables.len();
+    if r == 0 {
+        out.push(src[0]);
+        return out;
+    }
+    let inner = &tables[r - 1];
+    let mut idx = vec![0usize; r - 1];
+    loop {
+        let mut base = 0usize;
+        let mut filled = false;
+        for d in 0..r - 1 {
+            let t = tables[d][idx[d]];
+            if t == FILL {
+                filled = true;
+                break;
+            }
+            base += t;
+        }
+        if filled {
+            let v = fill.expect("FILL entries come with a fill value");
+            out.extend(std::iter::repeat_n(v, inner.len()));
+        } else if fill.is_none() {
+            out.extend(inner.iter().map(|&t| src[base + t]));
+        } else {
+            let v = fill.expect("checked");
+            out.extend(inner.iter().map(|&t| if t == FILL { v } else { src[base + t] }));
+        }
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return out;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < tables[d].len() {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Splits `dims` around `axis` into (outer, len, inner) element counts.
+pub(crate) fn split_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
+    let outer = dims[..axis].iter().product();
+    let inner = dims[axis + 1..].iter().product();
+    (outer, dims[axis], inner)
+}
+
+/// Permutes `src` (of shape `dims`) so that `out.dims[i] = dims[perm[i]]`.
+/// The identity permutation borrows `src`.
+pub(crate) fn permute<'a, T: Copy>(src: &'a [T], dims: &[usize], perm: &[usize]) -> Cow<'a, [T]> {
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return Cow::Borrowed(src);
+    }
+    let s = strides(dims);
+    let tables: Vec<Vec<usize>> = perm.iter().map(|&p| (0..dims[p]).map(|j| j * s[p]).collect()).collect();
+    Cow::Owned(take_tables(src, &tables, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walk_broadcast_offsets() {
+        let out = [2, 3];
+        let a = broadcast_strides(&[2, 1], &out);
+        let b = broadcast_strides(&[3], &out);
+        let mut seen = vec![];
+        walk(&out, [&a, &b], |[i, j]| seen.push((i, j)));
+        assert_eq!(seen, vec![(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn permute_transposes() {
+        let x = [0, 1, 2, 3, 4, 5];
+        assert_eq!(*permute(&x, &[2, 3], &[1, 0]), [0, 3, 1, 4, 2, 5]);
+    }
+}

@@ -1,0 +1,139 @@
+//! Movement kernels: permute, expand, strided slice (negative steps),
+//! concat, pad (constant / reflect / edge) and gather.
+//!
+//! Permute, expand, slice and pad are all one gather through
+//! per-dimension offset tables (`layout::take_tables`): output coordinate
+//! `j` of dim `d` reads source offset `tables[d][j]`. Reshape needs no
+//! kernel: the executor shares the operand's storage.
+
+use crate::layout::{split_axis, strides, take_tables, FILL};
+use crate::storage::{each_all, same_all, CpuData};
+use lazuli_executor::BackendError;
+use lazuli_ir::PadMode;
+
+/// `out.dims[i] = dims[perm[i]]`.
+pub(crate) fn permute(x: &CpuData, dims: &[usize], perm: &[usize]) -> CpuData {
+    same_all!(x, v => crate::layout::permute(v, dims, perm).into_owned())
+}
+
+/// Broadcasts `x` of shape `dims` to `out` (numpy rules).
+pub(crate) fn expand(x: &CpuData, dims: &[usize], out: &[usize]) -> CpuData {
+    let s = crate::layout::broadcast_strides(dims, out);
+    let tables: Vec<Vec<usize>> = out.iter().zip(&s).map(|(&n, &st)| (0..n).map(|j| j * st).collect()).collect();
+    same_all!(x, v => take_tables(v, &tables, None))
+}
+
+/// Strided slice: dim `d` of the output takes `starts[d] + j * steps[d]`.
+pub(crate) fn slice(x: &CpuData, dims: &[usize], starts: &[i64], steps: &[i64], lens: &[usize]) -> CpuData {
+    let s = strides(dims);
+    let tables: Vec<Vec<usize>> = (0..dims.len())
+        .map(|d| (0..lens[d]).map(|j| (starts[d] + j as i64 * steps[d]) as usize * s[d]).collect())
+        .collect();
+    same_all!(x, v => take_tables(v, &tables, None))
+}
+
+/// Pads `x`; `value` is the rank-0 fill operand for `PadMode::Constant`.
+pub(crate) fn pad(
+    x: &CpuData,
+    dims: &[usize],
+    before: &[usize],
+    after: &[usize],
+    mode: PadMode,
+    value: Option<&CpuData>,
+) -> CpuData {
+    let s = strides(dims);
+    let tables: Vec<Vec<usize>> = (0..dims.len())
+        .map(|d| {
+            let n = dims[d] as i64;
+            (0..dims[d] + before[d] + after[d])
+                .map(|j| {
+                    let i = j as i64 - before[d] as i64;
+                    let src = match mode {
+                        PadMode::Constant if i < 0 || i >= n => return FILL,
+                        PadMode::Constant => i,
+                        PadMode::Edge => i.clamp(0, n - 1),
+                        // Verified: pads are smaller than the dim, so one reflection suffices.
+                        PadMode::Reflect if i < 0 => -i,
+                        PadMode::Reflect if i >= n => 2 * (n - 1) - i,
+                        PadMode::Reflect => i,
+                    };
+                    src as usize * s[d]
+                })
+                .collect()
+        })
+        .collect();
+    match value {
+        Some(val) => crate::storage::same_all2!(x, val, v, f => take_tables(v, &tables, Some(f[0]))),
+        None => same_all!(x, v => take_tables(v, &tables, None)),
+    }
+}
+
+/// Joins `parts` (with shapes `shapes`) along `axis`.
+pub(crate) fn concat(parts: &[&CpuData], shapes: &[&[usize]], axis: usize) -> CpuData {
+    let outer: usize = shapes[0][..axis].iter().product();
+    let chunks: Vec<usize> = shapes.iter().map(|s| s[axis..].iter().product()).collect();
+    let total: usize = chunks.iter().sum::<usize>() * outer;
+    fn typed<T: Copy>(parts: Vec<&[T]>, chunks: &[usize], outer: usize, total: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(total);
+        for o in 0..outer {
+            for (p, &c) in parts.iter().zip(chunks) {
+                out.extend_from_slice(&p[o * c..(o + 1) * c]);
+            }
+        }
+        out
+    }
+    macro_rules! go {
+        ($var:ident) => {{
+            let ps: Vec<_> = parts
+                .iter()
+                .map(|p| match p {
+                    CpuData::$var(v) => v.as_slice(),
+                    _ => unreachable!("concat operands share a dtype in a verified graph"),
+                })
+                .collect();
+            CpuData::$var(typed(ps, &chunks, outer, total))
+        }};
+    }
+    match parts[0] {
+        CpuData::Bool(_) => go!(Bool),
+        CpuData::I8(_) => go!(I8),
+        CpuData::I16(_) => go!(I16),
+        CpuData::I32(_) => go!(I32),
+        CpuData::I64(_) => go!(I64),
+        CpuData::U8(_) => go!(U8),
+        CpuData::U16(_) => go!(U16),
+        CpuData::U32(_) => go!(U32),
+        CpuData::U64(_) => go!(U64),
+        CpuData::F16(_) => go!(F16),
+        CpuData::F32(_) => go!(F32),
+        CpuData::F64(_) => go!(F64),
+    }
+}
+
+/// `data.take(indices, axis)`. Negative indices count from the end; an
+/// index outside `-n..n` is an [`BackendError::Execution`] naming it.
+pub(crate) fn gather(data: &CpuData, dims: &[usize], axis: usize, indices: &CpuData) -> Result<CpuData, BackendError> {
+    let (outer, n, inner) = split_axis(dims, axis);
+    let idx: Vec<i128> = each_all!(indices, v => v.iter().map(|&e| crate::elem::Elem::to_cv(e).as_i128()).collect());
+    let mut rows = Vec::with_capacity(idx.len());
+    for &i in &idx {
+        let j = if i < 0 { i + n as i128 } else { i };
+        if j < 0 || j >= n as i128 {
+            return Err(BackendError::Execution(format!(
+                "gather: index {i} is out of range for axis {axis} of size {n} (data shape {dims:?})"
+            )));
+        }
+        rows.push(j as usize);
+    }
+    fn typed<T: Copy>(v: &[T], rows: &[usize], outer: usize, n: usize, inner: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(outer * rows.len() * inner);
+        for o in 0..outer {
+            for &r in rows {
+                let start = (o * n + r) * inner;
+                out.extend_from_slice(&v[start..start + inner]);
+            }
+        }
+        out
+    }
+    Ok(same_all!(data, v => typed(v, &rows, outer, n, inner)))
+}

@@ -1,0 +1,97 @@
+//! Device construction: wires the CPU and wgpu backends to executor
+//! devices. `Device::default()` picks a wgpu adapter if there is one, else
+//! the CPU backend, and says which.
+
+use lazuli_cpu::CpuBackend;
+use lazuli_executor::{Backend, BackendError, Device};
+use lazuli_wgpu::{WgpuBackend, WgpuOptions};
+use std::sync::{Arc, OnceLock};
+
+/// Which backend a device should use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The CPU reference backend.
+    Cpu,
+    /// The wgpu backend (any adapter, software ones included).
+    Wgpu,
+}
+
+fn cpu_backend() -> Arc<dyn Backend> {
+    static CPU: OnceLock<Arc<CpuBackend>> = OnceLock::new();
+    CPU.get_or_init(|| Arc::new(CpuBackend::new())).clone()
+}
+
+fn default_wgpu() -> Result<Arc<dyn Backend>, BackendError> {
+    static WGPU: OnceLock<Result<Arc<WgpuBackend>, BackendError>> = OnceLock::new();
+    WGPU.get_or_init(|| WgpuBackend::new(WgpuOptions::default()).map(Arc::new))
+        .clone()
+        .map(|b| b as Arc<dyn Backend>)
+}
+
+/// Device constructors, as an extension trait of [`Device`] (in the
+/// prelude): `Device::default()`, `Device::cpu()`, `Device::wgpu()`.
+pub trait DeviceExt: Sized {
+    /// A wgpu device if an adapter exists, else the CPU backend. Set
+    /// `LAZULI_DEVICE=cpu|wgpu` to choose. The choice is logged, and printed
+    /// to stderr when falling back to the CPU.
+    fn default() -> Self;
+    /// A device on the CPU reference backend.
+    fn cpu() -> Self;
+    /// A device on the default wgpu adapter (shared by all such devices).
+    fn wgpu() -> Result<Self, BackendError>;
+    /// A device on a wgpu backend built with `options` (its own wgpu device).
+    fn wgpu_with(options: WgpuOptions) -> Result<Self, BackendError>;
+    /// A device of the given kind.
+    fn of_kind(kind: DeviceKind) -> Result<Self, BackendError>;
+}
+
+impl DeviceExt for Device {
+    fn default() -> Device {
+        match std::env::var("LAZULI_DEVICE").as_deref() {
+            Ok("cpu") => return Device::cpu(),
+            Ok("wgpu") => {
+                if let Ok(d) = Device::wgpu() {
+                    return d;
+                }
+            }
+            _ => {}
+        }
+        match Device::wgpu() {
+            Ok(d) => {
+                tracing::info!(device = %d.name(), "using the wgpu backend");
+                d
+            }
+            Err(e) => {
+                eprintln!("lazuli: no usable wgpu adapter ({e}); using the CPU backend");
+                Device::cpu()
+            }
+        }
+    }
+
+    fn cpu() -> Device {
+        let cpu = cpu_backend();
+        Device::new(cpu.clone(), cpu)
+    }
+
+    fn wgpu() -> Result<Device, BackendError> {
+        Ok(Device::new(default_wgpu()?, cpu_backend()))
+    }
+
+    fn wgpu_with(options: WgpuOptions) -> Result<Device, BackendError> {
+        Ok(Device::new(Arc::new(WgpuBackend::new(options)?), cpu_backend()))
+    }
+
+    fn of_kind(kind: DeviceKind) -> Result<Device, BackendError> {
+        match kind {
+            DeviceKind::Cpu => Ok(Device::cpu()),
+            DeviceKind::Wgpu => Device::wgpu(),
+        }
+    }
+}
+
+/// Every wgpu adapter visible to this process, described in one line each.
+pub fn adapters() -> Vec<String> {
+    lazuli_wgpu::list_adapters()
+}
+
+pub use lazuli_wgpu::WgpuOptions as WgpuDeviceOptions;

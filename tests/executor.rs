@@ -1,0 +1,212 @@
+//! The lazy tensor core: asynchronous sync, barriers, stored errors, live
+//! tensors and leaks, the graph size limit, in-place updates, passes,
+//! metrics report, the recompile explainer and IR dumps.
+
+mod common;
+use lazuli::metrics;
+use lazuli::prelude::*;
+use std::time::{Duration, Instant};
+
+#[test]
+fn sync_returns_before_the_device_is_done() {
+    for dev in common::devices() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], &dev).unwrap();
+        x.exp().unwrap().to_vec::<f32>().unwrap(); // warm the cache
+        dev.set_execution_delay(Some(Duration::from_millis(300)));
+        let y = x.exp().unwrap();
+        let t0 = Instant::now();
+        y.sync().unwrap();
+        let returned = t0.elapsed();
+        assert!(returned < Duration::from_millis(150), "sync waited {returned:?} on {}", dev.name());
+        // Host-side tracing of the next step overlaps device execution.
+        let z = y.mul_scalar(2.0).unwrap();
+        assert_eq!(z.state(), TensorState::PendingIr);
+        dev.wait().unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(250), "wait returned before the slow plan finished");
+        dev.set_execution_delay(None);
+        let v = z.to_vec::<f32>().unwrap();
+        assert!((v[2] - 2.0 * 3f32.exp()).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn async_error_surfaces_at_the_next_barrier_and_the_device_recovers() {
+    for dev in common::devices() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
+        let other = x.add_scalar(1.0).unwrap();
+        other.sync().unwrap();
+        dev.wait().unwrap();
+        dev.fail_next_executions(1);
+        let y = x.mul_scalar(3.0).unwrap();
+        y.sync().expect("sync itself succeeds: the failure is asynchronous");
+        let e = y.to_vec::<f32>().unwrap_err().to_string();
+        assert!(e.contains("injected device failure") && e.contains("to_vec"), "{e}");
+        let e = dev.wait().unwrap_err().to_string();
+        assert!(e.contains("injected"), "{e}");
+        // A sync depending on the failed value reports it too.
+        let dep = y.add_scalar(1.0).unwrap();
+        assert!(dep.to_vec::<f32>().is_err());
+        // Other tensors are intact and the device keeps working.
+        assert_eq!(other.to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
+        assert_eq!(x.mul_scalar(4.0).unwrap().to_vec::<f32>().unwrap(), vec![4.0, 8.0]);
+        dev.wait().unwrap();
+    }
+}
+
+#[test]
+fn no_leak_over_many_create_drop_cycles() {
+    for dev in common::devices() {
+        let cycles = if dev.kind() == lazuli::BackendKind::Cpu { 10_000 } else { 2_000 };
+        let base_live = dev.live_tensors();
+        let mut pool_after_warmup = 0;
+        for i in 0..cycles {
+            let x = Tensor::from_slice(&[i as f32; 64], [64], &dev).unwrap();
+            let y = x.mul_scalar(0.5).unwrap().add_scalar(1.0).unwrap();
+            if i % 100 == 0 {
+                y.to_vec::<f32>().unwrap();
+            }
+            y.sync().unwrap();
+            if i == 100 {
+                dev.wait().unwrap();
+                pool_after_warmup = dev.pool_bytes();
+            }
+        }
+        dev.wait().unwrap();
+        assert_eq!(dev.live_tensors(), base_live, "live tensors leaked on {}", dev.name());
+        assert!(
+            dev.pool_bytes() <= pool_after_warmup.max(1) * 4 + (1 << 20),
+            "pool grew from {pool_after_warmup} to {} bytes on {}",
+            dev.pool_bytes(),
+            dev.name()
+        );
+        assert!(dev.cached_plans() <= 4);
+    }
+}
+
+#[test]
+fn graph_size_limit_materializes_automatically() {
+    let _g = common::metrics_lock();
+    let dev = Device::cpu();
+    let hits = metrics::counter("GraphSizeLimitHits");
+    let mut x = Tensor::from_slice(&[0.0f32; 4], [4], &dev).unwrap();
+    for _ in 0..10_000 {
+        x = x.add_scalar(1.0).unwrap();
+    }
+    assert!(metrics::counter("GraphSizeLimitHits") > hits, "a 10,000-node chain exceeds the default limit");
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![10_000.0; 4]);
+}
+
+#[test]
+fn in_place_update_loop_compiles_once_after_warmup() {
+    let _g = common::metrics_lock();
+    for dev in common::devices() {
+        let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4], &dev).unwrap();
+        let g = Tensor::from_slice(&[0.5f32, 0.5, 0.5, 0.5], [4], &dev).unwrap();
+        let mut after_warmup = 0;
+        for step in 0..20 {
+            let lr = 0.1 + step as f32 * 0.01; // a changing learning rate is a lifted scalar
+            w.sub_(&g.mul_scalar(lr).unwrap()).unwrap();
+            dev.mark_step().unwrap();
+            if step == 1 {
+                dev.wait().unwrap();
+                after_warmup = metrics::counter("UncachedCompile");
+            }
+        }
+        assert_eq!(metrics::counter("UncachedCompile"), after_warmup, "steady loop recompiled on {}", dev.name());
+        assert_eq!(w.generation(), 20);
+        let total: f32 = (0..20).map(|s| 0.5 * (0.1 + s as f32 * 0.01)).sum();
+        common::assert_close(&w.to_vec::<f32>().unwrap(), &[1.0 - total, 2.0 - total, 3.0 - total, 4.0 - total], 1e-5, 1e-5, "w");
+    }
+}
+
+#[test]
+fn mark_step_syncs_every_live_pending_tensor() {
+    let dev = Device::cpu();
+    let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
+    let a = x.exp().unwrap();
+    let b = x.neg().unwrap();
+    assert_eq!(a.state(), TensorState::PendingIr);
+    dev.mark_step().unwrap();
+    assert_eq!(a.state(), TensorState::DeviceData);
+    assert_eq!(b.state(), TensorState::DeviceData);
+    assert_eq!(b.to_vec::<f32>().unwrap(), vec![-1.0, -2.0]);
+}
+
+#[test]
+fn passes_shrink_the_graph_and_keep_results() {
+    let _g = common::metrics_lock();
+    for dev in common::devices() {
+        let data = common::rand_vec(12, 9, -2.0, 2.0);
+        let x = Tensor::from_slice(&data, [3, 4], &dev).unwrap();
+        // x*1 + 0*... , neg(neg), transpose of transpose, reshape of reshape, a duplicated subexpression.
+        let a = x.mul_scalar(1.0).unwrap().neg().unwrap().neg().unwrap();
+        let b = a.t().unwrap().t().unwrap().reshape([12]).unwrap().reshape([4, 3]).unwrap().reshape([3, 4]).unwrap();
+        let c = b.exp().unwrap().add(&b.exp().unwrap()).unwrap();
+        let removed = metrics::counter("PassNodesRemoved");
+        let got = c.to_vec::<f32>().unwrap();
+        assert!(metrics::counter("PassNodesRemoved") - removed >= 6, "passes removed too little");
+        let want: Vec<f32> = data.iter().map(|v| 2.0 * v.exp()).collect();
+        common::assert_close(&got, &want, 1e-5, 1e-6, "optimized graph");
+    }
+}
+
+#[test]
+fn metrics_report_has_counters_values_and_timers() {
+    let _g = common::metrics_lock();
+    let dev = Device::cpu();
+    let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
+    x.exp().unwrap().to_vec::<f32>().unwrap();
+    let r = metrics::report();
+    for key in ["Counters:", "UncachedCompile", "SyncedTensors", "Values:", "GraphSize", "Timers (ms):", "Compile", "Trace"] {
+        assert!(r.contains(key), "report lacks {key}:\n{r}");
+    }
+}
+
+#[test]
+fn recompile_explainer_names_the_shape_change_and_source_line() {
+    let dev = Device::cpu();
+    let mut lines = Vec::new();
+    for step in 0..8 {
+        let batch = if step < 5 { 4 } else { 6 };
+        let data = vec![1.0f32; batch * 3];
+        let x = Tensor::from_slice(&data, [batch, 3], &dev).unwrap();
+        lines.push(line!() - 1);
+        let y = x.mul_scalar(2.0).unwrap().sum(&[1], false).unwrap();
+        y.to_vec::<f32>().unwrap();
+    }
+    let log = lazuli::debug::compile_log();
+    let entry = log
+        .iter()
+        .rev()
+        .find(|e| e.reason.as_deref().is_some_and(|r| r.contains("[6, 3]") && r.contains("[4, 3]")))
+        .unwrap_or_else(|| panic!("no explanation of the batch change in {log:#?}"));
+    let reason = entry.reason.as_deref().unwrap();
+    assert!(reason.contains("shape"), "{reason}");
+    assert!(reason.contains(&format!("executor.rs:{}", lines[0])), "{reason}");
+    assert!(reason.contains("to_vec at"), "{reason}");
+}
+
+#[test]
+fn ir_dumps_text_dot_hash_and_dump_dir() {
+    let dev = Device::cpu();
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2], &dev).unwrap();
+    let y = x.exp().unwrap().sum(&[0], false).unwrap();
+    let text = lazuli::debug::ir_text(&[&y]);
+    assert!(text.contains("exp(%0)") && text.contains("executor.rs:"), "{text}");
+    let dot = lazuli::debug::ir_dot(&[&y]);
+    assert!(dot.starts_with("digraph") && dot.trim_end().ends_with('}'));
+    assert_eq!(dot.matches('{').count(), dot.matches('}').count());
+    if std::process::Command::new("dot").arg("-V").output().is_ok() {
+        let mut child = std::process::Command::new("dot")
+            .arg("-Tsvg")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(dot.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("<svg"));
+    }
+    assert_eq!(lazuli::debug::graph_hash(&[&y]), lazuli::debug::graph_hash(&[&y]));
+}
