@@ -299,6 +299,7 @@ impl Backend for WgpuBackend {
                     BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
                 }
             })?;
+            crate::validate::log_source(&wgsl.source);
             validate_wgsl(&wgsl.source).map_err(|m| BackendError::Compile {
                 kernel: name.clone(),
                 message: format!("{m}\n{}", wgsl.source),

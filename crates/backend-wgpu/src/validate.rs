@@ -13,3 +13,25 @@ pub fn validate_wgsl(source: &str) -> Result<(), String> {
         .map(|_| ())
         .map_err(|e| e.emit_to_string(source))
 }
+
+/// When `LAZULI_WGSL_LOG_DIR` is set, writes every generated source there
+/// as `<hash>.wgsl` (before validation), so a test run can prove that every
+/// source it produced validates (see `tests/naga_log.rs`).
+pub fn log_source(source: &str) {
+    let Ok(dir) = std::env::var("LAZULI_WGSL_LOG_DIR") else { return };
+    let dir = std::path::Path::new(&dir);
+    let hash = lazuli_ir::stable_hash(source);
+    let path = dir.join(format!("{hash:016x}.wgsl"));
+    if path.exists() {
+        return;
+    }
+    let result = std::fs::create_dir_all(dir).and_then(|_| {
+        // Write then rename, so a concurrent reader never sees half a file.
+        let tmp = dir.join(format!("{hash:016x}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, source)?;
+        std::fs::rename(&tmp, &path)
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "LAZULI_WGSL_LOG_DIR: could not log a WGSL source");
+    }
+}

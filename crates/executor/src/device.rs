@@ -284,6 +284,7 @@ impl Device {
             }
         }
         metrics::inc("UncachedCompile", 1);
+        let _span = tracing::debug_span!("compile", hash = format_args!("{hash:016x}"), nodes = traced.graph.len()).entered();
         self.0.explainer.lock().unwrap_or_else(|e| e.into_inner()).on_miss(&traced.graph, &traced.locations, trigger);
         let started = Instant::now();
         let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -418,7 +419,20 @@ fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, faults: &Mutex<crat
     let mut inputs = Vec::with_capacity(job.inputs.len());
     for cell in &job.inputs {
         let mut st = cell.wait();
-        inputs.push(resolve(&mut st, &cell.ty, main, &job.context)?);
+        let buf = resolve(&mut st, &cell.ty, main, &job.context)?;
+        // Donation: if this job holds the only reference to the cell, nobody
+        // can read the old value again (e.g. a parameter just replaced by
+        // `assign`), so its buffer leaves the cell and the backend receives
+        // it uniquely held: it may reuse it, and it returns to the pool as
+        // soon as the plan has run.
+        if Arc::strong_count(cell) == 1 {
+            *st = CellState::Failed(ExecError::Invalid {
+                op: "read".into(),
+                detail: "the value was donated to a later computation".into(),
+            });
+            metrics::inc("DonatedBuffers", 1);
+        }
+        inputs.push(buf);
     }
     crate::fault::before_execute(faults, &job.context)?;
     job.plan
