@@ -238,6 +238,7 @@ impl Device {
         metrics::record_time("Trace", started.elapsed());
         // A value whose producer already failed poisons this sync.
         for cell in &traced.inputs {
+            debug_assert_eq!(cell.device_id, self.0.id, "record_on rejects operands of other devices");
             if let CellState::Failed(e) = &*cell.state.lock().unwrap_or_else(|e| e.into_inner()) {
                 return Err(ExecError::Poisoned { op: trigger.to_string(), cause: Box::new(e.clone()) });
             }
@@ -358,6 +359,10 @@ fn dump_plan(dir: &std::path::Path, hash: u64, traced: &Traced, plan: &Plan) -> 
     let mut ir = traced.graph.to_text();
     ir.push_str("\n# optimized\n");
     ir.push_str(&plan.optimized.to_text());
+    for (k, seg) in plan.segments.iter().enumerate() {
+        let side = if seg.on_cpu { "cpu fallback" } else { "native" };
+        ir.push_str(&format!("\n# segment {k} ({side})\n{}", seg.graph.to_text()));
+    }
     std::fs::write(dir.join(format!("{hash:016x}.ir.txt")), ir)?;
     std::fs::write(dir.join(format!("{hash:016x}.dot")), traced.graph.to_dot())?;
     for (i, (name, src)) in plan.kernel_sources().iter().enumerate() {

@@ -129,9 +129,4 @@ impl DataCell {
         }
         g
     }
-
-    /// True if an execution still has to fill the cell.
-    pub fn is_pending(&self) -> bool {
-        matches!(*self.state.lock().unwrap_or_else(|e| e.into_inner()), CellState::Pending)
-    }
 }

@@ -302,7 +302,7 @@ impl Tensor {
             .map(|&d| {
                 if d >= 0 {
                     Ok(d as usize)
-                } else if known > 0 && self.numel() % known == 0 {
+                } else if known > 0 && self.numel().is_multiple_of(known) {
                     Ok(self.numel() / known)
                 } else {
                     Err(bad())

@@ -83,8 +83,11 @@ impl Plan {
         let mut seg = vec![usize::MAX; n];
         let outputs_set: BTreeSet<NodeId> = optimized.outputs.iter().copied().collect();
         for (i, node) in optimized.nodes().iter().enumerate() {
-            let leaf = is_leaf(&node.op);
-            if leaf && !(outputs_set.contains(&NodeId(i as u32)) && !matches!(node.op, Op::Parameter(_))) {
+            // Leaves are copied into whichever segment reads them, except a
+            // constant or scalar that is itself a graph output: some segment
+            // must produce it.
+            let produced_leaf = outputs_set.contains(&NodeId(i as u32)) && !matches!(node.op, Op::Parameter(_));
+            if is_leaf(&node.op) && !produced_leaf {
                 continue;
             }
             let parity = on_cpu[i] as usize;
