@@ -61,3 +61,21 @@ fn twelve_inputs_with_eight_storage_buffers() {
         .collect();
     common::assert_close(&got, &want, 1e-5, 1e-6, "12-input expression");
 }
+
+#[test]
+fn lowering_is_deterministic() {
+    let Some(_) = common::wgpu() else { return };
+    // Two separate devices (separate backends and caches) lower the same
+    // program to byte-identical WGSL.
+    let build = |dev: &Device| {
+        let x = Tensor::from_slice(&common::rand_vec(60, 11, -1.0, 1.0), [6, 10], dev).unwrap();
+        let w = Tensor::from_slice(&common::rand_vec(40, 12, -1.0, 1.0), [10, 4], dev).unwrap();
+        let h = x.matmul(&w).unwrap().relu().unwrap();
+        let y = h.log_softmax(-1).unwrap().sum(&[0], false).unwrap();
+        lazuli::debug::backend_code(&[&h, &y]).unwrap()
+    };
+    let a = build(&Device::wgpu_with(WgpuDeviceOptions::default()).unwrap());
+    let b = build(&Device::wgpu_with(WgpuDeviceOptions::default()).unwrap());
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+}
