@@ -75,3 +75,18 @@ fn nan_and_inf_propagate() {
         assert!(z.is_nan());
     }
 }
+
+#[test]
+fn scalar_and_leaf_outputs_can_be_read() {
+    for d in common::devices() {
+        assert_eq!(Tensor::scalar(1.0f32, DType::F32, &d).item::<f32>().unwrap(), 1.0, "{}", d.name());
+        assert_eq!(Tensor::scalar(0.37f32, DType::F32, &d).item::<f32>().unwrap(), 0.37, "{}", d.name());
+        assert_eq!(Tensor::full([2], 7i32, DType::I32, &d).unwrap().to_vec::<i32>().unwrap(), vec![7, 7]);
+        let x = Tensor::from_slice(&[1.5f32, 2.5], [2], &d).unwrap();
+        assert_eq!(x.mul_scalar(1.0).unwrap().to_vec::<f32>().unwrap(), vec![1.5, 2.5], "optimized to a parameter");
+        let e = Tensor::zeros([0, 3], DType::F32, &d).unwrap();
+        assert_eq!(e.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+        let b = Tensor::scalar(true, DType::Bool, &d);
+        assert!(b.item::<bool>().unwrap());
+    }
+}

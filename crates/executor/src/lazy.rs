@@ -76,9 +76,10 @@ impl LazyNode {
         }
     }
 
-    /// True if the node still needs computing.
+    /// True if the node's value is not in a data cell yet (ops, and lifted
+    /// scalars, which a sync of the scalar itself must materialize).
     pub fn is_pending(&self) -> bool {
-        self.cell().is_none() && !matches!(self.kind, NodeKind::Scalar(_))
+        self.cell().is_none()
     }
 }
 
