@@ -6,7 +6,7 @@ use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
 use crate::tensor::TensorInner;
 use crate::trace::{trace, Traced};
-use crate::{metrics, Backend, BackendKind, Buffer, ExecError, Result};
+use crate::{metrics, Backend, BackendError, BackendKind, Buffer, ExecError, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use lazuli_ir::ScalarValue;
 use lru::LruCache;
@@ -56,6 +56,8 @@ struct Shared {
     idle: Condvar,
     error: Mutex<Option<ExecError>>,
     faults: Mutex<crate::fault::Faults>,
+    /// Shadow validation against the CPU backend (`crate::validate`).
+    validate: std::sync::atomic::AtomicBool,
 }
 
 struct Job {
@@ -64,6 +66,8 @@ struct Job {
     scalars: Vec<ScalarValue>,
     outputs: Vec<Arc<DataCell>>,
     context: String,
+    /// Source locations of the traced graph's nodes (for validation reports).
+    locations: Vec<&'static std::panic::Location<'static>>,
 }
 
 impl Device {
@@ -73,6 +77,7 @@ impl Device {
     pub fn new(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>) -> Device {
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
+        shared.validate.store(std::env::var("LAZULI_VALIDATE").is_ok_and(|v| v == "cpu"), Ordering::Relaxed);
         let worker = {
             let (main, cpu, shared) = (main.clone(), cpu.clone(), shared.clone());
             std::thread::Builder::new()
@@ -157,6 +162,20 @@ impl Device {
     /// Fault injection (tests): delay every execution on this device by `d`.
     pub fn set_execution_delay(&self, d: Option<std::time::Duration>) {
         self.0.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).delay = d;
+    }
+
+    /// Shadow validation, as `LAZULI_VALIDATE=cpu` turns on: every plan
+    /// also runs on the CPU reference backend and each kernel's outputs are
+    /// compared; the first disagreeing kernel is returned at the barrier as
+    /// [`ExecError::Validation`] with its IR nodes, their source locations
+    /// and its source. Slow: for debugging, not production.
+    pub fn set_validate(&self, on: bool) {
+        self.0.shared.validate.store(on, Ordering::Relaxed);
+    }
+
+    /// True while shadow validation is on.
+    pub fn validating(&self) -> bool {
+        self.0.shared.validate.load(Ordering::Relaxed)
     }
 
     pub(crate) fn force_fallback(&self) -> BTreeSet<String> {
@@ -264,9 +283,9 @@ impl Device {
             traced.graph.len(),
             plan.kernel_count()
         );
-        let Traced { inputs, scalars, .. } = traced;
+        let Traced { inputs, scalars, locations, .. } = traced;
         *self.0.shared.outstanding.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        let job = Job { plan, inputs, scalars, outputs, context };
+        let job = Job { plan, inputs, scalars, outputs, context, locations };
         self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
             ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
         })?;
@@ -310,7 +329,7 @@ impl Device {
         let started = Instant::now();
         let mut st = cell.wait();
         metrics::record_time("BarrierWait", started.elapsed());
-        resolve(&mut st, &cell.ty, self.0.main.as_ref(), op)
+        resolve(&mut st, &cell.ty, self.0.main.as_ref(), self.0.cpu.as_ref(), op)
     }
 
     /// Reads the canonical bytes of a cell (barrier + download).
@@ -373,14 +392,25 @@ fn dump_plan(dir: &std::path::Path, hash: u64, traced: &Traced, plan: &Plan) -> 
 }
 
 /// Turns a non-pending cell state into a buffer, uploading host data once.
-fn resolve(st: &mut CellState, ty: &lazuli_ir::ValueType, main: &dyn Backend, op: &str) -> Result<Buffer> {
+/// Host data goes to the main backend, or to the CPU backend when the main
+/// one cannot hold its dtype (f64, i64 ... on wgpu); plans move it across
+/// at segment boundaries.
+fn resolve(
+    st: &mut CellState,
+    ty: &lazuli_ir::ValueType,
+    main: &dyn Backend,
+    cpu: &dyn Backend,
+    op: &str,
+) -> Result<Buffer> {
     match st {
         CellState::Ready(b) => Ok(b.clone()),
         CellState::Failed(e) => Err(ExecError::Poisoned { op: op.to_string(), cause: Box::new(e.clone()) }),
         CellState::Host(bytes) => {
-            let buf = main
-                .upload(bytes, ty)
-                .map_err(|source| ExecError::Backend { context: format!("{op}: uploading host data"), source })?;
+            let buf = match main.upload(bytes, ty) {
+                Err(BackendError::Unsupported { .. }) => cpu.upload(bytes, ty),
+                other => other,
+            }
+            .map_err(|source| ExecError::Backend { context: format!("{op}: uploading host data"), source })?;
             metrics::record_value("BytesUploaded", bytes.len() as f64);
             *st = CellState::Ready(buf.clone());
             Ok(buf)
@@ -393,7 +423,7 @@ fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>,
     for job in rx {
         let _span = tracing::debug_span!("execute", context = %job.context).entered();
         let started = Instant::now();
-        let result = run_job(&job, main.as_ref(), cpu.as_ref(), &shared.faults);
+        let result = run_job(&job, main.as_ref(), cpu.as_ref(), &shared);
         metrics::record_time("Execute", started.elapsed());
         match result {
             Ok(bufs) => {
@@ -420,11 +450,11 @@ fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>,
     }
 }
 
-fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, faults: &Mutex<crate::fault::Faults>) -> Result<Vec<Buffer>> {
+fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) -> Result<Vec<Buffer>> {
     let mut inputs = Vec::with_capacity(job.inputs.len());
     for cell in &job.inputs {
         let mut st = cell.wait();
-        let buf = resolve(&mut st, &cell.ty, main, &job.context)?;
+        let buf = resolve(&mut st, &cell.ty, main, cpu, &job.context)?;
         // Donation: if this job holds the only reference to the cell, nobody
         // can read the old value again (e.g. a parameter just replaced by
         // `assign`), so its buffer leaves the cell and the backend receives
@@ -439,7 +469,10 @@ fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, faults: &Mutex<crat
         }
         inputs.push(buf);
     }
-    crate::fault::before_execute(faults, &job.context)?;
+    crate::fault::before_execute(&shared.faults, &job.context)?;
+    if shared.validate.load(Ordering::Relaxed) {
+        return crate::validate::run_validated(&job.plan, inputs, &job.scalars, main, cpu, &job.locations, &job.context);
+    }
     job.plan
         .run(inputs, &job.scalars, main, cpu)
         .map_err(|source| ExecError::Backend { context: job.context.clone(), source })
