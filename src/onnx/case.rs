@@ -149,11 +149,8 @@ impl Attr {
 /// Reads every `*.json` file of `dir`, sorted by file name.
 pub fn load_dir(dir: &Path) -> Result<Vec<OpFile>, CaseError> {
     let io = |source| CaseError::Io { path: dir.to_path_buf(), source };
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()
-        .map_err(io)?;
+    let mut paths: Vec<PathBuf> =
+        std::fs::read_dir(dir).map_err(io)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>().map_err(io)?;
     paths.retain(|p| p.extension().is_some_and(|e| e == "json"));
     paths.sort();
     paths.iter().map(|p| load_file(p)).collect()
