@@ -61,12 +61,13 @@ impl Explainer {
         let reason = self.best_match(graph).map(|seen| explain(seen, graph, locations, trigger));
         let hash = graph.structural_hash();
         let entry = CompileEntry { hash, nodes: graph.len(), trigger: trigger.to_string(), reason };
-        // Count misses per call site (the trigger without the sync kind's varying parts).
-        let n = self.per_trigger.entry(trigger.to_string()).or_default();
-        *n += 1;
         if let Some(r) = &entry.reason {
             metrics::note(format!("recompiled graph {hash:016x} ({} nodes), {r}", graph.len()));
-            if *n >= WARN_AFTER {
+            let n = self.per_trigger.entry(trigger.to_string()).or_default();
+            *n += 1;
+            // Warn at the 3rd explained recompile of one sync point, then at
+            // every power of two, so a long run does not flood the log.
+            if *n == WARN_AFTER || (*n > WARN_AFTER && n.is_power_of_two()) {
                 tracing::warn!(count = *n, trigger, "a steady loop keeps recompiling: {r}");
             }
         }
@@ -82,27 +83,23 @@ impl Explainer {
         entry
     }
 
-    /// The earlier graph sharing the longest prefix of op kinds with
-    /// `graph` and the same number of outputs (a "resembling" graph).
+    /// The most recent earlier graph that resembles `graph`: the same
+    /// number of nodes and outputs, and the same op at every position but at
+    /// most one (a changed shape, dtype, constant or attribute keeps the op;
+    /// a swapped op is the one allowed difference).
     fn best_match(&self, graph: &Graph) -> Option<&Seen> {
-        let mut best: Option<(&Seen, usize)> = None;
-        for seen in &self.recent {
-            if seen.graph.outputs.len() != graph.outputs.len() {
-                continue;
-            }
-            let common = seen
-                .graph
-                .nodes()
-                .iter()
-                .zip(graph.nodes())
-                .take_while(|(a, b)| std::mem::discriminant(&a.op) == std::mem::discriminant(&b.op))
-                .count();
-            let similar = common * 2 >= graph.len().min(seen.graph.len()) && common > 0;
-            if similar && best.is_none_or(|(_, c)| common > c) {
-                best = Some((seen, common));
-            }
-        }
-        best.map(|(s, _)| s)
+        self.recent.iter().rev().find(|seen| {
+            seen.graph.len() == graph.len()
+                && seen.graph.outputs.len() == graph.outputs.len()
+                && seen
+                    .graph
+                    .nodes()
+                    .iter()
+                    .zip(graph.nodes())
+                    .filter(|(a, b)| std::mem::discriminant(&a.op) != std::mem::discriminant(&b.op))
+                    .count()
+                    <= 1
+        })
     }
 }
 
