@@ -8,8 +8,17 @@ const USAGE: &str = "usage: lazuli <command> [options]
 
 commands:
   info                      list wgpu adapters and the device Device::default() picks
-  demo [--device cpu|wgpu]  run the end-to-end example on the default (or given) device
+  demo [--device cpu|wgpu] [--epochs N] [--seed N] [--data DIR] [--json]
+                            train an MLP (64 -> 256 -> 10) on the 8x8 digits dataset;
+                            each step is one cached graph (see --json for the counters)
+  demo --fused [--device cpu|wgpu]
+                            the small fused elementwise example (one graph, its kernels)
   dump [--device cpu|wgpu]  show the IR, DOT and WGSL of the demo's graph
+  conformance [DIR] [--device cpu|wgpu|all]
+                            run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
+                            ../shared/conformance/onnx) and print the per-op table
+  bench [W1 ...] [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]
+                            run the benchmark workloads (W1-W6) and baselines; prints a table
   help                      this text
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_DUMP_DIR, RUST_LOG";
@@ -19,8 +28,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("info") => info(),
-        Some("demo") => device_arg(&args[1..]).and_then(|d| demo(&d)),
+        Some("demo") => demo_command(&args[1..]),
         Some("dump") => device_arg(&args[1..]).and_then(|d| dump(&d)),
+        Some("conformance") => conformance(&args[1..]),
+        Some("bench") => lazuli::bench::cli(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
             Ok(())
@@ -85,7 +96,7 @@ fn demo_graph(dev: &Device) -> lazuli::Result<(Tensor, Tensor)> {
     Ok((y, row_sums))
 }
 
-fn demo(dev: &Device) -> Result<(), String> {
+fn fused_demo(dev: &Device) -> Result<(), String> {
     let err = |e: lazuli::ExecError| e.to_string();
     println!("device: {}", dev.name());
     metrics::reset();
@@ -125,4 +136,120 @@ fn dump(dev: &Device) -> Result<(), String> {
         println!("== {name} ==\n{src}");
     }
     Ok(())
+}
+
+/// `lazuli demo`: the training demo (`lazuli::train`), or with `--fused`
+/// the fused elementwise example.
+fn demo_command(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--fused") {
+        let rest: Vec<String> = args.iter().filter(|a| *a != "--fused").cloned().collect();
+        return device_arg(&rest).and_then(|d| fused_demo(&d));
+    }
+    let mut cfg = lazuli::train::TrainConfig::default();
+    let (mut device_args, mut json, mut data_dir) = (Vec::new(), false, lazuli::train::Digits::default_dir());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--device" => device_args.extend(["--device".to_string(), value("--device")?]),
+            "--epochs" => cfg.epochs = value("--epochs")?.parse().map_err(|e| format!("--epochs: {e}"))?,
+            "--seed" => cfg.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--data" => data_dir = value("--data")?.into(),
+            "--json" => json = true,
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    let dev = device_arg(&device_args)?;
+    let data = lazuli::train::Digits::load(&data_dir).map_err(|e| e.to_string())?;
+    if !json {
+        println!("device: {}", dev.name());
+        println!(
+            "training an MLP 64 -> {} -> 10 on digits ({} train / {} test rows), batch {}, SGD lr {} (Nesterov momentum {}), {} epochs",
+            cfg.hidden,
+            lazuli::train::DIGITS_TRAIN_ROWS,
+            data.len() - lazuli::train::DIGITS_TRAIN_ROWS,
+            cfg.batch_size,
+            cfg.lr,
+            cfg.momentum,
+            cfg.epochs
+        );
+    }
+    let style = indicatif::ProgressStyle::with_template("epoch {prefix:>3} [{bar:30}] {pos}/{len} {msg}")
+        .map_err(|e| e.to_string())?
+        .progress_chars("=> ");
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut progress = |p: &lazuli::train::Progress| {
+        if json {
+            return;
+        }
+        let b = bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::new(p.steps_per_epoch as u64).with_style(style.clone());
+            b.set_prefix(format!("{}", p.epoch + 1));
+            b
+        });
+        b.set_position(p.step_in_epoch as u64);
+        if let Some(l) = p.loss {
+            b.set_message(format!("loss {l:.4}"));
+        }
+        if let Some(l) = p.epoch_loss {
+            b.finish_with_message(format!("mean loss {l:.4}"));
+            bar = None;
+        }
+    };
+    let report = lazuli::train::train_digits(&dev, &data, &cfg, &mut progress).map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", report.to_json());
+        return Ok(());
+    }
+    println!("test accuracy: {:.2}% (train {:.2}%)", report.test_accuracy * 100.0, report.train_accuracy * 100.0);
+    println!(
+        "{} steps in {:.2} s: median {:.3} ms per step (mean {:.3} ms), each step one sync",
+        report.steps, report.train_seconds, report.median_step_ms, report.mean_step_ms
+    );
+    println!(
+        "compile cache: UncachedCompile={} CachedCompile={} (uncached after step 2: {})",
+        report.uncached_compiles, report.cached_compiles, report.uncached_compiles_after_step_2
+    );
+    println!(
+        "one step = {} graph nodes in {} kernel(s); {} node(s) ran on the CPU fallback",
+        report.graph_nodes_per_step, report.kernels_per_step, report.fallback_ops
+    );
+    Ok(())
+}
+
+/// `lazuli conformance [DIR] [--device cpu|wgpu|all]`: runs every ONNX
+/// conformance case on the chosen backends (default: both) and prints the
+/// per-op table and the `conformance: N passed, M failed, K unsupported`
+/// line; fails when a case fails.
+fn conformance(args: &[String]) -> Result<(), String> {
+    let mut dir = None;
+    let mut which = "all".to_string();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--device" => which = it.next().cloned().unwrap_or_default(),
+            s if s.starts_with("--") => return Err(format!("unknown option {s:?}")),
+            s => dir = Some(std::path::PathBuf::from(s)),
+        }
+    }
+    let dir = dir.unwrap_or_else(lazuli::onnx::default_dir);
+    let mut devices = Vec::new();
+    if which == "cpu" || which == "all" {
+        devices.push(("cpu", Device::cpu()));
+    }
+    if which == "wgpu" || which == "all" {
+        devices.push(("wgpu", Device::wgpu().map_err(|e| format!("no wgpu device: {e}"))?));
+    }
+    if devices.is_empty() {
+        return Err(format!("--device takes cpu, wgpu or all, got {which:?}"));
+    }
+    let backends: Vec<(&str, &Device)> = devices.iter().map(|(n, d)| (*n, d)).collect();
+    let report = lazuli::onnx::run_dir(&dir, &backends).map_err(|e| e.to_string())?;
+    println!("conformance cases from {}", dir.display());
+    print!("{}", report.table());
+    println!("{}", report.summary_line());
+    match report.totals().failed {
+        0 => Ok(()),
+        n => Err(format!("{n} conformance case(s) failed")),
+    }
 }

@@ -1,72 +1,268 @@
-//! Elementwise kernels: unary functions, binary functions with numpy
-//! broadcasting, `where`, and casts.
+//! Elementwise kernels over blocks: unary functions, binary functions,
+//! `where` and casts, each compiled once per (op, dtype) into a
+//! [`BlockFn`] that maps operand runs to a destination run.
+//!
+//! A block kernel sees its operands as raw bytes ([`Operand`]: a run of
+//! elements or one splatted value) and casts them to the element type once
+//! per block, so the per-element loop is monomorphic, has no dispatch and
+//! vectorizes. The fused loops ([`crate::fused`]) call these kernels on
+//! blocks of a few thousand elements; the same kernels evaluate every
+//! elementwise node, fused or not, so the two paths cannot disagree.
 //!
 //! Float transcendental functions are evaluated in `f64` and rounded to the
-//! element type, so f16 and f32 results are as accurate as the reference
-//! can make them. Basic float arithmetic (`+ - * /`) runs in the element
-//! type itself (f16 through f32, which rounds identically).
+//! element type, except f32 `exp`, `tanh` and `sigmoid`, which use the
+//! vectorized f32 code of [`crate::fastmath`] (a few ulp). f32 `sqrt`,
+//! `reciprocal`, `floor`, `ceil` and `round` run in f32 directly, which
+//! rounds identically to the `f64` definition. Basic float arithmetic
+//! (`+ - * /`) runs in the element type itself (f16 through f32, which
+//! rounds identically).
 
 use crate::elem::{CastVal, Elem, Float, Num};
-use crate::layout::{broadcast_strides, walk};
-use crate::storage::{each_all, each_num2, same_all2, same_float, same_num, CpuData};
-use lazuli_ir::{BinaryOp, DType, UnaryOp};
+use crate::fastmath;
+use bytemuck::Pod;
+use half::f16;
+use lazuli_ir::{BinaryOp, DType, Op, UnaryOp};
 
-/// Applies `f` to every pair of elements of `a` (shape `sa`) and `b`
-/// (shape `sb`) broadcast to `out`.
-pub(crate) fn map2<A: Copy, B: Copy, U>(
-    a: &[A],
-    sa: &[usize],
-    b: &[B],
-    sb: &[usize],
-    out: &[usize],
-    f: impl Fn(A, B) -> U,
-) -> Vec<U> {
-    if sa == out && sb == out {
-        return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
-    }
-    if b.len() == 1 && sa == out {
-        let y = b[0];
-        return a.iter().map(|&x| f(x, y)).collect();
-    }
-    if a.len() == 1 && sb == out {
-        let x = a[0];
-        return b.iter().map(|&y| f(x, y)).collect();
-    }
-    let n: usize = out.iter().product();
-    let mut v = Vec::with_capacity(n);
-    let (ta, tb) = (broadcast_strides(sa, out), broadcast_strides(sb, out));
-    walk(out, [&ta, &tb], |[i, j]| v.push(f(a[i], b[j])));
-    v
+/// One operand of a block kernel, as the bytes of its element type.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Operand<'a> {
+    /// One element per output element of the block.
+    Slice(&'a [u8]),
+    /// The same element for the whole block (its bytes, zero-padded).
+    Splat([u8; 8]),
 }
 
-/// Applies a unary op to `x`.
-pub(crate) fn unary(op: UnaryOp, x: &CpuData) -> CpuData {
-    use UnaryOp::*;
-    match op {
-        Not => match x {
-            CpuData::Bool(v) => CpuData::Bool(v.iter().map(|&b| (b == 0) as u8).collect()),
-            _ => unreachable!("logical_not on a non-bool in a verified graph"),
-        },
-        IsNan => CpuData::Bool(each_float(x, |v| v.is_nan())),
-        IsInf => CpuData::Bool(each_float(x, |v| v.is_infinite())),
-        Neg => same_num!(x, v => v.iter().map(|&e| Num::neg(e)).collect()),
-        Abs => same_num!(x, v => v.iter().map(|&e| Num::abs(e)).collect()),
-        Sign => same_num!(x, v => v.iter().map(|&e| Num::sign(e)).collect()),
-        Relu => same_num!(x, v => v.iter().map(|&e| Num::maximum(e, Num::ZERO)).collect()),
-        _ => {
-            let f = float_fn(op);
-            same_float!(x, v => v.iter().map(|&e| Float::from_f64(f(Float::to_f64(e)))).collect())
+/// A compiled elementwise kernel: `f(operands, destination bytes)`.
+pub(crate) type BlockFn = Box<dyn Fn(&[Operand<'_>], &mut [u8]) + Send + Sync>;
+
+/// Matches a dtype to its storage type, binding it as the type alias `$T`
+/// (bool is stored as `u8`).
+macro_rules! any_t {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            DType::Bool | DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+
+/// Like `any_t!` for the float dtypes only.
+macro_rules! float_t {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            _ => unreachable!("float op on a non-float dtype in a verified graph"),
+        }
+    };
+}
+
+/// A typed operand.
+#[derive(Clone, Copy)]
+enum Arg<'a, T> {
+    Slice(&'a [T]),
+    Splat(T),
+}
+
+#[inline]
+fn arg<T: Pod>(o: Operand<'_>) -> Arg<'_, T> {
+    match o {
+        Operand::Slice(b) => Arg::Slice(bytemuck::cast_slice(b)),
+        Operand::Splat(b) => Arg::Splat(bytemuck::pod_read_unaligned(&b[..std::mem::size_of::<T>()])),
+    }
+}
+
+/// The bytes of one element, zero-padded, for [`Operand::Splat`].
+pub(crate) fn splat_bytes<T: Pod>(v: T) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..std::mem::size_of::<T>()].copy_from_slice(bytemuck::bytes_of(&v));
+    b
+}
+
+#[inline]
+fn map1<A: Pod, U: Pod>(a: Operand<'_>, dst: &mut [u8], f: impl Fn(A) -> U) {
+    let d: &mut [U] = bytemuck::cast_slice_mut(dst);
+    match arg::<A>(a) {
+        Arg::Slice(x) => {
+            for (o, &x) in d.iter_mut().zip(x) {
+                *o = f(x);
+            }
+        }
+        Arg::Splat(x) => d.fill(f(x)),
+    }
+}
+
+#[inline]
+fn map2<A: Pod, B: Pod, U: Pod>(a: Operand<'_>, b: Operand<'_>, dst: &mut [u8], f: impl Fn(A, B) -> U) {
+    let d: &mut [U] = bytemuck::cast_slice_mut(dst);
+    match (arg::<A>(a), arg::<B>(b)) {
+        (Arg::Slice(x), Arg::Slice(y)) => {
+            for ((o, &x), &y) in d.iter_mut().zip(x).zip(y) {
+                *o = f(x, y);
+            }
+        }
+        (Arg::Slice(x), Arg::Splat(y)) => {
+            for (o, &x) in d.iter_mut().zip(x) {
+                *o = f(x, y);
+            }
+        }
+        (Arg::Splat(x), Arg::Slice(y)) => {
+            for (o, &y) in d.iter_mut().zip(y) {
+                *o = f(x, y);
+            }
+        }
+        (Arg::Splat(x), Arg::Splat(y)) => d.fill(f(x, y)),
+    }
+}
+
+#[inline]
+fn get<T: Copy>(a: Arg<'_, T>, i: usize) -> T {
+    match a {
+        Arg::Slice(s) => s[i],
+        Arg::Splat(v) => v,
+    }
+}
+
+fn select<T: Pod>(c: Operand<'_>, a: Operand<'_>, b: Operand<'_>, dst: &mut [u8]) {
+    let d: &mut [T] = bytemuck::cast_slice_mut(dst);
+    match (arg::<u8>(c), arg::<T>(a), arg::<T>(b)) {
+        (Arg::Slice(c), Arg::Slice(x), Arg::Slice(y)) => {
+            for (((o, &k), &x), &y) in d.iter_mut().zip(c).zip(x).zip(y) {
+                *o = if k != 0 { x } else { y };
+            }
+        }
+        (c, x, y) => {
+            for (i, o) in d.iter_mut().enumerate() {
+                *o = if get(c, i) != 0 { get(x, i) } else { get(y, i) };
+            }
         }
     }
 }
 
-/// A float predicate over any float variant, as bool bytes.
-fn each_float(x: &CpuData, f: impl Fn(f64) -> bool) -> Vec<u8> {
-    match x {
-        CpuData::F16(v) => v.iter().map(|&e| f(e.to_f64()) as u8).collect(),
-        CpuData::F32(v) => v.iter().map(|&e| f(e as f64) as u8).collect(),
-        CpuData::F64(v) => v.iter().map(|&e| f(e) as u8).collect(),
-        _ => unreachable!("float predicate on a non-float in a verified graph"),
+/// Copies (or fills) the destination with an operand of `size`-byte elements.
+pub(crate) fn copy(a: Operand<'_>, dst: &mut [u8], size: usize) {
+    match a {
+        Operand::Slice(s) => dst.copy_from_slice(s),
+        Operand::Splat(b) => {
+            for c in dst.chunks_exact_mut(size) {
+                c.copy_from_slice(&b[..size]);
+            }
+        }
+    }
+}
+
+/// Compiles the block kernel of an elementwise op (`Unary`, `Binary`,
+/// `Where`, `Cast`) whose operands have dtypes `ins`.
+pub(crate) fn build(op: &Op, ins: &[DType]) -> BlockFn {
+    match op {
+        Op::Unary(u) => unary(*u, ins[0]),
+        Op::Binary(b) => binary(*b, ins[0]),
+        Op::Where => any_t!(ins[1], T => Box::new(|a, d| select::<T>(a[0], a[1], a[2], d))),
+        Op::Cast(to) => cast(ins[0], *to),
+        _ => unreachable!("{} is not an elementwise op", op.name()),
+    }
+}
+
+fn unary(op: UnaryOp, dt: DType) -> BlockFn {
+    use UnaryOp::*;
+    match op {
+        Not => Box::new(|a, d| map1::<u8, u8>(a[0], d, |b| (b == 0) as u8)),
+        IsNan => float_t!(dt, T => Box::new(|a, d| map1::<T, u8>(a[0], d, |v| Num::is_nan(v) as u8))),
+        IsInf => float_t!(dt, T => Box::new(|a, d| map1::<T, u8>(a[0], d, |v| Float::to_f64(v).is_infinite() as u8))),
+        Neg => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, Num::neg))),
+        Abs => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, Num::abs))),
+        Sign => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, Num::sign))),
+        Relu => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, |e| Num::maximum(e, T::ZERO)))),
+        _ if dt == DType::F32 => unary_f32(op),
+        _ => {
+            let f = float_fn(op);
+            float_t!(dt, T => Box::new(move |a, d| map1::<T, T>(a[0], d, |e| T::from_f64(f(Float::to_f64(e))))))
+        }
+    }
+}
+
+/// f32 float functions: vectorized where that keeps the reference result.
+fn unary_f32(op: UnaryOp) -> BlockFn {
+    use UnaryOp::*;
+    fn fast(f: fn(&[f32], &mut [f32])) -> BlockFn {
+        Box::new(move |a, d| {
+            let d: &mut [f32] = bytemuck::cast_slice_mut(d);
+            match arg::<f32>(a[0]) {
+                Arg::Slice(x) => f(x, d),
+                Arg::Splat(x) => {
+                    let mut y = [0.0f32];
+                    f(&[x], &mut y);
+                    d.fill(y[0]);
+                }
+            }
+        })
+    }
+    match op {
+        Exp => fast(fastmath::exp),
+        Tanh => fast(fastmath::tanh),
+        Sigmoid => fast(fastmath::sigmoid),
+        Sqrt => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::sqrt)),
+        Reciprocal => Box::new(|a, d| map1::<f32, f32>(a[0], d, |x| 1.0 / x)),
+        Floor => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::floor)),
+        Ceil => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::ceil)),
+        Round => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::round_ties_even)),
+        Rsqrt => Box::new(|a, d| map1::<f32, f32>(a[0], d, |x| (1.0 / (x as f64).sqrt()) as f32)),
+        _ => {
+            let f = float_fn(op);
+            Box::new(move |a, d| map1::<f32, f32>(a[0], d, |e| f(e as f64) as f32))
+        }
     }
 }
 
@@ -98,41 +294,38 @@ fn float_fn(op: UnaryOp) -> fn(f64) -> f64 {
     }
 }
 
-/// Applies a binary op with broadcasting; `out` is the result shape.
-pub(crate) fn binary(op: BinaryOp, a: &CpuData, sa: &[usize], b: &CpuData, sb: &[usize], out: &[usize]) -> CpuData {
+fn binary(op: BinaryOp, dt: DType) -> BlockFn {
     use BinaryOp::*;
-    let cmp = |f: fn(std::cmp::Ordering) -> bool, eq_nan: bool| -> CpuData {
-        // `partial_cmp` is None only when a NaN is involved: every comparison
-        // is then false except `!=`.
-        CpuData::Bool(match (a, b) {
-            (CpuData::Bool(x), CpuData::Bool(y)) => map2(x, sa, y, sb, out, |p, q| f(p.cmp(&q)) as u8),
-            _ => each_num2!(a, b, x, y => map2(x, sa, y, sb, out, |p, q| p.partial_cmp(&q).map_or(eq_nan, f) as u8)),
-        })
-    };
-    let logic = |f: fn(bool, bool) -> bool| -> CpuData {
-        match (a, b) {
-            (CpuData::Bool(x), CpuData::Bool(y)) => {
-                CpuData::Bool(map2(x, sa, y, sb, out, |p, q| f(p != 0, q != 0) as u8))
-            }
-            _ => unreachable!("logical op on non-bool in a verified graph"),
-        }
-    };
+    // `partial_cmp` is None only when a NaN is involved: every comparison
+    // is then false except `!=`. Bool (u8) compares as integers.
+    macro_rules! cmp {
+        ($f:expr, $eq_nan:expr) => {
+            any_t!(dt, T => Box::new(|a, d| {
+                map2::<T, T, u8>(a[0], a[1], d, |p, q| p.partial_cmp(&q).map_or($eq_nan, $f) as u8)
+            }))
+        };
+    }
+    macro_rules! logic {
+        ($f:expr) => {
+            Box::new(|a, d| map2::<u8, u8, u8>(a[0], a[1], d, |p, q| $f(p != 0, q != 0) as u8))
+        };
+    }
     // One monomorphic loop per (op, dtype), so the element function inlines.
     macro_rules! arith {
         ($f:ident) => {
-            same_all2!(a, b, x, y => map2(x, sa, y, sb, out, |p, q| Num::$f(p, q)))
+            any_t!(dt, T => Box::new(|a, d| map2::<T, T, T>(a[0], a[1], d, Num::$f)))
         };
     }
     match op {
-        Eq => cmp(|o| o.is_eq(), false),
-        Ne => cmp(|o| o.is_ne(), true),
-        Lt => cmp(|o| o.is_lt(), false),
-        Le => cmp(|o| o.is_le(), false),
-        Gt => cmp(|o| o.is_gt(), false),
-        Ge => cmp(|o| o.is_ge(), false),
-        And => logic(|p, q| p && q),
-        Or => logic(|p, q| p || q),
-        Xor => logic(|p, q| p != q),
+        Eq => cmp!(|o: std::cmp::Ordering| o.is_eq(), false),
+        Ne => cmp!(|o: std::cmp::Ordering| o.is_ne(), true),
+        Lt => cmp!(|o: std::cmp::Ordering| o.is_lt(), false),
+        Le => cmp!(|o: std::cmp::Ordering| o.is_le(), false),
+        Gt => cmp!(|o: std::cmp::Ordering| o.is_gt(), false),
+        Ge => cmp!(|o: std::cmp::Ordering| o.is_ge(), false),
+        And => logic!(|p, q| p && q),
+        Or => logic!(|p, q| p || q),
+        Xor => logic!(|p: bool, q: bool| p != q),
         Add => arith!(add),
         Sub => arith!(sub),
         Mul => arith!(mul),
@@ -145,65 +338,16 @@ pub(crate) fn binary(op: BinaryOp, a: &CpuData, sa: &[usize], b: &CpuData, sb: &
     }
 }
 
-/// Evaluates `where(cond, a, b)` with three-way broadcasting.
-pub(crate) fn select(
-    c: &CpuData,
-    sc: &[usize],
-    a: &CpuData,
-    sa: &[usize],
-    b: &CpuData,
-    sb: &[usize],
-    out: &[usize],
-) -> CpuData {
-    let CpuData::Bool(cv) = c else { unreachable!("where condition is bool in a verified graph") };
-    same_all2!(a, b, x, y => select_typed(cv, sc, x, sa, y, sb, out))
-}
-
-fn select_typed<T: Copy>(
-    c: &[u8],
-    sc: &[usize],
-    a: &[T],
-    sa: &[usize],
-    b: &[T],
-    sb: &[usize],
-    out: &[usize],
-) -> Vec<T> {
-    if sc == out && sa == out && sb == out {
-        return c.iter().zip(a.iter().zip(b)).map(|(&k, (&x, &y))| if k != 0 { x } else { y }).collect();
+/// Converts with the IR's cast semantics (through [`CastVal`]).
+fn cast(from: DType, to: DType) -> BlockFn {
+    if from == to || (from == DType::Bool && to == DType::U8) {
+        let size = to.size_bytes();
+        return Box::new(move |a, d| copy(a[0], d, size));
     }
-    let n: usize = out.iter().product();
-    let mut v = Vec::with_capacity(n);
-    let (tc, ta, tb) = (broadcast_strides(sc, out), broadcast_strides(sa, out), broadcast_strides(sb, out));
-    walk(out, [&tc, &ta, &tb], |[i, j, k]| v.push(if c[i] != 0 { a[j] } else { b[k] }));
-    v
-}
-
-/// Converts `x` to `dtype` with the IR's cast semantics.
-pub(crate) fn cast(x: &CpuData, dtype: DType) -> CpuData {
-    if x.dtype() == dtype {
-        return x.clone();
+    if to == DType::Bool {
+        return any_t!(from, S => Box::new(|a, d| map1::<S, u8>(a[0], d, |x| x.to_cv().is_nonzero() as u8)));
     }
-    each_all!(x, v => cast_slice(v, dtype))
-}
-
-fn cast_slice<S: Elem>(src: &[S], dtype: DType) -> CpuData {
-    fn conv<S: Elem, D: Elem>(src: &[S]) -> Vec<D> {
-        src.iter().map(|&x| D::from_cv(x.to_cv())).collect()
-    }
-    match dtype {
-        DType::Bool => CpuData::Bool(src.iter().map(|&x| x.to_cv().is_nonzero() as u8).collect()),
-        DType::I8 => CpuData::I8(conv(src)),
-        DType::I16 => CpuData::I16(conv(src)),
-        DType::I32 => CpuData::I32(conv(src)),
-        DType::I64 => CpuData::I64(conv(src)),
-        DType::U8 => CpuData::U8(conv(src)),
-        DType::U16 => CpuData::U16(conv(src)),
-        DType::U32 => CpuData::U32(conv(src)),
-        DType::U64 => CpuData::U64(conv(src)),
-        DType::F16 => CpuData::F16(conv(src)),
-        DType::F32 => CpuData::F32(conv(src)),
-        DType::F64 => CpuData::F64(conv(src)),
-    }
+    any_t!(from, S => any_t!(to, D => Box::new(|a, d| map1::<S, D>(a[0], d, |x| D::from_cv(x.to_cv())))))
 }
 
 /// The value of a scalar as a cast intermediate.
@@ -214,4 +358,13 @@ pub(crate) fn scalar_cv(v: lazuli_ir::ScalarValue) -> CastVal {
         lazuli_ir::ScalarValue::UInt(u) => CastVal::U(u),
         lazuli_ir::ScalarValue::Bool(b) => CastVal::U(b as u64),
     }
+}
+
+/// A scalar converted to `dtype` (cast semantics), as splat bytes.
+pub(crate) fn scalar_bytes(v: lazuli_ir::ScalarValue, dtype: DType) -> [u8; 8] {
+    let cv = scalar_cv(v);
+    if dtype == DType::Bool {
+        return splat_bytes(cv.is_nonzero() as u8);
+    }
+    any_t!(dtype, T => splat_bytes(T::from_cv(cv)))
 }

@@ -1,38 +1,69 @@
-//! The interpreter: [`CpuExecutable`] and [`run`], which evaluates a
-//! verified graph node by node in its topological order.
+//! The executor of compiled graphs: [`CpuExecutable`] holds a [`Program`],
+//! an ordered list of steps built once per graph, and [`run`] executes it.
 //!
-//! Each node's value lives in an `Arc`'d [`CpuStorage`] until its last use
-//! (counted with `Graph::use_counts`), then it is dropped; `Reshape` shares
-//! its operand's storage. Outputs are returned as [`Buffer`]s sharing the
-//! same storage (no copy).
+//! Compilation takes the fusion plan of `lazuli_ir::fusion`: each
+//! elementwise kernel of the plan becomes one [`FusedLoop`] when all its
+//! nodes fuse; every other kernel runs its prologue (as fused loops where
+//! possible) and then its root through the node interpreter
+//! ([`eval_node`]). Nodes that cannot fuse are interpreted one by one; an
+//! elementwise node alone is still a one-instruction fused loop, so fused
+//! and unfused evaluation use the same kernels.
+//!
+//! Each value lives in an `Arc`'d [`CpuStorage`] until the last step that
+//! reads it, then it is dropped; `Reshape` shares its operand's storage.
+//! Outputs are returned as [`Buffer`]s sharing the same storage (no copy).
 
-use crate::storage::{CpuData, CpuStorage};
-use crate::{conv, elementwise, matmul, movement, reduce, source};
+use crate::fused::FusedLoop;
+use crate::storage::{BufferPool, CpuData, CpuStorage};
+use crate::{conv, matmul, movement, reduce, source};
 use lazuli_executor::{BackendError, BackendKind, Buffer, DeviceStorage, Executable};
-use lazuli_ir::{Graph, Op, ScalarValue, VerifiedGraph};
+use lazuli_ir::fusion::{self, FusionLimits, KernelKind};
+use lazuli_ir::{Graph, NodeId, Op, ScalarValue, VerifiedGraph};
 use std::any::Any;
 use std::sync::Arc;
 
-/// A compiled graph for the CPU backend: the verified graph itself.
+/// A compiled graph for the CPU backend: the verified graph and the
+/// program of steps that evaluates it.
 ///
-/// `kernel_count` is the number of non-leaf nodes (each is one kernel
-/// invocation of the interpreter); `kernel_sources` is empty.
-#[derive(Debug)]
+/// `kernel_count` is the number of steps (fused loops and interpreted
+/// nodes); `kernel_sources` is empty.
 pub struct CpuExecutable {
     graph: VerifiedGraph,
-    kernels: usize,
+    program: Program,
+    pool: Arc<BufferPool>,
+}
+
+impl std::fmt::Debug for CpuExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuExecutable").field("steps", &self.program.steps.len()).finish()
+    }
 }
 
 impl CpuExecutable {
-    /// Wraps a verified graph.
+    /// Compiles a verified graph into a program (with its own buffer pool).
     pub fn new(graph: VerifiedGraph) -> CpuExecutable {
-        let kernels = graph.nodes().iter().filter(|n| !n.op.is_leaf()).count();
-        CpuExecutable { graph, kernels }
+        CpuExecutable::with_pool(graph, Arc::default())
+    }
+
+    /// Compiles a verified graph whose large outputs recycle through `pool`.
+    pub(crate) fn with_pool(graph: VerifiedGraph, pool: Arc<BufferPool>) -> CpuExecutable {
+        let program = Program::compile(&graph);
+        CpuExecutable { graph, program, pool }
     }
 
     /// The graph this executable runs.
     pub fn graph(&self) -> &VerifiedGraph {
         &self.graph
+    }
+
+    /// Runs the program on `inputs` (one per parameter) and `scalars`.
+    pub fn run(&self, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
+        self.program.run(&self.graph, inputs, scalars, &self.pool)
+    }
+
+    /// How many steps are fused loops (for tests).
+    pub fn fused_loops(&self) -> usize {
+        self.program.steps.iter().filter(|s| matches!(s.kind, StepKind::Fused(_))).count()
     }
 }
 
@@ -42,7 +73,7 @@ impl Executable for CpuExecutable {
     }
 
     fn kernel_count(&self) -> usize {
-        self.kernels
+        self.program.steps.len()
     }
 
     fn kernel_sources(&self) -> Vec<(String, String)> {
@@ -50,13 +81,191 @@ impl Executable for CpuExecutable {
     }
 }
 
-fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
-    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
+/// The steps that evaluate a graph, in order.
+struct Program {
+    steps: Vec<Step>,
+    /// Per node: how many steps read it (plus one for graph outputs).
+    uses: Vec<usize>,
+}
+
+struct Step {
+    kind: StepKind,
+    /// Nodes read, deduplicated (released after their last reading step).
+    reads: Vec<NodeId>,
+}
+
+enum StepKind {
+    /// Interpret one node.
+    Node(NodeId),
+    /// A fused elementwise loop.
+    Fused(Box<FusedLoop>),
+}
+
+impl Program {
+    fn compile(graph: &Graph) -> Program {
+        let limits = FusionLimits { max_storage_buffers: 1 << 16, ..FusionLimits::default() };
+        let plan = fusion::plan(graph, &limits);
+        let mut b = ProgramBuilder { graph, steps: Vec::new(), done: vec![false; graph.len()] };
+        for k in &plan.kernels {
+            match k.kind {
+                KernelKind::Elementwise => {
+                    if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs) {
+                        b.fused(lp);
+                    } else {
+                        for &x in &k.inline {
+                            b.node(x);
+                        }
+                    }
+                }
+                KernelKind::ConcatPart { end, .. } => {
+                    let root = k.root();
+                    for &x in k.inline.iter().filter(|&&x| x != root) {
+                        b.node(x);
+                    }
+                    if end == graph.node(root).inputs.len() {
+                        b.node(root);
+                    }
+                }
+                _ => {
+                    let root = k.root();
+                    // The prologue: each inlined operand of the root as a loop.
+                    for &o in &graph.node(root).inputs {
+                        if b.done[o.index()] || !k.inline.contains(&o) {
+                            continue;
+                        }
+                        match FusedLoop::compile(graph, &k.inline, &[o]) {
+                            Some(lp) => b.fused(lp),
+                            None => b.closure(o, &k.inline),
+                        }
+                    }
+                    b.node(root);
+                }
+            }
+        }
+        let mut uses = vec![0usize; graph.len()];
+        for s in &b.steps {
+            for r in &s.reads {
+                uses[r.index()] += 1;
+            }
+        }
+        for o in &graph.outputs {
+            uses[o.index()] += 1;
+        }
+        Program { steps: b.steps, uses }
+    }
+
+    fn run(
+        &self,
+        graph: &Graph,
+        inputs: Vec<Buffer>,
+        scalars: &[ScalarValue],
+        pool: &Arc<BufferPool>,
+    ) -> Result<Vec<Buffer>, BackendError> {
+        check_inputs(graph, &inputs, scalars)?;
+        let mut uses = self.uses.clone();
+        let mut vals: Vec<Option<Arc<dyn DeviceStorage>>> = vec![None; graph.len()];
+        for (id, node) in graph.nodes().iter().enumerate() {
+            if let Op::Parameter(i) = node.op {
+                vals[id] = Some(inputs[i as usize].storage.clone());
+            }
+        }
+        for step in &self.steps {
+            match &step.kind {
+                StepKind::Node(id) => {
+                    let v = eval_node(graph, *id, &vals, scalars, pool)?;
+                    vals[id.index()] = Some(v);
+                }
+                StepKind::Fused(lp) => {
+                    let outs = lp.run(&vals, scalars, pool);
+                    for (o, d) in lp.writes().into_iter().zip(outs) {
+                        vals[o.index()] = Some(Arc::new(CpuStorage::pooled(d, pool)));
+                    }
+                }
+            }
+            for r in &step.reads {
+                let u = &mut uses[r.index()];
+                *u -= 1;
+                if *u == 0 {
+                    vals[r.index()] = None;
+                }
+            }
+        }
+        Ok(graph
+            .outputs
+            .iter()
+            .map(|o| Buffer {
+                storage: vals[o.index()].clone().expect("outputs are never released"),
+                ty: graph.node(*o).ty(),
+                kind: BackendKind::Cpu,
+            })
+            .collect())
+    }
+}
+
+struct ProgramBuilder<'g> {
+    graph: &'g Graph,
+    steps: Vec<Step>,
+    /// Nodes already computed by an earlier step (or parameters).
+    done: Vec<bool>,
+}
+
+impl ProgramBuilder<'_> {
+    fn fused(&mut self, lp: FusedLoop) {
+        for w in lp.writes() {
+            self.done[w.index()] = true;
+        }
+        let reads = lp.reads();
+        self.steps.push(Step { kind: StepKind::Fused(Box::new(lp)), reads });
+    }
+
+    /// Interprets one node (elementwise nodes as one-node loops).
+    fn node(&mut self, id: NodeId) {
+        let node = self.graph.node(id);
+        if self.done[id.index()] || matches!(node.op, Op::Parameter(_)) {
+            return;
+        }
+        if matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)) {
+            let lp = FusedLoop::compile(self.graph, &[id], &[id]).expect("a lone elementwise node always fuses");
+            return self.fused(lp);
+        }
+        let mut reads = node.inputs.clone();
+        reads.sort();
+        reads.dedup();
+        self.done[id.index()] = true;
+        self.steps.push(Step { kind: StepKind::Node(id), reads });
+    }
+
+    /// Interprets the nodes of `members` that `root` needs, in order.
+    fn closure(&mut self, root: NodeId, members: &[NodeId]) {
+        let mut need = vec![false; self.graph.len()];
+        need[root.index()] = true;
+        for &x in members.iter().rev() {
+            if need[x.index()] {
+                for i in &self.graph.node(x).inputs {
+                    need[i.index()] = true;
+                }
+            }
+        }
+        for &x in members {
+            if need[x.index()] {
+                self.node(x);
+            }
+        }
+    }
 }
 
 /// Runs `graph` on `inputs` (one per parameter) and `scalars` (one per
-/// scalar slot), returning one buffer per output.
+/// scalar slot), returning one buffer per output. Compiles the graph first;
+/// [`CpuExecutable::run`] reuses a compiled program.
 pub fn run(graph: &Graph, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
+    Program::compile(graph).run(graph, inputs, scalars, &Arc::default())
+}
+
+pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
+    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
+}
+
+fn check_inputs(graph: &Graph, inputs: &[Buffer], scalars: &[ScalarValue]) -> Result<(), BackendError> {
     if inputs.len() != graph.params.len() {
         return Err(BackendError::Execution(format!("expected {} inputs, got {}", graph.params.len(), inputs.len())));
     }
@@ -82,85 +291,58 @@ pub fn run(graph: &Graph, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Resul
             scalars.len()
         )));
     }
-    let mut uses = graph.use_counts();
-    let mut vals: Vec<Option<Arc<dyn DeviceStorage>>> = vec![None; graph.len()];
-    for (id, node) in graph.nodes().iter().enumerate() {
-        let arg = |k: usize| data(vals[node.inputs[k].index()].as_ref().expect("operands precede users"));
-        let shape = |k: usize| graph.node(node.inputs[k]).shape.dims();
-        let dims = node.shape.dims();
-        let out: Result<CpuData, BackendError> = match &node.op {
-            Op::Parameter(i) => {
-                vals[id] = Some(inputs[*i as usize].storage.clone());
-                continue;
-            }
-            Op::Reshape(_) => {
-                vals[id] = vals[node.inputs[0].index()].clone();
-                release(&mut uses, &mut vals, &node.inputs);
-                continue;
-            }
-            Op::Constant(v, dt) => Ok(source::scalar(*v, *dt)),
-            Op::ScalarParam(i) => Ok(source::scalar(scalars[*i as usize], node.dtype)),
-            Op::Iota { shape, axis, dtype } => Ok(source::iota(shape.dims(), *axis, *dtype)),
-            Op::Random { dist, .. } => {
-                let word = |k: usize| match arg(k) {
-                    CpuData::U32(v) => v[0],
-                    _ => unreachable!("random keys are u32 in a verified graph"),
-                };
-                Ok(source::random(node.shape.numel(), *dist, word(0), word(1)))
-            }
-            Op::Unary(u) => Ok(elementwise::unary(*u, arg(0))),
-            Op::Binary(b) => Ok(elementwise::binary(*b, arg(0), shape(0), arg(1), shape(1), dims)),
-            Op::Where => Ok(elementwise::select(arg(0), shape(0), arg(1), shape(1), arg(2), shape(2), dims)),
-            Op::Cast(dt) => Ok(elementwise::cast(arg(0), *dt)),
-            Op::Reduce { op, axes, .. } => Ok(reduce::reduce(*op, arg(0), shape(0), axes)),
-            Op::ArgReduce { op, axis, select_last, .. } => {
-                Ok(reduce::arg_reduce(*op, arg(0), shape(0), *axis, *select_last))
-            }
-            Op::CumSum { axis, exclusive, reverse } => {
-                Ok(reduce::cumsum(arg(0), shape(0), *axis, *exclusive, *reverse))
-            }
-            Op::Softmax { axis, log } => Ok(reduce::softmax(arg(0), shape(0), *axis, *log)),
-            Op::MatMul => Ok(matmul::matmul(arg(0), shape(0), arg(1), shape(1), dims)),
-            Op::Permute(perm) => Ok(movement::permute(arg(0), shape(0), perm)),
-            Op::Expand(_) => Ok(movement::expand(arg(0), shape(0), dims)),
-            Op::Slice { starts, steps, lens } => Ok(movement::slice(arg(0), shape(0), starts, steps, lens)),
-            Op::Concat { axis } => {
-                let parts: Vec<&CpuData> = (0..node.inputs.len()).map(arg).collect();
-                let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(shape).collect();
-                Ok(movement::concat(&parts, &shapes, *axis))
-            }
-            Op::Pad { before, after, mode } => {
-                let value = (node.inputs.len() > 1).then(|| arg(1));
-                Ok(movement::pad(arg(0), shape(0), before, after, *mode, value))
-            }
-            Op::Gather { axis } => movement::gather(arg(0), shape(0), *axis, arg(1)),
-            Op::Conv2d(c) => Ok(conv::conv2d(arg(0), shape(0), arg(1), shape(1), dims, c)),
-            Op::Pool(p) => Ok(conv::pool(arg(0), shape(0), dims, p)),
-        };
-        let out = out?;
-        debug_assert_eq!(out.dtype(), node.dtype, "{}", node.op.name());
-        debug_assert_eq!(out.len(), node.shape.numel(), "{}", node.op.name());
-        vals[id] = Some(Arc::new(CpuStorage { data: out }));
-        release(&mut uses, &mut vals, &node.inputs);
-    }
-    Ok(graph
-        .outputs
-        .iter()
-        .map(|o| Buffer {
-            storage: vals[o.index()].clone().expect("outputs are never released"),
-            ty: graph.node(*o).ty(),
-            kind: BackendKind::Cpu,
-        })
-        .collect())
+    Ok(())
 }
 
-/// Drops operand values after their last use.
-fn release(uses: &mut [usize], vals: &mut [Option<Arc<dyn DeviceStorage>>], inputs: &[lazuli_ir::NodeId]) {
-    for i in inputs {
-        let u = &mut uses[i.index()];
-        *u -= 1;
-        if *u == 0 {
-            vals[i.index()] = None;
+/// Evaluates one non-elementwise node from its operands' values.
+fn eval_node(
+    graph: &Graph,
+    id: NodeId,
+    vals: &[Option<Arc<dyn DeviceStorage>>],
+    scalars: &[ScalarValue],
+    pool: &Arc<BufferPool>,
+) -> Result<Arc<dyn DeviceStorage>, BackendError> {
+    let node = graph.node(id);
+    let arg = |k: usize| data(vals[node.inputs[k].index()].as_ref().expect("operands precede users"));
+    let shape = |k: usize| graph.node(node.inputs[k]).shape.dims();
+    let dims = node.shape.dims();
+    let out: CpuData = match &node.op {
+        Op::Reshape(_) => return Ok(vals[node.inputs[0].index()].clone().expect("operands precede users")),
+        Op::Constant(v, dt) => source::scalar(*v, *dt),
+        Op::ScalarParam(i) => source::scalar(scalars[*i as usize], node.dtype),
+        Op::Iota { shape, axis, dtype } => source::iota(shape.dims(), *axis, *dtype),
+        Op::Random { dist, .. } => {
+            let word = |k: usize| match arg(k) {
+                CpuData::U32(v) => v[0],
+                _ => unreachable!("random keys are u32 in a verified graph"),
+            };
+            source::random(node.shape.numel(), *dist, word(0), word(1))
         }
-    }
+        Op::Reduce { op, axes, .. } => reduce::reduce(*op, arg(0), shape(0), axes),
+        Op::ArgReduce { op, axis, select_last, .. } => reduce::arg_reduce(*op, arg(0), shape(0), *axis, *select_last),
+        Op::CumSum { axis, exclusive, reverse } => reduce::cumsum(arg(0), shape(0), *axis, *exclusive, *reverse),
+        Op::Softmax { axis, log } => reduce::softmax(arg(0), shape(0), *axis, *log, pool),
+        Op::MatMul => matmul::matmul(arg(0), shape(0), arg(1), shape(1), dims, pool),
+        Op::Permute(perm) => movement::permute(arg(0), shape(0), perm),
+        Op::Expand(_) => movement::expand(arg(0), shape(0), dims),
+        Op::Slice { starts, steps, lens } => movement::slice(arg(0), shape(0), starts, steps, lens),
+        Op::Concat { axis } => {
+            let parts: Vec<&CpuData> = (0..node.inputs.len()).map(arg).collect();
+            let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(shape).collect();
+            movement::concat(&parts, &shapes, *axis)
+        }
+        Op::Pad { before, after, mode } => {
+            let value = (node.inputs.len() > 1).then(|| arg(1));
+            movement::pad(arg(0), shape(0), before, after, *mode, value)
+        }
+        Op::Gather { axis } => movement::gather(arg(0), shape(0), *axis, arg(1))?,
+        Op::Conv2d(c) => conv::conv2d(arg(0), shape(0), arg(1), shape(1), dims, c),
+        Op::Pool(p) => conv::pool(arg(0), shape(0), dims, p),
+        Op::Parameter(_) | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
+            unreachable!("{} is bound or fused, never interpreted", node.op.name())
+        }
+    };
+    debug_assert_eq!(out.dtype(), node.dtype, "{}", node.op.name());
+    debug_assert_eq!(out.len(), node.shape.numel(), "{}", node.op.name());
+    Ok(Arc::new(CpuStorage::pooled(out, pool)))
 }

@@ -3,9 +3,11 @@
 //! variants; the fallback for nodes a GPU backend cannot run, the oracle of
 //! differential tests, and the default when no adapter exists.
 //!
-//! [`CpuBackend::compile`] keeps a clone of the verified graph;
-//! [`CpuBackend::execute`] interprets it node by node ([`exec`]), freeing
-//! each intermediate after its last use. Storage is [`CpuStorage`]: typed
+//! It is also an engine: [`CpuBackend::compile`] turns a verified graph
+//! into a program of fused elementwise loops (blocked, vectorizable,
+//! split over a rayon pool when large) and interpreted nodes ([`exec`]);
+//! [`CpuBackend::execute`] runs it, freeing each intermediate after its
+//! last use. Reductions, softmax and matmul have contiguous fast paths. Storage is [`CpuStorage`]: typed
 //! vectors per dtype ([`CpuData`]).
 //!
 //! Architecture invariant: nothing here panics on data. A bad gather index
@@ -16,6 +18,8 @@ mod conv;
 mod elem;
 mod elementwise;
 pub mod exec;
+mod fastmath;
+mod fused;
 mod layout;
 mod matmul;
 mod movement;
@@ -33,13 +37,14 @@ use std::sync::Arc;
 /// The CPU reference backend.
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
-    _private: (),
+    /// Large freed outputs, reused by later executions.
+    pool: Arc<storage::BufferPool>,
 }
 
 impl CpuBackend {
     /// A CPU backend.
     pub fn new() -> CpuBackend {
-        CpuBackend { _private: () }
+        CpuBackend::default()
     }
 
     /// Wraps typed data in a [`Buffer`] of type `ty` (the data's dtype and
@@ -47,7 +52,7 @@ impl CpuBackend {
     pub fn buffer(data: CpuData, ty: ValueType) -> Buffer {
         debug_assert_eq!(data.dtype(), ty.dtype);
         debug_assert_eq!(data.len(), ty.shape.numel());
-        Buffer { storage: Arc::new(CpuStorage { data }), ty, kind: BackendKind::Cpu }
+        Buffer { storage: Arc::new(CpuStorage::new(data)), ty, kind: BackendKind::Cpu }
     }
 
     /// The typed data of a CPU buffer, or `None` if another backend owns it.
@@ -90,7 +95,7 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError> {
-        Ok(Arc::new(CpuExecutable::new(graph.clone())))
+        Ok(Arc::new(CpuExecutable::with_pool(graph.clone(), self.pool.clone())))
     }
 
     fn execute(
@@ -102,7 +107,7 @@ impl Backend for CpuBackend {
         let exe = exe.as_any().downcast_ref::<CpuExecutable>().ok_or_else(|| {
             BackendError::Execution("execute: the executable was not compiled by the cpu backend".into())
         })?;
-        exec::run(exe.graph(), inputs, scalars)
+        exe.run(inputs, scalars)
     }
 }
 

@@ -4,14 +4,24 @@
 //! f32 and f64 go through `matrixmultiply`'s packed GEMM (f32 accumulation
 //! for f32); f16 is widened to f32, multiplied there and rounded back;
 //! integers use plain wrapping loops (i-p-j order, contiguous inner loop).
+//! Large products run on the rayon pool: batches split by matrix, a single
+//! matrix by row panels.
 
 use crate::elem::Num;
 use crate::layout::{broadcast_strides, walk};
-use crate::storage::CpuData;
+use crate::storage::{BufferPool, CpuData};
 use half::f16;
+use rayon::prelude::*;
 
 /// Multiplies `a` (shape `sa`) by `b` (shape `sb`) into shape `out`.
-pub(crate) fn matmul(a: &CpuData, sa: &[usize], b: &CpuData, sb: &[usize], out: &[usize]) -> CpuData {
+pub(crate) fn matmul(
+    a: &CpuData,
+    sa: &[usize],
+    b: &CpuData,
+    sb: &[usize],
+    out: &[usize],
+    pool: &BufferPool,
+) -> CpuData {
     let r = out.len();
     let (m, n) = (out[r - 2], out[r - 1]);
     let k = sa[sa.len() - 1];
@@ -22,6 +32,13 @@ pub(crate) fn matmul(a: &CpuData, sa: &[usize], b: &CpuData, sb: &[usize], out: 
     walk(batch, [&ta, &tb], |[i, j]| pairs.push((i * m * k, j * k * n)));
     let dims = Dims { m, k, n };
     match (a, b) {
+        (CpuData::F32(x), CpuData::F32(y)) if k > 0 => {
+            // GEMM with beta = 0 writes every element: a pooled buffer will do.
+            let CpuData::F32(c) = pool.take(lazuli_ir::DType::F32, pairs.len() * m * n) else {
+                unreachable!("the pool returns the dtype asked for")
+            };
+            CpuData::F32(batched_into(x, y, &pairs, dims, gemm_f32, c))
+        }
         (CpuData::F32(x), CpuData::F32(y)) => CpuData::F32(batched(x, y, &pairs, dims, gemm_f32)),
         (CpuData::F64(x), CpuData::F64(y)) => CpuData::F64(batched(x, y, &pairs, dims, gemm_f64)),
         (CpuData::F16(x), CpuData::F16(y)) => {
@@ -42,6 +59,9 @@ struct Dims {
     n: usize,
 }
 
+/// Products with fewer multiply-adds than this run on one thread.
+const PAR_FLOPS: usize = 1 << 21;
+
 fn batched<T: Num>(
     a: &[T],
     b: &[T],
@@ -49,13 +69,46 @@ fn batched<T: Num>(
     d: Dims,
     gemm: fn(&[T], &[T], &mut [T], Dims),
 ) -> Vec<T> {
+    batched_into(a, b, pairs, d, gemm, vec![T::ZERO; pairs.len() * d.m * d.n])
+}
+
+/// Like `batched`, into `out` (zeros unless the GEMM overwrites every
+/// element and `k > 0`).
+fn batched_into<T: Num>(
+    a: &[T],
+    b: &[T],
+    pairs: &[(usize, usize)],
+    d: Dims,
+    gemm: fn(&[T], &[T], &mut [T], Dims),
+    mut out: Vec<T>,
+) -> Vec<T> {
     let mn = d.m * d.n;
-    let mut out = vec![T::ZERO; pairs.len() * mn];
     if mn == 0 || d.k == 0 {
         return out;
     }
-    for (c, &(ia, ib)) in out.chunks_exact_mut(mn).zip(pairs) {
-        gemm(&a[ia..ia + d.m * d.k], &b[ib..ib + d.k * d.n], c, d);
+    let threads = rayon::current_num_threads();
+    let flops = pairs.len() * mn * d.k;
+    if threads < 2 || flops < PAR_FLOPS {
+        for (c, &(ia, ib)) in out.chunks_exact_mut(mn).zip(pairs) {
+            gemm(&a[ia..ia + d.m * d.k], &b[ib..ib + d.k * d.n], c, d);
+        }
+    } else if pairs.len() >= threads {
+        out.par_chunks_exact_mut(mn).zip(pairs).for_each(|(c, &(ia, ib))| {
+            gemm(&a[ia..ia + d.m * d.k], &b[ib..ib + d.k * d.n], c, d);
+        });
+    } else {
+        // Few large products: split each into row panels, one per thread
+        // (each panel packs its own copy of B; cheap next to the product).
+        let rows = d.m.div_ceil(threads * 2).max(1);
+        for (c, &(ia, ib)) in out.chunks_exact_mut(mn).zip(pairs) {
+            let a = &a[ia..ia + d.m * d.k];
+            let b = &b[ib..ib + d.k * d.n];
+            c.par_chunks_mut(rows * d.n).enumerate().for_each(|(p, c)| {
+                let m = c.len() / d.n;
+                let r0 = p * rows;
+                gemm(&a[r0 * d.k..(r0 + m) * d.k], b, c, Dims { m, ..d });
+            });
+        }
     }
     out
 }

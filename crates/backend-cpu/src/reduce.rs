@@ -9,11 +9,16 @@
 //!
 //! ArgMax/ArgMin treat NaN as the extreme value in both directions, like
 //! numpy: the first NaN wins (the last with `select_last`).
+//!
+//! f32 sums and means over trailing axes and f32 softmax over the last axis
+//! have contiguous fast paths (lane-parallel `f64` sums, vectorized `exp`)
+//! that split rows over the rayon pool when large.
 
 use crate::elem::{Float, Num};
 use crate::layout::{permute, split_axis};
-use crate::storage::{each_all, same_float, same_num, CpuData};
+use crate::storage::{each_all, same_float, same_num, BufferPool, CpuData};
 use lazuli_ir::{ArgReduceOp, ReduceOp};
+use rayon::prelude::*;
 
 /// Reduces `x` (shape `dims`) over sorted `axes`.
 pub(crate) fn reduce(op: ReduceOp, x: &CpuData, dims: &[usize], axes: &[usize]) -> CpuData {
@@ -32,6 +37,15 @@ pub(crate) fn reduce(op: ReduceOp, x: &CpuData, dims: &[usize], axes: &[usize]) 
             }
         });
         return CpuData::Bool(out.collect());
+    }
+    if let (CpuData::F32(v), ReduceOp::Sum | ReduceOp::Mean) = (x, op) {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) && row > 0 {
+            let mean = op == ReduceOp::Mean;
+            return CpuData::F32(par_rows(v, outer, row, |r| {
+                let s = sum_f64(r);
+                (if mean { s / r.len() as f64 } else { s }) as f32
+            }));
+        }
     }
     match op {
         ReduceOp::Mean => same_float!(x, v => {
@@ -55,6 +69,41 @@ fn row_fn<T: Num>(op: ReduceOp) -> fn(&[T]) -> T {
         ReduceOp::Min => |r| r.iter().fold(T::HIGHEST, |a, &e| T::minimum(a, e)),
         ReduceOp::Mean => unreachable!("mean is handled by reduce()"),
     }
+}
+
+/// Work (elements) below which row loops stay on one thread.
+const PAR_ELEMS: usize = 1 << 15;
+
+/// `f` of every contiguous row of `v`, rows split over the pool when large.
+fn par_rows<U: Send + Default + Clone>(v: &[f32], outer: usize, row: usize, f: impl Fn(&[f32]) -> U + Sync) -> Vec<U> {
+    let mut out = vec![U::default(); outer];
+    if v.len() < PAR_ELEMS || rayon::current_num_threads() < 2 {
+        for (o, r) in out.iter_mut().zip(v.chunks_exact(row)) {
+            *o = f(r);
+        }
+    } else {
+        let per = (PAR_ELEMS / row).max(1);
+        out.par_chunks_mut(per).zip(v.par_chunks(per * row)).for_each(|(o, x)| {
+            for (o, r) in o.iter_mut().zip(x.chunks_exact(row)) {
+                *o = f(r);
+            }
+        });
+    }
+    out
+}
+
+/// The `f64` sum of f32 elements in eight interleaved lanes (vectorizes;
+/// a reassociation of the sequential sum).
+fn sum_f64(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let rest: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v as f64;
+        }
+    }
+    acc.iter().sum::<f64>() + rest
 }
 
 fn rows<T: Copy, U>(v: &[T], outer: usize, row: usize, f: impl Fn(&[T]) -> U) -> Vec<U> {
@@ -129,9 +178,54 @@ fn cumsum_typed<T: Num>(v: &[T], outer: usize, len: usize, inner: usize, exclusi
 }
 
 /// Softmax (or log-softmax) of `x` along `axis`, max-subtracted, in `f64`.
-pub(crate) fn softmax(x: &CpuData, dims: &[usize], axis: usize, log: bool) -> CpuData {
+pub(crate) fn softmax(x: &CpuData, dims: &[usize], axis: usize, log: bool, pool: &BufferPool) -> CpuData {
     let (outer, len, inner) = split_axis(dims, axis);
+    if let (CpuData::F32(v), 1) = (x, inner) {
+        if len > 0 {
+            // Every element is written: a pooled buffer will do.
+            let CpuData::F32(out) = pool.take(lazuli_ir::DType::F32, v.len()) else {
+                unreachable!("the pool returns the dtype asked for")
+            };
+            return CpuData::F32(softmax_rows_f32(v, len, log, out));
+        }
+    }
     same_float!(x, v => softmax_typed(v, outer, len, inner, log))
+}
+
+/// Softmax of contiguous f32 rows: max, `exp` in f32 (vectorized), sum in
+/// `f64`, rows split over the pool when large.
+fn softmax_rows_f32(v: &[f32], len: usize, log: bool, mut out: Vec<f32>) -> Vec<f32> {
+    let rows = |x: &[f32], o: &mut [f32]| {
+        let mut diff = vec![0.0f32; len];
+        for (x, o) in x.chunks_exact(len).zip(o.chunks_exact_mut(len)) {
+            // NaN anywhere makes the whole row NaN, as in the reference.
+            let nan = x.iter().fold(false, |a, v| a | v.is_nan());
+            let m = if nan { f32::NAN } else { x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v)) };
+            for (d, &v) in diff.iter_mut().zip(x) {
+                *d = v - m;
+            }
+            crate::fastmath::exp(&diff, o);
+            let sum = sum_f64(o);
+            if log {
+                let lse = sum.ln() as f32;
+                for (o, &d) in o.iter_mut().zip(&diff) {
+                    *o = d - lse;
+                }
+            } else {
+                let inv = (1.0 / sum) as f32;
+                for o in o.iter_mut() {
+                    *o *= inv;
+                }
+            }
+        }
+    };
+    if v.len() < PAR_ELEMS || rayon::current_num_threads() < 2 {
+        rows(v, &mut out);
+    } else {
+        let per = (PAR_ELEMS / len).max(1) * len;
+        out.par_chunks_mut(per).zip(v.par_chunks(per)).for_each(|(o, x)| rows(x, o));
+    }
+    out
 }
 
 fn softmax_typed<T: Float>(v: &[T], outer: usize, len: usize, inner: usize, log: bool) -> Vec<T> {

@@ -11,6 +11,7 @@ use half::f16;
 use lazuli_executor::{BackendError, DeviceStorage};
 use lazuli_ir::DType;
 use std::any::Any;
+use std::sync::{Arc, Mutex};
 
 /// Tensor elements in row-major order, one variant per dtype.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,27 +117,6 @@ macro_rules! each_all {
     };
 }
 
-/// Matches two values of the same numeric variant, binding `$a` and `$b`;
-/// the body's value is returned as is.
-macro_rules! each_num2 {
-    ($x:expr, $y:expr, $a:ident, $b:ident => $body:expr) => {
-        match ($x, $y) {
-            ($crate::storage::CpuData::I8($a), $crate::storage::CpuData::I8($b)) => $body,
-            ($crate::storage::CpuData::I16($a), $crate::storage::CpuData::I16($b)) => $body,
-            ($crate::storage::CpuData::I32($a), $crate::storage::CpuData::I32($b)) => $body,
-            ($crate::storage::CpuData::I64($a), $crate::storage::CpuData::I64($b)) => $body,
-            ($crate::storage::CpuData::U8($a), $crate::storage::CpuData::U8($b)) => $body,
-            ($crate::storage::CpuData::U16($a), $crate::storage::CpuData::U16($b)) => $body,
-            ($crate::storage::CpuData::U32($a), $crate::storage::CpuData::U32($b)) => $body,
-            ($crate::storage::CpuData::U64($a), $crate::storage::CpuData::U64($b)) => $body,
-            ($crate::storage::CpuData::F16($a), $crate::storage::CpuData::F16($b)) => $body,
-            ($crate::storage::CpuData::F32($a), $crate::storage::CpuData::F32($b)) => $body,
-            ($crate::storage::CpuData::F64($a), $crate::storage::CpuData::F64($b)) => $body,
-            _ => unreachable!("operand dtypes differ in a verified graph"),
-        }
-    };
-}
-
 /// Matches two values of the same variant (bool included), wrapping the
 /// body's `Vec` in that variant.
 macro_rules! same_all2 {
@@ -179,7 +159,7 @@ macro_rules! same_all2 {
     };
 }
 
-pub(crate) use {each_all, each_num2, same_all, same_all2, same_float, same_num};
+pub(crate) use {each_all, same_all, same_all2, same_float, same_num};
 
 impl CpuData {
     /// The dtype of the elements.
@@ -208,6 +188,24 @@ impl CpuData {
     /// True when there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// `n` zeros of `dtype` (large vectors come zeroed from the OS).
+    pub(crate) fn zeros(dtype: DType, n: usize) -> CpuData {
+        match dtype {
+            DType::Bool => CpuData::Bool(vec![0; n]),
+            DType::I8 => CpuData::I8(vec![0; n]),
+            DType::I16 => CpuData::I16(vec![0; n]),
+            DType::I32 => CpuData::I32(vec![0; n]),
+            DType::I64 => CpuData::I64(vec![0; n]),
+            DType::U8 => CpuData::U8(vec![0; n]),
+            DType::U16 => CpuData::U16(vec![0; n]),
+            DType::U32 => CpuData::U32(vec![0; n]),
+            DType::U64 => CpuData::U64(vec![0; n]),
+            DType::F16 => CpuData::F16(vec![f16::ZERO; n]),
+            DType::F32 => CpuData::F32(vec![0.0; n]),
+            DType::F64 => CpuData::F64(vec![0.0; n]),
+        }
     }
 
     /// `n` copies of a value converted to `dtype` (with cast semantics).
@@ -288,10 +286,36 @@ impl CpuData {
 }
 
 /// The CPU backend's [`DeviceStorage`]: typed data in host memory.
+///
+/// Storage made by the compiled programs remembers the backend's
+/// [`BufferPool`] and returns its vector there when dropped, so a workload
+/// that allocates the same large outputs every step reuses warm memory
+/// instead of faulting in fresh pages from the OS each time.
 #[derive(Debug)]
 pub struct CpuStorage {
     /// The elements.
     pub data: CpuData,
+    pool: Option<Arc<BufferPool>>,
+}
+
+impl CpuStorage {
+    /// Storage for `data`, freed normally.
+    pub fn new(data: CpuData) -> CpuStorage {
+        CpuStorage { data, pool: None }
+    }
+
+    /// Storage whose vector goes back to `pool` when dropped.
+    pub(crate) fn pooled(data: CpuData, pool: &Arc<BufferPool>) -> CpuStorage {
+        CpuStorage { data, pool: Some(pool.clone()) }
+    }
+}
+
+impl Drop for CpuStorage {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give(std::mem::replace(&mut self.data, CpuData::Bool(Vec::new())));
+        }
+    }
 }
 
 impl DeviceStorage for CpuStorage {
@@ -301,6 +325,46 @@ impl DeviceStorage for CpuStorage {
 
     fn byte_size(&self) -> usize {
         self.data.len() * self.data.dtype().size_bytes()
+    }
+}
+
+/// Recently freed large vectors, reused for outputs of the same dtype and
+/// length. Bounded; smaller vectors are left to the allocator, which
+/// already recycles them cheaply.
+#[derive(Debug, Default)]
+pub(crate) struct BufferPool {
+    free: Mutex<Vec<CpuData>>,
+}
+
+impl BufferPool {
+    /// Vectors smaller than this are not pooled.
+    const MIN_BYTES: usize = 1 << 20;
+    /// Most bytes kept free.
+    const MAX_BYTES: usize = 512 << 20;
+
+    /// A vector of `n` elements of `dtype` whose contents are unspecified
+    /// (zeros when fresh): the caller overwrites every element.
+    pub(crate) fn take(&self, dtype: DType, n: usize) -> CpuData {
+        if n * dtype.size_bytes() >= Self::MIN_BYTES {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = free.iter().position(|d| d.dtype() == dtype && d.len() == n) {
+                return free.swap_remove(i);
+            }
+        }
+        CpuData::zeros(dtype, n)
+    }
+
+    fn give(&self, d: CpuData) {
+        let bytes = |d: &CpuData| d.len() * d.dtype().size_bytes();
+        if bytes(&d) < Self::MIN_BYTES || bytes(&d) > Self::MAX_BYTES {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.push(d);
+        // Drop the oldest until the pool fits its budget.
+        while free.iter().map(bytes).sum::<usize>() > Self::MAX_BYTES {
+            free.remove(0);
+        }
     }
 }
 

@@ -14,15 +14,26 @@
 //! unsupported and run on the CPU fallback.
 //!
 //! Supported ops: every op except `Conv2d` and `Pool` (reported
-//! unsupported). Reductions, arg-reductions, softmax and cumulative sums
-//! use one invocation per output element or line; matmul uses one
-//! invocation per output element looping over K.
+//! unsupported). Kernel forms: elementwise kernels whose values are all
+//! full-size or single elements are straight-line code over vec4 loads and
+//! stores, several vectors per invocation; others evaluate per output index
+//! (views as index math), with a two-dimensional dispatch beyond 65535
+//! workgroups. Softmax is one kernel: rows split over cooperating
+//! invocations with workgroup tree reductions on GPUs, one invocation per
+//! row (online max and sum, vec4 accesses) on software adapters. Matmul is
+//! register-blocked (8 x 8 outputs per invocation), batched. Reductions,
+//! arg-reductions and cumulative sums use one invocation per output line.
+//! [`baseline`] runs hand-written WGSL on the same device for benchmarks;
+//! per-kernel GPU times come from timestamp queries
+//! ([`WgpuBackend::set_profiling`]).
 //!
 //! Architecture invariant: this crate never sees a lazy tensor; it gets
 //! verified graphs and buffers through `lazuli_executor::Backend`.
 
 pub mod adapter;
+pub mod baseline;
 pub mod codegen;
+mod fault;
 pub mod pipeline;
 pub mod pool;
 pub mod runtime;

@@ -28,6 +28,14 @@ pub struct WgpuOptions {
     pub pool_max_free_bytes: Option<u64>,
     /// Most cached pipelines (default 1024).
     pub pipeline_cache_size: Option<usize>,
+    /// Forces row-wise kernels (softmax) to split rows over cooperating
+    /// invocations (true) or not (false); by default they cooperate except
+    /// on software adapters. Tests use it to cover both forms.
+    pub cooperative_rows: Option<bool>,
+    /// Fault injection (tests only): kernels whose name contains this
+    /// string compute a wrong value, for proving that shadow validation
+    /// catches and names them.
+    pub fault_kernel: Option<String>,
 }
 
 /// The wgpu backend.
@@ -43,7 +51,13 @@ struct Inner {
     pool: Arc<Pool>,
     pipelines: PipelineCache,
     fusion: FusionLimits,
+    lower: LowerLimits,
     max_binding: u64,
+    /// The device has `TIMESTAMP_QUERY` (per-kernel GPU times).
+    timestamps: bool,
+    /// Per-kernel GPU times `(kernel, ms)` collected while profiling.
+    profile: std::sync::Mutex<Option<Vec<(String, f64)>>>,
+    fault_kernel: Option<String>,
 }
 
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
@@ -66,7 +80,7 @@ impl WgpuBackend {
         let limits = a.limits();
         let (device, queue) = pollster::block_on(a.request_device(&wgpu::DeviceDescriptor {
             label: Some("lazuli"),
-            required_features: wgpu::Features::empty(),
+            required_features: a.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -89,7 +103,14 @@ impl WgpuBackend {
                 pool,
                 pipelines: PipelineCache::new(options.pipeline_cache_size.unwrap_or(1024)),
                 fusion: FusionLimits { max_storage_buffers: max_sb.max(3), ..FusionLimits::default() },
+                lower: LowerLimits {
+                    cooperative_rows: options.cooperative_rows.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
+                    ..LowerLimits::default()
+                },
                 max_binding,
+                timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+                profile: std::sync::Mutex::new(None),
+                fault_kernel: options.fault_kernel.clone(),
             }),
         })
     }
@@ -107,6 +128,63 @@ impl WgpuBackend {
     /// Number of cached pipelines.
     pub fn cached_pipelines(&self) -> usize {
         self.inner.pipelines.len()
+    }
+
+    /// Whether this adapter can time kernels (wgpu `TIMESTAMP_QUERY`).
+    pub fn supports_profiling(&self) -> bool {
+        self.inner.timestamps
+    }
+
+    /// Starts (or stops) collecting per-kernel GPU times: while on, every
+    /// kernel runs in its own compute pass with timestamp queries. Returns
+    /// false (and collects nothing) when the adapter cannot time kernels.
+    pub fn set_profiling(&self, on: bool) -> bool {
+        let mut p = self.inner.profile.lock().unwrap_or_else(|e| e.into_inner());
+        *p = (on && self.inner.timestamps).then(Vec::new);
+        p.is_some()
+    }
+
+    /// The per-kernel GPU times `(kernel name, ms)` collected since the
+    /// last call, in launch order.
+    pub fn take_profile(&self) -> Vec<(String, f64)> {
+        self.inner.profile.lock().unwrap_or_else(|e| e.into_inner()).as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn profiling(&self) -> bool {
+        self.inner.profile.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    fn record_profile(&self, read: &wgpu::Buffer, names: &[&str]) -> Result<(), BackendError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        read.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
+        let period = self.inner.queue.get_timestamp_period() as f64;
+        let times: Vec<u64> = {
+            let view = read.get_mapped_range(..).map_err(|e| device_err(&self.inner.name, e))?;
+            bytemuck::cast_slice::<u8, u64>(&view).to_vec()
+        };
+        read.unmap();
+        let mut p = self.inner.profile.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = p.as_mut() {
+            for (i, name) in names.iter().enumerate() {
+                let ns = times[2 * i + 1].saturating_sub(times[2 * i]) as f64 * period;
+                p.push((name.to_string(), ns / 1e6));
+            }
+        }
+        Ok(())
+    }
+
+    /// The wgpu device (for hand-written baseline kernels).
+    pub fn wgpu_device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The wgpu queue (for hand-written baseline kernels).
+    pub fn wgpu_queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
     }
 
     fn create_pipeline(&self, name: &str, w: &Wgsl) -> Result<PipelineEntry, BackendError> {
@@ -218,6 +296,23 @@ impl Executable for WgpuExecutable {
     fn kernel_sources(&self) -> Vec<(String, String)> {
         self.kernels.iter().map(|k| (k.name.clone(), k.wgsl.source.clone())).collect()
     }
+    fn kernels(&self) -> Vec<lazuli_executor::KernelInfo> {
+        self.kernels
+            .iter()
+            .zip(&self.plan.kernels)
+            .map(|(c, k)| {
+                let mut nodes: Vec<NodeId> = k.inline.iter().chain(&k.outputs).copied().collect();
+                nodes.sort();
+                nodes.dedup();
+                lazuli_executor::KernelInfo {
+                    name: c.name.clone(),
+                    source: c.wgsl.source.clone(),
+                    nodes,
+                    outputs: k.outputs.clone(),
+                }
+            })
+            .collect()
+    }
 }
 
 fn gpu_dtype(d: DType) -> bool {
@@ -291,7 +386,7 @@ impl Backend for WgpuBackend {
         let mut kernels = Vec::with_capacity(plan.kernels.len());
         for (i, k) in plan.kernels.iter().enumerate() {
             let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
-            let wgsl = codegen::lower(k, graph, &LowerLimits::default()).map_err(|e| match e {
+            let wgsl = codegen::lower(k, graph, &self.inner.lower).map_err(|e| match e {
                 LowerError::Unsupported { op, dtype } => {
                     BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
                 }
@@ -299,6 +394,10 @@ impl Backend for WgpuBackend {
                     BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
                 }
             })?;
+            let mut wgsl = wgsl;
+            if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
+                wgsl.source = crate::fault::perturb(&wgsl.source);
+            }
             crate::validate::log_source(&wgsl.source);
             validate_wgsl(&wgsl.source).map_err(|m| BackendError::Compile {
                 kernel: name.clone(),
@@ -364,37 +463,85 @@ impl Backend for WgpuBackend {
         let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
         let mut launches = 0u64;
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-            for k in &exe.kernels {
-                if k.wgsl.invocations == 0 {
-                    continue;
-                }
-                let kernel = &exe.plan.kernels[launches_index(exe, k)];
-                let mut bufs: Vec<&wgpu::Buffer> = vec![uniform.buffer()];
-                for id in kernel.inputs.iter().chain(&kernel.outputs) {
-                    let b = values.get(id).ok_or_else(|| {
-                        BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name))
-                    })?;
-                    bufs.push(self.storage(b)?.buffer());
-                }
-                let entries: Vec<wgpu::BindGroupEntry> = bufs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                    .collect();
-                let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &k.pipeline.layout,
-                    entries: &entries,
+        // Bind groups first, then encoding: one pass for the whole plan, or
+        // one pass per kernel with timestamps while profiling.
+        let mut work: Vec<(&CompiledKernel, wgpu::BindGroup, u32, u32)> = Vec::new();
+        for k in &exe.kernels {
+            if k.wgsl.invocations == 0 {
+                continue;
+            }
+            let kernel = &exe.plan.kernels[launches_index(exe, k)];
+            let mut bufs: Vec<&wgpu::Buffer> = vec![uniform.buffer()];
+            for id in kernel.inputs.iter().chain(&kernel.outputs) {
+                let b = values
+                    .get(id)
+                    .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
+                bufs.push(self.storage(b)?.buffer());
+            }
+            let entries: Vec<wgpu::BindGroupEntry> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                .collect();
+            let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &k.pipeline.layout,
+                entries: &entries,
+            });
+            let groups = k.wgsl.invocations.div_ceil(WORKGROUP_SIZE as u64);
+            let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
+            work.push((k, bg, x as u32, y as u32));
+        }
+        let profiling = self.inner.timestamps && self.profiling() && !work.is_empty();
+        let queries = profiling.then(|| {
+            let n = 2 * work.len() as u64;
+            let set = dev.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("lazuli profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n as u32,
+            });
+            let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("lazuli profile resolve"),
+                size: n * 8,
+                usage: BufferUsages::QUERY_RESOLVE | BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let read = dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("lazuli profile read"),
+                size: n * 8,
+                usage: READBACK,
+                mapped_at_creation: false,
+            });
+            (set, resolve, read)
+        });
+        if let Some((set, _, _)) = &queries {
+            for (i, (k, bg, x, y)) in work.iter().enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(&k.name),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    }),
                 });
-                let groups = k.wgsl.invocations.div_ceil(WORKGROUP_SIZE as u64);
-                let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
                 pass.set_pipeline(&k.pipeline.pipeline);
-                pass.set_bind_group(0, &bg, &[]);
-                pass.dispatch_workgroups(x as u32, y as u32, 1);
+                pass.set_bind_group(0, bg, &[]);
+                pass.dispatch_workgroups(*x, *y, 1);
                 launches += 1;
             }
+        } else {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            for (k, bg, x, y) in &work {
+                pass.set_pipeline(&k.pipeline.pipeline);
+                pass.set_bind_group(0, bg, &[]);
+                pass.dispatch_workgroups(*x, *y, 1);
+                launches += 1;
+            }
+        }
+        if let Some((set, resolve, read)) = &queries {
+            let n = 2 * work.len() as u32;
+            enc.resolve_query_set(set, 0..n, resolve, 0);
+            enc.copy_buffer_to_buffer(resolve, 0, read, 0, n as u64 * 8);
         }
         self.inner.queue.submit([enc.finish()]);
         let waited = self.wait();
@@ -408,6 +555,9 @@ impl Backend for WgpuBackend {
             return Err(BackendError::Execution(e.to_string()));
         }
         waited?;
+        if let Some((_, _, read)) = &queries {
+            self.record_profile(read, &work.iter().map(|w| w.0.name.as_str()).collect::<Vec<_>>())?;
+        }
         drop(uniform);
         g.outputs
             .iter()

@@ -493,3 +493,131 @@ fn bool_round_trip_and_unsupported_dtypes() {
     assert!(b.name().starts_with("wgpu: "));
     assert!(!lazuli_wgpu::list_adapters().is_empty());
 }
+
+fn softmax_ref(xs: &[f32], rows: usize, len: usize, log: bool) -> Vec<f32> {
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row = &xs[r * len..(r + 1) * len];
+        let m = row.iter().cloned().fold(f32::MIN, f32::max);
+        let s: f32 = row.iter().map(|v| (v - m).exp()).sum();
+        want.extend(row.iter().map(|v| if log { v - m - s.ln() } else { (v - m).exp() / s }));
+    }
+    want
+}
+
+/// Softmax in every form the generator has: vec4 rows (length divisible by
+/// 4, operand straight from a buffer), scalar rows (odd length, or a fused
+/// prologue), and rows split over cooperating invocations (the GPU form,
+/// forced here), each for softmax and log-softmax.
+#[test]
+fn softmax_all_forms() {
+    let _s = serial();
+    for coop in [false, true] {
+        let Some(b) = backend_with(WgpuOptions { cooperative_rows: Some(coop), ..Default::default() }) else { return };
+        for (rows, len) in [(5, 8), (3, 7), (70, 300)] {
+            for log in [false, true] {
+                let xs: Vec<f32> = (0..rows * len).map(|i| ((i * 37 % 101) as f32) / 25.0 - 2.0).collect();
+                let mut g = Graph::new();
+                let x = g.param(ValueType::new([rows, len], DType::F32));
+                let sm = push(&mut g, Op::Softmax { axis: 1, log }, &[x]);
+                let two = push(&mut g, Op::Constant(ScalarValue::Float(2.0), DType::F32), &[]);
+                let x2 = bin(&mut g, BinaryOp::Mul, x, two);
+                let sm2 = push(&mut g, Op::Softmax { axis: 1, log }, &[x2]);
+                g.outputs.extend([sm, sm2]);
+                let out = run_on(&b, g, &[Data::F(xs.clone())], &[]);
+                close(&f32s(&out[0]), &softmax_ref(&xs, rows, len, log), 1e-5);
+                let doubled: Vec<f32> = xs.iter().map(|v| v * 2.0).collect();
+                close(&f32s(&out[1]), &softmax_ref(&doubled, rows, len, log), 1e-5);
+            }
+        }
+    }
+}
+
+/// The straight-line elementwise form: vec4 and scalar widths, a one-element
+/// input broadcast, bool outputs, where and casts.
+#[test]
+fn straight_line_elementwise_forms() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    for n in [8usize, 10, 4096 * 9] {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([n], DType::F32));
+        let s = g.param(ValueType::new([1], DType::F32));
+        let y = bin(&mut g, BinaryOp::Mul, x, s);
+        let gt = bin(&mut g, BinaryOp::Gt, y, x);
+        let z = push(&mut g, Op::Where, &[gt, y, x]);
+        let zi = push(&mut g, Op::Cast(DType::I32), &[z]);
+        g.outputs.extend([gt, z, zi]);
+        let xs: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.5).collect();
+        let out = run_on(&b, g, &[Data::F(xs.clone()), Data::F(vec![-2.0])], &[]);
+        let gt_want: Vec<u8> = xs.iter().map(|v| (v * -2.0 > *v) as u8).collect();
+        assert_eq!(out[0], gt_want);
+        let z_want: Vec<f32> = xs.iter().map(|v| if v * -2.0 > *v { v * -2.0 } else { *v }).collect();
+        close(&f32s(&out[1]), &z_want, 0.0);
+        assert_eq!(i32s(&out[2]), z_want.iter().map(|v| *v as i32).collect::<Vec<_>>());
+    }
+}
+
+/// An indexed (non-straight-line) elementwise kernel over more than
+/// 65535 * 256 elements: the dispatch becomes two-dimensional.
+#[test]
+fn indexed_elementwise_beyond_65535_workgroups() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let (r, c) = (4100usize, 4100usize);
+    assert!((r * c) as u64 > 65535 * 256);
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([r, c], DType::F32));
+    let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+    let y = bin(&mut g, BinaryOp::Add, x, xt);
+    g.outputs.push(y);
+    let xs: Vec<f32> = (0..r * c).map(|i| (i % 1009) as f32).collect();
+    let out = f32s(&run_on(&b, g, &[Data::F(xs.clone())], &[])[0]);
+    for (i, j) in [(0, 0), (1, 2), (4099, 17), (2048, 4099), (4099, 4099)] {
+        assert_eq!(out[i * c + j], xs[i * c + j] + xs[j * c + i], "({i}, {j})");
+    }
+}
+
+/// Register-blocked matmul with sizes that leave partial blocks.
+#[test]
+fn matmul_partial_blocks() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let (bt, m, k, n) = (2usize, 13usize, 9usize, 11usize);
+    let mut g = Graph::new();
+    let a = g.param(ValueType::new([bt, m, k], DType::F32));
+    let w = g.param(ValueType::new([k, n], DType::F32));
+    let y = push(&mut g, Op::MatMul, &[a, w]);
+    g.outputs.push(y);
+    let av: Vec<f32> = (0..bt * m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+    let wv: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
+    let out = f32s(&run_on(&b, g, &[Data::F(av.clone()), Data::F(wv.clone())], &[])[0]);
+    let mut want = vec![0.0f32; bt * m * n];
+    for p in 0..bt {
+        for i in 0..m {
+            for j in 0..n {
+                want[(p * m + i) * n + j] = (0..k).map(|q| av[(p * m + i) * k + q] * wv[q * n + j]).sum();
+            }
+        }
+    }
+    close(&out, &want, 1e-6);
+}
+
+/// Online softmax must not turn leading -inf values into NaN.
+#[test]
+fn softmax_leading_neg_infinity() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    for log in [false, true] {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([2, 8], DType::F32));
+        let sm = push(&mut g, Op::Softmax { axis: 1, log }, &[x]);
+        g.outputs.push(sm);
+        let ni = f32::NEG_INFINITY;
+        let xs = vec![ni, ni, ni, ni, 1.0, 2.0, 3.0, 4.0, 0.5, ni, 1.5, ni, ni, ni, ni, 2.5];
+        let out = f32s(&run_on(&b, g, &[Data::F(xs.clone())], &[])[0]);
+        for (got, want) in out.iter().zip(softmax_ref(&xs, 2, 8, log)) {
+            assert!(got == &want || (got - want).abs() <= 1e-6, "got {out:?}, want {want}");
+        }
+    }
+}

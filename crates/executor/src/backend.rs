@@ -77,6 +77,27 @@ pub trait Executable: Send + Sync + 'static {
     /// The generated source of each kernel, as (name, source); empty for
     /// backends without generated code.
     fn kernel_sources(&self) -> Vec<(String, String)>;
+    /// Each kernel with the graph nodes it evaluates and writes, in launch
+    /// order, for shadow validation (`LAZULI_VALIDATE=cpu`) to compare
+    /// every kernel's outputs with the reference. Empty (the default) makes
+    /// validation compare whole segments instead.
+    fn kernels(&self) -> Vec<KernelInfo> {
+        Vec::new()
+    }
+}
+
+/// One kernel of an [`Executable`], as shadow validation sees it.
+#[derive(Clone, Debug)]
+pub struct KernelInfo {
+    /// The kernel name, e.g. `k2_MatMul_matmul`.
+    pub name: String,
+    /// Its generated source.
+    pub source: String,
+    /// Nodes of the compiled graph it evaluates (its fused prologue and
+    /// root), in topological order.
+    pub nodes: Vec<lazuli_ir::NodeId>,
+    /// Nodes of the compiled graph it writes to buffers.
+    pub outputs: Vec<lazuli_ir::NodeId>,
 }
 
 /// Errors a backend reports: only what a caller cannot foresee.

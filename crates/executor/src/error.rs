@@ -63,6 +63,17 @@ pub enum ExecError {
         /// The original failure.
         cause: Box<ExecError>,
     },
+    /// Shadow validation (`LAZULI_VALIDATE=cpu`, [`crate::Device::set_validate`])
+    /// found a kernel whose outputs disagree with the CPU reference backend.
+    #[error("shadow validation: kernel {kernel} disagrees with the CPU reference\n{report}")]
+    Validation {
+        /// The first disagreeing kernel (or segment, for backends that do
+        /// not list their kernels).
+        kernel: String,
+        /// Where and by how much, the kernel's IR nodes with their source
+        /// locations, and its generated source.
+        report: String,
+    },
     /// A misuse of the API that is not a shape or dtype problem.
     #[error("{op}: {detail}")]
     Invalid {

@@ -2,10 +2,39 @@
 //! scheduling, device barriers, metrics and the object-safe [`Backend`]
 //! trait.
 //!
-//! Architecture invariant: the executor knows backends only through
-//! [`Backend`]; only the facade wires concrete backends together.
+//! Data flow of one sync: ops on a [`Tensor`] record immutable lazy nodes
+//! (`lazy`); a sync point traces the pending nodes into one arena graph
+//! (`trace`), looks its structural hash up in the device's compile cache or
+//! optimizes, partitions (native / CPU fallback) and compiles it (`plan`),
+//! installs placeholders and hands the plan to the device worker
+//! (`device`), which fills them; reading a value waits on its cell.
+//!
+//! Architecture invariants: the executor knows backends only through
+//! [`Backend`]; only the executor decides when to sync; backends never see a
+//! lazy tensor.
 
+pub mod autograd;
 pub mod backend;
+pub mod debug;
+mod device;
+mod element;
+mod error;
+mod explain;
+mod fault;
+mod lazy;
 pub mod metrics;
+mod ops;
+mod optimize;
+mod plan;
+mod random;
+mod tensor;
+mod trace;
+mod validate;
 
-pub use backend::{Backend, BackendError, BackendKind, Buffer, DeviceStorage, Executable};
+pub use backend::{Backend, BackendError, BackendKind, Buffer, DeviceStorage, Executable, KernelInfo};
+pub use device::Device;
+pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
+pub use error::{ExecError, Result};
+pub use explain::CompileEntry;
+pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
+pub use tensor::{sync, Tensor, TensorState};

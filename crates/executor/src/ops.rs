@@ -286,7 +286,7 @@ impl Tensor {
     #[track_caller]
     pub fn reshape(&self, dims: impl AsRef<[isize]>) -> Result<Tensor> {
         let dims = dims.as_ref();
-        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = dims.iter().filter(|&&d| d >= 0).fold(1usize, |n, &d| n.saturating_mul(d as usize));
         let holes = dims.iter().filter(|&&d| d < 0).count();
         let bad = || {
             ExecError::Ir(IrError::Shape {
@@ -429,12 +429,16 @@ impl Tensor {
         } else {
             (norm(start).clamp(-1, n - 1), norm(end).clamp(-1, n - 1))
         };
-        let len = if step > 0 { ((e - s).max(0) + step - 1) / step } else { ((s - e).max(0) + (-step) - 1) / (-step) };
+        // In i128: `-step` and `+ step` overflow i64 for extreme steps.
+        let (s128, e128, st) = (s as i128, e as i128, step as i128);
+        let len = if st > 0 { ((e128 - s128).max(0) + st - 1) / st } else { ((s128 - e128).max(0) - st - 1) / -st } as i64;
         let mut starts = vec![0i64; self.rank()];
         let mut steps = vec![1i64; self.rank()];
         let mut lens = self.dims().to_vec();
         starts[ax] = if len > 0 { s } else { 0 };
-        steps[ax] = step;
+        // A step matters only between two elements: normalizing it keeps
+        // extreme steps (i64::MIN) out of the backends' index math.
+        steps[ax] = if len > 1 { step } else { 1 };
         lens[ax] = len as usize;
         if len == n && step == 1 {
             return Ok(self.clone());

@@ -27,6 +27,11 @@ pub(crate) struct Segment {
     pub outputs: Vec<NodeId>,
     /// The segment's own graph (for dumps).
     pub graph: Graph,
+    /// For each node of `graph`, the node of the optimized graph it copies
+    /// (shadow validation maps kernels back to source locations with it).
+    pub origin: Vec<NodeId>,
+    /// Executables shadow validation compiles for this segment on first use.
+    pub shadow: crate::validate::ShadowCache,
 }
 
 /// A compiled, cacheable plan for one graph shape.
@@ -114,14 +119,22 @@ impl Plan {
                 if members.is_empty() {
                     continue;
                 }
-                let (sg, inputs, outs) = build_segment(&optimized, &members, &seg, k, &users, &outputs_set);
+                let (sg, inputs, outs, origin) = build_segment(&optimized, &members, &seg, k, &users, &outputs_set);
                 let backend = if k % 2 == 1 { cpu } else { main };
                 let verified = sg.clone().verify().map_err(|e| BackendError::Compile {
                     kernel: format!("segment {k}"),
                     message: format!("segment graph failed verification (a bug): {e}"),
                 })?;
                 let exe = backend.compile(&verified)?;
-                segments.push(Segment { on_cpu: k % 2 == 1, exe, inputs, outputs: outs, graph: sg });
+                segments.push(Segment {
+                    on_cpu: k % 2 == 1,
+                    exe,
+                    inputs,
+                    outputs: outs,
+                    graph: sg,
+                    origin,
+                    shadow: Default::default(),
+                });
             }
         }
         let outputs = optimized
@@ -179,7 +192,7 @@ impl Plan {
 }
 
 /// Moves a buffer to `to` through host memory if another backend owns it.
-fn transfer(buf: Buffer, to: &dyn Backend, main: &dyn Backend, cpu: &dyn Backend) -> Result<Buffer, BackendError> {
+pub(crate) fn transfer(buf: Buffer, to: &dyn Backend, main: &dyn Backend, cpu: &dyn Backend) -> Result<Buffer, BackendError> {
     if buf.kind == to.kind() {
         return Ok(buf);
     }
@@ -199,7 +212,7 @@ fn build_segment(
     k: usize,
     users: &[Vec<NodeId>],
     outputs: &BTreeSet<NodeId>,
-) -> (Graph, Vec<ValueRef>, Vec<NodeId>) {
+) -> (Graph, Vec<ValueRef>, Vec<NodeId>, Vec<NodeId>) {
     let mut sg = Graph::new();
     sg.scalars = g.scalars.clone();
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
@@ -244,5 +257,9 @@ fn build_segment(
             sg.outputs.push(map[&id]);
         }
     }
-    (sg, inputs, outs)
+    let mut origin = vec![NodeId(0); sg.len()];
+    for (from, to) in &map {
+        origin[to.index()] = *from;
+    }
+    (sg, inputs, outs, origin)
 }

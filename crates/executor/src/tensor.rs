@@ -146,7 +146,7 @@ impl Tensor {
     /// A tensor from canonical little-endian bytes (see the Backend docs).
     #[track_caller]
     pub fn from_bytes(bytes: Vec<u8>, ty: ValueType, device: &Device) -> Result<Tensor> {
-        let want = ty.shape.numel() * ty.dtype.size_bytes();
+        let want = ty.shape.numel().saturating_mul(ty.dtype.size_bytes());
         if bytes.len() != want {
             return Err(ExecError::DataLength {
                 op: "from_bytes".into(),
@@ -253,10 +253,19 @@ impl Tensor {
         let nodes: Vec<Arc<LazyNode>> = operands.iter().map(|t| t.node()).collect();
         let tys: Vec<ValueType> = nodes.iter().map(|n| n.ty.clone()).collect();
         let ty = op.infer(&tys, &[], &[])?;
+        // No allocation can hold more than isize::MAX bytes: refuse such a
+        // shape here rather than fail (or overflow) in a backend later.
+        if ty.shape.numel().checked_mul(ty.dtype.size_bytes()).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(ExecError::Ir(IrError::Shape {
+                op: op.name(),
+                detail: format!("result shape {} of {} has too many elements to exist", ty.shape, ty.dtype),
+            }));
+        }
         let node = Arc::new(LazyNode::op(op, nodes, ty, location));
         let limit = max_graph_nodes();
         let over = node.size > limit && pending_count(&node) > limit;
         let t = Tensor::from_node(device, node);
+        crate::autograd::track(&t, operands);
         if over {
             metrics::inc("GraphSizeLimitHits", 1);
             device.sync_tensors(&[&t], &format!("graph size limit ({limit} nodes) at {}:{}", location.file(), location.line()))?;

@@ -729,7 +729,7 @@ impl Op {
                             format!("shapes {} and {} differ outside axis {axis}", first.shape, v.shape),
                         ));
                     }
-                    dims[*axis] += v.shape.dims()[*axis];
+                    dims[*axis] = dims[*axis].saturating_add(v.shape.dims()[*axis]);
                 }
                 Ok(ValueType::new(dims, first.dtype))
             }
@@ -764,7 +764,10 @@ impl Op {
                         ));
                     }
                 }
-                let dims: Vec<usize> = (0..s.rank()).map(|d| s.dims()[d] + before[d] + after[d]).collect();
+                // Saturating: a huge pad gives an impossible shape, which
+                // the executor refuses, instead of an overflow panic.
+                let dims: Vec<usize> =
+                    (0..s.rank()).map(|d| s.dims()[d].saturating_add(before[d]).saturating_add(after[d])).collect();
                 Ok(ValueType::new(dims, inputs[0].dtype))
             }
             Op::Gather { axis } => {

@@ -29,8 +29,13 @@ impl Shape {
     }
 
     /// Number of elements (1 for a scalar, 0 if any dimension is 0).
+    /// Saturates at `usize::MAX` instead of overflowing: such a shape can
+    /// never be materialized, and the executor refuses it at record time.
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        if self.0.contains(&0) {
+            return 0;
+        }
+        self.0.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
 
     /// Row-major (C order) strides in elements.

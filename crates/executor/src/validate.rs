@@ -1,0 +1,283 @@
+//! Shadow validation (`LAZULI_VALIDATE=cpu`, `Device::set_validate`):
+//! every plan also runs on the CPU reference backend, and the outputs of
+//! every kernel of the main backend are compared with the reference
+//! evaluation of the same nodes. The first disagreeing kernel, in launch
+//! order, becomes an [`ExecError::Validation`] returned at the barrier,
+//! naming the kernel, its IR nodes with the source locations that recorded
+//! them, and its generated source (WGSL). Fusion bugs no longer need
+//! bisecting by hand.
+//!
+//! How: a native segment is compiled once more as its *shadow*: the same
+//! graph with every kernel output also made a graph output (those nodes are
+//! materialized anyway, so the backend plans the same kernels), once for
+//! the main backend and once for the CPU. Under validation the shadow runs
+//! instead of the segment, so the intermediate buffers come back without
+//! any backend hook beyond [`Executable::kernels`]; the CPU shadow runs on
+//! the same inputs. A backend that lists no kernels is compared per
+//! segment. Comparing against the reference evaluation of the whole
+//! segment (rather than of each kernel on the main backend's inputs) means
+//! a wrong kernel also makes its users disagree; reporting the first
+//! disagreement in launch order names the culprit.
+//!
+//! Rejected alternative: asking the backend to copy every kernel output
+//! aside during a normal run. It would need a second `execute` entry point
+//! in every backend; the shadow graph needs only the kernel list.
+//!
+//! Tolerance: floats agree when `|main - cpu| <= 1e-4 + 1e-3 * |cpu|`
+//! (NaN equals NaN); integers and bools must be equal. Kernels that feed
+//! rounded values into discontinuous ops (floor, comparisons) can report a
+//! flip that is not a bug; the report shows the values.
+
+use crate::plan::{transfer, Plan, ValueRef};
+use crate::{element, Backend, BackendError, Buffer, ExecError, Executable, KernelInfo};
+use lazuli_ir::{stable_hash, DType, Graph, NodeId, Op, ScalarValue};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::panic::Location;
+use std::sync::{Arc, OnceLock};
+
+/// The shadow executables of one segment, compiled on first validated run.
+#[derive(Default)]
+pub(crate) struct ShadowCache(OnceLock<Result<Shadow, BackendError>>);
+
+struct Shadow {
+    /// The segment graph with every kernel output also a graph output
+    /// (the segment's own outputs first, in order).
+    graph: Graph,
+    main: Arc<dyn Executable>,
+    cpu: Arc<dyn Executable>,
+    /// The main shadow's kernels, or one pseudo-kernel for the segment.
+    kernels: Vec<KernelInfo>,
+}
+
+/// Runs `plan` like [`Plan::run`], validating every native segment
+/// against the CPU backend. `locations` are the source locations of the
+/// traced graph's nodes (`plan.graph`).
+pub(crate) fn run_validated(
+    plan: &Plan,
+    inputs: Vec<Buffer>,
+    scalars: &[ScalarValue],
+    main: &dyn Backend,
+    cpu: &dyn Backend,
+    locations: &[&'static Location<'static>],
+    context: &str,
+) -> Result<Vec<Buffer>, ExecError> {
+    if main.kind() == cpu.kind() {
+        // The main backend is the reference: nothing to compare.
+        return plan
+            .run(inputs, scalars, main, cpu)
+            .map_err(|source| ExecError::Backend { context: context.to_string(), source });
+    }
+    let backend_err = |source: BackendError| ExecError::Backend { context: context.to_string(), source };
+    let mut values: HashMap<NodeId, Buffer> = HashMap::new();
+    let mut sources: Option<Vec<Option<&'static Location<'static>>>> = None;
+    for (k, s) in plan.segments.iter().enumerate() {
+        let backend = if s.on_cpu { cpu } else { main };
+        let mut args = Vec::with_capacity(s.inputs.len());
+        for r in &s.inputs {
+            let buf = match r {
+                ValueRef::Param(p) => inputs[*p].clone(),
+                ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
+            };
+            args.push(transfer(buf, backend, main, cpu).map_err(backend_err)?);
+        }
+        if s.on_cpu {
+            let outs = cpu.execute(s.exe.as_ref(), args, scalars).map_err(backend_err)?;
+            values.extend(s.outputs.iter().copied().zip(outs));
+            continue;
+        }
+        let shadow = s
+            .shadow
+            .0
+            .get_or_init(|| Shadow::compile(&s.graph, s.exe.as_ref(), main, cpu))
+            .as_ref()
+            .map_err(|e| backend_err(e.clone()))?;
+        let cpu_args = args.iter().map(|b| transfer(b.clone(), cpu, main, cpu)).collect::<Result<Vec<_>, _>>();
+        let outs = main.execute(shadow.main.as_ref(), args, scalars).map_err(backend_err)?;
+        let want = cpu.execute(shadow.cpu.as_ref(), cpu_args.map_err(backend_err)?, scalars).map_err(backend_err)?;
+        crate::metrics::inc("ValidatedSegments", 1);
+        let position: HashMap<NodeId, usize> = shadow.graph.outputs.iter().enumerate().map(|(i, o)| (*o, i)).collect();
+        for (ki, kernel) in shadow.kernels.iter().enumerate() {
+            for o in &kernel.outputs {
+                let Some(&p) = position.get(o) else { continue };
+                let got = main.download(&outs[p]).map_err(backend_err)?;
+                let exp = cpu.download(&want[p]).map_err(backend_err)?;
+                let Some(diff) = compare(&got, &exp, shadow.graph.node(*o).dtype) else { continue };
+                let locs = sources.get_or_insert_with(|| source_locations(plan, locations));
+                let report = report(
+                    &ReportCtx { plan, segment: k, shadow, kernel, index: ki, node: *o, diff, main, locs, origin: &s.origin },
+                    context,
+                );
+                return Err(ExecError::Validation { kernel: kernel.name.clone(), report });
+            }
+        }
+        values.extend(s.outputs.iter().copied().zip(outs));
+    }
+    Ok(plan
+        .outputs
+        .iter()
+        .map(|r| match r {
+            ValueRef::Param(p) => inputs[*p].clone(),
+            ValueRef::Node(id) => values[id].clone(),
+        })
+        .collect())
+}
+
+impl Shadow {
+    fn compile(graph: &Graph, exe: &dyn Executable, main: &dyn Backend, cpu: &dyn Backend) -> Result<Shadow, BackendError> {
+        let mut g = graph.clone();
+        let mut kernels = exe.kernels();
+        // Expose every kernel output; recompiling must give the same
+        // kernels, but if the planner materializes a node it did not
+        // before, expose that too (a few rounds at most).
+        for _ in 0..4 {
+            for k in &kernels {
+                for o in &k.outputs {
+                    if !g.outputs.contains(o) {
+                        g.outputs.push(*o);
+                    }
+                }
+            }
+            let verified = g.clone().verify().map_err(|e| BackendError::Compile {
+                kernel: "shadow validation".into(),
+                message: format!("shadow graph failed verification (a bug): {e}"),
+            })?;
+            let m = main.compile(&verified)?;
+            kernels = m.kernels();
+            if kernels.is_empty() {
+                // Per-segment comparison for backends that list no kernels.
+                let sources = m.kernel_sources();
+                kernels = vec![KernelInfo {
+                    name: "segment".into(),
+                    source: sources.iter().map(|(n, s)| format!("// {n}\n{s}")).collect::<Vec<_>>().join("\n"),
+                    nodes: g.ids().filter(|id| !is_leaf(&g.node(*id).op)).collect(),
+                    outputs: graph.outputs.clone(),
+                }];
+            }
+            if kernels.iter().all(|k| k.outputs.iter().all(|o| g.outputs.contains(o))) {
+                let verified = g.clone().verify().map_err(|e| BackendError::Compile {
+                    kernel: "shadow validation".into(),
+                    message: format!("shadow graph failed verification (a bug): {e}"),
+                })?;
+                let c = cpu.compile(&verified)?;
+                return Ok(Shadow { graph: g, main: m, cpu: c, kernels });
+            }
+        }
+        Err(BackendError::Compile {
+            kernel: "shadow validation".into(),
+            message: "the kernel plan kept changing as kernel outputs were exposed".into(),
+        })
+    }
+}
+
+fn is_leaf(op: &Op) -> bool {
+    matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_))
+}
+
+/// The first disagreement between two buffers' canonical bytes.
+struct Diff {
+    index: usize,
+    got: ScalarValue,
+    want: ScalarValue,
+    count: usize,
+    numel: usize,
+}
+
+fn compare(got: &[u8], want: &[u8], dtype: DType) -> Option<Diff> {
+    let numel = want.len() / dtype.size_bytes().max(1);
+    let mut first = None;
+    let mut count = 0;
+    for i in 0..numel {
+        let (g, w) = (element::read_scalar(got, dtype, i), element::read_scalar(want, dtype, i));
+        let same = if dtype.is_float() {
+            let (g, w) = (g.as_f64(), w.as_f64());
+            (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= 1e-4 + 1e-3 * w.abs()
+        } else {
+            let b = dtype.size_bytes();
+            got.get(i * b..(i + 1) * b) == want.get(i * b..(i + 1) * b)
+        };
+        if !same {
+            count += 1;
+            first.get_or_insert((i, g, w));
+        }
+    }
+    first.map(|(index, got, want)| Diff { index, got, want, count, numel })
+}
+
+/// For each node of the optimized graph, the source location of the traced
+/// node it comes from, matched by structure (op, type and operands; the
+/// passes keep parameter and scalar numbering). Nodes a pass created have
+/// none.
+fn source_locations(plan: &Plan, locations: &[&'static Location<'static>]) -> Vec<Option<&'static Location<'static>>> {
+    let keys = |g: &Graph| -> Vec<u64> {
+        let mut k: Vec<u64> = Vec::with_capacity(g.len());
+        for n in g.nodes() {
+            let ins: Vec<u64> = n.inputs.iter().map(|i| k[i.index()]).collect();
+            k.push(stable_hash(&(&n.op, ins, &n.shape, n.dtype)));
+        }
+        k
+    };
+    let mut traced: HashMap<u64, usize> = HashMap::new();
+    for (i, k) in keys(&plan.graph).into_iter().enumerate() {
+        traced.entry(k).or_insert(i);
+    }
+    keys(&plan.optimized).into_iter().map(|k| traced.get(&k).and_then(|&i| locations.get(i).copied())).collect()
+}
+
+struct ReportCtx<'a> {
+    plan: &'a Plan,
+    segment: usize,
+    shadow: &'a Shadow,
+    kernel: &'a KernelInfo,
+    index: usize,
+    node: NodeId,
+    diff: Diff,
+    main: &'a dyn Backend,
+    locs: &'a [Option<&'static Location<'static>>],
+    origin: &'a [NodeId],
+}
+
+fn report(r: &ReportCtx<'_>, context: &str) -> String {
+    let g = &r.shadow.graph;
+    let mut s = String::new();
+    let d = &r.diff;
+    let n = g.node(r.node);
+    let _ = writeln!(
+        s,
+        "{context}\nsegment {} of {}, on {}; kernel {} ({} of {} in launch order)",
+        r.segment,
+        r.plan.segments.len(),
+        r.main.name(),
+        r.kernel.name,
+        r.index + 1,
+        r.shadow.kernels.len()
+    );
+    let _ = writeln!(
+        s,
+        "output %{} ({} {}{}): {} of {} elements differ; first at flat index {}: {} gives {:?}, the CPU reference {:?}",
+        r.node.0,
+        n.op.name(),
+        n.dtype,
+        n.shape,
+        d.count,
+        d.numel,
+        d.index,
+        r.main.kind(),
+        d.got,
+        d.want
+    );
+    let _ = writeln!(s, "IR nodes of the kernel:");
+    for id in &r.kernel.nodes {
+        let n = g.node(*id);
+        let args: Vec<String> = n.inputs.iter().map(|i| format!("%{}", i.0)).collect();
+        let loc = r
+            .origin
+            .get(id.index())
+            .and_then(|o| r.locs.get(o.index()).copied().flatten())
+            .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
+            .unwrap_or_else(|| "(no source location: made by an optimization pass)".into());
+        let _ = writeln!(s, "  %{} = {:?}({}) : {}{}    at {loc}", id.0, n.op, args.join(", "), n.dtype, n.shape);
+    }
+    let _ = writeln!(s, "kernel source:\n{}", r.kernel.source);
+    s
+}

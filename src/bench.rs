@@ -1,0 +1,683 @@
+//! The benchmark harness behind `lazuli bench` and the criterion benches:
+//! the workloads of `WORKLOADS.md` (W1–W6) on a device, and the baselines
+//! they are judged against, measured in the same process.
+//!
+//! Each workload builds its input once, outside the timed loop, runs 3
+//! warm-up iterations, then at least 10 timed ones; every iteration ends at
+//! a device barrier ([`Device::wait`]). A [`BenchResult`] reports median,
+//! min and max, the throughput where the workload defines one, and the
+//! kernels launched per iteration (the `KernelLaunches` counter delta).
+//!
+//! Baselines: [`memcpy`] (a plain copy of a 64 MiB f32 buffer, read + write
+//! GB/s), and on wgpu the hand-written kernels of `shaders/` run through
+//! [`lazuli_wgpu::baseline::Baseline`] on the same adapter: a vec4 kernel
+//! for W1 and a naive one-thread-per-output matmul for W2.
+
+use crate::nn::{self, Module};
+use crate::optim::{Optimizer, Sgd};
+use crate::{metrics, Device, ExecError, Result, Tensor};
+use lazuli_wgpu::baseline::{Baseline, BaselineBinding, MATMUL_NAIVE, W1_VEC4};
+use lazuli_wgpu::{WgpuBackend, WgpuOptions};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A workload of `WORKLOADS.md`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Elementwise chain over f32 [4096, 4096].
+    W1,
+    /// Matmul 1024³.
+    W2,
+    /// Softmax over the last dim of f32 [4096, 1024].
+    W3,
+    /// MLP training step (64 -> 256 -> 10, batch 256, SGD).
+    W4,
+    /// 100 tiny ops on f32 [1024], then sync.
+    W5,
+    /// Cold compile: first sync of W1 and of W4 on a fresh device.
+    W6,
+}
+
+impl Workload {
+    /// Every workload, in order.
+    pub const ALL: [Workload; 6] = [Workload::W1, Workload::W2, Workload::W3, Workload::W4, Workload::W5, Workload::W6];
+
+    /// Parses "W1" .. "W6" (case-insensitive).
+    pub fn parse(s: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
+    }
+
+    /// "W1" .. "W6".
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::W1 => "W1",
+            Workload::W2 => "W2",
+            Workload::W3 => "W3",
+            Workload::W4 => "W4",
+            Workload::W5 => "W5",
+            Workload::W6 => "W6",
+        }
+    }
+}
+
+/// How many iterations to run.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchConfig {
+    /// Untimed iterations first (3 by the workload rules).
+    pub warmup: usize,
+    /// Timed iterations (at least 10 by the workload rules).
+    pub iterations: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig { warmup: 3, iterations: 10 }
+    }
+}
+
+/// One measured row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchResult {
+    /// Workload or baseline name ("W1", "memcpy", "W1 vec4 baseline" ...).
+    pub workload: String,
+    /// "cpu", "wgpu" or "host".
+    pub device: String,
+    /// Median time per iteration, ms.
+    pub median_ms: f64,
+    /// Fastest iteration, ms.
+    pub min_ms: f64,
+    /// Slowest iteration, ms.
+    pub max_ms: f64,
+    /// Bytes read + written per median time, where defined.
+    pub gbps: Option<f64>,
+    /// 2·n³ per median time, where defined.
+    pub gflops: Option<f64>,
+    /// Kernels launched per iteration (None for baselines and CPU work
+    /// that launches none).
+    pub kernels: Option<f64>,
+    /// A remark ("µs per op", "not supported" ...).
+    pub note: Option<String>,
+}
+
+impl BenchResult {
+    fn from_times(workload: &str, device: &str, times: &[Duration]) -> BenchResult {
+        let mut ms: Vec<f64> = times.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        let median = if ms.is_empty() { f64::NAN } else { ms[ms.len() / 2] };
+        BenchResult {
+            workload: workload.to_string(),
+            device: device.to_string(),
+            median_ms: median,
+            min_ms: ms.first().copied().unwrap_or(f64::NAN),
+            max_ms: ms.last().copied().unwrap_or(f64::NAN),
+            gbps: None,
+            gflops: None,
+            kernels: None,
+            note: None,
+        }
+    }
+
+    fn with_bytes(mut self, bytes: f64) -> BenchResult {
+        self.gbps = Some(bytes / (self.median_ms * 1e-3) / 1e9);
+        self
+    }
+
+    fn with_flops(mut self, flops: f64) -> BenchResult {
+        self.gflops = Some(flops / (self.median_ms * 1e-3) / 1e9);
+        self
+    }
+
+    /// The row as a JSON object: `workload`, `device`, `median_ms`,
+    /// `min_ms`, `max_ms`, `gbps` or `gflops` where defined, `kernels`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut o = serde_json::Map::new();
+        o.insert("workload".into(), self.workload.clone().into());
+        o.insert("device".into(), self.device.clone().into());
+        o.insert("median_ms".into(), self.median_ms.into());
+        o.insert("min_ms".into(), self.min_ms.into());
+        o.insert("max_ms".into(), self.max_ms.into());
+        if let Some(g) = self.gbps {
+            o.insert("gbps".into(), g.into());
+        }
+        if let Some(g) = self.gflops {
+            o.insert("gflops".into(), g.into());
+        }
+        o.insert("kernels".into(), self.kernels.map_or(serde_json::Value::Null, Into::into));
+        if let Some(n) = &self.note {
+            o.insert("note".into(), n.clone().into());
+        }
+        serde_json::Value::Object(o)
+    }
+}
+
+/// A device to benchmark: a wgpu device keeps its concrete backend, for
+/// the baselines and for profiling.
+#[derive(Clone)]
+pub struct BenchDevice {
+    /// The device.
+    pub device: Device,
+    /// "cpu" or "wgpu".
+    pub label: &'static str,
+    /// The wgpu backend behind `device`, if it is a wgpu device.
+    pub wgpu: Option<Arc<WgpuBackend>>,
+}
+
+impl BenchDevice {
+    /// A fresh CPU device.
+    pub fn cpu() -> BenchDevice {
+        BenchDevice { device: <Device as crate::DeviceExt>::cpu(), label: "cpu", wgpu: None }
+    }
+
+    /// A fresh wgpu device on the default adapter (its own wgpu device,
+    /// pipeline cache and compile cache).
+    pub fn wgpu() -> Result<BenchDevice> {
+        let backend = Arc::new(
+            WgpuBackend::new(WgpuOptions::default())
+                .map_err(|source| ExecError::Backend { context: "opening the wgpu adapter".into(), source })?,
+        );
+        let cpu = <Device as crate::DeviceExt>::cpu().backend().clone();
+        let device = Device::new(backend.clone(), cpu);
+        Ok(BenchDevice { device, label: "wgpu", wgpu: Some(backend) })
+    }
+
+    /// A fresh device of the same kind (cold caches).
+    pub fn fresh(&self) -> Result<BenchDevice> {
+        if self.wgpu.is_some() {
+            BenchDevice::wgpu()
+        } else {
+            Ok(BenchDevice::cpu())
+        }
+    }
+}
+
+/// Deterministic data uniform in [-1, 1].
+pub fn uniform_data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Times `iteration` (warm-up first); returns the durations and the
+/// kernels launched per timed iteration.
+pub fn time_iterations(cfg: &BenchConfig, mut iteration: impl FnMut() -> Result<()>) -> Result<(Vec<Duration>, f64)> {
+    for _ in 0..cfg.warmup {
+        iteration()?;
+    }
+    let before = metrics::counter("KernelLaunches");
+    let mut times = Vec::with_capacity(cfg.iterations);
+    for _ in 0..cfg.iterations.max(1) {
+        let t = Instant::now();
+        iteration()?;
+        times.push(t.elapsed());
+    }
+    let launches = metrics::counter("KernelLaunches") - before;
+    Ok((times, launches as f64 / cfg.iterations.max(1) as f64))
+}
+
+/// W1's chain: `tanh(relu(x * 1.5 + 0.5) - 0.25) * 2.0`.
+pub fn w1_chain(x: &Tensor) -> Result<Tensor> {
+    x.mul_scalar(1.5)?.add_scalar(0.5)?.relu()?.sub_scalar(0.25)?.tanh()?.mul_scalar(2.0)
+}
+
+/// W1's input on `dev`, already on the device.
+pub fn w1_input(dev: &Device) -> Result<Tensor> {
+    let x = Tensor::from_slice(&uniform_data(4096 * 4096, 1), [4096, 4096], dev)?;
+    // Upload outside the timed loop.
+    x.relu()?.sum(&[], false)?.sync()?;
+    dev.wait()?;
+    Ok(x)
+}
+
+/// One W1 iteration: record, sync, wait.
+pub fn w1_step(x: &Tensor) -> Result<()> {
+    w1_chain(x)?.sync()?;
+    x.device().wait()
+}
+
+/// The W2 operands (f32 [1024, 1024] each), on the device.
+pub fn w2_inputs(dev: &Device) -> Result<(Tensor, Tensor)> {
+    let a = Tensor::from_slice(&uniform_data(1024 * 1024, 2), [1024, 1024], dev)?;
+    let b = Tensor::from_slice(&uniform_data(1024 * 1024, 3), [1024, 1024], dev)?;
+    a.add(&b)?.sync()?;
+    dev.wait()?;
+    Ok((a, b))
+}
+
+/// One W2 iteration.
+pub fn w2_step(a: &Tensor, b: &Tensor) -> Result<()> {
+    a.matmul(b)?.sync()?;
+    a.device().wait()
+}
+
+/// The W3 input (f32 [4096, 1024]), on the device.
+pub fn w3_input(dev: &Device) -> Result<Tensor> {
+    let x = Tensor::from_slice(&uniform_data(4096 * 1024, 4), [4096, 1024], dev)?;
+    x.relu()?.sync()?;
+    dev.wait()?;
+    Ok(x)
+}
+
+/// One W3 iteration.
+pub fn w3_step(x: &Tensor) -> Result<()> {
+    x.softmax(-1)?.sync()?;
+    x.device().wait()
+}
+
+/// W4's model, optimizer and data.
+pub struct Mlp {
+    l1: nn::Linear,
+    l2: nn::Linear,
+    opt: Sgd,
+    x: Tensor,
+    labels: Tensor,
+}
+
+impl Mlp {
+    /// Linear(64, 256) -> ReLU -> Linear(256, 10), SGD lr 0.1, input
+    /// [256, 64], integer labels [256].
+    pub fn new(dev: &Device) -> Result<Mlp> {
+        let l1 = nn::Linear::new(64, 256, dev)?;
+        let l2 = nn::Linear::new(256, 10, dev)?;
+        let mut params = l1.parameters();
+        params.extend(l2.parameters());
+        let opt = Sgd::new(params, 0.1);
+        let x = Tensor::from_slice(&uniform_data(256 * 64, 5), [256, 64], dev)?;
+        let labels: Vec<i32> = (0..256).map(|i| (i * 7 % 10) as i32).collect();
+        let labels = Tensor::from_slice(&labels, [256], dev)?;
+        Ok(Mlp { l1, l2, opt, x, labels })
+    }
+
+    /// One training step: forward, cross-entropy, backward, SGD update,
+    /// `mark_step`, wait. Returns the (lazy, now computed) loss.
+    pub fn step(&mut self) -> Result<Tensor> {
+        self.opt.zero_grad();
+        let h = nn::relu(&self.l1.forward(&self.x)?)?;
+        let logits = self.l2.forward(&h)?;
+        let loss = nn::cross_entropy(&logits, &self.labels)?;
+        loss.backward()?;
+        self.opt.step()?;
+        let dev = self.x.device().clone();
+        dev.mark_step()?;
+        dev.wait()?;
+        Ok(loss)
+    }
+}
+
+/// The W5 input (f32 [1024]).
+pub fn w5_input(dev: &Device) -> Result<Tensor> {
+    let x = Tensor::from_slice(&uniform_data(1024, 6), [1024], dev)?;
+    x.relu()?.sync()?;
+    dev.wait()?;
+    Ok(x)
+}
+
+/// One W5 iteration: 100 times `x = x * 1.0001 + 0.0001`, sync, wait.
+pub fn w5_step(x: &Tensor) -> Result<Tensor> {
+    let mut y = x.clone();
+    for _ in 0..100 {
+        y = y.mul_scalar(1.0001)?.add_scalar(0.0001)?;
+    }
+    y.sync()?;
+    x.device().wait()?;
+    Ok(y)
+}
+
+/// Runs workload `w` on `bd`, returning its rows (W6 gives two).
+pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig) -> Result<Vec<BenchResult>> {
+    let dev = &bd.device;
+    let label = bd.label;
+    let row = |name: &str, (times, kernels): (Vec<Duration>, f64)| {
+        let mut r = BenchResult::from_times(name, label, &times);
+        r.kernels = Some(kernels);
+        r
+    };
+    Ok(match w {
+        Workload::W1 => {
+            let x = w1_input(dev)?;
+            let bytes = 2.0 * 4.0 * x.numel() as f64;
+            vec![row("W1", time_iterations(cfg, || w1_step(&x))?).with_bytes(bytes)]
+        }
+        Workload::W2 => {
+            let (a, b) = w2_inputs(dev)?;
+            vec![row("W2", time_iterations(cfg, || w2_step(&a, &b))?).with_flops(2.0 * 1024f64.powi(3))]
+        }
+        Workload::W3 => {
+            let x = w3_input(dev)?;
+            let bytes = 2.0 * 4.0 * x.numel() as f64;
+            vec![row("W3", time_iterations(cfg, || w3_step(&x))?).with_bytes(bytes)]
+        }
+        Workload::W4 => {
+            let mut mlp = Mlp::new(dev)?;
+            vec![row("W4", time_iterations(cfg, || mlp.step().map(drop))?)]
+        }
+        Workload::W5 => {
+            let x = w5_input(dev)?;
+            let mut r = row("W5", time_iterations(cfg, || w5_step(&x).map(drop))?);
+            r.note = Some(format!("{:.2} µs per op", r.median_ms * 1e3 / 100.0));
+            vec![r]
+        }
+        Workload::W6 => {
+            // A fresh device per run: empty compile cache and, on wgpu, an
+            // empty pipeline cache. Fewer runs: each compiles from scratch.
+            let runs = cfg.iterations.clamp(1, 3);
+            let mut w1 = Vec::new();
+            let mut w4 = Vec::new();
+            for _ in 0..runs {
+                let fresh = bd.fresh()?;
+                let x = w1_input(&fresh.device)?;
+                let t = Instant::now();
+                w1_step(&x)?;
+                w1.push(t.elapsed());
+                let mut mlp = Mlp::new(&fresh.device)?;
+                let t = Instant::now();
+                mlp.step()?;
+                w4.push(t.elapsed());
+            }
+            let mut a = BenchResult::from_times("W6 (W1 cold)", label, &w1);
+            a.note = Some(format!("{runs} fresh devices"));
+            let mut b = BenchResult::from_times("W6 (W4 cold)", label, &w4);
+            b.note = a.note.clone();
+            vec![a, b]
+        }
+    })
+}
+
+/// The memcpy baseline: copies of a 64 MiB f32 buffer; GB/s counts read
+/// plus write.
+pub fn memcpy(cfg: &BenchConfig) -> BenchResult {
+    let n = 16 << 20;
+    let src = uniform_data(n, 7);
+    let mut dst = vec![0f32; n];
+    let mut times = Vec::new();
+    for i in 0..cfg.warmup + cfg.iterations.max(1) {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        if i >= cfg.warmup {
+            times.push(t.elapsed());
+        }
+    }
+    BenchResult::from_times("memcpy 64 MiB", "host", &times).with_bytes(2.0 * 4.0 * n as f64)
+}
+
+/// The hand-written W1 vec4 kernel on the backend's adapter.
+pub fn w1_vec4_baseline(backend: &WgpuBackend, cfg: &BenchConfig) -> Result<BenchResult> {
+    let n = 4096 * 4096;
+    let x = uniform_data(n, 1);
+    let mut u: Vec<u32> = vec![(n / 4) as u32];
+    u.extend([1.5f32, 0.5, 0.25, 2.0].map(f32::to_bits));
+    u.extend([0u32; 3]);
+    let groups = ((n / 4) as u32).div_ceil(256);
+    let b = Baseline::new(
+        backend,
+        W1_VEC4,
+        &[
+            BaselineBinding::Uniform(u32_bytes(&u)),
+            BaselineBinding::Input(f32_bytes(&x)),
+            BaselineBinding::Output(4 * n as u64),
+        ],
+        [groups.min(65535), groups.div_ceil(65535), 1],
+    )
+    .map_err(|source| ExecError::Backend { context: "W1 vec4 baseline".into(), source })?;
+    let times = b
+        .time(cfg.warmup, cfg.iterations)
+        .map_err(|source| ExecError::Backend { context: "W1 vec4 baseline".into(), source })?;
+    let mut r = BenchResult::from_times("W1 vec4 baseline", "wgpu", &times).with_bytes(8.0 * n as f64);
+    r.kernels = Some(1.0);
+    Ok(r)
+}
+
+/// The naive one-thread-per-output matmul on the backend's adapter
+/// (1 warm-up, 3 timed runs: it is slow on software adapters).
+pub fn matmul_naive_baseline(backend: &WgpuBackend, cfg: &BenchConfig) -> Result<BenchResult> {
+    let m = 1024u32;
+    let a = uniform_data((m * m) as usize, 2);
+    let bm = uniform_data((m * m) as usize, 3);
+    let b = Baseline::new(
+        backend,
+        MATMUL_NAIVE,
+        &[
+            BaselineBinding::Uniform(u32_bytes(&[m, m, m, 0])),
+            BaselineBinding::Input(f32_bytes(&a)),
+            BaselineBinding::Input(f32_bytes(&bm)),
+            BaselineBinding::Output(4 * (m * m) as u64),
+        ],
+        [m / 16, m / 16, 1],
+    )
+    .map_err(|source| ExecError::Backend { context: "W2 naive baseline".into(), source })?;
+    let times = b
+        .time(cfg.warmup.min(1), cfg.iterations.min(3))
+        .map_err(|source| ExecError::Backend { context: "W2 naive baseline".into(), source })?;
+    let mut r = BenchResult::from_times("W2 naive baseline", "wgpu", &times).with_flops(2.0 * (m as f64).powi(3));
+    r.kernels = Some(1.0);
+    Ok(r)
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Per-kernel GPU times of `iterations` runs of workload `w` on a wgpu
+/// device: `(kernel, total ms, share of the total)`, largest first; `None`
+/// when the adapter has no timestamp queries.
+pub fn profile(w: Workload, bd: &BenchDevice, iterations: usize) -> Result<Option<Vec<(String, f64, f64)>>> {
+    let Some(backend) = &bd.wgpu else { return Ok(None) };
+    if !backend.supports_profiling() {
+        return Ok(None);
+    }
+    let cfg = BenchConfig { warmup: 1, iterations: 0 };
+    // Warm up (compile) without profiling, then profile.
+    let dev = &bd.device;
+    let mut body: Box<dyn FnMut() -> Result<()>> = match w {
+        Workload::W1 | Workload::W6 => {
+            let x = w1_input(dev)?;
+            Box::new(move || w1_step(&x))
+        }
+        Workload::W2 => {
+            let (a, b) = w2_inputs(dev)?;
+            Box::new(move || w2_step(&a, &b))
+        }
+        Workload::W3 => {
+            let x = w3_input(dev)?;
+            Box::new(move || w3_step(&x))
+        }
+        Workload::W4 => {
+            let mut mlp = Mlp::new(dev)?;
+            Box::new(move || mlp.step().map(drop))
+        }
+        Workload::W5 => {
+            let x = w5_input(dev)?;
+            Box::new(move || w5_step(&x).map(drop))
+        }
+    };
+    for _ in 0..cfg.warmup {
+        body()?;
+    }
+    backend.set_profiling(true);
+    for _ in 0..iterations.max(1) {
+        body()?;
+    }
+    let samples = backend.take_profile();
+    backend.set_profiling(false);
+    let mut totals: Vec<(String, f64)> = Vec::new();
+    for (name, ms) in samples {
+        match totals.iter_mut().find(|(n, _)| *n == name) {
+            Some(t) => t.1 += ms,
+            None => totals.push((name, ms)),
+        }
+    }
+    let all: f64 = totals.iter().map(|t| t.1).sum();
+    totals.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(Some(totals.into_iter().map(|(n, ms)| (n, ms, if all > 0.0 { ms / all } else { 0.0 })).collect()))
+}
+
+/// `lazuli bench [W1 ...] [--device cpu|wgpu|all] [--json] [--profile]
+/// [--iterations N]`: runs the workloads (all by default) and the baselines
+/// on the chosen devices (default all), with a progress bar on stderr, and
+/// prints a table, or a JSON array with `--json`. `--profile` adds the
+/// per-kernel GPU times of each workload on wgpu (timestamp queries).
+pub fn cli(args: &[String]) -> std::result::Result<(), String> {
+    let mut workloads = Vec::new();
+    let (mut cpu, mut wgpu) = (true, true);
+    let (mut json, mut profile_on) = (false, false);
+    let mut cfg = BenchConfig::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--device" => match it.next().map(String::as_str) {
+                Some("cpu") => (cpu, wgpu) = (true, false),
+                Some("wgpu") => (cpu, wgpu) = (false, true),
+                Some("all") => (cpu, wgpu) = (true, true),
+                other => return Err(format!("--device takes cpu, wgpu or all, got {other:?}")),
+            },
+            "--json" => json = true,
+            "--profile" => profile_on = true,
+            "--iterations" => {
+                cfg.iterations = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or("--iterations takes a positive number")?;
+            }
+            w => workloads.push(Workload::parse(w).ok_or_else(|| format!("unknown workload or option {w:?}"))?),
+        }
+    }
+    if workloads.is_empty() {
+        workloads = Workload::ALL.to_vec();
+    }
+    let mut devices = Vec::new();
+    if cpu {
+        devices.push(BenchDevice::cpu());
+    }
+    if wgpu {
+        match BenchDevice::wgpu() {
+            Ok(d) => devices.push(d),
+            Err(e) if cpu => eprintln!("lazuli bench: no wgpu device ({e}); CPU only"),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let has = |w: Workload| workloads.contains(&w);
+    let wgpu_dev = devices.iter().find_map(|d| d.wgpu.clone());
+    let steps = 1
+        + workloads.len() * devices.len()
+        + wgpu_dev.as_ref().map_or(0, |_| has(Workload::W1) as usize + has(Workload::W2) as usize);
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    bar.set_message("memcpy");
+    rows.push(memcpy(&cfg));
+    bar.inc(1);
+    if let Some(b) = &wgpu_dev {
+        if has(Workload::W1) {
+            bar.set_message("W1 vec4 baseline (wgpu)");
+            rows.push(w1_vec4_baseline(b, &cfg).map_err(|e| e.to_string())?);
+            bar.inc(1);
+        }
+        if has(Workload::W2) {
+            bar.set_message("W2 naive baseline (wgpu)");
+            rows.push(matmul_naive_baseline(b, &cfg).map_err(|e| e.to_string())?);
+            bar.inc(1);
+        }
+    }
+    let mut profiles = Vec::new();
+    for d in &devices {
+        for &w in &workloads {
+            bar.set_message(format!("{} ({})", w.name(), d.label));
+            rows.extend(run_workload(w, d, &cfg).map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?);
+            if profile_on && d.wgpu.is_some() && w != Workload::W6 {
+                profiles.push((w, profile(w, d, 3).map_err(|e| e.to_string())?));
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    if json {
+        let arr: Vec<serde_json::Value> = rows.iter().map(BenchResult::to_json).collect();
+        println!("{}", serde_json::Value::Array(arr));
+    } else {
+        if let Some(b) = &wgpu_dev {
+            println!("wgpu adapter: {}", lazuli_executor::Backend::name(b.as_ref()));
+        }
+        print!("{}", table(&rows));
+        print!("{}", ratios(&rows));
+    }
+    if profile_on {
+        if profiles.is_empty() && wgpu_dev.is_none() {
+            println!("profile: no wgpu device");
+        }
+        for (w, p) in profiles {
+            match p {
+                None => println!("profile {}: timestamp queries not supported by this adapter", w.name()),
+                Some(k) => {
+                    println!("profile {} (GPU time over 3 iterations):", w.name());
+                    for (name, ms, share) in k {
+                        println!("  {:>9.3} ms {:>5.1}%  {name}", ms, share * 100.0);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rows as an aligned text table.
+pub fn table(rows: &[BenchResult]) -> String {
+    let mut s = format!(
+        "{:<20} {:<6} {:>11} {:>11} {:>11} {:>16} {:>8}  {}\n",
+        "workload", "device", "median ms", "min ms", "max ms", "throughput", "kernels", "note"
+    );
+    for r in rows {
+        let tp = match (r.gbps, r.gflops) {
+            (Some(g), _) => format!("{g:.2} GB/s"),
+            (_, Some(f)) => format!("{f:.2} GFLOP/s"),
+            _ => String::new(),
+        };
+        let k = r.kernels.map(|k| format!("{k:.1}")).unwrap_or_default();
+        s.push_str(&format!(
+            "{:<20} {:<6} {:>11.3} {:>11.3} {:>11.3} {:>16} {:>8}  {}\n",
+            r.workload,
+            r.device,
+            r.median_ms,
+            r.min_ms,
+            r.max_ms,
+            tp,
+            k,
+            r.note.as_deref().unwrap_or("")
+        ));
+    }
+    s
+}
+
+/// The ratios the targets are stated in, for the rows present.
+pub fn ratios(rows: &[BenchResult]) -> String {
+    let find = |w: &str, d: &str| rows.iter().find(|r| r.workload == w && r.device == d);
+    let mut s = String::new();
+    let mut line = |name: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            s.push_str(&format!("{name:<32} {v:.2}x\n"));
+        }
+    };
+    let memcpy = find("memcpy 64 MiB", "host").and_then(|r| r.gbps);
+    for d in ["wgpu", "cpu"] {
+        let w1 = find("W1", d).and_then(|r| r.gbps);
+        line(&format!("W1 {d} / memcpy"), w1.zip(memcpy).map(|(a, b)| a / b));
+        let w3 = find("W3", d).and_then(|r| r.gbps);
+        line(&format!("W3 {d} / W1 {d} (GB/s)"), w3.zip(w1).map(|(a, b)| a / b));
+    }
+    let vec4 = find("W1 vec4 baseline", "wgpu").and_then(|r| r.gbps);
+    line("W1 wgpu / vec4 baseline", find("W1", "wgpu").and_then(|r| r.gbps).zip(vec4).map(|(a, b)| a / b));
+    let naive = find("W2 naive baseline", "wgpu").and_then(|r| r.gflops);
+    line("W2 wgpu / naive baseline", find("W2", "wgpu").and_then(|r| r.gflops).zip(naive).map(|(a, b)| a / b));
+    s
+}

@@ -1,0 +1,286 @@
+//! Optimizers: [`Sgd`] (momentum, Nesterov, weight decay), [`Adam`] and
+//! AdamW ([`Adam::adamw`]).
+//!
+//! `step()` reads each parameter's lazy gradient, records the update under
+//! [`no_grad`] and installs it with [`Tensor::assign`]: nothing runs until
+//! the next sync (normally `Device::mark_step`), where forward, backward
+//! and update are one graph. Hyperparameters (learning rate, betas, bias
+//! corrections) enter the graph as lifted scalars, so changing the learning
+//! rate or advancing Adam's step count compiles nothing new. The first one
+//! or two steps have their own graphs (the state buffers do not exist yet);
+//! from then on every step has the same graph hash.
+
+use crate::{no_grad, DType, Result, ScalarValue, Tensor};
+
+/// What every optimizer offers.
+pub trait Optimizer {
+    /// Records one update of every parameter that has a gradient.
+    fn step(&mut self) -> Result<()>;
+
+    /// Drops the gradients of all parameters.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+
+    /// The parameters being optimized.
+    fn parameters(&self) -> &[Tensor];
+
+    /// The learning rate.
+    fn lr(&self) -> f64;
+
+    /// Changes the learning rate (compiles nothing new).
+    fn set_lr(&mut self, lr: f64);
+}
+
+/// Rank-0 lifted scalars (never baked into kernels), one per role, dtype
+/// and device within one `step()`, so all parameters share their slots.
+/// Keyed by role, not value: two roles that happen to have equal values
+/// still get two slots, so the graph never depends on the values.
+#[derive(Default)]
+struct Scalars(Vec<(&'static str, DType, Tensor)>);
+
+impl Scalars {
+    fn get(&mut self, role: &'static str, v: f64, like: &Tensor) -> Tensor {
+        let found = self.0.iter().find(|(r, d, t)| *r == role && *d == like.dtype() && t.device().same(like.device()));
+        if let Some((_, _, t)) = found {
+            return t.clone();
+        }
+        let t = Tensor::lifted_scalar(ScalarValue::Float(v), like.dtype(), like.device());
+        self.0.push((role, like.dtype(), t.clone()));
+        t
+    }
+}
+
+/// Stochastic gradient descent, as PyTorch's `torch.optim.SGD`:
+/// `g += wd * p; buf = mu * buf + (1 - dampening) * g` (the first step
+/// sets `buf = g`); `g = nesterov ? g + mu * buf : buf`; `p -= lr * g`.
+#[derive(Clone, Debug)]
+pub struct Sgd {
+    params: Vec<Tensor>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0: plain SGD).
+    pub momentum: f64,
+    /// Dampening of the momentum's gradient term.
+    pub dampening: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    bufs: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// Plain SGD over `params` with learning rate `lr`.
+    pub fn new(params: Vec<Tensor>, lr: f64) -> Sgd {
+        let n = params.len();
+        Sgd { params, lr, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false, bufs: vec![None; n] }
+    }
+
+    /// Sets the momentum factor.
+    pub fn momentum(mut self, momentum: f64) -> Sgd {
+        self.momentum = momentum;
+        self
+    }
+
+    /// Enables Nesterov momentum.
+    pub fn nesterov(mut self, nesterov: bool) -> Sgd {
+        self.nesterov = nesterov;
+        self
+    }
+
+    /// Sets the L2 weight decay.
+    pub fn weight_decay(mut self, weight_decay: f64) -> Sgd {
+        self.weight_decay = weight_decay;
+        self
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        let _guard = crate::NoGradGuard::new();
+        let mut sc = Scalars::default();
+        for (p, buf) in self.params.iter().zip(self.bufs.iter_mut()) {
+            let Some(mut g) = p.grad() else { continue };
+            if self.weight_decay != 0.0 {
+                g = g.add(&p.mul(&sc.get("wd", self.weight_decay, p))?)?;
+            }
+            if self.momentum != 0.0 {
+                let mu = sc.get("mu", self.momentum, p);
+                let b = match buf.take() {
+                    None => g.detach(),
+                    Some(b) => {
+                        let gd = if self.dampening != 0.0 {
+                            g.mul(&sc.get("1-dampening", 1.0 - self.dampening, p))?
+                        } else {
+                            g.clone()
+                        };
+                        b.mul(&mu)?.add(&gd)?
+                    }
+                };
+                g = if self.nesterov { g.add(&b.mul(&mu)?)? } else { b.clone() };
+                *buf = Some(b);
+            }
+            p.assign(&p.sub(&g.mul(&sc.get("lr", self.lr, p))?)?)?;
+        }
+        Ok(())
+    }
+
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Adam (Kingma & Ba), and AdamW with decoupled weight decay (Loshchilov &
+/// Hutter), as PyTorch's `torch.optim.Adam` / `AdamW`.
+#[derive(Clone, Debug)]
+pub struct Adam {
+    params: Vec<Tensor>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Decay rates of the first and second moment estimates.
+    pub betas: (f64, f64),
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Weight decay: an L2 term in the gradient (Adam) or a decoupled
+    /// shrink of the parameter (AdamW).
+    pub weight_decay: f64,
+    /// Decoupled weight decay (AdamW).
+    pub decoupled: bool,
+    t: u64,
+    m: Vec<Option<Tensor>>,
+    v: Vec<Option<Tensor>>,
+}
+
+impl Adam {
+    /// Adam with betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn new(params: Vec<Tensor>, lr: f64) -> Adam {
+        let n = params.len();
+        Adam {
+            params,
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            t: 0,
+            m: vec![None; n],
+            v: vec![None; n],
+        }
+    }
+
+    /// AdamW with betas (0.9, 0.999), eps 1e-8 and decoupled weight decay.
+    pub fn adamw(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Adam {
+        Adam { weight_decay, decoupled: true, ..Adam::new(params, lr) }
+    }
+
+    /// Sets the betas.
+    pub fn betas(mut self, b1: f64, b2: f64) -> Adam {
+        self.betas = (b1, b2);
+        self
+    }
+
+    /// Sets eps.
+    pub fn eps(mut self, eps: f64) -> Adam {
+        self.eps = eps;
+        self
+    }
+
+    /// Sets the (L2, or decoupled for AdamW) weight decay.
+    pub fn weight_decay(mut self, weight_decay: f64) -> Adam {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.t
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self) -> Result<()> {
+        let _guard = crate::NoGradGuard::new();
+        let mut sc = Scalars::default();
+        self.t += 1;
+        let (b1, b2) = self.betas;
+        let c1 = 1.0 - b1.powi(self.t.min(i32::MAX as u64) as i32);
+        let c2 = 1.0 - b2.powi(self.t.min(i32::MAX as u64) as i32);
+        for ((p, m), v) in self.params.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut()) {
+            let Some(mut g) = p.grad() else { continue };
+            let mut base = p.clone();
+            if self.weight_decay != 0.0 {
+                if self.decoupled {
+                    base = p.mul(&sc.get("1-lr*wd", 1.0 - self.lr * self.weight_decay, p))?;
+                } else {
+                    g = g.add(&p.mul(&sc.get("wd", self.weight_decay, p))?)?;
+                }
+            }
+            let g1 = g.mul(&sc.get("1-b1", 1.0 - b1, p))?;
+            let g2 = g.mul(&g)?.mul(&sc.get("1-b2", 1.0 - b2, p))?;
+            let nm = match m.take() {
+                None => g1,
+                Some(old) => old.mul(&sc.get("b1", b1, p))?.add(&g1)?,
+            };
+            let nv = match v.take() {
+                None => g2,
+                Some(old) => old.mul(&sc.get("b2", b2, p))?.add(&g2)?,
+            };
+            let denom = nv.sqrt()?.mul(&sc.get("1/sqrt(c2)", 1.0 / c2.sqrt(), p))?.add(&sc.get("eps", self.eps, p))?;
+            let update = nm.div(&denom)?.mul(&sc.get("lr/c1", self.lr / c1, p))?;
+            p.assign(&base.sub(&update)?)?;
+            *m = Some(nm);
+            *v = Some(nv);
+        }
+        Ok(())
+    }
+
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Scales the gradients of `params` so that their joint L2 norm is at most
+/// `max_norm` (lazily, without reading them); returns the norm before
+/// clipping as a lazy f32 scalar.
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Option<Tensor>> {
+    no_grad(|| {
+        let grads: Vec<(Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p.clone(), g))).collect();
+        let Some((first, _)) = grads.first() else { return Ok(None) };
+        let dev = first.device().clone();
+        let mut total: Option<Tensor> = None;
+        for (_, g) in &grads {
+            let s = g.cast(DType::F32)?.mul(&g.cast(DType::F32)?)?.sum(&[], false)?;
+            total = Some(match total {
+                None => s,
+                Some(t) => t.add(&s)?,
+            });
+        }
+        let norm = total.expect("at least one gradient").sqrt()?;
+        let max = Tensor::lifted_scalar(ScalarValue::Float(max_norm), DType::F32, &dev);
+        let eps = Tensor::lifted_scalar(ScalarValue::Float(1e-6), DType::F32, &dev);
+        let scale = max.div(&norm.add(&eps)?)?.minimum(&Tensor::scalar(1, DType::F32, &dev))?;
+        for (p, g) in &grads {
+            p.set_grad(Some(g.mul(&scale.cast(g.dtype())?)?))?;
+        }
+        Ok(Some(norm))
+    })
+}

@@ -1,0 +1,382 @@
+//! The training demo as a library function: an MLP (64 -> 256 -> 10,
+//! ReLU) trained with cross-entropy and SGD on the 8x8 digits dataset
+//! (`data/digits`, see its README for the format, licence and the fixed
+//! train/test split).
+//!
+//! Every training step records forward, backward and the optimizer update
+//! lazily and ends with ONE sync, `Device::mark_step()`. Shapes never change
+//! (the last partial batch of an epoch is dropped) and hyperparameters are
+//! lifted scalars, so every step after the second has the same graph hash
+//! and compiles nothing: [`TrainReport::uncached_compiles_after_step_2`]
+//! counts that.
+
+use crate::nn::{cross_entropy, Init, Linear, Module};
+use crate::optim::{Optimizer, Sgd};
+use crate::{metrics, no_grad, Device, ExecError, Tensor};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use thiserror::Error;
+
+/// Pixels per image.
+pub const DIGITS_FEATURES: usize = 64;
+/// Classes.
+pub const DIGITS_CLASSES: usize = 10;
+/// Rows of the training split (`[0, 1437)`); the rest is the test split.
+pub const DIGITS_TRAIN_ROWS: usize = 1437;
+
+/// An error of the training demo.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// The dataset could not be read or is malformed.
+    #[error("digits dataset at {path}: {detail}")]
+    Data {
+        /// The file or directory.
+        path: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The engine failed.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+/// The digits dataset: `images` row-major `[n, 64]` in `[0, 1]`, `labels` 0..9.
+#[derive(Clone, Debug)]
+pub struct Digits {
+    /// Pixel values / 16, 64 per row.
+    pub images: Vec<f32>,
+    /// Class of each row.
+    pub labels: Vec<u8>,
+}
+
+impl Digits {
+    /// The directory shipped with the repository (`data/digits` of the
+    /// source tree this crate was built from, else of the working directory).
+    pub fn default_dir() -> PathBuf {
+        let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join("digits");
+        if built.is_dir() {
+            built
+        } else {
+            Path::new("data").join("digits")
+        }
+    }
+
+    /// Reads `images.f32` and `labels.u8` from `dir`.
+    pub fn load(dir: &Path) -> Result<Digits, TrainError> {
+        let read = |name: &str| {
+            let p = dir.join(name);
+            std::fs::read(&p).map_err(|e| TrainError::Data { path: p.display().to_string(), detail: e.to_string() })
+        };
+        let raw = read("images.f32")?;
+        let labels = read("labels.u8")?;
+        let bad = |detail: String| TrainError::Data { path: dir.display().to_string(), detail };
+        if raw.len() % (4 * DIGITS_FEATURES) != 0 || raw.len() / (4 * DIGITS_FEATURES) != labels.len() {
+            return Err(bad(format!("{} image bytes do not match {} labels", raw.len(), labels.len())));
+        }
+        if labels.len() <= DIGITS_TRAIN_ROWS || labels.iter().any(|&l| l as usize >= DIGITS_CLASSES) {
+            return Err(bad("expected more than 1437 rows with labels 0..9".into()));
+        }
+        let images = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        Ok(Digits { images, labels })
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True without rows.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+}
+
+/// Settings of [`train_digits`]; the defaults are the demo's.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Passes over the training split.
+    pub epochs: usize,
+    /// Rows per step (the last partial batch of an epoch is dropped).
+    pub batch_size: usize,
+    /// Hidden units.
+    pub hidden: usize,
+    /// SGD learning rate.
+    pub lr: f64,
+    /// SGD momentum (Nesterov).
+    pub momentum: f64,
+    /// L2 weight decay.
+    pub weight_decay: f64,
+    /// Seed of the device RNG (initialization) and of the shuffles.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        // scikit-learn's MLPClassifier settings of the reference figure in
+        // data/digits/README.md (its alpha=1e-4 is an L2 penalty of
+        // alpha/2 * |W|^2 / n_samples per batch; weight decay 1e-4 is close).
+        TrainConfig { epochs: 50, batch_size: 64, hidden: 256, lr: 0.1, momentum: 0.9, weight_decay: 1e-4, seed: 0 }
+    }
+}
+
+/// Progress of a running training, passed to the callback after each step.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// Epoch, from 0.
+    pub epoch: usize,
+    /// Step within the epoch, from 1.
+    pub step_in_epoch: usize,
+    /// Steps per epoch.
+    pub steps_per_epoch: usize,
+    /// Loss of the latest step whose value is known (lags one step).
+    pub loss: Option<f64>,
+    /// Mean loss of the epoch, set after its last step.
+    pub epoch_loss: Option<f64>,
+}
+
+/// What [`train_digits`] measured.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    /// The device's name.
+    pub device: String,
+    /// Epochs run.
+    pub epochs: usize,
+    /// Training steps run (each one sync).
+    pub steps: usize,
+    /// Rows per step.
+    pub batch_size: usize,
+    /// Mean training loss of each epoch.
+    pub epoch_losses: Vec<f64>,
+    /// Accuracy on the 360 test rows.
+    pub test_accuracy: f64,
+    /// Accuracy on the 1437 training rows.
+    pub train_accuracy: f64,
+    /// Median wall time of one step (record + sync), in steady state.
+    pub median_step_ms: f64,
+    /// Mean wall time of one step.
+    pub mean_step_ms: f64,
+    /// Wall time of the training loop, seconds.
+    pub train_seconds: f64,
+    /// Graphs compiled on the device during the whole run (training and
+    /// evaluation), counted as plans added to its compile cache.
+    pub uncached_compiles: u64,
+    /// Compile-cache hits during the whole run (the process-wide
+    /// `CachedCompile` counter).
+    pub cached_compiles: u64,
+    /// Graphs compiled by training steps 3 and later (should be 0).
+    pub uncached_compiles_after_step_2: u64,
+    /// Nodes of the last training step's graph.
+    pub graph_nodes_per_step: usize,
+    /// Kernels the last training step's graph ran as.
+    pub kernels_per_step: usize,
+    /// Nodes run on the CPU fallback during training (0 on the CPU backend).
+    pub fallback_ops: u64,
+}
+
+impl TrainReport {
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "device": self.device,
+            "epochs": self.epochs,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "final_loss": self.epoch_losses.last().copied(),
+            "test_accuracy": self.test_accuracy,
+            "train_accuracy": self.train_accuracy,
+            "median_step_ms": self.median_step_ms,
+            "mean_step_ms": self.mean_step_ms,
+            "train_seconds": self.train_seconds,
+            "uncached_compiles": self.uncached_compiles,
+            "cached_compiles": self.cached_compiles,
+            "uncached_compiles_after_step_2": self.uncached_compiles_after_step_2,
+            "graph_nodes_per_step": self.graph_nodes_per_step,
+            "kernels_per_step": self.kernels_per_step,
+            "fallback_ops": self.fallback_ops,
+        })
+    }
+}
+
+/// The demo's model: `Linear(64, hidden) -> ReLU -> Linear(hidden, 10)`,
+/// Glorot-uniform weights and biases (as scikit-learn's MLPClassifier).
+pub struct Mlp {
+    /// Input layer.
+    pub fc1: Linear,
+    /// Output layer.
+    pub fc2: Linear,
+}
+
+impl Mlp {
+    /// A freshly initialized model (draws from the device RNG).
+    pub fn new(inputs: usize, hidden: usize, outputs: usize, device: &Device) -> crate::Result<Mlp> {
+        let x = Init::XavierUniform;
+        Ok(Mlp {
+            fc1: Linear::with_init(inputs, hidden, true, x, x, device)?,
+            fc2: Linear::with_init(hidden, outputs, true, x, x, device)?,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> crate::Result<Tensor> {
+        self.fc2.forward(&self.fc1.forward(x)?.relu()?)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<_> = self.fc1.named_parameters().into_iter().map(|(n, t)| (format!("fc1.{n}"), t)).collect();
+        v.extend(self.fc2.named_parameters().into_iter().map(|(n, t)| (format!("fc2.{n}"), t)));
+        v
+    }
+}
+
+/// A small seeded RNG for the host-side shuffles (SplitMix64).
+struct HostRng(u64);
+
+impl HostRng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Accuracy of `model` on rows `rows` of `data` (one sync, no gradients).
+pub fn accuracy(
+    model: &impl Module,
+    data: &Digits,
+    rows: std::ops::Range<usize>,
+    device: &Device,
+) -> crate::Result<f64> {
+    no_grad(|| {
+        let n = rows.len();
+        let x = Tensor::from_slice(
+            &data.images[rows.start * DIGITS_FEATURES..rows.end * DIGITS_FEATURES],
+            [n, DIGITS_FEATURES],
+            device,
+        )?;
+        let pred = model.forward(&x)?.argmax(-1, false)?.to_vec::<i32>()?;
+        let correct = pred.iter().zip(&data.labels[rows]).filter(|(&p, &l)| p == l as i32).count();
+        Ok(correct as f64 / n.max(1) as f64)
+    })
+}
+
+/// Trains the demo MLP on `data` (train split) and evaluates it on the
+/// test split; `progress` is called after every step.
+pub fn train_digits(
+    device: &Device,
+    data: &Digits,
+    cfg: &TrainConfig,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<TrainReport, TrainError> {
+    // Compiles are counted on this device (plans added to its cache), so
+    // other work in the process cannot disturb the figures.
+    let plans0 = device.cached_plans();
+    let cached0 = metrics::counter("CachedCompile");
+    let fallback0 = metrics::counter("FallbackOps");
+    device.manual_seed(cfg.seed);
+    let model = Mlp::new(DIGITS_FEATURES, cfg.hidden, DIGITS_CLASSES, device)?;
+    let mut opt = Sgd::new(model.parameters(), cfg.lr)
+        .momentum(cfg.momentum)
+        .nesterov(cfg.momentum != 0.0)
+        .weight_decay(cfg.weight_decay);
+
+    let b = cfg.batch_size.clamp(1, DIGITS_TRAIN_ROWS);
+    let steps_per_epoch = DIGITS_TRAIN_ROWS / b;
+    let mut rng = HostRng(cfg.seed ^ 0xD1_6175);
+    let mut order: Vec<usize> = (0..DIGITS_TRAIN_ROWS).collect();
+    let mut xb = vec![0f32; b * DIGITS_FEATURES];
+    let mut yb = vec![0i32; b];
+    let mut step_ms: Vec<f64> = Vec::new();
+    let mut epoch_losses = Vec::new();
+    let mut after_step_2 = None;
+    let mut step = 0usize;
+    let started = Instant::now();
+    let mut last_loss: Option<f64> = None;
+    for epoch in 0..cfg.epochs {
+        rng.shuffle(&mut order);
+        let mut losses: Vec<Tensor> = Vec::with_capacity(steps_per_epoch);
+        for s in 0..steps_per_epoch {
+            let t0 = Instant::now();
+            for (i, &row) in order[s * b..(s + 1) * b].iter().enumerate() {
+                xb[i * DIGITS_FEATURES..(i + 1) * DIGITS_FEATURES]
+                    .copy_from_slice(&data.images[row * DIGITS_FEATURES..(row + 1) * DIGITS_FEATURES]);
+                yb[i] = data.labels[row] as i32;
+            }
+            let x = Tensor::from_slice(&xb, [b, DIGITS_FEATURES], device)?;
+            let y = Tensor::from_slice(&yb, [b], device)?;
+            let loss = cross_entropy(&model.forward(&x)?, &y)?;
+            loss.backward()?;
+            opt.step()?;
+            opt.zero_grad();
+            losses.push(loss.detach());
+            drop(loss);
+            device.mark_step()?;
+            step += 1;
+            // Read the previous step's loss: keeps at most one step in
+            // flight and gives the progress bar a value without a new graph.
+            if losses.len() >= 2 {
+                last_loss = Some(losses[losses.len() - 2].item::<f32>()? as f64);
+            }
+            if step == 2 {
+                after_step_2 = Some(device.cached_plans());
+            }
+            step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            let epoch_loss = if s + 1 == steps_per_epoch {
+                let mut sum = 0.0;
+                for l in &losses {
+                    sum += l.item::<f32>()? as f64;
+                }
+                let mean = sum / losses.len() as f64;
+                epoch_losses.push(mean);
+                last_loss = losses.last().map(|l| l.item::<f32>()).transpose()?.map(f64::from);
+                Some(mean)
+            } else {
+                None
+            };
+            progress(&Progress { epoch, step_in_epoch: s + 1, steps_per_epoch, loss: last_loss, epoch_loss });
+        }
+    }
+    device.wait()?;
+    let train_seconds = started.elapsed().as_secs_f64();
+    let plans_train_end = device.cached_plans();
+    let fallback_ops = metrics::counter("FallbackOps") - fallback0;
+    let last = |name: &str| metrics::value(name).map(|v| v.last as usize).unwrap_or(0);
+    let (graph_nodes_per_step, kernels_per_step) = (last("GraphSize"), last("KernelsPerPlan"));
+    let test_accuracy = accuracy(&model, data, DIGITS_TRAIN_ROWS..data.len(), device)?;
+    let train_accuracy = accuracy(&model, data, 0..DIGITS_TRAIN_ROWS, device)?;
+    // Steady state: leave out the first two steps (they compile).
+    let mut steady: Vec<f64> = step_ms.iter().skip(2).copied().collect();
+    if steady.is_empty() {
+        steady = step_ms.clone();
+    }
+    steady.sort_by(f64::total_cmp);
+    let median_step_ms = steady.get(steady.len() / 2).copied().unwrap_or(0.0);
+    let mean_step_ms = if steady.is_empty() { 0.0 } else { steady.iter().sum::<f64>() / steady.len() as f64 };
+    Ok(TrainReport {
+        device: device.name(),
+        epochs: cfg.epochs,
+        steps: step,
+        batch_size: b,
+        epoch_losses,
+        test_accuracy,
+        train_accuracy,
+        median_step_ms,
+        mean_step_ms,
+        train_seconds,
+        uncached_compiles: (device.cached_plans() - plans0) as u64,
+        cached_compiles: metrics::counter("CachedCompile") - cached0,
+        uncached_compiles_after_step_2: after_step_2.map(|c| (plans_train_end - c) as u64).unwrap_or(0),
+        graph_nodes_per_step,
+        kernels_per_step,
+        fallback_ops,
+    })
+}

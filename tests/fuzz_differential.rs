@@ -1,0 +1,812 @@
+//! Differential fuzzing: random graphs of 10–60 ops over the whole op set
+//! (unary, binary with broadcasting, where, cast, reductions with keepdim,
+//! arg-reductions, softmax, cumsum, matmul, reshape, permute, expand,
+//! slices with negative steps, concat, pad, gather, mid-program syncs) on
+//! random shapes (size-1, zero-size and odd dims) run on the wgpu device
+//! and on the CPU reference device, outputs compared.
+//!
+//! A program is a *choice sequence* (Hypothesis-style): a base shape, a
+//! data seed and a list of steps of four small numbers. An interpreter
+//! turns each step into an op valid for the values at hand (axes taken
+//! modulo the rank, partners chosen among values whose shapes broadcast),
+//! so every sequence is a valid program and proptest shrinks by dropping
+//! steps and lowering numbers.
+//!
+//! Numerics: the interpreter tracks, per value, a bound on its magnitude,
+//! whether it is *exact* (a dyadic rational both backends must compute
+//! bit-for-bit: views, neg/abs/relu, max/min, add/sub/sum/matmul of exact
+//! values with few fraction bits) and how many rounded ops lie on its
+//! longest path. Discontinuous ops (floor, sign, comparisons, argmax, casts
+//! to int) only take exact operands, so a 1-ulp difference never flips
+//! them; domains are kept safe (clamp before exp/pow, `|x| + 0.5` before
+//! log/sqrt/div). Exact values must match exactly; rounded ones within a
+//! tolerance that grows with their rounded depth and bound.
+//!
+//! `LAZULI_FUZZ_CASES=N` runs N cases (default 500). Failures shrink and
+//! are persisted in `tests/fuzz_differential.proptest-regressions` (replayed
+//! first on every run); explicit regression tests for bugs found live at
+//! the end of this file.
+
+mod common;
+use lazuli::ir::{ArgReduceOp, PadMode, ReduceOp};
+use lazuli::prelude::*;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence};
+use std::sync::OnceLock;
+
+/// One step of a program: what to do (`op`) and three free choices.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    op: u8,
+    a: u8,
+    b: u8,
+    c: u8,
+}
+
+/// A random program: base shape, data seed and steps.
+#[derive(Clone, Debug)]
+struct Program {
+    dims: Vec<usize>,
+    seed: u64,
+    steps: Vec<Step>,
+}
+
+/// A value of the program on both devices, with what the interpreter
+/// knows about it.
+#[derive(Clone)]
+struct Val {
+    cpu: Tensor,
+    gpu: Tensor,
+    /// |x| <= bound (infinite when unknown).
+    bound: f64,
+    /// Fraction bits of an exact value; None once rounded.
+    frac: Option<u32>,
+    /// Rounded ops on the longest path to this value.
+    depth: u32,
+}
+
+impl Val {
+    fn dtype(&self) -> DType {
+        self.cpu.dtype()
+    }
+    fn dims(&self) -> &[usize] {
+        self.cpu.dims()
+    }
+    fn exact(&self) -> bool {
+        self.frac.is_some()
+    }
+}
+
+/// Fraction bits of a result, if it is still exact: it must fit in f32's
+/// 24-bit significand with one bit to spare.
+fn exact_frac(frac: Option<u32>, bound: f64) -> Option<u32> {
+    let f = frac?;
+    let int_bits = (bound + 1.0).log2().ceil();
+    (bound.is_finite() && f as f64 + int_bits <= 22.0).then_some(f)
+}
+
+fn both_frac(a: &Val, b: &Val) -> Option<u32> {
+    Some(a.frac?.max(b.frac?))
+}
+
+struct Interp {
+    cpu: Device,
+    gpu: Device,
+    pool: Vec<Val>,
+    /// Ops applied, for failure messages.
+    log: Vec<String>,
+}
+
+type Res = lazuli::Result<Tensor>;
+
+impl Interp {
+    /// Applies `f` on both devices. Record-time errors must agree.
+    fn apply(&mut self, what: &str, args: &[&Val], f: impl Fn(&[&Tensor]) -> Res) -> Option<(Tensor, Tensor)> {
+        let c: Vec<&Tensor> = args.iter().map(|v| &v.cpu).collect();
+        let g: Vec<&Tensor> = args.iter().map(|v| &v.gpu).collect();
+        let shapes: Vec<String> = args.iter().map(|v| format!("{}{}", v.dtype(), v.cpu.shape())).collect();
+        let (rc, rg) = (f(&c), f(&g));
+        match (rc, rg) {
+            (Ok(c), Ok(g)) => {
+                assert_eq!(c.ty(), g.ty(), "{what}: result types differ");
+                self.log.push(format!("{what}({}) -> {}{}", shapes.join(", "), c.dtype(), c.shape()));
+                Some((c, g))
+            }
+            (Err(a), Err(b)) => {
+                assert_eq!(a.to_string(), b.to_string(), "{what}: record-time errors differ");
+                None
+            }
+            (a, b) => panic!("{what}: one device accepted, the other refused: {:?} / {:?}", a.err(), b.err()),
+        }
+    }
+
+    fn push(&mut self, t: Option<(Tensor, Tensor)>, bound: f64, frac: Option<u32>, depth: u32) -> Option<Val> {
+        let (cpu, gpu) = t?;
+        let frac = if cpu.dtype() == DType::F32 { exact_frac(frac, bound) } else { frac };
+        let v = Val { cpu, gpu, bound, frac, depth };
+        assert!(v.dtype() == DType::F32 || v.exact(), "non-float values must be exact");
+        self.pool.push(v.clone());
+        Some(v)
+    }
+
+    /// Picks an operand, mostly among the latest values (deep chains).
+    fn pick(&self, k: u8) -> Val {
+        let n = self.pool.len();
+        let k = k as usize;
+        if k < 192 {
+            self.pool[n - 1 - (k % n.min(4))].clone()
+        } else {
+            self.pool[k % n].clone()
+        }
+    }
+
+    /// A float version of `v`, clamped to `[-lim, lim]` when its bound is larger.
+    fn float(&mut self, v: &Val, lim: f64) -> Val {
+        let mut v = v.clone();
+        if v.dtype() != DType::F32 {
+            let t = self.apply("cast_f32", &[&v], |x| x[0].cast(DType::F32)).expect("cast to f32");
+            let bound = if v.dtype() == DType::Bool { 1.0 } else { v.bound };
+            v = Val { cpu: t.0, gpu: t.1, bound, frac: Some(v.frac.unwrap_or(0)), depth: v.depth };
+        }
+        self.tame(&v, lim)
+    }
+
+    /// `v` clamped to `[-lim, lim]` when its bound is larger (dtype kept).
+    fn tame(&mut self, v: &Val, lim: f64) -> Val {
+        if v.bound <= lim {
+            return v.clone();
+        }
+        let t = self.apply("clamp", &[v], |x| x[0].clamp(Some(-lim), Some(lim))).expect("clamp");
+        Val { cpu: t.0, gpu: t.1, bound: lim, frac: v.frac, depth: v.depth }
+    }
+
+    /// A partner for a binary op with `a`: a value of the same dtype whose
+    /// shape broadcasts with `a`'s, or a fresh scalar.
+    fn partner(&mut self, a: &Val, k: u8) -> Val {
+        let cands: Vec<Val> = self
+            .pool
+            .iter()
+            .filter(|v| v.dtype() == a.dtype() && v.cpu.shape().broadcast(a.cpu.shape()).is_some())
+            .cloned()
+            .collect();
+        if k % 5 == 4 || cands.is_empty() {
+            // A scalar: special values are baked, others lifted.
+            let vals = [0.0f32, 1.0, -1.0, 0.75, 2.5, -1.25];
+            let x = vals[k as usize % vals.len()];
+            let (c, g) = (
+                Tensor::scalar(x, a.dtype(), &self.cpu),
+                Tensor::scalar(x, a.dtype(), &self.gpu),
+            );
+            return Val { cpu: c, gpu: g, bound: x.abs().ceil() as f64, frac: Some(2), depth: 0 };
+        }
+        cands[(k / 5) as usize % cands.len()].clone()
+    }
+
+    fn step(&mut self, s: Step) {
+        let a = self.pick(s.a);
+        let op = s.op % 22;
+        match op {
+            // Exact unary ops, on any numeric value.
+            0 => {
+                let v = if a.dtype() == DType::Bool { self.float(&a, 64.0) } else { a };
+                let (name, f): (&str, fn(&Tensor) -> Res) = match s.b % 3 {
+                    0 => ("neg", Tensor::neg),
+                    1 => ("abs", Tensor::abs),
+                    _ => ("relu", Tensor::relu),
+                };
+                let t = self.apply(name, &[&v], |x| f(x[0]));
+                self.push(t, v.bound, v.frac, v.depth);
+            }
+            // Smooth rounded unary ops.
+            1 => {
+                let v = self.float(&a, 8.0);
+                let (name, f, bound): (&str, fn(&Tensor) -> Res, f64) = match s.b % 8 {
+                    0 => ("exp", Tensor::exp, v.bound.exp()),
+                    1 => ("tanh", Tensor::tanh, 1.0),
+                    2 => ("sigmoid", Tensor::sigmoid, 1.0),
+                    3 => ("sin", Tensor::sin, 1.0),
+                    4 => ("cos", Tensor::cos, 1.0),
+                    5 => ("gelu", Tensor::gelu, v.bound),
+                    6 => ("gelu_tanh", Tensor::gelu_tanh, v.bound),
+                    _ => ("erf", Tensor::erf, 1.0),
+                };
+                let t = self.apply(name, &[&v], |x| f(x[0]));
+                self.push(t, bound, None, v.depth + 1);
+            }
+            // Domain-restricted unary ops on |x| + 0.5.
+            2 => {
+                let v = self.float(&a, 64.0);
+                let (name, f, bound): (&str, fn(&Tensor) -> Res, f64) = match s.b % 4 {
+                    0 => ("log", Tensor::log, (v.bound + 0.5).ln().abs().max(0.7)),
+                    1 => ("sqrt", Tensor::sqrt, (v.bound + 0.5).sqrt()),
+                    2 => ("rsqrt", Tensor::rsqrt, 1.5),
+                    _ => ("reciprocal", Tensor::reciprocal, 2.0),
+                };
+                let t = self.apply(name, &[&v], |x| f(&x[0].abs()?.add_scalar(0.5)?));
+                self.push(t, bound, None, v.depth + 1);
+            }
+            // Discontinuous unary ops: exact operands only.
+            3 => {
+                if !a.exact() || a.dtype() == DType::Bool {
+                    return;
+                }
+                let v = a;
+                let (name, f): (&str, fn(&Tensor) -> Res) = match (v.dtype(), s.b % 4) {
+                    (DType::I32, _) => ("sign", Tensor::sign),
+                    (_, 0) => ("floor", Tensor::floor),
+                    (_, 1) => ("ceil", Tensor::ceil),
+                    (_, 2) => ("round", Tensor::round),
+                    _ => ("sign", Tensor::sign),
+                };
+                let t = self.apply(name, &[&v], |x| f(x[0]));
+                self.push(t, v.bound + 1.0, Some(0), v.depth);
+            }
+            // Binary arithmetic with broadcasting.
+            4 => {
+                let x = if a.dtype() == DType::Bool { self.float(&a, 64.0) } else { a.clone() };
+                let lim = if x.dtype() == DType::I32 { 1000.0 } else { 64.0 };
+                let x = self.tame(&x, lim);
+                let y = self.partner(&x, s.c);
+                let y = self.tame(&y, lim);
+                let depth = x.depth.max(y.depth);
+                let (name, f): (&str, fn(&Tensor, &Tensor) -> Res) = match s.b % 5 {
+                    0 => ("add", Tensor::add),
+                    1 => ("sub", Tensor::sub),
+                    2 => ("mul", Tensor::mul),
+                    3 => ("maximum", Tensor::maximum),
+                    _ => ("minimum", Tensor::minimum),
+                };
+                let (bound, frac, rounded) = match name {
+                    "add" | "sub" => (x.bound + y.bound, both_frac(&x, &y), false),
+                    "mul" => (x.bound * y.bound, x.frac.zip(y.frac).map(|(p, q)| p + q), false),
+                    _ => (x.bound.max(y.bound), both_frac(&x, &y), false),
+                };
+                let frac = if x.dtype() == DType::I32 { Some(0) } else { frac };
+                let d = depth + (rounded || exact_frac(frac, bound).is_none()) as u32;
+                let t = self.apply(name, &[&x, &y], |v| f(v[0], v[1]));
+                self.push(t, bound, frac, d);
+            }
+            // Division and power on safe domains.
+            5 => {
+                let x = self.float(&a, 16.0);
+                let y = self.partner(&x, s.c);
+                let y = self.float(&y, 16.0);
+                let depth = x.depth.max(y.depth) + 1;
+                if s.b % 2 == 0 {
+                    let t = self.apply("div", &[&x, &y], |v| v[0].div(&v[1].abs()?.add_scalar(0.5)?));
+                    self.push(t, x.bound * 2.0, None, depth);
+                } else {
+                    let t = self.apply("pow", &[&x, &y], |v| {
+                        let base = v[0].abs()?.add_scalar(0.5)?.clamp(None, Some(4.0))?;
+                        base.pow(&v[1].clamp(Some(-2.0), Some(2.0))?)
+                    });
+                    self.push(t, 16.0, None, depth);
+                }
+            }
+            // Comparison (exact operands) feeding where.
+            6 => {
+                let x = if a.dtype() == DType::Bool { self.float(&a, 64.0) } else { a.clone() };
+                let y = self.partner(&x, s.c);
+                let cond = if x.exact() && y.exact() {
+                    let (name, f): (&str, fn(&Tensor, &Tensor) -> Res) = match s.b % 6 {
+                        0 => ("eq", Tensor::eq),
+                        1 => ("ne", Tensor::ne),
+                        2 => ("lt", Tensor::lt),
+                        3 => ("le", Tensor::le),
+                        4 => ("gt", Tensor::gt),
+                        _ => ("ge", Tensor::ge),
+                    };
+                    let t = self.apply(name, &[&x, &y], |v| f(v[0], v[1]));
+                    self.push(t, 1.0, Some(0), 0)
+                } else {
+                    self.pool.iter().rev().find(|v| v.dtype() == DType::Bool).cloned()
+                };
+                let Some(cond) = cond else { return };
+                if s.b % 3 == 0 {
+                    // Logical ops on bools.
+                    let other = self.partner(&cond, s.c);
+                    let (name, f): (&str, fn(&Tensor, &Tensor) -> Res) = match s.c % 3 {
+                        0 => ("logical_and", Tensor::logical_and),
+                        1 => ("logical_or", Tensor::logical_or),
+                        _ => ("logical_xor", Tensor::logical_xor),
+                    };
+                    let t = self.apply(name, &[&cond, &other], |v| f(v[0], v[1]));
+                    self.push(t, 1.0, Some(0), 0);
+                    return;
+                }
+                let p = self.partner(&x, s.b);
+                let t = self.apply("where", &[&cond, &x, &p], |v| v[0].where_(v[1], v[2]));
+                self.push(t, x.bound.max(p.bound), both_frac(&x, &p), x.depth.max(p.depth));
+            }
+            // Casts: f32 <-> i32 (exact values only), bool -> f32/i32.
+            7 => {
+                if !a.exact() {
+                    return;
+                }
+                let to = match (a.dtype(), s.b % 2) {
+                    (DType::F32, _) if a.bound < 1e6 => DType::I32,
+                    (DType::F32, _) => return,
+                    (_, 0) => DType::F32,
+                    (DType::Bool, _) => DType::I32,
+                    _ => DType::Bool,
+                };
+                let bound = if to == DType::Bool { 1.0 } else { a.bound };
+                let t = self.apply(&format!("cast_{to}"), &[&a], |x| x[0].cast(to));
+                self.push(t, bound, Some(0).max(if to == DType::F32 { a.frac } else { Some(0) }), a.depth);
+            }
+            // Reductions with keepdim.
+            8 => {
+                let x = if a.dtype() == DType::Bool { self.float(&a, 64.0) } else { a.clone() };
+                if x.dims().is_empty() {
+                    return;
+                }
+                let rank = x.dims().len();
+                let mut axes: Vec<isize> = (0..rank as isize).filter(|i| (s.c >> i) & 1 == 1).collect();
+                if axes.is_empty() {
+                    axes.push((s.c as usize % rank) as isize - if s.c & 8 != 0 { rank as isize } else { 0 });
+                }
+                let keep = s.b & 16 != 0;
+                let n: usize = axes.iter().map(|&ax| x.dims()[(ax.rem_euclid(rank as isize)) as usize]).product();
+                let op = match (x.dtype(), s.b % 5) {
+                    (_, 0) => ReduceOp::Sum,
+                    (DType::F32, 1) if n > 0 => ReduceOp::Mean,
+                    (_, 2) => ReduceOp::Max,
+                    (_, 3) => ReduceOp::Min,
+                    (DType::F32, 4) => ReduceOp::Prod,
+                    _ => ReduceOp::Sum,
+                };
+                let x = match op {
+                    ReduceOp::Prod => self.float(&x, 1.0),
+                    ReduceOp::Sum | ReduceOp::Mean if x.dtype() == DType::F32 => self.float(&x, 64.0),
+                    ReduceOp::Sum => self.tame(&x, 1000.0),
+                    _ => x,
+                };
+                let (bound, frac, rounded) = match op {
+                    ReduceOp::Sum => (x.bound * n.max(1) as f64, x.frac, false),
+                    ReduceOp::Mean => (x.bound, None, true),
+                    ReduceOp::Prod => (1.0, None, true),
+                    // Max/min over an empty axis give the identity (±inf for floats).
+                    _ if n == 0 => (f64::INFINITY, x.frac, false),
+                    _ => (x.bound, x.frac, false),
+                };
+                let frac = if x.dtype() == DType::I32 { Some(0) } else { frac };
+                let depth = x.depth + (rounded || exact_frac(frac, bound).is_none()) as u32;
+                let t = self.apply(&format!("reduce_{}", op.name()), &[&x], |v| v[0].reduce_axes(op, &axes, keep));
+                self.push(t, bound, frac, depth);
+            }
+            // Arg-reductions (exact operands).
+            9 => {
+                if !a.exact() || a.dims().is_empty() || a.dtype() == DType::Bool {
+                    return;
+                }
+                let rank = a.dims().len() as isize;
+                let axis = (s.c as isize % rank) - if s.c & 8 != 0 { rank } else { 0 };
+                let op = if s.b % 2 == 0 { ArgReduceOp::ArgMax } else { ArgReduceOp::ArgMin };
+                let (keep, last) = (s.b & 2 != 0, s.b & 4 != 0);
+                let t = self.apply("arg_reduce", &[&a], |v| v[0].arg_reduce(op, axis, keep, last));
+                let n = a.dims()[axis.rem_euclid(rank) as usize] as f64;
+                self.push(t, n, Some(0), a.depth);
+            }
+            // Softmax / log-softmax.
+            10 => {
+                let x = self.float(&a, 16.0);
+                if x.dims().is_empty() {
+                    return;
+                }
+                let rank = x.dims().len() as isize;
+                let axis = (s.c as isize % rank) - if s.c & 8 != 0 { rank } else { 0 };
+                let log = s.b % 2 == 0;
+                let t = self.apply("softmax", &[&x], |v| if log { v[0].log_softmax(axis) } else { v[0].softmax(axis) });
+                let bound = if log { 2.0 * x.bound + 8.0 } else { 1.0 };
+                self.push(t, bound, None, x.depth + 1);
+            }
+            // Matmul.
+            11 => {
+                let x = if a.dtype() == DType::Bool { self.float(&a, 8.0) } else { a.clone() };
+                let lim = if x.dtype() == DType::I32 { 30.0 } else { 8.0 };
+                let x = self.tame(&x, lim);
+                if x.dims().len() < 2 && s.b % 2 == 0 {
+                    return;
+                }
+                let k = *x.dims().last().unwrap_or(&1);
+                // A partner whose second-to-last dim is k (and batch dims
+                // broadcast), or x's own transpose.
+                let cand = self
+                    .pool
+                    .iter()
+                    .filter(|v| {
+                        let d = v.dims();
+                        v.dtype() == x.dtype()
+                            && d.len() >= 2
+                            && d[d.len() - 2] == k
+                            && v.bound <= lim
+                            && Shape::new(&d[..d.len() - 2])
+                                .broadcast(&Shape::new(&x.dims()[..x.dims().len().saturating_sub(2)]))
+                                .is_some()
+                    })
+                    .nth(s.c as usize % 3)
+                    .cloned();
+                let (t, n) = match cand {
+                    Some(y) if s.c % 4 != 0 => {
+                        let t = self.apply("matmul", &[&x, &y], |v| v[0].matmul(v[1]));
+                        (t.map(|t| (t, y.frac, y.bound, y.depth)), k)
+                    }
+                    _ => {
+                        let left = s.c % 2 == 0;
+                        let t = self.apply("matmul_self_t", &[&x], |v| {
+                            if left {
+                                v[0].matmul(&v[0].t()?)
+                            } else {
+                                v[0].t()?.matmul(v[0])
+                            }
+                        });
+                        let n = if left { k } else { x.dims().get(x.dims().len().wrapping_sub(2)).copied().unwrap_or(1) };
+                        (t.map(|t| (t, x.frac, x.bound, x.depth)), n)
+                    }
+                };
+                let Some((t, yfrac, ybound, ydepth)) = t else { return };
+                let bound = x.bound * ybound * n.max(1) as f64;
+                let frac = if x.dtype() == DType::I32 { Some(0) } else { x.frac.zip(yfrac).map(|(p, q)| p + q) };
+                let depth = x.depth.max(ydepth) + exact_frac(frac, bound).is_none() as u32;
+                self.push(Some(t), bound, frac, depth);
+            }
+            // Reshape: flatten, split or merge.
+            12 => {
+                let d = a.dims().to_vec();
+                let numel: usize = d.iter().product();
+                let target: Vec<isize> = match s.b % 4 {
+                    0 => vec![-1],
+                    1 if d.len() >= 2 => {
+                        let mut t: Vec<isize> = d[..d.len() - 2].iter().map(|&x| x as isize).collect();
+                        t.push((d[d.len() - 2] * d[d.len() - 1]) as isize);
+                        t
+                    }
+                    2 => {
+                        let mut t: Vec<isize> = vec![1];
+                        t.extend(d.iter().map(|&x| x as isize));
+                        t
+                    }
+                    _ => {
+                        // Split the element count by a small divisor.
+                        let f = [2usize, 3, 5].into_iter().find(|f| numel > 0 && numel % f == 0 && numel > *f);
+                        match f {
+                            Some(f) => vec![f as isize, -1],
+                            None => vec![numel as isize, 1],
+                        }
+                    }
+                };
+                if target.len() > 4 {
+                    return;
+                }
+                let t = self.apply("reshape", &[&a], |v| v[0].reshape(&target));
+                self.push(t, a.bound, a.frac, a.depth);
+            }
+            // Permute.
+            13 => {
+                let r = a.dims().len();
+                if r < 2 {
+                    return;
+                }
+                let mut perm: Vec<isize> = (0..r as isize).collect();
+                let mut k = s.c as usize;
+                for i in (1..r).rev() {
+                    perm.swap(i, k % (i + 1));
+                    k /= i + 1;
+                }
+                if s.b % 2 == 0 {
+                    perm[0] -= r as isize;
+                }
+                let t = self.apply("permute", &[&a], |v| v[0].permute(&perm));
+                self.push(t, a.bound, a.frac, a.depth);
+            }
+            // Expand: size-1 dims grow, or a new leading dim.
+            14 => {
+                let mut d = a.dims().to_vec();
+                let grow = [2usize, 3, 1, 4][s.c as usize % 4];
+                if d.contains(&1) && s.b % 2 == 0 {
+                    for x in d.iter_mut().filter(|x| **x == 1) {
+                        *x = grow;
+                    }
+                } else if d.len() < 4 {
+                    d.insert(0, grow);
+                } else {
+                    return;
+                }
+                let t = self.apply("expand", &[&a], |v| v[0].expand(d.clone()));
+                self.push(t, a.bound, a.frac, a.depth);
+            }
+            // Python-style slice, negative steps included.
+            15 => {
+                let r = a.dims().len();
+                if r == 0 {
+                    return;
+                }
+                let axis = (s.c as usize % r) as isize;
+                let n = a.dims()[axis as usize] as i64;
+                let step = [1i64, 2, -1, -2, 3, -3][s.b as usize % 6];
+                let start = (s.c as i64 / 4) % (n + 2) - 1;
+                let end = if step > 0 { n - (s.b as i64 / 8) % 3 } else { -n - 1 + (s.b as i64 / 8) % 3 };
+                let t = self.apply("slice", &[&a], |v| v[0].slice(axis, start, end, step));
+                self.push(t, a.bound, a.frac, a.depth);
+            }
+            // Concat with a partner of the same shape outside the axis.
+            16 => {
+                let r = a.dims().len();
+                if r == 0 {
+                    return;
+                }
+                let axis = s.c as usize % r;
+                let same = |v: &Val| {
+                    v.dtype() == a.dtype()
+                        && v.dims().len() == r
+                        && (0..r).all(|d| d == axis || v.dims()[d] == a.dims()[d])
+                };
+                let others: Vec<Val> = self.pool.iter().filter(|v| same(v)).cloned().collect();
+                let b = others[s.b as usize % others.len()].clone();
+                let three = s.b % 3 == 0;
+                let ax = axis as isize - if s.b % 2 == 0 { r as isize } else { 0 };
+                let t = self.apply("concat", &[&a, &b], |v| {
+                    if three {
+                        Tensor::concat(&[v[0], v[1], v[0]], ax)
+                    } else {
+                        Tensor::concat(&[v[0], v[1]], ax)
+                    }
+                });
+                self.push(t, a.bound.max(b.bound), a.frac.zip(b.frac).map(|(p, q)| p.max(q)), a.depth.max(b.depth));
+            }
+            // Pad: constant, reflect or edge.
+            17 => {
+                let r = a.dims().len();
+                if r == 0 || a.dtype() == DType::Bool {
+                    return;
+                }
+                let pads: Vec<(usize, usize)> =
+                    (0..r).map(|d| (((s.c >> d) & 1) as usize * (1 + d % 2), ((s.b >> d) & 1) as usize * 2)).collect();
+                let mode = [PadMode::Constant, PadMode::Reflect, PadMode::Edge][s.b as usize % 3];
+                let t = self.apply("pad", &[&a], |v| match mode {
+                    PadMode::Constant => v[0].pad(&pads, 1.5),
+                    m => v[0].pad_mode(&pads, m),
+                });
+                self.push(t, a.bound.max(1.5), a.frac.map(|f| f.max(1)), a.depth);
+            }
+            // Gather with in-range indices (negative ones included).
+            18 => {
+                let r = a.dims().len();
+                if r == 0 {
+                    return;
+                }
+                let axis = s.c as usize % r;
+                let n = a.dims()[axis];
+                if n == 0 {
+                    return;
+                }
+                let len = [1usize, 3, 5, 0][s.b as usize % 4];
+                let idx: Vec<i32> = (0..len)
+                    .map(|i| {
+                        let k = ((s.b as usize + 7 * i) % (2 * n)) as i32;
+                        k - n as i32
+                    })
+                    .collect();
+                let shape: Vec<usize> = if s.b & 4 != 0 && len > 0 { vec![len, 1] } else { vec![len] };
+                if r - 1 + shape.len() > 4 {
+                    return;
+                }
+                let t = self.apply("gather", &[&a], |v| {
+                    let i = Tensor::from_slice(&idx, shape.clone(), v[0].device())?;
+                    v[0].gather(axis as isize, &i)
+                });
+                self.push(t, a.bound, a.frac, a.depth);
+            }
+            // Cumulative sum.
+            19 => {
+                let x = if a.dtype() == DType::Bool { self.float(&a, 64.0) } else { a.clone() };
+                let lim = if x.dtype() == DType::I32 { 1000.0 } else { 64.0 };
+                let x = self.tame(&x, lim);
+                let r = x.dims().len();
+                if r == 0 {
+                    return;
+                }
+                let axis = (s.c as usize % r) as isize;
+                let n = x.dims()[axis as usize];
+                let (excl, rev) = (s.b & 1 != 0, s.b & 2 != 0);
+                let t = self.apply("cumsum", &[&x], |v| v[0].cumsum(axis, excl, rev));
+                let bound = x.bound * n.max(1) as f64;
+                let depth = x.depth + exact_frac(x.frac, bound).is_none() as u32;
+                self.push(t, bound, x.frac, depth);
+            }
+            // Integer arithmetic on exact values: div, rem, modulo by a nonzero divisor.
+            20 => {
+                if !a.exact() || a.dtype() == DType::Bool || a.bound > 1e6 {
+                    return;
+                }
+                let x = if a.dtype() == DType::F32 {
+                    match self.apply("cast_i32", &[&a], |v| v[0].cast(DType::I32)) {
+                        Some((c, g)) => Val { cpu: c, gpu: g, bound: a.bound, frac: Some(0), depth: a.depth },
+                        None => return,
+                    }
+                } else {
+                    a
+                };
+                let y = self.partner(&x, s.c);
+                let y = if y.exact() && y.bound <= 1000.0 { y } else { x.clone() };
+                let (name, f): (&str, fn(&Tensor, &Tensor) -> Res) = match s.b % 3 {
+                    0 => ("div", Tensor::div),
+                    1 => ("rem", Tensor::rem),
+                    _ => ("modulo", Tensor::modulo),
+                };
+                let t = self.apply(name, &[&x, &y], |v| {
+                    let d = v[1].abs()?.add_scalar(1)?;
+                    let d = if s.c % 2 == 0 { d.neg()? } else { d };
+                    f(v[0], &d)
+                });
+                self.push(t, x.bound, Some(0), x.depth);
+            }
+            // A sync point in the middle: the value is materialized and
+            // later ops read it as data.
+            _ => {
+                lazuli::sync(&[&a.cpu]).expect("sync on cpu");
+                lazuli::sync(&[&a.gpu]).expect("sync on wgpu");
+                self.log.push(format!("sync({}{})", a.dtype(), a.cpu.shape()));
+            }
+        }
+    }
+
+}
+
+/// The two devices every case runs on (one pair for the whole run, so the
+/// compile and pipeline caches help).
+fn devices() -> Option<&'static (Device, Device)> {
+    static DEVS: OnceLock<Option<(Device, Device)>> = OnceLock::new();
+    DEVS.get_or_init(|| common::wgpu().map(|g| (Device::cpu(), g))).as_ref()
+}
+
+fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
+    let numel: usize = dims.iter().product();
+    let quarter = |n: usize, seed: u64| -> Vec<f32> {
+        common::rand_vec(n, seed, -3.0, 3.0).into_iter().map(|x| (x * 4.0).round() / 4.0).collect()
+    };
+    let add = |it: &mut Interp, cpu: Tensor, gpu: Tensor, bound: f64, frac: u32| {
+        it.log.push(format!("input {}{}", cpu.dtype(), cpu.shape()));
+        it.pool.push(Val { cpu, gpu, bound, frac: Some(frac), depth: 0 });
+    };
+    let f32s = |d: &Device, v: &[f32], s: &[usize]| Tensor::from_slice(v, s.to_vec(), d).expect("input");
+    // x0: the base shape.
+    let v = quarter(numel, seed);
+    add(it, f32s(&it.cpu, &v, dims), f32s(&it.gpu, &v, dims), 3.0, 2);
+    // x1: some dims set to 1 (broadcasts against x0).
+    let bd: Vec<usize> = dims.iter().enumerate().map(|(i, &d)| if (seed >> i) & 1 == 1 { 1 } else { d }).collect();
+    let v = quarter(bd.iter().product(), seed + 1);
+    add(it, f32s(&it.cpu, &v, &bd), f32s(&it.gpu, &v, &bd), 3.0, 2);
+    // x2: the last dim only.
+    let last = [*dims.last().expect("rank >= 1")];
+    let v = quarter(last[0], seed + 2);
+    add(it, f32s(&it.cpu, &v, &last), f32s(&it.gpu, &v, &last), 3.0, 2);
+    // x3: i32 of the base shape, with ties.
+    let v: Vec<i32> = quarter(numel, seed + 3).into_iter().map(|x| x.round() as i32).collect();
+    let (c, g) = (
+        Tensor::from_slice(&v, dims.to_vec(), &it.cpu).expect("input"),
+        Tensor::from_slice(&v, dims.to_vec(), &it.gpu).expect("input"),
+    );
+    add(it, c, g, 3.0, 0);
+    // x4: bool of the broadcast shape.
+    let v: Vec<bool> = quarter(bd.iter().product(), seed + 4).into_iter().map(|x| x > 0.0).collect();
+    let (c, g) = (
+        Tensor::from_slice(&v, bd.clone(), &it.cpu).expect("input"),
+        Tensor::from_slice(&v, bd.clone(), &it.gpu).expect("input"),
+    );
+    add(it, c, g, 1.0, 0);
+    // x5: a rank-0 data tensor.
+    let v = [quarter(1, seed + 5)[0]];
+    add(it, f32s(&it.cpu, &v, &[]), f32s(&it.gpu, &v, &[]), 3.0, 2);
+}
+
+/// Runs a program on both devices and compares the outputs.
+fn run(p: &Program) -> Result<(), String> {
+    let Some((cpu, gpu)) = devices() else { return Ok(()) };
+    let mut it = Interp { cpu: cpu.clone(), gpu: gpu.clone(), pool: Vec::new(), log: Vec::new() };
+    inputs(&mut it, &p.dims, p.seed);
+    let n_inputs = it.pool.len();
+    for s in &p.steps {
+        it.step(*s);
+    }
+    // Outputs: the last three values and every fifth earlier one.
+    let mut outs: Vec<Val> = it.pool[n_inputs..].iter().rev().take(3).cloned().collect();
+    outs.extend(it.pool[n_inputs..].iter().step_by(5).cloned());
+    if outs.is_empty() {
+        return Ok(());
+    }
+    lazuli::sync(&outs.iter().map(|v| &v.cpu).collect::<Vec<_>>()).map_err(|e| format!("cpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
+    lazuli::sync(&outs.iter().map(|v| &v.gpu).collect::<Vec<_>>()).map_err(|e| format!("wgpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
+    for (k, v) in outs.iter().enumerate() {
+        let want = v.cpu.to_scalars().map_err(|e| format!("cpu read: {e}\nprogram:\n{}", it.log.join("\n")))?;
+        let got = v.gpu.to_scalars().map_err(|e| format!("wgpu read: {e}\nprogram:\n{}", it.log.join("\n")))?;
+        let tol = if v.exact() { 0.0 } else { 2e-5 * (1 + v.depth) as f64 * v.bound.clamp(1.0, 1e6) };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (g, w) = (g.as_f64(), w.as_f64());
+            let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol + 1e-5 * w.abs() * v.depth as f64;
+            if !ok {
+                return Err(format!(
+                    "output {k} ({}{}, exact: {}, rounded depth {}, bound {}): element {i}: wgpu {g}, cpu {w} (tolerance {tol})\nprogram:\n{}",
+                    v.dtype(),
+                    v.cpu.shape(),
+                    v.exact(),
+                    v.depth,
+                    v.bound,
+                    it.log.join("\n")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn dim() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        3 => Just(1usize),
+        3 => Just(2usize),
+        3 => Just(3usize),
+        2 => Just(5usize),
+        2 => Just(7usize),
+        1 => Just(0usize),
+        1 => Just(33usize),
+    ]
+}
+
+fn program() -> impl Strategy<Value = Program> {
+    let step = (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(op, a, b, c)| Step { op, a, b, c });
+    (prop::collection::vec(dim(), 1..=3), any::<u64>(), prop::collection::vec(step, 10..=60))
+        .prop_map(|(dims, seed, steps)| Program { dims, seed, steps })
+}
+
+fn cases() -> u32 {
+    std::env::var("LAZULI_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(500)
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: cases(),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        max_shrink_iters: 2000,
+        ..Config::default()
+    })]
+
+    #[test]
+    fn random_graphs_match_the_cpu_reference(p in program()) {
+        if let Err(e) = run(&p) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+// Regression tests for bugs the fuzzer found (see docs/reliability-findings.md).
+
+/// Finding 1: a kernel over a zero-size operand broadcast against a size-1
+/// dim lowered to WGSL dividing by the zero dim (`i % 0u`), which naga
+/// rejects, so the whole sync failed to compile.
+#[test]
+fn zero_size_broadcast_compiles() {
+    for d in common::devices() {
+        let a = Tensor::from_slice(&[true], [1, 1], &d).unwrap();
+        let b = Tensor::from_slice::<bool>(&[], [0], &d).unwrap();
+        let x = a.logical_xor(&b).unwrap().cast(DType::F32).unwrap().neg().unwrap();
+        assert_eq!(x.dims(), &[1, 0]);
+        assert!(x.to_vec::<f32>().unwrap().is_empty(), "on {}", d.name());
+        // The same through a reduction over the empty axis and a softmax.
+        let y = Tensor::zeros([2, 0, 3], DType::F32, &d).unwrap().exp().unwrap();
+        assert_eq!(y.sum(&[1], false).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+        assert!(y.softmax(1).unwrap().to_vec::<f32>().unwrap().is_empty());
+        assert!(y.sum(&[0], false).unwrap().to_vec::<f32>().unwrap().is_empty());
+    }
+}
+
+/// Finding 1b: a reduction over axes that are all empty indexed the
+/// reduced block with `r / 0u` (same cause, in the reduction kernel).
+#[test]
+fn reduction_over_only_empty_axes_compiles() {
+    for d in common::devices() {
+        let x = Tensor::from_slice::<i32>(&[], [0, 0], &d).unwrap().neg().unwrap();
+        assert_eq!(x.sum(&[], false).unwrap().item::<i32>().unwrap(), 0, "on {}", d.name());
+        let y = Tensor::from_slice::<f32>(&[], [2, 0, 0], &d).unwrap().abs().unwrap();
+        assert_eq!(y.sum(&[1, 2], true).unwrap().to_vec::<f32>().unwrap(), vec![0.0, 0.0]);
+    }
+}

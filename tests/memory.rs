@@ -1,0 +1,123 @@
+//! Memory bounds over a long training-like loop: linear regression with
+//! hand-written gradients (matmul, sub, mul, sum, `Tensor::assign`, one
+//! `mark_step` per step). After a warm-up the buffer pool bytes, the live
+//! tensor count and the compile cache size stay bounded (asserted at
+//! every checkpoint), and the loop converges. 10,000 steps on the CPU
+//! device; on wgpu 1,000 (10,000 with `LAZULI_HEAVY=1`). A second test
+//! checks the compile cache is bounded by its configured size when every
+//! step has a new shape.
+
+mod common;
+use lazuli::prelude::*;
+
+fn heavy() -> bool {
+    std::env::var("LAZULI_HEAVY").is_ok_and(|v| v == "1")
+}
+
+/// Fits `y = x @ w_true + b_true` by gradient descent; returns the final
+/// loss.
+fn train(dev: &Device, steps: usize) -> f32 {
+    let (n, f) = (32, 4);
+    let xs = common::rand_vec(n * f, 11, -1.0, 1.0);
+    let w_true = [0.5f32, -1.0, 2.0, 0.25];
+    let ys: Vec<f32> = (0..n).map(|r| (0..f).map(|c| xs[r * f + c] * w_true[c]).sum::<f32>() + 0.5).collect();
+    let x = Tensor::from_slice(&xs, [n, f], dev).unwrap();
+    let y = Tensor::from_slice(&ys, [n, 1], dev).unwrap();
+    let xt = x.t().unwrap();
+    let w = Tensor::zeros([f, 1], DType::F32, dev).unwrap();
+    let b = Tensor::zeros([1], DType::F32, dev).unwrap();
+    let lr = 0.1f32;
+    let base_live = dev.live_tensors();
+    let mut pool_after_warmup = 0u64;
+    let mut cache_after_warmup = 0usize;
+    let mut loss = f32::NAN;
+    for step in 0..steps {
+        let pred = x.matmul(&w).unwrap().add(&b).unwrap();
+        let err = pred.sub(&y).unwrap();
+        // d/dw mean(err^2) = 2/n x^T err; d/db = 2/n sum(err)
+        let gw = xt.matmul(&err).unwrap().mul_scalar(2.0 / n as f32).unwrap();
+        let gb = err.sum(&[0], false).unwrap().mul_scalar(2.0 / n as f32).unwrap();
+        w.sub_(&gw.mul_scalar(lr).unwrap()).unwrap();
+        b.sub_(&gb.mul_scalar(lr).unwrap()).unwrap();
+        let l = err.mul(&err).unwrap().mean(&[], false).unwrap();
+        dev.mark_step().unwrap();
+        if step % 1000 == 999 || step + 1 == steps {
+            loss = l.item::<f32>().unwrap();
+        }
+        drop((pred, err, gw, gb, l));
+        if step == 50 {
+            dev.wait().unwrap();
+            pool_after_warmup = dev.pool_bytes();
+            cache_after_warmup = dev.cached_plans();
+        }
+        if step > 50 && step % 500 == 0 {
+            dev.wait().unwrap();
+            assert!(
+                dev.live_tensors() <= base_live + 2,
+                "step {step}: live tensors grew from {base_live} to {} on {}",
+                dev.live_tensors(),
+                dev.name()
+            );
+            assert!(
+                dev.pool_bytes() <= pool_after_warmup * 2 + (64 << 10),
+                "step {step}: pool grew from {pool_after_warmup} to {} bytes on {}",
+                dev.pool_bytes(),
+                dev.name()
+            );
+            assert!(
+                dev.cached_plans() <= cache_after_warmup + 1,
+                "step {step}: compile cache grew from {cache_after_warmup} to {} plans on {}",
+                dev.cached_plans(),
+                dev.name()
+            );
+        }
+    }
+    dev.wait().unwrap();
+    let w_got = w.to_vec::<f32>().unwrap();
+    if steps >= 1000 {
+        common::assert_close(&w_got, &w_true, 1e-2, 1e-2, "fitted weights");
+        assert!((b.item::<f32>().unwrap() - 0.5).abs() < 1e-2);
+    }
+    loss
+}
+
+#[test]
+fn ten_thousand_training_steps_on_cpu_stay_bounded() {
+    let dev = Device::cpu();
+    let loss = train(&dev, 10_000);
+    assert!(loss < 1e-6, "loss {loss}");
+}
+
+#[test]
+fn training_steps_on_wgpu_stay_bounded() {
+    let Some(dev) = common::wgpu() else { return };
+    let steps = if heavy() { 10_000 } else { 1_000 };
+    let loss = train(&dev, steps);
+    assert!(loss < 1e-4, "loss {loss}");
+}
+
+#[test]
+fn compile_cache_is_bounded_by_its_size() {
+    // Every step has a new shape (a new graph); the cache evicts LRU plans.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "compile_cache_bound_child", "--ignored"])
+        .env("LAZULI_COMPILE_CACHE_SIZE", "16")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+#[ignore = "run by compile_cache_is_bounded_by_its_size with LAZULI_COMPILE_CACHE_SIZE=16"]
+fn compile_cache_bound_child() {
+    for dev in common::devices() {
+        for n in 1..200 {
+            let x = Tensor::ones([n], DType::F32, &dev).unwrap();
+            let s = x.mul_scalar(3.0).unwrap().sum(&[], false).unwrap().item::<f32>().unwrap();
+            assert_eq!(s, 3.0 * n as f32);
+            assert!(dev.cached_plans() <= 16, "{} plans cached on {}", dev.cached_plans(), dev.name());
+        }
+        assert_eq!(dev.cached_plans(), 16);
+    }
+}

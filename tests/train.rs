@@ -1,0 +1,188 @@
+//! Training through the public API: the digits demo (accuracy, one cached
+//! graph per step), optimizers against hand-computed updates, learning-rate
+//! changes without recompiles, and safetensors round trips.
+
+mod common;
+
+use lazuli::debug;
+use lazuli::nn::{self, Module};
+use lazuli::optim::{Adam, Optimizer, Sgd};
+use lazuli::prelude::*;
+use lazuli::train::{train_digits, Digits, TrainConfig};
+
+fn digits() -> Digits {
+    Digits::load(&Digits::default_dir()).expect("data/digits ships with the repository")
+}
+
+#[test]
+fn digits_demo_trains_on_cpu_with_one_graph_per_step() {
+    let cfg = TrainConfig { epochs: 8, ..TrainConfig::default() };
+    let report = train_digits(&Device::cpu(), &digits(), &cfg, &mut |_| {}).unwrap();
+    assert_eq!(report.steps, 8 * (1437 / 64));
+    assert!(report.test_accuracy >= 0.95, "test accuracy {}", report.test_accuracy);
+    assert_eq!(report.uncached_compiles_after_step_2, 0);
+    assert!(report.epoch_losses.windows(2).all(|w| w[1] < w[0] * 1.2), "{:?}", report.epoch_losses);
+    let json = report.to_json();
+    for key in [
+        "device",
+        "epochs",
+        "steps",
+        "test_accuracy",
+        "median_step_ms",
+        "uncached_compiles",
+        "uncached_compiles_after_step_2",
+    ] {
+        assert!(json.get(key).is_some(), "{key} missing from {json}");
+    }
+}
+
+#[test]
+fn digits_demo_trains_on_wgpu() {
+    let Some(dev) = common::wgpu() else { return };
+    let cfg = TrainConfig { epochs: 3, ..TrainConfig::default() };
+    let report = train_digits(&dev, &digits(), &cfg, &mut |_| {}).unwrap();
+    assert!(report.test_accuracy >= 0.9, "test accuracy {}", report.test_accuracy);
+    assert_eq!(report.uncached_compiles_after_step_2, 0);
+}
+
+/// One W4-style step: forward, backward, SGD update, one mark_step.
+fn mlp_step(dev: &Device, model: &impl Module, opt: &mut impl Optimizer, x: &Tensor, y: &Tensor) -> u64 {
+    let loss = nn::cross_entropy(&model.forward(x).unwrap(), y).unwrap();
+    loss.backward().unwrap();
+    opt.step().unwrap();
+    opt.zero_grad();
+    let live: Vec<Tensor> = model.parameters();
+    let refs: Vec<&Tensor> = live.iter().collect();
+    let hash = debug::graph_hash(&refs);
+    drop(loss);
+    dev.mark_step().unwrap();
+    hash
+}
+
+#[test]
+fn steady_training_step_has_one_graph_hash_and_lr_changes_compile_nothing() {
+    let dev = Device::cpu();
+    dev.manual_seed(5);
+    let model = nn::Sequential::new()
+        .add(nn::Linear::new(8, 16, &dev).unwrap())
+        .add(nn::Activation::Relu)
+        .add(nn::Linear::new(16, 4, &dev).unwrap());
+    let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9).weight_decay(1e-4);
+    let x = Tensor::from_slice(&common::rand_vec(32, 1, -1.0, 1.0), [4, 8], &dev).unwrap();
+    let y = Tensor::from_slice(&[0i32, 1, 2, 3], [4], &dev).unwrap();
+    let mut hashes = Vec::new();
+    let mut compiles_after_2 = 0;
+    for step in 0..6 {
+        opt.set_lr(0.1 / (step + 1) as f64);
+        let before = dev.cached_plans();
+        hashes.push(mlp_step(&dev, &model, &mut opt, &x, &y));
+        dev.wait().unwrap();
+        if step >= 2 {
+            compiles_after_2 += dev.cached_plans() - before;
+        }
+    }
+    assert!(hashes[2..].iter().all(|h| *h == hashes[2]), "{hashes:x?}");
+    assert_eq!(compiles_after_2, 0);
+    // Parameters stay trainable leaves across the in-place updates.
+    assert!(model.parameters().iter().all(|p| p.requires_grad() && p.is_leaf() && p.grad().is_none()));
+}
+
+#[test]
+fn sgd_momentum_matches_hand_computation() {
+    let dev = Device::cpu();
+    let w = Tensor::from_slice(&[1.0f32, -2.0], [2], &dev).unwrap().requires_grad_(true).unwrap();
+    let mut opt = Sgd::new(vec![w.clone()], 0.1).momentum(0.5).weight_decay(0.1);
+    let (mut wh, mut buf) = ([1.0f64, -2.0], [0.0f64; 2]);
+    for step in 0..3 {
+        opt.zero_grad();
+        // loss = sum(w^2) -> grad 2w.
+        w.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        opt.step().unwrap();
+        dev.mark_step().unwrap();
+        for i in 0..2 {
+            let g = 2.0 * wh[i] + 0.1 * wh[i];
+            buf[i] = if step == 0 { g } else { 0.5 * buf[i] + g };
+            wh[i] -= 0.1 * buf[i];
+        }
+    }
+    let got = w.to_vec::<f32>().unwrap();
+    common::assert_close(&got, &[wh[0] as f32, wh[1] as f32], 1e-5, 1e-6, "sgd momentum");
+}
+
+#[test]
+fn adam_and_adamw_match_hand_computation() {
+    for decoupled in [false, true] {
+        let dev = Device::cpu();
+        let w = Tensor::from_slice(&[0.5f32, -1.5, 2.0], [3], &dev).unwrap().requires_grad_(true).unwrap();
+        let mut opt = if decoupled {
+            Adam::adamw(vec![w.clone()], 0.05, 0.1)
+        } else {
+            Adam::new(vec![w.clone()], 0.05).weight_decay(0.1)
+        };
+        let mut wh = [0.5f64, -1.5, 2.0];
+        let (mut m, mut v) = ([0.0f64; 3], [0.0f64; 3]);
+        for t in 1..=4 {
+            opt.zero_grad();
+            // loss = sum(w^3) -> grad 3w^2.
+            w.mul(&w).unwrap().mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+            opt.step().unwrap();
+            dev.mark_step().unwrap();
+            for i in 0..3 {
+                let mut g = 3.0 * wh[i] * wh[i];
+                if decoupled {
+                    wh[i] *= 1.0 - 0.05 * 0.1;
+                } else {
+                    g += 0.1 * wh[i];
+                }
+                m[i] = 0.9 * m[i] + 0.1 * g;
+                v[i] = 0.999 * v[i] + 0.001 * g * g;
+                let mh = m[i] / (1.0 - 0.9f64.powi(t));
+                let vh = v[i] / (1.0 - 0.999f64.powi(t));
+                wh[i] -= 0.05 * mh / (vh.sqrt() + 1e-8);
+            }
+        }
+        let want: Vec<f32> = wh.iter().map(|&x| x as f32).collect();
+        common::assert_close(&w.to_vec::<f32>().unwrap(), &want, 1e-5, 1e-6, &format!("adam decoupled={decoupled}"));
+    }
+}
+
+#[test]
+fn safetensors_round_trip_keeps_parameters_trainable() {
+    let dev = Device::cpu();
+    dev.manual_seed(9);
+    let a = nn::Linear::new(3, 2, &dev).unwrap();
+    let b = nn::Linear::new(3, 2, &dev).unwrap();
+    let dir = std::env::temp_dir().join(format!("lazuli-safetensors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("linear.safetensors");
+    lazuli::serialize::save(&path, &a.named_parameters()).unwrap();
+    let loaded = lazuli::serialize::load(&path, &dev).unwrap();
+    assert_eq!(loaded.len(), 2);
+    assert_eq!(loaded["weight"].to_vec::<f32>().unwrap(), a.weight.to_vec::<f32>().unwrap());
+    lazuli::serialize::load_into(&path, &b.named_parameters()).unwrap();
+    assert_eq!(b.weight.to_vec::<f32>().unwrap(), a.weight.to_vec::<f32>().unwrap());
+    assert_eq!(b.bias.as_ref().unwrap().to_vec::<f32>().unwrap(), a.bias.as_ref().unwrap().to_vec::<f32>().unwrap());
+    assert!(b.weight.requires_grad() && b.weight.is_leaf());
+    // A missing name is an error naming it.
+    let wrong = vec![("nope".to_string(), b.weight.clone())];
+    let e = lazuli::serialize::load_into(&path, &wrong).unwrap_err().to_string();
+    assert!(e.contains("nope"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn dropout_is_seeded_and_scaled() {
+    let dev = Device::cpu();
+    let x = Tensor::ones([1000], DType::F32, &dev).unwrap();
+    dev.manual_seed(4);
+    let a = x.dropout(0.25, true).unwrap().to_vec::<f32>().unwrap();
+    dev.manual_seed(4);
+    let b = x.dropout(0.25, true).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a, b, "same seed, same mask");
+    let kept = a.iter().filter(|&&v| v != 0.0).count();
+    assert!((650..850).contains(&kept), "kept {kept} of 1000");
+    assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+    let c = x.dropout(0.25, true).unwrap().to_vec::<f32>().unwrap();
+    assert_ne!(a, c, "a second draw in the same step uses a new stream");
+    assert_eq!(x.dropout(0.25, false).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 1000]);
+}
