@@ -35,6 +35,9 @@ pub(crate) struct DeviceInner {
     pub rng: Mutex<RngState>,
     force_fallback: RwLock<BTreeSet<String>>,
     explainer: Mutex<crate::explain::Explainer>,
+    /// This device's share of the UncachedCompile / CachedCompile counters.
+    uncached: AtomicU64,
+    cached: AtomicU64,
     /// Serializes syncs so plans reach the worker in trace order.
     sync_lock: Mutex<()>,
     worker: Option<JoinHandle<()>>,
@@ -104,6 +107,8 @@ impl Device {
             rng: Mutex::new(RngState::default()),
             force_fallback: RwLock::new(force),
             explainer: Mutex::new(Default::default()),
+            uncached: AtomicU64::new(0),
+            cached: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
             worker: Some(worker),
         }))
@@ -132,6 +137,12 @@ impl Device {
     /// Number of live tensors (handles not yet dropped) on this device.
     pub fn live_tensors(&self) -> usize {
         self.0.live.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Compile-cache misses and hits of syncs on this device, as
+    /// `(uncached, cached)` (the process-wide counters sum all devices).
+    pub fn compile_counts(&self) -> (u64, u64) {
+        (self.0.uncached.load(Ordering::Relaxed), self.0.cached.load(Ordering::Relaxed))
     }
 
     /// Number of compiled plans in the compile cache.
@@ -229,26 +240,36 @@ impl Device {
     /// takes it from the cache) and submits it to the worker. Outputs get
     /// placeholders at once; the call returns before the device is done.
     pub(crate) fn sync_tensors(&self, tensors: &[&crate::Tensor], trigger: &str) -> Result<()> {
+        let pairs: Vec<(crate::Tensor, Arc<LazyNode>)> = tensors.iter().map(|t| ((*t).clone(), t.node())).collect();
+        self.sync_nodes(&pairs, trigger)
+    }
+
+    /// Syncs the given (tensor, node) pairs: each node is the value of its
+    /// tensor as the caller saw it. Afterwards every given node has a
+    /// materialized cell; a tensor whose value another thread replaced in
+    /// the meantime keeps the newer value (compare-and-swap).
+    pub(crate) fn sync_nodes(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
         let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
         let started = Instant::now();
         // Collect pending roots, deduplicated by node identity.
         let mut roots: Vec<Arc<LazyNode>> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut owners: Vec<(crate::Tensor, usize)> = Vec::new();
-        for t in tensors {
+        for (t, node) in pairs {
             if !t.device().same(self) {
                 return Err(ExecError::DeviceMismatch { op: "sync".into(), a: self.name(), b: t.device().name() });
             }
-            let node = t.node();
+            // An earlier sync (another thread's) may have materialized the
+            // node since the caller read it.
             if !node.is_pending() {
                 continue;
             }
-            let key = Arc::as_ptr(&node) as usize;
+            let key = Arc::as_ptr(node) as usize;
             if seen.insert(key) {
-                roots.push(node);
+                roots.push(node.clone());
             }
             let idx = roots.iter().position(|r| Arc::as_ptr(r) as usize == key).expect("root recorded");
-            owners.push(((*t).clone(), idx));
+            owners.push((t.clone(), idx));
         }
         if roots.is_empty() {
             return Ok(());
@@ -275,7 +296,10 @@ impl Device {
             let _ = root.materialized.set(cell.clone());
         }
         for (t, idx) in &owners {
-            t.set_node(Arc::new(LazyNode::data(outputs[*idx].clone(), roots[*idx].location)));
+            // Only if the tensor still holds the traced node: another
+            // thread may have assigned it a newer value meanwhile, which
+            // must not be lost (the traced node knows its cell anyway).
+            t.replace_node_if(&roots[*idx], Arc::new(LazyNode::data(outputs[*idx].clone(), roots[*idx].location)));
         }
         let hash = traced.graph.structural_hash();
         let context = format!(
@@ -299,11 +323,13 @@ impl Device {
             if let Some(plan) = cache.get(&hash) {
                 if plan.graph == traced.graph {
                     metrics::inc("CachedCompile", 1);
+                    self.0.cached.fetch_add(1, Ordering::Relaxed);
                     return Ok(plan.clone());
                 }
             }
         }
         metrics::inc("UncachedCompile", 1);
+        self.0.uncached.fetch_add(1, Ordering::Relaxed);
         let _span = tracing::debug_span!("compile", hash = format_args!("{hash:016x}"), nodes = traced.graph.len()).entered();
         self.0.explainer.lock().unwrap_or_else(|e| e.into_inner()).on_miss(&traced.graph, &traced.locations, trigger);
         let started = Instant::now();
@@ -471,7 +497,8 @@ fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) ->
     }
     crate::fault::before_execute(&shared.faults, &job.context)?;
     if shared.validate.load(Ordering::Relaxed) {
-        return crate::validate::run_validated(&job.plan, inputs, &job.scalars, main, cpu, &job.locations, &job.context);
+        let (plan, scalars, locations) = (&job.plan, &job.scalars, &job.locations);
+        return crate::validate::run_validated(plan, inputs, scalars, main, cpu, locations, &job.context);
     }
     job.plan
         .run(inputs, &job.scalars, main, cpu)

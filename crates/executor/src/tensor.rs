@@ -5,7 +5,7 @@
 
 use crate::device::Device;
 use crate::element::{self, Element};
-use crate::lazy::{CellState, DataCell, LazyNode, NodeKind};
+use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::{metrics, ExecError, Result};
 use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, ValueType};
 use std::fmt;
@@ -25,6 +25,9 @@ pub(crate) struct TensorInner {
     device: Device,
     ty: ValueType,
     node: Mutex<Arc<LazyNode>>,
+    /// Serializes in-place updates (`assign`, `add_` ...) so that a
+    /// read-modify-write from several threads loses no update.
+    update: Mutex<()>,
     generation: AtomicU64,
     pub(crate) grad: Mutex<crate::autograd::GradState>,
 }
@@ -48,9 +51,7 @@ pub enum TensorState {
 
 fn max_graph_nodes() -> usize {
     static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("LAZULI_MAX_GRAPH_NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(4096)
-    })
+    *LIMIT.get_or_init(|| std::env::var("LAZULI_MAX_GRAPH_NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(4096))
 }
 
 impl Tensor {
@@ -61,6 +62,7 @@ impl Tensor {
             device: device.clone(),
             ty: node.ty.clone(),
             node: Mutex::new(node),
+            update: Mutex::new(()),
             generation: AtomicU64::new(0),
             grad: Mutex::new(Default::default()),
         });
@@ -121,6 +123,15 @@ impl Tensor {
         *self.0.node.lock().unwrap_or_else(|e| e.into_inner()) = node;
     }
 
+    /// Replaces the node only if it is still `expected` (a sync must not
+    /// undo a concurrent `assign`).
+    pub(crate) fn replace_node_if(&self, expected: &Arc<LazyNode>, node: Arc<LazyNode>) {
+        let mut cur = self.0.node.lock().unwrap_or_else(|e| e.into_inner());
+        if Arc::ptr_eq(&cur, expected) {
+            *cur = node;
+        }
+    }
+
     /// The tensor's current state.
     pub fn state(&self) -> TensorState {
         let node = self.node();
@@ -138,7 +149,12 @@ impl Tensor {
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         if data.len() != shape.numel() {
-            return Err(ExecError::DataLength { op: "from_slice".into(), len: data.len(), shape: shape.clone(), numel: shape.numel() });
+            return Err(ExecError::DataLength {
+                op: "from_slice".into(),
+                len: data.len(),
+                shape: shape.clone(),
+                numel: shape.numel(),
+            });
         }
         Tensor::from_bytes(element::to_bytes(data), ValueType::new(shape, T::DTYPE), device)
     }
@@ -185,7 +201,12 @@ impl Tensor {
 
     /// A tensor of `shape` filled with `value`.
     #[track_caller]
-    pub fn full(shape: impl Into<Shape>, value: impl Into<ScalarValue>, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn full(
+        shape: impl Into<Shape>,
+        value: impl Into<ScalarValue>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let shape = shape.into();
         let s = Tensor::scalar(value, dtype, device);
         if shape.rank() == 0 {
@@ -210,7 +231,10 @@ impl Tensor {
     #[track_caller]
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(ExecError::Invalid { op: "arange".into(), detail: format!("bad range {start}..{end} step {step}") });
+            return Err(ExecError::Invalid {
+                op: "arange".into(),
+                detail: format!("bad range {start}..{end} step {step}"),
+            });
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         let idx = Tensor::iota([n], 0, dtype, device)?;
@@ -268,7 +292,10 @@ impl Tensor {
         crate::autograd::track(&t, operands);
         if over {
             metrics::inc("GraphSizeLimitHits", 1);
-            device.sync_tensors(&[&t], &format!("graph size limit ({limit} nodes) at {}:{}", location.file(), location.line()))?;
+            device.sync_tensors(
+                &[&t],
+                &format!("graph size limit ({limit} nodes) at {}:{}", location.file(), location.line()),
+            )?;
         }
         Ok(t)
     }
@@ -284,7 +311,12 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         let loc = Location::caller();
         if T::DTYPE != self.dtype() {
-            return Err(ExecError::ReadDType { op: "to_vec".into(), actual: self.dtype(), expected: T::DTYPE, shape: self.shape().clone() });
+            return Err(ExecError::ReadDType {
+                op: "to_vec".into(),
+                actual: self.dtype(),
+                expected: T::DTYPE,
+                shape: self.shape().clone(),
+            });
         }
         let bytes = self.read_bytes_at(&format!("to_vec at {}:{}", loc.file(), loc.line()))?;
         Ok(element::from_bytes(&bytes))
@@ -295,10 +327,18 @@ impl Tensor {
     pub fn item<T: Element>(&self) -> Result<T> {
         let loc = Location::caller();
         if self.numel() != 1 {
-            return Err(ExecError::Invalid { op: "item".into(), detail: format!("tensor of shape {} has {} elements, not 1", self.shape(), self.numel()) });
+            return Err(ExecError::Invalid {
+                op: "item".into(),
+                detail: format!("tensor of shape {} has {} elements, not 1", self.shape(), self.numel()),
+            });
         }
         if T::DTYPE != self.dtype() {
-            return Err(ExecError::ReadDType { op: "item".into(), actual: self.dtype(), expected: T::DTYPE, shape: self.shape().clone() });
+            return Err(ExecError::ReadDType {
+                op: "item".into(),
+                actual: self.dtype(),
+                expected: T::DTYPE,
+                shape: self.shape().clone(),
+            });
         }
         let bytes = self.read_bytes_at(&format!("item at {}:{}", loc.file(), loc.line()))?;
         Ok(T::read_bytes(&bytes))
@@ -321,9 +361,11 @@ impl Tensor {
 
     fn read_bytes_at(&self, trigger: &str) -> Result<Vec<u8>> {
         let _span = tracing::debug_span!("barrier", trigger).entered();
-        self.device().sync_tensors(&[self], trigger)?;
+        // Read the value the tensor has now, even if another thread assigns
+        // a new one while this read is in flight.
         let node = self.node();
-        let cell = node.cell().expect("a synced tensor holds a data cell");
+        self.device().sync_nodes(&[(self.clone(), node.clone())], trigger)?;
+        let cell = node.cell().expect("a synced node holds a data cell");
         self.device().read_cell(cell, trigger)
     }
 
@@ -332,6 +374,11 @@ impl Tensor {
     /// needs. Records nothing and copies nothing; bumps the generation.
     #[track_caller]
     pub fn assign(&self, other: &Tensor) -> Result<()> {
+        let _guard = self.0.update.lock().unwrap_or_else(|e| e.into_inner());
+        self.assign_locked(other)
+    }
+
+    fn assign_locked(&self, other: &Tensor) -> Result<()> {
         if other.ty() != self.ty() {
             return Err(ExecError::Invalid {
                 op: "assign".into(),
@@ -339,32 +386,42 @@ impl Tensor {
             });
         }
         if !other.device().same(self.device()) {
-            return Err(ExecError::DeviceMismatch { op: "assign".into(), a: self.device().name(), b: other.device().name() });
+            return Err(ExecError::DeviceMismatch {
+                op: "assign".into(),
+                a: self.device().name(),
+                b: other.device().name(),
+            });
         }
         self.set_node(other.node());
         self.0.generation.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
+    /// `self = f(self)` atomically with respect to other in-place updates
+    /// of this tensor (from any thread).
+    #[track_caller]
+    pub fn update(&self, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<()> {
+        let _guard = self.0.update.lock().unwrap_or_else(|e| e.into_inner());
+        let new = f(self)?;
+        self.assign_locked(&new)
+    }
+
     /// `self += other` in place (other broadcasts to self's shape).
     #[track_caller]
     pub fn add_(&self, other: &Tensor) -> Result<()> {
-        let sum = self.add(other)?;
-        self.assign(&sum)
+        self.update(|t| t.add(other))
     }
 
     /// `self -= other` in place.
     #[track_caller]
     pub fn sub_(&self, other: &Tensor) -> Result<()> {
-        let d = self.sub(other)?;
-        self.assign(&d)
+        self.update(|t| t.sub(other))
     }
 
     /// `self *= other` in place.
     #[track_caller]
     pub fn mul_(&self, other: &Tensor) -> Result<()> {
-        let d = self.mul(other)?;
-        self.assign(&d)
+        self.update(|t| t.mul(other))
     }
 
     /// A new handle sharing this tensor's current value but no history:
@@ -372,10 +429,6 @@ impl Tensor {
     #[track_caller]
     pub fn detach(&self) -> Tensor {
         Tensor::from_node(self.device(), self.node())
-    }
-
-    pub(crate) fn is_lifted_scalar(&self) -> bool {
-        matches!(self.node().kind, NodeKind::Scalar(_))
     }
 }
 
@@ -404,6 +457,14 @@ pub fn sync(tensors: &[&Tensor]) -> Result<()> {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor(id={}, {}{}, {:?}, on {})", self.id(), self.dtype(), self.shape(), self.state(), self.device().name())
+        write!(
+            f,
+            "Tensor(id={}, {}{}, {:?}, on {})",
+            self.id(),
+            self.dtype(),
+            self.shape(),
+            self.state(),
+            self.device().name()
+        )
     }
 }
