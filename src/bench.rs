@@ -286,7 +286,7 @@ impl Mlp {
         params.extend(l2.parameters());
         let opt = Sgd::new(params, 0.1);
         let x = Tensor::from_slice(&uniform_data(256 * 64, 5), [256, 64], dev)?;
-        let labels: Vec<i32> = (0..256).map(|i| (i * 7 % 10) as i32).collect();
+        let labels: Vec<i32> = (0..256).map(|i| i * 7 % 10).collect();
         let labels = Tensor::from_slice(&labels, [256], dev)?;
         Ok(Mlp { l1, l2, opt, x, labels })
     }

@@ -155,7 +155,10 @@ fn bad_host_data_and_ranges() {
     err_contains(Tensor::arange(0.0, 1.0, 0.0, DType::F32, &d), &["arange", "step 0"]);
     err_contains(Tensor::arange(f64::NAN, 1.0, 1.0, DType::F32, &d), &["arange", "NaN"]);
     err_contains(Tensor::concat(&[], 0), &["concat", "at least 1"]);
-    err_contains(Tensor::record(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[]), &["reduce_sum", "at least 1"]);
+    err_contains(
+        Tensor::record(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[]),
+        &["reduce_sum", "at least 1"],
+    );
 }
 
 /// Decision: a tensor larger than the adapter's max storage-buffer binding
@@ -241,7 +244,11 @@ fn nan_and_inf_propagate_like_ieee() {
             let got = f(&x).and_then(|y| y.to_vec::<f32>());
             let ok = got.as_ref().is_ok_and(|g| {
                 g.len() == want.len()
-                    && g.iter().zip(want).all(|(g, w)| (g.is_nan() && w.is_nan()) || g == w && g.is_sign_negative() == w.is_sign_negative() || (g - w).abs() < 1e-6)
+                    && g.iter().zip(want).all(|(g, w)| {
+                        (g.is_nan() && w.is_nan())
+                            || g == w && g.is_sign_negative() == w.is_sign_negative()
+                            || (g - w).abs() < 1e-6
+                    })
             });
             if !ok && d.kind() == lazuli::BackendKind::Wgpu && known_wgpu.contains(name) {
                 known.push(format!("{name} on {}: got {got:?}, want {want:?}", d.name()));
@@ -272,7 +279,10 @@ fn using_a_tensor_after_its_device_failed() {
         err_contains(bad.to_vec::<f32>(), &["injected device failure"]);
         err_contains(bad.item::<f32>(), &["item", "failed execution"]);
         err_contains(bad.add_scalar(1.0).unwrap().to_vec::<f32>(), &["failed execution", "injected"]);
-        err_contains(bad.expand([2, 3]).unwrap().matmul(&a.reshape([3, 1]).unwrap()).unwrap().to_vec::<f32>(), &["injected"]);
+        err_contains(
+            bad.expand([2, 3]).unwrap().matmul(&a.reshape([3, 1]).unwrap()).unwrap().to_vec::<f32>(),
+            &["injected"],
+        );
         // assign makes w hold the failed value: reading w fails, and
         // mark_step with the poisoned tensor live reports it.
         w.assign(&bad.expand([3]).unwrap()).unwrap();

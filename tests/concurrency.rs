@@ -52,9 +52,7 @@ fn worker(dev: &Device, id: usize, syncs: usize, done: &AtomicUsize) {
         let k = (step % 7) as f32 + 1.0;
         // y = relu(x * k - 1) summed over rows, then added into acc.
         let y = x.mul_scalar(k).unwrap().sub_scalar(1.0).unwrap().relu().unwrap().sum(&[0], false).unwrap();
-        let want: Vec<f32> = (0..4)
-            .map(|c| (0..3).map(|r| (base[r * 4 + c] * k - 1.0).max(0.0)).sum())
-            .collect();
+        let want: Vec<f32> = (0..4).map(|c| (0..3).map(|r| (base[r * 4 + c] * k - 1.0).max(0.0)).sum()).collect();
         acc.add_(&y).unwrap();
         for (a, w) in acc_host.iter_mut().zip(&want) {
             *a += w;

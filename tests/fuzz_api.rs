@@ -35,6 +35,9 @@ struct Call {
 /// the fuzzer never asks a backend for gigabytes).
 const MAX_KEPT: usize = 1 << 16;
 
+type Unary = fn(&Tensor) -> lazuli::Result<Tensor>;
+type Binary = fn(&Tensor, &Tensor) -> lazuli::Result<Tensor>;
+
 struct Api {
     devs: Vec<Device>,
     pool: Vec<Tensor>,
@@ -112,7 +115,7 @@ impl Api {
         let dev = self.devs[(c.a as usize / 7) % self.devs.len()].clone();
         match c.op % 40 {
             0 => {
-                let ops: [(&str, fn(&Tensor) -> lazuli::Result<Tensor>); 12] = [
+                let ops: [(&str, Unary); 12] = [
                     ("neg", Tensor::neg),
                     ("abs", Tensor::abs),
                     ("exp", Tensor::exp),
@@ -130,7 +133,7 @@ impl Api {
                 self.keep(name, f(&x));
             }
             1 => {
-                let ops: [(&str, fn(&Tensor, &Tensor) -> lazuli::Result<Tensor>); 12] = [
+                let ops: [(&str, Binary); 12] = [
                     ("add", Tensor::add),
                     ("sub", Tensor::sub),
                     ("mul", Tensor::mul),
@@ -159,11 +162,12 @@ impl Api {
                 self.keep("reduce", x.reduce_axes(op, &axes, c.d % 2 == 0));
             }
             5 => {
-                let op = if c.b % 2 == 0 { ArgReduceOp::ArgMax } else { ArgReduceOp::ArgMin };
+                let op = if c.b.is_multiple_of(2) { ArgReduceOp::ArgMax } else { ArgReduceOp::ArgMin };
                 self.keep("arg_reduce", x.arg_reduce(op, axis(c.c), c.d % 2 == 0, c.b % 4 < 2));
             }
-            6 => self.keep("softmax", if c.b % 2 == 0 { x.softmax(axis(c.c)) } else { x.log_softmax(axis(c.c)) }),
-            7 => self.keep("cumsum", x.cumsum(axis(c.c), c.b % 2 == 0, c.b % 4 < 2)),
+            6 => self
+                .keep("softmax", if c.b.is_multiple_of(2) { x.softmax(axis(c.c)) } else { x.log_softmax(axis(c.c)) }),
+            7 => self.keep("cumsum", x.cumsum(axis(c.c), c.b.is_multiple_of(2), c.b % 4 < 2)),
             8 => self.keep("matmul", x.matmul(&y)),
             9 => {
                 let d: Vec<isize> = (0..(c.b % 5))
@@ -208,8 +212,9 @@ impl Api {
                 }
             }
             15 => {
-                let pads: Vec<(usize, usize)> =
-                    (0..(c.b % 5)).map(|i| (dim(c.c.wrapping_add(i as i16)) % 4, dim(c.d.wrapping_add(i as i16)))).collect();
+                let pads: Vec<(usize, usize)> = (0..(c.b % 5))
+                    .map(|i| (dim(c.c.wrapping_add(i as i16)) % 4, dim(c.d.wrapping_add(i as i16))))
+                    .collect();
                 let r = match c.b % 3 {
                     0 => x.pad(&pads, 1.5),
                     1 => x.pad_mode(&pads, PadMode::Reflect),
@@ -320,7 +325,7 @@ impl Api {
                     pads_begin: vec![0; 1 + c.b as usize % 3],
                     pads_end: vec![0; 1 + c.b as usize % 3],
                     dilations: vec![1; 1 + c.b as usize % 3],
-                    ceil_mode: c.b % 2 == 0,
+                    ceil_mode: c.b.is_multiple_of(2),
                 };
                 self.keep("pool", x.pool(pool_attrs));
             }
@@ -395,7 +400,13 @@ fn run(calls: &[Call], use_wgpu: bool) -> Result<usize, String> {
 }
 
 fn call() -> impl Strategy<Value = Call> {
-    (any::<u8>(), any::<u8>(), any::<u8>(), any::<i16>(), any::<i16>()).prop_map(|(op, a, b, c, d)| Call { op, a, b, c, d })
+    (any::<u8>(), any::<u8>(), any::<u8>(), any::<i16>(), any::<i16>()).prop_map(|(op, a, b, c, d)| Call {
+        op,
+        a,
+        b,
+        c,
+        d,
+    })
 }
 
 fn cases() -> u32 {

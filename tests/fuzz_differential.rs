@@ -173,10 +173,7 @@ impl Interp {
             // A scalar: special values are baked, others lifted.
             let vals = [0.0f32, 1.0, -1.0, 0.75, 2.5, -1.25];
             let x = vals[k as usize % vals.len()];
-            let (c, g) = (
-                Tensor::scalar(x, a.dtype(), &self.cpu),
-                Tensor::scalar(x, a.dtype(), &self.gpu),
-            );
+            let (c, g) = (Tensor::scalar(x, a.dtype(), &self.cpu), Tensor::scalar(x, a.dtype(), &self.gpu));
             return Val { cpu: c, gpu: g, bound: x.abs().ceil() as f64, frac: Some(2), depth: 0 };
         }
         cands[(k / 5) as usize % cands.len()].clone()
@@ -272,7 +269,7 @@ impl Interp {
                 let y = self.partner(&x, s.c);
                 let y = self.float(&y, 16.0);
                 let depth = x.depth.max(y.depth) + 1;
-                if s.b % 2 == 0 {
+                if s.b.is_multiple_of(2) {
                     let t = self.apply("div", &[&x, &y], |v| v[0].div(&v[1].abs()?.add_scalar(0.5)?));
                     self.push(t, x.bound * 2.0, None, depth);
                 } else {
@@ -302,7 +299,7 @@ impl Interp {
                     self.pool.iter().rev().find(|v| v.dtype() == DType::Bool).cloned()
                 };
                 let Some(cond) = cond else { return };
-                if s.b % 3 == 0 {
+                if s.b.is_multiple_of(3) {
                     // Logical ops on bools.
                     let other = self.partner(&cond, s.c);
                     let (name, f): (&str, fn(&Tensor, &Tensor) -> Res) = match s.c % 3 {
@@ -381,7 +378,7 @@ impl Interp {
                 }
                 let rank = a.dims().len() as isize;
                 let axis = (s.c as isize % rank) - if s.c & 8 != 0 { rank } else { 0 };
-                let op = if s.b % 2 == 0 { ArgReduceOp::ArgMax } else { ArgReduceOp::ArgMin };
+                let op = if s.b.is_multiple_of(2) { ArgReduceOp::ArgMax } else { ArgReduceOp::ArgMin };
                 let (keep, last) = (s.b & 2 != 0, s.b & 4 != 0);
                 let t = self.apply("arg_reduce", &[&a], |v| v[0].arg_reduce(op, axis, keep, last));
                 let n = a.dims()[axis.rem_euclid(rank) as usize] as f64;
@@ -395,7 +392,7 @@ impl Interp {
                 }
                 let rank = x.dims().len() as isize;
                 let axis = (s.c as isize % rank) - if s.c & 8 != 0 { rank } else { 0 };
-                let log = s.b % 2 == 0;
+                let log = s.b.is_multiple_of(2);
                 let t = self.apply("softmax", &[&x], |v| if log { v[0].log_softmax(axis) } else { v[0].softmax(axis) });
                 let bound = if log { 2.0 * x.bound + 8.0 } else { 1.0 };
                 self.push(t, bound, None, x.depth + 1);
@@ -405,7 +402,7 @@ impl Interp {
                 let x = if a.dtype() == DType::Bool { self.float(&a, 8.0) } else { a.clone() };
                 let lim = if x.dtype() == DType::I32 { 30.0 } else { 8.0 };
                 let x = self.tame(&x, lim);
-                if x.dims().len() < 2 && s.b % 2 == 0 {
+                if x.dims().len() < 2 && s.b.is_multiple_of(2) {
                     return;
                 }
                 let k = *x.dims().last().unwrap_or(&1);
@@ -427,12 +424,12 @@ impl Interp {
                     .nth(s.c as usize % 3)
                     .cloned();
                 let (t, n) = match cand {
-                    Some(y) if s.c % 4 != 0 => {
+                    Some(y) if !s.c.is_multiple_of(4) => {
                         let t = self.apply("matmul", &[&x, &y], |v| v[0].matmul(v[1]));
                         (t.map(|t| (t, y.frac, y.bound, y.depth)), k)
                     }
                     _ => {
-                        let left = s.c % 2 == 0;
+                        let left = s.c.is_multiple_of(2);
                         let t = self.apply("matmul_self_t", &[&x], |v| {
                             if left {
                                 v[0].matmul(&v[0].t()?)
@@ -440,7 +437,8 @@ impl Interp {
                                 v[0].t()?.matmul(v[0])
                             }
                         });
-                        let n = if left { k } else { x.dims().get(x.dims().len().wrapping_sub(2)).copied().unwrap_or(1) };
+                        let n =
+                            if left { k } else { x.dims().get(x.dims().len().wrapping_sub(2)).copied().unwrap_or(1) };
                         (t.map(|t| (t, x.frac, x.bound, x.depth)), n)
                     }
                 };
@@ -468,7 +466,8 @@ impl Interp {
                     }
                     _ => {
                         // Split the element count by a small divisor.
-                        let f = [2usize, 3, 5].into_iter().find(|f| numel > 0 && numel % f == 0 && numel > *f);
+                        let f =
+                            [2usize, 3, 5].into_iter().find(|f| numel > 0 && numel.is_multiple_of(*f) && numel > *f);
                         match f {
                             Some(f) => vec![f as isize, -1],
                             None => vec![numel as isize, 1],
@@ -493,7 +492,7 @@ impl Interp {
                     perm.swap(i, k % (i + 1));
                     k /= i + 1;
                 }
-                if s.b % 2 == 0 {
+                if s.b.is_multiple_of(2) {
                     perm[0] -= r as isize;
                 }
                 let t = self.apply("permute", &[&a], |v| v[0].permute(&perm));
@@ -503,7 +502,7 @@ impl Interp {
             14 => {
                 let mut d = a.dims().to_vec();
                 let grow = [2usize, 3, 1, 4][s.c as usize % 4];
-                if d.contains(&1) && s.b % 2 == 0 {
+                if d.contains(&1) && s.b.is_multiple_of(2) {
                     for x in d.iter_mut().filter(|x| **x == 1) {
                         *x = grow;
                     }
@@ -543,8 +542,8 @@ impl Interp {
                 };
                 let others: Vec<Val> = self.pool.iter().filter(|v| same(v)).cloned().collect();
                 let b = others[s.b as usize % others.len()].clone();
-                let three = s.b % 3 == 0;
-                let ax = axis as isize - if s.b % 2 == 0 { r as isize } else { 0 };
+                let three = s.b.is_multiple_of(3);
+                let ax = axis as isize - if s.b.is_multiple_of(2) { r as isize } else { 0 };
                 let t = self.apply("concat", &[&a, &b], |v| {
                     if three {
                         Tensor::concat(&[v[0], v[1], v[0]], ax)
@@ -636,7 +635,7 @@ impl Interp {
                 };
                 let t = self.apply(name, &[&x, &y], |v| {
                     let d = v[1].abs()?.add_scalar(1)?;
-                    let d = if s.c % 2 == 0 { d.neg()? } else { d };
+                    let d = if s.c.is_multiple_of(2) { d.neg()? } else { d };
                     f(v[0], &d)
                 });
                 self.push(t, x.bound, Some(0), x.depth);
@@ -650,7 +649,6 @@ impl Interp {
             }
         }
     }
-
 }
 
 /// The two devices every case runs on (one pair for the whole run, so the
@@ -715,8 +713,10 @@ fn run(p: &Program) -> Result<(), String> {
     if outs.is_empty() {
         return Ok(());
     }
-    lazuli::sync(&outs.iter().map(|v| &v.cpu).collect::<Vec<_>>()).map_err(|e| format!("cpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
-    lazuli::sync(&outs.iter().map(|v| &v.gpu).collect::<Vec<_>>()).map_err(|e| format!("wgpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
+    lazuli::sync(&outs.iter().map(|v| &v.cpu).collect::<Vec<_>>())
+        .map_err(|e| format!("cpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
+    lazuli::sync(&outs.iter().map(|v| &v.gpu).collect::<Vec<_>>())
+        .map_err(|e| format!("wgpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
     for (k, v) in outs.iter().enumerate() {
         let want = v.cpu.to_scalars().map_err(|e| format!("cpu read: {e}\nprogram:\n{}", it.log.join("\n")))?;
         let got = v.gpu.to_scalars().map_err(|e| format!("wgpu read: {e}\nprogram:\n{}", it.log.join("\n")))?;

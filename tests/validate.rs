@@ -39,12 +39,17 @@ fn validation_names_a_wrong_kernel_its_nodes_locations_and_wgsl() {
     let (y, line) = program(&dev);
     let err = y.to_vec::<f32>().unwrap_err();
     let ExecError::Poisoned { cause, .. } = &err else { panic!("expected the poisoned read, got {err}") };
-    let ExecError::Validation { kernel, report } = cause.as_ref() else { panic!("expected a validation error, got {cause}") };
+    let ExecError::Validation { kernel, report } = cause.as_ref() else {
+        panic!("expected a validation error, got {cause}")
+    };
     assert!(kernel.contains("MatMul"), "names the faulty kernel: {kernel}");
     let msg = err.to_string();
     assert!(msg.contains("shadow validation") && msg.contains(kernel.as_str()), "{msg}");
     assert!(report.contains("MatMul"), "lists the IR nodes of the kernel:\n{report}");
-    assert!(report.contains(&format!("tests/validate.rs:{line}:")), "points at the matmul's source line {line}:\n{report}");
+    assert!(
+        report.contains(&format!("tests/validate.rs:{line}:")),
+        "points at the matmul's source line {line}:\n{report}"
+    );
     assert!(report.contains("@compute") && report.contains("out0[0] = out0[0] + 1.0"), "includes the WGSL:\n{report}");
     assert!(report.contains("differ"), "{report}");
     // The stored device error says the same, and the device keeps working.

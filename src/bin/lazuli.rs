@@ -196,6 +196,7 @@ fn demo_command(args: &[String]) -> Result<(), String> {
             bar = None;
         }
     };
+    metrics::reset();
     let report = lazuli::train::train_digits(&dev, &data, &cfg, &mut progress).map_err(|e| e.to_string())?;
     if json {
         println!("{}", report.to_json());
@@ -214,6 +215,7 @@ fn demo_command(args: &[String]) -> Result<(), String> {
         "one step = {} graph nodes in {} kernel(s); {} node(s) ran on the CPU fallback",
         report.graph_nodes_per_step, report.kernels_per_step, report.fallback_ops
     );
+    println!("\n{}", metrics::report());
     Ok(())
 }
 

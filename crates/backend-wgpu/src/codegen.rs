@@ -138,7 +138,13 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
                 // index math that would divide by zero (finding 1).
                 let n = graph.node(id);
                 if n.shape.numel() == 0 {
-                    let _ = writeln!(w.funcs, "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n", id.0, ty(n.dtype), zero(n.dtype));
+                    let _ = writeln!(
+                        w.funcs,
+                        "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n",
+                        id.0,
+                        ty(n.dtype),
+                        zero(n.dtype)
+                    );
                     continue;
                 }
                 w.node_fn(id)?;

@@ -192,7 +192,12 @@ impl Plan {
 }
 
 /// Moves a buffer to `to` through host memory if another backend owns it.
-pub(crate) fn transfer(buf: Buffer, to: &dyn Backend, main: &dyn Backend, cpu: &dyn Backend) -> Result<Buffer, BackendError> {
+pub(crate) fn transfer(
+    buf: Buffer,
+    to: &dyn Backend,
+    main: &dyn Backend,
+    cpu: &dyn Backend,
+) -> Result<Buffer, BackendError> {
     if buf.kind == to.kind() {
         return Ok(buf);
     }

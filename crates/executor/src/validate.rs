@@ -105,7 +105,18 @@ pub(crate) fn run_validated(
                 let Some(diff) = compare(&got, &exp, shadow.graph.node(*o).dtype) else { continue };
                 let locs = sources.get_or_insert_with(|| source_locations(plan, locations));
                 let report = report(
-                    &ReportCtx { plan, segment: k, shadow, kernel, index: ki, node: *o, diff, main, locs, origin: &s.origin },
+                    &ReportCtx {
+                        plan,
+                        segment: k,
+                        shadow,
+                        kernel,
+                        index: ki,
+                        node: *o,
+                        diff,
+                        main,
+                        locs,
+                        origin: &s.origin,
+                    },
                     context,
                 );
                 return Err(ExecError::Validation { kernel: kernel.name.clone(), report });
@@ -124,7 +135,12 @@ pub(crate) fn run_validated(
 }
 
 impl Shadow {
-    fn compile(graph: &Graph, exe: &dyn Executable, main: &dyn Backend, cpu: &dyn Backend) -> Result<Shadow, BackendError> {
+    fn compile(
+        graph: &Graph,
+        exe: &dyn Executable,
+        main: &dyn Backend,
+        cpu: &dyn Backend,
+    ) -> Result<Shadow, BackendError> {
         let mut g = graph.clone();
         let mut kernels = exe.kernels();
         // Expose every kernel output; recompiling must give the same
