@@ -210,3 +210,16 @@ fn ir_dumps_text_dot_hash_and_dump_dir() {
     }
     assert_eq!(lazuli::debug::graph_hash(&[&y]), lazuli::debug::graph_hash(&[&y]));
 }
+
+#[test]
+fn a_panicking_backend_is_an_error_not_a_hang() {
+    for dev in common::devices() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
+        dev.panic_next_execution();
+        let y = x.add_scalar(1.0).unwrap();
+        let e = y.to_vec::<f32>().unwrap_err().to_string();
+        assert!(e.contains("panicked") && e.contains("injected backend panic"), "{e}");
+        assert!(dev.wait().is_err());
+        assert_eq!(x.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0], "device usable afterwards");
+    }
+}

@@ -170,6 +170,13 @@ impl Device {
         self.0.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).fail_next = n;
     }
 
+    /// Fault injection (tests): the next execution on this device panics
+    /// inside the worker, as a backend bug would; the panic becomes an error
+    /// at the next barrier and the device keeps working.
+    pub fn panic_next_execution(&self) {
+        self.0.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).panic_next = true;
+    }
+
     /// Fault injection (tests): delay every execution on this device by `d`.
     pub fn set_execution_delay(&self, d: Option<std::time::Duration>) {
         self.0.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).delay = d;
@@ -301,7 +308,7 @@ impl Device {
             // must not be lost (the traced node knows its cell anyway).
             t.replace_node_if(&roots[*idx], Arc::new(LazyNode::data(outputs[*idx].clone(), roots[*idx].location)));
         }
-        let hash = traced.graph.structural_hash();
+        let hash = plan.hash;
         let context = format!(
             "executing graph {hash:016x} ({} nodes, {} kernels), synced by {trigger}",
             traced.graph.len(),
@@ -449,7 +456,23 @@ fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>,
     for job in rx {
         let _span = tracing::debug_span!("execute", context = %job.context).entered();
         let started = Instant::now();
-        let result = run_job(&job, main.as_ref(), cpu.as_ref(), &shared);
+        // A panic inside a backend (a bug) must not kill the worker: every
+        // later barrier on the device would wait forever. It becomes this
+        // job's error, raised at the next barrier like any other.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_job(&job, main.as_ref(), cpu.as_ref(), &shared)
+        }))
+        .unwrap_or_else(|panic| {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(ExecError::Backend {
+                context: job.context.clone(),
+                source: crate::BackendError::Execution(format!("the backend panicked (a bug): {msg}")),
+            })
+        });
         metrics::record_time("Execute", started.elapsed());
         match result {
             Ok(bufs) => {

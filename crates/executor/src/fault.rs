@@ -11,12 +11,17 @@ use std::time::Duration;
 #[derive(Default, Debug)]
 pub(crate) struct Faults {
     pub fail_next: usize,
+    pub panic_next: bool,
     pub delay: Option<Duration>,
 }
 
 pub(crate) fn before_execute(faults: &Mutex<Faults>, context: &str) -> Result<()> {
     let delay = {
         let mut f = faults.lock().unwrap_or_else(|e| e.into_inner());
+        if std::mem::take(&mut f.panic_next) {
+            drop(f);
+            panic!("injected backend panic");
+        }
         if f.fail_next > 0 {
             f.fail_next -= 1;
             return Err(ExecError::Backend {

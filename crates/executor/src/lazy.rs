@@ -7,7 +7,8 @@
 //! Nodes nobody can reach are freed by reference counting.
 
 use crate::{Buffer, ExecError};
-use lazuli_ir::{stable_hash, Op, ScalarValue, ValueType};
+use lazuli_ir::{stable_hash, Op, ScalarValue, StableHasher, ValueType};
+use std::hash::{Hash, Hasher};
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -43,7 +44,14 @@ pub(crate) struct LazyNode {
 
 impl LazyNode {
     pub fn op(op: Op, operands: Vec<Arc<LazyNode>>, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
-        let hash = stable_hash(&(1u8, &op, operands.iter().map(|o| o.hash).collect::<Vec<_>>(), &ty));
+        let mut h = StableHasher::new();
+        h.write_u8(1);
+        op.hash(&mut h);
+        for o in &operands {
+            h.write_u64(o.hash);
+        }
+        ty.hash(&mut h);
+        let hash = h.finish();
         let size = operands.iter().fold(1usize, |acc, o| acc.saturating_add(o.pending_size()));
         LazyNode { kind: NodeKind::Op(op), operands, ty, hash, location, size, materialized: OnceLock::new() }
     }

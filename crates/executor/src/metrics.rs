@@ -87,7 +87,10 @@ pub fn counters() -> Vec<(String, u64)> {
 
 /// Records a sample of value metric `name` (graph size, bytes moved ...).
 pub fn record_value(name: &str, v: f64) {
-    with(|r| r.values.entry(name.to_string()).or_default().add(v))
+    with(|r| match r.values.get_mut(name) {
+        Some(s) => s.add(v),
+        None => r.values.entry(name.to_string()).or_default().add(v),
+    })
 }
 
 /// Statistics of value metric `name`.
@@ -97,7 +100,11 @@ pub fn value(name: &str) -> Option<Stat> {
 
 /// Records a duration sample of timer `name`.
 pub fn record_time(name: &str, d: Duration) {
-    with(|r| r.timers.entry(name.to_string()).or_default().add(d.as_secs_f64() * 1e3))
+    let ms = d.as_secs_f64() * 1e3;
+    with(|r| match r.timers.get_mut(name) {
+        Some(s) => s.add(ms),
+        None => r.timers.entry(name.to_string()).or_default().add(ms),
+    })
 }
 
 /// Statistics of timer `name`, in milliseconds.

@@ -38,6 +38,8 @@ pub(crate) struct Segment {
 pub(crate) struct Plan {
     /// The traced graph (the cache key's source; compared on a hit).
     pub graph: Graph,
+    /// Its structural hash: the compile-cache key.
+    pub hash: u64,
     pub optimized: Graph,
     pub segments: Vec<Segment>,
     /// One entry per output of `graph`.
@@ -145,7 +147,7 @@ impl Plan {
                 _ => ValueRef::Node(*o),
             })
             .collect();
-        Ok(Plan { graph, optimized, segments, outputs, fallback_ops })
+        Ok(Plan { hash: graph.structural_hash(), graph, optimized, segments, outputs, fallback_ops })
     }
 
     /// Runs the plan (on the worker thread) and returns one buffer per output.

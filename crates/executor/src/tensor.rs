@@ -25,6 +25,8 @@ pub(crate) struct TensorInner {
     device: Device,
     ty: ValueType,
     node: Mutex<Arc<LazyNode>>,
+    /// In the device's live-tensor registry.
+    registered: bool,
     /// Serializes in-place updates (`assign`, `add_` ...) so that a
     /// read-modify-write from several threads loses no update.
     update: Mutex<()>,
@@ -34,7 +36,9 @@ pub(crate) struct TensorInner {
 
 impl Drop for TensorInner {
     fn drop(&mut self) {
-        self.device.0.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        if self.registered {
+            self.device.0.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        }
     }
 }
 
@@ -56,17 +60,28 @@ fn max_graph_nodes() -> usize {
 
 impl Tensor {
     pub(crate) fn from_node(device: &Device, node: Arc<LazyNode>) -> Tensor {
+        Tensor::make(device, node, true)
+    }
+
+    /// A tensor handle; `registered` puts it in the device's live-tensor
+    /// registry (what `mark_step` syncs). Rank-0 scalar leaves stay out of
+    /// it: their values are known on the host, and they are made on every
+    /// `x * 0.5`, so registering them would only cost time.
+    fn make(device: &Device, node: Arc<LazyNode>, registered: bool) -> Tensor {
         let id = NEXT_TENSOR.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(TensorInner {
             id,
             device: device.clone(),
             ty: node.ty.clone(),
             node: Mutex::new(node),
+            registered,
             update: Mutex::new(()),
             generation: AtomicU64::new(0),
             grad: Mutex::new(Default::default()),
         });
-        device.0.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&inner));
+        if registered {
+            device.0.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&inner));
+        }
         Tensor(inner)
     }
 
@@ -188,7 +203,7 @@ impl Tensor {
         } else {
             LazyNode::scalar(v, ValueType::new(Shape::scalar(), dtype), Location::caller())
         };
-        Tensor::from_node(device, Arc::new(node))
+        Tensor::make(device, Arc::new(node), false)
     }
 
     /// A rank-0 tensor that is always a lifted parameter, never baked (for
@@ -196,7 +211,7 @@ impl Tensor {
     #[track_caller]
     pub fn lifted_scalar(value: ScalarValue, dtype: DType, device: &Device) -> Tensor {
         let node = LazyNode::scalar(value.cast(dtype), ValueType::new(Shape::scalar(), dtype), Location::caller());
-        Tensor::from_node(device, Arc::new(node))
+        Tensor::make(device, Arc::new(node), false)
     }
 
     /// A tensor of `shape` filled with `value`.
@@ -268,7 +283,7 @@ impl Tensor {
     #[track_caller]
     pub fn record_on(device: &Device, op: Op, operands: &[&Tensor]) -> Result<Tensor> {
         let location = Location::caller();
-        let _span = tracing::trace_span!("record", op = %op.name()).entered();
+        let _span = tracing::trace_span!("record", op = op.label()).entered();
         for t in operands {
             if !t.device().same(device) {
                 return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });

@@ -4,7 +4,8 @@
 //! scalar slots whose values travel beside the graph.
 
 use crate::lazy::{DataCell, LazyNode, NodeKind};
-use lazuli_ir::{Graph, NodeId, Op, ScalarValue};
+use lazuli_ir::{Graph, NodeId, Op, ScalarValue, StableHasher};
+use std::hash::BuildHasherDefault;
 use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::Arc;
@@ -24,8 +25,9 @@ pub(crate) struct Traced {
 /// Traces `roots` into one graph.
 pub(crate) fn trace(roots: &[Arc<LazyNode>]) -> Traced {
     let mut t = Traced { graph: Graph::new(), inputs: Vec::new(), scalars: Vec::new(), locations: Vec::new() };
-    let mut ids: HashMap<*const LazyNode, NodeId> = HashMap::new();
-    let mut params: HashMap<u64, NodeId> = HashMap::new();
+    // Pointer and id keys: a fast non-SipHash hasher keeps tracing cheap.
+    let mut ids: HashMap<*const LazyNode, NodeId, BuildHasherDefault<StableHasher>> = HashMap::default();
+    let mut params: HashMap<u64, NodeId, BuildHasherDefault<StableHasher>> = HashMap::default();
     // Iterative DFS: (node, operands expanded?)
     let mut stack: Vec<(&Arc<LazyNode>, bool)> = Vec::new();
     for root in roots {

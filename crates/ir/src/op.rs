@@ -426,34 +426,45 @@ pub enum PadMode {
 impl Op {
     /// A short name for dumps and error messages.
     pub fn name(&self) -> String {
+        self.label().to_string()
+    }
+
+    /// [`Op::name`] without allocating (the hot recording path uses it).
+    pub fn label(&self) -> &'static str {
         match self {
-            Op::Parameter(_) => "parameter".into(),
-            Op::Constant(..) => "constant".into(),
-            Op::ScalarParam(_) => "scalar".into(),
-            Op::Iota { .. } => "iota".into(),
-            Op::Random { dist: RandomDist::Uniform, .. } => "rand".into(),
-            Op::Random { dist: RandomDist::Normal, .. } => "randn".into(),
-            Op::Unary(u) => u.name().into(),
-            Op::Binary(b) => b.name().into(),
-            Op::Where => "where".into(),
-            Op::Cast(_) => "cast".into(),
-            Op::Reduce { op, .. } => format!("reduce_{}", op.name()),
-            Op::ArgReduce { op: ArgReduceOp::ArgMax, .. } => "argmax".into(),
-            Op::ArgReduce { op: ArgReduceOp::ArgMin, .. } => "argmin".into(),
-            Op::CumSum { .. } => "cumsum".into(),
-            Op::Softmax { log: false, .. } => "softmax".into(),
-            Op::Softmax { log: true, .. } => "log_softmax".into(),
-            Op::MatMul => "matmul".into(),
-            Op::Reshape(_) => "reshape".into(),
-            Op::Permute(_) => "permute".into(),
-            Op::Expand(_) => "expand".into(),
-            Op::Slice { .. } => "slice".into(),
-            Op::Concat { .. } => "concat".into(),
-            Op::Pad { .. } => "pad".into(),
-            Op::Gather { .. } => "gather".into(),
-            Op::Conv2d(_) => "conv2d".into(),
-            Op::Pool(PoolAttrs { kind: PoolKind::Max, .. }) => "max_pool".into(),
-            Op::Pool(PoolAttrs { kind: PoolKind::Avg { .. }, .. }) => "avg_pool".into(),
+            Op::Parameter(_) => "parameter",
+            Op::Constant(..) => "constant",
+            Op::ScalarParam(_) => "scalar",
+            Op::Iota { .. } => "iota",
+            Op::Random { dist: RandomDist::Uniform, .. } => "rand",
+            Op::Random { dist: RandomDist::Normal, .. } => "randn",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Cast(_) => "cast",
+            Op::Reduce { op, .. } => match op {
+                ReduceOp::Sum => "reduce_sum",
+                ReduceOp::Mean => "reduce_mean",
+                ReduceOp::Max => "reduce_max",
+                ReduceOp::Min => "reduce_min",
+                ReduceOp::Prod => "reduce_prod",
+            },
+            Op::ArgReduce { op: ArgReduceOp::ArgMax, .. } => "argmax",
+            Op::ArgReduce { op: ArgReduceOp::ArgMin, .. } => "argmin",
+            Op::CumSum { .. } => "cumsum",
+            Op::Softmax { log: false, .. } => "softmax",
+            Op::Softmax { log: true, .. } => "log_softmax",
+            Op::MatMul => "matmul",
+            Op::Reshape(_) => "reshape",
+            Op::Permute(_) => "permute",
+            Op::Expand(_) => "expand",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::Pad { .. } => "pad",
+            Op::Gather { .. } => "gather",
+            Op::Conv2d(_) => "conv2d",
+            Op::Pool(PoolAttrs { kind: PoolKind::Max, .. }) => "max_pool",
+            Op::Pool(PoolAttrs { kind: PoolKind::Avg { .. }, .. }) => "avg_pool",
         }
     }
 
@@ -484,8 +495,7 @@ impl Op {
     /// Infers the result type from operand types. `params` and `scalars`
     /// give the types of `Parameter` and `ScalarParam` leaves.
     pub fn infer(&self, inputs: &[ValueType], params: &[ValueType], scalars: &[DType]) -> Result<ValueType, IrError> {
-        let name = self.name();
-        let op = name.as_str();
+        let op = self.label();
         let arity = |n: usize| -> Result<(), IrError> {
             if inputs.len() == n {
                 Ok(())
@@ -493,7 +503,8 @@ impl Op {
                 Err(IrError::Arity { op: op.to_string(), expected: n.to_string(), got: inputs.len() })
             }
         };
-        let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype).collect();
+        // Only error messages need the operand dtypes: no allocation otherwise.
+        let dtypes = || inputs.iter().map(|v| v.dtype).collect::<Vec<DType>>();
         let check_axis = |axis: usize, shape: &Shape| -> Result<(), IrError> {
             if axis < shape.rank() {
                 Ok(())
@@ -532,7 +543,7 @@ impl Op {
                 arity(2)?;
                 for v in inputs {
                     if v.dtype != DType::U32 || v.shape.rank() != 0 {
-                        return Err(IrError::dtype(op, "two rank-0 u32 key operands", &dtypes));
+                        return Err(IrError::dtype(op, "two rank-0 u32 key operands", &dtypes()));
                     }
                 }
                 Ok(ValueType::new(shape.clone(), DType::F32))
@@ -541,27 +552,27 @@ impl Op {
                 arity(1)?;
                 let d = u
                     .result_dtype(inputs[0].dtype)
-                    .map_err(|want| IrError::dtype(op, format!("expected {want}"), &dtypes))?;
+                    .map_err(|want| IrError::dtype(op, format!("expected {want}"), &dtypes()))?;
                 Ok(ValueType::new(inputs[0].shape.clone(), d))
             }
             Op::Binary(b) => {
                 arity(2)?;
                 if inputs[0].dtype != inputs[1].dtype {
-                    return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes));
+                    return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes()));
                 }
                 let d = b
                     .result_dtype(inputs[0].dtype)
-                    .map_err(|want| IrError::dtype(op, format!("expected {want}"), &dtypes))?;
+                    .map_err(|want| IrError::dtype(op, format!("expected {want}"), &dtypes()))?;
                 let shape = broadcast(op, &inputs[0].shape, &inputs[1].shape)?;
                 Ok(ValueType::new(shape, d))
             }
             Op::Where => {
                 arity(3)?;
                 if inputs[0].dtype != DType::Bool {
-                    return Err(IrError::dtype(op, "condition must be bool", &dtypes));
+                    return Err(IrError::dtype(op, "condition must be bool", &dtypes()));
                 }
                 if inputs[1].dtype != inputs[2].dtype {
-                    return Err(IrError::dtype(op, "both branches must have the same dtype", &dtypes));
+                    return Err(IrError::dtype(op, "both branches must have the same dtype", &dtypes()));
                 }
                 let s = broadcast(op, &inputs[0].shape, &inputs[1].shape)?;
                 let s = broadcast(op, &s, &inputs[2].shape)?;
@@ -582,7 +593,7 @@ impl Op {
                 };
                 if !ok {
                     let want = if *r == ReduceOp::Mean { "a float dtype" } else { "a numeric dtype" };
-                    return Err(IrError::dtype(op, format!("expected {want}"), &dtypes));
+                    return Err(IrError::dtype(op, format!("expected {want}"), &dtypes()));
                 }
                 Ok(ValueType::new(reduced_shape(&x.shape, axes, *keepdim), x.dtype))
             }
@@ -602,7 +613,7 @@ impl Op {
                 arity(1)?;
                 check_axis(*axis, &inputs[0].shape)?;
                 if !inputs[0].dtype.is_numeric() {
-                    return Err(IrError::dtype(op, "expected a numeric dtype", &dtypes));
+                    return Err(IrError::dtype(op, "expected a numeric dtype", &dtypes()));
                 }
                 Ok(inputs[0].clone())
             }
@@ -610,7 +621,7 @@ impl Op {
                 arity(1)?;
                 check_axis(*axis, &inputs[0].shape)?;
                 if !inputs[0].dtype.is_float() {
-                    return Err(IrError::dtype(op, "expected a float dtype", &dtypes));
+                    return Err(IrError::dtype(op, "expected a float dtype", &dtypes()));
                 }
                 Ok(inputs[0].clone())
             }
@@ -618,7 +629,7 @@ impl Op {
                 arity(2)?;
                 let (a, b) = (&inputs[0], &inputs[1]);
                 if a.dtype != b.dtype || !a.dtype.is_numeric() {
-                    return Err(IrError::dtype(op, "operands must have the same numeric dtype", &dtypes));
+                    return Err(IrError::dtype(op, "operands must have the same numeric dtype", &dtypes()));
                 }
                 if a.shape.rank() < 2 || b.shape.rank() < 2 {
                     return Err(IrError::shape(
@@ -718,7 +729,7 @@ impl Op {
                 dims[*axis] = 0;
                 for v in inputs {
                     if v.dtype != first.dtype {
-                        return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes));
+                        return Err(IrError::dtype(op, "operands must have the same dtype", &dtypes()));
                     }
                     let same_rank = v.shape.rank() == first.shape.rank();
                     let same_other =
@@ -744,7 +755,7 @@ impl Op {
                     return Err(IrError::dtype(
                         op,
                         "pad value must be a rank-0 tensor of the operand's dtype",
-                        &dtypes,
+                        &dtypes(),
                     ));
                 }
                 for d in 0..s.rank() {
@@ -775,7 +786,7 @@ impl Op {
                 let (x, idx) = (&inputs[0], &inputs[1]);
                 check_axis(*axis, &x.shape)?;
                 if !idx.dtype.is_int() {
-                    return Err(IrError::dtype(op, "indices must have an integer dtype", &dtypes));
+                    return Err(IrError::dtype(op, "indices must have an integer dtype", &dtypes()));
                 }
                 let mut dims = x.shape.dims()[..*axis].to_vec();
                 dims.extend_from_slice(idx.shape.dims());
@@ -786,7 +797,7 @@ impl Op {
                 arity(2)?;
                 let (x, w) = (&inputs[0], &inputs[1]);
                 if x.dtype != w.dtype || !x.dtype.is_float() {
-                    return Err(IrError::dtype(op, "input and weight must have the same float dtype", &dtypes));
+                    return Err(IrError::dtype(op, "input and weight must have the same float dtype", &dtypes()));
                 }
                 if x.shape.rank() != 4 || w.shape.rank() != 4 {
                     return Err(IrError::shape(
@@ -833,7 +844,7 @@ impl Op {
                     ));
                 }
                 if !x.dtype.is_numeric() || (matches!(p.kind, PoolKind::Avg { .. }) && !x.dtype.is_float()) {
-                    return Err(IrError::dtype(op, "expected a float dtype (max pool: numeric)", &dtypes));
+                    return Err(IrError::dtype(op, "expected a float dtype (max pool: numeric)", &dtypes()));
                 }
                 let mut dims = x.shape.dims()[..2].to_vec();
                 for i in 0..nsp {
