@@ -29,7 +29,13 @@ fn main() -> lazuli::Result<()> {
             }
         }
         let us = |v: f64| v / n as f64 * 1e6;
-        println!("{}: record {:.1} µs, sync {:.1} µs, wait {:.1} µs per iteration", dev.name(), us(rec), us(syn), us(wai));
+        println!(
+            "{}: record {:.1} µs, sync {:.1} µs, wait {:.1} µs per iteration",
+            dev.name(),
+            us(rec),
+            us(syn),
+            us(wai)
+        );
     }
     Ok(())
 }

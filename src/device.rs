@@ -23,9 +23,7 @@ fn cpu_backend() -> Arc<dyn Backend> {
 
 fn default_wgpu() -> Result<Arc<dyn Backend>, BackendError> {
     static WGPU: OnceLock<Result<Arc<WgpuBackend>, BackendError>> = OnceLock::new();
-    WGPU.get_or_init(|| WgpuBackend::new(WgpuOptions::default()).map(Arc::new))
-        .clone()
-        .map(|b| b as Arc<dyn Backend>)
+    WGPU.get_or_init(|| WgpuBackend::new(WgpuOptions::default()).map(Arc::new)).clone().map(|b| b as Arc<dyn Backend>)
 }
 
 /// Device constructors, as an extension trait of [`Device`] (in the

@@ -28,13 +28,13 @@ pub mod train;
 
 pub use device::{adapters, DeviceExt, DeviceKind, WgpuDeviceOptions};
 pub use lazuli_executor::autograd;
-pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_executor::{
     debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, Result, Tensor, TensorState,
 };
+pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;
-pub use lazuli_wgpu::validate_wgsl;
 pub use lazuli_ir::{DType, ScalarValue, Shape};
+pub use lazuli_wgpu::validate_wgsl;
 
 /// The names most programs need: `use lazuli::prelude::*;`.
 pub mod prelude {

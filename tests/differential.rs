@@ -138,7 +138,9 @@ fn cases() -> Vec<Case> {
         case("slice_negative_step", &[(&[10, 6], F)], |x| x[0].slice(1, -1, -7, -2)),
         case("slice_then_math", &[(&[20], F)], |x| x[0].slice(0, 2, 18, 1)?.mul_scalar(3.0)),
         case("concat", &[(&[2, 3], F), (&[4, 3], F)], |x| Tensor::concat(&[&x[0], &x[1]], 0)),
-        case("concat_axis1", &[(&[2, 3], F), (&[2, 1], F), (&[2, 5], F)], |x| Tensor::concat(&[&x[0], &x[1], &x[2]], 1)),
+        case("concat_axis1", &[(&[2, 3], F), (&[2, 1], F), (&[2, 5], F)], |x| {
+            Tensor::concat(&[&x[0], &x[1], &x[2]], 1)
+        }),
         case("pad_constant", &[(&[3, 4], F)], |x| x[0].pad(&[(1, 2), (0, 3)], 1.5f32)),
         case("pad_reflect", &[(&[3, 4], F)], |x| x[0].pad_mode(&[(2, 1), (1, 2)], PadMode::Reflect)),
         case("pad_edge", &[(&[3, 4], F)], |x| x[0].pad_mode(&[(1, 1), (2, 0)], PadMode::Edge)),
@@ -181,8 +183,7 @@ fn every_op_matches_the_cpu_reference() {
     let cases = cases();
     for c in &cases {
         let run = |dev: &Device| -> lazuli::Result<(Vec<f64>, Shape, DType)> {
-            let xs: Vec<Tensor> =
-                c.inputs.iter().enumerate().map(|(k, (s, d))| input(dev, k, s, *d)).collect();
+            let xs: Vec<Tensor> = c.inputs.iter().enumerate().map(|(k, (s, d))| input(dev, k, s, *d)).collect();
             let y = (c.build)(&xs)?;
             Ok((as_f64(&y.to_scalars()?), y.shape().clone(), y.dtype()))
         };
@@ -199,9 +200,13 @@ fn every_op_matches_the_cpu_reference() {
             continue;
         }
         let (rtol, atol) = tolerance(c.name);
-        if let Some((i, (g, w))) = got.0.iter().zip(&want.0).enumerate().find(|(_, (g, w))| {
-            !((g.is_nan() && w.is_nan()) || g == w || (*g - *w).abs() <= atol + rtol * w.abs())
-        }) {
+        if let Some((i, (g, w))) = got
+            .0
+            .iter()
+            .zip(&want.0)
+            .enumerate()
+            .find(|(_, (g, w))| !((g.is_nan() && w.is_nan()) || g == w || (*g - *w).abs() <= atol + rtol * w.abs()))
+        {
             failures.push(format!("{}: element {i}: wgpu {g} vs cpu {w}", c.name));
         }
     }

@@ -115,7 +115,13 @@ fn in_place_update_loop_compiles_once_after_warmup() {
         assert_eq!(dev.compile_counts().0, after_warmup, "steady loop recompiled on {}", dev.name());
         assert_eq!(w.generation(), 20);
         let total: f32 = (0..20).map(|s| 0.5 * (0.1 + s as f32 * 0.01)).sum();
-        common::assert_close(&w.to_vec::<f32>().unwrap(), &[1.0 - total, 2.0 - total, 3.0 - total, 4.0 - total], 1e-5, 1e-5, "w");
+        common::assert_close(
+            &w.to_vec::<f32>().unwrap(),
+            &[1.0 - total, 2.0 - total, 3.0 - total, 4.0 - total],
+            1e-5,
+            1e-5,
+            "w",
+        );
     }
 }
 
@@ -157,7 +163,9 @@ fn metrics_report_has_counters_values_and_timers() {
     let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
     x.exp().unwrap().to_vec::<f32>().unwrap();
     let r = metrics::report();
-    for key in ["Counters:", "UncachedCompile", "SyncedTensors", "Values:", "GraphSize", "Timers (ms):", "Compile", "Trace"] {
+    for key in
+        ["Counters:", "UncachedCompile", "SyncedTensors", "Values:", "GraphSize", "Timers (ms):", "Compile", "Trace"]
+    {
         assert!(r.contains(key), "report lacks {key}:\n{r}");
     }
 }

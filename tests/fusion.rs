@@ -13,7 +13,8 @@ fn w1_is_one_kernel_launch() {
     let n = 256 * 300 + 7; // not a multiple of the workgroup size
     let data = common::rand_vec(n, 7, -1.0, 1.0);
     let x = Tensor::from_slice(&data, [n], &dev).unwrap();
-    let y = (((&x * 1.5).unwrap() + 0.5).unwrap().relu().unwrap() - 0.25).unwrap().tanh().unwrap().mul_scalar(2.0).unwrap();
+    let y =
+        (((&x * 1.5).unwrap() + 0.5).unwrap().relu().unwrap() - 0.25).unwrap().tanh().unwrap().mul_scalar(2.0).unwrap();
     assert_eq!(lazuli::debug::backend_code(&[&y]).unwrap().len(), 1, "W1 lowers to one kernel");
     y.sync().unwrap();
     dev.wait().unwrap();
@@ -21,7 +22,12 @@ fn w1_is_one_kernel_launch() {
     let got = y.to_vec::<f32>().unwrap();
     assert_eq!(metrics::counter("KernelLaunches") - k0, 0, "reading launches nothing");
     let x2 = Tensor::from_slice(&data, [n], &dev).unwrap();
-    let y2 = (((&x2 * 1.5).unwrap() + 0.5).unwrap().relu().unwrap() - 0.25).unwrap().tanh().unwrap().mul_scalar(2.0).unwrap();
+    let y2 = (((&x2 * 1.5).unwrap() + 0.5).unwrap().relu().unwrap() - 0.25)
+        .unwrap()
+        .tanh()
+        .unwrap()
+        .mul_scalar(2.0)
+        .unwrap();
     let k1 = metrics::counter("KernelLaunches");
     y2.sync().unwrap();
     dev.wait().unwrap();

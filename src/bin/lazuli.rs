@@ -112,7 +112,10 @@ fn fused_demo(dev: &Device) -> Result<(), String> {
     println!("y = tanh(relu(x * 1.5 + 0.5) - 0.25) * 2 over x: f32[1024, 1024]");
     println!("  y: mean {mean:.6}, min {lo:.6}, max {hi:.6}; row sums [0..4]: {:?}", &sums[..4]);
     println!("  wall time (first run, compile included): {:.1} ms", elapsed.as_secs_f64() * 1e3);
-    println!("compiled to {} kernel(s)", code.len().max(metrics::value("KernelsPerPlan").map(|v| v.last as usize).unwrap_or(0)));
+    println!(
+        "compiled to {} kernel(s)",
+        code.len().max(metrics::value("KernelsPerPlan").map(|v| v.last as usize).unwrap_or(0))
+    );
     println!(
         "compile cache: UncachedCompile={} CachedCompile={} KernelLaunches={}",
         metrics::counter("UncachedCompile"),

@@ -159,8 +159,7 @@ impl Device {
     /// fallback, as `LAZULI_FORCE_FALLBACK=exp,matmul` does. Plans compiled
     /// before the call keep their partition, so the cache is cleared.
     pub fn set_force_fallback(&self, ops: &[&str]) {
-        *self.0.force_fallback.write().unwrap_or_else(|e| e.into_inner()) =
-            ops.iter().map(|s| s.to_string()).collect();
+        *self.0.force_fallback.write().unwrap_or_else(|e| e.into_inner()) = ops.iter().map(|s| s.to_string()).collect();
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
@@ -295,10 +294,8 @@ impl Device {
         metrics::record_value("GraphSize", traced.graph.len() as f64);
         metrics::record_value("KernelsPerPlan", plan.kernel_count() as f64);
         // Install placeholders.
-        let outputs: Vec<Arc<DataCell>> = roots
-            .iter()
-            .map(|r| DataCell::new(self.0.id, r.ty.clone(), CellState::Pending))
-            .collect();
+        let outputs: Vec<Arc<DataCell>> =
+            roots.iter().map(|r| DataCell::new(self.0.id, r.ty.clone(), CellState::Pending)).collect();
         for (root, cell) in roots.iter().zip(&outputs) {
             let _ = root.materialized.set(cell.clone());
         }
@@ -337,15 +334,17 @@ impl Device {
         }
         metrics::inc("UncachedCompile", 1);
         self.0.uncached.fetch_add(1, Ordering::Relaxed);
-        let _span = tracing::debug_span!("compile", hash = format_args!("{hash:016x}"), nodes = traced.graph.len()).entered();
+        let _span =
+            tracing::debug_span!("compile", hash = format_args!("{hash:016x}"), nodes = traced.graph.len()).entered();
         self.0.explainer.lock().unwrap_or_else(|e| e.into_inner()).on_miss(&traced.graph, &traced.locations, trigger);
         let started = Instant::now();
         let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let plan = Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force)
-            .map_err(|source| ExecError::Backend {
+        let plan = Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force).map_err(
+            |source| ExecError::Backend {
                 context: format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len()),
                 source,
-            })?;
+            },
+        )?;
         metrics::record_time("Compile", started.elapsed());
         let plan = Arc::new(plan);
         if let Ok(dir) = std::env::var("LAZULI_DUMP_DIR") {

@@ -71,7 +71,11 @@ impl Explainer {
                 tracing::warn!(count = *n, trigger, "a steady loop keeps recompiling: {r}");
             }
         }
-        self.recent.push_back(Seen { graph: graph.clone(), locations: locations.to_vec(), trigger: trigger.to_string() });
+        self.recent.push_back(Seen {
+            graph: graph.clone(),
+            locations: locations.to_vec(),
+            trigger: trigger.to_string(),
+        });
         if self.recent.len() > KEEP {
             self.recent.pop_front();
         }

@@ -59,12 +59,28 @@ impl LazyNode {
     pub fn data(cell: Arc<DataCell>, location: &'static Location<'static>) -> LazyNode {
         let ty = cell.ty.clone();
         let hash = stable_hash(&(2u8, &ty));
-        LazyNode { kind: NodeKind::Data(cell), operands: Vec::new(), ty, hash, location, size: 0, materialized: OnceLock::new() }
+        LazyNode {
+            kind: NodeKind::Data(cell),
+            operands: Vec::new(),
+            ty,
+            hash,
+            location,
+            size: 0,
+            materialized: OnceLock::new(),
+        }
     }
 
     pub fn scalar(value: ScalarValue, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
         let hash = stable_hash(&(3u8, &ty));
-        LazyNode { kind: NodeKind::Scalar(value), operands: Vec::new(), ty, hash, location, size: 1, materialized: OnceLock::new() }
+        LazyNode {
+            kind: NodeKind::Scalar(value),
+            operands: Vec::new(),
+            ty,
+            hash,
+            location,
+            size: 1,
+            materialized: OnceLock::new(),
+        }
     }
 
     /// Size counted toward the graph size limit: zero once materialized.

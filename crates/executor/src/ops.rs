@@ -161,7 +161,10 @@ impl Tensor {
         let before = v.len();
         v.dedup();
         if v.len() != before {
-            return Err(ExecError::Ir(IrError::Shape { op: op.into(), detail: format!("axes {axes:?} repeat an axis of {}", self.shape()) }));
+            return Err(ExecError::Ir(IrError::Shape {
+                op: op.into(),
+                detail: format!("axes {axes:?} repeat an axis of {}", self.shape()),
+            }));
         }
         Ok(v)
     }
@@ -328,10 +331,7 @@ impl Tensor {
     /// Reorders dims: `out.dims[i] = self.dims[perm[i]]` (negative entries allowed).
     #[track_caller]
     pub fn permute(&self, perm: &[isize]) -> Result<Tensor> {
-        let p: Vec<usize> = perm
-            .iter()
-            .map(|&a| self.shape().axis(a).unwrap_or(usize::MAX))
-            .collect();
+        let p: Vec<usize> = perm.iter().map(|&a| self.shape().axis(a).unwrap_or(usize::MAX)).collect();
         Tensor::record(Op::Permute(p), &[self])
     }
 
@@ -369,7 +369,12 @@ impl Tensor {
         let r = self.rank() as isize + 1;
         let a = if axis < 0 { axis + r } else { axis };
         if !(0..r).contains(&a) {
-            return Err(ExecError::Ir(IrError::Axis { op: "unsqueeze".into(), axis, shape: self.shape().clone(), rank: self.rank() }));
+            return Err(ExecError::Ir(IrError::Axis {
+                op: "unsqueeze".into(),
+                axis,
+                shape: self.shape().clone(),
+                rank: self.rank(),
+            }));
         }
         let mut dims = self.dims().to_vec();
         dims.insert(a as usize, 1);
@@ -406,7 +411,10 @@ impl Tensor {
         }
         let (s, e) = (self.axis("flatten", start)?, self.axis("flatten", end)?);
         if s > e {
-            return Err(ExecError::Ir(IrError::Shape { op: "flatten".into(), detail: format!("start {start} after end {end} for {}", self.shape()) }));
+            return Err(ExecError::Ir(IrError::Shape {
+                op: "flatten".into(),
+                detail: format!("start {start} after end {end} for {}", self.shape()),
+            }));
         }
         let mut dims = self.dims()[..s].to_vec();
         dims.push(self.dims()[s..=e].iter().product());
@@ -421,7 +429,10 @@ impl Tensor {
         let ax = self.axis("slice", axis)?;
         let n = self.dims()[ax] as i64;
         if step == 0 {
-            return Err(ExecError::Ir(IrError::Shape { op: "slice".into(), detail: format!("step 0 on axis {axis} of {}", self.shape()) }));
+            return Err(ExecError::Ir(IrError::Shape {
+                op: "slice".into(),
+                detail: format!("step 0 on axis {axis} of {}", self.shape()),
+            }));
         }
         let norm = |v: i64| if v < 0 { v + n } else { v };
         let (s, e) = if step > 0 {
@@ -431,7 +442,8 @@ impl Tensor {
         };
         // In i128: `-step` and `+ step` overflow i64 for extreme steps.
         let (s128, e128, st) = (s as i128, e as i128, step as i128);
-        let len = if st > 0 { ((e128 - s128).max(0) + st - 1) / st } else { ((s128 - e128).max(0) - st - 1) / -st } as i64;
+        let len =
+            if st > 0 { ((e128 - s128).max(0) + st - 1) / st } else { ((s128 - e128).max(0) - st - 1) / -st } as i64;
         let mut starts = vec![0i64; self.rank()];
         let mut steps = vec![1i64; self.rank()];
         let mut lens = self.dims().to_vec();
@@ -464,7 +476,11 @@ impl Tensor {
     /// Joins tensors along `axis`.
     #[track_caller]
     pub fn concat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| IrError::Arity { op: "concat".into(), expected: "at least 1".into(), got: 0 })?;
+        let first = tensors.first().ok_or_else(|| IrError::Arity {
+            op: "concat".into(),
+            expected: "at least 1".into(),
+            got: 0,
+        })?;
         let axis = first.axis("concat", axis)?;
         if tensors.len() == 1 {
             return Ok((*first).clone());
@@ -485,7 +501,11 @@ impl Tensor {
     pub fn pad(&self, pads: &[(usize, usize)], value: impl Into<ScalarValue>) -> Result<Tensor> {
         let v = Tensor::scalar(value, self.dtype(), self.device());
         Tensor::record(
-            Op::Pad { before: pads.iter().map(|p| p.0).collect(), after: pads.iter().map(|p| p.1).collect(), mode: PadMode::Constant },
+            Op::Pad {
+                before: pads.iter().map(|p| p.0).collect(),
+                after: pads.iter().map(|p| p.1).collect(),
+                mode: PadMode::Constant,
+            },
             &[self, &v],
         )
     }
@@ -496,7 +516,10 @@ impl Tensor {
         if mode == PadMode::Constant {
             return self.pad(pads, 0);
         }
-        Tensor::record(Op::Pad { before: pads.iter().map(|p| p.0).collect(), after: pads.iter().map(|p| p.1).collect(), mode }, &[self])
+        Tensor::record(
+            Op::Pad { before: pads.iter().map(|p| p.0).collect(), after: pads.iter().map(|p| p.1).collect(), mode },
+            &[self],
+        )
     }
 
     /// `take(indices, axis)`: indices (integer dtype) replace dim `axis`.

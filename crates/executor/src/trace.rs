@@ -5,8 +5,8 @@
 
 use crate::lazy::{DataCell, LazyNode, NodeKind};
 use lazuli_ir::{Graph, NodeId, Op, ScalarValue, StableHasher};
-use std::hash::BuildHasherDefault;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::panic::Location;
 use std::sync::Arc;
 

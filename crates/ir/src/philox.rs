@@ -94,9 +94,9 @@ mod tests {
     #[test]
     fn uniform_in_range_and_lanes() {
         let out = philox4x32_10([1, 0, 0, 0], [7, 3]);
-        for lane in 0..4 {
+        for (lane, word) in out.iter().enumerate() {
             let u = uniform_f32(7, 3, 4 + lane as u64);
-            assert_eq!(u, (out[lane] >> 8) as f32 / 16_777_216.0);
+            assert_eq!(u, (word >> 8) as f32 / 16_777_216.0);
             assert!((0.0..1.0).contains(&u));
         }
     }
