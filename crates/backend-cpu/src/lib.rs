@@ -26,6 +26,7 @@ mod movement;
 mod reduce;
 mod source;
 mod storage;
+mod stream;
 
 pub use exec::CpuExecutable;
 pub use storage::{CpuData, CpuStorage};

@@ -659,3 +659,63 @@ fn large_tensors_run_quickly() {
     close(&out[2], &[16.0 * 9.0 * 0.5 * 2f64.exp()], 1e-6);
     assert!(start.elapsed().as_secs_f64() < 30.0, "{:?}", start.elapsed());
 }
+
+#[test]
+fn large_fused_loop_streams_exact_outputs() {
+    // Two outputs of a chain, one read again after it is written: large
+    // enough for the parallel, streaming-store path, with an odd length so
+    // the parts and blocks end unevenly.
+    let n = (1 << 22) + 37;
+    let xs: Vec<f32> = (0..n).map(|i| ((i * 7919) % 4001) as f32 * 5e-4 - 1.0).collect();
+    let mut t = T::new();
+    let x = t.input(f32s(&xs), &[n]);
+    let a = t.op(Op::Constant(ScalarValue::Float(1.5), DType::F32), &[]);
+    let b = t.op(Op::Constant(ScalarValue::Float(0.5), DType::F32), &[]);
+    let xa = t.op(Op::Binary(BinaryOp::Mul), &[x, a]);
+    let y = t.op(Op::Binary(BinaryOp::Add), &[xa, b]);
+    let z = t.op(Op::Unary(UnaryOp::Tanh), &[y]);
+    let out = t.try_run(&[y, z]).unwrap();
+    let ys: Vec<f32> = xs.iter().map(|&v| v * 1.5 + 0.5).collect();
+    let mut zs = vec![0.0f32; n];
+    crate::fastmath::tanh(&ys, &mut zs);
+    assert!(out[0] == f32s(&ys), "first output differs");
+    assert!(out[1] == f32s(&zs), "second output differs");
+}
+
+#[test]
+fn streaming_copy_any_alignment() {
+    let src: Vec<u8> = (0..300u32).map(|i| (i * 31 % 251) as u8).collect();
+    for off in 0..20 {
+        for len in [0, 1, 15, 16, 17, 100, 255] {
+            let mut dst = vec![0u8; 300];
+            crate::stream::copy(&src[off..off + len], &mut dst[off..off + len]);
+            crate::stream::fence();
+            assert_eq!(&dst[off..off + len], &src[off..off + len]);
+            assert!(dst[..off].iter().chain(&dst[off + len..]).all(|&b| b == 0));
+        }
+    }
+}
+
+#[test]
+fn large_matmuls_match_naive() {
+    // Sizes past the parallel threshold: one product split inside the
+    // GEMM, and a batch split by product; f32, f64 and i32.
+    let (m, k, n) = (67, 301, 129);
+    let av: Vec<f64> = (0..2 * m * k).map(|i| ((i * 37) % 17) as f64 * 0.25 - 2.0).collect();
+    let bv: Vec<f64> = (0..2 * k * n).map(|i| ((i * 11) % 13) as f64 * 0.5 - 3.0).collect();
+    let mut want = naive_matmul(&av[..m * k], &bv[..k * n], m, k, n);
+    want.extend(naive_matmul(&av[m * k..], &bv[k * n..], m, k, n));
+    let to32 = |v: &[f64]| f32s(&v.iter().map(|&x| x as f32).collect::<Vec<_>>());
+    for batch in [1, 2] {
+        let (sa, sb) = ([batch, m, k], [batch, k, n]);
+        let (a, b) = (&av[..batch * m * k], &bv[..batch * k * n]);
+        let w = &want[..batch * m * n];
+        // Quarter-integer inputs: every partial sum is exact in f32 too.
+        close(&eval(Op::MatMul, &[(to32(a), &sa), (to32(b), &sb)]), w, 0.0);
+        close(&eval(Op::MatMul, &[(CpuData::F64(a.to_vec()), &sa), (CpuData::F64(b.to_vec()), &sb)]), w, 0.0);
+        let ai: Vec<i32> = a.iter().map(|&x| (x * 4.0) as i32).collect();
+        let bi: Vec<i32> = b.iter().map(|&x| (x * 2.0) as i32).collect();
+        let r = eval(Op::MatMul, &[(i32s(&ai), &sa), (i32s(&bi), &sb)]);
+        assert_eq!(r, i32s(&w.iter().map(|&x| (x * 8.0) as i32).collect::<Vec<_>>()));
+    }
+}
