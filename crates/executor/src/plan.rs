@@ -167,14 +167,7 @@ impl Plan {
         }
         for s in &self.segments {
             let backend = if s.on_cpu { cpu } else { main };
-            let mut args = Vec::with_capacity(s.inputs.len());
-            for r in &s.inputs {
-                let buf = match r {
-                    ValueRef::Param(p) => inputs[*p].clone(),
-                    ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
-                };
-                args.push(transfer(buf, backend, main, cpu)?);
-            }
+            let args = s.arguments(&inputs, &values, backend, main, cpu)?;
             let started = Instant::now();
             let outs = backend.execute(s.exe.as_ref(), args, scalars)?;
             metrics::record_time(if s.on_cpu { "ExecuteFallback" } else { "ExecuteSegment" }, started.elapsed());
@@ -182,14 +175,41 @@ impl Plan {
                 values.insert(*id, buf);
             }
         }
-        Ok(self
-            .outputs
+        Ok(self.collect_outputs(&inputs, &values))
+    }
+
+    /// The plan's outputs, from its inputs and the segments' results.
+    pub fn collect_outputs(&self, inputs: &[Buffer], values: &HashMap<NodeId, Buffer>) -> Vec<Buffer> {
+        self.outputs
             .iter()
             .map(|r| match r {
                 ValueRef::Param(p) => inputs[*p].clone(),
                 ValueRef::Node(id) => values[id].clone(),
             })
-            .collect())
+            .collect()
+    }
+}
+
+impl Segment {
+    /// This segment's arguments, moved to `backend` where another owns them.
+    pub fn arguments(
+        &self,
+        inputs: &[Buffer],
+        values: &HashMap<NodeId, Buffer>,
+        backend: &dyn Backend,
+        main: &dyn Backend,
+        cpu: &dyn Backend,
+    ) -> Result<Vec<Buffer>, BackendError> {
+        self.inputs
+            .iter()
+            .map(|r| {
+                let buf = match r {
+                    ValueRef::Param(p) => inputs[*p].clone(),
+                    ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
+                };
+                transfer(buf, backend, main, cpu)
+            })
+            .collect()
     }
 }
 

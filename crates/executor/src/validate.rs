@@ -28,7 +28,7 @@
 //! rounded values into discontinuous ops (floor, comparisons) can report a
 //! flip that is not a bug; the report shows the values.
 
-use crate::plan::{transfer, Plan, ValueRef};
+use crate::plan::{transfer, Plan};
 use crate::{element, Backend, BackendError, Buffer, ExecError, Executable, KernelInfo};
 use lazuli_ir::{stable_hash, DType, Graph, NodeId, Op, ScalarValue};
 use std::collections::HashMap;
@@ -73,14 +73,7 @@ pub(crate) fn run_validated(
     let mut sources: Option<Vec<Option<&'static Location<'static>>>> = None;
     for (k, s) in plan.segments.iter().enumerate() {
         let backend = if s.on_cpu { cpu } else { main };
-        let mut args = Vec::with_capacity(s.inputs.len());
-        for r in &s.inputs {
-            let buf = match r {
-                ValueRef::Param(p) => inputs[*p].clone(),
-                ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
-            };
-            args.push(transfer(buf, backend, main, cpu).map_err(backend_err)?);
-        }
+        let args = s.arguments(&inputs, &values, backend, main, cpu).map_err(backend_err)?;
         if s.on_cpu {
             let outs = cpu.execute(s.exe.as_ref(), args, scalars).map_err(backend_err)?;
             values.extend(s.outputs.iter().copied().zip(outs));
@@ -124,14 +117,7 @@ pub(crate) fn run_validated(
         }
         values.extend(s.outputs.iter().copied().zip(outs));
     }
-    Ok(plan
-        .outputs
-        .iter()
-        .map(|r| match r {
-            ValueRef::Param(p) => inputs[*p].clone(),
-            ValueRef::Node(id) => values[id].clone(),
-        })
-        .collect())
+    Ok(plan.collect_outputs(&inputs, &values))
 }
 
 impl Shadow {
