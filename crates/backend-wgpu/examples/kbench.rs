@@ -1,6 +1,7 @@
 //! Kernel micro-benchmark straight on the backend (no executor): W1, W2, W3
 //! and the hand-written baselines. `cargo run --release -p lazuli-wgpu
-//! --example kbench [w1|w2|w3|base]...`. The full harness is `lazuli bench`.
+//! --example kbench [w1|w2|w3|base]... [tiled] [src]`; `tiled` forces the
+//! workgroup-memory matmul. The full harness is `lazuli bench`.
 
 use lazuli_executor::Backend;
 use lazuli_ir::{BinaryOp, DType, Graph, Op, ScalarValue, UnaryOp, ValueType};
@@ -13,7 +14,14 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1e3
 }
 
-fn time_graph(b: &WgpuBackend, g: Graph, inputs: &[Vec<f32>], scalars: &[ScalarValue]) -> (f64, String) {
+/// Times `g`; with `sync` every iteration reads its first output back.
+fn time_graph_sync(
+    b: &WgpuBackend,
+    g: Graph,
+    inputs: &[Vec<f32>],
+    scalars: &[ScalarValue],
+    sync: bool,
+) -> (f64, String) {
     let params = g.params.clone();
     let v = g.verify().expect("valid");
     let exe = b.compile(&v).expect("compile");
@@ -24,6 +32,12 @@ fn time_graph(b: &WgpuBackend, g: Graph, inputs: &[Vec<f32>], scalars: &[ScalarV
     for i in 0..13 {
         let t = Instant::now();
         let outs = b.execute(exe.as_ref(), bufs.clone(), scalars).expect("execute");
+        if sync {
+            let y = b.download(&outs[0]).expect("download");
+            if i == 0 {
+                println!("first output value: {}", f32::from_le_bytes([y[0], y[1], y[2], y[3]]));
+            }
+        }
         let e = t.elapsed();
         drop(outs);
         if i >= 3 {
@@ -37,7 +51,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let want = |w: &str| args.is_empty() || args.iter().any(|a| a == w);
     let show = args.iter().any(|a| a == "src");
-    let b = WgpuBackend::new(WgpuOptions::default()).expect("adapter");
+    let tiled = args.iter().any(|a| a == "tiled");
+    let b = WgpuBackend::new(WgpuOptions { tiled_matmul: Some(tiled), ..WgpuOptions::default() }).expect("adapter");
     println!("{}", b.name());
     let n = 4096 * 4096;
     let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
@@ -135,6 +150,22 @@ fn main() {
             println!("{src}");
         }
     }
+    if want("red") {
+        // sum(x * x) over all of x, and over the rows of x (4096 outputs).
+        for (shape, axes) in [([4096, 4096], vec![0usize, 1]), ([4096, 4096], vec![1]), ([128, 131072], vec![1])] {
+            let mut g = Graph::new();
+            let xp = g.param(ValueType::new(shape, DType::F32));
+            let sq = g.push(Op::Binary(BinaryOp::Mul), &[xp, xp]).unwrap();
+            let r =
+                g.push(Op::Reduce { op: lazuli_ir::ReduceOp::Sum, axes: axes.clone(), keepdim: false }, &[sq]).unwrap();
+            g.outputs.push(r);
+            let (ms, src) = time_graph_sync(&b, g, std::slice::from_ref(&x), &[], true);
+            println!("sum(x*x) {shape:?} axes {axes:?}: {ms:.2} ms, {:.2} GB/s", gb(4.0 * n as f64, ms));
+            if show {
+                println!("{src}");
+            }
+        }
+    }
     if want("w3") {
         let mut g = Graph::new();
         let xp = g.param(ValueType::new([4096, 1024], DType::F32));
@@ -146,4 +177,8 @@ fn main() {
             println!("{src}");
         }
     }
+}
+
+fn time_graph(b: &WgpuBackend, g: Graph, inputs: &[Vec<f32>], scalars: &[ScalarValue]) -> (f64, String) {
+    time_graph_sync(b, g, inputs, scalars, false)
 }

@@ -38,11 +38,15 @@ pub struct LowerLimits {
     /// on a software adapter (lavapipe) a workgroup barrier costs more than
     /// it saves, so one invocation walks each row.
     pub cooperative_rows: bool,
+    /// Whether matmul stages operand tiles in workgroup memory (the GPU
+    /// form, [`MATMUL_TILE`]) instead of the barrier-free register-blocked
+    /// form that suits llvmpipe (measured there: tiled 3x slower).
+    pub tiled_matmul: bool,
 }
 
 impl Default for LowerLimits {
     fn default() -> Self {
-        LowerLimits { max_elements: u32::MAX as u64, cooperative_rows: true }
+        LowerLimits { max_elements: u32::MAX as u64, cooperative_rows: true, tiled_matmul: true }
     }
 }
 
@@ -59,6 +63,9 @@ pub struct Wgsl {
     pub inputs: usize,
     /// Storage buffers written (after the inputs).
     pub outputs: usize,
+    /// Invocations per workgroup (`invocations` is a multiple of it when
+    /// the kernel is written per workgroup).
+    pub workgroup_size: u32,
 }
 
 /// Why a kernel cannot be lowered.
@@ -94,7 +101,15 @@ pub fn op_supported(op: &Op) -> bool {
 
 /// Lowers `kernel` of `graph` to WGSL.
 pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
-    let mut w = Writer { g: graph, helpers: BTreeSet::new(), funcs: String::new(), cooperative: None, limits: *limits };
+    let mut w = Writer {
+        g: graph,
+        helpers: BTreeSet::new(),
+        funcs: String::new(),
+        cooperative: None,
+        workgroup: None,
+        shared: String::new(),
+        limits: *limits,
+    };
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
         if !dtype_supported(n.dtype) || !op_supported(&n.op) {
@@ -110,17 +125,31 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     let root_numel = graph.node(root).shape.numel();
     // Whether input `id` is read as one vector per invocation step.
     let row_vec = vector_rows(kernel, graph, limits);
-    let vector_input = |id: NodeId| {
-        (width == Some(4) && graph.node(id).shape.numel() == root_numel) || (row_vec && kernel.inputs[0] == id)
+    let mm = (kernel.kind == KernelKind::MatMul && !limits.tiled_matmul).then(|| matmul_shape(kernel, graph));
+    let mm_vec = |id: NodeId| {
+        mm.as_ref()
+            .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
     };
-    let vector_output = width == Some(4) || row_vec;
+    let vector_input = |id: NodeId| {
+        (width == Some(4) && graph.node(id).shape.numel() == root_numel)
+            || (row_vec && kernel.inputs[0] == id)
+            || mm_vec(id)
+    };
+    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec);
     for (k, &id) in kernel.inputs.iter().enumerate() {
         let n = graph.node(id);
         if (width.is_some() && n.shape.numel() == root_numel) || row_vec {
             // Read in `main` by the straight-line or vector-row path.
             continue;
         }
-        let load = if n.dtype == DType::Bool { format!("in{k}[i] != 0u") } else { format!("in{k}[i]") };
+        let load = if n.dtype == DType::Bool {
+            format!("in{k}[i] != 0u")
+        } else if mm_vec(id) {
+            // Bound as vectors for the matmul loop; views read lanes.
+            format!("in{k}[i >> 2u][i & 3u]")
+        } else {
+            format!("in{k}[i]")
+        };
         let _ = writeln!(w.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
     }
     let (body, invocations) = match width {
@@ -130,8 +159,26 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         Some(width) => w.straight_line(kernel, width)?,
         None if row_vec => w.softmax_rows_vec4(kernel),
         None => {
+            // A matmul epilogue: nodes depending on the matmul become
+            // `eK(i, mm)` functions of the output index and accumulator.
+            let mm_node = kernel.matmul_node(graph);
+            let mut dependent: BTreeSet<NodeId> = BTreeSet::new();
+            if let Some(mmn) = mm_node.filter(|&x| x != root) {
+                let mut all: Vec<NodeId> = kernel.inline.iter().chain(&kernel.outputs).copied().collect();
+                all.sort();
+                all.dedup();
+                for id in all {
+                    let n = graph.node(id);
+                    if n.inputs.iter().any(|o| *o == mmn || dependent.contains(o)) {
+                        dependent.insert(id);
+                    }
+                }
+                for &id in &dependent {
+                    w.node_fn(id, Some((mmn, &dependent)))?;
+                }
+            }
             for &id in &kernel.inline {
-                if Some(id) == concat_part_root {
+                if Some(id) == concat_part_root || Some(id) == mm_node || dependent.contains(&id) {
                     continue;
                 }
                 // A zero-size node is never evaluated; a stub stands in for
@@ -147,7 +194,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
                     );
                     continue;
                 }
-                w.node_fn(id)?;
+                w.node_fn(id, None)?;
             }
             w.main_body(kernel)?
         }
@@ -180,7 +227,14 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         s.push('\n');
     }
     s.push_str(&w.funcs);
-    if let Some(shared) = w.cooperative {
+    if let Some(lanes) = w.workgroup {
+        // Kernels written per workgroup (matmul): `main` derives `t`.
+        s.push_str(&w.shared);
+        let _ = write!(
+            s,
+            "@compute @workgroup_size({lanes})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
+        );
+    } else if let Some(shared) = w.cooperative {
         // Cooperative kernels: invocations work together through
         // workgroup memory and barriers, so none may return early.
         let _ = write!(
@@ -193,7 +247,14 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
             "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n"
         );
     }
-    Ok(Wgsl { source: s, entry: "main", invocations, inputs: kernel.inputs.len(), outputs: kernel.outputs.len() })
+    Ok(Wgsl {
+        source: s,
+        entry: "main",
+        invocations,
+        inputs: kernel.inputs.len(),
+        outputs: kernel.outputs.len(),
+        workgroup_size: w.workgroup.unwrap_or(WORKGROUP_SIZE),
+    })
 }
 
 /// Whether softmax kernel `k` walks its rows with vec4 loads and stores:
@@ -205,14 +266,132 @@ fn vector_rows(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
     let x = &g.node(rn.inputs[0]).shape;
     k.kind == KernelKind::Softmax
         && !limits.cooperative_rows
+        // Two passes of len / 4 iterations must fit the loop budget.
+        && (x.dims()[axis] as u64) / 2 <= LLVMPIPE_LOOP_BUDGET
         && axis + 1 == x.rank()
         && x.dims()[axis].is_multiple_of(4)
         && k.inputs.len() == 1
         && k.inputs[0] == rn.inputs[0]
 }
 
-/// Rows and columns of the output block one matmul invocation computes.
-pub const MATMUL_BLOCK: u64 = 8;
+/// Most output rows one matmul invocation computes (register blocking).
+pub const MATMUL_ROWS: u64 = 16;
+
+/// Output tile (square) of one workgroup of the tiled (GPU) matmul; each of
+/// its 256 invocations computes a 4 x 4 block.
+pub const MATMUL_TILE: u64 = 64;
+
+/// Depth of the k-slices the tiled matmul stages in workgroup memory.
+pub const MATMUL_TILE_K: u64 = 16;
+
+/// Most invocations per matmul workgroup.
+pub const MATMUL_LANES: u64 = 128;
+
+/// The layout of a matmul kernel (see `Writer::matmul`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MatMulShape {
+    /// Output rows per invocation.
+    rows: u64,
+    /// vec4 column groups per invocation.
+    vecs: u64,
+    /// Invocations per workgroup.
+    lanes: u64,
+    /// Invocations of a workgroup along rows (`lanes / row_lanes` along
+    /// columns). 1 unless N is narrow: then lanes also split rows, and
+    /// loads of A are no longer workgroup-uniform.
+    row_lanes: u64,
+    /// The A operand when it is read as vec4 along k (a kernel input,
+    /// K divisible by 4).
+    a_vec: Option<NodeId>,
+    /// When A is an inlined transpose (last two dims swapped) of kernel
+    /// input `src` and M is divisible by 4: `src`, read as vec4 along m
+    /// (4 consecutive rows of A at one k).
+    a_t: Option<NodeId>,
+    /// When B is an inlined transpose of kernel input `src` and K is
+    /// divisible by 4: `src`, read as vec4 along k (one column of B).
+    b_t: Option<NodeId>,
+    /// The B operand when it is read as vec4 along n (a kernel input,
+    /// N divisible by 4).
+    b_vec: Option<NodeId>,
+    /// Whether the output is written as vec4 (N divisible by 4).
+    out_vec: bool,
+}
+
+/// Chooses the layout of matmul kernel `k`: each invocation computes
+/// `rows` x `4 * vecs` outputs; one workgroup covers `rows` rows and
+/// `lanes * 4 * vecs` columns, so loads of A are uniform across the
+/// workgroup (one load broadcast to all lanes on llvmpipe) and loads of B
+/// are vec4 per lane where aligned.
+fn matmul_shape(k: &Kernel, g: &VerifiedGraph) -> MatMulShape {
+    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+    let r = rn.shape.rank();
+    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+    let a = g.node(rn.inputs[0]);
+    let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+    let vec_ok = |id: NodeId, dim: u64| {
+        k.inputs.contains(&id) && g.node(id).dtype != DType::Bool && dim.is_multiple_of(4) && dim > 0
+    };
+    // Wide outputs: the workgroup shares its rows, lanes split columns.
+    // Narrow ones (fewer than 8 lanes' worth of columns): each lane takes
+    // all (or most) columns and lanes split rows too.
+    let (rows, vecs, lanes, row_lanes) = if n >= 64 {
+        let vecs = 2;
+        (m.clamp(1, MATMUL_ROWS), vecs, n.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
+    } else {
+        let vecs = if n <= 12 { n.div_ceil(4).max(1) } else { 2 };
+        let col_lanes = n.div_ceil(4 * vecs).max(1);
+        let rows = m.clamp(1, 8);
+        let row_lanes = 8u64.div_ceil(col_lanes).min(m.div_ceil(rows)).max(1);
+        (rows, vecs, col_lanes * row_lanes, row_lanes)
+    };
+    // An inlined transpose of a kernel input, read straight from it.
+    let transposed = |x: NodeId, dim: u64| {
+        let xn = g.node(x);
+        let Op::Permute(perm) = &xn.op else { return None };
+        let r = perm.len();
+        let swapped = (0..r).all(|d| {
+            perm[d]
+                == if d + 2 == r {
+                    r - 1
+                } else if d + 1 == r {
+                    r - 2
+                } else {
+                    d
+                }
+        });
+        let src = xn.inputs[0];
+        (swapped
+            && k.inline.contains(&x)
+            && k.inputs.contains(&src)
+            && g.node(src).dtype != DType::Bool
+            && dim.is_multiple_of(4)
+            && dim > 0)
+            .then_some(src)
+    };
+    let a_t = transposed(rn.inputs[0], m);
+    let b_t = transposed(rn.inputs[1], kk);
+    MatMulShape {
+        rows,
+        vecs,
+        lanes,
+        row_lanes,
+        a_t,
+        b_t,
+        a_vec: vec_ok(rn.inputs[0], kk).then_some(rn.inputs[0]),
+        b_vec: vec_ok(rn.inputs[1], n).then_some(rn.inputs[1]),
+        out_vec: n.is_multiple_of(4),
+    }
+}
+
+/// Reductions at least this long with at most
+/// [`REDUCE_COOPERATIVE_OUTPUTS`] outputs use one workgroup per output.
+pub const REDUCE_COOPERATIVE_LEN: u64 = 4096;
+
+/// See [`REDUCE_COOPERATIVE_LEN`].
+pub const REDUCE_COOPERATIVE_OUTPUTS: u64 = 256;
+
+/// Elements a reduction loop handles per iteration (unrolled).
+pub const REDUCE_UNROLL: u64 = 8;
 
 /// Invocations that share one softmax row (at most; fewer for short rows).
 pub const SOFTMAX_THREADS_PER_ROW: u64 = 64;
@@ -266,6 +445,11 @@ struct Writer<'a> {
     /// Set by cooperative kernels: the element type of the workgroup
     /// array `red`; `main` then has no early return.
     cooperative: Option<&'static str>,
+    /// Set by kernels written per workgroup (matmul): the workgroup size;
+    /// `main` gets `lid`, `wid`, `nwg` and the body defines `t`.
+    workgroup: Option<u32>,
+    /// Workgroup-memory declarations of kernels written per workgroup.
+    shared: String,
     limits: LowerLimits,
 }
 
@@ -413,12 +597,20 @@ impl Writer<'_> {
         }
     }
 
-    fn node_fn(&mut self, id: NodeId) -> Result<(), LowerError> {
+    /// Writes the value function of inlined node `id`: `nK(i)`, or with
+    /// `epi = Some((matmul, dependents))` the epilogue form `eK(i, mm)`,
+    /// where the matmul's value is `mm` and dependents are evaluated at the
+    /// same index (the planner guarantees they are same-shape elementwise).
+    fn node_fn(&mut self, id: NodeId, epi: Option<(NodeId, &BTreeSet<NodeId>)>) -> Result<(), LowerError> {
         let g = self.g;
         let n = g.node(id);
         let s = &n.shape;
         let inp = |k: usize| g.node(n.inputs[k]);
-        let call = |k: usize, idx: &str| format!("n{}({idx})", n.inputs[k].0);
+        let call = |k: usize, idx: &str| match epi {
+            Some((mm, _)) if n.inputs[k] == mm => "mm".to_string(),
+            Some((_, dep)) if dep.contains(&n.inputs[k]) => format!("e{}(i, mm)", n.inputs[k].0),
+            _ => format!("n{}({idx})", n.inputs[k].0),
+        };
         let body: String = match &n.op {
             Op::Parameter(_) => unreachable!("parameters are kernel inputs"),
             Op::Constant(v, d) => {
@@ -520,7 +712,15 @@ impl Writer<'_> {
                 return Err(LowerError::Unsupported { op: other.name(), dtype: n.dtype });
             }
         };
-        let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    {body}\n}}\n", id.0, ty(n.dtype));
+        match epi {
+            Some((mm, _)) => {
+                let mt = ty(g.node(mm).dtype);
+                let _ = writeln!(self.funcs, "fn e{}(i: u32, mm: {mt}) -> {} {{\n    {body}\n}}\n", id.0, ty(n.dtype));
+            }
+            None => {
+                let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    {body}\n}}\n", id.0, ty(n.dtype));
+            }
+        }
         Ok(())
     }
 
@@ -729,7 +929,7 @@ impl Writer<'_> {
         let mut lane: HashMap<NodeId, Vec<String>> = HashMap::new();
         for &id in &k.inline {
             if !full(id) {
-                self.node_fn(id)?;
+                self.node_fn(id, None)?;
             }
         }
         let mut b = String::new();
@@ -821,8 +1021,9 @@ impl Writer<'_> {
         // Pass 1 keeps a running max and a sum rescaled whenever the max
         // grows (online softmax); while the max is still -inf nothing is
         // added, so leading -inf values do not turn the sum into NaN.
+        let head = format!("for (var j = 0u; j < {len4}u; j = j + 1u) {{");
         let b = format!(
-            "    let b = t * {len4}u;\n    var m = -inf_f();\n    var s = 0.0;\n    for (var j = 0u; j < {len4}u; j = j + 1u) {{\n        let v = in0[b + j];\n        let mn = max_nan(m, max_nan(max_nan(v.x, v.y), max_nan(v.z, v.w)));\n        if (mn > -inf_f()) {{\n            let e = exp(v - vec4<f32>(mn));\n            s = s * exp(m - mn) + ((e.x + e.y) + (e.z + e.w));\n        }}\n        m = mn;\n    }}\n    {fin}\n    for (var j = 0u; j < {len4}u; j = j + 1u) {{\n        let v = in0[b + j];\n        out0[b + j] = {out};\n    }}\n"
+            "    let b = t * {len4}u;\n    var m = -inf_f();\n    var s = 0.0;\n    {head}\n        let v = in0[b + j];\n        let mn = max_nan(m, max_nan(max_nan(v.x, v.y), max_nan(v.z, v.w)));\n        if (mn > -inf_f()) {{\n            let e = exp(v - vec4<f32>(mn));\n            s = s * exp(m - mn) + ((e.x + e.y) + (e.z + e.w));\n        }}\n        m = mn;\n    }}\n    {fin}\n    {head}\n        let v = in0[b + j];\n        out0[b + j] = {out};\n    }}\n"
         );
         (b, rows)
     }
@@ -834,7 +1035,7 @@ impl Writer<'_> {
         let root = k.root();
         let rn = g.node(root);
         let mut b = String::new();
-        let invocations: u64;
+        let mut invocations: u64;
         match k.kind {
             KernelKind::Elementwise => {
                 invocations = rn.shape.numel() as u64;
@@ -874,10 +1075,18 @@ impl Writer<'_> {
                     .filter(|&j| kshape.dims()[j] != 1)
                     .map(|j| format!("{} * {}u", coord("t", &kshape, j), xs[kept[j]]))
                     .collect());
-                let off = sum((0..axes.len())
-                    .filter(|&j| rshape.dims()[j] != 1)
-                    .map(|j| format!("{} * {}u", coord("r", &rshape, j), xs[axes[j]]))
-                    .collect());
+                // Reduced axes that are the trailing dims, in order, are
+                // one contiguous run: the offset is `r` itself.
+                let rank = x.shape.rank();
+                let trailing = axes.iter().enumerate().all(|(j, &a)| a + axes.len() == rank + j);
+                let off = if trailing {
+                    "r".to_string()
+                } else {
+                    sum((0..axes.len())
+                        .filter(|&j| rshape.dims()[j] != 1)
+                        .map(|j| format!("{} * {}u", coord("r", &rshape, j), xs[axes[j]]))
+                        .collect())
+                };
                 let d = x.dtype;
                 let (acc_ty, init, combine, fin) = self.reduce_parts(*op, d, rshape.numel());
                 let load = if d == DType::Bool {
@@ -885,11 +1094,60 @@ impl Writer<'_> {
                 } else {
                     format!("n{}(base + {off})", x_id(rn))
                 };
-                let _ = writeln!(
-                    b,
-                    "    let base = {base};\n    var acc: {acc_ty} = {init};\n    for (var r = 0u; r < {}u; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[t] = {fin};",
-                    rshape.numel()
-                );
+                let len = rshape.numel() as u64;
+                let outputs = invocations;
+                let u = REDUCE_UNROLL;
+                // `REDUCE_UNROLL` elements per loop iteration, then the
+                // remainder: keeps trip counts far below the llvmpipe loop
+                // budget (`LLVMPIPE_LOOP_BUDGET`).
+                let step = |ind: &str, r0: &str, stride: u64| {
+                    (0..u)
+                        .map(|q| {
+                            format!(
+                                "{ind}{{\n{ind}    let r = {r0} + {}u;\n{ind}    let v = {load};\n{ind}    acc = {combine};\n{ind}}}\n",
+                                q * stride
+                            )
+                        })
+                        .collect::<String>()
+                };
+                let cooperative = (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
+                    || len / u > LLVMPIPE_LOOP_BUDGET / 2;
+                if cooperative {
+                    // Few long reductions: one workgroup per output, its
+                    // invocations striding over the reduced elements, then
+                    // a tree in workgroup memory (8 barriers in all, so
+                    // cheap on llvmpipe too, where a single invocation per
+                    // output would use one SIMD lane of one core).
+                    let wg = WORKGROUP_SIZE as u64;
+                    invocations = outputs * wg;
+                    self.cooperative = Some(acc_ty);
+                    let main = len / (wg * u) * (wg * u);
+                    let _ = write!(
+                        b,
+                        "    let t = wid.x + wid.y * nwg.x;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = lid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + lid; r < {len}u; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
+                        wg * u,
+                        step("            ", "r0", wg)
+                    );
+                    let _ = writeln!(
+                        b,
+                        "    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (lid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}",
+                        wg / 2
+                    );
+                } else {
+                    let main = len / u * u;
+                    let _ = write!(
+                        b,
+                        "    let base = {base};\n    var acc: {acc_ty} = {init};\n    for (var r0 = 0u; r0 < {main}u; r0 = r0 + {u}u) {{\n{}    }}\n",
+                        step("        ", "r0", 1)
+                    );
+                    if main < len {
+                        let _ = writeln!(
+                            b,
+                            "    for (var r = {main}u; r < {len}u; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}"
+                        );
+                    }
+                    let _ = writeln!(b, "    out0[t] = {fin};");
+                }
             }
             KernelKind::ArgReduce => {
                 let Op::ArgReduce { op, axis, select_last, .. } = &rn.op else { unreachable!() };
@@ -911,9 +1169,10 @@ impl Writer<'_> {
                         format!("!isnan_f(best) && (isnan_f(v) || {better})")
                     };
                 }
+                let head = format!("for (var j = 1u; j < {len}u; j = j + 1u) {{");
                 let _ = writeln!(
                     b,
-                    "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    for (var j = 1u; j < {len}u; j = j + 1u) {{\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    out0[t] = i32(bi);",
+                    "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    {head}\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    out0[t] = i32(bi);",
                     x = x_id(rn)
                 );
             }
@@ -925,7 +1184,10 @@ impl Writer<'_> {
                 let x = g.node(rn.inputs[0]);
                 let len = x.shape.dims()[*axis] as u64;
                 let rows = (x.shape.numel() as u64).checked_div(len).unwrap_or(0);
-                if !self.limits.cooperative_rows {
+                // One invocation per row runs three passes of `len`
+                // iterations; longer rows go cooperative even on llvmpipe
+                // (its loop budget, `LLVMPIPE_LOOP_BUDGET`).
+                if !self.limits.cooperative_rows && 3 * len <= LLVMPIPE_LOOP_BUDGET {
                     invocations = rows;
                     let (base, stride, _) = line(&x.shape, *axis);
                     self.use_helper("max_nan");
@@ -939,9 +1201,10 @@ impl Writer<'_> {
                         ("\n        out0[idx] = e;", "out0[idx] = out0[idx] * r;".to_string())
                     };
                     let fin = if *log { "let ls = log(s);" } else { "let r = 1.0 / s;" };
+                    let head = format!("for (var j = 0u; j < {len}u; j = j + 1u) {{");
                     let _ = writeln!(
                         b,
-                        "    let base = {base};\n    var m = -inf_f();\n    for (var j = 0u; j < {len}u; j = j + 1u) {{\n        m = max_nan(m, n{xi}(base + j * {stride}u));\n    }}\n    var s = 0.0;\n    for (var j = 0u; j < {len}u; j = j + 1u) {{\n        let idx = base + j * {stride}u;\n        let e = exp(n{xi}(idx) - m);\n        s = s + e;{second}\n    }}\n    {fin}\n    for (var j = 0u; j < {len}u; j = j + 1u) {{\n        let idx = base + j * {stride}u;\n        {third}\n    }}"
+                        "    let base = {base};\n    var m = -inf_f();\n    {head}\n        m = max_nan(m, n{xi}(base + j * {stride}u));\n    }}\n    var s = 0.0;\n    {head}\n        let idx = base + j * {stride}u;\n        let e = exp(n{xi}(idx) - m);\n        s = s + e;{second}\n    }}\n    {fin}\n    {head}\n        let idx = base + j * {stride}u;\n        {third}\n    }}"
                     );
                     return Ok((b, invocations));
                 }
@@ -975,6 +1238,7 @@ impl Writer<'_> {
                 invocations = (x.shape.numel() as u64).checked_div(len).unwrap_or(0);
                 let (base, stride, _) = line(&x.shape, *axis);
                 let jj = if *reverse { format!("({len}u - 1u - q)") } else { "q".into() };
+                let head = format!("for (var q = 0u; q < {len}u; q = q + 1u) {{");
                 let (pre, post) = if *exclusive {
                     ("out0[idx] = acc;\n        acc = acc + v;", "")
                 } else {
@@ -982,66 +1246,15 @@ impl Writer<'_> {
                 };
                 let _ = writeln!(
                     b,
-                    "    let base = {base};\n    var acc: {} = {};\n    for (var q = 0u; q < {len}u; q = q + 1u) {{\n        let idx = base + {jj} * {stride}u;\n        let v = n{}(idx);\n        {pre}{post}\n    }}",
+                    "    let base = {base};\n    var acc: {} = {};\n    {head}\n        let idx = base + {jj} * {stride}u;\n        let v = n{}(idx);\n        {pre}{post}\n    }}",
                     ty(rn.dtype),
                     zero(rn.dtype),
                     x_id(rn)
                 );
             }
             KernelKind::MatMul => {
-                // Register blocking: each invocation computes a
-                // MATMUL_BLOCK x MATMUL_BLOCK block of outputs, so every
-                // loaded element of A and B feeds MATMUL_BLOCK products.
-                // Edge blocks clamp their loads and skip their stores.
-                let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
-                let r = rn.shape.rank();
-                let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-                let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
-                let batch = Shape::new(&rn.shape.dims()[..r - 2]);
-                let ab = Shape::new(&a.shape.dims()[..a.shape.rank() - 2]);
-                let bb = Shape::new(&bn.shape.dims()[..bn.shape.rank() - 2]);
-                let ai = bcast_index("bi", &batch, &ab);
-                let bi = bcast_index("bi", &batch, &bb);
-                let tb = MATMUL_BLOCK;
-                let (mb, nb) = (m.div_ceil(tb), nn.div_ceil(tb));
-                invocations = batch.numel() as u64 * mb * nb;
-                let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
-                let (t_ty, z) = (ty(rn.dtype), zero(rn.dtype));
-                let _ = writeln!(
-                    b,
-                    "    let cb = t % {nb}u;\n    let rb = (t / {nb}u) % {mb}u;\n    let bi = t / {};\n    let r0 = rb * {tb}u;\n    let c0 = cb * {tb}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
-                    (mb * nb).max(1),
-                    m * kk,
-                    kk * nn
-                );
-                for q in 0..tb {
-                    let _ = writeln!(b, "    let ar{q} = abase + min(r0 + {q}u, {}u) * {kk}u;", m.max(1) - 1);
-                    let _ = writeln!(b, "    let bc{q} = bbase + min(c0 + {q}u, {}u);", nn.max(1) - 1);
-                }
-                for i in 0..tb {
-                    for j in 0..tb {
-                        let _ = writeln!(b, "    var c{i}_{j}: {t_ty} = {z};");
-                    }
-                }
-                let _ = writeln!(b, "    for (var k = 0u; k < {kk}u; k = k + 1u) {{\n        let kb = k * {nn}u;");
-                for q in 0..tb {
-                    let _ =
-                        writeln!(b, "        let a{q} = n{na}(ar{q} + k);\n        let b{q} = n{nbid}(bc{q} + kb);");
-                }
-                for i in 0..tb {
-                    for j in 0..tb {
-                        let _ = writeln!(b, "        c{i}_{j} = c{i}_{j} + a{i} * b{j};");
-                    }
-                }
-                let _ = writeln!(b, "    }}\n    let obase = bi * {};", m * nn);
-                for i in 0..tb {
-                    for j in 0..tb {
-                        let _ = writeln!(
-                            b,
-                            "    if (r0 + {i}u < {m}u && c0 + {j}u < {nn}u) {{\n        out0[obase + (r0 + {i}u) * {nn}u + c0 + {j}u] = c{i}_{j};\n    }}"
-                        );
-                    }
-                }
+                invocations =
+                    if self.limits.tiled_matmul { self.matmul_tiled(k, &mut b) } else { self.matmul(k, &mut b) };
             }
             KernelKind::Gather => {
                 let Op::Gather { axis } = &rn.op else { unreachable!() };
@@ -1085,6 +1298,274 @@ impl Writer<'_> {
             }
         }
         Ok((b, invocations))
+    }
+
+    /// Matmul in the GPU form: a workgroup of 16 x 16 invocations owns a
+    /// [`MATMUL_TILE`]-square output tile; per k-slice of
+    /// [`MATMUL_TILE_K`] it stages the A and B tiles in workgroup memory
+    /// (operands read through their value functions, so views and partial
+    /// tiles need no special case: out-of-range elements load as zero),
+    /// then every invocation accumulates a 4 x 4 register block. The
+    /// epilogue, if any, is applied at the store. Returns the invocation
+    /// count.
+    fn matmul_tiled(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let g = self.g;
+        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+        let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
+        let r = rn.shape.rank();
+        let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+        let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+        let batch = Shape::new(&rn.shape.dims()[..r - 2]);
+        let ai = bcast_index("bi", &batch, &Shape::new(&a.shape.dims()[..a.shape.rank() - 2]));
+        let bi = bcast_index("bi", &batch, &Shape::new(&bn.shape.dims()[..bn.shape.rank() - 2]));
+        let (tile, tk) = (MATMUL_TILE, MATMUL_TILE_K);
+        let (mb, nb) = (m.div_ceil(tile), nn.div_ceil(tile));
+        let groups = batch.numel() as u64 * mb * nb;
+        let lanes = WORKGROUP_SIZE as u64;
+        self.workgroup = Some(WORKGROUP_SIZE);
+        let (t_ty, z) = (ty(rn.dtype), zero(rn.dtype));
+        let _ = writeln!(
+            self.shared,
+            "var<workgroup> ta: array<{t_ty}, {}>;\nvar<workgroup> tb: array<{t_ty}, {}>;\n",
+            tile * tk,
+            tile * tk
+        );
+        let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
+        let _ = writeln!(
+            b,
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let bi = gi / {}u;\n    let row0 = rb * {tile}u;\n    let col0 = cb * {tile}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            // Workgroup-uniform: a return here keeps barriers uniform.
+            if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
+            (mb * nb).max(1),
+            m * kk,
+            kk * nn
+        );
+        for i in 0..4 {
+            for j in 0..4 {
+                let _ = writeln!(b, "    var c{i}_{j}: {t_ty} = {z};");
+            }
+        }
+        let head = format!("for (var k0 = 0u; k0 < {kk}u; k0 = k0 + {tk}u) {{");
+        let _ = writeln!(b, "    {head}");
+        for e in 0..(tile * tk) / lanes {
+            let _ = writeln!(
+                b,
+                "        {{\n            let l = lid + {}u;\n            let am = l / {tk}u;\n            let ak = l % {tk}u;\n            let gr = row0 + am;\n            let gk = k0 + ak;\n            ta[ak * {tile}u + am] = select({z}, n{na}(abase + min(gr, {}u) * {kk}u + min(gk, {}u)), gr < {m}u && gk < {kk}u);\n            let bk = k0 + l / {tile}u;\n            let bc = col0 + l % {tile}u;\n            tb[l] = select({z}, n{nbid}(bbase + min(bk, {}u) * {nn}u + min(bc, {}u)), bk < {kk}u && bc < {nn}u);\n        }}",
+                e * lanes,
+                m - 1,
+                kk.max(1) - 1,
+                kk.max(1) - 1,
+                nn - 1
+            );
+        }
+        let _ = writeln!(b, "        workgroupBarrier();\n        for (var q = 0u; q < {tk}u; q = q + 1u) {{");
+        for i in 0..4 {
+            let _ = writeln!(b, "            let a{i} = ta[q * {tile}u + tr * 4u + {i}u];");
+        }
+        for j in 0..4 {
+            let _ = writeln!(b, "            let b{j} = tb[q * {tile}u + tc * 4u + {j}u];");
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                let _ = writeln!(b, "            c{i}_{j} = c{i}_{j} + a{i} * b{j};");
+            }
+        }
+        let _ = writeln!(b, "        }}\n        workgroupBarrier();\n    }}");
+        let _ = writeln!(b, "    let obase = bi * {};", m * nn);
+        for i in 0..4 {
+            for j in 0..4 {
+                let idx = format!("obase + (row0 + tr * 4u + {i}u) * {nn}u + col0 + tc * 4u + {j}u");
+                let acc = format!("c{i}_{j}");
+                let _ = writeln!(b, "    if (row0 + tr * 4u + {i}u < {m}u && col0 + tc * 4u + {j}u < {nn}u) {{");
+                for (slot, &o) in k.outputs.iter().enumerate() {
+                    let v = if g.node(o).op == Op::MatMul {
+                        store(g.node(o).dtype, &acc)
+                    } else {
+                        store(g.node(o).dtype, &format!("e{}({idx}, {acc})", o.0))
+                    };
+                    let _ = writeln!(b, "        out{slot}[{idx}] = {v};");
+                }
+                b.push_str("    }\n");
+            }
+        }
+        groups * lanes
+    }
+
+    /// Matmul, written per workgroup (see [`matmul_shape`]): register
+    /// blocks of `rows` x `4 * vecs` outputs per invocation, A read once
+    /// per workgroup-uniform row (vec4 along k when aligned), B read as
+    /// vec4 rows where aligned, 4 k-steps unrolled when K allows. Edge
+    /// blocks clamp their loads and skip their stores. No workgroup memory
+    /// or barriers: on llvmpipe they cost more than they save (a shared
+    /// tiled variant measured 3x slower there). Appends the statements of
+    /// `main` to `b`; returns the invocation count.
+    fn matmul(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        const LANE: [&str; 4] = ["x", "y", "z", "w"];
+        let g = self.g;
+        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+        let p = matmul_shape(k, g);
+        // With an epilogue each output `o` stores `eO(index, accumulator)`.
+        let value = |o: NodeId, idx: String, acc: String| {
+            let od = g.node(o).dtype;
+            if g.node(o).op == Op::MatMul {
+                store(od, &acc)
+            } else {
+                store(od, &format!("e{}({idx}, {acc})", o.0))
+            }
+        };
+        let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
+        let r = rn.shape.rank();
+        let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+        let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+        let batch = Shape::new(&rn.shape.dims()[..r - 2]);
+        let ai = bcast_index("bi", &batch, &Shape::new(&a.shape.dims()[..a.shape.rank() - 2]));
+        let bi = bcast_index("bi", &batch, &Shape::new(&bn.shape.dims()[..bn.shape.rank() - 2]));
+        let (rows, vecs, lanes, lr) = (p.rows, p.vecs, p.lanes, p.row_lanes);
+        let lc = lanes / lr;
+        let cols = 4 * vecs;
+        let (mb, nb) = (m.div_ceil(rows * lr), nn.div_ceil(lc * cols));
+        let groups = batch.numel() as u64 * mb * nb;
+        self.workgroup = Some(lanes as u32);
+        let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
+        let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
+        let t_ty = ty(rn.dtype);
+        let fma = rn.dtype == DType::F32;
+        let _ = writeln!(
+            b,
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let bi = gi / {}u;\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            // Only a 2-D dispatch has padding groups. Lanes past the last
+            // column stay (no divergent return): their loads are clamped
+            // and their stores skipped, and llvmpipe keeps loads unmasked.
+            if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
+            (mb * nb).max(1),
+            lc * cols,
+            m * kk,
+            kk * nn
+        );
+        for i in 0..rows {
+            let _ = writeln!(b, "    let ar{i} = abase + min(r0 + {i}u, {}u) * {kk}u;", m - 1);
+        }
+        if p.b_t.is_some() {
+            for j in 0..cols {
+                let _ = writeln!(b, "    let bc{j} = min(col0 + {j}u, {}u);", nn - 1);
+            }
+        } else if p.b_vec.is_some() {
+            for v in 0..vecs {
+                let _ = writeln!(b, "    let bc{v} = bbase / 4u + min(col0 / 4u + {v}u, {}u);", nn / 4 - 1);
+            }
+        } else {
+            for j in 0..cols {
+                let _ = writeln!(b, "    let bc{j} = bbase + min(col0 + {j}u, {}u);", nn - 1);
+            }
+        }
+        for i in 0..rows {
+            for v in 0..vecs {
+                let _ = writeln!(b, "    var c{i}_{v} = vec4<{t_ty}>({});", zero(rn.dtype));
+            }
+        }
+        let ku = if kk.is_multiple_of(4) { 4 } else { 1 };
+        let head = format!("for (var k = 0u; k < {kk}u; k = k + {ku}u) {{");
+        let _ = writeln!(b, "    {head}");
+        // A values per row and k-step.
+        let mut av: Vec<Vec<String>> = Vec::new();
+        if let Some(id) = p.a_t {
+            // Rows r0.. of A at k are consecutive in the transposed source.
+            for q in 0..ku {
+                for j in 0..rows / 4 {
+                    let _ = writeln!(
+                        b,
+                        "        let at{q}_{j} = in{}[(abase + (k + {q}u) * {m}u) / 4u + min(r0 / 4u + {j}u, {}u)];",
+                        slot(id),
+                        m / 4 - 1
+                    );
+                }
+            }
+        }
+        for i in 0..rows {
+            if p.a_t.is_some() {
+                av.push((0..ku).map(|q| format!("at{q}_{}.{}", i / 4, LANE[(i % 4) as usize])).collect());
+            } else if let Some(id) = p.a_vec {
+                let _ = writeln!(b, "        let a{i} = in{}[ar{i} / 4u + k / 4u];", slot(id));
+                av.push((0..ku).map(|q| format!("a{i}.{}", LANE[q as usize])).collect());
+            } else {
+                let mut row = Vec::new();
+                for q in 0..ku {
+                    let _ = writeln!(b, "        let a{i}_{q} = n{na}(ar{i} + k + {q}u);");
+                    row.push(format!("a{i}_{q}"));
+                }
+                av.push(row);
+            }
+        }
+        if let Some(id) = p.b_t {
+            // Column j of B at k..k+4 is consecutive in the source.
+            for j in 0..cols {
+                let _ = writeln!(b, "        let bt{j} = in{}[(bbase + bc{j} * {kk}u + k) / 4u];", slot(id));
+            }
+        }
+        for q in 0..ku {
+            let _ = writeln!(b, "        {{\n            let kb = (k + {q}u) * {nn}u;");
+            for v in 0..vecs {
+                if p.b_t.is_some() {
+                    let l: Vec<String> = (0..4).map(|c| format!("bt{}.{}", 4 * v + c, LANE[q as usize])).collect();
+                    let _ = writeln!(b, "            let b{v} = vec4<{t_ty}>({});", l.join(", "));
+                } else if let Some(id) = p.b_vec {
+                    let _ = writeln!(b, "            let b{v} = in{}[bc{v} + kb / 4u];", slot(id));
+                } else {
+                    let l: Vec<String> = (0..4).map(|c| format!("n{nbid}(bc{} + kb)", 4 * v + c)).collect();
+                    let _ = writeln!(b, "            let b{v} = vec4<{t_ty}>({});", l.join(", "));
+                }
+            }
+            for (i, row) in av.iter().enumerate() {
+                for v in 0..vecs {
+                    let x = &row[q as usize];
+                    if fma {
+                        let _ = writeln!(b, "            c{i}_{v} = fma(vec4<f32>({x}), b{v}, c{i}_{v});");
+                    } else {
+                        let _ = writeln!(b, "            c{i}_{v} = c{i}_{v} + vec4<{t_ty}>({x}) * b{v};");
+                    }
+                }
+            }
+            b.push_str("        }\n");
+        }
+        let _ = writeln!(b, "    }}");
+        let _ = writeln!(b, "    let obase = bi * {};", m * nn);
+        for i in 0..rows {
+            for v in 0..vecs {
+                if p.out_vec {
+                    let idx = format!("obase + (r0 + {i}u) * {nn}u + col0 + {}u", 4 * v);
+                    let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 / 4u + {v}u < {}u) {{", nn / 4);
+                    for (slot, &o) in k.outputs.iter().enumerate() {
+                        let vals: Vec<String> = LANE
+                            .iter()
+                            .enumerate()
+                            .map(|(c, lane)| value(o, format!("{idx} + {c}u"), format!("c{i}_{v}.{lane}")))
+                            .collect();
+                        let _ = writeln!(
+                            b,
+                            "        out{slot}[(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u] = vec4<{}>({});",
+                            storage_ty(g.node(o).dtype),
+                            vals.join(", ")
+                        );
+                    }
+                    b.push_str("    }\n");
+                } else {
+                    for (c, lane) in LANE.iter().enumerate() {
+                        let col = 4 * v + c as u64;
+                        let idx = format!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u");
+                        let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 + {col}u < {nn}u) {{");
+                        for (slot, &o) in k.outputs.iter().enumerate() {
+                            let _ = writeln!(
+                                b,
+                                "        out{slot}[{idx}] = {};",
+                                value(o, idx.clone(), format!("c{i}_{v}.{lane}"))
+                            );
+                        }
+                        b.push_str("    }\n");
+                    }
+                }
+            }
+        }
+        groups * lanes
     }
 
     /// (accumulator type, init, combine expression over `acc` and `v`,
@@ -1135,6 +1616,14 @@ impl Writer<'_> {
         }
     }
 }
+
+/// Loop iterations one invocation may run on llvmpipe: gallivm (Mesa
+/// 22.3) counts every loop iteration of an invocation, all loops together,
+/// and silently leaves the loop after 65535 (measured: two loops of 40000
+/// ran 65534 in all; a sum over 16M elements summed 65535 of them). Loops
+/// whose trip count could exceed it are unrolled or spread over more
+/// invocations; see [`REDUCE_UNROLL`].
+pub const LLVMPIPE_LOOP_BUDGET: u64 = 65535;
 
 fn one(d: DType) -> &'static str {
     match d {

@@ -21,8 +21,15 @@
 //! workgroups. Softmax is one kernel: rows split over cooperating
 //! invocations with workgroup tree reductions on GPUs, one invocation per
 //! row (online max and sum, vec4 accesses) on software adapters. Matmul is
-//! register-blocked (8 x 8 outputs per invocation), batched. Reductions,
-//! arg-reductions and cumulative sums use one invocation per output line.
+//! batched and fuses its elementwise epilogue (bias, activation, scaling,
+//! masks; several outputs): on GPUs 64 x 64 tiles staged in workgroup
+//! memory, on software adapters a barrier-free form with register blocks of
+//! up to 16 x 8, workgroup-uniform rows of A and vec4 operand reads
+//! (`LowerLimits::tiled_matmul`). Few long reductions use one workgroup per
+//! output with a tree in workgroup memory, the rest one invocation per
+//! output (loops unrolled); arg-reductions and cumulative sums use one
+//! invocation per output line. Loop trip counts stay under llvmpipe's
+//! per-invocation loop budget ([`codegen::LLVMPIPE_LOOP_BUDGET`]).
 //! [`baseline`] runs hand-written WGSL on the same device for benchmarks;
 //! per-kernel GPU times come from timestamp queries
 //! ([`WgpuBackend::set_profiling`]).

@@ -3,7 +3,7 @@
 //! wait), upload and download in the canonical host byte format.
 
 use crate::adapter;
-use crate::codegen::{self, LowerError, LowerLimits, Wgsl, WORKGROUP_SIZE};
+use crate::codegen::{self, LowerError, LowerLimits, Wgsl};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{Pool, WgpuStorage};
 use crate::validate::validate_wgsl;
@@ -32,6 +32,10 @@ pub struct WgpuOptions {
     /// invocations (true) or not (false); by default they cooperate except
     /// on software adapters. Tests use it to cover both forms.
     pub cooperative_rows: Option<bool>,
+    /// Forces the tiled, workgroup-memory matmul (true) or the barrier-free
+    /// register-blocked one (false); by default tiled except on software
+    /// adapters. Tests use it to cover both forms.
+    pub tiled_matmul: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -102,9 +106,15 @@ impl WgpuBackend {
                 name,
                 pool,
                 pipelines: PipelineCache::new(options.pipeline_cache_size.unwrap_or(1024)),
-                fusion: FusionLimits { max_storage_buffers: max_sb.max(3), ..FusionLimits::default() },
+                fusion: FusionLimits {
+                    max_storage_buffers: max_sb.max(3),
+                    matmul_epilogue: true,
+                    inline_outputs: true,
+                    ..FusionLimits::default()
+                },
                 lower: LowerLimits {
                     cooperative_rows: options.cooperative_rows.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
+                    tiled_matmul: options.tiled_matmul.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
                     ..LowerLimits::default()
                 },
                 max_binding,
@@ -488,7 +498,7 @@ impl Backend for WgpuBackend {
                 layout: &k.pipeline.layout,
                 entries: &entries,
             });
-            let groups = k.wgsl.invocations.div_ceil(WORKGROUP_SIZE as u64);
+            let groups = k.wgsl.invocations.div_ceil(k.wgsl.workgroup_size.max(1) as u64);
             let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
             work.push((k, bg, x as u32, y as u32));
         }

@@ -514,7 +514,8 @@ fn softmax_all_forms() {
     let _s = serial();
     for coop in [false, true] {
         let Some(b) = backend_with(WgpuOptions { cooperative_rows: Some(coop), ..Default::default() }) else { return };
-        for (rows, len) in [(5, 8), (3, 7), (70, 300)] {
+        // Long rows: past the llvmpipe loop budget for one invocation per row.
+        for (rows, len) in [(5, 8), (3, 7), (70, 300), (2, 30001), (1, 140000)] {
             for log in [false, true] {
                 let xs: Vec<f32> = (0..rows * len).map(|i| ((i * 37 % 101) as f32) / 25.0 - 2.0).collect();
                 let mut g = Graph::new();
@@ -618,6 +619,179 @@ fn softmax_leading_neg_infinity() {
         let out = f32s(&run_on(&b, g, &[Data::F(xs.clone())], &[])[0]);
         for (got, want) in out.iter().zip(softmax_ref(&xs, 2, 8, log)) {
             assert!(got == &want || (got - want).abs() <= 1e-6, "got {out:?}, want {want}");
+        }
+    }
+}
+
+/// Every matmul layout (wide and narrow outputs, vec4 and scalar operand
+/// reads, transposed operands read straight from their source, batches,
+/// partial blocks) with and without a fused epilogue `relu(a @ b * 0.5 +
+/// bias)`, which must stay one kernel.
+#[test]
+fn matmul_layouts_and_epilogue() {
+    let _s = serial();
+    for tiled in [false, true] {
+        let Some(b) = backend_with(WgpuOptions { tiled_matmul: Some(tiled), ..WgpuOptions::default() }) else {
+            return;
+        };
+        matmul_layouts_on(&b, tiled);
+    }
+}
+
+fn matmul_layouts_on(b: &WgpuBackend, tiled: bool) {
+    let shapes = [
+        (1, 1, 1, 1),
+        (1, 5, 8, 3),
+        (1, 13, 12, 70),
+        (2, 20, 4, 64),
+        (1, 64, 256, 10),
+        (1, 17, 9, 130),
+        (2, 33, 16, 12),
+        (1, 8, 7, 200),
+    ];
+    for &(bt, m, k, n) in &shapes {
+        for (ta, tb, epi) in [(false, false, false), (true, true, false), (false, true, true), (true, false, true)] {
+            let mut g = Graph::new();
+            let ad = if ta { vec![bt, k, m] } else { vec![bt, m, k] };
+            let bd = if tb { vec![n, k] } else { vec![k, n] };
+            let a = g.param(ValueType::new(ad, DType::F32));
+            let w = g.param(ValueType::new(bd, DType::F32));
+            let bias = g.param(ValueType::new([n], DType::F32));
+            let av = if ta { push(&mut g, Op::Permute(vec![0, 2, 1]), &[a]) } else { a };
+            let wv = if tb { push(&mut g, Op::Permute(vec![1, 0]), &[w]) } else { w };
+            let mut y = push(&mut g, Op::MatMul, &[av, wv]);
+            if epi {
+                let half = push(&mut g, Op::Constant(ScalarValue::Float(0.5), DType::F32), &[]);
+                y = bin(&mut g, BinaryOp::Mul, y, half);
+                let be = push(&mut g, Op::Expand(vec![bt, m, n].into()), &[bias]);
+                y = bin(&mut g, BinaryOp::Add, y, be);
+                y = push(&mut g, Op::Unary(UnaryOp::Relu), &[y]);
+            }
+            g.outputs.push(y);
+            let v = g.clone().verify().unwrap();
+            let exe = b.compile(&v).unwrap();
+            assert_eq!(exe.kernel_count(), 1, "{bt}x{m}x{k}x{n} {ta} {tb} {epi}");
+            assert_eq!(exe.kernel_sources()[0].1.contains("workgroupBarrier"), tiled);
+            let adata: Vec<f32> = (0..bt * m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+            let bdata: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 9) as f32 * 0.5 - 2.0).collect();
+            let biasd: Vec<f32> = (0..n).map(|i| (i % 3) as f32 - 1.0).collect();
+            let out =
+                f32s(&run_on(b, g, &[Data::F(adata.clone()), Data::F(bdata.clone()), Data::F(biasd.clone())], &[])[0]);
+            let aat = |p: usize, i: usize, q: usize| {
+                if ta {
+                    adata[(p * k + q) * m + i]
+                } else {
+                    adata[(p * m + i) * k + q]
+                }
+            };
+            let bat = |q: usize, j: usize| if tb { bdata[j * k + q] } else { bdata[q * n + j] };
+            let mut want = vec![0.0f32; bt * m * n];
+            for p in 0..bt {
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut s: f32 = (0..k).map(|q| aat(p, i, q) * bat(q, j)).sum();
+                        if epi {
+                            s = (s * 0.5 + biasd[j]).max(0.0);
+                        }
+                        want[(p * m + i) * n + j] = s;
+                    }
+                }
+            }
+            close(&out, &want, 1e-3);
+        }
+    }
+}
+
+/// Long reductions in both forms (one workgroup per output with a tree,
+/// and one invocation per output), with remainders after the unrolled
+/// loop and more than 65535 elements per output: llvmpipe leaves any loop
+/// after 65535 iterations of one invocation, so these would come out short.
+#[test]
+fn long_reductions_both_forms() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let cases: [(Vec<usize>, Vec<usize>, ReduceOp); 5] = [
+        (vec![3, 100003], vec![1], ReduceOp::Sum),
+        (vec![100, 5003], vec![1], ReduceOp::Sum),
+        (vec![600001], vec![0], ReduceOp::Max),
+        (vec![5001, 3], vec![0], ReduceOp::Mean),
+        (vec![2, 300, 301], vec![1, 2], ReduceOp::Sum),
+    ];
+    for (shape, axes, op) in cases {
+        let n: usize = shape.iter().product();
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new(shape.clone(), DType::F32));
+        let sq = bin(&mut g, BinaryOp::Mul, x, x);
+        let r = push(&mut g, Op::Reduce { op, axes: axes.clone(), keepdim: false }, &[sq]);
+        g.outputs.push(r);
+        let xs: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+        let out = f32s(&run_on(&b, g, &[Data::F(xs.clone())], &[])[0]);
+        // Reference in f64: outputs over the kept dims, row-major.
+        let rank = shape.len();
+        let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(d)).collect();
+        let outs: usize = kept.iter().map(|&d| shape[d]).product();
+        let mut acc = vec![if op == ReduceOp::Max { f64::NEG_INFINITY } else { 0.0 }; outs];
+        let mut count = vec![0usize; outs];
+        for (i, &v) in xs.iter().enumerate() {
+            let mut rem = i;
+            let mut coords = vec![0; rank];
+            for d in (0..rank).rev() {
+                coords[d] = rem % shape[d];
+                rem /= shape[d];
+            }
+            let o = kept.iter().fold(0, |o, &d| o * shape[d] + coords[d]);
+            let v = (v * v) as f64;
+            acc[o] = if op == ReduceOp::Max { acc[o].max(v) } else { acc[o] + v };
+            count[o] += 1;
+        }
+        let want: Vec<f32> = acc
+            .iter()
+            .zip(&count)
+            .map(|(&a, &c)| if op == ReduceOp::Mean { (a / c as f64) as f32 } else { a as f32 })
+            .collect();
+        close(&out, &want, 1e-4);
+    }
+}
+
+/// A matmul whose result feeds two elementwise consumers (`relu(h)` and
+/// the bool mask `h > 0`, as in an MLP's forward and ReLU backward) writes
+/// both from one kernel, in both matmul forms.
+#[test]
+fn matmul_epilogue_with_two_outputs() {
+    let _s = serial();
+    for tiled in [false, true] {
+        let Some(b) = backend_with(WgpuOptions { tiled_matmul: Some(tiled), ..WgpuOptions::default() }) else {
+            return;
+        };
+        for (m, k, n) in [(9, 5, 12), (33, 8, 70), (4, 3, 10)] {
+            let mut g = Graph::new();
+            let a = g.param(ValueType::new([m, k], DType::F32));
+            let w = g.param(ValueType::new([k, n], DType::F32));
+            let bias = g.param(ValueType::new([n], DType::F32));
+            let mm = push(&mut g, Op::MatMul, &[a, w]);
+            let be = push(&mut g, Op::Expand(vec![m, n].into()), &[bias]);
+            let h = bin(&mut g, BinaryOp::Add, mm, be);
+            let relu = push(&mut g, Op::Unary(UnaryOp::Relu), &[h]);
+            let zero = push(&mut g, Op::Constant(ScalarValue::Float(0.0), DType::F32), &[]);
+            let mask = bin(&mut g, BinaryOp::Gt, h, zero);
+            g.outputs.extend([relu, mask]);
+            let v = g.clone().verify().unwrap();
+            assert_eq!(b.compile(&v).unwrap().kernel_count(), 1, "{m}x{k}x{n} tiled {tiled}");
+            let ad: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+            let wd: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 9) as f32 * 0.5 - 2.0).collect();
+            let bd: Vec<f32> = (0..n).map(|i| (i % 3) as f32 - 1.0).collect();
+            let out = run_on(&b, g, &[Data::F(ad.clone()), Data::F(wd.clone()), Data::F(bd.clone())], &[]);
+            let mut want_relu = vec![0.0f32; m * n];
+            let mut want_mask = vec![0i32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let s: f32 = (0..k).map(|q| ad[i * k + q] * wd[q * n + j]).sum::<f32>() + bd[j];
+                    want_relu[i * n + j] = s.max(0.0);
+                    want_mask[i * n + j] = (s > 0.0) as i32;
+                }
+            }
+            close(&f32s(&out[0]), &want_relu, 1e-5);
+            assert_eq!(out[1].iter().map(|&x| x as i32).collect::<Vec<_>>(), want_mask);
         }
     }
 }

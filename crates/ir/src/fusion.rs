@@ -21,6 +21,10 @@
 //!   its operands. Planning never fails.
 //! - Independent elementwise kernels with identical output shapes may share
 //!   one multi-output kernel when the buffer limit allows.
+//! - Opt-in ([`FusionLimits`]): a matmul may absorb its same-shape
+//!   elementwise consumers as an epilogue (`matmul_epilogue`), and a graph
+//!   output used only inside one elementwise kernel of its shape may be
+//!   computed there and written as an extra output (`inline_outputs`).
 //!
 //! The plan is deterministic: the same graph and limits give the same plan.
 
@@ -40,11 +44,26 @@ pub struct FusionLimits {
     pub max_inline_evals: usize,
     /// Merge independent elementwise kernels of identical shape.
     pub merge_siblings: bool,
+    /// Let a matmul absorb its elementwise consumers as an epilogue (see
+    /// [`KernelKind::MatMul`]). Off by default; backends that lower
+    /// epilogues turn it on.
+    pub matmul_epilogue: bool,
+    /// Let a graph output whose users all sit in one elementwise kernel of
+    /// its shape be computed inside that kernel and written as an extra
+    /// output of it (instead of a kernel of its own that the consumer then
+    /// reads back). Off by default.
+    pub inline_outputs: bool,
 }
 
 impl Default for FusionLimits {
     fn default() -> Self {
-        FusionLimits { max_storage_buffers: 8, max_inline_evals: 8, merge_siblings: true }
+        FusionLimits {
+            max_storage_buffers: 8,
+            max_inline_evals: 8,
+            merge_siblings: true,
+            matmul_epilogue: false,
+            inline_outputs: false,
+        }
     }
 }
 
@@ -68,7 +87,13 @@ pub enum KernelKind {
     Softmax,
     /// `Op::CumSum`.
     CumSum,
-    /// `Op::MatMul`.
+    /// `Op::MatMul`. With [`FusionLimits::matmul_epilogue`] the kernel may
+    /// carry an epilogue: then its output is an elementwise node of the
+    /// matmul's shape, the matmul node is listed in `inline`, and every
+    /// inlined node that depends on the matmul (the output included) is an
+    /// elementwise op (`Unary`, `Binary`, `Where`, `Cast`) of that shape, so
+    /// it can be evaluated from the accumulator at the output index. See
+    /// [`Kernel::matmul_node`].
     MatMul,
     /// `Op::Gather`.
     Gather,
@@ -106,6 +131,19 @@ impl Kernel {
     /// The node whose shape defines the kernel's iteration (the root).
     pub fn root(&self) -> NodeId {
         self.outputs[0]
+    }
+
+    /// For a [`KernelKind::MatMul`] kernel: the matmul node (the root, or
+    /// the inlined matmul of a kernel with an epilogue).
+    pub fn matmul_node(&self, graph: &Graph) -> Option<NodeId> {
+        if self.kind != KernelKind::MatMul {
+            return None;
+        }
+        let root = self.root();
+        if matches!(graph.node(root).op, Op::MatMul) {
+            return Some(root);
+        }
+        self.inline.iter().copied().find(|&x| matches!(graph.node(x).op, Op::MatMul))
     }
 }
 
@@ -227,6 +265,8 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
     let mut evals = vec![0usize; n];
     let mut kinds: Vec<KernelKind> = Vec::new();
     let mut roots: Vec<NodeId> = Vec::new();
+    // Extra outputs of each group (`FusionLimits::inline_outputs`).
+    let mut extra: Vec<Vec<NodeId>> = Vec::new();
     // Users of each node (with multiplicity), filled as users are visited.
     let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); n];
     for (i, node) in nodes.iter().enumerate() {
@@ -257,7 +297,17 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
                 }
             }
             Class::Root(kind) => {
-                group[i] = Some(new_group(kind, &mut kinds, &mut roots));
+                let epilogue = (kind == KernelKind::MatMul && limits.matmul_epilogue && !is_output[i])
+                    .then(|| epilogue_group(graph, id, &users[i], &live, &group, &kinds, &roots))
+                    .flatten()
+                    .filter(|&g| extra.get(g).is_none_or(|e| e.is_empty()));
+                group[i] = Some(match epilogue {
+                    Some(g) => {
+                        kinds[g] = KernelKind::MatMul;
+                        g
+                    }
+                    None => new_group(kind, &mut kinds, &mut roots),
+                });
                 evals[i] = 1;
             }
             Class::Fusible => {
@@ -279,6 +329,16 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
                         }
                     }
                 }
+                let single = (gs.len() == 1).then(|| *gs.iter().next().expect("one group"));
+                let join_out = is_output[i]
+                    && limits.inline_outputs
+                    && !forced.contains(&id)
+                    && single.is_some_and(|g| {
+                        g != usize::MAX
+                            && kinds[g] == KernelKind::Elementwise
+                            && nodes[roots[g].index()].shape == node.shape
+                    })
+                    && ev <= limits.max_inline_evals;
                 let join = !is_output[i]
                     && !forced.contains(&id)
                     && gs.len() == 1
@@ -287,7 +347,13 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
                         g != usize::MAX && accepts(kinds[g], &node.op)
                     }
                     && ev <= limits.max_inline_evals;
-                if join {
+                if join_out {
+                    let g = single.expect("one group");
+                    extra.resize(kinds.len(), Vec::new());
+                    group[i] = Some(g);
+                    evals[i] = ev;
+                    extra[g].push(id);
+                } else if join {
                     group[i] = gs.iter().next().copied();
                     evals[i] = ev;
                 } else {
@@ -336,7 +402,7 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
         .map(|g| Group {
             kernel: Kernel {
                 kind: kinds[g],
-                outputs: vec![roots[g]],
+                outputs: std::iter::once(roots[g]).chain(extra.get(g).into_iter().flatten().copied()).collect(),
                 inputs: inputs[g].iter().copied().collect(),
                 inline: inline[g].clone(),
             },
@@ -350,6 +416,54 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
 
 /// Picks an inlined node of `k` to materialize so that `k` gets fewer
 /// inputs: the one reaching the most distinct inputs while still fitting.
+/// The elementwise group matmul node `mm` may join as the producer of an
+/// epilogue: all live users of `mm` are in one elementwise group whose root
+/// has `mm`'s shape, and every member depending on `mm` is an elementwise
+/// op of that shape (so it is evaluated at the output index only).
+fn epilogue_group(
+    graph: &Graph,
+    mm: NodeId,
+    users: &[NodeId],
+    live: &[bool],
+    group: &[Option<usize>],
+    kinds: &[KernelKind],
+    roots: &[NodeId],
+) -> Option<usize> {
+    let nodes = graph.nodes();
+    let mut g = None;
+    for u in users.iter().filter(|u| live[u.index()]) {
+        let gu = group[u.index()]?;
+        if g.is_some_and(|x| x != gu) {
+            return None;
+        }
+        g = Some(gu);
+    }
+    let g = g?;
+    let shape = &nodes[mm.index()].shape;
+    if kinds[g] != KernelKind::Elementwise || nodes[roots[g].index()].shape != *shape {
+        return None;
+    }
+    // Members of `g` are all later than `mm` or not yet assigned, so a
+    // forward walk from `mm` over members finds every dependent.
+    let mut dep: BTreeSet<NodeId> = BTreeSet::new();
+    dep.insert(mm);
+    for x in mm.index() + 1..nodes.len() {
+        if group[x] != Some(g) {
+            continue;
+        }
+        let n = &nodes[x];
+        if !n.inputs.iter().any(|o| dep.contains(o)) {
+            continue;
+        }
+        let elementwise = matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_));
+        if !elementwise || n.shape != *shape {
+            return None;
+        }
+        dep.insert(NodeId(x as u32));
+    }
+    Some(g)
+}
+
 fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
     let nodes = graph.nodes();
     let inl: BTreeSet<NodeId> = k.inline.iter().copied().collect();
@@ -375,13 +489,16 @@ fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
     let _ = inl;
     // No subtree fits: materialize an inlined concat, whose kernel is then
     // split by operand ranges.
-    best.map(|(_, x)| x).or_else(|| {
-        k.inline
-            .iter()
-            .copied()
-            .filter(|x| !k.outputs.contains(x) && matches!(nodes[x.index()].op, Op::Concat { .. }))
-            .max_by_key(|x| nodes[x.index()].inputs.len())
-    })
+    best.map(|(_, x)| x)
+        .or_else(|| {
+            k.inline
+                .iter()
+                .copied()
+                .filter(|x| !k.outputs.contains(x) && matches!(nodes[x.index()].op, Op::Concat { .. }))
+                .max_by_key(|x| nodes[x.index()].inputs.len())
+        })
+        // An extra output (inline_outputs) goes back to a kernel of its own.
+        .or_else(|| k.outputs.get(1).copied())
 }
 
 /// Splits over-wide concats, merges siblings and collects the plan.
@@ -401,10 +518,84 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) 
     if limits.merge_siblings {
         kernels = merge_siblings(graph, kernels, max);
     }
+    if limits.matmul_epilogue {
+        kernels = merge_epilogue_kernels(graph, kernels, max);
+    }
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();
     materialized.dedup();
     FusionPlan { kernels, materialized }
+}
+
+/// Folds an elementwise kernel into the epilogue of the matmul kernel that
+/// produces its operand, when that operand (the matmul kernel's only
+/// output) is read by no other kernel and is no graph output: the
+/// elementwise kernel's outputs become the matmul kernel's outputs and the
+/// operand is never written. E.g. `h = x @ w + b` feeding both `relu(h)`
+/// and `h > 0`: one kernel writes both. Every node depending on the
+/// operand must be a same-shape elementwise op (the epilogue rule), and the
+/// elementwise kernel's other inputs must exist before the matmul runs.
+fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+    let nodes = graph.nodes();
+    let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
+    for a in 0..ks.len() {
+        let Some(ka) = ks[a].clone() else { continue };
+        if ka.kind != KernelKind::MatMul || ka.outputs.len() != 1 {
+            continue;
+        }
+        let r = ka.root();
+        let shape = &nodes[r.index()].shape;
+        if graph.outputs.contains(&r) {
+            continue;
+        }
+        let readers: Vec<usize> =
+            (0..ks.len()).filter(|&c| ks[c].as_ref().is_some_and(|kc| kc.inputs.contains(&r))).collect();
+        let [b] = readers[..] else { continue };
+        let Some(kb) = ks[b].clone() else { continue };
+        if b <= a || kb.kind != KernelKind::Elementwise || nodes[kb.root().index()].shape != *shape {
+            continue;
+        }
+        // Every input of kb other than r is produced before ka.
+        let early = |x: &NodeId| {
+            *x == r || !(0..ks.len()).any(|c| c >= a && ks[c].as_ref().is_some_and(|kc| kc.outputs.contains(x)))
+        };
+        if !kb.inputs.iter().all(early) {
+            continue;
+        }
+        // Nodes of kb depending on r: same-shape elementwise only.
+        let mut dep: BTreeSet<NodeId> = BTreeSet::from([r]);
+        let mut ok = true;
+        for &x in &kb.inline {
+            let n = &nodes[x.index()];
+            if n.inputs.iter().any(|o| dep.contains(o)) {
+                let elementwise = matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_));
+                if !elementwise || n.shape != *shape {
+                    ok = false;
+                    break;
+                }
+                dep.insert(x);
+            }
+        }
+        if !ok || !kb.outputs.iter().all(|o| dep.contains(o)) {
+            continue;
+        }
+        let mut inputs: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
+        inputs.extend(kb.inputs.iter().copied().filter(|&x| x != r));
+        if inputs.len() + kb.outputs.len() > max {
+            continue;
+        }
+        let mut inline: BTreeSet<NodeId> = ka.inline.iter().copied().collect();
+        inline.insert(r);
+        inline.extend(kb.inline.iter().copied());
+        ks[a] = Some(Kernel {
+            kind: KernelKind::MatMul,
+            outputs: kb.outputs.clone(),
+            inputs: inputs.into_iter().collect(),
+            inline: inline.into_iter().collect(),
+        });
+        ks[b] = None;
+    }
+    ks.into_iter().flatten().collect()
 }
 
 /// The inline closure and inputs of a set of operand subtrees of `k`.
@@ -614,5 +805,39 @@ mod tests {
         check_limits(&g, &p, 8);
         // e and z are independent elementwise roots of the same shape.
         assert_eq!(p.kernels.len(), 3, "{}", p.to_text());
+    }
+
+    #[test]
+    fn matmul_epilogue_and_inline_outputs_are_opt_in() {
+        let mut g = Graph::new();
+        let a = g.param(ValueType::new([8, 4], DType::F32));
+        let w = g.param(ValueType::new([4, 6], DType::F32));
+        let bias = g.param(ValueType::new([6], DType::F32));
+        let m = g.push(Op::MatMul, &[a, w]).unwrap();
+        let be = g.push(Op::Expand(vec![8, 6].into()), &[bias]).unwrap();
+        let y = bin(&mut g, BinaryOp::Add, m, be);
+        let y = g.push(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+        g.outputs.push(y);
+        // A graph output consumed by one same-shape elementwise kernel.
+        let p = g.param(ValueType::new([6, 8], DType::F32));
+        let t = g.push(Op::Permute(vec![1, 0]), &[p]).unwrap();
+        let u = bin(&mut g, BinaryOp::Sub, t, t);
+        g.outputs.push(t);
+        g.outputs.push(u);
+        let off = plan(&g, &FusionLimits::default());
+        assert_eq!(off.kernels.len(), 3, "{}", off.to_text());
+        assert!(off.kernels.iter().all(|k| k.kind != KernelKind::MatMul || k.root() == m));
+        let on = FusionLimits { matmul_epilogue: true, inline_outputs: true, ..FusionLimits::default() };
+        let p2 = plan(&g, &on);
+        assert_eq!(p2.kernels.len(), 2, "{}", p2.to_text());
+        let k0 = &p2.kernels[0];
+        assert_eq!(k0.kind, KernelKind::MatMul);
+        assert_eq!(k0.outputs, vec![y]);
+        assert_eq!(k0.matmul_node(&g), Some(m));
+        assert!(k0.inline.contains(&m) && k0.inline.contains(&be));
+        assert_eq!(p2.kernels[1].outputs, vec![u, t]);
+        check_limits(&g, &p2, 8);
+        // Deterministic.
+        assert_eq!(p2, plan(&g, &on));
     }
 }
