@@ -828,9 +828,19 @@ impl Writer<'_> {
         use BinaryOp::*;
         let f = d == DType::F32;
         let z = zero(d);
+        // WGSL lets drivers assume there is no NaN, and lavapipe folds
+        // `x != x` to false. Float comparisons therefore test NaN through
+        // the bit pattern (`isnan_f`), which no driver can fold away:
+        // ordered comparisons and `==` are false with a NaN operand, `!=`
+        // is true.
+        if f && b.is_comparison() {
+            self.use_helper("isnan_f");
+        }
         let ordered = |op: &str| {
             if d == DType::Bool {
                 format!("select(0u, 1u, a) {op} select(0u, 1u, b)")
+            } else if f {
+                format!("(a {op} b) && !(isnan_f(a) || isnan_f(b))")
             } else {
                 format!("a {op} b")
             }
@@ -874,7 +884,8 @@ impl Writer<'_> {
             Mod | Rem if d == DType::U32 => "select(a % b, 0u, b == 0u)".into(),
             Rem if f => "a % b".into(),
             Rem => "select(a % b, 0i, b == 0i)".into(),
-            Eq => "a == b".into(),
+            Eq => ordered("=="),
+            Ne if f => "(a != b) || isnan_f(a) || isnan_f(b)".into(),
             Ne => "a != b".into(),
             Lt => ordered("<"),
             Le => ordered("<="),
