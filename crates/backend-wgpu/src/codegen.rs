@@ -399,7 +399,7 @@ pub const SOFTMAX_THREADS_PER_ROW: u64 = 64;
 /// Vectors each invocation of a large straight-line elementwise kernel
 /// handles (consecutive ones: on lavapipe, fewer and longer invocations
 /// beat one vector per invocation).
-pub const STRAIGHT_LINE_STEPS: u64 = 8;
+pub const STRAIGHT_LINE_STEPS: u64 = 16;
 
 /// Whether elementwise kernel `k` can be written in straight-line form, and
 /// with which vector width (4 when the element count allows, else 1): every
