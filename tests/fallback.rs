@@ -53,7 +53,8 @@ fn mixed_graph_moves_data_only_at_segment_boundaries() {
     let data = common::rand_vec(64, 3, -1.0, 1.0);
     let x = Tensor::from_slice(&data, [64], &gpu).unwrap();
     // f32 (native) -> f64 (fallback) -> f32 (native).
-    let y = x.mul_scalar(2.0).unwrap().cast(DType::F64).unwrap().exp().unwrap().cast(DType::F32).unwrap().sqrt().unwrap();
+    let y =
+        x.mul_scalar(2.0).unwrap().cast(DType::F64).unwrap().exp().unwrap().cast(DType::F32).unwrap().sqrt().unwrap();
     let t0 = metrics::counter("FallbackTransfers");
     let got = y.to_vec::<f32>().unwrap();
     let moved = metrics::counter("FallbackTransfers") - t0;
