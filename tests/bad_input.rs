@@ -297,3 +297,15 @@ fn using_a_tensor_after_its_device_failed() {
         d.wait().unwrap();
     }
 }
+
+#[test]
+fn out_of_range_gather_index_is_an_error_on_every_device() {
+    for d in common::devices() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], &d).unwrap();
+        let idx = Tensor::from_slice(&[0i32, 3], [2], &d).unwrap();
+        let e = x.gather(0, &idx).unwrap().to_vec::<f32>().unwrap_err().to_string();
+        assert!(e.contains("gather") && e.contains("out of range"), "{} gave {e}", d.name());
+        let ok = Tensor::from_slice(&[2i32, -3], [2], &d).unwrap();
+        assert_eq!(x.gather(0, &ok).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 1.0]);
+    }
+}

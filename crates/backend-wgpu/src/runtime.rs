@@ -339,7 +339,15 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
-        gpu_dtype(node.dtype) && inputs.iter().all(|n| gpu_dtype(n.dtype)) && codegen::op_supported(&node.op)
+        // Gather runs on the CPU fallback: its indices are data, and a
+        // kernel cannot report an out-of-range index (the generated gather
+        // clamps), while the CPU backend returns a clear error. A wrong
+        // answer is worse than a slower right one.
+        let data_checked = !matches!(node.op, Op::Gather { .. });
+        data_checked
+            && gpu_dtype(node.dtype)
+            && inputs.iter().all(|n| gpu_dtype(n.dtype))
+            && codegen::op_supported(&node.op)
     }
 
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
