@@ -15,8 +15,10 @@
 //!
 //! Supported ops: every op except `Conv2d` and `Pool` (reported
 //! unsupported) and `Gather`, which the executor runs on the CPU fallback
-//! because a kernel cannot report an out-of-range index. Kernel forms: elementwise kernels whose values are all
-//! full-size or single elements are straight-line code over vec4 loads and
+//! because a kernel cannot report an out-of-range index.
+//!
+//! Kernel forms: elementwise kernels whose values are all full-size or
+//! single elements are straight-line code over vec4 loads and
 //! stores, several vectors per invocation; others evaluate per output index
 //! (views as index math), with a two-dimensional dispatch beyond 65535
 //! workgroups. Softmax is one kernel: rows split over cooperating
