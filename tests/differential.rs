@@ -233,3 +233,21 @@ fn multi_output_sync_is_one_graph() {
         assert_eq!(c.to_vec::<f32>().unwrap().len(), 64);
     }
 }
+
+#[test]
+fn lines_longer_than_a_software_loop_cap_are_exact() {
+    // llvmpipe silently stops a loop after 65535 iterations per invocation;
+    // the wgpu backend must never return the truncated result.
+    let Some(gpu) = common::wgpu() else { return };
+    let n = 70_000usize;
+    let data: Vec<f32> = (0..n).map(|i| ((i * 37) % 1001) as f32 / 1000.0).collect();
+    let mut with_peak = data.clone();
+    with_peak[n - 3] = 5.0;
+    let x = Tensor::from_slice(&with_peak, [n], &gpu).unwrap();
+    assert_eq!(x.argmax(0, false).unwrap().item::<i32>().unwrap(), (n - 3) as i32);
+    let c = x.cumsum(0, false, false).unwrap().to_vec::<f32>().unwrap();
+    let total: f64 = with_peak.iter().map(|&v| v as f64).sum();
+    assert!((c[n - 1] as f64 - total).abs() < 1e-3 * total, "cumsum end {} vs {total}", c[n - 1]);
+    let s = x.reshape([1, n as isize]).unwrap().softmax(-1).unwrap().sum(&[], false).unwrap().item::<f32>().unwrap();
+    assert!((s - 1.0).abs() < 1e-3, "softmax row sums to {s}");
+}

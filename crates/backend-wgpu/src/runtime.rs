@@ -57,6 +57,9 @@ struct Inner {
     fusion: FusionLimits,
     lower: LowerLimits,
     max_binding: u64,
+    /// Loop iterations one invocation may run, where the adapter caps them
+    /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
+    loop_budget: Option<u64>,
     /// The device has `TIMESTAMP_QUERY` (per-kernel GPU times).
     timestamps: bool,
     /// Per-kernel GPU times `(kernel, ms)` collected while profiling.
@@ -118,6 +121,7 @@ impl WgpuBackend {
                     ..LowerLimits::default()
                 },
                 max_binding,
+                loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
                 fault_kernel: options.fault_kernel.clone(),
@@ -344,7 +348,26 @@ impl Backend for WgpuBackend {
         // clamps), while the CPU backend returns a clear error. A wrong
         // answer is worse than a slower right one.
         let data_checked = !matches!(node.op, Op::Gather { .. });
+        // On a software adapter that silently caps loop iterations, kernels
+        // that walk one line per invocation would return wrong values for
+        // lines longer than the cap: such nodes run on the CPU fallback.
+        let within_budget = match self.inner.loop_budget {
+            None => true,
+            Some(budget) => {
+                let along = |axis: usize| inputs.first().map_or(0, |x| x.shape.dims()[axis] as u64);
+                match &node.op {
+                    Op::ArgReduce { axis, .. } | Op::CumSum { axis, .. } | Op::Softmax { axis, .. } => {
+                        along(*axis) <= budget
+                    }
+                    Op::MatMul => {
+                        inputs.first().and_then(|a| a.shape.dims().last()).is_none_or(|&k| k as u64 <= budget)
+                    }
+                    _ => true,
+                }
+            }
+        };
         data_checked
+            && within_budget
             && gpu_dtype(node.dtype)
             && inputs.iter().all(|n| gpu_dtype(n.dtype))
             && codegen::op_supported(&node.op)
