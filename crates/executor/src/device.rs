@@ -259,7 +259,8 @@ impl Device {
         let started = Instant::now();
         // Collect pending roots, deduplicated by node identity.
         let mut roots: Vec<Arc<LazyNode>> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        // Root index by node identity: mark_step passes every live tensor.
+        let mut index: HashMap<usize, usize> = HashMap::new();
         let mut owners: Vec<(crate::Tensor, usize)> = Vec::new();
         for (t, node) in pairs {
             if !t.device().same(self) {
@@ -270,11 +271,10 @@ impl Device {
             if !node.is_pending() {
                 continue;
             }
-            let key = Arc::as_ptr(node) as usize;
-            if seen.insert(key) {
+            let idx = *index.entry(Arc::as_ptr(node) as usize).or_insert_with(|| {
                 roots.push(node.clone());
-            }
-            let idx = roots.iter().position(|r| Arc::as_ptr(r) as usize == key).expect("root recorded");
+                roots.len() - 1
+            });
             owners.push((t.clone(), idx));
         }
         if roots.is_empty() {

@@ -44,7 +44,8 @@ pub(crate) struct Plan {
     pub segments: Vec<Segment>,
     /// One entry per output of `graph`.
     pub outputs: Vec<ValueRef>,
-    /// Names of the ops that run on the CPU fallback, one entry per node.
+    /// The `Fallback::<op>` counter of each node that runs on the CPU
+    /// fallback (named once here, not on every execution).
     pub fallback_ops: Vec<String>,
 }
 
@@ -81,7 +82,7 @@ impl Plan {
                 let name = node.op.name();
                 if force_fallback.contains(&name) || !main.supports(node, &inputs) {
                     on_cpu[i] = true;
-                    fallback_ops.push(name);
+                    fallback_ops.push(format!("Fallback::{name}"));
                 }
             }
         }
@@ -159,8 +160,8 @@ impl Plan {
         cpu: &dyn Backend,
     ) -> Result<Vec<Buffer>, BackendError> {
         let mut values: HashMap<NodeId, Buffer> = HashMap::new();
-        for name in &self.fallback_ops {
-            metrics::inc(&format!("Fallback::{name}"), 1);
+        for counter in &self.fallback_ops {
+            metrics::inc(counter, 1);
         }
         if !self.fallback_ops.is_empty() {
             metrics::inc("FallbackOps", self.fallback_ops.len() as u64);
