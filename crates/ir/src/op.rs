@@ -809,7 +809,7 @@ impl Op {
                     ));
                 }
                 let (xd, wd) = (x.shape.dims(), w.shape.dims());
-                if c.groups == 0 || xd[1] != wd[1] * c.groups || wd[0] % c.groups != 0 {
+                if c.groups == 0 || wd[1].checked_mul(c.groups) != Some(xd[1]) || wd[0] % c.groups != 0 {
                     return Err(IrError::shape(
                         op,
                         format!("channels of {} do not match weight {} with {} groups", x.shape, w.shape, c.groups),
@@ -817,8 +817,21 @@ impl Op {
                 }
                 let mut dims = vec![xd[0], wd[0]];
                 for i in 0..2 {
-                    let padded = xd[2 + i] + c.pads[i] + c.pads[i + 2];
-                    let eff = c.dilations[i] * (wd[2 + i] - 1) + 1;
+                    // Attributes come from users: overflow is an error, not a panic.
+                    let padded = xd[2 + i].checked_add(c.pads[i]).and_then(|v| v.checked_add(c.pads[i + 2]));
+                    let eff = wd[2 + i]
+                        .checked_sub(1)
+                        .and_then(|k| k.checked_mul(c.dilations[i]))
+                        .and_then(|v| v.checked_add(1));
+                    let (Some(padded), Some(eff)) = (padded, eff) else {
+                        return Err(IrError::shape(
+                            op,
+                            format!(
+                                "kernel {} with dilations {:?} and pads {:?} is empty or too large for input {}",
+                                w.shape, c.dilations, c.pads, x.shape
+                            ),
+                        ));
+                    };
                     if c.strides[i] == 0 || padded < eff {
                         return Err(IrError::shape(
                             op,
@@ -848,8 +861,19 @@ impl Op {
                 }
                 let mut dims = x.shape.dims()[..2].to_vec();
                 for i in 0..nsp {
-                    let padded = x.shape.dims()[2 + i] + p.pads_begin[i] + p.pads_end[i];
-                    let eff = p.dilations[i] * (p.kernel[i].max(1) - 1) + 1;
+                    // Attributes come from users: overflow is an error, not a panic.
+                    let padded =
+                        x.shape.dims()[2 + i].checked_add(p.pads_begin[i]).and_then(|v| v.checked_add(p.pads_end[i]));
+                    let eff = (p.kernel[i].max(1) - 1).checked_mul(p.dilations[i]).and_then(|v| v.checked_add(1));
+                    let (Some(padded), Some(eff)) = (padded, eff) else {
+                        return Err(IrError::shape(
+                            op,
+                            format!(
+                                "window {:?} with dilations {:?} is too large for input {}",
+                                p.kernel, p.dilations, x.shape
+                            ),
+                        ));
+                    };
                     if p.strides[i] == 0 || p.kernel[i] == 0 || padded < eff {
                         return Err(IrError::shape(
                             op,
@@ -941,6 +965,29 @@ mod tests {
         assert_eq!(op.infer(&[vt(&[5], DType::F32)], &[], &[]).unwrap().shape, Shape::new([3]));
         let bad = Op::Slice { starts: vec![4], steps: vec![-2], lens: vec![4] };
         assert!(bad.infer(&[vt(&[5], DType::F32)], &[], &[]).is_err());
+    }
+
+    #[test]
+    fn conv_and_pool_attributes_never_overflow() {
+        let x = vt(&[1, 2, 5, 5], DType::F32);
+        let w = vt(&[2, 1, 3, 3], DType::F32);
+        let huge = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], groups: usize::MAX };
+        assert!(Op::Conv2d(huge).infer(&[x.clone(), w.clone()], &[], &[]).is_err());
+        let dil = ConvAttrs { strides: [1, 1], pads: [usize::MAX, 0, 1, 0], dilations: [usize::MAX, 1], groups: 2 };
+        assert!(Op::Conv2d(dil).infer(&[x.clone(), w], &[], &[]).is_err());
+        let empty_kernel = vt(&[2, 1, 0, 3], DType::F32);
+        let c = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], groups: 2 };
+        assert!(Op::Conv2d(c).infer(&[x.clone(), empty_kernel], &[], &[]).is_err());
+        let p = PoolAttrs {
+            kind: PoolKind::Max,
+            kernel: vec![usize::MAX, 2],
+            strides: vec![1, 1],
+            pads_begin: vec![usize::MAX, 0],
+            pads_end: vec![1, 0],
+            dilations: vec![usize::MAX, 1],
+            ceil_mode: false,
+        };
+        assert!(Op::Pool(p).infer(&[x], &[], &[]).is_err());
     }
 
     #[test]
