@@ -46,7 +46,19 @@ pub struct LowerLimits {
 
 impl Default for LowerLimits {
     fn default() -> Self {
+        LowerLimits::gpu()
+    }
+}
+
+impl LowerLimits {
+    /// The forms a GPU adapter selects.
+    pub fn gpu() -> LowerLimits {
         LowerLimits { max_elements: u32::MAX as u64, cooperative_rows: true, tiled_matmul: true }
+    }
+
+    /// The forms a software adapter (llvmpipe) selects.
+    pub fn software() -> LowerLimits {
+        LowerLimits { cooperative_rows: false, tiled_matmul: false, ..LowerLimits::gpu() }
     }
 }
 

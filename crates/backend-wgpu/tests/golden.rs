@@ -1,0 +1,275 @@
+//! Golden snapshots of generated WGSL: a fixed set of graphs is planned and
+//! lowered under each kernel-form profile ([`LowerLimits::software`],
+//! [`LowerLimits::gpu`]) and the sources are compared with the files in
+//! `tests/golden/`. A change to code generation therefore shows up in
+//! review as a diff of these files, and a refactor that must not change
+//! generated code is proven not to.
+//!
+//! Lowering is pure (no device), so these tests run everywhere. After an
+//! intended change, regenerate with `LAZULI_BLESS=1 cargo test -p
+//! lazuli-wgpu --test golden` and review the diff.
+
+use lazuli_ir::fusion::{self, FusionLimits};
+use lazuli_ir::{
+    ArgReduceOp, BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
+};
+use lazuli_wgpu::codegen::{lower, LowerLimits};
+use std::path::PathBuf;
+
+fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
+    g.push(op, ins).unwrap()
+}
+
+fn bin(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+    push(g, Op::Binary(op), &[a, b])
+}
+
+fn un(g: &mut Graph, op: UnaryOp, a: NodeId) -> NodeId {
+    push(g, Op::Unary(op), &[a])
+}
+
+fn f32p(g: &mut Graph, dims: &[usize]) -> NodeId {
+    g.param(ValueType::new(dims.to_vec(), DType::F32))
+}
+
+fn reduce(g: &mut Graph, op: ReduceOp, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
+    push(g, Op::Reduce { op, axes: axes.to_vec(), keepdim }, &[x])
+}
+
+/// The fixed set of graphs: (name, graph).
+fn graphs() -> Vec<(&'static str, Graph)> {
+    let mut out = Vec::new();
+    // W1's chain: straight-line elementwise.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[4096, 4096]);
+        let s: Vec<NodeId> = (0..4).map(|_| g.scalar(DType::F32)).collect();
+        let t = bin(&mut g, BinaryOp::Mul, x, s[0]);
+        let t = bin(&mut g, BinaryOp::Add, t, s[1]);
+        let t = un(&mut g, UnaryOp::Relu, t);
+        let t = bin(&mut g, BinaryOp::Sub, t, s[2]);
+        let t = un(&mut g, UnaryOp::Tanh, t);
+        let y = bin(&mut g, BinaryOp::Mul, t, s[3]);
+        g.outputs.push(y);
+        out.push(("w1_chain", g));
+    }
+    // Small odd-sized elementwise with a broadcast row: straight-line width 1.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[7, 3]);
+        let c = push(&mut g, Op::Constant(ScalarValue::Float(0.5), DType::F32), &[]);
+        let y = bin(&mut g, BinaryOp::Mul, x, c);
+        let y = un(&mut g, UnaryOp::Exp, y);
+        g.outputs.push(y);
+        out.push(("elementwise_odd", g));
+    }
+    // Indexed elementwise: a transpose plus a broadcast row, bool output.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[64, 48]);
+        let r = f32p(&mut g, &[64]);
+        let t = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+        let y = bin(&mut g, BinaryOp::Add, t, r);
+        let z = push(&mut g, Op::Constant(ScalarValue::Float(0.0), DType::F32), &[]);
+        let m = bin(&mut g, BinaryOp::Gt, y, z);
+        g.outputs.push(y);
+        g.outputs.push(m);
+        out.push(("elementwise_indexed", g));
+    }
+    // Row sums: long rows (G5-like, small), short rows, column sums.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[128, 4096]);
+        let y = reduce(&mut g, ReduceOp::Sum, x, &[1], false);
+        g.outputs.push(y);
+        out.push(("reduce_rows_long", g));
+    }
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[1000, 37]);
+        let e = un(&mut g, UnaryOp::Exp, x);
+        let y = reduce(&mut g, ReduceOp::Max, e, &[1], true);
+        g.outputs.push(y);
+        out.push(("reduce_rows_short", g));
+    }
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[256, 100]);
+        let y = reduce(&mut g, ReduceOp::Mean, x, &[0], false);
+        g.outputs.push(y);
+        out.push(("reduce_columns", g));
+    }
+    // A full reduction of a long vector.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[1 << 20]);
+        let y = reduce(&mut g, ReduceOp::Sum, x, &[0], false);
+        g.outputs.push(y);
+        out.push(("reduce_full", g));
+    }
+    // Arg-reduce and cumsum.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[32, 100]);
+        let a = push(&mut g, Op::ArgReduce { op: ArgReduceOp::ArgMax, axis: 1, keepdim: false, select_last: false }, &[x]);
+        let c = push(&mut g, Op::CumSum { axis: 1, exclusive: false, reverse: false }, &[x]);
+        g.outputs.push(a);
+        g.outputs.push(c);
+        out.push(("argmax_cumsum", g));
+    }
+    // Softmax and log-softmax over the last dim.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[256, 1024]);
+        let y = push(&mut g, Op::Softmax { axis: 1, log: false }, &[x]);
+        g.outputs.push(y);
+        out.push(("softmax_rows", g));
+    }
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[33, 10]);
+        let s = g.scalar(DType::F32);
+        let xs = bin(&mut g, BinaryOp::Mul, x, s);
+        let y = push(&mut g, Op::Softmax { axis: 1, log: true }, &[xs]);
+        g.outputs.push(y);
+        out.push(("log_softmax_prologue", g));
+    }
+    // Softmax over a non-trailing axis.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[16, 40, 8]);
+        let y = push(&mut g, Op::Softmax { axis: 1, log: false }, &[x]);
+        g.outputs.push(y);
+        out.push(("softmax_middle_axis", g));
+    }
+    // Layer norm as composed by `nn::layer_norm`.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[512, 1024]);
+        let w = f32p(&mut g, &[1024]);
+        let b = f32p(&mut g, &[1024]);
+        let mu = reduce(&mut g, ReduceOp::Mean, x, &[1], true);
+        let xc = bin(&mut g, BinaryOp::Sub, x, mu);
+        let sq = bin(&mut g, BinaryOp::Mul, xc, xc);
+        let var = reduce(&mut g, ReduceOp::Mean, sq, &[1], true);
+        let eps = g.scalar(DType::F32);
+        let ve = bin(&mut g, BinaryOp::Add, var, eps);
+        let r = un(&mut g, UnaryOp::Rsqrt, ve);
+        let y = bin(&mut g, BinaryOp::Mul, xc, r);
+        let y = bin(&mut g, BinaryOp::Mul, y, w);
+        let y = bin(&mut g, BinaryOp::Add, y, b);
+        g.outputs.push(y);
+        out.push(("layer_norm", g));
+    }
+    // Matmul with a bias + relu epilogue (a Linear layer).
+    {
+        let mut g = Graph::new();
+        let a = f32p(&mut g, &[256, 64]);
+        let w = f32p(&mut g, &[64, 256]);
+        let bias = f32p(&mut g, &[256]);
+        let m = push(&mut g, Op::MatMul, &[a, w]);
+        let y = bin(&mut g, BinaryOp::Add, m, bias);
+        let y = un(&mut g, UnaryOp::Relu, y);
+        g.outputs.push(y);
+        out.push(("matmul_bias_relu", g));
+    }
+    // Square matmul (W2/G2-like, small) and one with odd sizes.
+    {
+        let mut g = Graph::new();
+        let a = f32p(&mut g, &[1024, 1024]);
+        let b = f32p(&mut g, &[1024, 1024]);
+        let m = push(&mut g, Op::MatMul, &[a, b]);
+        g.outputs.push(m);
+        out.push(("matmul_square", g));
+    }
+    {
+        let mut g = Graph::new();
+        let a = f32p(&mut g, &[37, 29]);
+        let b = f32p(&mut g, &[29, 53]);
+        let m = push(&mut g, Op::MatMul, &[a, b]);
+        g.outputs.push(m);
+        out.push(("matmul_odd", g));
+    }
+    // Transposed operands (the backward of a Linear) and a batched matmul.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[256, 64]);
+        let gy = f32p(&mut g, &[256, 128]);
+        let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+        let gw = push(&mut g, Op::MatMul, &[xt, gy]);
+        let w = f32p(&mut g, &[64, 128]);
+        let wt = push(&mut g, Op::Permute(vec![1, 0]), &[w]);
+        let gx = push(&mut g, Op::MatMul, &[gy, wt]);
+        g.outputs.push(gw);
+        g.outputs.push(gx);
+        out.push(("matmul_transposed", g));
+    }
+    {
+        let mut g = Graph::new();
+        let q = f32p(&mut g, &[4, 64, 32]);
+        let k = f32p(&mut g, &[4, 32, 64]);
+        let m = push(&mut g, Op::MatMul, &[q, k]);
+        g.outputs.push(m);
+        out.push(("matmul_batched", g));
+    }
+    // Random, concat, iota: the other kernel kinds.
+    {
+        let mut g = Graph::new();
+        let k0 = g.scalar(DType::U32);
+        let k1 = g.scalar(DType::U32);
+        let r = push(&mut g, Op::Random { shape: Shape::new([64, 8]), dist: RandomDist::Normal }, &[k0, k1]);
+        let x = f32p(&mut g, &[64, 4]);
+        let c = push(&mut g, Op::Concat { axis: 1 }, &[r, x]);
+        g.outputs.push(c);
+        out.push(("random_concat", g));
+    }
+    out
+}
+
+fn profiles() -> Vec<(&'static str, LowerLimits)> {
+    vec![("software", LowerLimits::software()), ("gpu", LowerLimits::gpu())]
+}
+
+/// The plan and every kernel's WGSL of `g` under `limits`, as one text.
+fn render(g: Graph, limits: &LowerLimits) -> String {
+    let v = g.verify().expect("valid graph");
+    let fl = FusionLimits { matmul_epilogue: true, inline_outputs: true, ..FusionLimits::default() };
+    let plan = fusion::plan(&v, &fl);
+    let mut s = format!("// plan\n{}", plan.to_text().lines().map(|l| format!("// {l}\n")).collect::<String>());
+    for (i, k) in plan.kernels.iter().enumerate() {
+        let w = lower(k, &v, limits).unwrap_or_else(|e| panic!("kernel {i}: {e}"));
+        lazuli_wgpu::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("kernel {i}: {e}\n{}", w.source));
+        s.push_str(&format!(
+            "\n// kernel {i}: {:?}, {} invocations, workgroup {}\n{}",
+            k.kind, w.invocations, w.workgroup_size, w.source
+        ));
+    }
+    s
+}
+
+#[test]
+fn generated_wgsl_matches_golden_files() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let bless = std::env::var("LAZULI_BLESS").is_ok_and(|v| v == "1");
+    let mut mismatches = Vec::new();
+    for (pname, limits) in profiles() {
+        for (gname, g) in graphs() {
+            let text = render(g, &limits);
+            let path = dir.join(format!("{gname}.{pname}.wgsl"));
+            if bless {
+                std::fs::write(&path, &text).unwrap();
+                continue;
+            }
+            let want = std::fs::read_to_string(&path).unwrap_or_default();
+            if want != text {
+                let line = want.lines().zip(text.lines()).position(|(a, b)| a != b).unwrap_or(0) + 1;
+                mismatches.push(format!("{} (first difference at line {line})", path.display()));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "generated WGSL differs from the golden files (rerun with LAZULI_BLESS=1 and review the diff):\n{}",
+        mismatches.join("\n")
+    );
+}
