@@ -1,0 +1,732 @@
+//! Lowering of one planned kernel ([`Kernel`]) to WGSL: a pure,
+//! deterministic function of the kernel, the verified graph and the limits.
+//!
+//! Every inlined node becomes a function `nK(i: u32) -> T` returning its
+//! value at row-major linear index `i` of its own shape; views are index
+//! math on that argument, so nothing is materialized. Materialized inputs
+//! are storage buffers read by the same kind of function. Binding 0 is the
+//! uniform of lifted scalars (`P.sK`, plus `P.z`, always 0, used to build
+//! NaN and infinity at run time); inputs follow in the kernel's order, then
+//! outputs. Bools are `bool` in registers and one `u32` per element in
+//! buffers. Shapes are baked in as constants; scalars never are.
+//!
+//! Elementwise kernels that need no index math (see
+//! [`straight_line_width`]) are written in straight-line form instead: vec4
+//! loads, one value function per node applied per lane (the same
+//! expressions as the indexed form), vec4 stores, several vectors per
+//! invocation. Softmax and matmul have their own loop structures (see
+//! `main_body`).
+//!
+//! One module per kernel family: [`elementwise`], [`reduce`] (reductions,
+//! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax),
+//! [`matmul`]; `common` holds the type, literal and index helpers and the
+//! WGSL helper functions they share.
+
+use lazuli_ir::fusion::{Kernel, KernelKind};
+use lazuli_ir::{BinaryOp, DType, NodeId, Op, PadMode, RandomDist, UnaryOp, VerifiedGraph};
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use thiserror::Error;
+
+mod common;
+pub mod elementwise;
+pub mod matmul;
+pub mod reduce;
+pub mod rows;
+
+pub use common::LLVMPIPE_LOOP_BUDGET;
+use common::*;
+pub use elementwise::{straight_line_width, STRAIGHT_LINE_STEPS};
+use matmul::matmul_shape;
+pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
+pub use reduce::{REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
+use rows::vector_rows;
+pub use rows::SOFTMAX_THREADS_PER_ROW;
+
+/// Invocations per workgroup of every generated kernel.
+pub const WORKGROUP_SIZE: u32 = 256;
+
+/// Limits that shape generated code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LowerLimits {
+    /// Largest element count one tensor may have (indices are u32).
+    pub max_elements: u64,
+    /// Whether row-wise kernels (softmax) split a row over several
+    /// invocations that combine through workgroup memory. Right for GPUs;
+    /// on a software adapter (lavapipe) a workgroup barrier costs more than
+    /// it saves, so one invocation walks each row.
+    pub cooperative_rows: bool,
+    /// Whether matmul stages operand tiles in workgroup memory (the GPU
+    /// form, [`MATMUL_TILE`]) instead of the barrier-free register-blocked
+    /// form that suits llvmpipe (measured there: tiled 3x slower).
+    pub tiled_matmul: bool,
+}
+
+impl Default for LowerLimits {
+    fn default() -> Self {
+        LowerLimits::gpu()
+    }
+}
+
+impl LowerLimits {
+    /// The forms a GPU adapter selects.
+    pub fn gpu() -> LowerLimits {
+        LowerLimits { max_elements: u32::MAX as u64, cooperative_rows: true, tiled_matmul: true }
+    }
+
+    /// The forms a software adapter (llvmpipe) selects.
+    pub fn software() -> LowerLimits {
+        LowerLimits { cooperative_rows: false, tiled_matmul: false, ..LowerLimits::gpu() }
+    }
+}
+
+/// A lowered kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Wgsl {
+    /// The full WGSL source.
+    pub source: String,
+    /// The entry point.
+    pub entry: &'static str,
+    /// Invocations the kernel needs (one per output element, row, ...).
+    pub invocations: u64,
+    /// Storage buffers read (bindings `1..=inputs`).
+    pub inputs: usize,
+    /// Storage buffers written (after the inputs).
+    pub outputs: usize,
+    /// Invocations per workgroup (`invocations` is a multiple of it when
+    /// the kernel is written per workgroup).
+    pub workgroup_size: u32,
+}
+
+/// Why a kernel cannot be lowered.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum LowerError {
+    /// An op or dtype the generator does not handle.
+    #[error("wgsl codegen does not support {op} on {dtype}")]
+    Unsupported {
+        /// The op.
+        op: String,
+        /// The dtype.
+        dtype: DType,
+    },
+    /// A tensor too large for u32 indexing.
+    #[error("{op}: {elements} elements exceed the u32 index range")]
+    TooLarge {
+        /// The op.
+        op: String,
+        /// Element count.
+        elements: u64,
+    },
+}
+
+/// True for the dtypes this generator handles.
+pub fn dtype_supported(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::Bool)
+}
+
+/// True for the ops this generator handles (dtypes checked separately).
+pub fn op_supported(op: &Op) -> bool {
+    !matches!(op, Op::Conv2d(_) | Op::Pool(_))
+}
+
+/// Lowers `kernel` of `graph` to WGSL.
+pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
+    let mut w = Writer {
+        g: graph,
+        helpers: BTreeSet::new(),
+        funcs: String::new(),
+        cooperative: None,
+        workgroup: None,
+        shared: String::new(),
+        limits: *limits,
+    };
+    for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
+        let n = graph.node(id);
+        if !dtype_supported(n.dtype) || !op_supported(&n.op) {
+            return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
+        }
+        if n.shape.numel() as u64 > limits.max_elements {
+            return Err(LowerError::TooLarge { op: n.op.name(), elements: n.shape.numel() as u64 });
+        }
+    }
+    let root = kernel.root();
+    let concat_part_root = matches!(kernel.kind, KernelKind::ConcatPart { .. }).then_some(root);
+    let width = straight_line_width(kernel, graph);
+    let root_numel = graph.node(root).shape.numel();
+    // Whether input `id` is read as one vector per invocation step.
+    let row_vec = vector_rows(kernel, graph, limits);
+    let mm = (kernel.kind == KernelKind::MatMul && !limits.tiled_matmul).then(|| matmul_shape(kernel, graph));
+    let mm_vec = |id: NodeId| {
+        mm.as_ref()
+            .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
+    };
+    let vector_input = |id: NodeId| {
+        (width == Some(4) && graph.node(id).shape.numel() == root_numel)
+            || (row_vec && kernel.inputs[0] == id)
+            || mm_vec(id)
+    };
+    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec);
+    for (k, &id) in kernel.inputs.iter().enumerate() {
+        let n = graph.node(id);
+        if (width.is_some() && n.shape.numel() == root_numel) || row_vec {
+            // Read in `main` by the straight-line or vector-row path.
+            continue;
+        }
+        let load = if n.dtype == DType::Bool {
+            format!("in{k}[i] != 0u")
+        } else if mm_vec(id) {
+            // Bound as vectors for the matmul loop; views read lanes.
+            format!("in{k}[i >> 2u][i & 3u]")
+        } else {
+            format!("in{k}[i]")
+        };
+        let _ = writeln!(w.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
+    }
+    let (body, invocations) = match width {
+        // No output elements: never dispatched, and its index math would
+        // divide by a zero dim, which naga rejects (reliability finding 1).
+        _ if root_numel == 0 => (String::new(), 0),
+        Some(width) => w.straight_line(kernel, width)?,
+        None if row_vec => w.softmax_rows_vec4(kernel),
+        None => {
+            // A matmul epilogue: nodes depending on the matmul become
+            // `eK(i, mm)` functions of the output index and accumulator.
+            let mm_node = kernel.matmul_node(graph);
+            let mut dependent: BTreeSet<NodeId> = BTreeSet::new();
+            if let Some(mmn) = mm_node.filter(|&x| x != root) {
+                let mut all: Vec<NodeId> = kernel.inline.iter().chain(&kernel.outputs).copied().collect();
+                all.sort();
+                all.dedup();
+                for id in all {
+                    let n = graph.node(id);
+                    if n.inputs.iter().any(|o| *o == mmn || dependent.contains(o)) {
+                        dependent.insert(id);
+                    }
+                }
+                for &id in &dependent {
+                    w.node_fn(id, Some((mmn, &dependent)))?;
+                }
+            }
+            for &id in &kernel.inline {
+                if Some(id) == concat_part_root || Some(id) == mm_node || dependent.contains(&id) {
+                    continue;
+                }
+                // A zero-size node is never evaluated; a stub stands in for
+                // index math that would divide by zero (finding 1).
+                let n = graph.node(id);
+                if n.shape.numel() == 0 {
+                    let _ = writeln!(
+                        w.funcs,
+                        "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n",
+                        id.0,
+                        ty(n.dtype),
+                        zero(n.dtype)
+                    );
+                    continue;
+                }
+                w.node_fn(id, None)?;
+            }
+            w.main_body(kernel)?
+        }
+    };
+    // Assemble.
+    let mut s = String::new();
+    s.push_str("// generated by lazuli-wgpu\n");
+    s.push_str("struct Params {\n    z: u32,\n");
+    for (k, d) in graph.scalars.iter().enumerate() {
+        let _ = writeln!(s, "    s{k}: {},", storage_ty(*d));
+    }
+    s.push_str("}\n\n@group(0) @binding(0) var<uniform> P: Params;\n");
+    for (k, &id) in kernel.inputs.iter().enumerate() {
+        let d = graph.node(id).dtype;
+        let elem = if vector_input(id) { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> in{k}: array<{elem}>;", k + 1);
+    }
+    for (k, &id) in kernel.outputs.iter().enumerate() {
+        let d = graph.node(id).dtype;
+        let elem = if vector_output { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;",
+            kernel.inputs.len() + 1 + k
+        );
+    }
+    s.push('\n');
+    for h in &w.helpers {
+        s.push_str(helper_source(h));
+        s.push('\n');
+    }
+    s.push_str(&w.funcs);
+    if let Some(lanes) = w.workgroup {
+        // Kernels written per workgroup (matmul): `main` derives `t`.
+        s.push_str(&w.shared);
+        let _ = write!(
+            s,
+            "@compute @workgroup_size({lanes})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
+        );
+    } else if let Some(shared) = w.cooperative {
+        // Cooperative kernels: invocations work together through
+        // workgroup memory and barriers, so none may return early.
+        let _ = write!(
+            s,
+            "var<workgroup> red: array<{shared}, {WORKGROUP_SIZE}>;\n\n@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
+        );
+    } else {
+        let _ = write!(
+            s,
+            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n"
+        );
+    }
+    Ok(Wgsl {
+        source: s,
+        entry: "main",
+        invocations,
+        inputs: kernel.inputs.len(),
+        outputs: kernel.outputs.len(),
+        workgroup_size: w.workgroup.unwrap_or(WORKGROUP_SIZE),
+    })
+}
+
+struct Writer<'a> {
+    g: &'a VerifiedGraph,
+    helpers: BTreeSet<&'static str>,
+    funcs: String,
+    /// Set by cooperative kernels: the element type of the workgroup
+    /// array `red`; `main` then has no early return.
+    cooperative: Option<&'static str>,
+    /// Set by kernels written per workgroup (matmul): the workgroup size;
+    /// `main` gets `lid`, `wid`, `nwg` and the body defines `t`.
+    workgroup: Option<u32>,
+    /// Workgroup-memory declarations of kernels written per workgroup.
+    shared: String,
+    limits: LowerLimits,
+}
+
+impl Writer<'_> {
+    fn use_helper(&mut self, h: &'static str) {
+        self.helpers.insert(h);
+        // Dependencies between helpers.
+        match h {
+            "max_nan" | "min_nan" | "tanh_f" | "relu_f" | "sign_f" | "cast_f2i" | "cast_f2u" => {
+                self.helpers.insert("isnan_f");
+            }
+            "pow_f" => {
+                self.helpers.insert("nan_f");
+                self.helpers.insert("inf_f");
+            }
+            "random_u" => {
+                self.helpers.insert("philox");
+            }
+            _ => {}
+        }
+    }
+
+    /// Writes the value function of inlined node `id`: `nK(i)`, or with
+    /// `epi = Some((matmul, dependents))` the epilogue form `eK(i, mm)`,
+    /// where the matmul's value is `mm` and dependents are evaluated at the
+    /// same index (the planner guarantees they are same-shape elementwise).
+    fn node_fn(&mut self, id: NodeId, epi: Option<(NodeId, &BTreeSet<NodeId>)>) -> Result<(), LowerError> {
+        let g = self.g;
+        let n = g.node(id);
+        let s = &n.shape;
+        let inp = |k: usize| g.node(n.inputs[k]);
+        let call = |k: usize, idx: &str| match epi {
+            Some((mm, _)) if n.inputs[k] == mm => "mm".to_string(),
+            Some((_, dep)) if dep.contains(&n.inputs[k]) => format!("e{}(i, mm)", n.inputs[k].0),
+            _ => format!("n{}({idx})", n.inputs[k].0),
+        };
+        let body: String = match &n.op {
+            Op::Parameter(_) => unreachable!("parameters are kernel inputs"),
+            Op::Constant(v, d) => {
+                let c = constant(*v, *d);
+                if c.contains("_f()") {
+                    self.use_helper(if c.contains("nan") { "nan_f" } else { "inf_f" });
+                }
+                format!("return {c};")
+            }
+            Op::ScalarParam(k) => {
+                if n.dtype == DType::Bool {
+                    format!("return P.s{k} != 0u;")
+                } else {
+                    format!("return P.s{k};")
+                }
+            }
+            Op::Iota { shape, axis, dtype } => {
+                let c = coord("i", shape, *axis);
+                format!("return {}({c});", ty(*dtype))
+            }
+            Op::Unary(u) => {
+                let x = format!("let x = {};", call(0, "i"));
+                let e = self.unary(*u, inp(0).dtype)?;
+                format!("{x}\n    return {e};")
+            }
+            Op::Binary(b) => {
+                let (a, bb) = (inp(0), inp(1));
+                let ia = bcast_index("i", s, &a.shape);
+                let ib = bcast_index("i", s, &bb.shape);
+                let e = self.binary(*b, a.dtype)?;
+                format!("let a = {};\n    let b = {};\n    return {e};", call(0, &ia), call(1, &ib))
+            }
+            Op::Where => {
+                let idx: Vec<String> = (0..3).map(|k| bcast_index("i", s, &inp(k).shape)).collect();
+                format!("return select({}, {}, {});", call(2, &idx[2]), call(1, &idx[1]), call(0, &idx[0]))
+            }
+            Op::Cast(to) => {
+                let e = self.cast(inp(0).dtype, *to);
+                format!("let x = {};\n    return {e};", call(0, "i"))
+            }
+            Op::Reshape(_) => format!("return {};", call(0, "i")),
+            Op::Permute(perm) => {
+                let ist = strides(&inp(0).shape);
+                let terms = (0..s.rank())
+                    .filter(|&d| s.dims()[d] != 1)
+                    .map(|d| format!("{} * {}u", coord("i", s, d), ist[perm[d]]))
+                    .collect();
+                format!("return {};", call(0, &sum(terms)))
+            }
+            Op::Expand(_) => format!("return {};", call(0, &bcast_index("i", s, &inp(0).shape))),
+            Op::Slice { starts, steps, .. } => {
+                let ist = strides(&inp(0).shape);
+                let mut terms = Vec::new();
+                for d in 0..s.rank() {
+                    let c = coord("i", s, d);
+                    let pos = if steps[d] >= 0 {
+                        format!("({}u + {c} * {}u)", starts[d], steps[d])
+                    } else {
+                        format!("({}u - {c} * {}u)", starts[d], -steps[d])
+                    };
+                    terms.push(format!("{pos} * {}u", ist[d]));
+                }
+                format!("return {};", call(0, &sum(terms)))
+            }
+            Op::Concat { axis } => self.concat_body(id, *axis, 0, n.inputs.len(), "i", "return"),
+            Op::Pad { before, mode, .. } => {
+                let x = &inp(0).shape;
+                let ist = strides(x);
+                let mut b = String::new();
+                let mut terms = Vec::new();
+                for d in 0..s.rank() {
+                    let dim = x.dims()[d] as i64;
+                    let _ = write!(b, "var j{d} = i32({}) - {}i;\n    ", coord("i", s, d), before[d]);
+                    match mode {
+                        PadMode::Constant => {
+                            let _ = write!(
+                                b,
+                                "if (j{d} < 0i || j{d} >= {dim}i) {{\n        return {};\n    }}\n    ",
+                                call(1, "0u")
+                            );
+                        }
+                        PadMode::Reflect => {
+                            let _ = write!(
+                                b,
+                                "if (j{d} < 0i) {{\n        j{d} = -j{d};\n    }}\n    if (j{d} >= {dim}i) {{\n        j{d} = {}i - j{d};\n    }}\n    ",
+                                2 * (dim - 1)
+                            );
+                        }
+                        PadMode::Edge => {
+                            let _ = write!(b, "j{d} = clamp(j{d}, 0i, {}i);\n    ", (dim - 1).max(0));
+                        }
+                    }
+                    terms.push(format!("u32(j{d}) * {}u", ist[d]));
+                }
+                let _ = write!(b, "return {};", call(0, &sum(terms)));
+                b
+            }
+            other => {
+                return Err(LowerError::Unsupported { op: other.name(), dtype: n.dtype });
+            }
+        };
+        match epi {
+            Some((mm, _)) => {
+                let mt = ty(g.node(mm).dtype);
+                let _ = writeln!(self.funcs, "fn e{}(i: u32, mm: {mt}) -> {} {{\n    {body}\n}}\n", id.0, ty(n.dtype));
+            }
+            None => {
+                let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    {body}\n}}\n", id.0, ty(n.dtype));
+            }
+        }
+        Ok(())
+    }
+
+    /// Code selecting among concat operands `start..end` of node `id` for
+    /// output linear index `var` (within the range's own domain when
+    /// `start > 0` or `end < len`); `ret` is `return` or an assignment
+    /// prefix such as `v =`.
+    fn concat_body(&self, id: NodeId, axis: usize, start: usize, end: usize, var: &str, ret: &str) -> String {
+        let g = self.g;
+        let n = g.node(id);
+        let inner: u64 = n.shape.dims()[axis + 1..].iter().product::<usize>() as u64;
+        let lens: Vec<u64> = n.inputs[start..end].iter().map(|x| g.node(*x).shape.dims()[axis] as u64).collect();
+        let dl: u64 = lens.iter().sum();
+        let mut b = format!(
+            "let c = ({var} / {inner}u) % {dl}u;\n    let o = {var} / {}u;\n    let ii = {var} % {inner}u;\n    ",
+            (dl * inner).max(1)
+        );
+        let mut off = 0u64;
+        let live: Vec<usize> = (0..lens.len()).filter(|&k| lens[k] > 0).collect();
+        for (pos, &k) in live.iter().enumerate() {
+            let len = lens[k];
+            let idx = format!("o * {}u + (c - {off}u) * {inner}u + ii", len * inner);
+            let v = format!("n{}({idx})", n.inputs[start + k].0);
+            if pos + 1 == live.len() {
+                if ret == "return" || pos == 0 {
+                    let _ = write!(b, "{ret} {v};");
+                } else {
+                    let _ = write!(b, "{{\n        {ret} {v};\n    }}");
+                }
+            } else {
+                let _ = write!(b, "if (c < {}u) {{\n        {ret} {v};\n    }}\n    ", off + len);
+                if ret != "return" {
+                    let _ = write!(b, "else ");
+                }
+            }
+            off += len;
+        }
+        if live.is_empty() {
+            let _ = write!(b, "{ret} {};", zero(n.dtype));
+        }
+        b
+    }
+
+    fn unary(&mut self, u: UnaryOp, d: DType) -> Result<String, LowerError> {
+        use UnaryOp::*;
+        let f = d == DType::F32;
+        let unsupported = || LowerError::Unsupported { op: u.name().into(), dtype: d };
+        Ok(match u {
+            Neg => "-x".into(),
+            Abs if d == DType::U32 => "x".into(),
+            Abs => "abs(x)".into(),
+            Exp if f => "exp(x)".into(),
+            Log if f => "log(x)".into(),
+            Sqrt if f => "sqrt(x)".into(),
+            Rsqrt if f => "inverseSqrt(x)".into(),
+            Reciprocal if f => "1.0 / x".into(),
+            Relu if f => {
+                self.use_helper("relu_f");
+                "relu_f(x)".into()
+            }
+            Relu if d == DType::I32 => "max(x, 0i)".into(),
+            Relu => "x".into(),
+            Sigmoid if f => "1.0 / (1.0 + exp(-x))".into(),
+            Tanh if f => {
+                self.use_helper("tanh_f");
+                "tanh_f(x)".into()
+            }
+            Gelu if f => {
+                self.use_helper("erf_f");
+                "0.5 * x * (1.0 + erf_f(x * 0.70710678118654752))".into()
+            }
+            GeluTanh if f => {
+                self.use_helper("tanh_f");
+                "0.5 * x * (1.0 + tanh_f(0.79788456080286536 * (x + 0.044715 * x * x * x)))".into()
+            }
+            Erf if f => {
+                self.use_helper("erf_f");
+                "erf_f(x)".into()
+            }
+            Sin if f => "sin(x)".into(),
+            Cos if f => "cos(x)".into(),
+            Floor if f => "floor(x)".into(),
+            Ceil if f => "ceil(x)".into(),
+            Round if f => "round(x)".into(),
+            Sign if f => {
+                self.use_helper("sign_f");
+                "sign_f(x)".into()
+            }
+            Sign if d == DType::I32 => "sign(x)".into(),
+            Sign => "select(0u, 1u, x != 0u)".into(),
+            Not => "!x".into(),
+            IsNan if f => {
+                self.use_helper("isnan_f");
+                "isnan_f(x)".into()
+            }
+            IsInf if f => {
+                self.use_helper("isinf_f");
+                "isinf_f(x)".into()
+            }
+            _ => return Err(unsupported()),
+        })
+    }
+
+    fn binary(&mut self, b: BinaryOp, d: DType) -> Result<String, LowerError> {
+        use BinaryOp::*;
+        let f = d == DType::F32;
+        let z = zero(d);
+        // WGSL lets drivers assume there is no NaN, and lavapipe folds
+        // `x != x` to false. Float comparisons therefore test NaN through
+        // the bit pattern (`isnan_f`), which no driver can fold away:
+        // ordered comparisons and `==` are false with a NaN operand, `!=`
+        // is true.
+        if f && b.is_comparison() {
+            self.use_helper("isnan_f");
+        }
+        let ordered = |op: &str| {
+            if d == DType::Bool {
+                format!("select(0u, 1u, a) {op} select(0u, 1u, b)")
+            } else if f {
+                format!("(a {op} b) && !(isnan_f(a) || isnan_f(b))")
+            } else {
+                format!("a {op} b")
+            }
+        };
+        Ok(match b {
+            Add => "a + b".into(),
+            Sub => "a - b".into(),
+            Mul => "a * b".into(),
+            Div if f => "a / b".into(),
+            Div => format!("select(a / b, {z}, b == {z})"),
+            Pow if f => {
+                self.use_helper("pow_f");
+                "pow_f(a, b)".into()
+            }
+            Pow if d == DType::I32 => {
+                self.use_helper("pow_i");
+                "pow_i(a, b)".into()
+            }
+            Pow => {
+                self.use_helper("pow_u");
+                "pow_u(a, b)".into()
+            }
+            Maximum if f => {
+                self.use_helper("max_nan");
+                "max_nan(a, b)".into()
+            }
+            Minimum if f => {
+                self.use_helper("min_nan");
+                "min_nan(a, b)".into()
+            }
+            Maximum => "max(a, b)".into(),
+            Minimum => "min(a, b)".into(),
+            Mod if f => {
+                self.use_helper("mod_f");
+                "mod_f(a, b)".into()
+            }
+            Mod if d == DType::I32 => {
+                self.use_helper("mod_i");
+                "mod_i(a, b)".into()
+            }
+            Mod | Rem if d == DType::U32 => "select(a % b, 0u, b == 0u)".into(),
+            Rem if f => "a % b".into(),
+            Rem => "select(a % b, 0i, b == 0i)".into(),
+            Eq => ordered("=="),
+            Ne if f => "(a != b) || isnan_f(a) || isnan_f(b)".into(),
+            Ne => "a != b".into(),
+            Lt => ordered("<"),
+            Le => ordered("<="),
+            Gt => ordered(">"),
+            Ge => ordered(">="),
+            And => "a && b".into(),
+            Or => "a || b".into(),
+            Xor => "a != b".into(),
+            _ => return Err(LowerError::Unsupported { op: b.name().into(), dtype: d }),
+        })
+    }
+
+    fn cast(&mut self, from: DType, to: DType) -> String {
+        if from == to {
+            return "x".into();
+        }
+        match (from, to) {
+            (DType::Bool, t) => format!("select({}, {}, x)", zero(t), one(t)),
+            (f, DType::Bool) => format!("x != {}", zero(f)),
+            (DType::F32, DType::I32) => {
+                self.use_helper("cast_f2i");
+                "cast_f2i(x)".into()
+            }
+            (DType::F32, DType::U32) => {
+                self.use_helper("cast_f2u");
+                "cast_f2u(x)".into()
+            }
+            (DType::I32, DType::U32) => "bitcast<u32>(x)".into(),
+            (DType::U32, DType::I32) => "bitcast<i32>(x)".into(),
+            (_, t) => format!("{}(x)", ty(t)),
+        }
+    }
+
+    /// The statements of `main` (after the bounds check on `t`) and the
+    /// invocation count.
+    fn main_body(&mut self, k: &Kernel) -> Result<(String, u64), LowerError> {
+        let g = self.g;
+        let root = k.root();
+        let rn = g.node(root);
+        let mut b = String::new();
+        let invocations: u64;
+        match k.kind {
+            KernelKind::Elementwise => {
+                invocations = rn.shape.numel() as u64;
+                for (j, &o) in k.outputs.iter().enumerate() {
+                    let d = g.node(o).dtype;
+                    let _ = writeln!(b, "    out{j}[t] = {};", store(d, &format!("n{}(t)", o.0)));
+                }
+            }
+            KernelKind::ConcatPart { start, end } => {
+                let Op::Concat { axis } = rn.op else { unreachable!("concat part of a non-concat") };
+                let inner: u64 = rn.shape.dims()[axis + 1..].iter().product::<usize>() as u64;
+                let outer: u64 = rn.shape.dims()[..axis].iter().product::<usize>() as u64;
+                let len = |x: &NodeId| g.node(*x).shape.dims()[axis] as u64;
+                let off: u64 = rn.inputs[..start].iter().map(len).sum();
+                let dl: u64 = rn.inputs[start..end].iter().map(len).sum();
+                let total = rn.shape.dims()[axis] as u64;
+                invocations = outer * dl * inner;
+                let sel = self.concat_body(root, axis, start, end, "t", "v =");
+                let _ = writeln!(
+                    b,
+                    "    var v: {};\n    {sel}\n    let dst = (t / {}u) * {}u + (((t / {inner}u) % {dl}u) + {off}u) * {inner}u + t % {inner}u;\n    out0[dst] = {};",
+                    ty(rn.dtype),
+                    (dl * inner).max(1),
+                    total * inner,
+                    store(rn.dtype, "v")
+                );
+            }
+            KernelKind::Reduce => invocations = self.reduce_kernel(k, &mut b),
+            KernelKind::ArgReduce => invocations = self.arg_reduce_kernel(k, &mut b),
+            KernelKind::Softmax => invocations = self.softmax_kernel(k, &mut b),
+            KernelKind::CumSum => invocations = self.cumsum_kernel(k, &mut b),
+            KernelKind::MatMul => {
+                invocations =
+                    if self.limits.tiled_matmul { self.matmul_tiled(k, &mut b) } else { self.matmul(k, &mut b) };
+            }
+            KernelKind::Gather => {
+                let Op::Gather { axis } = &rn.op else { unreachable!() };
+                let (x, ix) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
+                invocations = rn.shape.numel() as u64;
+                let inner: u64 = x.shape.dims()[axis + 1..].iter().product::<usize>() as u64;
+                let dim = x.shape.dims()[*axis] as i64;
+                let ni = (ix.shape.numel() as u64).max(1);
+                let load_idx = if ix.dtype == DType::U32 {
+                    format!("i32(min(n{}(j), {}u))", rn.inputs[1].0, dim.max(1) - 1)
+                } else {
+                    format!("n{}(j)", rn.inputs[1].0)
+                };
+                let _ = writeln!(
+                    b,
+                    "    let ii = t % {inner}u;\n    let j = (t / {inner}u) % {ni}u;\n    let o = t / {};\n    var ix = {load_idx};\n    if (ix < 0i) {{\n        ix = ix + {dim}i;\n    }}\n    ix = clamp(ix, 0i, {});\n    out0[t] = {};",
+                    (inner * ni).max(1),
+                    (dim - 1).max(0),
+                    store(rn.dtype, &format!("n{}(o * {}u + u32(ix) * {inner}u + ii)", rn.inputs[0].0, dim as u64 * inner))
+                );
+            }
+            KernelKind::Random => {
+                let Op::Random { dist, .. } = &rn.op else { unreachable!() };
+                invocations = rn.shape.numel() as u64;
+                self.use_helper("random_u");
+                let key = format!("vec2<u32>(n{}(0u), n{}(0u))", rn.inputs[0].0, rn.inputs[1].0);
+                match dist {
+                    RandomDist::Uniform => {
+                        let _ = writeln!(b, "    out0[t] = random_u({key}, t);");
+                    }
+                    RandomDist::Normal => {
+                        let _ = writeln!(
+                            b,
+                            "    let key = {key};\n    let base = t & 0xfffffffeu;\n    let u1 = 1.0 - random_u(key, base);\n    let u2 = random_u(key, base + 1u);\n    let r = sqrt(-2.0 * log(u1));\n    let th = 6.2831855 * u2;\n    out0[t] = select(r * sin(th), r * cos(th), (t & 1u) == 0u);"
+                        );
+                    }
+                }
+            }
+            KernelKind::Conv2d | KernelKind::Pool => {
+                return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
+            }
+        }
+        Ok((b, invocations))
+    }
+}

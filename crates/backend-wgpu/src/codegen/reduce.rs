@@ -1,0 +1,228 @@
+//! Reductions (`Op::Reduce`), arg-reductions and cumulative sums.
+
+use super::common::*;
+use super::{Writer, WORKGROUP_SIZE};
+use lazuli_ir::fusion::Kernel;
+use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape};
+use std::fmt::Write as _;
+
+/// Reductions at least this long with at most
+/// [`REDUCE_COOPERATIVE_OUTPUTS`] outputs use one workgroup per output.
+pub const REDUCE_COOPERATIVE_LEN: u64 = 4096;
+
+/// See [`REDUCE_COOPERATIVE_LEN`].
+pub const REDUCE_COOPERATIVE_OUTPUTS: u64 = 256;
+
+/// Elements a reduction loop handles per iteration (unrolled).
+pub const REDUCE_UNROLL: u64 = 8;
+
+impl Writer<'_> {
+    /// A reduction (`Op::Reduce`).
+    /// Appends the statements of `main` to `b`; returns the invocation
+    /// count.
+    pub(super) fn reduce_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let g = self.g;
+        let rn = g.node(k.root());
+        let mut invocations: u64;
+        let Op::Reduce { op, axes, .. } = &rn.op else { unreachable!() };
+        let x = g.node(rn.inputs[0]);
+        invocations = rn.shape.numel() as u64;
+        let xs = strides(&x.shape);
+        let kept: Vec<usize> = (0..x.shape.rank()).filter(|d| !axes.contains(d)).collect();
+        let kshape = Shape::new(kept.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
+        let rshape = Shape::new(axes.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
+        let base = sum((0..kept.len())
+            .filter(|&j| kshape.dims()[j] != 1)
+            .map(|j| format!("{} * {}u", coord("t", &kshape, j), xs[kept[j]]))
+            .collect());
+        // Reduced axes that are the trailing dims, in order, are
+        // one contiguous run: the offset is `r` itself.
+        let rank = x.shape.rank();
+        let trailing = axes.iter().enumerate().all(|(j, &a)| a + axes.len() == rank + j);
+        let off = if trailing {
+            "r".to_string()
+        } else {
+            sum((0..axes.len())
+                .filter(|&j| rshape.dims()[j] != 1)
+                .map(|j| format!("{} * {}u", coord("r", &rshape, j), xs[axes[j]]))
+                .collect())
+        };
+        let d = x.dtype;
+        let (acc_ty, init, combine, fin) = self.reduce_parts(*op, d, rshape.numel());
+        let load = if d == DType::Bool {
+            format!("select(0u, 1u, n{}(base + {off}))", x_id(rn))
+        } else {
+            format!("n{}(base + {off})", x_id(rn))
+        };
+        let len = rshape.numel() as u64;
+        let outputs = invocations;
+        let u = REDUCE_UNROLL;
+        // `REDUCE_UNROLL` elements per loop iteration, then the
+        // remainder: keeps trip counts far below the llvmpipe loop
+        // budget (`LLVMPIPE_LOOP_BUDGET`).
+        let step = |ind: &str, r0: &str, stride: u64| {
+            (0..u)
+                .map(|q| {
+                    format!(
+                        "{ind}{{\n{ind}    let r = {r0} + {}u;\n{ind}    let v = {load};\n{ind}    acc = {combine};\n{ind}}}\n",
+                        q * stride
+                    )
+                })
+                .collect::<String>()
+        };
+        let cooperative = (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
+            || len / u > LLVMPIPE_LOOP_BUDGET / 2;
+        if cooperative {
+            // Few long reductions: one workgroup per output, its
+            // invocations striding over the reduced elements, then
+            // a tree in workgroup memory (8 barriers in all, so
+            // cheap on llvmpipe too, where a single invocation per
+            // output would use one SIMD lane of one core).
+            let wg = WORKGROUP_SIZE as u64;
+            invocations = outputs * wg;
+            self.cooperative = Some(acc_ty);
+            let main = len / (wg * u) * (wg * u);
+            let _ = write!(
+                b,
+                "    let t = wid.x + wid.y * nwg.x;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = lid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + lid; r < {len}u; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
+                wg * u,
+                step("            ", "r0", wg)
+            );
+            let _ = writeln!(
+                b,
+                "    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (lid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}",
+                wg / 2
+            );
+        } else {
+            let main = len / u * u;
+            let _ = write!(
+                b,
+                "    let base = {base};\n    var acc: {acc_ty} = {init};\n    for (var r0 = 0u; r0 < {main}u; r0 = r0 + {u}u) {{\n{}    }}\n",
+                step("        ", "r0", 1)
+            );
+            if main < len {
+                let _ = writeln!(
+                    b,
+                    "    for (var r = {main}u; r < {len}u; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}"
+                );
+            }
+            let _ = writeln!(b, "    out0[t] = {fin};");
+        }
+        invocations
+    }
+
+    /// An arg-reduction: one invocation per output line.
+    /// Appends the statements of `main` to `b`; returns the invocation
+    /// count.
+    pub(super) fn arg_reduce_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let g = self.g;
+        let rn = g.node(k.root());
+        let Op::ArgReduce { op, axis, select_last, .. } = &rn.op else { unreachable!() };
+        let x = g.node(rn.inputs[0]);
+        let invocations = rn.shape.numel() as u64;
+        let (base, stride, len) = line(&x.shape, *axis);
+        let cmp = if *op == ArgReduceOp::ArgMax { ">" } else { "<" };
+        let f = x.dtype == DType::F32;
+        let conv = if x.dtype == DType::Bool { "select(0u, 1u, " } else { "(" };
+        let mut better = format!("v {cmp} best");
+        if *select_last {
+            better = format!("{better} || v == best");
+        }
+        if f {
+            self.use_helper("isnan_f");
+            better = if *select_last {
+                format!("isnan_f(v) || (!isnan_f(best) && ({better}))")
+            } else {
+                format!("!isnan_f(best) && (isnan_f(v) || {better})")
+            };
+        }
+        let head = format!("for (var j = 1u; j < {len}u; j = j + 1u) {{");
+        let _ = writeln!(
+            b,
+            "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    {head}\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    out0[t] = i32(bi);",
+            x = x_id(rn)
+        );
+        invocations
+    }
+
+    /// A cumulative sum: one invocation per line.
+    /// Appends the statements of `main` to `b`; returns the invocation
+    /// count.
+    pub(super) fn cumsum_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let g = self.g;
+        let rn = g.node(k.root());
+        let Op::CumSum { axis, exclusive, reverse } = &rn.op else { unreachable!() };
+        let x = g.node(rn.inputs[0]);
+        let len = x.shape.dims()[*axis] as u64;
+        let invocations = (x.shape.numel() as u64).checked_div(len).unwrap_or(0);
+        let (base, stride, _) = line(&x.shape, *axis);
+        let jj = if *reverse { format!("({len}u - 1u - q)") } else { "q".into() };
+        let head = format!("for (var q = 0u; q < {len}u; q = q + 1u) {{");
+        let (pre, post) = if *exclusive {
+            ("out0[idx] = acc;\n        acc = acc + v;", "")
+        } else {
+            ("acc = acc + v;\n        out0[idx] = acc;", "")
+        };
+        let _ = writeln!(
+            b,
+            "    let base = {base};\n    var acc: {} = {};\n    {head}\n        let idx = base + {jj} * {stride}u;\n        let v = n{}(idx);\n        {pre}{post}\n    }}",
+            ty(rn.dtype),
+            zero(rn.dtype),
+            x_id(rn)
+        );
+        invocations
+    }
+
+    /// (accumulator type, init, combine expression over `acc` and `v`,
+    /// final value stored) of a reduction.
+    pub(super) fn reduce_parts(
+        &mut self,
+        op: ReduceOp,
+        d: DType,
+        count: usize,
+    ) -> (&'static str, String, String, String) {
+        let f = d == DType::F32;
+        if d == DType::Bool {
+            let (init, comb) = match op {
+                ReduceOp::Max => ("0u", "max(acc, v)"),
+                ReduceOp::Min => ("1u", "min(acc, v)"),
+                ReduceOp::Sum | ReduceOp::Mean => ("0u", "max(acc, v)"),
+                ReduceOp::Prod => ("1u", "min(acc, v)"),
+            };
+            return ("u32", init.into(), comb.into(), "acc".into());
+        }
+        let t = ty(d);
+        match op {
+            ReduceOp::Sum => (t, zero(d).into(), "acc + v".into(), "acc".into()),
+            ReduceOp::Mean => (t, zero(d).into(), "acc + v".into(), format!("acc / f32({count}u)")),
+            ReduceOp::Prod => (t, one(d).into(), "acc * v".into(), "acc".into()),
+            ReduceOp::Max | ReduceOp::Min => {
+                let is_max = op == ReduceOp::Max;
+                let init = match (d, is_max) {
+                    (DType::F32, true) => {
+                        self.use_helper("inf_f");
+                        "-inf_f()".to_string()
+                    }
+                    (DType::F32, false) => {
+                        self.use_helper("inf_f");
+                        "inf_f()".to_string()
+                    }
+                    (DType::I32, true) => int_lit(i32::MIN),
+                    (DType::I32, false) => int_lit(i32::MAX),
+                    (_, true) => "0u".into(),
+                    (_, false) => "4294967295u".into(),
+                };
+                let comb = if f {
+                    let h = if is_max { "max_nan" } else { "min_nan" };
+                    self.use_helper(h);
+                    format!("{h}(acc, v)")
+                } else if is_max {
+                    "max(acc, v)".into()
+                } else {
+                    "min(acc, v)".into()
+                };
+                (t, init, comb, "acc".into())
+            }
+        }
+    }
+}
