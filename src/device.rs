@@ -92,4 +92,5 @@ pub fn adapters() -> Vec<String> {
     lazuli_wgpu::list_adapters()
 }
 
+pub use lazuli_wgpu::codegen::{ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm};
 pub use lazuli_wgpu::WgpuOptions as WgpuDeviceOptions;

@@ -26,7 +26,7 @@ pub mod optim;
 pub mod serialize;
 pub mod train;
 
-pub use device::{adapters, DeviceExt, DeviceKind, WgpuDeviceOptions};
+pub use device::{adapters, DeviceExt, DeviceKind, KernelForms, WgpuDeviceOptions};
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
     debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, Result, Tensor, TensorState,

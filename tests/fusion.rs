@@ -38,6 +38,7 @@ fn w1_is_one_kernel_launch() {
 
 #[test]
 fn twelve_inputs_with_eight_storage_buffers() {
+    let _metrics = common::metrics_lock();
     let Some(_) = common::wgpu() else { return };
     let dev = Device::wgpu_with(WgpuDeviceOptions { max_storage_buffers: Some(8), ..Default::default() }).unwrap();
     let n = 1000;
@@ -70,6 +71,7 @@ fn twelve_inputs_with_eight_storage_buffers() {
 
 #[test]
 fn lowering_is_deterministic() {
+    let _metrics = common::metrics_lock();
     let Some(_) = common::wgpu() else { return };
     // Two separate devices (separate backends and caches) lower the same
     // program to byte-identical WGSL.

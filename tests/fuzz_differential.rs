@@ -3,7 +3,9 @@
 //! arg-reductions, softmax, cumsum, matmul, reshape, permute, expand,
 //! slices with negative steps, concat, pad, gather, mid-program syncs) on
 //! random shapes (size-1, zero-size and odd dims) run on the wgpu device
-//! and on the CPU reference device, outputs compared.
+//! and on the CPU reference device, outputs compared. Cases alternate
+//! between the wgpu kernel forms of software adapters and those of GPUs
+//! (forced with `KernelForms`), so every form is fuzzed on any adapter.
 //!
 //! A program is a *choice sequence* (Hypothesis-style): a base shape, a
 //! data seed and a list of steps of four small numbers. An interpreter
@@ -651,11 +653,20 @@ impl Interp {
     }
 }
 
-/// The two devices every case runs on (one pair for the whole run, so the
-/// compile and pipeline caches help).
-fn devices() -> Option<&'static (Device, Device)> {
-    static DEVS: OnceLock<Option<(Device, Device)>> = OnceLock::new();
-    DEVS.get_or_init(|| common::wgpu().map(|g| (Device::cpu(), g))).as_ref()
+/// The devices cases run on (made once for the whole run, so the compile
+/// and pipeline caches help): the CPU reference and two wgpu devices, one
+/// with each kernel-form profile.
+fn devices() -> Option<&'static (Device, Device, Device)> {
+    static DEVS: OnceLock<Option<(Device, Device, Device)>> = OnceLock::new();
+    DEVS.get_or_init(|| {
+        let with = |forms: lazuli::KernelForms| {
+            let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
+            Device::wgpu_with(opts).ok()
+        };
+        common::wgpu()?;
+        Some((Device::cpu(), with(lazuli::KernelForms::software())?, with(lazuli::KernelForms::gpu())?))
+    })
+    .as_ref()
 }
 
 fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
@@ -700,8 +711,10 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
 
 /// Runs a program on both devices and compares the outputs.
 fn run(p: &Program) -> Result<(), String> {
-    let Some((cpu, gpu)) = devices() else { return Ok(()) };
-    let mut it = Interp { cpu: cpu.clone(), gpu: gpu.clone(), pool: Vec::new(), log: Vec::new() };
+    let Some((cpu, software, gpu_forms)) = devices() else { return Ok(()) };
+    let (gpu, forms) = if p.seed % 2 == 0 { (software, "software") } else { (gpu_forms, "gpu") };
+    let mut it =
+        Interp { cpu: cpu.clone(), gpu: gpu.clone(), pool: Vec::new(), log: vec![format!("kernel forms: {forms}")] };
     inputs(&mut it, &p.dims, p.seed);
     let n_inputs = it.pool.len();
     for s in &p.steps {

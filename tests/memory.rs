@@ -5,10 +5,13 @@
 //! every checkpoint), and the loop converges. 10,000 steps on the CPU
 //! device and on wgpu (50,000 there with `LAZULI_HEAVY=1`). A second test
 //! checks the compile cache is bounded by its configured size when every
-//! step has a new shape.
+//! step has a new shape. A third checks that live tensors over a wgpu
+//! device's memory budget fail with a typed out-of-memory error at the
+//! barrier and that the device recovers once they are dropped.
 
 mod common;
 use lazuli::prelude::*;
+use lazuli::{BackendError, ExecError, WgpuDeviceOptions};
 
 fn heavy() -> bool {
     std::env::var("LAZULI_HEAVY").is_ok_and(|v| v == "1")
@@ -120,4 +123,56 @@ fn compile_cache_bound_child() {
         }
         assert_eq!(dev.cached_plans(), 16);
     }
+}
+
+/// The out-of-memory error inside `e`, through poisoned values.
+fn out_of_memory(e: &ExecError) -> Option<&BackendError> {
+    match e {
+        ExecError::Backend { source: source @ BackendError::OutOfMemory { .. }, .. } => Some(source),
+        ExecError::Poisoned { cause, .. } => out_of_memory(cause),
+        _ => None,
+    }
+}
+
+#[test]
+fn live_tensors_over_the_memory_budget_fail_with_a_typed_error_and_the_device_recovers() {
+    const MIB: usize = 1 << 20;
+    let budget = 8 * MIB as u64;
+    let dev = match Device::wgpu_with(WgpuDeviceOptions { memory_budget: Some(budget), ..Default::default() }) {
+        Ok(d) => d,
+        Err(e) if !common::adapter_required() => return eprintln!("skipping: no wgpu adapter ({e})"),
+        Err(e) => panic!("LAZULI_REQUIRE_ADAPTER=1 but no wgpu adapter: {e}"),
+    };
+    // Twelve live 1 MiB tensors: 12 MiB against a budget of 8 MiB.
+    let n = MIB / 4;
+    let mut live = Vec::new();
+    for i in 0..12 {
+        live.push(Tensor::ones([n], DType::F32, &dev).unwrap().mul_scalar(i as f32 + 1.0).unwrap());
+        dev.mark_step().expect("mark_step returns before the device runs out");
+    }
+    let err = live.last().unwrap().to_vec::<f32>().expect_err("the last tensor does not fit the budget");
+    match out_of_memory(&err) {
+        Some(BackendError::OutOfMemory { bytes, in_use, device }) => {
+            assert_eq!(*bytes, MIB as u64, "{err}");
+            assert!(*in_use > 0 && *in_use + *bytes > budget, "{err}");
+            assert!(device.starts_with("wgpu") && device.contains("memory budget"), "{err}");
+        }
+        _ => panic!("expected a typed out-of-memory error, got {err:?}"),
+    }
+    assert!(err.to_string().contains("out of memory allocating 1048576 bytes"), "{err}");
+    // The first tensors fitted; the device's stored error is the same kind.
+    assert_eq!(live[0].to_vec::<f32>().unwrap()[n - 1], 1.0);
+    let stored = dev.wait().expect_err("the failed executions are reported at the barrier");
+    assert!(out_of_memory(&stored).is_some(), "{stored:?}");
+    drop(live);
+    dev.wait().unwrap();
+    // With the tensors gone the same budget holds a new computation of
+    // several live tensors.
+    let xs: Vec<Tensor> =
+        (0..4).map(|i| Tensor::ones([n], DType::F32, &dev).unwrap().mul_scalar(i as f32).unwrap()).collect();
+    dev.mark_step().unwrap();
+    let total = xs.iter().map(|x| x.sum(&[], false).unwrap().item::<f32>().unwrap()).sum::<f32>();
+    assert_eq!(total, 6.0 * n as f32);
+    dev.wait().unwrap();
+    assert!(dev.pool_bytes() <= budget, "{} bytes held", dev.pool_bytes());
 }

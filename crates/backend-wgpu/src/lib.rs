@@ -4,9 +4,9 @@
 //! [`codegen::lower`] writes each as WGSL (deterministically, shapes baked
 //! in, lifted scalars in a uniform buffer); [`validate::validate_wgsl`]
 //! checks it with naga before a pipeline is created; pipelines are cached
-//! by the hash of their source ([`pipeline`]); buffers come from a bounded,
-//! size-bucketed pool ([`pool`]); one execution encodes all kernels into
-//! one command encoder, submits and waits ([`runtime`]).
+//! by the hash of their source ([`pipeline`]); buffers come from a caching
+//! allocator sized to the device ([`pool`]); one execution encodes all
+//! kernels into one command encoder, submits and waits ([`runtime`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
 //! on the device; upload and download convert to one-byte bools). Nodes of
@@ -17,22 +17,29 @@
 //! unsupported) and `Gather`, which the executor runs on the CPU fallback
 //! because a kernel cannot report an out-of-range index.
 //!
-//! Kernel forms: elementwise kernels whose values are all full-size or
-//! single elements are straight-line code over vec4 loads and
-//! stores, several vectors per invocation; others evaluate per output index
-//! (views as index math), with a two-dimensional dispatch beyond 65535
-//! workgroups. Softmax is one kernel: rows split over cooperating
-//! invocations with workgroup tree reductions on GPUs, one invocation per
-//! row (online max and sum, vec4 accesses) on software adapters. Matmul is
-//! batched and fuses its elementwise epilogue (bias, activation, scaling,
-//! masks; several outputs): on GPUs 64 x 64 tiles staged in workgroup
-//! memory, on software adapters a barrier-free form with register blocks of
-//! up to 16 x 8, workgroup-uniform rows of A and vec4 operand reads
-//! (`LowerLimits::tiled_matmul`). Few long reductions use one workgroup per
-//! output with a tree in workgroup memory, the rest one invocation per
-//! output (loops unrolled); arg-reductions and cumulative sums use one
-//! invocation per output line. Loop trip counts stay under llvmpipe's
-//! per-invocation loop budget ([`codegen::LLVMPIPE_LOOP_BUDGET`]).
+//! Kernel forms ([`codegen::KernelForms`]): every kernel family has a form
+//! for GPUs and one for software adapters, picked from the adapter type
+//! (forced with `WgpuOptions::kernel_forms` or `LAZULI_KERNEL_FORMS`, so
+//! tests prove both on lavapipe). GPU forms put adjacent lanes on adjacent
+//! addresses and reuse data in workgroup memory and registers:
+//! grid-stride vec4 elementwise code; reductions over contiguous rows by a
+//! group of lanes per row with a tree in workgroup memory; softmax rows
+//! held in registers by a group of lanes (read once, written once), long
+//! rows online in two passes; matmul in 64/128-wide tiles double-buffered
+//! in workgroup memory with 4x4 to 8x8 register blocks per invocation and
+//! vec4 operand loads (straight or transposed), the tile chosen by shape or
+//! by bounded autotuning ([`autotune`]). Software forms suit llvmpipe, which
+//! runs each invocation as a CPU loop and splits every barrier into
+//! coroutine steps: several consecutive vec4s per invocation, one
+//! invocation per output or row, a barrier-free register-blocked matmul.
+//! Matmul is batched and fuses its elementwise epilogue (bias, activation,
+//! scaling, masks; several outputs) in every form. Indexed elementwise
+//! kernels evaluate per output index (views as index math), with a
+//! two-dimensional dispatch beyond 65535 workgroups; arg-reductions and
+//! cumulative sums use one invocation per output line. Loop trip counts
+//! stay under llvmpipe's per-invocation loop budget
+//! ([`codegen::LLVMPIPE_LOOP_BUDGET`]). Pipelines skip wgpu's zero-fill of
+//! workgroup memory: every kernel writes it before reading it.
 //! [`baseline`] runs hand-written WGSL on the same device for benchmarks;
 //! per-kernel GPU times come from timestamp queries
 //! ([`WgpuBackend::set_profiling`]).
@@ -41,6 +48,7 @@
 //! verified graphs and buffers through `lazuli_executor::Backend`.
 
 pub mod adapter;
+pub mod autotune;
 pub mod baseline;
 pub mod codegen;
 mod fault;

@@ -3,12 +3,13 @@
 //! wait), upload and download in the canonical host byte format.
 
 use crate::adapter;
-use crate::codegen::{self, LowerError, LowerLimits, Wgsl};
+use crate::autotune::{self, Tuner};
+use crate::codegen::{self, KernelForms, LowerError, LowerLimits, MatmulForm, ReduceForm, RowsForm, Wgsl};
 use crate::pipeline::{PipelineCache, PipelineEntry};
-use crate::pool::{Pool, WgpuStorage};
+use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
 use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, Executable};
-use lazuli_ir::fusion::{self, FusionLimits, FusionPlan};
+use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
 use std::collections::HashMap;
@@ -24,18 +25,42 @@ pub struct WgpuOptions {
     /// Substring of the adapter name to pick (else `WGPU_ADAPTER_NAME`,
     /// else the best adapter by type).
     pub adapter_name: Option<String>,
-    /// Most idle bytes the buffer pool keeps (default 256 MiB).
+    /// Most bytes of freed buffers the buffer pool keeps for reuse. Else
+    /// `LAZULI_POOL_BYTES` (a byte count; an invalid value is ignored with
+    /// a warning), else derived from the adapter by
+    /// [`pool::default_max_idle_bytes`]: 256 MiB on a software adapter,
+    /// `4 x max_buffer_size` clamped to 8..128 GiB on a GPU, where the
+    /// cache is released when an allocation fails instead.
     pub pool_max_free_bytes: Option<u64>,
+    /// Most bytes of device buffers this backend holds at once (in use
+    /// plus cached). Else `LAZULI_DEVICE_MEMORY_BYTES`, else no cap but the
+    /// device's. An allocation over it releases cached buffers; if that is
+    /// not enough it fails with `BackendError::OutOfMemory`.
+    pub memory_budget: Option<u64>,
     /// Most cached pipelines (default 1024).
     pub pipeline_cache_size: Option<usize>,
-    /// Forces row-wise kernels (softmax) to split rows over cooperating
-    /// invocations (true) or not (false); by default they cooperate except
-    /// on software adapters. Tests use it to cover both forms.
+    /// The kernel-form profile: `Some(KernelForms::gpu())` or
+    /// `Some(KernelForms::software())` (or any mix) forces it on any
+    /// adapter; by default the adapter type picks (software adapters the
+    /// software profile, others the GPU one), and the environment variable
+    /// `LAZULI_KERNEL_FORMS=gpu|software` overrides that default. Tests use
+    /// it to prove every form on lavapipe.
+    pub kernel_forms: Option<KernelForms>,
+    /// Forces row-wise kernels (softmax, and reductions) to split rows
+    /// over cooperating invocations (true) or not (false), on top of the
+    /// profile.
     pub cooperative_rows: Option<bool>,
-    /// Forces the tiled, workgroup-memory matmul (true) or the barrier-free
-    /// register-blocked one (false); by default tiled except on software
-    /// adapters. Tests use it to cover both forms.
+    /// Forces the tiled, workgroup-memory matmul (true: tile by shape) or
+    /// the barrier-free register-blocked one (false), on top of the
+    /// profile.
     pub tiled_matmul: Option<bool>,
+    /// Whether to time candidate kernel forms on the adapter the first
+    /// time a kernel is seen (see [`crate::autotune`]); default: on for
+    /// GPUs, off for software adapters, `LAZULI_AUTOTUNE` overrides.
+    pub autotune: Option<bool>,
+    /// Where the autotuning results persist (default
+    /// [`crate::autotune::cache_dir`]; `Some(None)`: nowhere).
+    pub cache_dir: Option<Option<std::path::PathBuf>>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -65,11 +90,33 @@ struct Inner {
     /// Per-kernel GPU times `(kernel, ms)` collected while profiling.
     profile: std::sync::Mutex<Option<Vec<(String, f64)>>>,
     fault_kernel: Option<String>,
+    /// Bounded autotuning of kernel forms.
+    tuner: Tuner,
 }
 
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
 const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
 const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_DST);
+
+/// The kernel forms for `options` on an adapter of type `device_type`
+/// (see [`WgpuOptions::kernel_forms`]).
+pub fn kernel_forms(options: &WgpuOptions, device_type: wgpu::DeviceType) -> KernelForms {
+    let software = device_type == wgpu::DeviceType::Cpu;
+    let mut forms = options.kernel_forms.unwrap_or_else(|| match std::env::var("LAZULI_KERNEL_FORMS").as_deref() {
+        Ok("gpu") => KernelForms::gpu(),
+        Ok("software") => KernelForms::software(),
+        _ if software => KernelForms::software(),
+        _ => KernelForms::gpu(),
+    });
+    if let Some(c) = options.cooperative_rows {
+        forms.rows = if c { RowsForm::Cooperative } else { RowsForm::PerRow };
+        forms.reduce = if c { ReduceForm::Cooperative } else { ReduceForm::PerOutput };
+    }
+    if let Some(t) = options.tiled_matmul {
+        forms.matmul = if t { MatmulForm::ByShape } else { MatmulForm::RegisterBlocked };
+    }
+    forms
+}
 
 fn device_err(name: &str, message: impl ToString) -> BackendError {
     BackendError::Device { device: name.to_string(), message: message.to_string() }
@@ -100,8 +147,20 @@ impl WgpuBackend {
         if let Some(m) = options.max_storage_buffers {
             max_sb = max_sb.min(m as usize);
         }
-        let pool = Pool::new(device.clone(), options.pool_max_free_bytes.unwrap_or(256 << 20));
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let pool = Pool::new(
+            device.clone(),
+            PoolOptions {
+                max_idle_bytes: options
+                    .pool_max_free_bytes
+                    .or_else(|| pool::env_bytes("LAZULI_POOL_BYTES"))
+                    .unwrap_or_else(|| pool::default_max_idle_bytes(info.device_type, limits.max_buffer_size)),
+                memory_budget: options.memory_budget.or_else(|| pool::env_bytes("LAZULI_DEVICE_MEMORY_BYTES")),
+                max_buffer_size: limits.max_buffer_size,
+                max_storage_binding: max_binding,
+                device_name: name.clone(),
+            },
+        );
         Ok(WgpuBackend {
             inner: Arc::new(Inner {
                 device,
@@ -116,8 +175,8 @@ impl WgpuBackend {
                     ..FusionLimits::default()
                 },
                 lower: LowerLimits {
-                    cooperative_rows: options.cooperative_rows.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
-                    tiled_matmul: options.tiled_matmul.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
+                    forms: kernel_forms(&options, info.device_type),
+                    workgroup_storage: limits.max_compute_workgroup_storage_size,
                     ..LowerLimits::default()
                 },
                 max_binding,
@@ -125,6 +184,14 @@ impl WgpuBackend {
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
                 fault_kernel: options.fault_kernel.clone(),
+                tuner: Tuner::new(
+                    autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
+                    &format!(
+                        "{} vendor {:x} device {:x} {:?} {} {}",
+                        info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
+                    ),
+                    options.cache_dir.clone().unwrap_or_else(autotune::cache_dir).as_deref(),
+                ),
             }),
         })
     }
@@ -137,6 +204,16 @@ impl WgpuBackend {
     /// Idle bytes in the buffer pool.
     pub fn pool_free_bytes(&self) -> u64 {
         self.inner.pool.free_bytes()
+    }
+
+    /// Bytes of the buffer pool in use and idle.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.inner.pool.stats()
+    }
+
+    /// The buffer pool (for tests and tools that allocate directly).
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.inner.pool
     }
 
     /// Number of cached pipelines.
@@ -246,7 +323,13 @@ impl WgpuBackend {
             layout: Some(&pl),
             module: &module,
             entry_point: Some(w.entry),
-            compilation_options: Default::default(),
+            // Every generated kernel writes its workgroup memory before it
+            // reads it (tree buffers, matmul tiles), so the zero-fill wgpu
+            // inserts by default is pure cost.
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: false,
+                ..Default::default()
+            },
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -267,8 +350,188 @@ impl WgpuBackend {
         if bytes > self.inner.max_binding {
             return Err(BackendError::TooLarge { op: what.to_string(), bytes, limit: self.inner.max_binding });
         }
-        let st = self.inner.pool.acquire(bytes, STORAGE);
+        let st = self.inner.pool.acquire(bytes, STORAGE)?;
         Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
+    }
+
+    fn lower(&self, k: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, BackendError> {
+        codegen::lower(k, graph, limits).map_err(|e| match e {
+            LowerError::Unsupported { op, dtype } => {
+                BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
+            }
+            LowerError::TooLarge { op, elements } => {
+                BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
+            }
+        })
+    }
+
+    /// A validated pipeline for `wgsl` from the pipeline cache.
+    fn pipeline_for(&self, name: &str, wgsl: &Wgsl) -> Result<Arc<PipelineEntry>, BackendError> {
+        crate::validate::log_source(&wgsl.source);
+        validate_wgsl(&wgsl.source).map_err(|m| BackendError::Compile {
+            kernel: name.to_string(),
+            message: format!("{m}\n{}", wgsl.source),
+        })?;
+        let key = PipelineCache::key(&wgsl.source, wgsl.entry);
+        self.inner.pipelines.get_or_create(key, || self.create_pipeline(name, wgsl))
+    }
+
+    /// The lowering limits for kernel `k`: the backend's, with the matmul
+    /// form the tuner picked where tuning is on (see [`crate::autotune`]).
+    fn tuned_limits(&self, k: &Kernel, graph: &VerifiedGraph, name: &str) -> Result<LowerLimits, BackendError> {
+        let base = self.inner.lower;
+        let tuner = &self.inner.tuner;
+        if k.kind != KernelKind::MatMul || !tuner.enabled() || base.forms.matmul != MatmulForm::ByShape {
+            return Ok(base);
+        }
+        let with = |form: MatmulForm| {
+            let mut l = base;
+            l.forms.matmul = form;
+            l
+        };
+        let key = tuner.key("matmul", &self.lower(k, graph, &base)?.source);
+        if let Some(form) = tuner.known(key) {
+            return Ok(with(form));
+        }
+        if !tuner.budget_left() {
+            return Ok(base);
+        }
+        let start = std::time::Instant::now();
+        let mut measuring = std::time::Duration::ZERO;
+        let mut best: Option<(f64, MatmulForm)> = None;
+        for form in codegen::matmul::candidates(k, graph) {
+            if best.is_some() && measuring >= autotune::KEY_BUDGET {
+                break;
+            }
+            let limits = with(form);
+            if codegen::matmul::resolve_form(k, graph, &limits) != form {
+                continue; // not available on this adapter (workgroup memory)
+            }
+            let wgsl = self.lower(k, graph, &limits)?;
+            let pipeline = self.pipeline_for(&format!("{name} tune {form:?}"), &wgsl)?;
+            let t = std::time::Instant::now();
+            let ms = self.time_kernel(k, graph, &wgsl, &pipeline);
+            measuring += t.elapsed();
+            metrics::inc("AutotuneRuns", 1);
+            match ms {
+                Ok(ms) => {
+                    tracing::debug!(kernel = name, ?form, ms, "autotune candidate");
+                    if best.is_none_or(|(b, _)| ms < b) {
+                        best = Some((ms, form));
+                    }
+                }
+                Err(e) => tracing::warn!(kernel = name, ?form, "autotune candidate failed: {e}"),
+            }
+        }
+        match best {
+            Some((_, form)) => {
+                tuner.record(key, form, start.elapsed());
+                Ok(with(form))
+            }
+            None => {
+                tuner.spend(start.elapsed());
+                Ok(base)
+            }
+        }
+    }
+
+    /// The GPU time in ms of one run of kernel `k` lowered as `wgsl`, on
+    /// scratch buffers (contents irrelevant to a matmul's speed): the
+    /// fastest of [`autotune::RUNS`] runs after a warm-up, from timestamp
+    /// queries where the adapter has them, else wall time to a device wait.
+    fn time_kernel(
+        &self,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        wgsl: &Wgsl,
+        pipeline: &PipelineEntry,
+    ) -> Result<f64, BackendError> {
+        let dev = &self.inner.device;
+        let mut words = vec![0u32; 1 + graph.scalars.len()];
+        while !words.len().is_multiple_of(4) {
+            words.push(0);
+        }
+        let uniform = self.inner.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
+        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        let mut scratch = Vec::new();
+        for &id in k.inputs.iter().chain(&k.outputs) {
+            let bytes = (graph.node(id).shape.numel() as u64 * 4).max(4);
+            scratch.push(self.inner.pool.acquire(bytes, STORAGE)?);
+        }
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.buffer().as_entire_binding() }];
+        for (i, b) in scratch.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: 1 + i as u32, resource: b.buffer().as_entire_binding() });
+        }
+        let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+        let groups = wgsl.invocations.div_ceil(wgsl.workgroup_size.max(1) as u64);
+        let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
+        let runs = autotune::RUNS + 1;
+        let mut best = f64::INFINITY;
+        if self.inner.timestamps {
+            let n = 2 * runs as u32;
+            let set = dev.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("lazuli autotune"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n,
+            });
+            let resolve =
+                self.inner.pool.acquire(n as u64 * 8, BufferUsages::QUERY_RESOLVE | BufferUsages::COPY_SRC)?;
+            let read = self.inner.pool.acquire(n as u64 * 8, READBACK)?;
+            let mut enc = dev.create_command_encoder(&Default::default());
+            for r in 0..runs as u32 {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &set,
+                        beginning_of_pass_write_index: Some(2 * r),
+                        end_of_pass_write_index: Some(2 * r + 1),
+                    }),
+                });
+                pass.set_pipeline(&pipeline.pipeline);
+                pass.set_bind_group(0, &bg, &[]);
+                pass.dispatch_workgroups(x as u32, y as u32, 1);
+            }
+            enc.resolve_query_set(&set, 0..n, resolve.buffer(), 0);
+            enc.copy_buffer_to_buffer(resolve.buffer(), 0, read.buffer(), 0, n as u64 * 8);
+            self.inner.queue.submit([enc.finish()]);
+            let (tx, rx) = std::sync::mpsc::channel();
+            read.buffer().map_async(wgpu::MapMode::Read, 0..n as u64 * 8, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait()?;
+            rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
+            let period = self.inner.queue.get_timestamp_period() as f64;
+            {
+                let view =
+                    read.buffer().get_mapped_range(0..n as u64 * 8).map_err(|e| device_err(&self.inner.name, e))?;
+                let t: &[u64] = bytemuck::cast_slice(&view);
+                for r in 1..runs {
+                    best = best.min(t[2 * r + 1].saturating_sub(t[2 * r]) as f64 * period / 1e6);
+                }
+            }
+            read.buffer().unmap();
+        } else {
+            for r in 0..runs {
+                let t = std::time::Instant::now();
+                let mut enc = dev.create_command_encoder(&Default::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    pass.set_pipeline(&pipeline.pipeline);
+                    pass.set_bind_group(0, &bg, &[]);
+                    pass.dispatch_workgroups(x as u32, y as u32, 1);
+                }
+                self.inner.queue.submit([enc.finish()]);
+                self.wait()?;
+                if r > 0 {
+                    best = best.min(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+        }
+        Ok(best)
     }
 
     fn wait(&self) -> Result<(), BackendError> {
@@ -291,6 +554,23 @@ struct CompiledKernel {
     name: String,
     wgsl: Wgsl,
     pipeline: Arc<PipelineEntry>,
+    /// The pipeline of `wgsl.pre`, the first pass, if any.
+    pre: Option<Arc<PipelineEntry>>,
+}
+
+/// One dispatch of an execution.
+struct Launch<'a> {
+    name: String,
+    pipeline: &'a wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    groups: (u32, u32),
+}
+
+/// The 2-D dispatch size for `invocations` in workgroups of `size`.
+fn dispatch_size(invocations: u64, size: u32) -> (u32, u32) {
+    let groups = invocations.div_ceil(size.max(1) as u64);
+    let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
+    (x as u32, y as u32)
 }
 
 impl WgpuExecutable {
@@ -308,7 +588,14 @@ impl Executable for WgpuExecutable {
         self.kernels.iter().filter(|k| k.wgsl.invocations > 0).count()
     }
     fn kernel_sources(&self) -> Vec<(String, String)> {
-        self.kernels.iter().map(|k| (k.name.clone(), k.wgsl.source.clone())).collect()
+        let mut v = Vec::new();
+        for k in &self.kernels {
+            if let Some(p) = &k.wgsl.pre {
+                v.push((format!("{}_pass1", k.name), p.source.clone()));
+            }
+            v.push((k.name.clone(), k.wgsl.source.clone()));
+        }
+        v
     }
     fn kernels(&self) -> Vec<lazuli_executor::KernelInfo> {
         self.kernels
@@ -399,7 +686,7 @@ impl Backend for WgpuBackend {
         }
         let st = self.storage(buffer)?;
         let bytes = n as u64 * 4;
-        let staging = self.inner.pool.acquire(bytes, READBACK);
+        let staging = self.inner.pool.acquire(bytes, READBACK)?;
         let mut enc = self.inner.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(st.buffer(), 0, staging.buffer(), 0, bytes);
         self.inner.queue.submit([enc.finish()]);
@@ -427,26 +714,14 @@ impl Backend for WgpuBackend {
         let mut kernels = Vec::with_capacity(plan.kernels.len());
         for (i, k) in plan.kernels.iter().enumerate() {
             let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
-            let wgsl = codegen::lower(k, graph, &self.inner.lower).map_err(|e| match e {
-                LowerError::Unsupported { op, dtype } => {
-                    BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
-                }
-                LowerError::TooLarge { op, elements } => {
-                    BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
-                }
-            })?;
-            let mut wgsl = wgsl;
+            let limits = self.tuned_limits(k, graph, &name)?;
+            let mut wgsl = self.lower(k, graph, &limits)?;
             if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
                 wgsl.source = crate::fault::perturb(&wgsl.source);
             }
-            crate::validate::log_source(&wgsl.source);
-            validate_wgsl(&wgsl.source).map_err(|m| BackendError::Compile {
-                kernel: name.clone(),
-                message: format!("{m}\n{}", wgsl.source),
-            })?;
-            let key = PipelineCache::key(&wgsl.source, wgsl.entry);
-            let pipeline = self.inner.pipelines.get_or_create(key, || self.create_pipeline(&name, &wgsl))?;
-            kernels.push(CompiledKernel { name, wgsl, pipeline });
+            let pipeline = self.pipeline_for(&name, &wgsl)?;
+            let pre = wgsl.pre.as_ref().map(|p| self.pipeline_for(&format!("{name}_pass1"), p)).transpose()?;
+            kernels.push(CompiledKernel { name, wgsl, pipeline, pre });
         }
         Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels }))
     }
@@ -485,7 +760,7 @@ impl Backend for WgpuBackend {
             words.push(0);
         }
         let ubytes = words.len() as u64 * 4;
-        let uniform = self.inner.pool.acquire(ubytes, UNIFORM);
+        let uniform = self.inner.pool.acquire(ubytes, UNIFORM)?;
         self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
 
         let mut values: HashMap<NodeId, Buffer> = HashMap::new();
@@ -506,32 +781,66 @@ impl Backend for WgpuBackend {
         let mut launches = 0u64;
         // Bind groups first, then encoding: one pass for the whole plan, or
         // one pass per kernel with timestamps while profiling.
-        let mut work: Vec<(&CompiledKernel, wgpu::BindGroup, u32, u32)> = Vec::new();
-        for k in &exe.kernels {
-            if k.wgsl.invocations == 0 {
-                continue;
-            }
-            let kernel = &exe.plan.kernels[launches_index(exe, k)];
-            let mut bufs: Vec<&wgpu::Buffer> = vec![uniform.buffer()];
-            for id in kernel.inputs.iter().chain(&kernel.outputs) {
-                let b = values
-                    .get(id)
-                    .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
-                bufs.push(self.storage(b)?.buffer());
-            }
+        let mut work: Vec<Launch> = Vec::new();
+        // Scratch buffers of two-pass kernels live until the wait below.
+        let mut scratch = Vec::new();
+        let bind = |layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]| {
             let entries: Vec<wgpu::BindGroupEntry> = bufs
                 .iter()
                 .enumerate()
                 .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
                 .collect();
-            let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &k.pipeline.layout,
-                entries: &entries,
-            });
-            let groups = k.wgsl.invocations.div_ceil(k.wgsl.workgroup_size.max(1) as u64);
-            let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
-            work.push((k, bg, x as u32, y as u32));
+            dev.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+        };
+        for k in &exe.kernels {
+            if k.wgsl.invocations == 0 {
+                continue;
+            }
+            let kernel = &exe.plan.kernels[launches_index(exe, k)];
+            let buffer = |id: &NodeId| -> Result<&wgpu::Buffer, BackendError> {
+                let b = values
+                    .get(id)
+                    .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
+                Ok(self.storage(b)?.buffer())
+            };
+            let inputs: Vec<&wgpu::Buffer> = kernel.inputs.iter().map(buffer).collect::<Result<_, _>>()?;
+            let outputs: Vec<&wgpu::Buffer> = kernel.outputs.iter().map(buffer).collect::<Result<_, _>>()?;
+            match (&k.wgsl.pre, &k.pre) {
+                (Some(pre), Some(pre_pipeline)) => {
+                    // Pass 1 reads the inputs into scratch; pass 2 reads
+                    // the scratch and writes the outputs.
+                    let s = self.inner.pool.acquire(pre.scratch.max(1) * 4, STORAGE)?;
+                    let mut first = vec![uniform.buffer()];
+                    first.extend(&inputs);
+                    first.push(s.buffer());
+                    work.push(Launch {
+                        name: format!("{}_pass1", k.name),
+                        pipeline: &pre_pipeline.pipeline,
+                        bind_group: bind(&pre_pipeline.layout, &first),
+                        groups: dispatch_size(pre.invocations, pre.workgroup_size),
+                    });
+                    let mut second = vec![uniform.buffer(), s.buffer()];
+                    second.extend(&outputs);
+                    work.push(Launch {
+                        name: k.name.clone(),
+                        pipeline: &k.pipeline.pipeline,
+                        bind_group: bind(&k.pipeline.layout, &second),
+                        groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
+                    });
+                    scratch.push(s);
+                }
+                _ => {
+                    let mut bufs = vec![uniform.buffer()];
+                    bufs.extend(&inputs);
+                    bufs.extend(&outputs);
+                    work.push(Launch {
+                        name: k.name.clone(),
+                        pipeline: &k.pipeline.pipeline,
+                        bind_group: bind(&k.pipeline.layout, &bufs),
+                        groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
+                    });
+                }
+            }
         }
         let profiling = self.inner.timestamps && self.profiling() && !work.is_empty();
         let queries = profiling.then(|| {
@@ -556,26 +865,26 @@ impl Backend for WgpuBackend {
             (set, resolve, read)
         });
         if let Some((set, _, _)) = &queries {
-            for (i, (k, bg, x, y)) in work.iter().enumerate() {
+            for (i, l) in work.iter().enumerate() {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(&k.name),
+                    label: Some(&l.name),
                     timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
                         query_set: set,
                         beginning_of_pass_write_index: Some(2 * i as u32),
                         end_of_pass_write_index: Some(2 * i as u32 + 1),
                     }),
                 });
-                pass.set_pipeline(&k.pipeline.pipeline);
-                pass.set_bind_group(0, bg, &[]);
-                pass.dispatch_workgroups(*x, *y, 1);
+                pass.set_pipeline(l.pipeline);
+                pass.set_bind_group(0, &l.bind_group, &[]);
+                pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
                 launches += 1;
             }
         } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-            for (k, bg, x, y) in &work {
-                pass.set_pipeline(&k.pipeline.pipeline);
-                pass.set_bind_group(0, bg, &[]);
-                pass.dispatch_workgroups(*x, *y, 1);
+            for l in &work {
+                pass.set_pipeline(l.pipeline);
+                pass.set_bind_group(0, &l.bind_group, &[]);
+                pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
                 launches += 1;
             }
         }
@@ -590,16 +899,22 @@ impl Backend for WgpuBackend {
         let oom_err = pollster::block_on(oom.pop());
         metrics::inc("KernelLaunches", launches);
         if let Some(e) = oom_err {
-            return Err(BackendError::OutOfMemory { bytes: 0, device: format!("{}: {e}", self.inner.name) });
+            // Give the cache back so that the next execution can succeed.
+            self.inner.pool.release_idle();
+            return Err(BackendError::OutOfMemory {
+                bytes: 0,
+                in_use: self.inner.pool.stats().in_use_bytes,
+                device: format!("{}: {e}", self.inner.name),
+            });
         }
         if let Some(e) = val_err {
             return Err(BackendError::Execution(e.to_string()));
         }
         waited?;
         if let Some((_, _, read)) = &queries {
-            self.record_profile(read, &work.iter().map(|w| w.0.name.as_str()).collect::<Vec<_>>())?;
+            self.record_profile(read, &work.iter().map(|w| w.name.as_str()).collect::<Vec<_>>())?;
         }
-        drop(uniform);
+        drop((uniform, scratch));
         g.outputs
             .iter()
             .map(|o| {

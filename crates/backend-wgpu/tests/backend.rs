@@ -6,6 +6,7 @@ use lazuli_executor::{metrics, Backend};
 use lazuli_ir::{
     ArgReduceOp, BinaryOp, DType, Graph, NodeId, Op, PadMode, RandomDist, ReduceOp, ScalarValue, UnaryOp, ValueType,
 };
+use lazuli_wgpu::codegen::{KernelForms, MatmulForm, MatmulTile};
 use lazuli_wgpu::{validate_wgsl, WgpuBackend, WgpuOptions};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -26,6 +27,19 @@ fn backend_with(opts: WgpuOptions) -> Option<WgpuBackend> {
             None
         }
     }
+}
+
+/// A backend whose kernel forms are the software profile changed by `f`.
+fn backend_forms(f: impl FnOnce(&mut KernelForms)) -> Option<WgpuBackend> {
+    let mut forms = KernelForms::software();
+    f(&mut forms);
+    backend_with(WgpuOptions { kernel_forms: Some(forms), ..Default::default() })
+}
+
+/// Every matmul form, forced in turn.
+fn matmul_forms() -> Vec<MatmulForm> {
+    let t = |bm, bn| MatmulForm::Tiled(MatmulTile { bm, bn });
+    vec![MatmulForm::RegisterBlocked, t(64, 64), t(128, 128), t(128, 64), t(64, 128), MatmulForm::ByShape]
 }
 
 fn backend() -> Option<WgpuBackend> {
@@ -608,17 +622,27 @@ fn matmul_partial_blocks() {
 #[test]
 fn softmax_leading_neg_infinity() {
     let _s = serial();
-    let Some(b) = backend() else { return };
-    for log in [false, true] {
-        let mut g = Graph::new();
-        let x = g.param(ValueType::new([2, 8], DType::F32));
-        let sm = push(&mut g, Op::Softmax { axis: 1, log }, &[x]);
-        g.outputs.push(sm);
+    for coop in [false, true] {
+        let Some(b) = backend_with(WgpuOptions { cooperative_rows: Some(coop), ..Default::default() }) else { return };
         let ni = f32::NEG_INFINITY;
-        let xs = vec![ni, ni, ni, ni, 1.0, 2.0, 3.0, 4.0, 0.5, ni, 1.5, ni, ni, ni, ni, 2.5];
-        let out = f32s(&run_on(&b, g, &[Data::F(xs.clone())], &[])[0]);
-        for (got, want) in out.iter().zip(softmax_ref(&xs, 2, 8, log)) {
-            assert!(got == &want || (got - want).abs() <= 1e-6, "got {out:?}, want {want}");
+        // Short rows (held in registers when cooperative) and a long row
+        // (the online path), each starting with -inf values.
+        let long: Vec<f32> = (0..9000).map(|i| if i < 5000 { ni } else { (i % 7) as f32 * 0.25 }).collect();
+        let short = vec![ni, ni, ni, ni, 1.0, 2.0, 3.0, 4.0, 0.5, ni, 1.5, ni, ni, ni, ni, 2.5];
+        for (rows, len, xs) in [(2, 8, short), (1, 9000, long)] {
+            for log in [false, true] {
+                let mut g = Graph::new();
+                let x = g.param(ValueType::new([rows, len], DType::F32));
+                let sm = push(&mut g, Op::Softmax { axis: 1, log }, &[x]);
+                g.outputs.push(sm);
+                let out = f32s(&run_on(&b, g, &[Data::F(xs.clone())], &[])[0]);
+                for (got, want) in out.iter().zip(softmax_ref(&xs, rows, len, log)) {
+                    assert!(
+                        got == &want || (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "coop {coop}: got {got}, want {want}"
+                    );
+                }
+            }
         }
     }
 }
@@ -630,15 +654,13 @@ fn softmax_leading_neg_infinity() {
 #[test]
 fn matmul_layouts_and_epilogue() {
     let _s = serial();
-    for tiled in [false, true] {
-        let Some(b) = backend_with(WgpuOptions { tiled_matmul: Some(tiled), ..WgpuOptions::default() }) else {
-            return;
-        };
-        matmul_layouts_on(&b, tiled);
+    for form in matmul_forms() {
+        let Some(b) = backend_forms(|f| f.matmul = form) else { return };
+        matmul_layouts_on(&b, form);
     }
 }
 
-fn matmul_layouts_on(b: &WgpuBackend, tiled: bool) {
+fn matmul_layouts_on(b: &WgpuBackend, form: MatmulForm) {
     let shapes = [
         (1, 1, 1, 1),
         (1, 5, 8, 3),
@@ -671,7 +693,10 @@ fn matmul_layouts_on(b: &WgpuBackend, tiled: bool) {
             let v = g.clone().verify().unwrap();
             let exe = b.compile(&v).unwrap();
             assert_eq!(exe.kernel_count(), 1, "{bt}x{m}x{k}x{n} {ta} {tb} {epi}");
-            assert_eq!(exe.kernel_sources()[0].1.contains("workgroupBarrier"), tiled);
+            if form != MatmulForm::ByShape {
+                let tiled = matches!(form, MatmulForm::Tiled(_));
+                assert_eq!(exe.kernel_sources()[0].1.contains("workgroupBarrier"), tiled, "{form:?}");
+            }
             let adata: Vec<f32> = (0..bt * m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
             let bdata: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 9) as f32 * 0.5 - 2.0).collect();
             let biasd: Vec<f32> = (0..n).map(|i| (i % 3) as f32 - 1.0).collect();
@@ -759,11 +784,9 @@ fn long_reductions_both_forms() {
 #[test]
 fn matmul_epilogue_with_two_outputs() {
     let _s = serial();
-    for tiled in [false, true] {
-        let Some(b) = backend_with(WgpuOptions { tiled_matmul: Some(tiled), ..WgpuOptions::default() }) else {
-            return;
-        };
-        for (m, k, n) in [(9, 5, 12), (33, 8, 70), (4, 3, 10)] {
+    for form in matmul_forms() {
+        let Some(b) = backend_forms(|f| f.matmul = form) else { return };
+        for (m, k, n) in [(9, 5, 12), (33, 8, 70), (4, 3, 10), (130, 20, 129)] {
             let mut g = Graph::new();
             let a = g.param(ValueType::new([m, k], DType::F32));
             let w = g.param(ValueType::new([k, n], DType::F32));
@@ -776,7 +799,7 @@ fn matmul_epilogue_with_two_outputs() {
             let mask = bin(&mut g, BinaryOp::Gt, h, zero);
             g.outputs.extend([relu, mask]);
             let v = g.clone().verify().unwrap();
-            assert_eq!(b.compile(&v).unwrap().kernel_count(), 1, "{m}x{k}x{n} tiled {tiled}");
+            assert_eq!(b.compile(&v).unwrap().kernel_count(), 1, "{m}x{k}x{n} {form:?}");
             let ad: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
             let wd: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 9) as f32 * 0.5 - 2.0).collect();
             let bd: Vec<f32> = (0..n).map(|i| (i % 3) as f32 - 1.0).collect();

@@ -111,7 +111,8 @@ fn graphs() -> Vec<(&'static str, Graph)> {
     {
         let mut g = Graph::new();
         let x = f32p(&mut g, &[32, 100]);
-        let a = push(&mut g, Op::ArgReduce { op: ArgReduceOp::ArgMax, axis: 1, keepdim: false, select_last: false }, &[x]);
+        let a =
+            push(&mut g, Op::ArgReduce { op: ArgReduceOp::ArgMax, axis: 1, keepdim: false, select_last: false }, &[x]);
         let c = push(&mut g, Op::CumSum { axis: 1, exclusive: false, reverse: false }, &[x]);
         g.outputs.push(a);
         g.outputs.push(c);
@@ -238,6 +239,13 @@ fn render(g: Graph, limits: &LowerLimits) -> String {
     let mut s = format!("// plan\n{}", plan.to_text().lines().map(|l| format!("// {l}\n")).collect::<String>());
     for (i, k) in plan.kernels.iter().enumerate() {
         let w = lower(k, &v, limits).unwrap_or_else(|e| panic!("kernel {i}: {e}"));
+        if let Some(p) = &w.pre {
+            lazuli_wgpu::validate_wgsl(&p.source).unwrap_or_else(|e| panic!("kernel {i} pass 1: {e}\n{}", p.source));
+            s.push_str(&format!(
+                "\n// kernel {i} pass 1: {} invocations, workgroup {}, {} scratch elements\n{}",
+                p.invocations, p.workgroup_size, p.scratch, p.source
+            ));
+        }
         lazuli_wgpu::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("kernel {i}: {e}\n{}", w.source));
         s.push_str(&format!(
             "\n// kernel {i}: {:?}, {} invocations, workgroup {}\n{}",

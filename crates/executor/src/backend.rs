@@ -103,12 +103,17 @@ pub struct KernelInfo {
 /// Errors a backend reports: only what a caller cannot foresee.
 #[derive(Debug, Clone, Error)]
 pub enum BackendError {
-    /// The device ran out of memory.
-    #[error("out of memory allocating {bytes} bytes on {device}")]
+    /// The device (or its configured memory budget) had no room for an
+    /// allocation, even after the backend released its cached buffers.
+    #[error("out of memory allocating {bytes} bytes on {device} ({in_use} bytes in use)")]
     OutOfMemory {
-        /// Requested size.
+        /// Requested size (0 when the device reported running out while
+        /// executing, not allocating).
         bytes: u64,
-        /// Device name.
+        /// Bytes of the backend's buffers in use at the time.
+        in_use: u64,
+        /// Device name, with what limited it (the driver's message, or the
+        /// configured budget).
         device: String,
     },
     /// The device was lost or reported an internal error.

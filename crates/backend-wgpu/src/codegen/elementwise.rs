@@ -4,7 +4,7 @@
 //! is `Writer::main_body`'s `KernelKind::Elementwise` arm.
 
 use super::common::*;
-use super::{LowerError, Writer, WORKGROUP_SIZE};
+use super::{ElementwiseForm, LowerError, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{DType, NodeId, Op, VerifiedGraph};
 use std::collections::HashMap;
@@ -14,6 +14,15 @@ use std::fmt::Write as _;
 /// handles (consecutive ones: on lavapipe, fewer and longer invocations
 /// beat one vector per invocation).
 pub const STRAIGHT_LINE_STEPS: u64 = 16;
+
+/// Vectors each invocation of a large grid-stride elementwise kernel
+/// handles (the GPU form): enough to amortize the index math and keep
+/// the dispatch one-dimensional, while at least
+/// [`GRID_STRIDE_MIN_GROUPS`] workgroups keep every SM busy.
+pub const GRID_STRIDE_STEPS: u64 = 4;
+
+/// See [`GRID_STRIDE_STEPS`].
+pub const GRID_STRIDE_MIN_GROUPS: u64 = 2048;
 
 /// Whether elementwise kernel `k` can be written in straight-line form, and
 /// with which vector width (4 when the element count allows, else 1): every
@@ -67,8 +76,17 @@ impl Writer<'_> {
         let n = g.node(k.root()).shape.numel();
         let full = |id: NodeId| g.node(id).shape.numel() == n;
         let vectors = n as u64 / width as u64;
-        let steps = if vectors >= STRAIGHT_LINE_STEPS * WORKGROUP_SIZE as u64 * 16 { STRAIGHT_LINE_STEPS } else { 1 };
+        let grid_stride = self.limits.forms.elementwise == ElementwiseForm::GridStride;
+        let steps = match grid_stride {
+            true if vectors >= GRID_STRIDE_STEPS * WORKGROUP_SIZE as u64 * GRID_STRIDE_MIN_GROUPS => GRID_STRIDE_STEPS,
+            false if vectors >= STRAIGHT_LINE_STEPS * WORKGROUP_SIZE as u64 * 16 => STRAIGHT_LINE_STEPS,
+            _ => 1,
+        };
         let invocations = vectors.div_ceil(steps);
+        // Consecutive: invocation `t` takes vectors `t * steps + q`.
+        // Grid-stride: step `q` of every invocation covers one contiguous
+        // block, adjacent lanes on adjacent vectors.
+        let index = if grid_stride { format!("t + q * {invocations}u") } else { format!("t * {steps}u + q") };
         let lanes = width as usize;
         // Lane expressions of every value available in the loop body.
         let mut lane: HashMap<NodeId, Vec<String>> = HashMap::new();
@@ -87,7 +105,7 @@ impl Writer<'_> {
         }
         let _ = writeln!(
             b,
-            "    for (var q = 0u; q < {steps}u; q = q + 1u) {{\n        let j = t * {steps}u + q;\n        if (j >= {vectors}u) {{\n            break;\n        }}"
+            "    for (var q = 0u; q < {steps}u; q = q + 1u) {{\n        let j = {index};\n        if (j >= {vectors}u) {{\n            break;\n        }}"
         );
         for (slot, &id) in k.inputs.iter().enumerate() {
             if !full(id) {

@@ -2,7 +2,7 @@
 //! workgroup-memory form and the barrier-free register-blocked form.
 
 use super::common::*;
-use super::{Writer, WORKGROUP_SIZE};
+use super::{LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, Shape, VerifiedGraph};
 use std::fmt::Write as _;
@@ -10,12 +10,79 @@ use std::fmt::Write as _;
 /// Most output rows one matmul invocation computes (register blocking).
 pub const MATMUL_ROWS: u64 = 16;
 
-/// Output tile (square) of one workgroup of the tiled (GPU) matmul; each of
-/// its 256 invocations computes a 4 x 4 block.
-pub const MATMUL_TILE: u64 = 64;
+/// The largest output tile (square) of one workgroup of the tiled (GPU)
+/// matmul; each of its 256 invocations then computes 8 x 8 outputs.
+pub const MATMUL_TILE: u64 = 128;
 
 /// Depth of the k-slices the tiled matmul stages in workgroup memory.
-pub const MATMUL_TILE_K: u64 = 16;
+pub const MATMUL_TILE_K: u64 = 8;
+
+/// Workgroup tiles a tiled matmul should have before a larger tile is
+/// chosen (about one wave on a large GPU: 132 SMs on an H100).
+pub const MATMUL_MIN_TILES: u64 = 120;
+
+/// Bytes of workgroup memory the tiled matmul declares for `tile`
+/// (two buffers of A and B slices).
+pub fn tiled_workgroup_bytes(tile: MatmulTile) -> u64 {
+    2 * MATMUL_TILE_K * (tile.bm as u64 + tile.bn as u64) * 4
+}
+
+/// The concrete form of matmul kernel `k` under `limits`: `ByShape`
+/// resolved by [`choose_form`], and a tile that needs more workgroup
+/// memory than the adapter has replaced by the 64 x 64 one.
+pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
+    let form = match limits.forms.matmul {
+        MatmulForm::ByShape => choose_form(k, g),
+        f => f,
+    };
+    match form {
+        MatmulForm::Tiled(t) if tiled_workgroup_bytes(t) > limits.workgroup_storage as u64 => {
+            MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
+        }
+        f => f,
+    }
+}
+
+/// The static rule for GPUs: narrow outputs (M or N under 32) use the
+/// register-blocked form, where a 64-wide tile would mostly idle; others
+/// the largest tile (128, then 128 x 64 or 64 x 128, then 64) that still
+/// gives [`MATMUL_MIN_TILES`] workgroups, so small matmuls keep every SM
+/// busy and large ones get 8 x 8 register blocks. Autotuning, where
+/// enabled, measures these candidates instead ([`candidates`]).
+pub fn choose_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
+    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+    let r = rn.shape.rank();
+    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>() as u64;
+    if m < 32 || n < 32 {
+        return MatmulForm::RegisterBlocked;
+    }
+    let tiles = |bm: u64, bn: u64| batch * m.div_ceil(bm) * n.div_ceil(bn);
+    for (bm, bn) in [(128, 128), (128, 64), (64, 128)] {
+        if tiles(bm, bn) >= MATMUL_MIN_TILES {
+            return MatmulForm::Tiled(MatmulTile { bm: bm as u32, bn: bn as u32 });
+        }
+    }
+    MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
+}
+
+/// The forms autotuning times for matmul kernel `k` (the static choice
+/// first).
+pub fn candidates(k: &Kernel, g: &VerifiedGraph) -> Vec<MatmulForm> {
+    let mut v = vec![choose_form(k, g)];
+    for f in [
+        MatmulForm::Tiled(MatmulTile { bm: 128, bn: 128 }),
+        MatmulForm::Tiled(MatmulTile { bm: 128, bn: 64 }),
+        MatmulForm::Tiled(MatmulTile { bm: 64, bn: 128 }),
+        MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }),
+        MatmulForm::RegisterBlocked,
+    ] {
+        if !v.contains(&f) {
+            v.push(f);
+        }
+    }
+    v
+}
 
 /// Most invocations per matmul workgroup.
 pub const MATMUL_LANES: u64 = 128;
@@ -117,92 +184,294 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph) -> MatMulShape {
 }
 
 impl Writer<'_> {
-    /// Matmul in the GPU form: a workgroup of 16 x 16 invocations owns a
-    /// [`MATMUL_TILE`]-square output tile; per k-slice of
-    /// [`MATMUL_TILE_K`] it stages the A and B tiles in workgroup memory
-    /// (operands read through their value functions, so views and partial
-    /// tiles need no special case: out-of-range elements load as zero),
-    /// then every invocation accumulates a 4 x 4 register block. The
-    /// epilogue, if any, is applied at the store. Returns the invocation
-    /// count.
-    pub(super) fn matmul_tiled(&mut self, k: &Kernel, b: &mut String) -> u64 {
+    /// Matmul in the tiled GPU form: a workgroup of 16 x 16 invocations
+    /// owns a `tile.bm` x `tile.bn` output tile; per k-slice of
+    /// [`MATMUL_TILE_K`] it stages the A slice (k-major, so one vec4 holds
+    /// four rows) and the B slice in workgroup memory, double-buffered: the
+    /// next slice is loaded from global memory into registers while the
+    /// current one is multiplied, then stored to the other buffer, so one
+    /// barrier per slice suffices. Each invocation accumulates
+    /// `bm / 16` x `bn / 16` outputs in registers, as 4 x 4 blocks spaced
+    /// 64 apart so its workgroup-memory reads are vec4 and conflict-free.
+    /// Aligned operands (see [`MatMulShape`]) are loaded as vec4, straight or
+    /// transposed; others through their value functions (views, partial
+    /// tiles). Out-of-range k loads as zero; out-of-range rows and columns
+    /// load clamped and are not stored. The epilogue, if any, is applied at
+    /// the store. Returns the invocation count.
+    pub(super) fn matmul_tiled(&mut self, k: &Kernel, tile: MatmulTile, b: &mut String) -> u64 {
         let g = self.g;
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
+        let p = matmul_shape(k, g);
+        let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let r = rn.shape.rank();
         let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
         let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
         let batch = Shape::new(&rn.shape.dims()[..r - 2]);
         let ai = bcast_index("bi", &batch, &Shape::new(&a.shape.dims()[..a.shape.rank() - 2]));
-        let bi = bcast_index("bi", &batch, &Shape::new(&bn.shape.dims()[..bn.shape.rank() - 2]));
-        let (tile, tk) = (MATMUL_TILE, MATMUL_TILE_K);
-        let (mb, nb) = (m.div_ceil(tile), nn.div_ceil(tile));
+        let bi = bcast_index("bi", &batch, &Shape::new(&bn_.shape.dims()[..bn_.shape.rank() - 2]));
+        let (bm, bnn, bk) = (tile.bm as u64, tile.bn as u64, MATMUL_TILE_K);
+        let (rm, rnb) = (bm / 64, bnn / 64);
+        let (mb, nb) = (m.div_ceil(bm), nn.div_ceil(bnn));
         let groups = batch.numel() as u64 * mb * nb;
         let lanes = WORKGROUP_SIZE as u64;
         self.workgroup = Some(WORKGROUP_SIZE);
-        let (t_ty, z) = (ty(rn.dtype), zero(rn.dtype));
+        let t_ty = ty(rn.dtype);
+        let v_ty = format!("vec4<{t_ty}>");
+        let z = zero(rn.dtype);
+        let zv = format!("{v_ty}({z})");
+        let (sa_len, sb_len) = (2 * bk * bm / 4, 2 * bk * bnn / 4);
         let _ = writeln!(
             self.shared,
-            "var<workgroup> ta: array<{t_ty}, {}>;\nvar<workgroup> tb: array<{t_ty}, {}>;\n",
-            tile * tk,
-            tile * tk
+            "var<workgroup> sa: array<{v_ty}, {sa_len}>;\nvar<workgroup> sb: array<{v_ty}, {sb_len}>;\n"
         );
+        let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
         let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let bi = gi / {}u;\n    let row0 = rb * {tile}u;\n    let col0 = cb * {tile}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let bi = gi / {}u;\n    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
             // Workgroup-uniform: a return here keeps barriers uniform.
             if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
             (mb * nb).max(1),
             m * kk,
-            kk * nn
+            kk * nn,
         );
-        for i in 0..4 {
-            for j in 0..4 {
-                let _ = writeln!(b, "    var c{i}_{j}: {t_ty} = {z};");
+        // Loads of one k-slice `k0` into registers (`pa*`, `pb*`), and
+        // stores of those registers into buffer `nb0` (a vec4 offset).
+        // Each operand: (element count per slice, loads, stores).
+        let mut decl = String::new();
+        let mut load = String::new();
+        let mut stores = String::new();
+        let rounds = |cnt: u64| cnt.div_ceil(lanes);
+        let guard = |cnt: u64, e: u64| (!cnt.is_multiple_of(lanes) && (e + 1) * lanes > cnt).then(|| format!("l < {cnt}u"));
+        let emit = |decl: &mut String,
+                    load: &mut String,
+                    stores: &mut String,
+                    name: &str,
+                    cnt: u64,
+                    is_vec: bool,
+                    ld: &dyn Fn(u64) -> (String, String),
+                    st: &dyn Fn(&str) -> String| {
+            for e in 0..rounds(cnt) {
+                let reg = format!("{name}{e}");
+                let _ = writeln!(decl, "    var {reg}: {};", if is_vec { v_ty.as_str() } else { t_ty });
+                let (pre, val) = ld(e);
+                let body_l = format!("{pre}{reg} = {val};");
+                let body_s = st(&reg);
+                let lexpr = format!("lid + {}u", e * lanes);
+                match guard(cnt, e) {
+                    Some(cond) => {
+                        let _ = writeln!(load, "        {{\n            let l = {lexpr};\n            if ({cond}) {{\n                {body_l}\n            }}\n        }}");
+                        let _ = writeln!(stores, "        {{\n            let l = {lexpr};\n            if ({cond}) {{\n                {body_s}\n            }}\n        }}");
+                    }
+                    None => {
+                        let _ = writeln!(
+                            load,
+                            "        {{\n            let l = {lexpr};\n            {body_l}\n        }}"
+                        );
+                        let _ = writeln!(
+                            stores,
+                            "        {{\n            let l = {lexpr};\n            {body_s}\n        }}"
+                        );
+                    }
+                }
             }
-        }
-        let head = format!("for (var k0 = 0u; k0 < {kk}u; k0 = k0 + {tk}u) {{");
-        let _ = writeln!(b, "    {head}");
-        for e in 0..(tile * tk) / lanes {
-            let _ = writeln!(
-                b,
-                "        {{\n            let l = lid + {}u;\n            let am = l / {tk}u;\n            let ak = l % {tk}u;\n            let gr = row0 + am;\n            let gk = k0 + ak;\n            ta[ak * {tile}u + am] = select({z}, n{na}(abase + min(gr, {}u) * {kk}u + min(gk, {}u)), gr < {m}u && gk < {kk}u);\n            let bk = k0 + l / {tile}u;\n            let bc = col0 + l % {tile}u;\n            tb[l] = select({z}, n{nbid}(bbase + min(bk, {}u) * {nn}u + min(bc, {}u)), bk < {kk}u && bc < {nn}u);\n        }}",
-                e * lanes,
-                m - 1,
-                kk.max(1) - 1,
-                kk.max(1) - 1,
-                nn - 1
+        };
+        let (bm4, bn4) = (bm / 4, bnn / 4);
+        // A: sa[(buf * BK + k) * bm/4 + m/4][m % 4].
+        if let Some(id) = p.a_vec {
+            // vec4 along k from row-major A; stored transposed.
+            let src = slot(id);
+            emit(
+                &mut decl,
+                &mut load,
+                &mut stores,
+                "pa",
+                bm * bk / 4,
+                true,
+                &|_| {
+                    (format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;\n                ", bk / 4, bk / 4),
+                    format!("select({zv}, in{src}[(abase + min(row0 + am, {}u) * {kk}u + k0 + ak) / 4u], k0 + ak < {kk}u)", m - 1))
+                },
+                &|reg| {
+                    format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;\n                let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {reg}.x;\n                sa[ai + {bm4}u][am % 4u] = {reg}.y;\n                sa[ai + {}u][am % 4u] = {reg}.z;\n                sa[ai + {}u][am % 4u] = {reg}.w;", bk / 4, bk / 4, 2 * bm4, 3 * bm4)
+                },
+            );
+        } else if let Some(id) = p.a_t {
+            // A = transpose of `src` [.., K, M]: vec4 along m, stored as is.
+            let src = slot(id);
+            emit(
+                &mut decl,
+                &mut load,
+                &mut stores,
+                "pa",
+                bm * bk / 4,
+                true,
+                &|_| {
+                    (format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;\n                "),
+                    format!("select({zv}, in{src}[(abase + min(k0 + ak, {}u) * {m}u + min(row0 + am, {}u)) / 4u], k0 + ak < {kk}u)", kk.max(1) - 1, m - 4))
+                },
+                &|reg| {
+                    format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;\n                sa[(nb0 + ak) * {bm4}u + am / 4u] = {reg};")
+                },
+            );
+        } else {
+            emit(
+                &mut decl,
+                &mut load,
+                &mut stores,
+                "pa",
+                bm * bk,
+                false,
+                &|_| {
+                    (format!("let am = l / {bk}u;\n                let ak = l % {bk}u;\n                "),
+                    format!("select({z}, n{na}(abase + min(row0 + am, {}u) * {kk}u + min(k0 + ak, {}u)), row0 + am < {m}u && k0 + ak < {kk}u)", m - 1, kk.max(1) - 1))
+                },
+                &|reg| {
+                    format!("let am = l / {bk}u;\n                let ak = l % {bk}u;\n                sa[(nb0 + ak) * {bm4}u + am / 4u][am % 4u] = {reg};")
+                },
             );
         }
-        let _ = writeln!(b, "        workgroupBarrier();\n        for (var q = 0u; q < {tk}u; q = q + 1u) {{");
-        for i in 0..4 {
-            let _ = writeln!(b, "            let a{i} = ta[q * {tile}u + tr * 4u + {i}u];");
+        // B: sb[(buf * BK + k) * bn/4 + n/4][n % 4].
+        if let Some(id) = p.b_vec {
+            let src = slot(id);
+            emit(
+                &mut decl,
+                &mut load,
+                &mut stores,
+                "pb",
+                bnn * bk / 4,
+                true,
+                &|_| {
+                    (format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;\n                "),
+                    format!("select({zv}, in{src}[(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)) / 4u], k0 + bk < {kk}u)", kk.max(1) - 1, nn - 4))
+                },
+                &|reg| {
+                    format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;\n                sb[(nb0 + bk) * {bn4}u + bn / 4u] = {reg};")
+                },
+            );
+        } else if let Some(id) = p.b_t {
+            // B = transpose of `src` [.., N, K]: vec4 along k, stored transposed.
+            let src = slot(id);
+            emit(
+                &mut decl,
+                &mut load,
+                &mut stores,
+                "pb",
+                bnn * bk / 4,
+                true,
+                &|_| {
+                    (format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;\n                ", bk / 4, bk / 4),
+                    format!("select({zv}, in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + k0 + bk) / 4u], k0 + bk < {kk}u)", nn - 1))
+                },
+                &|reg| {
+                    format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;\n                let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {reg}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {reg}.y;\n                sb[bi2 + {}u][bn % 4u] = {reg}.z;\n                sb[bi2 + {}u][bn % 4u] = {reg}.w;", bk / 4, bk / 4, 2 * bn4, 3 * bn4)
+                },
+            );
+        } else {
+            emit(
+                &mut decl,
+                &mut load,
+                &mut stores,
+                "pb",
+                bnn * bk,
+                false,
+                &|_| {
+                    (format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;\n                "),
+                    format!("select({z}, n{nbid}(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)), k0 + bk < {kk}u && col0 + bn < {nn}u)", kk.max(1) - 1, nn - 1))
+                },
+                &|reg| {
+                    format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;\n                sb[(nb0 + bk) * {bn4}u + bn / 4u][bn % 4u] = {reg};")
+                },
+            );
         }
-        for j in 0..4 {
-            let _ = writeln!(b, "            let b{j} = tb[q * {tile}u + tc * 4u + {j}u];");
-        }
-        for i in 0..4 {
-            for j in 0..4 {
-                let _ = writeln!(b, "            c{i}_{j} = c{i}_{j} + a{i} * b{j};");
+        b.push_str(&decl);
+        for q in 0..rm {
+            for i in 0..4 {
+                for pp in 0..rnb {
+                    let _ = writeln!(b, "    var c{q}_{i}_{pp} = {zv};");
+                }
             }
         }
-        let _ = writeln!(b, "        }}\n        workgroupBarrier();\n    }}");
-        let _ = writeln!(b, "    let obase = bi * {};", m * nn);
-        for i in 0..4 {
-            for j in 0..4 {
-                let idx = format!("obase + (row0 + tr * 4u + {i}u) * {nn}u + col0 + tc * 4u + {j}u");
-                let acc = format!("c{i}_{j}");
-                let _ = writeln!(b, "    if (row0 + tr * 4u + {i}u < {m}u && col0 + tc * 4u + {j}u < {nn}u) {{");
-                for (slot, &o) in k.outputs.iter().enumerate() {
-                    let v = if g.node(o).op == Op::MatMul {
-                        store(g.node(o).dtype, &acc)
-                    } else {
-                        store(g.node(o).dtype, &format!("e{}({idx}, {acc})", o.0))
-                    };
-                    let _ = writeln!(b, "        out{slot}[{idx}] = {v};");
+        let ntiles = kk.div_ceil(bk);
+        let fma = rn.dtype == DType::F32;
+        // Prologue: slice 0 into buffer 0.
+        let _ = writeln!(b, "    {{\n        let k0 = 0u;\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
+        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}u; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles}u;\n        if (more) {{\n            let k0 = (kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
+        for q in 0..bk {
+            let _ = writeln!(
+                b,
+                "        {{\n            let ka = (cur + {q}u) * {bm4}u;\n            let kb = (cur + {q}u) * {bn4}u;"
+            );
+            for qq in 0..rm {
+                let _ = writeln!(b, "            let a{qq} = sa[ka + {}u + tr];", qq * 16);
+            }
+            for pp in 0..rnb {
+                let _ = writeln!(b, "            let b{pp} = sb[kb + {}u + tc];", pp * 16);
+            }
+            for qq in 0..rm {
+                for i in 0..4 {
+                    for pp in 0..rnb {
+                        let c = format!("c{qq}_{i}_{pp}");
+                        let lane = ["x", "y", "z", "w"][i as usize];
+                        if fma {
+                            let _ = writeln!(b, "            {c} = fma(vec4<f32>(a{qq}.{lane}), b{pp}, {c});");
+                        } else {
+                            let _ = writeln!(b, "            {c} = {c} + {v_ty}(a{qq}.{lane}) * b{pp};");
+                        }
+                    }
                 }
-                b.push_str("    }\n");
+            }
+            b.push_str("        }\n");
+        }
+        let _ = writeln!(b, "        if (more) {{\n            let nb0 = {bk}u - cur;\n{}        }}\n        workgroupBarrier();\n    }}", indent(&stores, 4));
+        let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
+        let value = |o: NodeId, idx: String, acc: String| {
+            let od = g.node(o).dtype;
+            if g.node(o).op == Op::MatMul {
+                store(od, &acc)
+            } else {
+                store(od, &format!("e{}({idx}, {acc})", o.0))
+            }
+        };
+        const LANE: [&str; 4] = ["x", "y", "z", "w"];
+        for q in 0..rm {
+            for i in 0..4 {
+                let row = format!("row0 + {}u + tr * 4u", q * 64 + i);
+                for pp in 0..rnb {
+                    let col = format!("col0 + {}u + tc * 4u", pp * 64);
+                    let acc = format!("c{q}_{i}_{pp}");
+                    if p.out_vec {
+                        let idx = format!("obase + ({row}) * {nn}u + {col}");
+                        let _ = writeln!(b, "    if ({row} < {m}u && {col} < {nn}u) {{");
+                        for (sl, &o) in k.outputs.iter().enumerate() {
+                            let vals: Vec<String> = LANE
+                                .iter()
+                                .enumerate()
+                                .map(|(c, lane)| value(o, format!("{idx} + {c}u"), format!("{acc}.{lane}")))
+                                .collect();
+                            let _ = writeln!(
+                                b,
+                                "        out{sl}[({idx}) / 4u] = vec4<{}>({});",
+                                storage_ty(g.node(o).dtype),
+                                vals.join(", ")
+                            );
+                        }
+                        b.push_str("    }\n");
+                    } else {
+                        for (c, lane) in LANE.iter().enumerate() {
+                            let idx = format!("obase + ({row}) * {nn}u + {col} + {c}u");
+                            let _ = writeln!(b, "    if ({row} < {m}u && {col} + {c}u < {nn}u) {{");
+                            for (sl, &o) in k.outputs.iter().enumerate() {
+                                let _ = writeln!(
+                                    b,
+                                    "        out{sl}[{idx}] = {};",
+                                    value(o, idx.clone(), format!("{acc}.{lane}"))
+                                );
+                            }
+                            b.push_str("    }\n");
+                        }
+                    }
+                }
             }
         }
         groups * lanes
@@ -384,4 +653,10 @@ impl Writer<'_> {
         }
         groups * lanes
     }
+}
+
+/// `s` with every line indented by `n` more spaces.
+fn indent(s: &str, n: usize) -> String {
+    let pad = " ".repeat(n);
+    s.lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("{pad}{l}\n") }).collect()
 }

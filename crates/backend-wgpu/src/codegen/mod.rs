@@ -39,9 +39,9 @@ use common::*;
 pub use elementwise::{straight_line_width, STRAIGHT_LINE_STEPS};
 use matmul::matmul_shape;
 pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
-pub use reduce::{REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
+pub use reduce::{reduce_lanes, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
 use rows::vector_rows;
-pub use rows::SOFTMAX_THREADS_PER_ROW;
+pub use rows::{row_lanes, ROW_MAX_CACHED, ROW_MAX_LANES};
 
 /// Invocations per workgroup of every generated kernel.
 pub const WORKGROUP_SIZE: u32 = 256;
@@ -51,15 +51,11 @@ pub const WORKGROUP_SIZE: u32 = 256;
 pub struct LowerLimits {
     /// Largest element count one tensor may have (indices are u32).
     pub max_elements: u64,
-    /// Whether row-wise kernels (softmax) split a row over several
-    /// invocations that combine through workgroup memory. Right for GPUs;
-    /// on a software adapter (lavapipe) a workgroup barrier costs more than
-    /// it saves, so one invocation walks each row.
-    pub cooperative_rows: bool,
-    /// Whether matmul stages operand tiles in workgroup memory (the GPU
-    /// form, [`MATMUL_TILE`]) instead of the barrier-free register-blocked
-    /// form that suits llvmpipe (measured there: tiled 3x slower).
-    pub tiled_matmul: bool,
+    /// Which form each kernel family is written in.
+    pub forms: KernelForms,
+    /// Bytes of workgroup memory one kernel may declare (the adapter's
+    /// `max_compute_workgroup_storage_size`; 16384 is WebGPU's minimum).
+    pub workgroup_storage: u32,
 }
 
 impl Default for LowerLimits {
@@ -69,15 +65,115 @@ impl Default for LowerLimits {
 }
 
 impl LowerLimits {
-    /// The forms a GPU adapter selects.
+    /// The forms a GPU adapter selects, with WebGPU's minimum limits.
     pub fn gpu() -> LowerLimits {
-        LowerLimits { max_elements: u32::MAX as u64, cooperative_rows: true, tiled_matmul: true }
+        LowerLimits { max_elements: u32::MAX as u64, forms: KernelForms::gpu(), workgroup_storage: 16384 }
     }
 
     /// The forms a software adapter (llvmpipe) selects.
     pub fn software() -> LowerLimits {
-        LowerLimits { cooperative_rows: false, tiled_matmul: false, ..LowerLimits::gpu() }
+        LowerLimits { forms: KernelForms::software(), ..LowerLimits::gpu() }
     }
+}
+
+/// The form of each kernel family. Adapters differ: llvmpipe runs each
+/// invocation as a CPU loop over SIMD lanes and splits every workgroup
+/// barrier into coroutine steps, so it wants long straight-line
+/// invocations and no barriers; a GPU wants adjacent lanes on adjacent
+/// addresses, many independent workgroups and reuse through workgroup
+/// memory and registers. [`KernelForms::gpu`] and
+/// [`KernelForms::software`] are the two profiles; the backend picks one
+/// from the adapter type, and tests force either on any adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelForms {
+    /// Straight-line elementwise kernels.
+    pub elementwise: ElementwiseForm,
+    /// Reductions (`Op::Reduce`).
+    pub reduce: ReduceForm,
+    /// Softmax and log-softmax rows.
+    pub rows: RowsForm,
+    /// Matmul.
+    pub matmul: MatmulForm,
+}
+
+impl KernelForms {
+    /// The GPU profile.
+    pub fn gpu() -> KernelForms {
+        KernelForms {
+            elementwise: ElementwiseForm::GridStride,
+            reduce: ReduceForm::Cooperative,
+            rows: RowsForm::Cooperative,
+            matmul: MatmulForm::ByShape,
+        }
+    }
+
+    /// The software-adapter profile.
+    pub fn software() -> KernelForms {
+        KernelForms {
+            elementwise: ElementwiseForm::Consecutive,
+            reduce: ReduceForm::PerOutput,
+            rows: RowsForm::PerRow,
+            matmul: MatmulForm::RegisterBlocked,
+        }
+    }
+}
+
+/// How a straight-line elementwise kernel spreads vectors over invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElementwiseForm {
+    /// Each invocation takes consecutive vectors (up to
+    /// [`STRAIGHT_LINE_STEPS`]): long invocations, right for llvmpipe,
+    /// uncoalesced on a GPU (neighbouring lanes 256 bytes apart).
+    Consecutive,
+    /// Grid-stride: in every step adjacent lanes take adjacent vec4s, so a
+    /// subgroup reads one contiguous block per instruction.
+    GridStride,
+}
+
+/// How reductions spread their work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceForm {
+    /// One invocation per output (few long reductions get a workgroup per
+    /// output): no barriers, right for llvmpipe.
+    PerOutput,
+    /// Outputs whose reduced elements are contiguous get a group of lanes
+    /// each, striding over the row together (coalesced) and combining
+    /// through a tree in workgroup memory; reductions over leading axes
+    /// put adjacent lanes on adjacent outputs and split the reduced range
+    /// over lane slices.
+    Cooperative,
+}
+
+/// How softmax rows are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowsForm {
+    /// One invocation per row (online max and sum, vec4 where aligned).
+    PerRow,
+    /// A group of lanes per row striding over it together; rows that fit
+    /// are held in registers, so the input is read once.
+    Cooperative,
+}
+
+/// The matmul form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulForm {
+    /// Barrier-free register blocks with workgroup-uniform rows of A
+    /// (llvmpipe's form; also a candidate on GPUs).
+    RegisterBlocked,
+    /// Operand tiles double-buffered in workgroup memory.
+    Tiled(MatmulTile),
+    /// Chosen from the shape by [`matmul::choose_form`].
+    ByShape,
+}
+
+/// Tile of the tiled matmul: a workgroup of 16 x 16 invocations computes a
+/// `4 * rows` x `4 * cols` block per invocation... see [`matmul`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulTile {
+    /// Output rows of the workgroup tile (64 or 128).
+    pub bm: u32,
+    /// Output columns of the workgroup tile (64 or 128).
+    pub bn: u32,
 }
 
 /// A lowered kernel.
@@ -96,6 +192,13 @@ pub struct Wgsl {
     /// Invocations per workgroup (`invocations` is a multiple of it when
     /// the kernel is written per workgroup).
     pub workgroup_size: u32,
+    /// A first pass run before this kernel (long reductions with few
+    /// outputs, see [`reduce`]): it reads the kernel's inputs and writes
+    /// `scratch` 32-bit partial results to a scratch buffer, which this
+    /// kernel then reads as its only input (binding 1).
+    pub pre: Option<Box<Wgsl>>,
+    /// 32-bit elements of scratch this kernel writes (a first pass), else 0.
+    pub scratch: u64,
 }
 
 /// Why a kernel cannot be lowered.
@@ -139,6 +242,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         workgroup: None,
         shared: String::new(),
         limits: *limits,
+        second: None,
     };
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
@@ -155,7 +259,8 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     let root_numel = graph.node(root).shape.numel();
     // Whether input `id` is read as one vector per invocation step.
     let row_vec = vector_rows(kernel, graph, limits);
-    let mm = (kernel.kind == KernelKind::MatMul && !limits.tiled_matmul).then(|| matmul_shape(kernel, graph));
+    // Both matmul forms read aligned operands as vectors.
+    let mm = (kernel.kind == KernelKind::MatMul).then(|| matmul_shape(kernel, graph));
     let mm_vec = |id: NodeId| {
         mm.as_ref()
             .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
@@ -187,7 +292,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         // divide by a zero dim, which naga rejects (reliability finding 1).
         _ if root_numel == 0 => (String::new(), 0),
         Some(width) => w.straight_line(kernel, width)?,
-        None if row_vec => w.softmax_rows_vec4(kernel),
+        None if row_vec && limits.forms.rows == RowsForm::PerRow => w.softmax_rows_vec4(kernel),
         None => {
             // A matmul epilogue: nodes depending on the matmul become
             // `eK(i, mm)` functions of the output index and accumulator.
@@ -277,13 +382,47 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
             "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n"
         );
     }
-    Ok(Wgsl {
+    let first = Wgsl {
         source: s,
         entry: "main",
         invocations,
         inputs: kernel.inputs.len(),
         outputs: kernel.outputs.len(),
         workgroup_size: w.workgroup.unwrap_or(WORKGROUP_SIZE),
+        pre: None,
+        scratch: 0,
+    };
+    let Some(second) = w.second.take() else { return Ok(first) };
+    // Two passes: the kernel proper is the second; the first feeds it.
+    let mut s = String::new();
+    s.push_str("// generated by lazuli-wgpu (second pass)\n");
+    s.push_str("struct Params {\n    z: u32,\n");
+    for (k, d) in graph.scalars.iter().enumerate() {
+        let _ = writeln!(s, "    s{k}: {},", storage_ty(*d));
+    }
+    let _ = writeln!(
+        s,
+        "}}\n\n@group(0) @binding(0) var<uniform> P: Params;\n@group(0) @binding(1) var<storage, read> in0: array<{}>;\n@group(0) @binding(2) var<storage, read_write> out0: array<{}>;\n",
+        second.acc, second.out
+    );
+    for h in &w.helpers {
+        s.push_str(helper_source(h));
+        s.push('\n');
+    }
+    let _ = write!(
+        s,
+        "var<workgroup> red: array<{}, {WORKGROUP_SIZE}>;\n\n@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{}}}\n",
+        second.acc, second.body
+    );
+    Ok(Wgsl {
+        source: s,
+        entry: "main",
+        invocations: second.invocations,
+        inputs: 1,
+        outputs: 1,
+        workgroup_size: WORKGROUP_SIZE,
+        pre: Some(Box::new(Wgsl { scratch: second.scratch, ..first })),
+        scratch: 0,
     })
 }
 
@@ -300,6 +439,20 @@ struct Writer<'a> {
     /// Workgroup-memory declarations of kernels written per workgroup.
     shared: String,
     limits: LowerLimits,
+    /// Set by a two-pass reduction: the main body, written above, is the
+    /// first pass; this is the second (see [`reduce`]).
+    second: Option<SecondPass>,
+}
+
+/// The second pass of a two-pass reduction: a kernel reading the
+/// `scratch` partials of element type `acc` (binding 1) and writing the
+/// outputs (binding 2).
+struct SecondPass {
+    body: String,
+    invocations: u64,
+    scratch: u64,
+    acc: &'static str,
+    out: &'static str,
 }
 
 impl Writer<'_> {
@@ -683,8 +836,10 @@ impl Writer<'_> {
             KernelKind::Softmax => invocations = self.softmax_kernel(k, &mut b),
             KernelKind::CumSum => invocations = self.cumsum_kernel(k, &mut b),
             KernelKind::MatMul => {
-                invocations =
-                    if self.limits.tiled_matmul { self.matmul_tiled(k, &mut b) } else { self.matmul(k, &mut b) };
+                invocations = match matmul::resolve_form(k, g, &self.limits) {
+                    MatmulForm::Tiled(tile) => self.matmul_tiled(k, tile, &mut b),
+                    _ => self.matmul(k, &mut b),
+                };
             }
             KernelKind::Gather => {
                 let Op::Gather { axis } = &rn.op else { unreachable!() };

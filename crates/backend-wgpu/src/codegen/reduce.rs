@@ -1,7 +1,7 @@
 //! Reductions (`Op::Reduce`), arg-reductions and cumulative sums.
 
 use super::common::*;
-use super::{Writer, WORKGROUP_SIZE};
+use super::{ReduceForm, SecondPass, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape};
 use std::fmt::Write as _;
@@ -15,6 +15,33 @@ pub const REDUCE_COOPERATIVE_OUTPUTS: u64 = 256;
 
 /// Elements a reduction loop handles per iteration (unrolled).
 pub const REDUCE_UNROLL: u64 = 8;
+
+/// Reductions with at most this many outputs and at least
+/// [`TWO_PASS_MIN_LEN`] elements each run in two passes on GPUs.
+pub const TWO_PASS_MAX_OUTPUTS: u64 = 64;
+
+/// See [`TWO_PASS_MAX_OUTPUTS`].
+pub const TWO_PASS_MIN_LEN: u64 = 1 << 16;
+
+/// Elements one first-pass workgroup reduces (at least).
+pub const TWO_PASS_CHUNK: u64 = 8192;
+
+/// Parts each output of a two-pass reduction is split into (1: one
+/// pass): enough workgroups to fill a large GPU, each with at least
+/// [`TWO_PASS_CHUNK`] elements, at most 1024 partials per output.
+pub fn two_pass_parts(outputs: u64, len: u64) -> u64 {
+    if outputs > TWO_PASS_MAX_OUTPUTS || len < TWO_PASS_MIN_LEN {
+        return 1;
+    }
+    (len / TWO_PASS_CHUNK).clamp(2, 1024)
+}
+
+/// Invocations per output in the cooperative form for rows of `len`
+/// contiguous elements: a power of two giving each at least two unrolled
+/// steps ([`REDUCE_UNROLL`]) where the row allows, at most one workgroup.
+pub fn reduce_lanes(len: u64) -> u64 {
+    len.div_ceil(2 * REDUCE_UNROLL).max(1).next_power_of_two().min(WORKGROUP_SIZE as u64)
+}
 
 impl Writer<'_> {
     /// A reduction (`Op::Reduce`).
@@ -72,7 +99,57 @@ impl Writer<'_> {
         };
         let cooperative = (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
             || len / u > LLVMPIPE_LOOP_BUDGET / 2;
-        if cooperative {
+        let parts = two_pass_parts(outputs, len);
+        if self.limits.forms.reduce == ReduceForm::Cooperative && parts > 1 {
+            // Few long reductions on a GPU: pass 1 gives every (output,
+            // part) pair a workgroup that reduces one chunk of the output's
+            // elements into a partial; pass 2 (a kernel of its own, see
+            // `SecondPass`) reduces each output's `parts` partials with a
+            // group of lanes and applies the final step (mean).
+            let wg = WORKGROUP_SIZE as u64;
+            let chunk = len.div_ceil(parts);
+            invocations = outputs * parts * wg;
+            self.cooperative = Some(acc_ty);
+            let _ = writeln!(
+                b,
+                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (lid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && lid == 0u) {{\n        out0[gi] = red[0];\n    }}",
+                wg / 2
+            );
+            let lanes = reduce_lanes(parts);
+            let per_group = wg / lanes;
+            let body = format!(
+                "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
+                lanes / 2
+            );
+            self.second = Some(SecondPass {
+                body,
+                invocations: outputs.div_ceil(per_group) * wg,
+                scratch: outputs * parts,
+                acc: acc_ty,
+                out: storage_ty(rn.dtype),
+            });
+        } else if self.limits.forms.reduce == ReduceForm::Cooperative && trailing && len > 1 {
+            // Contiguous rows on a GPU: `lanes` invocations per output
+            // stride over its row together (adjacent lanes, adjacent
+            // addresses), `256 / lanes` outputs per workgroup, then a tree
+            // over the row's lanes in workgroup memory.
+            let lanes = reduce_lanes(len);
+            let per_group = WORKGROUP_SIZE as u64 / lanes;
+            invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
+            self.cooperative = Some(acc_ty);
+            let main = len / (lanes * u) * (lanes * u);
+            let _ = write!(
+                b,
+                "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
+                lanes * u,
+                step("            ", "r0", lanes)
+            );
+            let _ = writeln!(
+                b,
+                "    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}",
+                lanes / 2
+            );
+        } else if cooperative {
             // Few long reductions: one workgroup per output, its
             // invocations striding over the reduced elements, then
             // a tree in workgroup memory (8 barriers in all, so

@@ -31,7 +31,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let h1 = n1(0u);
     for (var q = 0u; q < 1u; q = q + 1u) {
-        let j = t * 1u + q;
+        let j = t + q * 21u;
         if (j >= 21u) {
             break;
         }

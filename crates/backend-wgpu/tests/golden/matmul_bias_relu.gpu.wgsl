@@ -8,10 +8,10 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> in0: array<f32>;
-@group(0) @binding(2) var<storage, read> in1: array<f32>;
+@group(0) @binding(1) var<storage, read> in0: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> in1: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> in2: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out0: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out0: array<vec4<f32>>;
 
 fn isnan_f(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -22,11 +22,11 @@ fn relu_f(x: f32) -> f32 {
 }
 
 fn n0(i: u32) -> f32 {
-    return in0[i];
+    return in0[i >> 2u][i & 3u];
 }
 
 fn n1(i: u32) -> f32 {
-    return in1[i];
+    return in1[i >> 2u][i & 3u];
 }
 
 fn n2(i: u32) -> f32 {
@@ -44,8 +44,8 @@ fn e5(i: u32, mm: f32) -> f32 {
     return relu_f(x);
 }
 
-var<workgroup> ta: array<f32, 1024>;
-var<workgroup> tb: array<f32, 1024>;
+var<workgroup> sa: array<vec4<f32>, 256>;
+var<workgroup> sb: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -60,143 +60,193 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tc = lid % 16u;
     let abase = (bi) * 16384u;
     let bbase = (bi) * 16384u;
-    var c0_0: f32 = 0.0;
-    var c0_1: f32 = 0.0;
-    var c0_2: f32 = 0.0;
-    var c0_3: f32 = 0.0;
-    var c1_0: f32 = 0.0;
-    var c1_1: f32 = 0.0;
-    var c1_2: f32 = 0.0;
-    var c1_3: f32 = 0.0;
-    var c2_0: f32 = 0.0;
-    var c2_1: f32 = 0.0;
-    var c2_2: f32 = 0.0;
-    var c2_3: f32 = 0.0;
-    var c3_0: f32 = 0.0;
-    var c3_1: f32 = 0.0;
-    var c3_2: f32 = 0.0;
-    var c3_3: f32 = 0.0;
-    for (var k0 = 0u; k0 < 64u; k0 = k0 + 16u) {
+    var pa0: vec4<f32>;
+    var pb0: vec4<f32>;
+    var c0_0_0 = vec4<f32>(0.0);
+    var c0_1_0 = vec4<f32>(0.0);
+    var c0_2_0 = vec4<f32>(0.0);
+    var c0_3_0 = vec4<f32>(0.0);
+    {
+        let k0 = 0u;
         {
             let l = lid + 0u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 255u) * 64u + min(gk, 63u)), gr < 256u && gk < 64u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 63u) * 256u + min(bc, 255u)), bk < 64u && bc < 256u);
+            if (l < 128u) {
+                let am = l / 2u;
+                let ak = (l % 2u) * 4u;
+                pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 255u) * 64u + k0 + ak) / 4u], k0 + ak < 64u);
+            }
         }
         {
-            let l = lid + 256u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 255u) * 64u + min(gk, 63u)), gr < 256u && gk < 64u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 63u) * 256u + min(bc, 255u)), bk < 64u && bc < 256u);
+            let l = lid + 0u;
+            if (l < 128u) {
+                let bk = l / 16u;
+                let bn = (l % 16u) * 4u;
+                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 63u) * 256u + min(col0 + bn, 252u)) / 4u], k0 + bk < 64u);
+            }
+        }
+    }
+    {
+        let nb0 = 0u;
+        {
+            let l = lid + 0u;
+            if (l < 128u) {
+                let am = l / 2u;
+                let ak = (l % 2u) * 4u;
+                let ai = (nb0 + ak) * 16u + am / 4u;
+                sa[ai][am % 4u] = pa0.x;
+                sa[ai + 16u][am % 4u] = pa0.y;
+                sa[ai + 32u][am % 4u] = pa0.z;
+                sa[ai + 48u][am % 4u] = pa0.w;
+            }
         }
         {
-            let l = lid + 512u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 255u) * 64u + min(gk, 63u)), gr < 256u && gk < 64u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 63u) * 256u + min(bc, 255u)), bk < 64u && bc < 256u);
+            let l = lid + 0u;
+            if (l < 128u) {
+                let bk = l / 16u;
+                let bn = (l % 16u) * 4u;
+                sb[(nb0 + bk) * 16u + bn / 4u] = pb0;
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var kt = 0u; kt < 8u; kt = kt + 1u) {
+        let cur = (kt % 2u) * 8u;
+        let more = kt + 1u < 8u;
+        if (more) {
+            let k0 = (kt + 1u) * 8u;
+            {
+                let l = lid + 0u;
+                if (l < 128u) {
+                    let am = l / 2u;
+                    let ak = (l % 2u) * 4u;
+                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 255u) * 64u + k0 + ak) / 4u], k0 + ak < 64u);
+                }
+            }
+            {
+                let l = lid + 0u;
+                if (l < 128u) {
+                    let bk = l / 16u;
+                    let bn = (l % 16u) * 4u;
+                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 63u) * 256u + min(col0 + bn, 252u)) / 4u], k0 + bk < 64u);
+                }
+            }
         }
         {
-            let l = lid + 768u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 255u) * 64u + min(gk, 63u)), gr < 256u && gk < 64u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 63u) * 256u + min(bc, 255u)), bk < 64u && bc < 256u);
+            let ka = (cur + 0u) * 16u;
+            let kb = (cur + 0u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 1u) * 16u;
+            let kb = (cur + 1u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 2u) * 16u;
+            let kb = (cur + 2u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 3u) * 16u;
+            let kb = (cur + 3u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 4u) * 16u;
+            let kb = (cur + 4u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 5u) * 16u;
+            let kb = (cur + 5u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 6u) * 16u;
+            let kb = (cur + 6u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 7u) * 16u;
+            let kb = (cur + 7u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        if (more) {
+            let nb0 = 8u - cur;
+            {
+                let l = lid + 0u;
+                if (l < 128u) {
+                    let am = l / 2u;
+                    let ak = (l % 2u) * 4u;
+                    let ai = (nb0 + ak) * 16u + am / 4u;
+                    sa[ai][am % 4u] = pa0.x;
+                    sa[ai + 16u][am % 4u] = pa0.y;
+                    sa[ai + 32u][am % 4u] = pa0.z;
+                    sa[ai + 48u][am % 4u] = pa0.w;
+                }
+            }
+            {
+                let l = lid + 0u;
+                if (l < 128u) {
+                    let bk = l / 16u;
+                    let bn = (l % 16u) * 4u;
+                    sb[(nb0 + bk) * 16u + bn / 4u] = pb0;
+                }
+            }
         }
         workgroupBarrier();
-        for (var q = 0u; q < 16u; q = q + 1u) {
-            let a0 = ta[q * 64u + tr * 4u + 0u];
-            let a1 = ta[q * 64u + tr * 4u + 1u];
-            let a2 = ta[q * 64u + tr * 4u + 2u];
-            let a3 = ta[q * 64u + tr * 4u + 3u];
-            let b0 = tb[q * 64u + tc * 4u + 0u];
-            let b1 = tb[q * 64u + tc * 4u + 1u];
-            let b2 = tb[q * 64u + tc * 4u + 2u];
-            let b3 = tb[q * 64u + tc * 4u + 3u];
-            c0_0 = c0_0 + a0 * b0;
-            c0_1 = c0_1 + a0 * b1;
-            c0_2 = c0_2 + a0 * b2;
-            c0_3 = c0_3 + a0 * b3;
-            c1_0 = c1_0 + a1 * b0;
-            c1_1 = c1_1 + a1 * b1;
-            c1_2 = c1_2 + a1 * b2;
-            c1_3 = c1_3 + a1 * b3;
-            c2_0 = c2_0 + a2 * b0;
-            c2_1 = c2_1 + a2 * b1;
-            c2_2 = c2_2 + a2 * b2;
-            c2_3 = c2_3 + a2 * b3;
-            c3_0 = c3_0 + a3 * b0;
-            c3_1 = c3_1 + a3 * b1;
-            c3_2 = c3_2 + a3 * b2;
-            c3_3 = c3_3 + a3 * b3;
-        }
-        workgroupBarrier();
     }
-    let obase = bi * 65536;
-    if (row0 + tr * 4u + 0u < 256u && col0 + tc * 4u + 0u < 256u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 0u] = e5(obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 0u, c0_0);
+    let obase = bi * 65536u;
+    if (row0 + 0u + tr * 4u < 256u && col0 + 0u + tc * 4u < 256u) {
+        out0[(obase + (row0 + 0u + tr * 4u) * 256u + col0 + 0u + tc * 4u) / 4u] = vec4<f32>(e5(obase + (row0 + 0u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 0u, c0_0_0.x), e5(obase + (row0 + 0u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 1u, c0_0_0.y), e5(obase + (row0 + 0u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 2u, c0_0_0.z), e5(obase + (row0 + 0u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 3u, c0_0_0.w));
     }
-    if (row0 + tr * 4u + 0u < 256u && col0 + tc * 4u + 1u < 256u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 1u] = e5(obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 1u, c0_1);
+    if (row0 + 1u + tr * 4u < 256u && col0 + 0u + tc * 4u < 256u) {
+        out0[(obase + (row0 + 1u + tr * 4u) * 256u + col0 + 0u + tc * 4u) / 4u] = vec4<f32>(e5(obase + (row0 + 1u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 0u, c0_1_0.x), e5(obase + (row0 + 1u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 1u, c0_1_0.y), e5(obase + (row0 + 1u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 2u, c0_1_0.z), e5(obase + (row0 + 1u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 3u, c0_1_0.w));
     }
-    if (row0 + tr * 4u + 0u < 256u && col0 + tc * 4u + 2u < 256u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 2u] = e5(obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 2u, c0_2);
+    if (row0 + 2u + tr * 4u < 256u && col0 + 0u + tc * 4u < 256u) {
+        out0[(obase + (row0 + 2u + tr * 4u) * 256u + col0 + 0u + tc * 4u) / 4u] = vec4<f32>(e5(obase + (row0 + 2u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 0u, c0_2_0.x), e5(obase + (row0 + 2u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 1u, c0_2_0.y), e5(obase + (row0 + 2u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 2u, c0_2_0.z), e5(obase + (row0 + 2u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 3u, c0_2_0.w));
     }
-    if (row0 + tr * 4u + 0u < 256u && col0 + tc * 4u + 3u < 256u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 3u] = e5(obase + (row0 + tr * 4u + 0u) * 256u + col0 + tc * 4u + 3u, c0_3);
-    }
-    if (row0 + tr * 4u + 1u < 256u && col0 + tc * 4u + 0u < 256u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 0u] = e5(obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 0u, c1_0);
-    }
-    if (row0 + tr * 4u + 1u < 256u && col0 + tc * 4u + 1u < 256u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 1u] = e5(obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 1u, c1_1);
-    }
-    if (row0 + tr * 4u + 1u < 256u && col0 + tc * 4u + 2u < 256u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 2u] = e5(obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 2u, c1_2);
-    }
-    if (row0 + tr * 4u + 1u < 256u && col0 + tc * 4u + 3u < 256u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 3u] = e5(obase + (row0 + tr * 4u + 1u) * 256u + col0 + tc * 4u + 3u, c1_3);
-    }
-    if (row0 + tr * 4u + 2u < 256u && col0 + tc * 4u + 0u < 256u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 0u] = e5(obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 0u, c2_0);
-    }
-    if (row0 + tr * 4u + 2u < 256u && col0 + tc * 4u + 1u < 256u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 1u] = e5(obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 1u, c2_1);
-    }
-    if (row0 + tr * 4u + 2u < 256u && col0 + tc * 4u + 2u < 256u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 2u] = e5(obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 2u, c2_2);
-    }
-    if (row0 + tr * 4u + 2u < 256u && col0 + tc * 4u + 3u < 256u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 3u] = e5(obase + (row0 + tr * 4u + 2u) * 256u + col0 + tc * 4u + 3u, c2_3);
-    }
-    if (row0 + tr * 4u + 3u < 256u && col0 + tc * 4u + 0u < 256u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 0u] = e5(obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 0u, c3_0);
-    }
-    if (row0 + tr * 4u + 3u < 256u && col0 + tc * 4u + 1u < 256u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 1u] = e5(obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 1u, c3_1);
-    }
-    if (row0 + tr * 4u + 3u < 256u && col0 + tc * 4u + 2u < 256u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 2u] = e5(obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 2u, c3_2);
-    }
-    if (row0 + tr * 4u + 3u < 256u && col0 + tc * 4u + 3u < 256u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 3u] = e5(obase + (row0 + tr * 4u + 3u) * 256u + col0 + tc * 4u + 3u, c3_3);
+    if (row0 + 3u + tr * 4u < 256u && col0 + 0u + tc * 4u < 256u) {
+        out0[(obase + (row0 + 3u + tr * 4u) * 256u + col0 + 0u + tc * 4u) / 4u] = vec4<f32>(e5(obase + (row0 + 3u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 0u, c0_3_0.x), e5(obase + (row0 + 3u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 1u, c0_3_0.y), e5(obase + (row0 + 3u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 2u, c0_3_0.z), e5(obase + (row0 + 3u + tr * 4u) * 256u + col0 + 0u + tc * 4u + 3u, c0_3_0.w));
     }
 }

@@ -20,8 +20,8 @@ fn n1(i: u32) -> f32 {
     return in1[i];
 }
 
-var<workgroup> ta: array<f32, 1024>;
-var<workgroup> tb: array<f32, 1024>;
+var<workgroup> sa: array<vec4<f32>, 256>;
+var<workgroup> sb: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -36,143 +36,255 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tc = lid % 16u;
     let abase = (bi) * 1073u;
     let bbase = (bi) * 1537u;
-    var c0_0: f32 = 0.0;
-    var c0_1: f32 = 0.0;
-    var c0_2: f32 = 0.0;
-    var c0_3: f32 = 0.0;
-    var c1_0: f32 = 0.0;
-    var c1_1: f32 = 0.0;
-    var c1_2: f32 = 0.0;
-    var c1_3: f32 = 0.0;
-    var c2_0: f32 = 0.0;
-    var c2_1: f32 = 0.0;
-    var c2_2: f32 = 0.0;
-    var c2_3: f32 = 0.0;
-    var c3_0: f32 = 0.0;
-    var c3_1: f32 = 0.0;
-    var c3_2: f32 = 0.0;
-    var c3_3: f32 = 0.0;
-    for (var k0 = 0u; k0 < 29u; k0 = k0 + 16u) {
+    var pa0: f32;
+    var pa1: f32;
+    var pb0: f32;
+    var pb1: f32;
+    var c0_0_0 = vec4<f32>(0.0);
+    var c0_1_0 = vec4<f32>(0.0);
+    var c0_2_0 = vec4<f32>(0.0);
+    var c0_3_0 = vec4<f32>(0.0);
+    {
+        let k0 = 0u;
         {
             let l = lid + 0u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 36u) * 29u + min(gk, 28u)), gr < 37u && gk < 29u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 28u) * 53u + min(bc, 52u)), bk < 29u && bc < 53u);
+            let am = l / 8u;
+                let ak = l % 8u;
+                pa0 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
         }
         {
             let l = lid + 256u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 36u) * 29u + min(gk, 28u)), gr < 37u && gk < 29u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 28u) * 53u + min(bc, 52u)), bk < 29u && bc < 53u);
+            let am = l / 8u;
+                let ak = l % 8u;
+                pa1 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
         }
         {
-            let l = lid + 512u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 36u) * 29u + min(gk, 28u)), gr < 37u && gk < 29u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 28u) * 53u + min(bc, 52u)), bk < 29u && bc < 53u);
+            let l = lid + 0u;
+            let bk = l / 64u;
+                let bn = l % 64u;
+                pb0 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
         }
         {
-            let l = lid + 768u;
-            let am = l / 16u;
-            let ak = l % 16u;
-            let gr = row0 + am;
-            let gk = k0 + ak;
-            ta[ak * 64u + am] = select(0.0, n0(abase + min(gr, 36u) * 29u + min(gk, 28u)), gr < 37u && gk < 29u);
-            let bk = k0 + l / 64u;
-            let bc = col0 + l % 64u;
-            tb[l] = select(0.0, n1(bbase + min(bk, 28u) * 53u + min(bc, 52u)), bk < 29u && bc < 53u);
+            let l = lid + 256u;
+            let bk = l / 64u;
+                let bn = l % 64u;
+                pb1 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+        }
+    }
+    {
+        let nb0 = 0u;
+        {
+            let l = lid + 0u;
+            let am = l / 8u;
+                let ak = l % 8u;
+                sa[(nb0 + ak) * 16u + am / 4u][am % 4u] = pa0;
+        }
+        {
+            let l = lid + 256u;
+            let am = l / 8u;
+                let ak = l % 8u;
+                sa[(nb0 + ak) * 16u + am / 4u][am % 4u] = pa1;
+        }
+        {
+            let l = lid + 0u;
+            let bk = l / 64u;
+                let bn = l % 64u;
+                sb[(nb0 + bk) * 16u + bn / 4u][bn % 4u] = pb0;
+        }
+        {
+            let l = lid + 256u;
+            let bk = l / 64u;
+                let bn = l % 64u;
+                sb[(nb0 + bk) * 16u + bn / 4u][bn % 4u] = pb1;
+        }
+    }
+    workgroupBarrier();
+    for (var kt = 0u; kt < 4u; kt = kt + 1u) {
+        let cur = (kt % 2u) * 8u;
+        let more = kt + 1u < 4u;
+        if (more) {
+            let k0 = (kt + 1u) * 8u;
+            {
+                let l = lid + 0u;
+                let am = l / 8u;
+                    let ak = l % 8u;
+                    pa0 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
+            }
+            {
+                let l = lid + 256u;
+                let am = l / 8u;
+                    let ak = l % 8u;
+                    pa1 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
+            }
+            {
+                let l = lid + 0u;
+                let bk = l / 64u;
+                    let bn = l % 64u;
+                    pb0 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+            }
+            {
+                let l = lid + 256u;
+                let bk = l / 64u;
+                    let bn = l % 64u;
+                    pb1 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+            }
+        }
+        {
+            let ka = (cur + 0u) * 16u;
+            let kb = (cur + 0u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 1u) * 16u;
+            let kb = (cur + 1u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 2u) * 16u;
+            let kb = (cur + 2u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 3u) * 16u;
+            let kb = (cur + 3u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 4u) * 16u;
+            let kb = (cur + 4u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 5u) * 16u;
+            let kb = (cur + 5u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 6u) * 16u;
+            let kb = (cur + 6u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        {
+            let ka = (cur + 7u) * 16u;
+            let kb = (cur + 7u) * 16u;
+            let a0 = sa[ka + 0u + tr];
+            let b0 = sb[kb + 0u + tc];
+            c0_0_0 = fma(vec4<f32>(a0.x), b0, c0_0_0);
+            c0_1_0 = fma(vec4<f32>(a0.y), b0, c0_1_0);
+            c0_2_0 = fma(vec4<f32>(a0.z), b0, c0_2_0);
+            c0_3_0 = fma(vec4<f32>(a0.w), b0, c0_3_0);
+        }
+        if (more) {
+            let nb0 = 8u - cur;
+            {
+                let l = lid + 0u;
+                let am = l / 8u;
+                    let ak = l % 8u;
+                    sa[(nb0 + ak) * 16u + am / 4u][am % 4u] = pa0;
+            }
+            {
+                let l = lid + 256u;
+                let am = l / 8u;
+                    let ak = l % 8u;
+                    sa[(nb0 + ak) * 16u + am / 4u][am % 4u] = pa1;
+            }
+            {
+                let l = lid + 0u;
+                let bk = l / 64u;
+                    let bn = l % 64u;
+                    sb[(nb0 + bk) * 16u + bn / 4u][bn % 4u] = pb0;
+            }
+            {
+                let l = lid + 256u;
+                let bk = l / 64u;
+                    let bn = l % 64u;
+                    sb[(nb0 + bk) * 16u + bn / 4u][bn % 4u] = pb1;
+            }
         }
         workgroupBarrier();
-        for (var q = 0u; q < 16u; q = q + 1u) {
-            let a0 = ta[q * 64u + tr * 4u + 0u];
-            let a1 = ta[q * 64u + tr * 4u + 1u];
-            let a2 = ta[q * 64u + tr * 4u + 2u];
-            let a3 = ta[q * 64u + tr * 4u + 3u];
-            let b0 = tb[q * 64u + tc * 4u + 0u];
-            let b1 = tb[q * 64u + tc * 4u + 1u];
-            let b2 = tb[q * 64u + tc * 4u + 2u];
-            let b3 = tb[q * 64u + tc * 4u + 3u];
-            c0_0 = c0_0 + a0 * b0;
-            c0_1 = c0_1 + a0 * b1;
-            c0_2 = c0_2 + a0 * b2;
-            c0_3 = c0_3 + a0 * b3;
-            c1_0 = c1_0 + a1 * b0;
-            c1_1 = c1_1 + a1 * b1;
-            c1_2 = c1_2 + a1 * b2;
-            c1_3 = c1_3 + a1 * b3;
-            c2_0 = c2_0 + a2 * b0;
-            c2_1 = c2_1 + a2 * b1;
-            c2_2 = c2_2 + a2 * b2;
-            c2_3 = c2_3 + a2 * b3;
-            c3_0 = c3_0 + a3 * b0;
-            c3_1 = c3_1 + a3 * b1;
-            c3_2 = c3_2 + a3 * b2;
-            c3_3 = c3_3 + a3 * b3;
-        }
-        workgroupBarrier();
     }
-    let obase = bi * 1961;
-    if (row0 + tr * 4u + 0u < 37u && col0 + tc * 4u + 0u < 53u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 53u + col0 + tc * 4u + 0u] = c0_0;
+    let obase = bi * 1961u;
+    if (row0 + 0u + tr * 4u < 37u && col0 + 0u + tc * 4u + 0u < 53u) {
+        out0[obase + (row0 + 0u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 0u] = c0_0_0.x;
     }
-    if (row0 + tr * 4u + 0u < 37u && col0 + tc * 4u + 1u < 53u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 53u + col0 + tc * 4u + 1u] = c0_1;
+    if (row0 + 0u + tr * 4u < 37u && col0 + 0u + tc * 4u + 1u < 53u) {
+        out0[obase + (row0 + 0u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 1u] = c0_0_0.y;
     }
-    if (row0 + tr * 4u + 0u < 37u && col0 + tc * 4u + 2u < 53u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 53u + col0 + tc * 4u + 2u] = c0_2;
+    if (row0 + 0u + tr * 4u < 37u && col0 + 0u + tc * 4u + 2u < 53u) {
+        out0[obase + (row0 + 0u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 2u] = c0_0_0.z;
     }
-    if (row0 + tr * 4u + 0u < 37u && col0 + tc * 4u + 3u < 53u) {
-        out0[obase + (row0 + tr * 4u + 0u) * 53u + col0 + tc * 4u + 3u] = c0_3;
+    if (row0 + 0u + tr * 4u < 37u && col0 + 0u + tc * 4u + 3u < 53u) {
+        out0[obase + (row0 + 0u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 3u] = c0_0_0.w;
     }
-    if (row0 + tr * 4u + 1u < 37u && col0 + tc * 4u + 0u < 53u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 53u + col0 + tc * 4u + 0u] = c1_0;
+    if (row0 + 1u + tr * 4u < 37u && col0 + 0u + tc * 4u + 0u < 53u) {
+        out0[obase + (row0 + 1u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 0u] = c0_1_0.x;
     }
-    if (row0 + tr * 4u + 1u < 37u && col0 + tc * 4u + 1u < 53u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 53u + col0 + tc * 4u + 1u] = c1_1;
+    if (row0 + 1u + tr * 4u < 37u && col0 + 0u + tc * 4u + 1u < 53u) {
+        out0[obase + (row0 + 1u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 1u] = c0_1_0.y;
     }
-    if (row0 + tr * 4u + 1u < 37u && col0 + tc * 4u + 2u < 53u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 53u + col0 + tc * 4u + 2u] = c1_2;
+    if (row0 + 1u + tr * 4u < 37u && col0 + 0u + tc * 4u + 2u < 53u) {
+        out0[obase + (row0 + 1u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 2u] = c0_1_0.z;
     }
-    if (row0 + tr * 4u + 1u < 37u && col0 + tc * 4u + 3u < 53u) {
-        out0[obase + (row0 + tr * 4u + 1u) * 53u + col0 + tc * 4u + 3u] = c1_3;
+    if (row0 + 1u + tr * 4u < 37u && col0 + 0u + tc * 4u + 3u < 53u) {
+        out0[obase + (row0 + 1u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 3u] = c0_1_0.w;
     }
-    if (row0 + tr * 4u + 2u < 37u && col0 + tc * 4u + 0u < 53u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 53u + col0 + tc * 4u + 0u] = c2_0;
+    if (row0 + 2u + tr * 4u < 37u && col0 + 0u + tc * 4u + 0u < 53u) {
+        out0[obase + (row0 + 2u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 0u] = c0_2_0.x;
     }
-    if (row0 + tr * 4u + 2u < 37u && col0 + tc * 4u + 1u < 53u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 53u + col0 + tc * 4u + 1u] = c2_1;
+    if (row0 + 2u + tr * 4u < 37u && col0 + 0u + tc * 4u + 1u < 53u) {
+        out0[obase + (row0 + 2u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 1u] = c0_2_0.y;
     }
-    if (row0 + tr * 4u + 2u < 37u && col0 + tc * 4u + 2u < 53u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 53u + col0 + tc * 4u + 2u] = c2_2;
+    if (row0 + 2u + tr * 4u < 37u && col0 + 0u + tc * 4u + 2u < 53u) {
+        out0[obase + (row0 + 2u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 2u] = c0_2_0.z;
     }
-    if (row0 + tr * 4u + 2u < 37u && col0 + tc * 4u + 3u < 53u) {
-        out0[obase + (row0 + tr * 4u + 2u) * 53u + col0 + tc * 4u + 3u] = c2_3;
+    if (row0 + 2u + tr * 4u < 37u && col0 + 0u + tc * 4u + 3u < 53u) {
+        out0[obase + (row0 + 2u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 3u] = c0_2_0.w;
     }
-    if (row0 + tr * 4u + 3u < 37u && col0 + tc * 4u + 0u < 53u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 53u + col0 + tc * 4u + 0u] = c3_0;
+    if (row0 + 3u + tr * 4u < 37u && col0 + 0u + tc * 4u + 0u < 53u) {
+        out0[obase + (row0 + 3u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 0u] = c0_3_0.x;
     }
-    if (row0 + tr * 4u + 3u < 37u && col0 + tc * 4u + 1u < 53u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 53u + col0 + tc * 4u + 1u] = c3_1;
+    if (row0 + 3u + tr * 4u < 37u && col0 + 0u + tc * 4u + 1u < 53u) {
+        out0[obase + (row0 + 3u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 1u] = c0_3_0.y;
     }
-    if (row0 + tr * 4u + 3u < 37u && col0 + tc * 4u + 2u < 53u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 53u + col0 + tc * 4u + 2u] = c3_2;
+    if (row0 + 3u + tr * 4u < 37u && col0 + 0u + tc * 4u + 2u < 53u) {
+        out0[obase + (row0 + 3u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 2u] = c0_3_0.z;
     }
-    if (row0 + tr * 4u + 3u < 37u && col0 + tc * 4u + 3u < 53u) {
-        out0[obase + (row0 + tr * 4u + 3u) * 53u + col0 + tc * 4u + 3u] = c3_3;
+    if (row0 + 3u + tr * 4u < 37u && col0 + 0u + tc * 4u + 3u < 53u) {
+        out0[obase + (row0 + 3u + tr * 4u) * 53u + col0 + 0u + tc * 4u + 3u] = c0_3_0.w;
     }
 }

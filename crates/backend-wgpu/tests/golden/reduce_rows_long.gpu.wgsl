@@ -19,12 +19,13 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = wid.x + wid.y * nwg.x;
+    let t = (wid.x + wid.y * nwg.x) * 1u + lid / 256u;
+    let tid = lid % 256u;
     let valid = t < 128u;
     let base = t * 4096u;
     var acc: f32 = 0.0;
     if (valid) {
-        for (var r0 = lid; r0 < 4096u; r0 = r0 + 2048u) {
+        for (var r0 = tid; r0 < 4096u; r0 = r0 + 2048u) {
             {
                 let r = r0 + 0u;
                 let v = n0(base + r);
@@ -66,7 +67,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 acc = acc + v;
             }
         }
-        for (var r = 4096u + lid; r < 4096u; r = r + 256u) {
+        for (var r = 4096u + tid; r < 4096u; r = r + 256u) {
             let v = n0(base + r);
             acc = acc + v;
         }
@@ -74,15 +75,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     red[lid] = acc;
     workgroupBarrier();
     for (var h = 128u; h > 0u; h = h >> 1u) {
-        if (lid < h) {
+        if (tid < h) {
             let acc = red[lid];
             let v = red[lid + h];
             red[lid] = acc + v;
         }
         workgroupBarrier();
     }
-    if (valid && lid == 0u) {
-        let acc = red[0];
+    if (valid && tid == 0u) {
+        let acc = red[lid];
         out0[t] = acc;
     }
 }

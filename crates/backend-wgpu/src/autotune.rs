@@ -1,0 +1,231 @@
+//! Bounded autotuning of kernel forms. Where no static rule is sure to
+//! pick the fastest form (matmul tile shapes: the best one depends on the
+//! GPU's SM count, registers and driver), the backend times the candidate
+//! forms of a kernel on the adapter itself the first time it sees the
+//! kernel, and keeps the winner: in memory for the process and on disk
+//! (`LAZULI_CACHE_DIR`) for the next one.
+//!
+//! Bounds: each kernel key gets at most [`KEY_BUDGET`] of timed runs (the
+//! static choice is timed first, so a budget that runs out leaves a
+//! measured answer), and the process spends at most [`PROCESS_BUDGET`] on
+//! tuning in all, pipeline creation included; past it kernels keep their
+//! static form. Tuning is on by default on GPUs and off on software
+//! adapters (`LAZULI_AUTOTUNE=1` or `WgpuOptions::autotune` turns it on
+//! anywhere; `LAZULI_AUTOTUNE=0` turns it off).
+//!
+//! The disk cache is one text file per format version, `autotune-v1.txt`,
+//! a line per key (`<key hex> <form>`), appended with one write per line
+//! so concurrent processes do not interleave partial lines. Lines that do
+//! not parse (a truncated or corrupt file) are ignored with a warning;
+//! keys cover the adapter (name, vendor, device, driver), the Lazuli
+//! version and the kernel's source, so a stale entry can never apply to
+//! another kernel or adapter.
+
+use crate::codegen::{MatmulForm, MatmulTile};
+use lazuli_executor::metrics;
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Timed-run budget of one kernel key.
+pub const KEY_BUDGET: Duration = Duration::from_millis(50);
+
+/// Tuning budget of one process (pipeline creation included).
+pub const PROCESS_BUDGET: Duration = Duration::from_secs(3);
+
+/// Timed runs of each candidate (after one untimed warm-up run).
+pub const RUNS: usize = 3;
+
+/// File name of the on-disk cache.
+pub const CACHE_FILE: &str = "autotune-v1.txt";
+
+/// The tuner of one backend.
+#[derive(Debug)]
+pub struct Tuner {
+    enabled: bool,
+    /// What the keys are salted with: adapter identity and version.
+    salt: String,
+    file: Option<PathBuf>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    known: HashMap<u64, MatmulForm>,
+    spent: Duration,
+}
+
+/// The cache directory: `LAZULI_CACHE_DIR` when set (empty: no disk
+/// cache), else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`.
+pub fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("LAZULI_CACHE_DIR") {
+        Some(d) if d.is_empty() => None,
+        Some(d) => Some(PathBuf::from(d)),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|d| !d.is_empty())
+            .map(|d| PathBuf::from(d).join("lazuli"))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("lazuli"))),
+    }
+}
+
+/// Whether tuning is on: `option` if given, else `LAZULI_AUTOTUNE`
+/// (`1`/`on`, `0`/`off`), else on for GPUs and off for software adapters.
+pub fn enabled(option: Option<bool>, software: bool) -> bool {
+    option.unwrap_or_else(|| match std::env::var("LAZULI_AUTOTUNE").as_deref() {
+        Ok("1") | Ok("on") => true,
+        Ok("0") | Ok("off") => false,
+        _ => !software,
+    })
+}
+
+impl Tuner {
+    /// A tuner for the adapter described by `adapter` (name, vendor,
+    /// device, driver), caching on disk under `dir` if given.
+    pub fn new(enabled: bool, adapter: &str, dir: Option<&Path>) -> Tuner {
+        let salt = format!("{adapter} lazuli {}", env!("CARGO_PKG_VERSION"));
+        let file = dir.map(|d| d.join(CACHE_FILE));
+        let mut state = State::default();
+        if enabled {
+            if let Some(f) = &file {
+                state.known = load(f);
+            }
+        }
+        Tuner { enabled, salt, file, state: Mutex::new(state) }
+    }
+
+    /// Whether tuning is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The key of a kernel whose static-form source is `source`.
+    pub fn key(&self, family: &str, source: &str) -> u64 {
+        lazuli_ir::stable_hash(&(self.salt.as_str(), family, source))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The remembered winner for `key` (counted as `AutotuneHits`).
+    pub fn known(&self, key: u64) -> Option<MatmulForm> {
+        let f = self.lock().known.get(&key).copied();
+        if f.is_some() {
+            metrics::inc("AutotuneHits", 1);
+        }
+        f
+    }
+
+    /// Whether the process budget has room for another key.
+    pub fn budget_left(&self) -> bool {
+        self.lock().spent < PROCESS_BUDGET
+    }
+
+    /// Records the winner of `key` after `spent` of tuning, in memory and
+    /// on disk (a failed write is a warning: the cache is an optimization).
+    pub fn record(&self, key: u64, form: MatmulForm, spent: Duration) {
+        metrics::inc("AutotuneKeys", 1);
+        {
+            let mut st = self.lock();
+            st.known.insert(key, form);
+            st.spent += spent;
+        }
+        if let Some(f) = &self.file {
+            if let Err(e) = append(f, key, form) {
+                tracing::warn!("autotune cache {}: {e}", f.display());
+            }
+        }
+    }
+
+    /// Adds tuning time that found no winner (every candidate failed).
+    pub fn spend(&self, spent: Duration) {
+        self.lock().spent += spent;
+    }
+}
+
+/// The text of a form in the cache file.
+pub fn form_name(f: MatmulForm) -> String {
+    match f {
+        MatmulForm::RegisterBlocked => "rb".into(),
+        MatmulForm::Tiled(t) => format!("t{}x{}", t.bm, t.bn),
+        MatmulForm::ByShape => "shape".into(),
+    }
+}
+
+/// Parses [`form_name`]'s text; tiles must be ones the generator writes.
+pub fn parse_form(s: &str) -> Option<MatmulForm> {
+    if s == "rb" {
+        return Some(MatmulForm::RegisterBlocked);
+    }
+    let (bm, bn) = s.strip_prefix('t')?.split_once('x')?;
+    let (bm, bn) = (bm.parse().ok()?, bn.parse().ok()?);
+    let ok = |v: u32| v == 64 || v == 128;
+    (ok(bm) && ok(bn)).then_some(MatmulForm::Tiled(MatmulTile { bm, bn }))
+}
+
+fn load(file: &Path) -> HashMap<u64, MatmulForm> {
+    let Ok(bytes) = std::fs::read(file) else { return HashMap::new() };
+    // Invalid UTF-8 (a corrupt file) only spoils the lines it is in.
+    let text = String::from_utf8_lossy(&bytes);
+    let mut known = HashMap::new();
+    let mut bad = 0usize;
+    for line in text.lines() {
+        let parsed =
+            line.split_once(' ').and_then(|(k, f)| Some((u64::from_str_radix(k, 16).ok()?, parse_form(f.trim())?)));
+        match parsed {
+            Some((k, f)) => {
+                known.insert(k, f);
+            }
+            None if line.trim().is_empty() => {}
+            None => bad += 1,
+        }
+    }
+    if bad > 0 {
+        tracing::warn!("autotune cache {}: ignored {bad} unreadable line(s)", file.display());
+        metrics::inc("AutotuneCacheBadLines", bad as u64);
+    }
+    known
+}
+
+fn append(file: &Path, key: u64, form: MatmulForm) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(file)?;
+    // One write per line: appends of this size are not interleaved.
+    f.write_all(format!("{key:016x} {}\n", form_name(form)).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_round_trip_and_bad_lines_are_ignored() {
+        for f in [
+            MatmulForm::RegisterBlocked,
+            MatmulForm::Tiled(MatmulTile { bm: 128, bn: 64 }),
+            MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }),
+        ] {
+            assert_eq!(parse_form(&form_name(f)), Some(f));
+        }
+        assert_eq!(parse_form("t96x64"), None);
+        assert_eq!(parse_form("shape"), None);
+        let dir = std::env::temp_dir().join(format!("lazuli-autotune-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = Tuner::new(true, "adapter", Some(&dir));
+        t.record(7, MatmulForm::Tiled(MatmulTile { bm: 128, bn: 128 }), Duration::from_millis(1));
+        // A corrupt tail (a truncated line, garbage) is skipped.
+        let file = dir.join(CACHE_FILE);
+        let mut text = std::fs::read_to_string(&file).unwrap();
+        text.push_str("00000000000000ff t128\nnot a line\n");
+        std::fs::write(&file, text).unwrap();
+        let t2 = Tuner::new(true, "adapter", Some(&dir));
+        assert_eq!(t2.known(7), Some(MatmulForm::Tiled(MatmulTile { bm: 128, bn: 128 })));
+        assert_eq!(t2.known(0xff), None);
+        assert_ne!(t2.key("matmul", "src"), Tuner::new(true, "other adapter", None).key("matmul", "src"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,105 @@
+//! Autotuning of matmul forms, forced on whatever adapter is present
+//! (lavapipe in CI): the first compile of a matmul times its candidate
+//! forms and records the winner on disk; a second backend with the same
+//! cache directory reuses it without timing anything; every chosen form
+//! computes the right product; a corrupt cache file is ignored.
+
+use lazuli_executor::{metrics, Backend};
+use lazuli_ir::{DType, Graph, Op, ValueType};
+use lazuli_wgpu::codegen::KernelForms;
+use lazuli_wgpu::{WgpuBackend, WgpuOptions};
+use std::path::Path;
+use std::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn backend(dir: &Path) -> Option<WgpuBackend> {
+    let opts = WgpuOptions {
+        kernel_forms: Some(KernelForms::gpu()),
+        autotune: Some(true),
+        cache_dir: Some(Some(dir.to_path_buf())),
+        ..Default::default()
+    };
+    match WgpuBackend::new(opts) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var("LAZULI_REQUIRE_ADAPTER").as_deref() == Ok("1") => {
+            panic!("no wgpu adapter but LAZULI_REQUIRE_ADAPTER=1: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no wgpu adapter ({e})");
+            None
+        }
+    }
+}
+
+/// Runs `a [m, k] @ b [k, n]` and checks it against a host product.
+fn check_matmul(b: &WgpuBackend, m: usize, k: usize, n: usize) {
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([m, k], DType::F32));
+    let w = g.param(ValueType::new([k, n], DType::F32));
+    let y = g.push(Op::MatMul, &[x, w]).unwrap();
+    g.outputs.push(y);
+    let v = g.verify().unwrap();
+    let exe = b.compile(&v).unwrap();
+    let xs: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+    let ws: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 * 0.5 - 2.5).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let bx = b.upload(&bytes(&xs), &ValueType::new([m, k], DType::F32)).unwrap();
+    let bw = b.upload(&bytes(&ws), &ValueType::new([k, n], DType::F32)).unwrap();
+    let out = b.execute(exe.as_ref(), vec![bx, bw], &[]).unwrap();
+    let got: Vec<f32> =
+        b.download(&out[0]).unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    for i in 0..m {
+        for j in 0..n {
+            let want: f32 = (0..k).map(|q| xs[i * k + q] * ws[q * n + j]).sum();
+            assert_eq!(got[i * n + j], want, "({i}, {j}) of {m}x{k}x{n}");
+        }
+    }
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lazuli-autotune-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn tunes_once_then_reuses_the_disk_cache() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("reuse");
+    let Some(b) = backend(&dir) else { return };
+    let (runs, keys, hits) =
+        (metrics::counter("AutotuneRuns"), metrics::counter("AutotuneKeys"), metrics::counter("AutotuneHits"));
+    check_matmul(&b, 96, 64, 80);
+    assert!(metrics::counter("AutotuneRuns") > runs, "the first compile times candidates");
+    assert_eq!(metrics::counter("AutotuneKeys"), keys + 1);
+    let text = std::fs::read_to_string(dir.join(lazuli_wgpu::autotune::CACHE_FILE)).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    // Same process, same backend: the in-memory winner.
+    let runs = metrics::counter("AutotuneRuns");
+    check_matmul(&b, 96, 64, 80);
+    assert_eq!(metrics::counter("AutotuneRuns"), runs);
+    // A new backend (as a new process would) reads the winner from disk.
+    drop(b);
+    let b2 = backend(&dir).unwrap();
+    check_matmul(&b2, 96, 64, 80);
+    assert_eq!(metrics::counter("AutotuneRuns"), runs, "no timing with a warm disk cache");
+    assert!(metrics::counter("AutotuneHits") >= hits + 2);
+    // A different shape is a different key.
+    check_matmul(&b2, 40, 24, 72);
+    assert!(metrics::counter("AutotuneRuns") > runs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn corrupt_cache_file_is_ignored() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("corrupt");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(lazuli_wgpu::autotune::CACHE_FILE), b"\x00\xffgarbage\n12 t999x1\nzz rb\n").unwrap();
+    let bad = metrics::counter("AutotuneCacheBadLines");
+    let Some(b) = backend(&dir) else { return };
+    assert_eq!(metrics::counter("AutotuneCacheBadLines"), bad + 3);
+    check_matmul(&b, 64, 32, 64);
+    let _ = std::fs::remove_dir_all(&dir);
+}
