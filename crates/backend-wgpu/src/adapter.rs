@@ -11,6 +11,12 @@ pub fn instance() -> Instance {
     Instance::new({
         let mut d = InstanceDescriptor::new_without_display_handle_from_env();
         d.backends = backends;
+        // Where the native API reports a memory budget (D3D12, Vulkan with
+        // VK_EXT_memory_budget), buffer creation near it fails with a clean
+        // out-of-memory error, which the buffer pool answers by releasing
+        // its cache and retrying, instead of the device being lost.
+        d.memory_budget_thresholds =
+            wgpu::MemoryBudgetThresholds { for_resource_creation: Some(95), for_device_loss: None };
         d
     })
 }

@@ -735,8 +735,10 @@ fn matmul_layouts_on(b: &WgpuBackend, form: MatmulForm) {
 fn long_reductions_both_forms() {
     let _s = serial();
     let Some(b) = backend() else { return };
-    let cases: [(Vec<usize>, Vec<usize>, ReduceOp); 5] = [
+    let cases: [(Vec<usize>, Vec<usize>, ReduceOp); 6] = [
         (vec![3, 100003], vec![1], ReduceOp::Sum),
+        // Many strided outputs: split into parts on GPUs.
+        (vec![4100, 1030], vec![0], ReduceOp::Mean),
         (vec![100, 5003], vec![1], ReduceOp::Sum),
         (vec![600001], vec![0], ReduceOp::Max),
         (vec![5001, 3], vec![0], ReduceOp::Mean),

@@ -99,6 +99,14 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(y);
         out.push(("reduce_columns", g));
     }
+    // Column sums of a large matrix (a bias gradient).
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[4096, 1024]);
+        let y = reduce(&mut g, ReduceOp::Sum, x, &[0], false);
+        g.outputs.push(y);
+        out.push(("reduce_columns_large", g));
+    }
     // A full reduction of a long vector.
     {
         let mut g = Graph::new();

@@ -36,6 +36,21 @@ pub fn two_pass_parts(outputs: u64, len: u64) -> u64 {
     (len / TWO_PASS_CHUNK).clamp(2, 1024)
 }
 
+/// Invocations a GPU should have in flight for a reduction before its
+/// reduced range is split (about two waves of a large GPU).
+pub const COLUMN_TARGET_INVOCATIONS: u64 = 1 << 18;
+
+/// Parts each output of a reduction over strided elements is split into
+/// (1: one pass): when one invocation per output leaves a large GPU
+/// mostly idle and each output has many elements, enough parts to reach
+/// [`COLUMN_TARGET_INVOCATIONS`], each of at least 64 elements.
+pub fn column_parts(outputs: u64, len: u64) -> u64 {
+    if outputs >= COLUMN_TARGET_INVOCATIONS || outputs * len < 1 << 22 || len < 128 {
+        return 1;
+    }
+    (COLUMN_TARGET_INVOCATIONS / outputs).clamp(2, (len / 64).min(1024))
+}
+
 /// Invocations per output in the cooperative form for rows of `len`
 /// contiguous elements: a power of two giving each at least two unrolled
 /// steps ([`REDUCE_UNROLL`]) where the row allows, at most one workgroup.
@@ -100,7 +115,25 @@ impl Writer<'_> {
         let cooperative = (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
             || len / u > LLVMPIPE_LOOP_BUDGET / 2;
         let parts = two_pass_parts(outputs, len);
-        if self.limits.forms.reduce == ReduceForm::Cooperative && parts > 1 {
+        let column_parts = column_parts(outputs, len);
+        if self.limits.forms.reduce == ReduceForm::Cooperative && !trailing && column_parts > 1 {
+            // Many outputs over strided elements (sums over leading axes,
+            // such as bias gradients): one invocation per (output, part),
+            // adjacent lanes on adjacent outputs (coalesced), each summing
+            // one chunk of its output's elements; pass 2 reduces the parts.
+            let parts = column_parts;
+            let chunk = len.div_ceil(parts);
+            invocations = outputs * parts;
+            let obase = sum((0..kept.len())
+                .filter(|&j| kshape.dims()[j] != 1)
+                .map(|j| format!("{} * {}u", coord("o", &kshape, j), xs[kept[j]]))
+                .collect());
+            let _ = writeln!(
+                b,
+                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    for (var r = p * {chunk}u; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;"
+            );
+            self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
+        } else if self.limits.forms.reduce == ReduceForm::Cooperative && parts > 1 {
             // Few long reductions on a GPU: pass 1 gives every (output,
             // part) pair a workgroup that reduces one chunk of the output's
             // elements into a partial; pass 2 (a kernel of its own, see
@@ -115,19 +148,7 @@ impl Writer<'_> {
                 "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (lid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && lid == 0u) {{\n        out0[gi] = red[0];\n    }}",
                 wg / 2
             );
-            let lanes = reduce_lanes(parts);
-            let per_group = wg / lanes;
-            let body = format!(
-                "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
-                lanes / 2
-            );
-            self.second = Some(SecondPass {
-                body,
-                invocations: outputs.div_ceil(per_group) * wg,
-                scratch: outputs * parts,
-                acc: acc_ty,
-                out: storage_ty(rn.dtype),
-            });
+            self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
         } else if self.limits.forms.reduce == ReduceForm::Cooperative && trailing && len > 1 {
             // Contiguous rows on a GPU: `lanes` invocations per output
             // stride over its row together (adjacent lanes, adjacent
@@ -186,6 +207,30 @@ impl Writer<'_> {
             let _ = writeln!(b, "    out0[t] = {fin};");
         }
         invocations
+    }
+
+    /// The second pass of a two-pass reduction: `lanes` invocations per
+    /// output reduce its `parts` contiguous partials (binding `in0`) and
+    /// apply the final step.
+    #[allow(clippy::too_many_arguments)] // the pieces of one reduction
+    fn second_pass(
+        &self,
+        outputs: u64,
+        parts: u64,
+        acc_ty: &'static str,
+        init: &str,
+        combine: &str,
+        fin: &str,
+        out: &'static str,
+    ) -> SecondPass {
+        let wg = WORKGROUP_SIZE as u64;
+        let lanes = reduce_lanes(parts);
+        let per_group = wg / lanes;
+        let body = format!(
+            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
+            lanes / 2
+        );
+        SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts, acc: acc_ty, out }
     }
 
     /// An arg-reduction: one invocation per output line.
