@@ -1,12 +1,21 @@
 //! The benchmark harness behind `lazuli bench` and the criterion benches:
-//! the workloads of `WORKLOADS.md` (W1–W6) on a device, and the baselines
-//! they are judged against, measured in the same process.
+//! the workloads of `WORKLOADS.md` on a device — the small set W1–W6, sized
+//! for a 2-core box, and the GPU-scale set G1–G7 (`--scale gpu`) — and the
+//! baselines they are judged against, measured in the same process.
 //!
 //! Each workload builds its input once, outside the timed loop, runs 3
-//! warm-up iterations, then at least 10 timed ones; every iteration ends at
-//! a device barrier ([`Device::wait`]). A [`BenchResult`] reports median,
+//! warm-up iterations, then the timed ones; every iteration ends at a
+//! device barrier ([`Device::wait`]). A [`BenchResult`] reports median,
 //! min and max, the throughput where the workload defines one, and the
 //! kernels launched per iteration (the `KernelLaunches` counter delta).
+//!
+//! The G workloads take their sizes from [`GpuSizes`]: the full sizes of
+//! `WORKLOADS.md` by default, small ones in tests, through the same code.
+//! Their row names are those of the PyTorch twin
+//! (`shared/gpu/torch_twin.py`), so JSON rows of both line up. A G workload
+//! that cannot run on a device (a tensor over the adapter's binding limit)
+//! becomes a row with NaN times and the error, and the run goes on. G8 (the
+//! GPT training step) is not implemented here.
 //!
 //! Baselines: [`memcpy`] (a plain copy of a 64 MiB f32 buffer, read + write
 //! GB/s), and on wgpu the hand-written kernels of `shaders/` run through
@@ -36,18 +45,54 @@ pub enum Workload {
     W5,
     /// Cold compile: first sync of W1 and of W4 on a fresh device.
     W6,
+    /// W1's chain over f32 [16384, 4096].
+    G1,
+    /// Matmul 2048³.
+    G2,
+    /// Matmul 4096³.
+    G3,
+    /// Softmax over the last dim of f32 [16384, 4096].
+    G4,
+    /// Sum over the last dim of f32 [16384, 4096].
+    G5,
+    /// Layer norm over the last dim of f32 [16384, 1024].
+    G6,
+    /// MLP training step (1024 -> 4096 -> 1024, batch 4096, SGD).
+    G7,
 }
 
 impl Workload {
     /// Every workload, in order.
-    pub const ALL: [Workload; 6] = [Workload::W1, Workload::W2, Workload::W3, Workload::W4, Workload::W5, Workload::W6];
+    pub const ALL: [Workload; 13] = [
+        Workload::W1,
+        Workload::W2,
+        Workload::W3,
+        Workload::W4,
+        Workload::W5,
+        Workload::W6,
+        Workload::G1,
+        Workload::G2,
+        Workload::G3,
+        Workload::G4,
+        Workload::G5,
+        Workload::G6,
+        Workload::G7,
+    ];
 
-    /// Parses "W1" .. "W6" (case-insensitive).
+    /// The small set, W1–W6 (`--scale small`, the default).
+    pub const SMALL: [Workload; 6] =
+        [Workload::W1, Workload::W2, Workload::W3, Workload::W4, Workload::W5, Workload::W6];
+
+    /// The GPU-scale set, G1–G7 (`--scale gpu`).
+    pub const GPU: [Workload; 7] =
+        [Workload::G1, Workload::G2, Workload::G3, Workload::G4, Workload::G5, Workload::G6, Workload::G7];
+
+    /// Parses "W1" .. "W6", "G1" .. "G7" (case-insensitive).
     pub fn parse(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
     }
 
-    /// "W1" .. "W6".
+    /// "W1" .. "W6", "G1" .. "G7".
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "W1",
@@ -56,6 +101,112 @@ impl Workload {
             Workload::W4 => "W4",
             Workload::W5 => "W5",
             Workload::W6 => "W6",
+            Workload::G1 => "G1",
+            Workload::G2 => "G2",
+            Workload::G3 => "G3",
+            Workload::G4 => "G4",
+            Workload::G5 => "G5",
+            Workload::G6 => "G6",
+            Workload::G7 => "G7",
+        }
+    }
+
+    /// Whether this is one of the GPU-scale workloads G1–G7.
+    pub fn is_gpu_scale(self) -> bool {
+        Workload::GPU.contains(&self)
+    }
+}
+
+/// Which set of workloads `lazuli bench` runs when none is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Scale {
+    /// W1–W6, sized for a 2-core box.
+    #[default]
+    Small,
+    /// G1–G7, sized for a GPU.
+    Gpu,
+}
+
+impl Scale {
+    /// Parses "small" or "gpu".
+    pub fn parse(s: &str) -> Option<Scale> {
+        match s {
+            "small" => Some(Scale::Small),
+            "gpu" => Some(Scale::Gpu),
+            _ => None,
+        }
+    }
+
+    /// The workloads of the set, in order.
+    pub fn workloads(self) -> Vec<Workload> {
+        match self {
+            Scale::Small => Workload::SMALL.to_vec(),
+            Scale::Gpu => Workload::GPU.to_vec(),
+        }
+    }
+}
+
+/// The sizes of an MLP training step: input [batch, input] ->
+/// Linear(input, hidden) -> ReLU -> Linear(hidden, classes) ->
+/// cross-entropy with labels `i * 7 mod classes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlpSizes {
+    /// Rows of the input.
+    pub batch: usize,
+    /// Input features.
+    pub input: usize,
+    /// Hidden units.
+    pub hidden: usize,
+    /// Output classes.
+    pub classes: usize,
+}
+
+impl MlpSizes {
+    /// W4: batch 256, 64 -> 256 -> 10.
+    pub const W4: MlpSizes = MlpSizes { batch: 256, input: 64, hidden: 256, classes: 10 };
+    /// G7: batch 4096, 1024 -> 4096 -> 1024.
+    pub const G7: MlpSizes = MlpSizes { batch: 4096, input: 1024, hidden: 4096, classes: 1024 };
+
+    /// FLOPs of one step as `WORKLOADS.md` counts them: 2 per multiply-add
+    /// of the two matmuls, three times (forward, and the two products of
+    /// each backward matmul).
+    pub fn flops(self) -> f64 {
+        6.0 * self.batch as f64 * (self.input * self.hidden + self.hidden * self.classes) as f64
+    }
+}
+
+/// The sizes of the G workloads. [`GpuSizes::default`] gives those of
+/// `WORKLOADS.md`; tests run the same code with [`GpuSizes::tiny`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuSizes {
+    /// G1, G4 and G5: the f32 input, [rows, cols] ([16384, 4096]).
+    pub wide: [usize; 2],
+    /// G2: n of the n³ matmul (2048).
+    pub matmul_g2: usize,
+    /// G3: n of the n³ matmul (4096).
+    pub matmul_g3: usize,
+    /// G6: the layer norm input, [rows, cols] ([16384, 1024]).
+    pub layer_norm: [usize; 2],
+    /// G7: the MLP ([`MlpSizes::G7`]).
+    pub mlp: MlpSizes,
+}
+
+impl Default for GpuSizes {
+    fn default() -> Self {
+        GpuSizes { wide: [16384, 4096], matmul_g2: 2048, matmul_g3: 4096, layer_norm: [16384, 1024], mlp: MlpSizes::G7 }
+    }
+}
+
+impl GpuSizes {
+    /// Sizes small enough for a debug-build test (every dimension still
+    /// distinct, so a swapped axis shows).
+    pub fn tiny() -> GpuSizes {
+        GpuSizes {
+            wide: [64, 256],
+            matmul_g2: 32,
+            matmul_g3: 48,
+            layer_norm: [32, 128],
+            mlp: MlpSizes { batch: 64, input: 32, hidden: 96, classes: 16 },
         }
     }
 }
@@ -97,6 +248,9 @@ pub struct BenchResult {
     pub kernels: Option<f64>,
     /// A remark ("µs per op", "not supported" ...).
     pub note: Option<String>,
+    /// Why the workload could not run on this device (its times are then
+    /// NaN).
+    pub error: Option<String>,
 }
 
 impl BenchResult {
@@ -114,7 +268,13 @@ impl BenchResult {
             gflops: None,
             kernels: None,
             note: None,
+            error: None,
         }
+    }
+
+    /// A row for a workload that could not run: NaN times and the error.
+    pub fn failed(workload: &str, device: &str, error: String) -> BenchResult {
+        BenchResult { error: Some(error), ..BenchResult::from_times(workload, device, &[]) }
     }
 
     fn with_bytes(mut self, bytes: f64) -> BenchResult {
@@ -128,7 +288,8 @@ impl BenchResult {
     }
 
     /// The row as a JSON object: `workload`, `device`, `median_ms`,
-    /// `min_ms`, `max_ms`, `gbps` or `gflops` where defined, `kernels`.
+    /// `min_ms`, `max_ms`, `gbps` or `gflops` where defined, `kernels`,
+    /// `note` and `error` where present (NaN times are written as `null`).
     pub fn to_json(&self) -> serde_json::Value {
         let mut o = serde_json::Map::new();
         o.insert("workload".into(), self.workload.clone().into());
@@ -145,6 +306,9 @@ impl BenchResult {
         o.insert("kernels".into(), self.kernels.map_or(serde_json::Value::Null, Into::into));
         if let Some(n) = &self.note {
             o.insert("note".into(), n.clone().into());
+        }
+        if let Some(e) = &self.error {
+            o.insert("error".into(), e.clone().into());
         }
         serde_json::Value::Object(o)
     }
@@ -267,7 +431,7 @@ pub fn w3_step(x: &Tensor) -> Result<()> {
     x.device().wait()
 }
 
-/// W4's model, optimizer and data.
+/// The model, optimizer and data of an MLP training step (W4, G7).
 pub struct Mlp {
     l1: nn::Linear,
     l2: nn::Linear,
@@ -280,14 +444,22 @@ impl Mlp {
     /// Linear(64, 256) -> ReLU -> Linear(256, 10), SGD lr 0.1, input
     /// [256, 64], integer labels [256].
     pub fn new(dev: &Device) -> Result<Mlp> {
-        let l1 = nn::Linear::new(64, 256, dev)?;
-        let l2 = nn::Linear::new(256, 10, dev)?;
+        Mlp::with_sizes(dev, MlpSizes::W4, 0.1, 5)
+    }
+
+    /// Linear(input, hidden) -> ReLU -> Linear(hidden, classes), SGD with
+    /// learning rate `lr`, input [batch, input] uniform in [-1, 1] (from
+    /// `seed`), integer labels `i * 7 mod classes`.
+    pub fn with_sizes(dev: &Device, sizes: MlpSizes, lr: f64, seed: u64) -> Result<Mlp> {
+        let MlpSizes { batch, input, hidden, classes } = sizes;
+        let l1 = nn::Linear::new(input, hidden, dev)?;
+        let l2 = nn::Linear::new(hidden, classes, dev)?;
         let mut params = l1.parameters();
         params.extend(l2.parameters());
-        let opt = Sgd::new(params, 0.1);
-        let x = Tensor::from_slice(&uniform_data(256 * 64, 5), [256, 64], dev)?;
-        let labels: Vec<i32> = (0..256).map(|i| i * 7 % 10).collect();
-        let labels = Tensor::from_slice(&labels, [256], dev)?;
+        let opt = Sgd::new(params, lr);
+        let x = Tensor::from_slice(&uniform_data(batch * input, seed), [batch, input], dev)?;
+        let labels: Vec<i32> = (0..batch).map(|i| (i * 7 % classes) as i32).collect();
+        let labels = Tensor::from_slice(&labels, [batch], dev)?;
         Ok(Mlp { l1, l2, opt, x, labels })
     }
 
@@ -326,7 +498,138 @@ pub fn w5_step(x: &Tensor) -> Result<Tensor> {
     Ok(y)
 }
 
-/// Runs workload `w` on `bd`, returning its rows (W6 gives two).
+/// A G workload ready to time: its inputs on the device, one iteration as
+/// a closure, and what its throughput counts.
+pub struct GpuRun {
+    /// The row name ([`gpu_row_name`]).
+    pub name: String,
+    /// One iteration: record, sync, wait.
+    pub step: Box<dyn FnMut() -> Result<()>>,
+    /// Bytes read + written per iteration, for GB/s.
+    pub bytes: Option<f64>,
+    /// FLOPs per iteration, for GFLOP/s.
+    pub flops: Option<f64>,
+}
+
+/// The row name of workload `w` at `sizes`: for G1–G7 the name the PyTorch
+/// twin (`shared/gpu/torch_twin.py`) gives the same workload at the default
+/// sizes, e.g. "G1 elementwise [16384,4096]"; for W1–W6 the short name.
+pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
+    let [wr, wc] = sizes.wide;
+    let [lr, lc] = sizes.layer_norm;
+    match w {
+        Workload::G1 => format!("G1 elementwise [{wr},{wc}]"),
+        Workload::G2 => format!("G2 matmul {}^3", sizes.matmul_g2),
+        Workload::G3 => format!("G3 matmul {}^3", sizes.matmul_g3),
+        Workload::G4 => format!("G4 softmax [{wr},{wc}]"),
+        Workload::G5 => format!("G5 row sum [{wr},{wc}]"),
+        Workload::G6 => format!("G6 layer norm [{lr},{lc}]"),
+        Workload::G7 => "G7 MLP train step".to_string(),
+        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 => w.name().to_string(),
+    }
+}
+
+/// Uploads `x` to its device outside any timed loop (its first use
+/// uploads the host data into its cell) and waits. `#[track_caller]`: the
+/// recording and the sync are attributed to each caller, so uploads of
+/// different shapes do not look like one sync point recompiling in a loop.
+#[track_caller]
+fn on_device(x: Tensor) -> Result<Tensor> {
+    x.relu()?.sync()?;
+    x.device().wait()?;
+    Ok(x)
+}
+
+/// f32 [rows, cols] uniform in [-1, 1], on the device.
+#[track_caller]
+fn uniform_input(dev: &Device, [rows, cols]: [usize; 2], seed: u64) -> Result<Tensor> {
+    on_device(Tensor::from_slice(&uniform_data(rows * cols, seed), [rows, cols], dev)?)
+}
+
+/// Builds G workload `w` at `sizes` on `dev`: inputs made and uploaded,
+/// nothing timed yet. A W workload is an `Invalid` error.
+pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun> {
+    type Step = Box<dyn FnMut() -> Result<()>>;
+    let (step, bytes, flops): (Step, Option<f64>, Option<f64>) = match w {
+        Workload::G1 => {
+            let x = uniform_input(dev, sizes.wide, 11)?;
+            let bytes = 8.0 * x.numel() as f64;
+            (Box::new(move || w1_step(&x)), Some(bytes), None)
+        }
+        Workload::G2 | Workload::G3 => {
+            let n = if w == Workload::G2 { sizes.matmul_g2 } else { sizes.matmul_g3 };
+            let a = uniform_input(dev, [n, n], 12)?;
+            let b = uniform_input(dev, [n, n], 13)?;
+            (Box::new(move || w2_step(&a, &b)), None, Some(2.0 * (n as f64).powi(3)))
+        }
+        Workload::G4 => {
+            let x = uniform_input(dev, sizes.wide, 14)?;
+            let bytes = 8.0 * x.numel() as f64;
+            (Box::new(move || w3_step(&x)), Some(bytes), None)
+        }
+        Workload::G5 => {
+            let x = uniform_input(dev, sizes.wide, 15)?;
+            let bytes = 4.0 * x.numel() as f64;
+            let step = move || {
+                x.sum(&[-1], false)?.sync()?;
+                x.device().wait()
+            };
+            (Box::new(step), Some(bytes), None)
+        }
+        Workload::G6 => {
+            let x = uniform_input(dev, sizes.layer_norm, 16)?;
+            let d = sizes.layer_norm[1];
+            let weight = on_device(Tensor::from_slice(&vec![1f32; d], [d], dev)?)?;
+            let bias = on_device(Tensor::from_slice(&vec![0f32; d], [d], dev)?)?;
+            let bytes = 8.0 * x.numel() as f64;
+            let step = move || {
+                nn::layer_norm(&x, 1, Some(&weight), Some(&bias), 1e-5)?.sync()?;
+                x.device().wait()
+            };
+            (Box::new(step), Some(bytes), None)
+        }
+        Workload::G7 => {
+            let mut mlp = Mlp::with_sizes(dev, sizes.mlp, 0.01, 17)?;
+            (Box::new(move || mlp.step().map(drop)), None, Some(sizes.mlp.flops()))
+        }
+        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 => {
+            return Err(ExecError::Invalid {
+                op: "bench::prepare_gpu".into(),
+                detail: format!("{} is not a GPU-scale workload", w.name()),
+            })
+        }
+    };
+    Ok(GpuRun { name: gpu_row_name(w, sizes), step, bytes, flops })
+}
+
+/// Runs G workload `w` at `sizes` on `bd`. A workload that cannot run on
+/// this device (a tensor over the adapter's binding limit, say) gives a row
+/// with NaN times and the error instead of failing the whole run.
+pub fn run_gpu_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> BenchResult {
+    let measured = prepare_gpu(w, &bd.device, sizes).and_then(|mut run| {
+        let (times, kernels) = time_iterations(cfg, &mut run.step)?;
+        let mut r = BenchResult::from_times(&run.name, bd.label, &times);
+        r.kernels = Some(kernels);
+        if let Some(b) = run.bytes {
+            r = r.with_bytes(b);
+        }
+        if let Some(f) = run.flops {
+            r = r.with_flops(f);
+        }
+        Ok(r)
+    });
+    measured.unwrap_or_else(|e| {
+        // The failure may also be stored in the device as an asynchronous
+        // error; take it here, or the next workload's first barrier would
+        // report it.
+        let _ = bd.device.wait();
+        BenchResult::failed(&gpu_row_name(w, sizes), bd.label, e.to_string())
+    })
+}
+
+/// Runs workload `w` on `bd`, returning its rows (W6 gives two). G
+/// workloads run at the sizes of `WORKLOADS.md` and never fail: see
+/// [`run_gpu_workload`].
 pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig) -> Result<Vec<BenchResult>> {
     let dev = &bd.device;
     let label = bd.label;
@@ -382,6 +685,9 @@ pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig) -> Result<
             let mut b = BenchResult::from_times("W6 (W4 cold)", label, &w4);
             b.note = a.note.clone();
             vec![a, b]
+        }
+        Workload::G1 | Workload::G2 | Workload::G3 | Workload::G4 | Workload::G5 | Workload::G6 | Workload::G7 => {
+            vec![run_gpu_workload(w, bd, cfg, &GpuSizes::default())]
         }
     })
 }
@@ -497,6 +803,9 @@ pub fn profile(w: Workload, bd: &BenchDevice, iterations: usize) -> Result<Optio
             let x = w5_input(dev)?;
             Box::new(move || w5_step(&x).map(drop))
         }
+        Workload::G1 | Workload::G2 | Workload::G3 | Workload::G4 | Workload::G5 | Workload::G6 | Workload::G7 => {
+            prepare_gpu(w, dev, &GpuSizes::default())?.step
+        }
     };
     for _ in 0..cfg.warmup {
         body()?;
@@ -519,48 +828,101 @@ pub fn profile(w: Workload, bd: &BenchDevice, iterations: usize) -> Result<Optio
     Ok(Some(totals.into_iter().map(|(n, ms)| (n, ms, if all > 0.0 { ms / all } else { 0.0 })).collect()))
 }
 
-/// `lazuli bench [W1 ...] [--device cpu|wgpu|all] [--json] [--profile]
-/// [--iterations N]`: runs the workloads (all by default) and the baselines
-/// on the chosen devices (default all), with a progress bar on stderr, and
-/// prints a table, or a JSON array with `--json`. `--profile` adds the
-/// per-kernel GPU times of each workload on wgpu (timestamp queries).
-pub fn cli(args: &[String]) -> std::result::Result<(), String> {
-    let mut workloads = Vec::new();
-    let (mut cpu, mut wgpu) = (true, true);
-    let (mut json, mut profile_on) = (false, false);
-    let mut cfg = BenchConfig::default();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--device" => match it.next().map(String::as_str) {
-                Some("cpu") => (cpu, wgpu) = (true, false),
-                Some("wgpu") => (cpu, wgpu) = (false, true),
-                Some("all") => (cpu, wgpu) = (true, true),
-                other => return Err(format!("--device takes cpu, wgpu or all, got {other:?}")),
-            },
-            "--json" => json = true,
-            "--profile" => profile_on = true,
-            "--iterations" => {
-                cfg.iterations = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|&n| n >= 1)
-                    .ok_or("--iterations takes a positive number")?;
+/// Timed iterations of a G workload on the CPU device when `--iterations`
+/// is not given: a 4096³ matmul takes about a second there.
+pub const GPU_SCALE_CPU_ITERATIONS: usize = 3;
+
+/// The options of `lazuli bench`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BenchArgs {
+    /// The workloads to run, in order: those named, or else the `--scale`
+    /// set.
+    pub workloads: Vec<Workload>,
+    /// Run on the CPU device.
+    pub cpu: bool,
+    /// Run on a wgpu device.
+    pub wgpu: bool,
+    /// Print a JSON array instead of the table.
+    pub json: bool,
+    /// Add per-kernel GPU times on wgpu.
+    pub profile: bool,
+    /// `--iterations N`, if given.
+    pub iterations: Option<usize>,
+}
+
+impl BenchArgs {
+    /// Parses `[W1 ... G1 ...] [--scale small|gpu] [--device cpu|wgpu|all]
+    /// [--json] [--profile] [--iterations N]`.
+    pub fn parse(args: &[String]) -> std::result::Result<BenchArgs, String> {
+        let mut workloads = Vec::new();
+        let mut scale = Scale::default();
+        let (mut cpu, mut wgpu) = (true, true);
+        let (mut json, mut profile) = (false, false);
+        let mut iterations = None;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--device" => match it.next().map(String::as_str) {
+                    Some("cpu") => (cpu, wgpu) = (true, false),
+                    Some("wgpu") => (cpu, wgpu) = (false, true),
+                    Some("all") => (cpu, wgpu) = (true, true),
+                    other => return Err(format!("--device takes cpu, wgpu or all, got {other:?}")),
+                },
+                "--scale" => {
+                    let v = it.next().map(String::as_str);
+                    scale = v.and_then(Scale::parse).ok_or_else(|| format!("--scale takes small or gpu, got {v:?}"))?;
+                }
+                "--json" => json = true,
+                "--profile" => profile = true,
+                "--iterations" => {
+                    iterations = Some(
+                        it.next()
+                            .and_then(|n| n.parse().ok())
+                            .filter(|&n| n >= 1)
+                            .ok_or("--iterations takes a positive number")?,
+                    );
+                }
+                w => workloads.push(Workload::parse(w).ok_or_else(|| format!("unknown workload or option {w:?}"))?),
             }
-            w => workloads.push(Workload::parse(w).ok_or_else(|| format!("unknown workload or option {w:?}"))?),
         }
+        if workloads.is_empty() {
+            workloads = scale.workloads();
+        }
+        Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations })
     }
-    if workloads.is_empty() {
-        workloads = Workload::ALL.to_vec();
+
+    /// The iterations of workload `w` on the device labelled `device`:
+    /// `--iterations` if given, else 10, except for G workloads on the CPU
+    /// device ([`GPU_SCALE_CPU_ITERATIONS`]).
+    pub fn config(&self, w: Workload, device: &str) -> BenchConfig {
+        let default = BenchConfig::default();
+        let fallback = if w.is_gpu_scale() && device == "cpu" { GPU_SCALE_CPU_ITERATIONS } else { default.iterations };
+        BenchConfig { iterations: self.iterations.unwrap_or(fallback), ..default }
     }
+}
+
+/// `lazuli bench [W1 ... G1 ...] [--scale small|gpu] [--device
+/// cpu|wgpu|all] [--json] [--profile] [--iterations N]`: runs the workloads
+/// (the `--scale` set by default: W1–W6, or G1–G7 with `--scale gpu`) and
+/// the baselines on the chosen devices (default all), with a progress bar
+/// on stderr, and prints a table, or a JSON array with `--json`.
+/// `--profile` adds the per-kernel GPU times of each workload on wgpu
+/// (timestamp queries).
+pub fn cli(args: &[String]) -> std::result::Result<(), String> {
+    let args = BenchArgs::parse(args)?;
+    let workloads = &args.workloads;
+    let cfg = BenchConfig {
+        iterations: args.iterations.unwrap_or(BenchConfig::default().iterations),
+        ..BenchConfig::default()
+    };
     let mut devices = Vec::new();
-    if cpu {
+    if args.cpu {
         devices.push(BenchDevice::cpu());
     }
-    if wgpu {
+    if args.wgpu {
         match BenchDevice::wgpu() {
             Ok(d) => devices.push(d),
-            Err(e) if cpu => eprintln!("lazuli bench: no wgpu device ({e}); CPU only"),
+            Err(e) if args.cpu => eprintln!("lazuli bench: no wgpu device ({e}); CPU only"),
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -592,17 +954,30 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
     }
     let mut profiles = Vec::new();
     for d in &devices {
-        for &w in &workloads {
+        for &w in workloads {
             bar.set_message(format!("{} ({})", w.name(), d.label));
-            rows.extend(run_workload(w, d, &cfg).map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?);
-            if profile_on && d.wgpu.is_some() && w != Workload::W6 {
-                profiles.push((w, profile(w, d, 3).map_err(|e| e.to_string())?));
+            let measured = run_workload(w, d, &args.config(w, d.label))
+                .map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
+            let ran = measured.iter().all(|r| r.error.is_none());
+            rows.extend(measured);
+            if args.profile && d.wgpu.is_some() && w != Workload::W6 {
+                if !w.is_gpu_scale() {
+                    profiles.push((w, Ok(profile(w, d, 3).map_err(|e| e.to_string())?)));
+                } else if !ran {
+                    profiles.push((w, Err("not profiled: the workload did not run".to_string())));
+                } else {
+                    let p = profile(w, d, 3).map_err(|e| e.to_string());
+                    if p.is_err() {
+                        let _ = d.device.wait();
+                    }
+                    profiles.push((w, p));
+                }
             }
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    if json {
+    if args.json {
         let arr: Vec<serde_json::Value> = rows.iter().map(BenchResult::to_json).collect();
         println!("{}", serde_json::Value::Array(arr));
     } else {
@@ -612,14 +987,15 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
         print!("{}", table(&rows));
         print!("{}", ratios(&rows));
     }
-    if profile_on {
+    if args.profile {
         if profiles.is_empty() && wgpu_dev.is_none() {
             println!("profile: no wgpu device");
         }
         for (w, p) in profiles {
             match p {
-                None => println!("profile {}: timestamp queries not supported by this adapter", w.name()),
-                Some(k) => {
+                Err(e) => println!("profile {}: {e}", w.name()),
+                Ok(None) => println!("profile {}: timestamp queries not supported by this adapter", w.name()),
+                Ok(Some(k)) => {
                     println!("profile {} (GPU time over 3 iterations):", w.name());
                     for (name, ms, share) in k {
                         println!("  {:>9.3} ms {:>5.1}%  {name}", ms, share * 100.0);
@@ -631,10 +1007,12 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The rows as an aligned text table.
+/// The rows as an aligned text table (the workload column at least 20
+/// wide; a row that could not run shows its error as the note).
 pub fn table(rows: &[BenchResult]) -> String {
+    let width = rows.iter().map(|r| r.workload.chars().count()).max().unwrap_or(0).max(20);
     let mut s = format!(
-        "{:<20} {:<6} {:>11} {:>11} {:>11} {:>16} {:>8}  {}\n",
+        "{:<width$} {:<6} {:>11} {:>11} {:>11} {:>16} {:>8}  {}\n",
         "workload", "device", "median ms", "min ms", "max ms", "throughput", "kernels", "note"
     );
     for r in rows {
@@ -644,16 +1022,13 @@ pub fn table(rows: &[BenchResult]) -> String {
             _ => String::new(),
         };
         let k = r.kernels.map(|k| format!("{k:.1}")).unwrap_or_default();
+        let note = match &r.error {
+            Some(e) => format!("error: {e}"),
+            None => r.note.clone().unwrap_or_default(),
+        };
         s.push_str(&format!(
-            "{:<20} {:<6} {:>11.3} {:>11.3} {:>11.3} {:>16} {:>8}  {}\n",
-            r.workload,
-            r.device,
-            r.median_ms,
-            r.min_ms,
-            r.max_ms,
-            tp,
-            k,
-            r.note.as_deref().unwrap_or("")
+            "{:<width$} {:<6} {:>11.3} {:>11.3} {:>11.3} {:>16} {:>8}  {}\n",
+            r.workload, r.device, r.median_ms, r.min_ms, r.max_ms, tp, k, note
         ));
     }
     s

@@ -26,7 +26,10 @@ pub mod optim;
 pub mod serialize;
 pub mod train;
 
-pub use device::{adapters, DeviceExt, DeviceKind, KernelForms, WgpuDeviceOptions};
+pub use device::{
+    adapters, DeviceExt, DeviceKind, ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm,
+    WgpuDeviceOptions,
+};
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
     debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, Result, Tensor, TensorState,

@@ -712,7 +712,7 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
 /// Runs a program on both devices and compares the outputs.
 fn run(p: &Program) -> Result<(), String> {
     let Some((cpu, software, gpu_forms)) = devices() else { return Ok(()) };
-    let (gpu, forms) = if p.seed % 2 == 0 { (software, "software") } else { (gpu_forms, "gpu") };
+    let (gpu, forms) = if p.seed.is_multiple_of(2) { (software, "software") } else { (gpu_forms, "gpu") };
     let mut it =
         Interp { cpu: cpu.clone(), gpu: gpu.clone(), pool: Vec::new(), log: vec![format!("kernel forms: {forms}")] };
     inputs(&mut it, &p.dims, p.seed);

@@ -17,8 +17,16 @@ commands:
   conformance [DIR] [--device cpu|wgpu|all]
                             run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
                             ../shared/conformance/onnx) and print the per-op table
-  bench [W1 ...] [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]
-                            run the benchmark workloads (W1-W6) and baselines; prints a table
+  bench [W1 ... G1 ...] [--scale small|gpu] [--device cpu|wgpu|all] [--json] [--profile]
+        [--iterations N]
+                            run the benchmark workloads and baselines; prints a table.
+                            --scale small (default) runs W1-W6; --scale gpu runs G1-G7 of
+                            WORKLOADS.md (G8, the GPT step, is not implemented); naming
+                            workloads runs those. G workloads time 10 iterations on wgpu and
+                            3 on cpu unless --iterations is given (a software adapter is slow:
+                            pass --iterations 1 there); one that cannot run on a device (e.g. a
+                            tensor over the adapter's binding limit) gives a row with NaN times
+                            and the error (key 'error' in --json), and the run goes on
   help                      this text
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_DUMP_DIR, RUST_LOG";

@@ -242,7 +242,8 @@ impl Writer<'_> {
         let mut load = String::new();
         let mut stores = String::new();
         let rounds = |cnt: u64| cnt.div_ceil(lanes);
-        let guard = |cnt: u64, e: u64| (!cnt.is_multiple_of(lanes) && (e + 1) * lanes > cnt).then(|| format!("l < {cnt}u"));
+        let guard =
+            |cnt: u64, e: u64| (!cnt.is_multiple_of(lanes) && (e + 1) * lanes > cnt).then(|| format!("l < {cnt}u"));
         let emit = |decl: &mut String,
                     load: &mut String,
                     stores: &mut String,
