@@ -25,7 +25,9 @@
 //! grid-stride vec4 elementwise code; reductions over contiguous rows by a
 //! group of lanes per row with a tree in workgroup memory; softmax rows
 //! held in registers by a group of lanes (read once, written once), long
-//! rows online in two passes; matmul in 64/128-wide tiles double-buffered
+//! rows online in two passes; row kernels (layer norm and hand-written
+//! softmax in one kernel: reductions over the last axis folded with their
+//! row-wise consumers); matmul in 64/128-wide tiles double-buffered
 //! in workgroup memory with 4x4 to 8x8 register blocks per invocation and
 //! vec4 operand loads (straight or transposed), the tile chosen by shape or
 //! by bounded autotuning ([`autotune`]). Software forms suit llvmpipe, which

@@ -161,6 +161,7 @@ impl WgpuBackend {
                 device_name: name.clone(),
             },
         );
+        let forms = kernel_forms(&options, info.device_type);
         Ok(WgpuBackend {
             inner: Arc::new(Inner {
                 device,
@@ -172,10 +173,13 @@ impl WgpuBackend {
                     max_storage_buffers: max_sb.max(3),
                     matmul_epilogue: true,
                     inline_outputs: true,
+                    // Row kernels cooperate through workgroup memory: the
+                    // GPU form of reductions.
+                    row_kernels: forms.reduce == ReduceForm::Cooperative,
                     ..FusionLimits::default()
                 },
                 lower: LowerLimits {
-                    forms: kernel_forms(&options, info.device_type),
+                    forms,
                     workgroup_storage: limits.max_compute_workgroup_storage_size,
                     ..LowerLimits::default()
                 },

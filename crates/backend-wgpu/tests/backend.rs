@@ -820,3 +820,69 @@ fn matmul_epilogue_with_two_outputs() {
         }
     }
 }
+
+/// Row kernels (GPU profile): layer norm as `nn::layer_norm` composes it,
+/// and a softmax written by hand (max, exp, sum, divide), each one kernel;
+/// also with the mean needed as a graph output (then written by a kernel
+/// of its own).
+#[test]
+fn row_kernels_layer_norm_and_handwritten_softmax() {
+    let _s = serial();
+    let Some(b) = backend_forms(|f| *f = KernelForms::gpu()) else { return };
+    for (rows, len, mean_out) in [(37usize, 1000usize, false), (5, 3, true), (300, 64, false)] {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([rows, len], DType::F32));
+        let w = g.param(ValueType::new([len], DType::F32));
+        let bias = g.param(ValueType::new([len], DType::F32));
+        let red = |g: &mut Graph, op, v| push(g, Op::Reduce { op, axes: vec![1], keepdim: true }, &[v]);
+        let mu = red(&mut g, ReduceOp::Mean, x);
+        let xc = bin(&mut g, BinaryOp::Sub, x, mu);
+        let sq = bin(&mut g, BinaryOp::Mul, xc, xc);
+        let var = red(&mut g, ReduceOp::Mean, sq);
+        let eps = push(&mut g, Op::Constant(ScalarValue::Float(1e-5), DType::F32), &[]);
+        let ve = bin(&mut g, BinaryOp::Add, var, eps);
+        let r = push(&mut g, Op::Unary(UnaryOp::Rsqrt), &[ve]);
+        let y = bin(&mut g, BinaryOp::Mul, xc, r);
+        let y = bin(&mut g, BinaryOp::Mul, y, w);
+        let y = bin(&mut g, BinaryOp::Add, y, bias);
+        let mx = red(&mut g, ReduceOp::Max, x);
+        let e = bin(&mut g, BinaryOp::Sub, x, mx);
+        let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[e]);
+        let s = red(&mut g, ReduceOp::Sum, e);
+        let sm = bin(&mut g, BinaryOp::Div, e, s);
+        g.outputs.extend([y, sm]);
+        if mean_out {
+            g.outputs.push(mu);
+        }
+        let v = g.clone().verify().unwrap();
+        let exe = b.compile(&v).unwrap();
+        let want_kernels = if mean_out { 3 } else { 2 };
+        assert_eq!(
+            exe.kernel_count(),
+            want_kernels,
+            "{rows}x{len}: {:?}",
+            exe.kernel_sources().iter().map(|k| &k.0).collect::<Vec<_>>()
+        );
+        let xs: Vec<f32> = (0..rows * len).map(|i| ((i * 37 % 101) as f32) / 20.0 - 2.5).collect();
+        let ws: Vec<f32> = (0..len).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let bs: Vec<f32> = (0..len).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+        let out = run_on(&b, g, &[Data::F(xs.clone()), Data::F(ws.clone()), Data::F(bs.clone())], &[]);
+        let (mut want_y, mut want_sm, mut want_mu) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rows {
+            let row: Vec<f64> = xs[r * len..(r + 1) * len].iter().map(|&v| v as f64).collect();
+            let m = row.iter().sum::<f64>() / len as f64;
+            let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / len as f64;
+            let inv = 1.0 / (var + 1e-5).sqrt();
+            want_mu.push(m as f32);
+            want_y.extend((0..len).map(|j| ((row[j] - m) * inv * ws[j] as f64 + bs[j] as f64) as f32));
+            let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let tot: f64 = row.iter().map(|v| (v - mx).exp()).sum();
+            want_sm.extend(row.iter().map(|v| ((v - mx).exp() / tot) as f32));
+        }
+        close(&f32s(&out[0]), &want_y, 2e-5);
+        close(&f32s(&out[1]), &want_sm, 2e-5);
+        if mean_out {
+            close(&f32s(&out[2]), &want_mu, 1e-5);
+        }
+    }
+}

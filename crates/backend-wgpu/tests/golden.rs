@@ -242,7 +242,12 @@ fn profiles() -> Vec<(&'static str, LowerLimits)> {
 /// The plan and every kernel's WGSL of `g` under `limits`, as one text.
 fn render(g: Graph, limits: &LowerLimits) -> String {
     let v = g.verify().expect("valid graph");
-    let fl = FusionLimits { matmul_epilogue: true, inline_outputs: true, ..FusionLimits::default() };
+    let fl = FusionLimits {
+        matmul_epilogue: true,
+        inline_outputs: true,
+        row_kernels: limits.forms.reduce == lazuli_wgpu::codegen::ReduceForm::Cooperative,
+        ..FusionLimits::default()
+    };
     let plan = fusion::plan(&v, &fl);
     let mut s = format!("// plan\n{}", plan.to_text().lines().map(|l| format!("// {l}\n")).collect::<String>());
     for (i, k) in plan.kernels.iter().enumerate() {

@@ -24,7 +24,9 @@
 //! - Opt-in ([`FusionLimits`]): a matmul may absorb its same-shape
 //!   elementwise consumers as an epilogue (`matmul_epilogue`), and a graph
 //!   output used only inside one elementwise kernel of its shape may be
-//!   computed there and written as an extra output (`inline_outputs`).
+//!   computed there and written as an extra output (`inline_outputs`),
+//!   and reductions over the last axis may fold into the elementwise
+//!   kernel that consumes them row by row (`row_kernels`).
 //!
 //! The plan is deterministic: the same graph and limits give the same plan.
 
@@ -53,6 +55,14 @@ pub struct FusionLimits {
     /// output of it (instead of a kernel of its own that the consumer then
     /// reads back). Off by default.
     pub inline_outputs: bool,
+    /// Fold f32 reductions over the last axis (keepdim) into the
+    /// elementwise kernel that consumes them row by row, as one
+    /// [`KernelKind::Rows`] kernel: layer norm (mean, variance,
+    /// normalize) or a hand-written softmax becomes one kernel that reads
+    /// each row where three kernels read it three times. Off by default;
+    /// backends whose row kernels cooperate through workgroup memory
+    /// turn it on.
+    pub row_kernels: bool,
 }
 
 impl Default for FusionLimits {
@@ -63,6 +73,7 @@ impl Default for FusionLimits {
             merge_siblings: true,
             matmul_epilogue: false,
             inline_outputs: false,
+            row_kernels: false,
         }
     }
 }
@@ -97,6 +108,13 @@ pub enum KernelKind {
     MatMul,
     /// `Op::Gather`.
     Gather,
+    /// Rows of the output shape, one at a time (see
+    /// [`FusionLimits::row_kernels`]): the inlined `Reduce` nodes reduce
+    /// the last axis (keepdim, f32) of a value of the output shape; every
+    /// other node is an elementwise op or view evaluated at an index of
+    /// its row, so a row's reductions complete before its outputs are
+    /// written.
+    Rows,
     /// `Op::Random`.
     Random,
     /// `Op::Conv2d`.
@@ -117,8 +135,8 @@ pub struct Kernel {
     /// kernels' outputs), sorted by id.
     pub inputs: Vec<NodeId>,
     /// Nodes evaluated inside the kernel, in topological order. For
-    /// elementwise kernels this includes the outputs; for other kinds it is
-    /// the root's prologue (the root itself is not listed).
+    /// elementwise and row kernels this includes the outputs; for other
+    /// kinds it is the root's prologue (the root itself is not listed).
     pub inline: Vec<NodeId>,
 }
 
@@ -501,6 +519,115 @@ fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
         .or_else(|| k.outputs.get(1).copied())
 }
 
+/// Whether `x` is a reduction a row kernel of output shape `shape` can
+/// absorb: f32, over the last axis only, keepdim, of a value of `shape`.
+fn row_reduction(graph: &Graph, x: NodeId, shape: &crate::Shape) -> bool {
+    let n = graph.node(x);
+    let Op::Reduce { axes, keepdim: true, .. } = &n.op else { return false };
+    let rank = shape.rank();
+    n.dtype == crate::DType::F32 && rank > 0 && axes[..] == [rank - 1] && graph.node(n.inputs[0]).shape == *shape
+}
+
+/// Folds reduction kernels into the elementwise kernel that consumes them
+/// row by row (see [`FusionLimits::row_kernels`]). For an elementwise
+/// kernel `e` of output shape `S` (last dim at least 2), the kernels
+/// producing its inputs join it, transitively, when they are `Reduce`
+/// kernels over the last axis of a value of shape `S` (keepdim, f32) or
+/// elementwise kernels of shape `S` (recomputed per element, as layer
+/// norm's centred value, read by both the variance and the output), and
+/// what they write is read by no other kernel and is no graph output. At
+/// least one reduction must join, and every node that depends on a
+/// joined reduction must be an elementwise op of shape `S` or of the row
+/// shape (`S` with last dim 1), so each element only ever needs its own
+/// row's reductions. The result is a [`KernelKind::Rows`] kernel at `e`'s
+/// place; the joined kernels' outputs are never written.
+fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+    let nodes = graph.nodes();
+    let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
+    // Last consumers first, so one kernel takes the whole chain.
+    for e in (0..ks.len()).rev() {
+        let Some(ke) = ks[e].clone() else { continue };
+        if ke.kind != KernelKind::Elementwise {
+            continue;
+        }
+        let shape = nodes[ke.root().index()].shape.clone();
+        let rank = shape.rank();
+        if rank == 0 || shape.dims()[rank - 1] < 2 || !ke.outputs.iter().all(|o| nodes[o.index()].shape == shape) {
+            continue;
+        }
+        let mut row_dims = shape.dims().to_vec();
+        row_dims[rank - 1] = 1;
+        let row_shape = crate::Shape::new(row_dims);
+        let producer =
+            |x: NodeId, ks: &[Option<Kernel>]| (0..e).find(|&c| ks[c].as_ref().is_some_and(|k| k.outputs.contains(&x)));
+        let mut folded: Vec<usize> = Vec::new();
+        let mut frontier: Vec<NodeId> = ke.inputs.clone();
+        while let Some(x) = frontier.pop() {
+            let Some(c) = producer(x, &ks) else { continue };
+            let Some(kc) = ks[c].as_ref() else { continue };
+            let reduce = kc.kind == KernelKind::Reduce && row_reduction(graph, x, &shape);
+            let elementwise = matches!(kc.kind, KernelKind::Elementwise | KernelKind::Rows)
+                && kc.outputs.iter().all(|o| nodes[o.index()].shape == shape && !graph.outputs.contains(o));
+            if folded.contains(&c) || graph.outputs.contains(&x) || !(reduce || elementwise) {
+                continue;
+            }
+            folded.push(c);
+            frontier.extend(kc.inputs.iter().copied());
+        }
+        let kernel = |c: usize, ks: &[Option<Kernel>]| ks[c].clone().expect("folded kernel");
+        if !folded.iter().any(|&c| kernel(c, &ks).kind == KernelKind::Reduce) {
+            continue;
+        }
+        // Nobody else may read what the folded kernels write.
+        let mine = |c: usize| c == e || folded.contains(&c);
+        let written: BTreeSet<NodeId> = folded.iter().flat_map(|&c| kernel(c, &ks).outputs).collect();
+        let private = written
+            .iter()
+            .all(|r| (0..ks.len()).all(|d| mine(d) || !ks[d].as_ref().is_some_and(|k| k.inputs.contains(r))));
+        if !private {
+            continue;
+        }
+        let mut inputs: BTreeSet<NodeId> = BTreeSet::new();
+        let mut inline: BTreeSet<NodeId> = written.clone();
+        for k in folded.iter().map(|&c| kernel(c, &ks)).chain([ke.clone()]) {
+            inputs.extend(k.inputs.iter().copied().filter(|x| !written.contains(x)));
+            inline.extend(k.inline.iter().copied());
+        }
+        // Row-locality: whatever depends on a joined reduction is an
+        // elementwise op of the output or row shape.
+        let mut dep: BTreeSet<NodeId> = BTreeSet::new();
+        let mut local = true;
+        for &x in &inline {
+            let n = &nodes[x.index()];
+            if matches!(n.op, Op::Reduce { .. }) {
+                dep.insert(x);
+                continue;
+            }
+            if n.inputs.iter().any(|o| dep.contains(o)) {
+                let elementwise = matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_));
+                if !elementwise || (n.shape != shape && n.shape != row_shape) {
+                    local = false;
+                    break;
+                }
+                dep.insert(x);
+            }
+        }
+        if !local || inputs.len() + ke.outputs.len() > max {
+            continue;
+        }
+        ks[e] = Some(Kernel {
+            kind: KernelKind::Rows,
+            outputs: ke.outputs.clone(),
+            inputs: inputs.into_iter().collect(),
+            inline: inline.into_iter().collect(),
+        });
+        for c in folded {
+            ks[c] = None;
+        }
+    }
+    ks.into_iter().flatten().collect()
+}
+
 /// Splits over-wide concats, merges siblings and collects the plan.
 fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) -> FusionPlan {
     let nodes = graph.nodes();
@@ -520,6 +647,9 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) 
     }
     if limits.matmul_epilogue {
         kernels = merge_epilogue_kernels(graph, kernels, max);
+    }
+    if limits.row_kernels {
+        kernels = merge_row_kernels(graph, kernels, max);
     }
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();
@@ -760,6 +890,51 @@ mod tests {
         let p = plan(&g, &FusionLimits::default());
         check_limits(&g, &p, 8);
         assert!(p.kernels.iter().any(|k| matches!(k.kind, KernelKind::ConcatPart { .. })), "{}", p.to_text());
+    }
+
+    /// `nn::layer_norm`'s graph: mean, variance of the centred value, the
+    /// normalization with weight and bias.
+    fn layer_norm_graph(mean_is_output: bool) -> Graph {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([6, 10], DType::F32));
+        let w = g.param(ValueType::new([10], DType::F32));
+        let b = g.param(ValueType::new([10], DType::F32));
+        let mean =
+            |g: &mut Graph, v| g.push(Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keepdim: true }, &[v]).unwrap();
+        let mu = mean(&mut g, x);
+        let xc = bin(&mut g, BinaryOp::Sub, x, mu);
+        let sq = bin(&mut g, BinaryOp::Mul, xc, xc);
+        let var = mean(&mut g, sq);
+        let r = g.push(Op::Unary(UnaryOp::Rsqrt), &[var]).unwrap();
+        let y = bin(&mut g, BinaryOp::Mul, xc, r);
+        let y = bin(&mut g, BinaryOp::Mul, y, w);
+        let y = bin(&mut g, BinaryOp::Add, y, b);
+        g.outputs.push(y);
+        if mean_is_output {
+            g.outputs.push(mu);
+        }
+        g
+    }
+
+    #[test]
+    fn layer_norm_is_one_row_kernel() {
+        let g = layer_norm_graph(false);
+        let rows = FusionLimits { row_kernels: true, ..FusionLimits::default() };
+        let p = plan(&g, &rows);
+        assert_eq!(p.kernels.len(), 1, "{}", p.to_text());
+        assert_eq!(p.kernels[0].kind, KernelKind::Rows);
+        assert_eq!(p.kernels[0].inputs.len(), 3, "x, weight and bias: {}", p.to_text());
+        check_limits(&g, &p, 8);
+        // Without row kernels: mean, centred value, variance and the
+        // normalization.
+        assert_eq!(plan(&g, &FusionLimits::default()).kernels.len(), 4);
+        // A reduction someone else needs (here a graph output) is written
+        // by its own kernel; only the variance folds.
+        let g = layer_norm_graph(true);
+        let p = plan(&g, &rows);
+        assert_eq!(p.kernels.len(), 2, "{}", p.to_text());
+        assert_eq!(p.kernels[1].kind, KernelKind::Rows);
+        check_limits(&g, &p, 8);
     }
 
     #[test]

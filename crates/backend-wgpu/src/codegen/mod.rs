@@ -243,6 +243,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         shared: String::new(),
         limits: *limits,
         second: None,
+        decls: String::new(),
     };
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
@@ -316,6 +317,11 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
                 if Some(id) == concat_part_root || Some(id) == mm_node || dependent.contains(&id) {
                     continue;
                 }
+                // A row kernel's reductions are values of its rows,
+                // written by `rows_kernel`.
+                if kernel.kind == KernelKind::Rows && matches!(graph.node(id).op, Op::Reduce { .. }) {
+                    continue;
+                }
                 // A zero-size node is never evaluated; a stub stands in for
                 // index math that would divide by zero (finding 1).
                 let n = graph.node(id);
@@ -361,6 +367,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         s.push_str(helper_source(h));
         s.push('\n');
     }
+    s.push_str(&w.decls);
     s.push_str(&w.funcs);
     if let Some(lanes) = w.workgroup {
         // Kernels written per workgroup (matmul): `main` derives `t`.
@@ -442,6 +449,9 @@ struct Writer<'a> {
     /// Set by a two-pass reduction: the main body, written above, is the
     /// first pass; this is the second (see [`reduce`]).
     second: Option<SecondPass>,
+    /// Module-scope declarations (private and workgroup variables) of
+    /// kernels that need them besides `red` (row kernels).
+    decls: String,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
@@ -878,6 +888,7 @@ impl Writer<'_> {
                     }
                 }
             }
+            KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
             KernelKind::Conv2d | KernelKind::Pool => {
                 return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
             }

@@ -233,6 +233,55 @@ impl Writer<'_> {
         SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts, acc: acc_ty, out }
     }
 
+    /// A row kernel ([`KernelKind::Rows`]): `lanes` invocations per row of
+    /// the output shape ([`reduce_lanes`] of its length), `256 / lanes`
+    /// rows per workgroup. Each inlined reduction, in order, strides over
+    /// its operand's row (adjacent lanes on adjacent elements), combines
+    /// in a tree and leaves its value in workgroup memory (`rvK[lrow]`),
+    /// where the value function of the reduction node reads it; then the
+    /// outputs are written along the row. The operand of a later
+    /// reduction may use an earlier one (layer norm's variance its mean).
+    /// A row re-read by several phases comes from cache, not memory.
+    pub(super) fn rows_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let g = self.g;
+        let shape = &g.node(k.root()).shape;
+        let len = shape.dims()[shape.rank() - 1] as u64;
+        let rows = (shape.numel() as u64).checked_div(len).unwrap_or(0);
+        let lanes = reduce_lanes(len);
+        let per_group = WORKGROUP_SIZE as u64 / lanes;
+        self.cooperative = Some("f32");
+        let _ = writeln!(self.decls, "var<private> lrow: u32;\n");
+        let _ = writeln!(
+            b,
+            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    lrow = lid / {lanes}u;\n    let valid = t < {rows}u;\n    let base = t * {len}u;"
+        );
+        let mut slot = 0;
+        for &id in &k.inline {
+            let n = g.node(id);
+            let Op::Reduce { op, .. } = n.op else { continue };
+            let (_, init, combine, fin) = self.reduce_parts(op, DType::F32, len as usize);
+            let _ = writeln!(self.decls, "var<workgroup> rv{slot}: array<f32, {per_group}>;\n");
+            let _ = writeln!(self.funcs, "fn n{}(i: u32) -> f32 {{\n    return rv{slot}[lrow];\n}}\n", id.0);
+            let _ = writeln!(
+                b,
+                "    {{\n        var acc = {init};\n        if (valid) {{\n            for (var j = tid; j < {len}u; j = j + {lanes}u) {{\n                let v = n{}(base + j);\n                acc = {combine};\n            }}\n        }}\n        red[lid] = acc;\n        workgroupBarrier();\n        for (var h = {}u; h > 0u; h = h >> 1u) {{\n            if (tid < h) {{\n                let acc = red[lid];\n                let v = red[lid + h];\n                red[lid] = {combine};\n            }}\n            workgroupBarrier();\n        }}\n        if (tid == 0u) {{\n            let acc = red[lid];\n            rv{slot}[lrow] = {fin};\n        }}\n        workgroupBarrier();\n    }}",
+                n.inputs[0].0,
+                lanes / 2
+            );
+            slot += 1;
+        }
+        let _ = writeln!(b, "    if (valid) {{\n        for (var j = tid; j < {len}u; j = j + {lanes}u) {{");
+        for (o, &id) in k.outputs.iter().enumerate() {
+            let _ = writeln!(
+                b,
+                "            out{o}[base + j] = {};",
+                store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
+            );
+        }
+        b.push_str("        }\n    }\n");
+        rows.div_ceil(per_group) * WORKGROUP_SIZE as u64
+    }
+
     /// An arg-reduction: one invocation per output line.
     /// Appends the statements of `main` to `b`; returns the invocation
     /// count.
