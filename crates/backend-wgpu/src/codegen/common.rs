@@ -37,6 +37,17 @@ pub(super) fn strides(s: &Shape) -> Vec<u64> {
     s.strides().into_iter().map(|x| x as u64).collect()
 }
 
+/// A tree over each group of lanes in the workgroup array `red`: every
+/// lane stores its `acc`, then for `h` = `half`, `half / 2`, .., 1 lane
+/// `tid` of a group (below `h`) combines `red[lid]` and `red[lid + h]`
+/// (as `acc` and `v`), a barrier after each step; the group's first lane
+/// then holds its result. Lines indented by `ind`.
+pub(super) fn lane_tree(ind: &str, half: u64, tid: &str, combine: &str) -> String {
+    format!(
+        "{ind}red[lid] = acc;\n{ind}workgroupBarrier();\n{ind}for (var h = {half}u; h > 0u; h = h >> 1u) {{\n{ind}    if ({tid} < h) {{\n{ind}        let acc = red[lid];\n{ind}        let v = red[lid + h];\n{ind}        red[lid] = {combine};\n{ind}    }}\n{ind}    workgroupBarrier();\n{ind}}}\n"
+    )
+}
+
 /// WGSL expression for coordinate `d` of linear index `var` in `shape`.
 pub(super) fn coord(var: &str, shape: &Shape, d: usize) -> String {
     let st = strides(shape);

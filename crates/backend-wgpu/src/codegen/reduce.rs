@@ -145,8 +145,8 @@ impl Writer<'_> {
             self.cooperative = Some(acc_ty);
             let _ = writeln!(
                 b,
-                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (lid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && lid == 0u) {{\n        out0[gi] = red[0];\n    }}",
-                wg / 2
+                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && lid == 0u) {{\n        out0[gi] = red[0];\n    }}",
+                lane_tree("    ", wg / 2, "lid", &combine)
             );
             self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
         } else if self.limits.forms.reduce == ReduceForm::Cooperative && trailing && len > 1 {
@@ -165,10 +165,10 @@ impl Writer<'_> {
                 lanes * u,
                 step("            ", "r0", lanes)
             );
+            b.push_str(&lane_tree("    ", lanes / 2, "tid", &combine));
             let _ = writeln!(
                 b,
-                "    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}",
-                lanes / 2
+                "    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}"
             );
         } else if cooperative {
             // Few long reductions: one workgroup per output, its
@@ -186,10 +186,10 @@ impl Writer<'_> {
                 wg * u,
                 step("            ", "r0", wg)
             );
+            b.push_str(&lane_tree("    ", wg / 2, "lid", &combine));
             let _ = writeln!(
                 b,
-                "    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (lid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}",
-                wg / 2
+                "    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}"
             );
         } else {
             let main = len / u * u;
@@ -227,8 +227,8 @@ impl Writer<'_> {
         let lanes = reduce_lanes(parts);
         let per_group = wg / lanes;
         let body = format!(
-            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n    red[lid] = acc;\n    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let acc = red[lid];\n            let v = red[lid + h];\n            red[lid] = {combine};\n        }}\n        workgroupBarrier();\n    }}\n    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
-            lanes / 2
+            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
+            lane_tree("    ", lanes / 2, "tid", combine)
         );
         SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts, acc: acc_ty, out }
     }
@@ -264,9 +264,9 @@ impl Writer<'_> {
             let _ = writeln!(self.funcs, "fn n{}(i: u32) -> f32 {{\n    return rv{slot}[lrow];\n}}\n", id.0);
             let _ = writeln!(
                 b,
-                "    {{\n        var acc = {init};\n        if (valid) {{\n            for (var j = tid; j < {len}u; j = j + {lanes}u) {{\n                let v = n{}(base + j);\n                acc = {combine};\n            }}\n        }}\n        red[lid] = acc;\n        workgroupBarrier();\n        for (var h = {}u; h > 0u; h = h >> 1u) {{\n            if (tid < h) {{\n                let acc = red[lid];\n                let v = red[lid + h];\n                red[lid] = {combine};\n            }}\n            workgroupBarrier();\n        }}\n        if (tid == 0u) {{\n            let acc = red[lid];\n            rv{slot}[lrow] = {fin};\n        }}\n        workgroupBarrier();\n    }}",
+                "    {{\n        var acc = {init};\n        if (valid) {{\n            for (var j = tid; j < {len}u; j = j + {lanes}u) {{\n                let v = n{}(base + j);\n                acc = {combine};\n            }}\n        }}\n{}        if (tid == 0u) {{\n            let acc = red[lid];\n            rv{slot}[lrow] = {fin};\n        }}\n        workgroupBarrier();\n    }}",
                 n.inputs[0].0,
-                lanes / 2
+                lane_tree("        ", lanes / 2, "tid", &combine)
             );
             slot += 1;
         }
