@@ -832,6 +832,10 @@ pub fn profile(w: Workload, bd: &BenchDevice, iterations: usize) -> Result<Optio
 /// is not given: a 4096³ matmul takes about a second there.
 pub const GPU_SCALE_CPU_ITERATIONS: usize = 3;
 
+/// Timed iterations of a G workload on a software adapter (lavapipe) when
+/// `--iterations` is not given: a G3 or G7 iteration takes about 22 s there.
+pub const GPU_SCALE_SOFTWARE_ITERATIONS: usize = 1;
+
 /// The options of `lazuli bench`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchArgs {
@@ -891,12 +895,19 @@ impl BenchArgs {
         Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations })
     }
 
-    /// The iterations of workload `w` on the device labelled `device`:
-    /// `--iterations` if given, else 10, except for G workloads on the CPU
-    /// device ([`GPU_SCALE_CPU_ITERATIONS`]).
+    /// The iterations of workload `w` on the device labelled `device`
+    /// ("cpu", "wgpu" or "wgpu (software)"): `--iterations` if given, else
+    /// 10, except for G workloads on the CPU device
+    /// ([`GPU_SCALE_CPU_ITERATIONS`]) and on software adapters
+    /// ([`GPU_SCALE_SOFTWARE_ITERATIONS`]).
     pub fn config(&self, w: Workload, device: &str) -> BenchConfig {
         let default = BenchConfig::default();
-        let fallback = if w.is_gpu_scale() && device == "cpu" { GPU_SCALE_CPU_ITERATIONS } else { default.iterations };
+        let fallback = match device {
+            _ if !w.is_gpu_scale() => default.iterations,
+            "cpu" => GPU_SCALE_CPU_ITERATIONS,
+            "wgpu (software)" => GPU_SCALE_SOFTWARE_ITERATIONS,
+            _ => default.iterations,
+        };
         BenchConfig { iterations: self.iterations.unwrap_or(fallback), ..default }
     }
 }
@@ -956,8 +967,9 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
     for d in &devices {
         for &w in workloads {
             bar.set_message(format!("{} ({})", w.name(), d.label));
-            let measured = run_workload(w, d, &args.config(w, d.label))
-                .map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
+            let kind = if d.wgpu.as_ref().is_some_and(|b| b.is_software()) { "wgpu (software)" } else { d.label };
+            let measured =
+                run_workload(w, d, &args.config(w, kind)).map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
             let ran = measured.iter().all(|r| r.error.is_none());
             rows.extend(measured);
             if args.profile && d.wgpu.is_some() && w != Workload::W6 {

@@ -6,6 +6,7 @@
 
 use lazuli::bench::{
     gpu_row_name, run_gpu_workload, BenchArgs, BenchConfig, BenchDevice, GpuSizes, Workload, GPU_SCALE_CPU_ITERATIONS,
+    GPU_SCALE_SOFTWARE_ITERATIONS,
 };
 
 fn args(s: &str) -> Vec<String> {
@@ -49,6 +50,8 @@ fn iteration_defaults_are_small_for_g_on_cpu() {
     let a = parse("--scale gpu").unwrap();
     assert_eq!(a.config(Workload::G3, "cpu").iterations, GPU_SCALE_CPU_ITERATIONS);
     assert_eq!(a.config(Workload::G3, "wgpu").iterations, 10);
+    assert_eq!(a.config(Workload::G3, "wgpu (software)").iterations, GPU_SCALE_SOFTWARE_ITERATIONS);
+    assert_eq!(a.config(Workload::W1, "wgpu (software)").iterations, 10);
     assert_eq!(a.config(Workload::W2, "cpu").iterations, 10);
     assert_eq!(a.config(Workload::G3, "cpu").warmup, 3);
     let n = parse("--scale gpu --iterations 1").unwrap();

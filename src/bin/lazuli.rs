@@ -22,14 +22,15 @@ commands:
                             run the benchmark workloads and baselines; prints a table.
                             --scale small (default) runs W1-W6; --scale gpu runs G1-G7 of
                             WORKLOADS.md (G8, the GPT step, is not implemented); naming
-                            workloads runs those. G workloads time 10 iterations on wgpu and
-                            3 on cpu unless --iterations is given (a software adapter is slow:
-                            pass --iterations 1 there); one that cannot run on a device (e.g. a
+                            workloads runs those. G workloads time 10 iterations on a GPU, 3 on
+                            cpu and 1 on a software adapter unless --iterations is given; one
+                            that cannot run on a device (e.g. a
                             tensor over the adapter's binding limit) gives a row with NaN times
                             and the error (key 'error' in --json), and the run goes on
   help                      this text
 
-environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_DUMP_DIR, RUST_LOG";
+environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_KERNEL_FORMS, LAZULI_AUTOTUNE,
+             LAZULI_CACHE_DIR, LAZULI_POOL_BYTES, LAZULI_DUMP_DIR, RUST_LOG";
 
 fn main() -> ExitCode {
     init_tracing();

@@ -225,6 +225,12 @@ impl WgpuBackend {
         self.inner.pipelines.len()
     }
 
+    /// Whether the adapter is a software rasterizer (llvmpipe / lavapipe,
+    /// wgpu's `DeviceType::Cpu`).
+    pub fn is_software(&self) -> bool {
+        self.inner.loop_budget.is_some()
+    }
+
     /// Whether this adapter can time kernels (wgpu `TIMESTAMP_QUERY`).
     pub fn supports_profiling(&self) -> bool {
         self.inner.timestamps
