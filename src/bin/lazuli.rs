@@ -24,9 +24,9 @@ commands:
                             WORKLOADS.md (G8, the GPT step, is not implemented); naming
                             workloads runs those. G workloads time 10 iterations on a GPU, 3 on
                             cpu and 1 on a software adapter unless --iterations is given; one
-                            that cannot run on a device (e.g. a
-                            tensor over the adapter's binding limit) gives a row with NaN times
-                            and the error (key 'error' in --json), and the run goes on
+                            that cannot run on a device (e.g. a tensor over the adapter's
+                            binding limit) gives a row with NaN times and the error (key
+                            'error' in --json), and the run goes on
   help                      this text
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_KERNEL_FORMS, LAZULI_AUTOTUNE,
