@@ -256,26 +256,66 @@ impl WgpuBackend {
     }
 
     fn record_profile(&self, read: &wgpu::Buffer, names: &[&str]) -> Result<(), BackendError> {
+        let times = self.read_timestamps(read, names.len())?;
+        let mut p = self.inner.profile.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = p.as_mut() {
+            p.extend(names.iter().zip(times).map(|(name, ms)| (name.to_string(), ms)));
+        }
+        Ok(())
+    }
+
+    /// Maps the first `pairs` resolved timestamp pairs (begin and end of a
+    /// pass) of `read` after the device is done and returns each pair's
+    /// time in ms.
+    fn read_timestamps(&self, read: &wgpu::Buffer, pairs: usize) -> Result<Vec<f64>, BackendError> {
+        let bytes = pairs as u64 * 16;
         let (tx, rx) = std::sync::mpsc::channel();
-        read.map_async(wgpu::MapMode::Read, .., move |r| {
+        read.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
             let _ = tx.send(r);
         });
         self.wait()?;
         rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
         let period = self.inner.queue.get_timestamp_period() as f64;
-        let times: Vec<u64> = {
-            let view = read.get_mapped_range(..).map_err(|e| device_err(&self.inner.name, e))?;
-            bytemuck::cast_slice::<u8, u64>(&view).to_vec()
+        let times: Vec<f64> = {
+            let view = read.get_mapped_range(0..bytes).map_err(|e| device_err(&self.inner.name, e))?;
+            bytemuck::cast_slice::<u8, u64>(&view)
+                .chunks_exact(2)
+                .map(|t| t[1].saturating_sub(t[0]) as f64 * period / 1e6)
+                .collect()
         };
         read.unmap();
-        let mut p = self.inner.profile.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = p.as_mut() {
-            for (i, name) in names.iter().enumerate() {
-                let ns = times[2 * i + 1].saturating_sub(times[2 * i]) as f64 * period;
-                p.push((name.to_string(), ns / 1e6));
-            }
+        Ok(times)
+    }
+
+    /// A bind group of `layout` binding `bufs` whole, in binding order.
+    fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+    }
+
+    /// The uniform buffer of a launch: `P.z` (0), then one 32-bit word per
+    /// lifted scalar of `dtypes` (`values`, or zeros when `None`), padded
+    /// to 16 bytes.
+    fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
+        let mut words: Vec<u32> = vec![0];
+        for (k, d) in dtypes.iter().enumerate() {
+            words.push(values.map_or(0, |vs| match d {
+                DType::F32 => (vs[k].as_f64() as f32).to_bits(),
+                DType::I32 => vs[k].as_i64() as i32 as u32,
+                DType::Bool => vs[k].as_bool() as u32,
+                _ => vs[k].as_u64() as u32,
+            }));
         }
-        Ok(())
+        while !words.len().is_multiple_of(4) {
+            words.push(0);
+        }
+        let uniform = self.inner.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
+        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        Ok(uniform)
     }
 
     /// The wgpu device (for hand-written baseline kernels).
@@ -457,28 +497,16 @@ impl WgpuBackend {
         pipeline: &PipelineEntry,
     ) -> Result<f64, BackendError> {
         let dev = &self.inner.device;
-        let mut words = vec![0u32; 1 + graph.scalars.len()];
-        while !words.len().is_multiple_of(4) {
-            words.push(0);
-        }
-        let uniform = self.inner.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
-        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        let uniform = self.uniform(&graph.scalars, None)?;
         let mut scratch = Vec::new();
         for &id in k.inputs.iter().chain(&k.outputs) {
             let bytes = (graph.node(id).shape.numel() as u64 * 4).max(4);
             scratch.push(self.inner.pool.acquire(bytes, STORAGE)?);
         }
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.buffer().as_entire_binding() }];
-        for (i, b) in scratch.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: 1 + i as u32, resource: b.buffer().as_entire_binding() });
-        }
-        let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.layout,
-            entries: &entries,
-        });
-        let groups = wgsl.invocations.div_ceil(wgsl.workgroup_size.max(1) as u64);
-        let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
+        let mut bufs = vec![uniform.buffer()];
+        bufs.extend(scratch.iter().map(|b| b.buffer()));
+        let bg = self.bind_group(&pipeline.layout, &bufs);
+        let (x, y) = dispatch_size(wgsl.invocations, wgsl.workgroup_size);
         let runs = autotune::RUNS + 1;
         let mut best = f64::INFINITY;
         if self.inner.timestamps {
@@ -503,27 +531,13 @@ impl WgpuBackend {
                 });
                 pass.set_pipeline(&pipeline.pipeline);
                 pass.set_bind_group(0, &bg, &[]);
-                pass.dispatch_workgroups(x as u32, y as u32, 1);
+                pass.dispatch_workgroups(x, y, 1);
             }
             enc.resolve_query_set(&set, 0..n, resolve.buffer(), 0);
             enc.copy_buffer_to_buffer(resolve.buffer(), 0, read.buffer(), 0, n as u64 * 8);
             self.inner.queue.submit([enc.finish()]);
-            let (tx, rx) = std::sync::mpsc::channel();
-            read.buffer().map_async(wgpu::MapMode::Read, 0..n as u64 * 8, move |r| {
-                let _ = tx.send(r);
-            });
-            self.wait()?;
-            rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
-            let period = self.inner.queue.get_timestamp_period() as f64;
-            {
-                let view =
-                    read.buffer().get_mapped_range(0..n as u64 * 8).map_err(|e| device_err(&self.inner.name, e))?;
-                let t: &[u64] = bytemuck::cast_slice(&view);
-                for r in 1..runs {
-                    best = best.min(t[2 * r + 1].saturating_sub(t[2 * r]) as f64 * period / 1e6);
-                }
-            }
-            read.buffer().unmap();
+            // Run 0 is the warm-up.
+            best = self.read_timestamps(read.buffer(), runs)?.into_iter().skip(1).fold(f64::INFINITY, f64::min);
         } else {
             for r in 0..runs {
                 let t = std::time::Instant::now();
@@ -532,7 +546,7 @@ impl WgpuBackend {
                     let mut pass = enc.begin_compute_pass(&Default::default());
                     pass.set_pipeline(&pipeline.pipeline);
                     pass.set_bind_group(0, &bg, &[]);
-                    pass.dispatch_workgroups(x as u32, y as u32, 1);
+                    pass.dispatch_workgroups(x, y, 1);
                 }
                 self.inner.queue.submit([enc.finish()]);
                 self.wait()?;
@@ -756,22 +770,7 @@ impl Backend for WgpuBackend {
                 scalars.len()
             )));
         }
-        // Uniform: z = 0, then one 32-bit word per scalar, padded to 16 bytes.
-        let mut words: Vec<u32> = vec![0];
-        for (v, d) in scalars.iter().zip(&g.scalars) {
-            words.push(match d {
-                DType::F32 => (v.as_f64() as f32).to_bits(),
-                DType::I32 => v.as_i64() as i32 as u32,
-                DType::Bool => v.as_bool() as u32,
-                _ => v.as_u64() as u32,
-            });
-        }
-        while !words.len().is_multiple_of(4) {
-            words.push(0);
-        }
-        let ubytes = words.len() as u64 * 4;
-        let uniform = self.inner.pool.acquire(ubytes, UNIFORM)?;
-        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        let uniform = self.uniform(&g.scalars, Some(scalars))?;
 
         let mut values: HashMap<NodeId, Buffer> = HashMap::new();
         for id in g.ids() {
@@ -794,14 +793,6 @@ impl Backend for WgpuBackend {
         let mut work: Vec<Launch> = Vec::new();
         // Scratch buffers of two-pass kernels live until the wait below.
         let mut scratch = Vec::new();
-        let bind = |layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]| {
-            let entries: Vec<wgpu::BindGroupEntry> = bufs
-                .iter()
-                .enumerate()
-                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                .collect();
-            dev.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
-        };
         for k in &exe.kernels {
             if k.wgsl.invocations == 0 {
                 continue;
@@ -826,7 +817,7 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: format!("{}_pass1", k.name),
                         pipeline: &pre_pipeline.pipeline,
-                        bind_group: bind(&pre_pipeline.layout, &first),
+                        bind_group: self.bind_group(&pre_pipeline.layout, &first),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
                     let mut second = vec![uniform.buffer(), s.buffer()];
@@ -834,7 +825,7 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: bind(&k.pipeline.layout, &second),
+                        bind_group: self.bind_group(&k.pipeline.layout, &second),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                     scratch.push(s);
@@ -846,7 +837,7 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: bind(&k.pipeline.layout, &bufs),
+                        bind_group: self.bind_group(&k.pipeline.layout, &bufs),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                 }
