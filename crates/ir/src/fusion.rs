@@ -519,6 +519,31 @@ fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
         .or_else(|| k.outputs.get(1).copied())
 }
 
+/// The nodes of `order` (topologically sorted) that depend on `dep`'s
+/// nodes, added to `dep`, when every one of them is an elementwise op
+/// whose shape `shape_ok` accepts; `None` as soon as one is not. Nodes
+/// for which `seed` holds join unchecked (the values others depend on).
+fn elementwise_dependents(
+    graph: &Graph,
+    order: &[NodeId],
+    mut dep: BTreeSet<NodeId>,
+    seed: impl Fn(NodeId) -> bool,
+    shape_ok: impl Fn(&crate::Shape) -> bool,
+) -> Option<BTreeSet<NodeId>> {
+    for &x in order {
+        let n = graph.node(x);
+        if seed(x) {
+            dep.insert(x);
+        } else if n.inputs.iter().any(|o| dep.contains(o)) {
+            if !n.op.is_elementwise() || !shape_ok(&n.shape) {
+                return None;
+            }
+            dep.insert(x);
+        }
+    }
+    Some(dep)
+}
+
 /// Whether `x` is a reduction a row kernel of output shape `shape` can
 /// absorb: f32, over the last axis only, keepdim, of a value of `shape`.
 fn row_reduction(graph: &Graph, x: NodeId, shape: &crate::Shape) -> bool {
@@ -595,24 +620,11 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Ker
         }
         // Row-locality: whatever depends on a joined reduction is an
         // elementwise op of the output or row shape.
-        let mut dep: BTreeSet<NodeId> = BTreeSet::new();
-        let mut local = true;
-        for &x in &inline {
-            let n = &nodes[x.index()];
-            if matches!(n.op, Op::Reduce { .. }) {
-                dep.insert(x);
-                continue;
-            }
-            if n.inputs.iter().any(|o| dep.contains(o)) {
-                let elementwise = matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_));
-                if !elementwise || (n.shape != shape && n.shape != row_shape) {
-                    local = false;
-                    break;
-                }
-                dep.insert(x);
-            }
-        }
-        if !local || inputs.len() + ke.outputs.len() > max {
+        let order: Vec<NodeId> = inline.iter().copied().collect();
+        let reduction = |x: NodeId| matches!(nodes[x.index()].op, Op::Reduce { .. });
+        let local =
+            elementwise_dependents(graph, &order, BTreeSet::new(), reduction, |s| *s == shape || *s == row_shape);
+        if local.is_none() || inputs.len() + ke.outputs.len() > max {
             continue;
         }
         ks[e] = Some(Kernel {
@@ -693,20 +705,8 @@ fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Ve
             continue;
         }
         // Nodes of kb depending on r: same-shape elementwise only.
-        let mut dep: BTreeSet<NodeId> = BTreeSet::from([r]);
-        let mut ok = true;
-        for &x in &kb.inline {
-            let n = &nodes[x.index()];
-            if n.inputs.iter().any(|o| dep.contains(o)) {
-                let elementwise = matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_));
-                if !elementwise || n.shape != *shape {
-                    ok = false;
-                    break;
-                }
-                dep.insert(x);
-            }
-        }
-        if !ok || !kb.outputs.iter().all(|o| dep.contains(o)) {
+        let dep = elementwise_dependents(graph, &kb.inline, BTreeSet::from([r]), |_| false, |s| s == shape);
+        if !dep.is_some_and(|dep| kb.outputs.iter().all(|o| dep.contains(o))) {
             continue;
         }
         let mut inputs: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();

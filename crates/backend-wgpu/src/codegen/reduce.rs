@@ -73,10 +73,14 @@ impl Writer<'_> {
         let kept: Vec<usize> = (0..x.shape.rank()).filter(|d| !axes.contains(d)).collect();
         let kshape = Shape::new(kept.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
         let rshape = Shape::new(axes.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
-        let base = sum((0..kept.len())
-            .filter(|&j| kshape.dims()[j] != 1)
-            .map(|j| format!("{} * {}u", coord("t", &kshape, j), xs[kept[j]]))
-            .collect());
+        // Offset of output `var`'s first element in the operand.
+        let base_of = |var: &str| {
+            sum((0..kept.len())
+                .filter(|&j| kshape.dims()[j] != 1)
+                .map(|j| format!("{} * {}u", coord(var, &kshape, j), xs[kept[j]]))
+                .collect())
+        };
+        let base = base_of("t");
         // Reduced axes that are the trailing dims, in order, are
         // one contiguous run: the offset is `r` itself.
         let rank = x.shape.rank();
@@ -124,10 +128,7 @@ impl Writer<'_> {
             let parts = column_parts;
             let chunk = len.div_ceil(parts);
             invocations = outputs * parts;
-            let obase = sum((0..kept.len())
-                .filter(|&j| kshape.dims()[j] != 1)
-                .map(|j| format!("{} * {}u", coord("o", &kshape, j), xs[kept[j]]))
-                .collect());
+            let obase = base_of("o");
             let _ = writeln!(
                 b,
                 "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    for (var r = p * {chunk}u; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;"
