@@ -236,155 +236,75 @@ impl Writer<'_> {
             kk * nn,
         );
         // Loads of one k-slice `k0` into registers (`pa*`, `pb*`), and
-        // stores of those registers into buffer `nb0` (a vec4 offset).
-        // Each operand: (element count per slice, loads, stores).
-        let mut decl = String::new();
-        let mut load = String::new();
-        let mut stores = String::new();
-        let rounds = |cnt: u64| cnt.div_ceil(lanes);
-        let guard =
-            |cnt: u64, e: u64| (!cnt.is_multiple_of(lanes) && (e + 1) * lanes > cnt).then(|| format!("l < {cnt}u"));
-        let emit = |decl: &mut String,
-                    load: &mut String,
-                    stores: &mut String,
-                    name: &str,
-                    cnt: u64,
-                    is_vec: bool,
-                    ld: &dyn Fn(u64) -> (String, String),
-                    st: &dyn Fn(&str) -> String| {
-            for e in 0..rounds(cnt) {
-                let reg = format!("{name}{e}");
-                let _ = writeln!(decl, "    var {reg}: {};", if is_vec { v_ty.as_str() } else { t_ty });
-                let (pre, val) = ld(e);
-                let body_l = format!("{pre}{reg} = {val};");
-                let body_s = st(&reg);
-                let lexpr = format!("lid + {}u", e * lanes);
-                match guard(cnt, e) {
-                    Some(cond) => {
-                        let _ = writeln!(load, "        {{\n            let l = {lexpr};\n            if ({cond}) {{\n                {body_l}\n            }}\n        }}");
-                        let _ = writeln!(stores, "        {{\n            let l = {lexpr};\n            if ({cond}) {{\n                {body_s}\n            }}\n        }}");
-                    }
-                    None => {
-                        let _ = writeln!(
-                            load,
-                            "        {{\n            let l = {lexpr};\n            {body_l}\n        }}"
-                        );
-                        let _ = writeln!(
-                            stores,
-                            "        {{\n            let l = {lexpr};\n            {body_s}\n        }}"
-                        );
-                    }
-                }
-            }
-        };
+        // stores of those registers into buffer `nb0` (see `SliceCode`).
+        let mut slice = SliceCode::default();
         let (bm4, bn4) = (bm / 4, bnn / 4);
         // A: sa[(buf * BK + k) * bm/4 + m/4][m % 4].
         if let Some(id) = p.a_vec {
             // vec4 along k from row-major A; stored transposed.
             let src = slot(id);
-            emit(
-                &mut decl,
-                &mut load,
-                &mut stores,
+            slice.add(
                 "pa",
                 bm * bk / 4,
-                true,
-                &|_| {
-                    (format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;\n                ", bk / 4, bk / 4),
-                    format!("select({zv}, in{src}[(abase + min(row0 + am, {}u) * {kk}u + k0 + ak) / 4u], k0 + ak < {kk}u)", m - 1))
-                },
-                &|reg| {
-                    format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;\n                let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {reg}.x;\n                sa[ai + {bm4}u][am % 4u] = {reg}.y;\n                sa[ai + {}u][am % 4u] = {reg}.z;\n                sa[ai + {}u][am % 4u] = {reg}.w;", bk / 4, bk / 4, 2 * bm4, 3 * bm4)
-                },
+                &v_ty,
+                &format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;", bk / 4, bk / 4),
+                &format!("select({zv}, in{src}[(abase + min(row0 + am, {}u) * {kk}u + k0 + ak) / 4u], k0 + ak < {kk}u)", m - 1),
+                &format!("let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {{reg}}.x;\n                sa[ai + {bm4}u][am % 4u] = {{reg}}.y;\n                sa[ai + {}u][am % 4u] = {{reg}}.z;\n                sa[ai + {}u][am % 4u] = {{reg}}.w;", 2 * bm4, 3 * bm4),
             );
         } else if let Some(id) = p.a_t {
             // A = transpose of `src` [.., K, M]: vec4 along m, stored as is.
             let src = slot(id);
-            emit(
-                &mut decl,
-                &mut load,
-                &mut stores,
+            slice.add(
                 "pa",
                 bm * bk / 4,
-                true,
-                &|_| {
-                    (format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;\n                "),
-                    format!("select({zv}, in{src}[(abase + min(k0 + ak, {}u) * {m}u + min(row0 + am, {}u)) / 4u], k0 + ak < {kk}u)", kk.max(1) - 1, m - 4))
-                },
-                &|reg| {
-                    format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;\n                sa[(nb0 + ak) * {bm4}u + am / 4u] = {reg};")
-                },
+                &v_ty,
+                &format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;"),
+                &format!("select({zv}, in{src}[(abase + min(k0 + ak, {}u) * {m}u + min(row0 + am, {}u)) / 4u], k0 + ak < {kk}u)", kk.max(1) - 1, m - 4),
+                &format!("sa[(nb0 + ak) * {bm4}u + am / 4u] = {{reg}};"),
             );
         } else {
-            emit(
-                &mut decl,
-                &mut load,
-                &mut stores,
+            slice.add(
                 "pa",
                 bm * bk,
-                false,
-                &|_| {
-                    (format!("let am = l / {bk}u;\n                let ak = l % {bk}u;\n                "),
-                    format!("select({z}, n{na}(abase + min(row0 + am, {}u) * {kk}u + min(k0 + ak, {}u)), row0 + am < {m}u && k0 + ak < {kk}u)", m - 1, kk.max(1) - 1))
-                },
-                &|reg| {
-                    format!("let am = l / {bk}u;\n                let ak = l % {bk}u;\n                sa[(nb0 + ak) * {bm4}u + am / 4u][am % 4u] = {reg};")
-                },
+                t_ty,
+                &format!("let am = l / {bk}u;\n                let ak = l % {bk}u;"),
+                &format!("select({z}, n{na}(abase + min(row0 + am, {}u) * {kk}u + min(k0 + ak, {}u)), row0 + am < {m}u && k0 + ak < {kk}u)", m - 1, kk.max(1) - 1),
+                &format!("sa[(nb0 + ak) * {bm4}u + am / 4u][am % 4u] = {{reg}};"),
             );
         }
         // B: sb[(buf * BK + k) * bn/4 + n/4][n % 4].
         if let Some(id) = p.b_vec {
             let src = slot(id);
-            emit(
-                &mut decl,
-                &mut load,
-                &mut stores,
+            slice.add(
                 "pb",
                 bnn * bk / 4,
-                true,
-                &|_| {
-                    (format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;\n                "),
-                    format!("select({zv}, in{src}[(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)) / 4u], k0 + bk < {kk}u)", kk.max(1) - 1, nn - 4))
-                },
-                &|reg| {
-                    format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;\n                sb[(nb0 + bk) * {bn4}u + bn / 4u] = {reg};")
-                },
+                &v_ty,
+                &format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;"),
+                &format!("select({zv}, in{src}[(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)) / 4u], k0 + bk < {kk}u)", kk.max(1) - 1, nn - 4),
+                &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u] = {{reg}};"),
             );
         } else if let Some(id) = p.b_t {
             // B = transpose of `src` [.., N, K]: vec4 along k, stored transposed.
             let src = slot(id);
-            emit(
-                &mut decl,
-                &mut load,
-                &mut stores,
+            slice.add(
                 "pb",
                 bnn * bk / 4,
-                true,
-                &|_| {
-                    (format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;\n                ", bk / 4, bk / 4),
-                    format!("select({zv}, in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + k0 + bk) / 4u], k0 + bk < {kk}u)", nn - 1))
-                },
-                &|reg| {
-                    format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;\n                let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {reg}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {reg}.y;\n                sb[bi2 + {}u][bn % 4u] = {reg}.z;\n                sb[bi2 + {}u][bn % 4u] = {reg}.w;", bk / 4, bk / 4, 2 * bn4, 3 * bn4)
-                },
+                &v_ty,
+                &format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;", bk / 4, bk / 4),
+                &format!("select({zv}, in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + k0 + bk) / 4u], k0 + bk < {kk}u)", nn - 1),
+                &format!("let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {{reg}}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {{reg}}.y;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.z;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.w;", 2 * bn4, 3 * bn4),
             );
         } else {
-            emit(
-                &mut decl,
-                &mut load,
-                &mut stores,
+            slice.add(
                 "pb",
                 bnn * bk,
-                false,
-                &|_| {
-                    (format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;\n                "),
-                    format!("select({z}, n{nbid}(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)), k0 + bk < {kk}u && col0 + bn < {nn}u)", kk.max(1) - 1, nn - 1))
-                },
-                &|reg| {
-                    format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;\n                sb[(nb0 + bk) * {bn4}u + bn / 4u][bn % 4u] = {reg};")
-                },
+                t_ty,
+                &format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;"),
+                &format!("select({z}, n{nbid}(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)), k0 + bk < {kk}u && col0 + bn < {nn}u)", kk.max(1) - 1, nn - 1),
+                &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u][bn % 4u] = {{reg}};"),
             );
         }
+        let SliceCode { decl, load, stores } = slice;
         b.push_str(&decl);
         for q in 0..rm {
             for i in 0..4 {
@@ -660,4 +580,70 @@ impl Writer<'_> {
 fn indent(s: &str, n: usize) -> String {
     let pad = " ".repeat(n);
     s.lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("{pad}{l}\n") }).collect()
+}
+
+/// The code moving one operand's k-slice into workgroup memory in the
+/// tiled matmul, split so that loads and stores can sit on either side of
+/// the multiply (double buffering): register declarations, loads of slice
+/// `k0` into the registers, stores of the registers into buffer `nb0`.
+#[derive(Default)]
+struct SliceCode {
+    decl: String,
+    load: String,
+    stores: String,
+}
+
+impl SliceCode {
+    /// Adds `count` copies spread over the workgroup's lanes: copy `l` =
+    /// `lid + 256 e` goes through register `{name}{e}` of type `ty`;
+    /// `index` decodes `l` into tile coordinates, `value` is the load, and
+    /// `store` the statements writing `{reg}` into workgroup memory.
+    fn add(&mut self, name: &str, count: u64, ty: &str, index: &str, value: &str, store: &str) {
+        let lanes = WORKGROUP_SIZE as u64;
+        for e in 0..count.div_ceil(lanes) {
+            let reg = format!("{name}{e}");
+            let _ = writeln!(self.decl, "    var {reg}: {ty};");
+            let bodies = [
+                (
+                    &mut self.load,
+                    format!(
+                        "{index}
+                {reg} = {value};"
+                    ),
+                ),
+                (
+                    &mut self.stores,
+                    format!(
+                        "{index}
+                {}",
+                        store.replace("{reg}", &reg)
+                    ),
+                ),
+            ];
+            // The last round is partial unless the lanes divide `count`.
+            let partial = !count.is_multiple_of(lanes) && (e + 1) * lanes > count;
+            for (out, body) in bodies {
+                let l = format!("lid + {}u", e * lanes);
+                if partial {
+                    let _ = writeln!(
+                        out,
+                        "        {{
+            let l = {l};
+            if (l < {count}u) {{
+                {body}
+            }}
+        }}"
+                    );
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "        {{
+            let l = {l};
+            {body}
+        }}"
+                    );
+                }
+            }
+        }
+    }
 }
