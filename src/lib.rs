@@ -20,6 +20,7 @@
 
 pub mod bench;
 mod device;
+pub mod generate;
 pub mod nn;
 pub mod onnx;
 pub mod optim;

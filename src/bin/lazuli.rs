@@ -27,6 +27,10 @@ commands:
                             that cannot run on a device (e.g. a tensor over the adapter's
                             binding limit) gives a row with NaN times and the error (key
                             'error' in --json), and the run goes on
+  generate [--device cpu|wgpu] [--window growing|fixed|both] [--tokens N] [--json]
+                            greedy generation with a small GPT (context up to 64, 12-token
+                            prompt): the growing context is a new size every step; prints
+                            time, plans compiled and pipelines created per window
   help                      this text
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_KERNEL_FORMS, LAZULI_AUTOTUNE,
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
         Some("dump") => device_arg(&args[1..]).and_then(|d| dump(&d)),
         Some("conformance") => conformance(&args[1..]),
         Some("bench") => lazuli::bench::cli(&args[1..]),
+        Some("generate") => generate_command(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
             Ok(())
@@ -81,6 +86,79 @@ fn device_arg(args: &[String]) -> Result<Device, String> {
         None => Ok(Device::default()),
         Some(k) => Device::of_kind(k).map_err(|e| e.to_string()),
     }
+}
+
+/// `lazuli generate`: greedy generation with a growing and/or a fixed
+/// window, side by side, with compile counters.
+fn generate_command(args: &[String]) -> Result<(), String> {
+    use lazuli::generate::{run, GenConfig, Window};
+    let mut cfg = GenConfig::default();
+    let mut windows = vec![Window::Growing, Window::Fixed];
+    let mut device_args = Vec::new();
+    let mut json = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--device" => device_args.extend(["--device".to_string(), value("--device")?]),
+            "--tokens" => cfg.tokens = value("--tokens")?.parse().map_err(|e| format!("--tokens: {e}"))?,
+            "--window" => {
+                windows = match value("--window")?.as_str() {
+                    "growing" => vec![Window::Growing],
+                    "fixed" => vec![Window::Fixed],
+                    "both" => vec![Window::Growing, Window::Fixed],
+                    other => return Err(format!("--window takes growing, fixed or both, got {other:?}")),
+                }
+            }
+            "--json" => json = true,
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    let dev = device_arg(&device_args)?;
+    let mut rows = Vec::new();
+    for w in windows {
+        let r = run(cfg, w, &dev).map_err(|e| e.to_string())?;
+        let line = format!(
+            "{{\"device\": {:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"plans_compiled\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            dev.name(),
+            r.window,
+            r.tokens.len(),
+            r.total.as_secs_f64() * 1e3,
+            r.first.as_secs_f64() * 1e3,
+            r.plans,
+            r.plans_with_new_code,
+            r.pipelines,
+            r.generic_reuse
+        );
+        if json {
+            println!("{line}");
+        } else {
+            println!(
+                "{:?} window on {}: {} tokens in {:.1} ms (first step {:.1} ms); {} plans compiled, {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+                r.window,
+                dev.name(),
+                r.tokens.len(),
+                r.total.as_secs_f64() * 1e3,
+                r.first.as_secs_f64() * 1e3,
+                r.plans,
+                r.plans_with_new_code,
+                r.pipelines,
+                r.generic_reuse
+            );
+        }
+        rows.push(r);
+    }
+    if let [a, b] = rows.as_slice() {
+        let same = a.tokens.iter().zip(&b.tokens).filter(|(x, y)| x == y).count();
+        if !json {
+            println!(
+                "growing / fixed time: {:.2}x; tokens equal: {same}/{}",
+                a.total.as_secs_f64() / b.total.as_secs_f64(),
+                a.tokens.len()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn info() -> Result<(), String> {

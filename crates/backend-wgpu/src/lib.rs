@@ -54,6 +54,7 @@ pub mod autotune;
 pub mod baseline;
 pub mod codegen;
 mod fault;
+pub mod generic;
 pub mod pipeline;
 pub mod pool;
 pub mod runtime;

@@ -13,6 +13,9 @@ pub struct PipelineEntry {
     pub pipeline: wgpu::ComputePipeline,
     /// Layout of bind group 0.
     pub layout: wgpu::BindGroupLayout,
+    /// Layout of bind group 1, the dynamic sizes of a kernel generic over
+    /// sizes (see [`crate::generic`]); `None` for a static kernel.
+    pub dims_layout: Option<wgpu::BindGroupLayout>,
 }
 
 /// Bounded cache of pipelines.
@@ -32,20 +35,15 @@ impl PipelineCache {
         lazuli_ir::stable_hash(&(source, entry))
     }
 
-    /// The cached pipeline for the key, or one made by `make` (which must
-    /// create it; counted as `PipelinesCreated`).
-    pub fn get_or_create<E>(
-        &self,
-        key: u64,
-        make: impl FnOnce() -> Result<PipelineEntry, E>,
-    ) -> Result<Arc<PipelineEntry>, E> {
-        if let Some(p) = self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(make()?);
+    /// The cached pipeline for the key, if any.
+    pub fn get(&self, key: u64) -> Option<Arc<PipelineEntry>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned()
+    }
+
+    /// Caches a pipeline made elsewhere (counted as `PipelinesCreated`).
+    pub fn insert(&self, key: u64, entry: Arc<PipelineEntry>) {
         metrics::inc("PipelinesCreated", 1);
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).put(key, p.clone());
-        Ok(p)
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).put(key, entry);
     }
 
     /// Number of cached pipelines.

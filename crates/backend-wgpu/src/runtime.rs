@@ -5,10 +5,11 @@
 use crate::adapter;
 use crate::autotune::{self, Tuner};
 use crate::codegen::{self, KernelForms, LowerError, LowerLimits, MatmulForm, ReduceForm, RowsForm, Wgsl};
+use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
-use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, Executable};
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
@@ -61,6 +62,10 @@ pub struct WgpuOptions {
     /// Where the autotuning results persist (default
     /// [`crate::autotune::cache_dir`]; `Some(None)`: nowhere).
     pub cache_dir: Option<Option<std::path::PathBuf>>,
+    /// Whether kernels of graphs that differ only in sizes share generic
+    /// pipelines (see [`crate::generic`]); default on,
+    /// `LAZULI_GENERIC_SIZES=0` turns it off.
+    pub generic_sizes: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -92,6 +97,8 @@ struct Inner {
     fault_kernel: Option<String>,
     /// Bounded autotuning of kernel forms.
     tuner: Tuner,
+    /// Families of kernels generic over sizes.
+    families: Families,
 }
 
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
@@ -170,7 +177,9 @@ impl WgpuBackend {
                 pool,
                 pipelines: PipelineCache::new(options.pipeline_cache_size.unwrap_or(1024)),
                 fusion: FusionLimits {
-                    max_storage_buffers: max_sb.max(3),
+                    // One storage buffer per kernel is kept for the sizes
+                    // of generic kernels (see `crate::generic`).
+                    max_storage_buffers: max_sb.saturating_sub(1).max(3),
                     matmul_epilogue: true,
                     inline_outputs: true,
                     // Row kernels cooperate through workgroup memory: the
@@ -188,6 +197,7 @@ impl WgpuBackend {
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
                 fault_kernel: options.fault_kernel.clone(),
+                families: Families::new(generic::enabled(options.generic_sizes), 4096),
                 tuner: Tuner::new(
                     autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
                     &format!(
@@ -297,6 +307,18 @@ impl WgpuBackend {
         self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
     }
 
+    /// Bind group 1 of a generic kernel: a small storage buffer holding
+    /// its dynamic sizes `dims`, made once per compiled kernel.
+    fn dims_group(&self, layout: &wgpu::BindGroupLayout, dims: &[u32]) -> wgpu::BindGroup {
+        use wgpu::util::DeviceExt as _;
+        let buffer = self.inner.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("lazuli sizes"),
+            contents: bytemuck::cast_slice(dims),
+            usage: BufferUsages::STORAGE,
+        });
+        self.bind_group(layout, &[&buffer])
+    }
+
     /// The uniform buffer of a launch: `P.z` (0), then one 32-bit word per
     /// lifted scalar of `dtypes` (`values`, or zeros when `None`), padded
     /// to 16 bytes.
@@ -328,12 +350,21 @@ impl WgpuBackend {
         &self.inner.queue
     }
 
-    fn create_pipeline(&self, name: &str, w: &Wgsl) -> Result<PipelineEntry, BackendError> {
+    /// Creates the pipeline of `k` (validated first), with bind group 1
+    /// for its dynamic sizes when it is generic.
+    fn create_pipeline(&self, k: &Prepared) -> Result<PipelineEntry, BackendError> {
+        let name = k.name.as_str();
+        crate::validate::log_source(&k.source);
+        let started = std::time::Instant::now();
+        validate_wgsl(&k.source)
+            .map_err(|m| BackendError::Compile { kernel: name.to_string(), message: format!("{m}\n{}", k.source) })?;
+        metrics::record_time("CompileNaga", started.elapsed());
+        let started = std::time::Instant::now();
         let dev = &self.inner.device;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(w.source.as_str().into()),
+            source: wgpu::ShaderSource::Wgsl(k.source.as_str().into()),
         });
         let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
             binding,
@@ -345,8 +376,8 @@ impl WgpuBackend {
             },
             count: None,
         };
-        let mut entries = vec![wgpu::BindGroupLayoutEntry {
-            binding: 0,
+        let uniform = |binding: u32| wgpu::BindGroupLayoutEntry {
+            binding,
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 ty: wgpu::BufferBindingType::Uniform,
@@ -354,25 +385,32 @@ impl WgpuBackend {
                 min_binding_size: None,
             },
             count: None,
-        }];
-        for k in 0..w.inputs {
-            entries.push(storage(1 + k as u32, true));
+        };
+        let mut entries = vec![uniform(0)];
+        for i in 0..k.inputs {
+            entries.push(storage(1 + i as u32, true));
         }
-        for k in 0..w.outputs {
-            entries.push(storage((1 + w.inputs + k) as u32, false));
+        for i in 0..k.outputs {
+            entries.push(storage((1 + k.inputs + i) as u32, false));
         }
         let layout =
             dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
+        let dims_layout = (!k.dims.is_empty()).then(|| {
+            dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(name),
+                entries: &[storage(0, true)],
+            })
+        });
         let pl = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
-            bind_group_layouts: &[Some(&layout)],
+            bind_group_layouts: &[Some(&layout), dims_layout.as_ref()],
             immediate_size: 0,
         });
         let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(name),
             layout: Some(&pl),
             module: &module,
-            entry_point: Some(w.entry),
+            entry_point: Some(k.entry),
             // Every generated kernel writes its workgroup memory before it
             // reads it (tree buffers, matmul tiles), so the zero-fill wgpu
             // inserts by default is pure cost.
@@ -383,9 +421,61 @@ impl WgpuBackend {
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", w.source) });
+            return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", k.source) });
         }
-        Ok(PipelineEntry { pipeline, layout })
+        metrics::record_time("CompilePipeline", started.elapsed());
+        Ok(PipelineEntry { pipeline, layout, dims_layout })
+    }
+
+    /// Pipelines for `kernels`, from the cache or created (validated
+    /// first), the missing ones on several threads at once.
+    fn pipelines(&self, kernels: &[Prepared]) -> Result<Vec<Arc<PipelineEntry>>, BackendError> {
+        let keys: Vec<u64> = kernels.iter().map(|k| PipelineCache::key(&k.source, k.entry)).collect();
+        let mut found: HashMap<u64, Arc<PipelineEntry>> = HashMap::new();
+        let mut missing: Vec<usize> = Vec::new();
+        for (i, &key) in keys.iter().enumerate() {
+            if found.contains_key(&key) || missing.iter().any(|&m| keys[m] == key) {
+                continue;
+            }
+            match self.inner.pipelines.get(key) {
+                Some(p) => {
+                    found.insert(key, p);
+                }
+                None => missing.push(i),
+            }
+        }
+        let threads = compile_threads().min(missing.len());
+        let created: Vec<Result<PipelineEntry, BackendError>> = if threads <= 1 {
+            missing.iter().map(|&i| self.create_pipeline(&kernels[i])).collect()
+        } else {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let slots: Vec<std::sync::Mutex<Option<Result<PipelineEntry, BackendError>>>> =
+                missing.iter().map(|_| std::sync::Mutex::new(None)).collect();
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(|| loop {
+                        let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&i) = missing.get(j) else { break };
+                        let made = self.create_pipeline(&kernels[i]);
+                        *slots[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(made);
+                    });
+                }
+            });
+            slots
+                .into_iter()
+                .map(|s| {
+                    s.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| {
+                        Err(BackendError::Execution("a pipeline-creation thread stopped early".into()))
+                    })
+                })
+                .collect()
+        };
+        for (&i, made) in missing.iter().zip(created) {
+            let entry = Arc::new(made?);
+            self.inner.pipelines.insert(keys[i], entry.clone());
+            found.insert(keys[i], entry);
+        }
+        Ok(keys.iter().map(|k| found[k].clone()).collect())
     }
 
     fn storage<'b>(&self, b: &'b Buffer) -> Result<&'b WgpuStorage, BackendError> {
@@ -415,15 +505,11 @@ impl WgpuBackend {
         })
     }
 
-    /// A validated pipeline for `wgsl` from the pipeline cache.
+    /// A validated pipeline for `wgsl` as it is (no generic sizes), from
+    /// the pipeline cache or created.
     fn pipeline_for(&self, name: &str, wgsl: &Wgsl) -> Result<Arc<PipelineEntry>, BackendError> {
-        crate::validate::log_source(&wgsl.source);
-        validate_wgsl(&wgsl.source).map_err(|m| BackendError::Compile {
-            kernel: name.to_string(),
-            message: format!("{m}\n{}", wgsl.source),
-        })?;
-        let key = PipelineCache::key(&wgsl.source, wgsl.entry);
-        self.inner.pipelines.get_or_create(key, || self.create_pipeline(name, wgsl))
+        let k = Prepared::fixed(name.to_string(), wgsl);
+        Ok(self.pipelines(std::slice::from_ref(&k))?.remove(0))
     }
 
     /// The lowering limits for kernel `k`: the backend's, with the matmul
@@ -578,8 +664,46 @@ struct CompiledKernel {
     name: String,
     wgsl: Wgsl,
     pipeline: Arc<PipelineEntry>,
-    /// The pipeline of `wgsl.pre`, the first pass, if any.
-    pre: Option<Arc<PipelineEntry>>,
+    /// Bind group 1 of a generic pipeline: this kernel's sizes.
+    dims: Option<wgpu::BindGroup>,
+    /// The pipeline of `wgsl.pre`, the first pass, if any, and its sizes.
+    pre: Option<(Arc<PipelineEntry>, Option<wgpu::BindGroup>)>,
+}
+
+/// A kernel ready for pipeline creation: the source to compile (generic
+/// over sizes or not) and the values of its dynamic sizes.
+struct Prepared {
+    name: String,
+    source: String,
+    entry: &'static str,
+    inputs: usize,
+    outputs: usize,
+    /// Values of the uniform `LZD` (empty: a static kernel).
+    dims: Vec<u32>,
+}
+
+impl Prepared {
+    /// `wgsl` as it is.
+    fn fixed(name: String, wgsl: &Wgsl) -> Prepared {
+        Prepared {
+            name,
+            source: wgsl.source.clone(),
+            entry: wgsl.entry,
+            inputs: wgsl.inputs,
+            outputs: wgsl.outputs,
+            dims: Vec::new(),
+        }
+    }
+}
+
+/// Threads creating the pipelines of one plan: the machine's cores, at
+/// most 8, or `LAZULI_COMPILE_THREADS`.
+fn compile_threads() -> usize {
+    std::env::var("LAZULI_COMPILE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8))
+        .max(1)
 }
 
 /// One dispatch of an execution.
@@ -587,6 +711,8 @@ struct Launch<'a> {
     name: String,
     pipeline: &'a wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
+    /// Bind group 1 of a generic pipeline.
+    dims: Option<&'a wgpu::BindGroup>,
     groups: (u32, u32),
 }
 
@@ -734,18 +860,53 @@ impl Backend for WgpuBackend {
     }
 
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError> {
+        self.compile_with(graph, CompileHints::default())
+    }
+
+    /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
+    /// every kernel is lowered in size-independent forms and compiled
+    /// generic over all its sizes at once (see [`crate::generic`]).
+    fn compile_with(&self, graph: &VerifiedGraph, hints: CompileHints) -> Result<Arc<dyn Executable>, BackendError> {
+        let started = std::time::Instant::now();
+        let generic = hints.sizes_vary && self.inner.families.enabled();
         let plan = fusion::plan(graph, &self.inner.fusion);
-        let mut kernels = Vec::with_capacity(plan.kernels.len());
+        let mut lowered = Vec::with_capacity(plan.kernels.len());
         for (i, k) in plan.kernels.iter().enumerate() {
             let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
-            let limits = self.tuned_limits(k, graph, &name)?;
+            let limits = if generic {
+                // Tuning a form per size would defeat sharing it.
+                LowerLimits { generic: true, ..self.inner.lower }
+            } else {
+                self.tuned_limits(k, graph, &name)?
+            };
             let mut wgsl = self.lower(k, graph, &limits)?;
             if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
                 wgsl.source = crate::fault::perturb(&wgsl.source);
             }
-            let pipeline = self.pipeline_for(&name, &wgsl)?;
-            let pre = wgsl.pre.as_ref().map(|p| self.pipeline_for(&format!("{name}_pass1"), p)).transpose()?;
-            kernels.push(CompiledKernel { name, wgsl, pipeline, pre });
+            lowered.push((name, wgsl));
+        }
+        // Each source (and first pass) generic over sizes where its family
+        // has seen other sizes.
+        let mut prepared = Vec::new();
+        for (name, wgsl) in &lowered {
+            for (name, w) in
+                std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
+            {
+                let s = self.inner.families.specialize(&w.source, w.entry, false);
+                prepared.push(Prepared { source: s.source, dims: s.dims, ..Prepared::fixed(name, w) });
+            }
+        }
+        metrics::record_time("CompileLower", started.elapsed());
+        let pipelines = self.pipelines(&prepared)?;
+        let mut compiled = prepared.iter().zip(pipelines).map(|(p, pipeline)| {
+            let dims = pipeline.dims_layout.as_ref().map(|layout| self.dims_group(layout, &p.dims));
+            (pipeline, dims)
+        });
+        let mut kernels = Vec::with_capacity(lowered.len());
+        for (name, wgsl) in lowered {
+            let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
+            let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
+            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre });
         }
         Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels }))
     }
@@ -807,7 +968,7 @@ impl Backend for WgpuBackend {
             let inputs: Vec<&wgpu::Buffer> = kernel.inputs.iter().map(buffer).collect::<Result<_, _>>()?;
             let outputs: Vec<&wgpu::Buffer> = kernel.outputs.iter().map(buffer).collect::<Result<_, _>>()?;
             match (&k.wgsl.pre, &k.pre) {
-                (Some(pre), Some(pre_pipeline)) => {
+                (Some(pre), Some((pre_pipeline, pre_dims))) => {
                     // Pass 1 reads the inputs into scratch; pass 2 reads
                     // the scratch and writes the outputs.
                     let s = self.inner.pool.acquire(pre.scratch.max(1) * 4, STORAGE)?;
@@ -818,6 +979,7 @@ impl Backend for WgpuBackend {
                         name: format!("{}_pass1", k.name),
                         pipeline: &pre_pipeline.pipeline,
                         bind_group: self.bind_group(&pre_pipeline.layout, &first),
+                        dims: pre_dims.as_ref(),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
                     let mut second = vec![uniform.buffer(), s.buffer()];
@@ -826,6 +988,7 @@ impl Backend for WgpuBackend {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
                         bind_group: self.bind_group(&k.pipeline.layout, &second),
+                        dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                     scratch.push(s);
@@ -838,6 +1001,7 @@ impl Backend for WgpuBackend {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
                         bind_group: self.bind_group(&k.pipeline.layout, &bufs),
+                        dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                 }
@@ -877,6 +1041,9 @@ impl Backend for WgpuBackend {
                 });
                 pass.set_pipeline(l.pipeline);
                 pass.set_bind_group(0, &l.bind_group, &[]);
+                if let Some(dims) = l.dims {
+                    pass.set_bind_group(1, dims, &[]);
+                }
                 pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
                 launches += 1;
             }
@@ -885,6 +1052,9 @@ impl Backend for WgpuBackend {
             for l in &work {
                 pass.set_pipeline(l.pipeline);
                 pass.set_bind_group(0, &l.bind_group, &[]);
+                if let Some(dims) = l.dims {
+                    pass.set_bind_group(1, dims, &[]);
+                }
                 pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
                 launches += 1;
             }

@@ -159,6 +159,17 @@ pub enum BackendError {
     Execution(String),
 }
 
+/// What the executor knows about a graph it hands to
+/// [`Backend::compile_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompileHints {
+    /// A graph of the same structure was compiled before with other sizes
+    /// (same [`lazuli_ir::Graph::shape_free_hash`]): sizes vary from call to
+    /// call, so kernels should not depend on them (see the wgpu backend's
+    /// generic kernels).
+    pub sizes_vary: bool,
+}
+
 /// A device backend. Object safe: the executor holds `Arc<dyn Backend>`.
 pub trait Backend: Send + Sync + 'static {
     /// Family of this backend.
@@ -180,6 +191,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Compiles a verified graph whose nodes this backend all supports.
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError>;
+
+    /// [`Backend::compile`] with what the executor knows about the graph
+    /// (by default ignored).
+    fn compile_with(&self, graph: &VerifiedGraph, hints: CompileHints) -> Result<Arc<dyn Executable>, BackendError> {
+        let _ = hints;
+        self.compile(graph)
+    }
 
     /// Runs `exe` on `inputs` (one per graph parameter, in order) and the
     /// lifted `scalars` (one per scalar slot, already cast to its dtype).

@@ -62,7 +62,7 @@ pub fn backend_code(tensors: &[&Tensor]) -> Result<Vec<(String, String)>> {
     let device = first.device();
     let t = traced(tensors);
     let force = device.force_fallback();
-    let plan = Plan::compile(t.graph, device.0.main.as_ref(), device.0.cpu.as_ref(), &force)
+    let plan = Plan::compile(t.graph, device.0.main.as_ref(), device.0.cpu.as_ref(), &force, Default::default())
         .map_err(|source| ExecError::Backend { context: "debug::backend_code".into(), source })?;
     Ok(plan.kernel_sources())
 }

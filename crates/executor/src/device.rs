@@ -6,9 +6,9 @@ use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
 use crate::tensor::TensorInner;
 use crate::trace::{trace, Traced};
-use crate::{metrics, Backend, BackendError, BackendKind, Buffer, ExecError, Result};
+use crate::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, ExecError, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use lazuli_ir::ScalarValue;
+use lazuli_ir::{Graph, ScalarValue};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -35,6 +35,10 @@ pub(crate) struct DeviceInner {
     pub rng: Mutex<RngState>,
     force_fallback: RwLock<BTreeSet<String>>,
     explainer: Mutex<crate::explain::Explainer>,
+    /// Shape-free hash -> exact hash of recently compiled graphs: a miss
+    /// whose structure was compiled with other sizes is compiled with
+    /// `CompileHints::sizes_vary`.
+    structures: Mutex<LruCache<u64, u64>>,
     /// This device's share of the UncachedCompile / CachedCompile counters.
     uncached: AtomicU64,
     cached: AtomicU64,
@@ -107,6 +111,7 @@ impl Device {
             rng: Mutex::new(RngState::default()),
             force_fallback: RwLock::new(force),
             explainer: Mutex::new(Default::default()),
+            structures: Mutex::new(LruCache::new(NonZeroUsize::new(1024).expect("non-zero"))),
             uncached: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
@@ -339,12 +344,15 @@ impl Device {
         self.0.explainer.lock().unwrap_or_else(|e| e.into_inner()).on_miss(&traced.graph, &traced.locations, trigger);
         let started = Instant::now();
         let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let plan = Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force).map_err(
-            |source| ExecError::Backend {
+        let hints = CompileHints { sizes_vary: self.sizes_vary(&traced.graph, hash) };
+        if hints.sizes_vary {
+            metrics::inc("SizeVariantCompile", 1);
+        }
+        let plan = Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force, hints)
+            .map_err(|source| ExecError::Backend {
                 context: format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len()),
                 source,
-            },
-        )?;
+            })?;
         metrics::record_time("Compile", started.elapsed());
         let plan = Arc::new(plan);
         if let Ok(dir) = std::env::var("LAZULI_DUMP_DIR") {
@@ -354,6 +362,14 @@ impl Device {
         }
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).put(hash, plan.clone());
         Ok(plan)
+    }
+
+    /// Whether a graph of the same structure as `graph` (exact hash `hash`)
+    /// was compiled before with other sizes; remembers this one.
+    fn sizes_vary(&self, graph: &Graph, hash: u64) -> bool {
+        let mut seen = self.0.structures.lock().unwrap_or_else(|e| e.into_inner());
+        let before = seen.put(graph.shape_free_hash(), hash);
+        before.is_some_and(|h| h != hash)
     }
 
     /// Resolves a ready cell to its buffer (barrier), uploading host data.

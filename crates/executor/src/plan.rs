@@ -2,7 +2,7 @@
 //! segments (native and CPU fallback), and compiled. [`Plan::run`] executes
 //! the segments in order, moving data across at segment boundaries only.
 
-use crate::{metrics, Backend, BackendError, BackendKind, Buffer, Executable};
+use crate::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::{Graph, NodeId, Op, ScalarValue};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -66,6 +66,7 @@ impl Plan {
         main: &dyn Backend,
         cpu: &dyn Backend,
         force_fallback: &BTreeSet<String>,
+        hints: CompileHints,
     ) -> Result<Plan, BackendError> {
         let optimized = crate::optimize::optimize(&graph);
         let n = optimized.len();
@@ -128,7 +129,7 @@ impl Plan {
                     kernel: format!("segment {k}"),
                     message: format!("segment graph failed verification (a bug): {e}"),
                 })?;
-                let exe = backend.compile(&verified)?;
+                let exe = backend.compile_with(&verified, hints)?;
                 segments.push(Segment {
                     on_cpu: k % 2 == 1,
                     exe,

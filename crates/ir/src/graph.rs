@@ -162,6 +162,23 @@ impl Graph {
         h.finish()
     }
 
+    /// Hash of the graph's structure without its sizes: each node's op
+    /// name, dtype, rank and operands, and the outputs. Graphs that differ
+    /// only in sizes (a growing sequence, a partial batch) share it; so may
+    /// graphs that differ in an attribute (an axis, a permutation), which
+    /// is fine for its use: a hint that sizes vary, never a cache key.
+    pub fn shape_free_hash(&self) -> u64 {
+        let mut h = StableHasher::new();
+        for n in &self.nodes {
+            n.op.name().hash(&mut h);
+            n.dtype.hash(&mut h);
+            n.shape.rank().hash(&mut h);
+            n.inputs.hash(&mut h);
+        }
+        self.outputs.hash(&mut h);
+        h.finish()
+    }
+
     /// Re-infers every node's type and checks topological order, returning
     /// the proof that lowering requires.
     pub fn verify(self) -> Result<VerifiedGraph, IrError> {

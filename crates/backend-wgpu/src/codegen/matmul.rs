@@ -32,6 +32,7 @@ pub fn tiled_workgroup_bytes(tile: MatmulTile) -> u64 {
 /// memory than the adapter has replaced by the 64 x 64 one.
 pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
     let form = match limits.forms.matmul {
+        MatmulForm::ByShape if limits.generic => choose_generic_form(k, g),
         MatmulForm::ByShape => choose_form(k, g),
         f => f,
     };
@@ -64,6 +65,21 @@ pub fn choose_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
         }
     }
     MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
+}
+
+/// The rule for kernels generic over sizes: the register-blocked form
+/// below 128 rows or columns (rounded up to powers of two), else the
+/// 64 x 64 tile, so that a varying size changes the form only at those
+/// coarse bounds.
+pub fn choose_generic_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
+    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+    let r = rn.shape.rank();
+    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+    if m.next_power_of_two() < 128 || n.next_power_of_two() < 128 {
+        MatmulForm::RegisterBlocked
+    } else {
+        MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
+    }
 }
 
 /// The forms autotuning times for matmul kernel `k` (the static choice
@@ -122,26 +138,36 @@ pub(super) struct MatMulShape {
 /// `lanes * 4 * vecs` columns, so loads of A are uniform across the
 /// workgroup (one load broadcast to all lanes on llvmpipe) and loads of B
 /// are vec4 per lane where aligned.
-pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph) -> MatMulShape {
+pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatMulShape {
     let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
     let r = rn.shape.rank();
     let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
     let a = g.node(rn.inputs[0]);
     let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
     let vec_ok = |id: NodeId, dim: u64| {
-        k.inputs.contains(&id) && g.node(id).dtype != DType::Bool && dim.is_multiple_of(4) && dim > 0
+        !generic && k.inputs.contains(&id) && g.node(id).dtype != DType::Bool && dim.is_multiple_of(4) && dim > 0
     };
     // Wide outputs: the workgroup shares its rows, lanes split columns.
     // Narrow ones (fewer than 8 lanes' worth of columns): each lane takes
-    // all (or most) columns and lanes split rows too.
-    let (rows, vecs, lanes, row_lanes) = if n >= 64 {
-        let vecs = 2;
-        (m.clamp(1, MATMUL_ROWS), vecs, n.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
+    // all (or most) columns and lanes split rows too. The layout follows
+    // M and N rounded up to powers of two (blocks past the edge clamp
+    // their loads and skip their stores), so that sizes in one bucket
+    // share a generic kernel (see `crate::generic`).
+    // Generic kernels (sizes that vary) take the layout of the largest
+    // small bucket: at least 64 columns and MATMUL_ROWS rows.
+    let (mq, nq) = if generic {
+        (m.next_power_of_two().max(MATMUL_ROWS), n.next_power_of_two().max(64))
     } else {
-        let vecs = if n <= 12 { n.div_ceil(4).max(1) } else { 2 };
-        let col_lanes = n.div_ceil(4 * vecs).max(1);
-        let rows = m.clamp(1, 8);
-        let row_lanes = 8u64.div_ceil(col_lanes).min(m.div_ceil(rows)).max(1);
+        (m.next_power_of_two(), n.next_power_of_two())
+    };
+    let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
+        let vecs = 2;
+        (mq.clamp(1, MATMUL_ROWS), vecs, nq.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
+    } else {
+        let vecs = if nq <= 12 { nq.div_ceil(4).max(1) } else { 2 };
+        let col_lanes = nq.div_ceil(4 * vecs).max(1);
+        let rows = mq.clamp(1, 8);
+        let row_lanes = 8u64.div_ceil(col_lanes).min(mq.div_ceil(rows)).max(1);
         (rows, vecs, col_lanes * row_lanes, row_lanes)
     };
     // An inlined transpose of a kernel input, read straight from it.
@@ -161,6 +187,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph) -> MatMulShape {
         });
         let src = xn.inputs[0];
         (swapped
+            && !generic
             && k.inline.contains(&x)
             && k.inputs.contains(&src)
             && g.node(src).dtype != DType::Bool
@@ -179,7 +206,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph) -> MatMulShape {
         b_t,
         a_vec: vec_ok(rn.inputs[0], kk).then_some(rn.inputs[0]),
         b_vec: vec_ok(rn.inputs[1], n).then_some(rn.inputs[1]),
-        out_vec: n.is_multiple_of(4),
+        out_vec: !generic && n.is_multiple_of(4),
     }
 }
 
@@ -201,7 +228,7 @@ impl Writer<'_> {
     pub(super) fn matmul_tiled(&mut self, k: &Kernel, tile: MatmulTile, b: &mut String) -> u64 {
         let g = self.g;
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let p = matmul_shape(k, g);
+        let p = matmul_shape(k, g, self.limits.generic);
         let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let r = rn.shape.rank();
         let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
@@ -410,7 +437,7 @@ impl Writer<'_> {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         let g = self.g;
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let p = matmul_shape(k, g);
+        let p = matmul_shape(k, g, self.limits.generic);
         // With an epilogue each output `o` stores `eO(index, accumulator)`.
         let value = |o: NodeId, idx: String, acc: String| {
             let od = g.node(o).dtype;
@@ -470,7 +497,7 @@ impl Writer<'_> {
                 let _ = writeln!(b, "    var c{i}_{v} = vec4<{t_ty}>({});", zero(rn.dtype));
             }
         }
-        let ku = if kk.is_multiple_of(4) { 4 } else { 1 };
+        let ku = if kk.is_multiple_of(4) && !self.limits.generic { 4 } else { 1 };
         let head = format!("for (var k = 0u; k < {kk}u; k = k + {ku}u) {{");
         let _ = writeln!(b, "    {head}");
         // A values per row and k-step.
@@ -535,7 +562,7 @@ impl Writer<'_> {
             b.push_str("        }\n");
         }
         let _ = writeln!(b, "    }}");
-        let _ = writeln!(b, "    let obase = bi * {};", m * nn);
+        let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
         for i in 0..rows {
             for v in 0..vecs {
                 if p.out_vec {

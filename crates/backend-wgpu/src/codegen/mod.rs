@@ -56,6 +56,12 @@ pub struct LowerLimits {
     /// Bytes of workgroup memory one kernel may declare (the adapter's
     /// `max_compute_workgroup_storage_size`; 16384 is WebGPU's minimum).
     pub workgroup_storage: u32,
+    /// Sizes vary from call to call (`CompileHints::sizes_vary`): choose
+    /// forms that do not depend on them, so that the sources of every size
+    /// share one generic kernel (see `crate::generic`): no vec4 paths that
+    /// need a size divisible by 4, and matmul layouts from coarse
+    /// power-of-two buckets.
+    pub generic: bool,
 }
 
 impl Default for LowerLimits {
@@ -67,7 +73,12 @@ impl Default for LowerLimits {
 impl LowerLimits {
     /// The forms a GPU adapter selects, with WebGPU's minimum limits.
     pub fn gpu() -> LowerLimits {
-        LowerLimits { max_elements: u32::MAX as u64, forms: KernelForms::gpu(), workgroup_storage: 16384 }
+        LowerLimits {
+            max_elements: u32::MAX as u64,
+            forms: KernelForms::gpu(),
+            workgroup_storage: 16384,
+            generic: false,
+        }
     }
 
     /// The forms a software adapter (llvmpipe) selects.
@@ -256,12 +267,14 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     }
     let root = kernel.root();
     let concat_part_root = matches!(kernel.kind, KernelKind::ConcatPart { .. }).then_some(root);
-    let width = straight_line_width(kernel, graph);
+    // Generic kernels keep the straight-line form but not vec4, which
+    // holds only for sizes divisible by 4.
+    let width = straight_line_width(kernel, graph).map(|w| if limits.generic { 1 } else { w });
     let root_numel = graph.node(root).shape.numel();
     // Whether input `id` is read as one vector per invocation step.
     let row_vec = vector_rows(kernel, graph, limits);
     // Both matmul forms read aligned operands as vectors.
-    let mm = (kernel.kind == KernelKind::MatMul).then(|| matmul_shape(kernel, graph));
+    let mm = (kernel.kind == KernelKind::MatMul).then(|| matmul_shape(kernel, graph, limits.generic));
     let mm_vec = |id: NodeId| {
         mm.as_ref()
             .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))

@@ -23,6 +23,7 @@ pub(super) fn vector_rows(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -
     let Op::Softmax { axis, .. } = rn.op else { return false };
     let x = &g.node(rn.inputs[0]).shape;
     k.kind == KernelKind::Softmax
+        && !limits.generic
         && (limits.forms.rows == RowsForm::Cooperative || (x.dims()[axis] as u64) / 2 <= LLVMPIPE_LOOP_BUDGET)
         && axis + 1 == x.rank()
         && x.dims()[axis].is_multiple_of(4)

@@ -247,7 +247,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             c15_1 = fma(vec4<f32>(a15.w), b1, c15_1);
         }
     }
-    let obase = bi * 4096;
+    let obase = bi * 4096u;
     if (r0 + 0u < 64u && col0 / 4u + 0u < 16u) {
         out0[(obase + (r0 + 0u) * 64u) / 4u + col0 / 4u + 0u] = vec4<f32>(c0_0.x, c0_0.y, c0_0.z, c0_0.w);
     }

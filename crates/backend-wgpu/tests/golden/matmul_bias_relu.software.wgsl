@@ -271,7 +271,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             c15_1 = fma(vec4<f32>(a15.w), b1, c15_1);
         }
     }
-    let obase = bi * 65536;
+    let obase = bi * 65536u;
     if (r0 + 0u < 256u && col0 / 4u + 0u < 64u) {
         out0[(obase + (r0 + 0u) * 256u) / 4u + col0 / 4u + 0u] = vec4<f32>(e5(obase + (r0 + 0u) * 256u + col0 + 0u + 0u, c0_0.x), e5(obase + (r0 + 0u) * 256u + col0 + 0u + 1u, c0_0.y), e5(obase + (r0 + 0u) * 256u + col0 + 0u + 2u, c0_0.z), e5(obase + (r0 + 0u) * 256u + col0 + 0u + 3u, c0_0.w));
     }

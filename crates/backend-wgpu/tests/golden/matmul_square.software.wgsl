@@ -247,7 +247,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             c15_1 = fma(vec4<f32>(a15.w), b1, c15_1);
         }
     }
-    let obase = bi * 1048576;
+    let obase = bi * 1048576u;
     if (r0 + 0u < 1024u && col0 / 4u + 0u < 256u) {
         out0[(obase + (r0 + 0u) * 1024u) / 4u + col0 / 4u + 0u] = vec4<f32>(c0_0.x, c0_0.y, c0_0.z, c0_0.w);
     }

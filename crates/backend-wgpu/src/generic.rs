@@ -1,0 +1,459 @@
+//! Kernels generic over sizes: the "automatic dynamic" step between
+//! lowering and pipeline creation.
+//!
+//! Codegen bakes sizes into WGSL as integer literals (`52u`, `(-3i)`), which
+//! gives the driver constant divisors and trip counts, the fastest code.
+//! Two graphs that differ only in sizes therefore lower to sources that
+//! differ only in those literals. A *family* is the set of sources with the
+//! same *skeleton*: the source with every replaceable integer literal
+//! blanked. Replaceable means a suffixed (`u` or `i`) integer literal
+//! outside the places WGSL requires a constant (array sizes, attributes,
+//! `const` declarations, `case` selectors, comments).
+//!
+//! The first source of a family compiles as it is. When a later member
+//! differs in some literal values, those positions become *dynamic*: the
+//! kernel is compiled once more with them read from a small buffer
+//! (`@group(1) @binding(0) var<storage, read> LZD: array<u32>`), and every
+//! later member whose other literals match runs that pipeline with its own
+//! values in its own buffer, compiling nothing. A storage buffer, not a
+//! uniform: lavapipe specializes shaders on the values of small uniform
+//! buffers that bound loops (Mesa's uniform inlining), which would compile
+//! the kernel again for every size, at run time. A member that differs in a
+//! literal still baked widens the family again, so positions only ever
+//! turn dynamic and a family stabilizes after a few members. A growing
+//! sequence length or a partial last batch compiles a handful of
+//! pipelines instead of one set per size, while sizes that never change
+//! stay constants.
+//!
+//! This is sound by construction: the generic source is the member's own
+//! source with some literals replaced by loads of the same values, so a
+//! member run through the generic pipeline computes exactly what its own
+//! source computes. Dispatch sizes, scratch sizes and every other
+//! per-instance number stay with the member's lowering. Structural
+//! differences the codegen derives from sizes (the vec4 path when a size is
+//! a multiple of 4, the matmul tile, register-cached or online softmax,
+//! llvmpipe's loop splitting) change the skeleton, so they start their own
+//! family: the forms stay what the sizes ask for.
+
+use lazuli_executor::metrics;
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+
+/// Name of the storage buffer holding a generic kernel's dynamic values.
+pub const DIMS_VAR: &str = "LZD";
+
+/// A replaceable integer literal of a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Literal {
+    /// Byte range in the source.
+    start: usize,
+    end: usize,
+    /// Its bits (i32 literals as two's complement).
+    value: u32,
+    /// `true` for `i32` (`5i`), `false` for `u32` (`5u`).
+    signed: bool,
+}
+
+/// A source split into its skeleton and replaceable literals.
+#[derive(Clone, Debug)]
+pub struct Scanned {
+    skeleton: String,
+    literals: Vec<Literal>,
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// End (exclusive) of the bracketed group opening at `open` (`<` or `(`).
+fn matching(bytes: &[u8], open: usize) -> usize {
+    let (o, c) = (bytes[open], if bytes[open] == b'<' { b'>' } else { b')' });
+    let mut depth = 0usize;
+    for (k, &b) in bytes.iter().enumerate().skip(open) {
+        if b == o {
+            depth += 1;
+        } else if b == c {
+            depth -= 1;
+            if depth == 0 {
+                return k + 1;
+            }
+        }
+    }
+    bytes.len()
+}
+
+/// End (exclusive) of the text from `from` through the next `stop` byte.
+fn through(bytes: &[u8], from: usize, stop: u8) -> usize {
+    bytes[from..].iter().position(|&b| b == stop).map_or(bytes.len(), |p| from + p + 1)
+}
+
+/// Parses an integer literal token (`12u`, `0x1fu`, `7i`); `None` for
+/// floats, abstract integers and anything else.
+fn int_literal(token: &str) -> Option<(u32, bool)> {
+    let (body, signed) =
+        if let Some(b) = token.strip_suffix('u') { (b, false) } else { (token.strip_suffix('i')?, true) };
+    let value = if let Some(hex) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+        u32::from_str_radix(hex, 16).ok()?
+    } else if !body.is_empty() && body.bytes().all(|b| b.is_ascii_digit()) {
+        body.parse::<u32>().ok()?
+    } else {
+        return None;
+    };
+    if signed && value > i32::MAX as u32 {
+        return None;
+    }
+    Some((value, signed))
+}
+
+/// Splits `source` into its skeleton and replaceable literals.
+pub fn scan(source: &str) -> Scanned {
+    let bytes = source.as_bytes();
+    let mut skeleton = String::with_capacity(source.len());
+    let mut literals = Vec::new();
+    let mut copied = 0usize;
+    let mut i = 0usize;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'/' && bytes.get(i + 1) == Some(&b'/') {
+            i = through(bytes, i, b'\n');
+        } else if b == b'@' {
+            // An attribute: its arguments must be constants.
+            let mut j = i + 1;
+            while j < bytes.len() && is_ident(bytes[j]) {
+                j += 1;
+            }
+            i = if bytes.get(j) == Some(&b'(') { matching(bytes, j) } else { j };
+        } else if b.is_ascii_alphabetic() || b == b'_' {
+            let start = i;
+            while i < bytes.len() && is_ident(bytes[i]) {
+                i += 1;
+            }
+            match &source[start..i] {
+                // Array sizes are constants.
+                "array" if bytes.get(i) == Some(&b'<') => i = matching(bytes, i),
+                "const" => i = through(bytes, i, b';'),
+                "case" => i = through(bytes, i, b':'),
+                _ => {}
+            }
+        } else if b.is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() {
+                let c = bytes[i];
+                let exponent_sign =
+                    (c == b'+' || c == b'-') && matches!(bytes[i - 1], b'e' | b'E') && !source[start..i].contains('x');
+                if is_ident(c) || c == b'.' || exponent_sign {
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            if let Some((value, signed)) = int_literal(&source[start..i]) {
+                skeleton.push_str(&source[copied..start]);
+                skeleton.push_str(if signed { "\u{1}i" } else { "\u{1}u" });
+                copied = i;
+                literals.push(Literal { start, end: i, value, signed });
+            }
+        } else {
+            i += 1;
+        }
+    }
+    skeleton.push_str(&source[copied..]);
+    Scanned { skeleton, literals }
+}
+
+impl Scanned {
+    /// The values of the replaceable literals, in source order.
+    pub fn values(&self) -> Vec<u32> {
+        self.literals.iter().map(|l| l.value).collect()
+    }
+
+    /// The hash of the skeleton and entry point: the family key.
+    pub fn family_key(&self, entry: &str) -> u64 {
+        lazuli_ir::stable_hash(&(&self.skeleton, entry))
+    }
+
+    /// `source` (which this scan was made from) with each literal that has
+    /// a slot (`slots[k]`) read from slot of the uniform [`DIMS_VAR`];
+    /// also returns the slot values.
+    fn generic(&self, source: &str, slots: &[Option<usize>]) -> (String, Vec<u32>) {
+        let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
+        let mut out = format!("@group(1) @binding(0) var<storage, read> {DIMS_VAR}: array<u32>;\n\n");
+        let mut values = vec![0; count];
+        let mut copied = 0usize;
+        for (lit, slot) in self.literals.iter().zip(slots) {
+            let Some(k) = *slot else { continue };
+            out.push_str(&source[copied..lit.start]);
+            let load = format!("{DIMS_VAR}[{k}u]");
+            if lit.signed {
+                out.push_str(&format!("bitcast<i32>({load})"));
+            } else {
+                out.push_str(&load);
+            }
+            values[k] = lit.value;
+            copied = lit.end;
+        }
+        out.push_str(&source[copied..]);
+        (out, values)
+    }
+}
+
+/// What [`Families::specialize`] did with a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The source compiles as it is (first of its family, a member equal
+    /// to it, or generic sizes turned off).
+    Static,
+    /// A member of a generic family: runs its pipeline with its own values.
+    Reused,
+    /// A member that turned (more) literals of its family dynamic: a new
+    /// generic pipeline.
+    Widened,
+}
+
+/// The source to compile for a kernel and the values of its dynamic
+/// literals (empty for a static source, which binds no `LZD`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Specialized {
+    /// WGSL to compile.
+    pub source: String,
+    /// Values of `LZD`, in order.
+    pub dims: Vec<u32>,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl Specialized {
+    /// Whether the source reads `LZD` (bind group 1).
+    pub fn is_generic(&self) -> bool {
+        !self.dims.is_empty()
+    }
+}
+
+struct Family {
+    skeleton: String,
+    /// Literal values of the first member; positions without a slot are
+    /// the same in every member.
+    values: Vec<u32>,
+    /// The uniform slot of each dynamic position. Dynamic positions that
+    /// held equal values in every member so far share a slot (a size used
+    /// in many places is one load the driver can keep in a register); a
+    /// member where they differ splits the slot.
+    slots: Vec<Option<usize>>,
+}
+
+impl Family {
+    /// Whether `values` fit the current slots: baked positions equal and
+    /// positions of one slot equal to each other.
+    fn fits(&self, values: &[u32]) -> bool {
+        let mut slot_value: Vec<Option<u32>> = Vec::new();
+        for ((slot, old), &new) in self.slots.iter().zip(&self.values).zip(values) {
+            match *slot {
+                None if *old != new => return false,
+                None => {}
+                Some(k) => {
+                    if slot_value.len() <= k {
+                        slot_value.resize(k + 1, None);
+                    }
+                    match slot_value[k] {
+                        Some(v) if v != new => return false,
+                        Some(_) => {}
+                        None => slot_value[k] = Some(new),
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Re-slots after a member that did not fit: positions that changed
+    /// turn dynamic; slots split by the member's values.
+    fn widen(&mut self, values: &[u32], all_dynamic: bool) {
+        let mut ids: std::collections::HashMap<(usize, u32, u32), usize> = std::collections::HashMap::new();
+        for ((slot, &old), &new) in self.slots.iter_mut().zip(&self.values).zip(values) {
+            let key = match *slot {
+                Some(k) => (k, 0, new),
+                None if all_dynamic || old != new => (usize::MAX, old, new),
+                None => continue,
+            };
+            let next = ids.len();
+            *slot = Some(*ids.entry(key).or_insert(next));
+        }
+    }
+}
+
+/// The families seen by one backend (bounded, least recently used out).
+pub struct Families {
+    enabled: bool,
+    map: Mutex<lru::LruCache<u64, Family>>,
+}
+
+/// Whether generic sizes are on: `LAZULI_GENERIC_SIZES=0` turns them off
+/// (every size compiles its own kernels, as before), an option overrides.
+pub fn enabled(option: Option<bool>) -> bool {
+    option.unwrap_or_else(|| !matches!(std::env::var("LAZULI_GENERIC_SIZES").as_deref(), Ok("0" | "false" | "off")))
+}
+
+impl Families {
+    /// An empty set of families holding up to `cap` of them.
+    pub fn new(enabled: bool, cap: usize) -> Families {
+        Families { enabled, map: Mutex::new(lru::LruCache::new(NonZeroUsize::new(cap.max(1)).expect("non-zero"))) }
+    }
+
+    /// Whether generic sizes are on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The source to compile for `source` (entry point `entry`) and its
+    /// dynamic values; see the module documentation. With `all_dynamic`
+    /// (sizes are known to vary) every literal of the family turns
+    /// dynamic at once, so later sizes never widen it again. Counted as
+    /// `GenericKernelReuse` and `GenericKernelWidened`.
+    pub fn specialize(&self, source: &str, entry: &str, all_dynamic: bool) -> Specialized {
+        let fixed = || Specialized { source: source.to_string(), dims: Vec::new(), outcome: Outcome::Static };
+        if !self.enabled {
+            return fixed();
+        }
+        let scanned = scan(source);
+        if scanned.literals.is_empty() {
+            return fixed();
+        }
+        let key = scanned.family_key(entry);
+        let values = scanned.values();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let family = match map.get_mut(&key) {
+            Some(f) => f,
+            None => {
+                let slots = vec![None; values.len()];
+                map.put(key, Family { skeleton: scanned.skeleton.clone(), values: values.clone(), slots });
+                map.get_mut(&key).expect("just inserted")
+            }
+        };
+        if family.skeleton != scanned.skeleton || family.values.len() != values.len() {
+            // A hash collision: compile as it is, leave the family alone.
+            return fixed();
+        }
+        let widened = if (all_dynamic && family.slots.iter().any(Option::is_none)) || !family.fits(&values) {
+            family.widen(&values, all_dynamic);
+            true
+        } else {
+            false
+        };
+        if family.slots.iter().all(Option::is_none) {
+            return fixed();
+        }
+        let (source, dims) = scanned.generic(source, &family.slots);
+        let outcome = if widened { Outcome::Widened } else { Outcome::Reused };
+        metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
+        Specialized { source, dims, outcome }
+    }
+
+    /// Number of families held.
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when no family is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "struct Params {\n    z: u32,\n}\n@group(0) @binding(0) var<uniform> P: Params;\nvar<workgroup> red: array<f32, 256u>;\nconst K = 4u;\n// 7u in a comment\n@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>) {\n    let t = g.x;\n    if (t >= 48u) { return; }\n    let x = f32(t % 12u) * 1.5e-3 + bitcast<f32>(1065353216u);\n    let y = (-3i) + i32(0x10u);\n    switch t { case 1u: {} default: {} }\n}\n";
+
+    #[test]
+    fn scan_finds_only_replaceable_literals() {
+        let s = scan(A);
+        let found: Vec<&str> = s.literals.iter().map(|l| &A[l.start..l.end]).collect();
+        assert_eq!(found, ["48u", "12u", "1065353216u", "3i", "0x10u"]);
+        assert_eq!(s.values(), [48, 12, 1065353216, 3, 16]);
+        assert!(s.skeleton.contains("array<f32, 256u>") && s.skeleton.contains("const K = 4u;"));
+        assert!(s.skeleton.contains("case 1u:") && s.skeleton.contains("// 7u in a comment"));
+    }
+
+    #[test]
+    fn members_share_a_generic_source_after_one_widening() {
+        let fam = Families::new(true, 16);
+        let first = fam.specialize(A, "main", false);
+        assert_eq!((first.outcome, first.source.as_str()), (Outcome::Static, A));
+        // The same source again stays static.
+        assert_eq!(fam.specialize(A, "main", false).outcome, Outcome::Static);
+        let b = A.replace("48u", "52u").replace("12u", "13u");
+        let second = fam.specialize(&b, "main", false);
+        assert_eq!(second.outcome, Outcome::Widened);
+        assert_eq!(second.dims, [52, 13]);
+        assert!(second.source.contains("if (t >= LZD[0u])") && second.source.contains("(t % LZD[1u])"));
+        let c = A.replace("48u", "60u").replace("12u", "15u");
+        let third = fam.specialize(&c, "main", false);
+        assert_eq!(third.outcome, Outcome::Reused);
+        assert_eq!(third.source, second.source);
+        assert_eq!(third.dims, [60, 15]);
+        // The first member, seen again, now runs generic too.
+        assert_eq!(fam.specialize(A, "main", false).dims, [48, 12]);
+        // A baked literal that differs widens again.
+        let d = c.replace("(-3i)", "(-4i)");
+        let fourth = fam.specialize(&d, "main", false);
+        assert_eq!((fourth.outcome, fourth.dims.as_slice()), (Outcome::Widened, &[60, 15, 4][..]));
+        assert!(fourth.source.contains("(-bitcast<i32>(LZD[2u]))"));
+        crate::validate::validate_wgsl(&fourth.source).unwrap();
+    }
+
+    #[test]
+    fn different_structure_is_another_family_and_off_means_static() {
+        let fam = Families::new(true, 16);
+        fam.specialize(A, "main", false);
+        let other = A.replace("t % 12u", "t / 12u % 5u");
+        assert_eq!(fam.specialize(&other, "main", false).outcome, Outcome::Static);
+        assert_eq!(fam.len(), 2);
+        let off = Families::new(false, 16);
+        off.specialize(A, "main", false);
+        let b = A.replace("48u", "52u");
+        assert_eq!(
+            off.specialize(&b, "main", false),
+            Specialized { source: b.clone(), dims: vec![], outcome: Outcome::Static }
+        );
+    }
+
+    #[test]
+    fn all_dynamic_makes_every_literal_dynamic_at_once() {
+        let fam = Families::new(true, 16);
+        let first = fam.specialize(A, "main", true);
+        assert_eq!((first.outcome, first.dims.as_slice()), (Outcome::Widened, &[48, 12, 1065353216, 3, 16][..]));
+        // Sharing slots by value: equal values share one.
+        crate::validate::validate_wgsl(&first.source).unwrap();
+        let b = A.replace("48u", "52u").replace("(-3i)", "(-9i)");
+        let second = fam.specialize(&b, "main", false);
+        assert_eq!(second.outcome, Outcome::Reused);
+        assert_eq!(second.source, first.source);
+        assert_eq!(second.dims, [52, 12, 1065353216, 9, 16]);
+    }
+
+    #[test]
+    fn equal_sizes_share_a_slot_until_they_differ() {
+        let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 12u + 7u;\n}\n";
+        let fam = Families::new(true, 16);
+        fam.specialize(src, "f", false);
+        let b = fam.specialize(&src.replace("12u", "13u"), "f", false);
+        assert_eq!(b.outcome, Outcome::Widened);
+        assert!(b.source.contains("(i / LZD[0u]) % LZD[0u] + 7u"), "{}", b.source);
+        assert_eq!(b.dims, [13]);
+        let c = fam.specialize(&src.replace("12u", "20u"), "f", false);
+        assert_eq!((c.outcome, c.dims.as_slice()), (Outcome::Reused, &[20][..]));
+        // The two sizes part ways: the slot splits.
+        let d = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f", false);
+        assert_eq!(d.outcome, Outcome::Widened);
+        assert!(d.source.contains("(i / LZD[0u]) % LZD[1u] + 7u"), "{}", d.source);
+        assert_eq!(d.dims, [4, 6]);
+    }
+
+    #[test]
+    fn floats_and_abstract_integers_are_not_literals() {
+        let s =
+            scan("fn f() -> f32 { let a = 1.0; let b = 2e5; let c = 3; let d = 1e-5; let e = 0x1p4; return 7.5f; }");
+        assert!(s.literals.is_empty(), "{:?}", s.literals);
+    }
+}
