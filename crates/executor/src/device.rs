@@ -155,6 +155,13 @@ impl Device {
         self.0.main.pool_bytes()
     }
 
+    /// Bytes of the main backend's buffers in use now (the gauge a memory
+    /// budget is checked against; freed buffers a pool keeps are not in
+    /// use). The CPU fallback's buffers are not counted.
+    pub fn bytes_in_use(&self) -> u64 {
+        self.0.main.bytes_in_use()
+    }
+
     /// Forces nodes of the named ops (e.g. "exp", "matmul") onto the CPU
     /// fallback, as `LAZULI_FORCE_FALLBACK=exp,matmul` does. Plans compiled
     /// before the call keep their partition, so the cache is cleared.
@@ -220,6 +227,22 @@ impl Device {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// An empty host vector with room for `n` elements, for `op`'s copy of
+    /// a tensor's values on the host; a refused allocation is a typed
+    /// out-of-memory error, never an abort.
+    pub(crate) fn host_vec<T>(&self, n: usize, op: &str) -> Result<Vec<T>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| ExecError::Backend {
+            context: format!("{op}: copying a tensor's values on the host"),
+            source: BackendError::OutOfMemory {
+                bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+                in_use: self.bytes_in_use(),
+                device: format!("{}: the host allocator refused the request", self.name()),
+            },
+        })?;
+        Ok(v)
     }
 
     /// Syncs every live tensor with pending IR in one graph and advances the
@@ -369,7 +392,9 @@ impl Device {
         {
             let st = cell.state.lock().unwrap_or_else(|e| e.into_inner());
             if let CellState::Host(bytes) = &*st {
-                return Ok(bytes.to_vec());
+                let mut v = self.host_vec(bytes.len(), op)?;
+                v.extend_from_slice(bytes);
+                return Ok(v);
             }
         }
         let buf = self.buffer_of(cell, op)?;
@@ -490,6 +515,9 @@ fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>,
                 }
             }
         }
+        // The job's buffers are released before it counts as finished, so
+        // that memory gauges read after `Device::wait` are exact.
+        drop(job);
         let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
         *n -= 1;
         if *n == 0 {
