@@ -129,7 +129,7 @@ fn compile_cache_bound_child() {
 fn out_of_memory(e: &ExecError) -> Option<&BackendError> {
     match e {
         ExecError::Backend { source: source @ BackendError::OutOfMemory { .. }, .. } => Some(source),
-        ExecError::Poisoned { cause, .. } => out_of_memory(cause),
+        ExecError::Failed { cause, .. } | ExecError::Poisoned { cause, .. } => out_of_memory(cause),
         _ => None,
     }
 }

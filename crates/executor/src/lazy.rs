@@ -116,8 +116,10 @@ pub(crate) enum CellState {
     Pending,
     /// Device data.
     Ready(Buffer),
-    /// The execution that was to fill it failed.
-    Failed(ExecError),
+    /// The execution that was to fill it failed. `job` identifies that
+    /// execution so that the device reports each failure once (`None`
+    /// for a failure no execution caused, like a donated value).
+    Failed { error: ExecError, job: Option<u64> },
 }
 
 /// A slot for one tensor's data, filled asynchronously by the device worker.
