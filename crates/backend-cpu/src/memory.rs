@@ -43,6 +43,8 @@ pub(crate) struct Memory {
     limited_by: String,
     in_use: AtomicU64,
     peak: AtomicU64,
+    /// Bytes in `free`, readable without its lock (every request reads it).
+    pooled: AtomicU64,
     free: Mutex<Vec<CpuData>>,
 }
 
@@ -69,7 +71,14 @@ impl Memory {
                 None => (u64::MAX, "no memory budget".into()),
             },
         };
-        Memory { budget, limited_by, in_use: AtomicU64::new(0), peak: AtomicU64::new(0), free: Mutex::default() }
+        Memory {
+            budget,
+            limited_by,
+            in_use: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            pooled: AtomicU64::new(0),
+            free: Mutex::default(),
+        }
     }
 
     /// Bytes of live storage made by this memory.
@@ -84,7 +93,7 @@ impl Memory {
 
     /// Bytes of freed vectors kept for reuse.
     pub(crate) fn pooled(&self) -> u64 {
-        self.lock_free().iter().map(|d| byte_len(d) as u64).sum()
+        self.pooled.load(Ordering::Relaxed)
     }
 
     /// The budget (`u64::MAX`: none).
@@ -133,7 +142,9 @@ impl Memory {
         if n.saturating_mul(dtype.size_bytes()) >= Self::POOL_MIN_BYTES {
             let mut free = self.lock_free();
             if let Some(i) = free.iter().position(|d| d.dtype() == dtype && d.len() == n) {
-                return Ok(free.swap_remove(i));
+                let d = free.swap_remove(i);
+                self.pooled.fetch_sub(byte_len(&d) as u64, Ordering::Relaxed);
+                return Ok(d);
             }
         }
         self.zeros(dtype, n)
@@ -174,11 +185,13 @@ impl Memory {
             return;
         }
         let mut free = self.lock_free();
+        let mut pooled = self.pooled.load(Ordering::Relaxed) as usize + bytes;
         free.push(data);
         // Drop the oldest until the pool fits its budget.
-        while free.iter().map(byte_len).sum::<usize>() > Self::POOL_MAX_BYTES {
-            free.remove(0);
+        while pooled > Self::POOL_MAX_BYTES {
+            pooled -= byte_len(&free.remove(0));
         }
+        self.pooled.store(pooled as u64, Ordering::Relaxed);
     }
 
     /// Checks a request of `bytes` against the budget, releasing the pool
@@ -190,18 +203,18 @@ impl Memory {
         let fits = |held: u64| self.in_use().saturating_add(held).saturating_add(bytes) <= self.budget;
         if fits(0) {
             if !fits(self.pooled()) {
-                self.lock_free().clear();
+                self.release_pool();
             }
             return Ok(());
         }
-        self.lock_free().clear();
+        self.release_pool();
         Err(BackendError::OutOfMemory { bytes, in_use: self.in_use(), device: format!("cpu with {}", self.limited_by) })
     }
 
     /// The error for a request the host allocator refused; the pool is
     /// released so that the next request has what it held.
     fn refused(&self, bytes: u64) -> BackendError {
-        self.lock_free().clear();
+        self.release_pool();
         BackendError::OutOfMemory {
             bytes,
             in_use: self.in_use(),
@@ -209,6 +222,14 @@ impl Memory {
         }
     }
 
+    /// Frees every pooled vector.
+    fn release_pool(&self) {
+        let mut free = self.lock_free();
+        free.clear();
+        self.pooled.store(0, Ordering::Relaxed);
+    }
+
+    /// The pool's lock; `pooled` changes only while it is held.
     fn lock_free(&self) -> std::sync::MutexGuard<'_, Vec<CpuData>> {
         self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
