@@ -111,7 +111,9 @@ impl LazyNode {
 #[derive(Debug)]
 pub(crate) enum CellState {
     /// Host data not yet uploaded to the device (uploaded on first use).
-    Host(Arc<[u8]>),
+    /// (An `Arc<Vec<u8>>`, not `Arc<[u8]>`: wrapping takes the caller's
+    /// vector without copying it, so no tensor-sized allocation can fail.)
+    Host(Arc<Vec<u8>>),
     /// A placeholder: an execution will fill it.
     Pending,
     /// Device data.

@@ -190,7 +190,7 @@ impl Tensor {
                 numel: ty.shape.numel(),
             });
         }
-        let cell = DataCell::new(device.0.id, ty, CellState::Host(bytes.into()));
+        let cell = DataCell::new(device.0.id, ty, CellState::Host(Arc::new(bytes)));
         Ok(Tensor::from_node(device, Arc::new(LazyNode::data(cell, Location::caller()))))
     }
 
