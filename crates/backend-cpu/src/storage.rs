@@ -293,8 +293,8 @@ impl CpuData {
 
 /// The CPU backend's [`DeviceStorage`]: typed data in host memory.
 ///
-/// Storage made by the backend ([`Memory::track`]) counts as in use in its
-/// [`Memory`] until dropped and then returns its vector to that memory's
+/// Storage made by the backend (`Memory::track`) counts as in use in its
+/// `Memory` until dropped and then returns its vector to that memory's
 /// pool, so a workload that allocates the same large outputs every step
 /// reuses warm memory instead of faulting in fresh pages from the OS each
 /// time.
