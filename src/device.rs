@@ -2,7 +2,7 @@
 //! devices. `Device::default()` picks a wgpu adapter if there is one, else
 //! the CPU backend, and says which.
 
-use lazuli_cpu::CpuBackend;
+use lazuli_cpu::{CpuBackend, CpuOptions};
 use lazuli_executor::{Backend, BackendError, Device};
 use lazuli_wgpu::{WgpuBackend, WgpuOptions};
 use std::sync::{Arc, OnceLock};
@@ -33,8 +33,12 @@ pub trait DeviceExt: Sized {
     /// `LAZULI_DEVICE=cpu|wgpu` to choose. The choice is logged, and printed
     /// to stderr when falling back to the CPU.
     fn default() -> Self;
-    /// A device on the CPU reference backend.
+    /// A device on the CPU reference backend (shared by all such devices,
+    /// and the fallback of wgpu devices).
     fn cpu() -> Self;
+    /// A device on a CPU backend of its own built with `options` (its own
+    /// memory budget and bytes-in-use count).
+    fn cpu_with(options: CpuOptions) -> Self;
     /// A device on the default wgpu adapter (shared by all such devices).
     fn wgpu() -> Result<Self, BackendError>;
     /// A device on a wgpu backend built with `options` (its own wgpu device).
@@ -71,6 +75,11 @@ impl DeviceExt for Device {
         Device::new(cpu.clone(), cpu)
     }
 
+    fn cpu_with(options: CpuOptions) -> Device {
+        let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::with_options(options));
+        Device::new(cpu.clone(), cpu)
+    }
+
     fn wgpu() -> Result<Device, BackendError> {
         Ok(Device::new(default_wgpu()?, cpu_backend()))
     }
@@ -92,5 +101,6 @@ pub fn adapters() -> Vec<String> {
     lazuli_wgpu::list_adapters()
 }
 
+pub use lazuli_cpu::CpuOptions as CpuDeviceOptions;
 pub use lazuli_wgpu::codegen::{ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm};
 pub use lazuli_wgpu::WgpuOptions as WgpuDeviceOptions;

@@ -28,8 +28,8 @@ pub mod serialize;
 pub mod train;
 
 pub use device::{
-    adapters, DeviceExt, DeviceKind, ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm,
-    WgpuDeviceOptions,
+    adapters, CpuDeviceOptions, DeviceExt, DeviceKind, ElementwiseForm, KernelForms, MatmulForm, MatmulTile,
+    ReduceForm, RowsForm, WgpuDeviceOptions,
 };
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{

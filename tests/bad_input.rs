@@ -277,8 +277,11 @@ fn using_a_tensor_after_its_device_failed() {
         let e = err_contains(bad.to_vec::<f32>(), &["injected device failure"]);
         assert!(e.contains("to_vec"), "{e}");
         err_contains(bad.to_vec::<f32>(), &["injected device failure"]);
-        err_contains(bad.item::<f32>(), &["item", "failed execution"]);
-        err_contains(bad.add_scalar(1.0).unwrap().to_vec::<f32>(), &["failed execution", "injected"]);
+        err_contains(bad.item::<f32>(), &["item", "computing the value failed", "synced by sync at", "injected"]);
+        err_contains(
+            bad.add_scalar(1.0).unwrap().to_vec::<f32>(),
+            &["depends on a value whose computation failed earlier", "synced by sync at", "injected"],
+        );
         err_contains(
             bad.expand([2, 3]).unwrap().matmul(&a.reshape([3, 1]).unwrap()).unwrap().to_vec::<f32>(),
             &["injected"],

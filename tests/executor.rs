@@ -41,11 +41,22 @@ fn async_error_surfaces_at_the_next_barrier_and_the_device_recovers() {
         y.sync().expect("sync itself succeeds: the failure is asynchronous");
         let e = y.to_vec::<f32>().unwrap_err().to_string();
         assert!(e.contains("injected device failure") && e.contains("to_vec"), "{e}");
+        // The read reported the failure: the device does not report it
+        // again (a later error would otherwise name this graph).
+        dev.wait().unwrap();
+        // A failure no read reported is returned by the next wait, naming
+        // its own graph and sync point.
+        dev.fail_next_executions(1);
+        let z = x.mul_scalar(5.0).unwrap();
+        let line = line!() + 1;
+        z.sync().unwrap();
         let e = dev.wait().unwrap_err().to_string();
-        assert!(e.contains("injected"), "{e}");
-        // A sync depending on the failed value reports it too.
+        assert!(e.contains("injected") && e.contains(&format!("synced by sync at tests/executor.rs:{line}")), "{e}");
+        dev.wait().unwrap();
+        // A sync depending on the failed value says so.
         let dep = y.add_scalar(1.0).unwrap();
-        assert!(dep.to_vec::<f32>().is_err());
+        let e = dep.to_vec::<f32>().unwrap_err().to_string();
+        assert!(e.contains("depends on a value whose computation failed earlier") && e.contains("injected"), "{e}");
         // Other tensors are intact and the device keeps working.
         assert_eq!(other.to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
         assert_eq!(x.mul_scalar(4.0).unwrap().to_vec::<f32>().unwrap(), vec![4.0, 8.0]);
@@ -227,7 +238,7 @@ fn a_panicking_backend_is_an_error_not_a_hang() {
         let y = x.add_scalar(1.0).unwrap();
         let e = y.to_vec::<f32>().unwrap_err().to_string();
         assert!(e.contains("panicked") && e.contains("injected backend panic"), "{e}");
-        assert!(dev.wait().is_err());
+        dev.wait().expect("the read reported the failure");
         assert_eq!(x.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0], "device usable afterwards");
     }
 }

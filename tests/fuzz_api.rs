@@ -3,7 +3,11 @@
 //! dtypes, zero and huge dims, zero and negative steps, empty concat,
 //! reading with the wrong element type, operands of two devices, extreme
 //! integers, out-of-range gather indices, injected device failures,
-//! `assign`, `mark_step` and drops in between. Every call runs inside
+//! `assign`, `mark_step` and drops in between, and tensors of huge and
+//! near-limit sizes computed and read (1 TiB, beyond the address space,
+//! exactly at and just over a CPU device's memory budget, just over
+//! lavapipe's largest binding): each must be a typed error or a value,
+//! never an abort. Every call runs inside
 //! `catch_unwind`: a panic is a failure; every refusal must be an `Err`
 //! with a message. A watchdog fails the test if a sequence hangs (a
 //! deadlock at a barrier).
@@ -16,6 +20,7 @@
 mod common;
 use lazuli::ir::{ArgReduceOp, PadMode, ReduceOp, ScalarValue};
 use lazuli::prelude::*;
+use lazuli::CpuDeviceOptions;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,6 +39,9 @@ struct Call {
 /// Elements above which a tensor is only recorded, never kept or read (so
 /// the fuzzer never asks a backend for gigabytes).
 const MAX_KEPT: usize = 1 << 16;
+
+/// The memory budget of the fuzzer's budgeted CPU device.
+const BUDGET: usize = 1 << 20;
 
 type Unary = fn(&Tensor) -> lazuli::Result<Tensor>;
 type Binary = fn(&Tensor, &Tensor) -> lazuli::Result<Tensor>;
@@ -59,6 +67,27 @@ fn dim(k: i16) -> usize {
         13 => 1 << 33,
         14 => 4,
         _ => 6,
+    }
+}
+
+/// Element counts of huge and near-limit tensors, which are computed and
+/// read: each is refused before any allocation (budget, binding limit or
+/// record-time check), fits a small budget exactly, or is small enough to
+/// compute in milliseconds.
+fn huge_len(k: u8, dev: &Device) -> usize {
+    match k % 6 {
+        // 1 TiB of f32: over any host's memory and any binding.
+        0 => 1 << 38,
+        // 4 EiB of f32: beyond the address space.
+        1 => 1 << 60,
+        // More bytes than any allocation may have: refused when recorded.
+        2 => isize::MAX as usize / 2,
+        // Exactly the budgeted device's budget of f32, and one over.
+        3 => BUDGET / 4,
+        4 => BUDGET / 4 + 1,
+        // One f32 over lavapipe's largest storage binding (128 MiB).
+        _ if dev.kind() == lazuli::BackendKind::Wgpu => (128 << 20) / 4 + 1,
+        _ => BUDGET / 4 - 1,
     }
 }
 
@@ -113,7 +142,7 @@ impl Api {
         let x = self.t(c.a);
         let y = self.t(c.b);
         let dev = self.devs[(c.a as usize / 7) % self.devs.len()].clone();
-        match c.op % 40 {
+        match c.op % 41 {
             0 => {
                 let ops: [(&str, Unary); 12] = [
                     ("neg", Tensor::neg),
@@ -338,6 +367,27 @@ impl Api {
                 };
                 self.keep("conv2d", x.conv2d(&y, attrs));
             }
+            39 => {
+                // Huge and near-limit sizes, materialized: a typed error
+                // or a value. Never kept (a pending huge tensor could make
+                // a later reduction fuse and run for hours on lavapipe).
+                let n = huge_len(c.b, &dev);
+                let dt = [DType::F32, DType::I32, DType::U8][c.a as usize % 3];
+                let r = match c.d.rem_euclid(3) {
+                    0 => Tensor::rand([n], DType::F32, &dev).and_then(|t| t.to_vec::<f32>().map(|_| ())),
+                    1 => Tensor::ones([n], dt, &dev)
+                        .and_then(|t| t.mul_scalar(2.0))
+                        .and_then(|t| t.to_bytes().map(|_| ())),
+                    _ => Tensor::rand([n], DType::F32, &dev).and_then(|t| {
+                        // Live during a step, with whatever else is pending.
+                        let u = t.add_scalar(1.0)?;
+                        let r = dev.mark_step();
+                        drop((t, u));
+                        r
+                    }),
+                };
+                self.unit("huge", r);
+            }
             _ => {
                 // Operator sugar.
                 let r = match c.b % 4 {
@@ -369,7 +419,8 @@ fn initial(devs: &[Device]) -> Vec<Tensor> {
 
 /// Runs one sequence; Err describes a panic.
 fn run(calls: &[Call], use_wgpu: bool) -> Result<usize, String> {
-    let mut devs = vec![Device::cpu(), Device::cpu()];
+    let budgeted = Device::cpu_with(CpuDeviceOptions { memory_budget: Some(BUDGET as u64) });
+    let mut devs = vec![Device::cpu(), Device::cpu(), budgeted];
     if use_wgpu {
         if let Some(g) = common::wgpu() {
             devs.push(g);

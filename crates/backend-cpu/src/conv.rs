@@ -9,26 +9,44 @@
 //! (max) or NaN (average without `count_include_pad`, 0 / 0).
 
 use crate::elem::{Float, Num};
+use crate::memory::Memory;
 use crate::storage::{same_float, same_num, CpuData};
+use lazuli_executor::BackendError;
 use lazuli_ir::{ConvAttrs, PoolAttrs, PoolKind};
 
 /// Convolves `x` (`[N, C, H, W]`) with `w` (`[O, C/g, kh, kw]`) into `out`.
-pub(crate) fn conv2d(x: &CpuData, xd: &[usize], w: &CpuData, wd: &[usize], out: &[usize], c: &ConvAttrs) -> CpuData {
-    match (x, w) {
-        (CpuData::F16(a), CpuData::F16(b)) => CpuData::F16(conv_typed(a, xd, b, wd, out, c)),
-        (CpuData::F32(a), CpuData::F32(b)) => CpuData::F32(conv_typed(a, xd, b, wd, out, c)),
-        (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(conv_typed(a, xd, b, wd, out, c)),
+pub(crate) fn conv2d(
+    mem: &Memory,
+    x: &CpuData,
+    xd: &[usize],
+    w: &CpuData,
+    wd: &[usize],
+    out: &[usize],
+    c: &ConvAttrs,
+) -> Result<CpuData, BackendError> {
+    Ok(match (x, w) {
+        (CpuData::F16(a), CpuData::F16(b)) => CpuData::F16(conv_typed(mem, a, xd, b, wd, out, c)?),
+        (CpuData::F32(a), CpuData::F32(b)) => CpuData::F32(conv_typed(mem, a, xd, b, wd, out, c)?),
+        (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(conv_typed(mem, a, xd, b, wd, out, c)?),
         _ => unreachable!("conv2d takes two operands of one float dtype in a verified graph"),
-    }
+    })
 }
 
-fn conv_typed<T: Float>(x: &[T], xd: &[usize], w: &[T], wd: &[usize], out: &[usize], c: &ConvAttrs) -> Vec<T> {
+fn conv_typed<T: Float>(
+    mem: &Memory,
+    x: &[T],
+    xd: &[usize],
+    w: &[T],
+    wd: &[usize],
+    out: &[usize],
+    c: &ConvAttrs,
+) -> Result<Vec<T>, BackendError> {
     let (nb, ci, ih, iw) = (xd[0], xd[1], xd[2], xd[3]);
     let (co, cg, kh, kw) = (wd[0], wd[1], wd[2], wd[3]);
     let (oh, ow) = (out[2], out[3]);
     let opg = co / c.groups;
-    let mut res = Vec::with_capacity(nb * co * oh * ow);
-    let mut acc = vec![0.0f64; oh * ow];
+    let mut res = mem.vec(nb * co * oh * ow)?;
+    let mut acc = mem.zeroed::<f64>(oh * ow)?;
     for n in 0..nb {
         for o in 0..co {
             acc.fill(0.0);
@@ -59,7 +77,7 @@ fn conv_typed<T: Float>(x: &[T], xd: &[usize], w: &[T], wd: &[usize], out: &[usi
             res.extend(acc.iter().map(|&a| T::from_f64(a)));
         }
     }
-    res
+    Ok(res)
 }
 
 /// Per spatial dim and output position: the valid input positions of the
@@ -96,11 +114,19 @@ fn windows(p: &PoolAttrs, in_sp: &[usize], out_sp: &[usize]) -> Windows {
 }
 
 /// Pools `x` (`[N, C, spatial...]`) into shape `out`.
-pub(crate) fn pool(x: &CpuData, xd: &[usize], out: &[usize], p: &PoolAttrs) -> CpuData {
+pub(crate) fn pool(
+    mem: &Memory,
+    x: &CpuData,
+    xd: &[usize],
+    out: &[usize],
+    p: &PoolAttrs,
+) -> Result<CpuData, BackendError> {
     let win = windows(p, &xd[2..], &out[2..]);
-    match p.kind {
-        PoolKind::Max => same_num!(x, v => pool_typed(v, xd, out, &win, |it, _| it.fold(Num::LOWEST, Num::maximum))),
-        PoolKind::Avg { count_include_pad } => same_float!(x, v => pool_typed(v, xd, out, &win, |it, padded| {
+    Ok(match p.kind {
+        PoolKind::Max => {
+            same_num!(x, v => pool_typed(mem, v, xd, out, &win, |it, _| it.fold(Num::LOWEST, Num::maximum))?)
+        }
+        PoolKind::Avg { count_include_pad } => same_float!(x, v => pool_typed(mem, v, xd, out, &win, |it, padded| {
             let mut s = 0.0;
             let mut n = 0usize;
             for e in it {
@@ -109,24 +135,25 @@ pub(crate) fn pool(x: &CpuData, xd: &[usize], out: &[usize], p: &PoolAttrs) -> C
             }
             let div = if count_include_pad { padded } else { n };
             Float::from_f64(s / div as f64)
-        })),
-    }
+        })?),
+    })
 }
 
 /// Runs `f(window elements, padded tap count)` for every output element.
 fn pool_typed<T: Copy>(
+    mem: &Memory,
     x: &[T],
     xd: &[usize],
     out: &[usize],
     win: &Windows,
     f: impl Fn(&mut dyn Iterator<Item = T>, usize) -> T,
-) -> Vec<T> {
+) -> Result<Vec<T>, BackendError> {
     let nsp = xd.len() - 2;
     let in_plane: usize = xd[2..].iter().product();
     let out_sp = &out[2..];
     let out_plane: usize = out_sp.iter().product();
     let in_strides = crate::layout::strides(&xd[2..]);
-    let mut res = Vec::with_capacity(out[0] * out[1] * out_plane);
+    let mut res = mem.vec(out[0] * out[1] * out_plane)?;
     let mut opos = vec![0usize; nsp];
     let mut lists: Vec<&[usize]> = Vec::with_capacity(nsp);
     for pi in 0..out[0] * out[1] {
@@ -154,5 +181,5 @@ fn pool_typed<T: Copy>(
             res.push(f(&mut it, padded));
         }
     }
-    res
+    Ok(res)
 }

@@ -46,7 +46,7 @@ impl CastVal {
 }
 
 /// Every element type stored in a `CpuData` (bool is stored as `u8`).
-pub(crate) trait Elem: Copy + PartialOrd + Send + Sync + Debug + 'static {
+pub(crate) trait Elem: bytemuck::Pod + PartialOrd + Send + Sync + Debug + 'static {
     /// The element as a cast intermediate.
     fn to_cv(self) -> CastVal;
     /// An element from a cast intermediate.

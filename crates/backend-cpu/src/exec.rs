@@ -12,9 +12,13 @@
 //! Each value lives in an `Arc`'d [`CpuStorage`] until the last step that
 //! reads it, then it is dropped; `Reshape` shares its operand's storage.
 //! Outputs are returned as [`Buffer`]s sharing the same storage (no copy).
+//! Every value is allocated from the backend's `Memory`, so a step whose
+//! output does not fit fails with `BackendError::OutOfMemory`; the values
+//! made so far are dropped with the run.
 
 use crate::fused::FusedLoop;
-use crate::storage::{BufferPool, CpuData, CpuStorage};
+use crate::memory::Memory;
+use crate::storage::{CpuData, CpuStorage};
 use crate::{conv, matmul, movement, reduce, source};
 use lazuli_executor::{BackendError, BackendKind, Buffer, DeviceStorage, Executable};
 use lazuli_ir::fusion::{self, FusionLimits, KernelKind};
@@ -30,7 +34,7 @@ use std::sync::Arc;
 pub struct CpuExecutable {
     graph: VerifiedGraph,
     program: Program,
-    pool: Arc<BufferPool>,
+    memory: Arc<Memory>,
 }
 
 impl std::fmt::Debug for CpuExecutable {
@@ -40,15 +44,16 @@ impl std::fmt::Debug for CpuExecutable {
 }
 
 impl CpuExecutable {
-    /// Compiles a verified graph into a program (with its own buffer pool).
+    /// Compiles a verified graph into a program (with its own memory, of
+    /// the default budget).
     pub fn new(graph: VerifiedGraph) -> CpuExecutable {
-        CpuExecutable::with_pool(graph, Arc::default())
+        CpuExecutable::with_memory(graph, Arc::default())
     }
 
-    /// Compiles a verified graph whose large outputs recycle through `pool`.
-    pub(crate) fn with_pool(graph: VerifiedGraph, pool: Arc<BufferPool>) -> CpuExecutable {
-        let program = Program::compile(&graph);
-        CpuExecutable { graph, program, pool }
+    /// Compiles a verified graph whose values are allocated from `memory`.
+    pub(crate) fn with_memory(graph: VerifiedGraph, memory: Arc<Memory>) -> CpuExecutable {
+        let program = Program::compile(&graph, &memory);
+        CpuExecutable { graph, program, memory }
     }
 
     /// The graph this executable runs.
@@ -58,7 +63,7 @@ impl CpuExecutable {
 
     /// Runs the program on `inputs` (one per parameter) and `scalars`.
     pub fn run(&self, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
-        self.program.run(&self.graph, inputs, scalars, &self.pool)
+        self.program.run(&self.graph, inputs, scalars, &self.memory)
     }
 
     /// How many steps are fused loops (for tests).
@@ -102,14 +107,14 @@ enum StepKind {
 }
 
 impl Program {
-    fn compile(graph: &Graph) -> Program {
+    fn compile(graph: &Graph, mem: &Memory) -> Program {
         let limits = FusionLimits { max_storage_buffers: 1 << 16, ..FusionLimits::default() };
         let plan = fusion::plan(graph, &limits);
-        let mut b = ProgramBuilder { graph, steps: Vec::new(), done: vec![false; graph.len()] };
+        let mut b = ProgramBuilder { graph, mem, steps: Vec::new(), done: vec![false; graph.len()] };
         for k in &plan.kernels {
             match k.kind {
                 KernelKind::Elementwise => {
-                    if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs) {
+                    if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs, mem) {
                         b.fused(lp);
                     } else {
                         for &x in &k.inline {
@@ -133,7 +138,7 @@ impl Program {
                         if b.done[o.index()] || !k.inline.contains(&o) {
                             continue;
                         }
-                        match FusedLoop::compile(graph, &k.inline, &[o]) {
+                        match FusedLoop::compile(graph, &k.inline, &[o], mem) {
                             Some(lp) => b.fused(lp),
                             None => b.closure(o, &k.inline),
                         }
@@ -159,7 +164,7 @@ impl Program {
         graph: &Graph,
         inputs: Vec<Buffer>,
         scalars: &[ScalarValue],
-        pool: &Arc<BufferPool>,
+        mem: &Arc<Memory>,
     ) -> Result<Vec<Buffer>, BackendError> {
         check_inputs(graph, &inputs, scalars)?;
         let mut uses = self.uses.clone();
@@ -172,13 +177,13 @@ impl Program {
         for step in &self.steps {
             match &step.kind {
                 StepKind::Node(id) => {
-                    let v = eval_node(graph, *id, &vals, scalars, pool)?;
+                    let v = eval_node(graph, *id, &vals, scalars, mem)?;
                     vals[id.index()] = Some(v);
                 }
                 StepKind::Fused(lp) => {
-                    let outs = lp.run(&vals, scalars, pool);
+                    let outs = lp.run(&vals, scalars, mem)?;
                     for (o, d) in lp.writes().into_iter().zip(outs) {
-                        vals[o.index()] = Some(Arc::new(CpuStorage::pooled(d, pool)));
+                        vals[o.index()] = Some(Arc::new(mem.track(d)));
                     }
                 }
             }
@@ -204,6 +209,7 @@ impl Program {
 
 struct ProgramBuilder<'g> {
     graph: &'g Graph,
+    mem: &'g Memory,
     steps: Vec<Step>,
     /// Nodes already computed by an earlier step (or parameters).
     done: Vec<bool>,
@@ -225,7 +231,8 @@ impl ProgramBuilder<'_> {
             return;
         }
         if matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)) {
-            let lp = FusedLoop::compile(self.graph, &[id], &[id]).expect("a lone elementwise node always fuses");
+            let lp =
+                FusedLoop::compile(self.graph, &[id], &[id], self.mem).expect("a lone elementwise node always fuses");
             return self.fused(lp);
         }
         let mut reads = node.inputs.clone();
@@ -258,7 +265,8 @@ impl ProgramBuilder<'_> {
 /// scalar slot), returning one buffer per output. Compiles the graph first;
 /// [`CpuExecutable::run`] reuses a compiled program.
 pub fn run(graph: &Graph, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
-    Program::compile(graph).run(graph, inputs, scalars, &Arc::default())
+    let mem = Arc::default();
+    Program::compile(graph, &mem).run(graph, inputs, scalars, &mem)
 }
 
 pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
@@ -300,7 +308,7 @@ fn eval_node(
     id: NodeId,
     vals: &[Option<Arc<dyn DeviceStorage>>],
     scalars: &[ScalarValue],
-    pool: &Arc<BufferPool>,
+    mem: &Arc<Memory>,
 ) -> Result<Arc<dyn DeviceStorage>, BackendError> {
     let node = graph.node(id);
     let arg = |k: usize| data(vals[node.inputs[k].index()].as_ref().expect("operands precede users"));
@@ -308,41 +316,43 @@ fn eval_node(
     let dims = node.shape.dims();
     let out: CpuData = match &node.op {
         Op::Reshape(_) => return Ok(vals[node.inputs[0].index()].clone().expect("operands precede users")),
-        Op::Constant(v, dt) => source::scalar(*v, *dt),
-        Op::ScalarParam(i) => source::scalar(scalars[*i as usize], node.dtype),
-        Op::Iota { shape, axis, dtype } => source::iota(shape.dims(), *axis, *dtype),
+        Op::Constant(v, dt) => source::scalar(mem, *v, *dt)?,
+        Op::ScalarParam(i) => source::scalar(mem, scalars[*i as usize], node.dtype)?,
+        Op::Iota { shape, axis, dtype } => source::iota(mem, shape.dims(), *axis, *dtype)?,
         Op::Random { dist, .. } => {
             let word = |k: usize| match arg(k) {
                 CpuData::U32(v) => v[0],
                 _ => unreachable!("random keys are u32 in a verified graph"),
             };
-            source::random(node.shape.numel(), *dist, word(0), word(1))
+            source::random(mem, node.shape.numel(), *dist, word(0), word(1))?
         }
-        Op::Reduce { op, axes, .. } => reduce::reduce(*op, arg(0), shape(0), axes),
-        Op::ArgReduce { op, axis, select_last, .. } => reduce::arg_reduce(*op, arg(0), shape(0), *axis, *select_last),
-        Op::CumSum { axis, exclusive, reverse } => reduce::cumsum(arg(0), shape(0), *axis, *exclusive, *reverse),
-        Op::Softmax { axis, log } => reduce::softmax(arg(0), shape(0), *axis, *log, pool),
-        Op::MatMul => matmul::matmul(arg(0), shape(0), arg(1), shape(1), dims, pool),
-        Op::Permute(perm) => movement::permute(arg(0), shape(0), perm),
-        Op::Expand(_) => movement::expand(arg(0), shape(0), dims),
-        Op::Slice { starts, steps, lens } => movement::slice(arg(0), shape(0), starts, steps, lens),
+        Op::Reduce { op, axes, .. } => reduce::reduce(mem, *op, arg(0), shape(0), axes)?,
+        Op::ArgReduce { op, axis, select_last, .. } => {
+            reduce::arg_reduce(mem, *op, arg(0), shape(0), *axis, *select_last)?
+        }
+        Op::CumSum { axis, exclusive, reverse } => reduce::cumsum(mem, arg(0), shape(0), *axis, *exclusive, *reverse)?,
+        Op::Softmax { axis, log } => reduce::softmax(mem, arg(0), shape(0), *axis, *log)?,
+        Op::MatMul => matmul::matmul(mem, arg(0), shape(0), arg(1), shape(1), dims)?,
+        Op::Permute(perm) => movement::permute(mem, arg(0), shape(0), perm)?,
+        Op::Expand(_) => movement::expand(mem, arg(0), shape(0), dims)?,
+        Op::Slice { starts, steps, lens } => movement::slice(mem, arg(0), shape(0), starts, steps, lens)?,
         Op::Concat { axis } => {
             let parts: Vec<&CpuData> = (0..node.inputs.len()).map(arg).collect();
             let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(shape).collect();
-            movement::concat(&parts, &shapes, *axis)
+            movement::concat(mem, &parts, &shapes, *axis)?
         }
         Op::Pad { before, after, mode } => {
             let value = (node.inputs.len() > 1).then(|| arg(1));
-            movement::pad(arg(0), shape(0), before, after, *mode, value)
+            movement::pad(mem, arg(0), shape(0), before, after, *mode, value)?
         }
-        Op::Gather { axis } => movement::gather(arg(0), shape(0), *axis, arg(1))?,
-        Op::Conv2d(c) => conv::conv2d(arg(0), shape(0), arg(1), shape(1), dims, c),
-        Op::Pool(p) => conv::pool(arg(0), shape(0), dims, p),
+        Op::Gather { axis } => movement::gather(mem, arg(0), shape(0), *axis, arg(1))?,
+        Op::Conv2d(c) => conv::conv2d(mem, arg(0), shape(0), arg(1), shape(1), dims, c)?,
+        Op::Pool(p) => conv::pool(mem, arg(0), shape(0), dims, p)?,
         Op::Parameter(_) | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
             unreachable!("{} is bound or fused, never interpreted", node.op.name())
         }
     };
     debug_assert_eq!(out.dtype(), node.dtype, "{}", node.op.name());
     debug_assert_eq!(out.len(), node.shape.numel(), "{}", node.op.name());
-    Ok(Arc::new(CpuStorage::pooled(out, pool)))
+    Ok(Arc::new(mem.track(out)))
 }

@@ -33,8 +33,10 @@
 
 use crate::elementwise::{self, BlockFn, Operand};
 use crate::exec::data;
-use crate::storage::{each_all, BufferPool, CpuData};
+use crate::memory::Memory;
+use crate::storage::{each_all, CpuData};
 use crate::stream;
+use lazuli_executor::BackendError;
 use lazuli_executor::DeviceStorage;
 use lazuli_ir::{DType, Graph, NodeId, Op, ScalarValue};
 use rayon::prelude::*;
@@ -205,6 +207,7 @@ enum Val {
 
 struct Builder<'g> {
     graph: &'g Graph,
+    mem: &'g Memory,
     n: usize,
     slots: Vec<Slot>,
     insts: Vec<Inst>,
@@ -220,7 +223,7 @@ impl FusedLoop {
     /// `outputs` need into one loop. Operands outside `members` are read
     /// from their materialized buffers. `None` if some needed node cannot
     /// be fused or the outputs differ in element count.
-    pub(crate) fn compile(graph: &Graph, members: &[NodeId], outputs: &[NodeId]) -> Option<FusedLoop> {
+    pub(crate) fn compile(graph: &Graph, members: &[NodeId], outputs: &[NodeId], mem: &Memory) -> Option<FusedLoop> {
         let n = graph.node(outputs[0]).shape.numel();
         if outputs.iter().any(|o| graph.node(*o).shape.numel() != n) {
             return None;
@@ -236,6 +239,7 @@ impl FusedLoop {
         }
         let mut b = Builder {
             graph,
+            mem,
             n,
             slots: Vec::new(),
             insts: Vec::new(),
@@ -305,8 +309,8 @@ impl FusedLoop {
         &self,
         vals: &[Option<Arc<dyn DeviceStorage>>],
         scalars: &[ScalarValue],
-        pool: &BufferPool,
-    ) -> Vec<CpuData> {
+        mem: &Memory,
+    ) -> Result<Vec<CpuData>, BackendError> {
         let srcs: Vec<&[u8]> = self
             .sources
             .iter()
@@ -329,9 +333,9 @@ impl FusedLoop {
                 _ => [0; 8],
             })
             .collect();
-        let mut outs: Vec<CpuData> = self.outputs.iter().map(|(_, dt)| pool.take(*dt, self.n)).collect();
+        let mut outs = self.outputs.iter().map(|(_, dt)| mem.take(*dt, self.n)).collect::<Result<Vec<_>, _>>()?;
         if self.n == 0 {
-            return outs;
+            return Ok(outs);
         }
         let sizes: Vec<usize> = self.outputs.iter().map(|(_, dt)| dt.size_bytes()).collect();
         let out_bytes: usize = sizes.iter().map(|s| s * self.n).sum();
@@ -357,7 +361,7 @@ impl FusedLoop {
             let mut regs = self.registers();
             ctx.run_part(0, self.n, bufs, &mut regs);
             stream::fence();
-            return outs;
+            return Ok(outs);
         }
         let parts = nblocks.min(threads * 4);
         let per = nblocks.div_ceil(parts) * BLOCK;
@@ -386,7 +390,7 @@ impl FusedLoop {
                 stream::fence();
             },
         );
-        outs
+        Ok(outs)
     }
 
     /// Scratch registers, then one staging register per output (used
@@ -529,7 +533,9 @@ impl Builder<'_> {
                 Val::Leaf(self.slots.len() - 1)
             }
             Op::Iota { shape, axis, dtype } => {
-                self.owned.push(crate::source::iota(shape.dims(), *axis, *dtype));
+                // An iota the memory cannot hold now is left to the
+                // interpreter, which reports it when the loop runs.
+                self.owned.push(crate::source::iota(self.mem, shape.dims(), *axis, *dtype).ok()?);
                 self.sources.push(Source::Owned(self.owned.len() - 1));
                 Val::View { src: self.sources.len() - 1, view: View::contiguous(dims), size: dtype.size_bytes() }
             }

@@ -5,6 +5,8 @@
 //! Loops run an odometer over the outer dimensions and a tight loop over
 //! the innermost one, so no per-element allocation or division happens.
 
+use crate::memory::Memory;
+use lazuli_executor::BackendError;
 use std::borrow::Cow;
 
 /// Offset-table entry meaning "no source element: use the fill value".
@@ -78,16 +80,21 @@ pub(crate) fn walk<const K: usize>(dims: &[usize], strides: [&[usize]; K], mut f
 /// Builds a tensor whose element at coordinates `c` is
 /// `src[sum_d tables[d][c[d]]]`, or `fill` when any entry is [`FILL`].
 /// The output shape is given by the table lengths.
-pub(crate) fn take_tables<T: Copy>(src: &[T], tables: &[Vec<usize>], fill: Option<T>) -> Vec<T> {
+pub(crate) fn take_tables<T: Copy>(
+    mem: &Memory,
+    src: &[T],
+    tables: &[Vec<usize>],
+    fill: Option<T>,
+) -> Result<Vec<T>, BackendError> {
     let n: usize = tables.iter().map(|t| t.len()).product();
-    let mut out = Vec::with_capacity(n);
+    let mut out = mem.vec(n)?;
     if n == 0 {
-        return out;
+        return Ok(out);
     }
     let r = tables.len();
     if r == 0 {
         out.push(src[0]);
-        return out;
+        return Ok(out);
     }
     let inner = &tables[r - 1];
     let mut idx = vec![0usize; r - 1];
@@ -114,7 +121,7 @@ pub(crate) fn take_tables<T: Copy>(src: &[T], tables: &[Vec<usize>], fill: Optio
         let mut d = r - 1;
         loop {
             if d == 0 {
-                return out;
+                return Ok(out);
             }
             d -= 1;
             idx[d] += 1;
@@ -135,13 +142,18 @@ pub(crate) fn split_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
 
 /// Permutes `src` (of shape `dims`) so that `out.dims[i] = dims[perm[i]]`.
 /// The identity permutation borrows `src`.
-pub(crate) fn permute<'a, T: Copy>(src: &'a [T], dims: &[usize], perm: &[usize]) -> Cow<'a, [T]> {
+pub(crate) fn permute<'a, T: Copy>(
+    mem: &Memory,
+    src: &'a [T],
+    dims: &[usize],
+    perm: &[usize],
+) -> Result<Cow<'a, [T]>, BackendError> {
     if perm.iter().enumerate().all(|(i, &p)| i == p) {
-        return Cow::Borrowed(src);
+        return Ok(Cow::Borrowed(src));
     }
     let s = strides(dims);
-    let tables: Vec<Vec<usize>> = perm.iter().map(|&p| (0..dims[p]).map(|j| j * s[p]).collect()).collect();
-    Cow::Owned(take_tables(src, &tables, None))
+    let tables = perm.iter().map(|&p| mem.collect(dims[p], |j| j * s[p])).collect::<Result<Vec<_>, _>>()?;
+    Ok(Cow::Owned(take_tables(mem, src, &tables, None)?))
 }
 
 #[cfg(test)]
@@ -161,6 +173,6 @@ mod tests {
     #[test]
     fn permute_transposes() {
         let x = [0, 1, 2, 3, 4, 5];
-        assert_eq!(*permute(&x, &[2, 3], &[1, 0]), [0, 3, 1, 4, 2, 5]);
+        assert_eq!(*permute(&Memory::default(), &x, &[2, 3], &[1, 0]).unwrap(), [0, 3, 1, 4, 2, 5]);
     }
 }

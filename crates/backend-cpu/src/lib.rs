@@ -10,6 +10,12 @@
 //! last use. Reductions, softmax and matmul have contiguous fast paths. Storage is [`CpuStorage`]: typed
 //! vectors per dtype ([`CpuData`]).
 //!
+//! Every allocation that grows with a tensor comes from the backend's
+//! `memory` (a budget, a count of the bytes in use, a pool of freed
+//! vectors) and can fail: a tensor too large for the host, or over
+//! [`CpuOptions::memory_budget`], is a [`BackendError::OutOfMemory`], never
+//! an abort.
+//!
 //! Architecture invariant: nothing here panics on data. A bad gather index
 //! or a mismatched input is a [`BackendError`]; only a broken internal
 //! contract (an unverified graph) may panic.
@@ -22,6 +28,7 @@ mod fastmath;
 mod fused;
 mod layout;
 mod matmul;
+mod memory;
 mod movement;
 mod reduce;
 mod source;
@@ -35,21 +42,48 @@ use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, Executable};
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
 use std::sync::Arc;
 
+/// Options of a [`CpuBackend`].
+#[derive(Clone, Debug, Default)]
+pub struct CpuOptions {
+    /// Most bytes of live tensor storage; a computation needing more fails
+    /// with [`BackendError::OutOfMemory`]. `None`: `LAZULI_CPU_MEMORY_BYTES`,
+    /// else the host's physical memory plus swap. `Some(u64::MAX)`: no
+    /// budget (the host allocator alone refuses).
+    pub memory_budget: Option<u64>,
+}
+
 /// The CPU reference backend.
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
-    /// Large freed outputs, reused by later executions.
-    pool: Arc<storage::BufferPool>,
+    /// Budget, bytes in use, and large freed outputs reused by later
+    /// executions.
+    memory: Arc<memory::Memory>,
 }
 
 impl CpuBackend {
-    /// A CPU backend.
+    /// A CPU backend with default options.
     pub fn new() -> CpuBackend {
         CpuBackend::default()
     }
 
+    /// A CPU backend with `options`.
+    pub fn with_options(options: CpuOptions) -> CpuBackend {
+        CpuBackend { memory: Arc::new(memory::Memory::new(options.memory_budget)) }
+    }
+
+    /// The memory budget in bytes (`u64::MAX`: none).
+    pub fn memory_budget(&self) -> u64 {
+        self.memory.budget()
+    }
+
+    /// Most bytes of tensor storage in use at once so far.
+    pub fn peak_bytes_in_use(&self) -> u64 {
+        self.memory.peak()
+    }
+
     /// Wraps typed data in a [`Buffer`] of type `ty` (the data's dtype and
-    /// length must match `ty`).
+    /// length must match `ty`). The storage is counted in no backend's
+    /// memory.
     pub fn buffer(data: CpuData, ty: ValueType) -> Buffer {
         debug_assert_eq!(data.dtype(), ty.dtype);
         debug_assert_eq!(data.len(), ty.shape.numel());
@@ -85,18 +119,19 @@ impl Backend for CpuBackend {
                 ty.shape
             )));
         }
-        Ok(CpuBackend::buffer(CpuData::from_bytes(bytes, ty.dtype)?, ty.clone()))
+        let data = CpuData::decode(&self.memory, bytes, ty.dtype)?;
+        Ok(Buffer { storage: Arc::new(self.memory.track(data)), ty: ty.clone(), kind: BackendKind::Cpu })
     }
 
     fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
         let data = CpuBackend::data(buffer).ok_or_else(|| {
             BackendError::Execution(format!("download: a {} buffer was passed to the cpu backend", buffer.kind))
         })?;
-        Ok(data.to_bytes())
+        data.encode(&self.memory)
     }
 
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError> {
-        Ok(Arc::new(CpuExecutable::with_pool(graph.clone(), self.pool.clone())))
+        Ok(Arc::new(CpuExecutable::with_memory(graph.clone(), self.memory.clone())))
     }
 
     fn execute(
@@ -109,6 +144,14 @@ impl Backend for CpuBackend {
             BackendError::Execution("execute: the executable was not compiled by the cpu backend".into())
         })?;
         exe.run(inputs, scalars)
+    }
+
+    fn pool_bytes(&self) -> u64 {
+        self.memory.in_use() + self.memory.pooled()
+    }
+
+    fn bytes_in_use(&self) -> u64 {
+        self.memory.in_use()
     }
 }
 

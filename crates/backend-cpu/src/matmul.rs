@@ -15,46 +15,48 @@
 
 use crate::elem::Num;
 use crate::layout::{broadcast_strides, walk};
-use crate::storage::{BufferPool, CpuData};
+use crate::memory::Memory;
+use crate::storage::CpuData;
 use half::f16;
+use lazuli_executor::BackendError;
 use rayon::prelude::*;
 
 /// Multiplies `a` (shape `sa`) by `b` (shape `sb`) into shape `out`.
 pub(crate) fn matmul(
+    mem: &Memory,
     a: &CpuData,
     sa: &[usize],
     b: &CpuData,
     sb: &[usize],
     out: &[usize],
-    pool: &BufferPool,
-) -> CpuData {
+) -> Result<CpuData, BackendError> {
     let r = out.len();
     let (m, n) = (out[r - 2], out[r - 1]);
     let k = sa[sa.len() - 1];
     let batch = &out[..r - 2];
     let ta = broadcast_strides(&sa[..sa.len() - 2], batch);
     let tb = broadcast_strides(&sb[..sb.len() - 2], batch);
-    let mut pairs = Vec::new();
+    let mut pairs = mem.vec(batch.iter().product())?;
     walk(batch, [&ta, &tb], |[i, j]| pairs.push((i * m * k, j * k * n)));
     let dims = Dims { m, k, n };
-    match (a, b) {
+    Ok(match (a, b) {
         (CpuData::F32(x), CpuData::F32(y)) if k > 0 => {
             // GEMM with beta = 0 writes every element: a pooled buffer will do.
-            let CpuData::F32(c) = pool.take(lazuli_ir::DType::F32, pairs.len() * m * n) else {
+            let CpuData::F32(c) = mem.take(lazuli_ir::DType::F32, pairs.len() * m * n)? else {
                 unreachable!("the pool returns the dtype asked for")
             };
             CpuData::F32(batched_into(x, y, &pairs, dims, gemm_f32, c))
         }
-        (CpuData::F32(x), CpuData::F32(y)) => CpuData::F32(batched(x, y, &pairs, dims, gemm_f32)),
-        (CpuData::F64(x), CpuData::F64(y)) => CpuData::F64(batched(x, y, &pairs, dims, gemm_f64)),
+        (CpuData::F32(x), CpuData::F32(y)) => CpuData::F32(batched(mem, x, y, &pairs, dims, gemm_f32)?),
+        (CpuData::F64(x), CpuData::F64(y)) => CpuData::F64(batched(mem, x, y, &pairs, dims, gemm_f64)?),
         (CpuData::F16(x), CpuData::F16(y)) => {
-            let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-            let yf: Vec<f32> = y.iter().map(|v| v.to_f32()).collect();
-            let c = batched(&xf, &yf, &pairs, dims, gemm_f32);
-            CpuData::F16(c.into_iter().map(f16::from_f32).collect())
+            let xf = mem.collect(x.len(), |i| x[i].to_f32())?;
+            let yf = mem.collect(y.len(), |i| y[i].to_f32())?;
+            let c = batched(mem, &xf, &yf, &pairs, dims, gemm_f32)?;
+            CpuData::F16(mem.collect(c.len(), |i| f16::from_f32(c[i]))?)
         }
-        _ => crate::storage::same_all2!(a, b, x, y => batched(x, y, &pairs, dims, gemm_loops)),
-    }
+        _ => crate::storage::same_all2!(a, b, x, y => batched(mem, x, y, &pairs, dims, gemm_loops)?),
+    })
 }
 
 /// Matrix sizes of one product.
@@ -68,8 +70,15 @@ struct Dims {
 /// Products with fewer multiply-adds than this run on one thread.
 const PAR_FLOPS: usize = 1 << 21;
 
-fn batched<T: Num>(a: &[T], b: &[T], pairs: &[(usize, usize)], d: Dims, gemm: Gemm<T>) -> Vec<T> {
-    batched_into(a, b, pairs, d, gemm, vec![T::ZERO; pairs.len() * d.m * d.n])
+fn batched<T: Num>(
+    mem: &Memory,
+    a: &[T],
+    b: &[T],
+    pairs: &[(usize, usize)],
+    d: Dims,
+    gemm: Gemm<T>,
+) -> Result<Vec<T>, BackendError> {
+    Ok(batched_into(a, b, pairs, d, gemm, mem.zeroed(pairs.len() * d.m * d.n)?))
 }
 
 /// A GEMM kernel: `c = a @ b` for one product, on up to `threads` threads.

@@ -7,80 +7,98 @@
 //! kernel: the executor shares the operand's storage.
 
 use crate::layout::{split_axis, strides, take_tables, FILL};
+use crate::memory::Memory;
 use crate::storage::{each_all, same_all, CpuData};
 use lazuli_executor::BackendError;
 use lazuli_ir::PadMode;
 
 /// `out.dims[i] = dims[perm[i]]`.
-pub(crate) fn permute(x: &CpuData, dims: &[usize], perm: &[usize]) -> CpuData {
-    same_all!(x, v => crate::layout::permute(v, dims, perm).into_owned())
+pub(crate) fn permute(mem: &Memory, x: &CpuData, dims: &[usize], perm: &[usize]) -> Result<CpuData, BackendError> {
+    Ok(same_all!(x, v => crate::layout::permute(mem, v, dims, perm)?.into_owned()))
 }
 
 /// Broadcasts `x` of shape `dims` to `out` (numpy rules).
-pub(crate) fn expand(x: &CpuData, dims: &[usize], out: &[usize]) -> CpuData {
+pub(crate) fn expand(mem: &Memory, x: &CpuData, dims: &[usize], out: &[usize]) -> Result<CpuData, BackendError> {
     let s = crate::layout::broadcast_strides(dims, out);
-    let tables: Vec<Vec<usize>> = out.iter().zip(&s).map(|(&n, &st)| (0..n).map(|j| j * st).collect()).collect();
-    same_all!(x, v => take_tables(v, &tables, None))
+    let tables = out.iter().zip(&s).map(|(&n, &st)| mem.collect(n, |j| j * st)).collect::<Result<Vec<_>, _>>()?;
+    Ok(same_all!(x, v => take_tables(mem, v, &tables, None)?))
 }
 
 /// Strided slice: dim `d` of the output takes `starts[d] + j * steps[d]`.
-pub(crate) fn slice(x: &CpuData, dims: &[usize], starts: &[i64], steps: &[i64], lens: &[usize]) -> CpuData {
+pub(crate) fn slice(
+    mem: &Memory,
+    x: &CpuData,
+    dims: &[usize],
+    starts: &[i64],
+    steps: &[i64],
+    lens: &[usize],
+) -> Result<CpuData, BackendError> {
     let s = strides(dims);
-    let tables: Vec<Vec<usize>> = (0..dims.len())
-        .map(|d| (0..lens[d]).map(|j| (starts[d] + j as i64 * steps[d]) as usize * s[d]).collect())
-        .collect();
-    same_all!(x, v => take_tables(v, &tables, None))
+    let tables = (0..dims.len())
+        .map(|d| mem.collect(lens[d], |j| (starts[d] + j as i64 * steps[d]) as usize * s[d]))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(same_all!(x, v => take_tables(mem, v, &tables, None)?))
 }
 
 /// Pads `x`; `value` is the rank-0 fill operand for `PadMode::Constant`.
 pub(crate) fn pad(
+    mem: &Memory,
     x: &CpuData,
     dims: &[usize],
     before: &[usize],
     after: &[usize],
     mode: PadMode,
     value: Option<&CpuData>,
-) -> CpuData {
+) -> Result<CpuData, BackendError> {
     let s = strides(dims);
-    let tables: Vec<Vec<usize>> = (0..dims.len())
+    let tables = (0..dims.len())
         .map(|d| {
             let n = dims[d] as i64;
-            (0..dims[d] + before[d] + after[d])
-                .map(|j| {
-                    let i = j as i64 - before[d] as i64;
-                    let src = match mode {
-                        PadMode::Constant if i < 0 || i >= n => return FILL,
-                        PadMode::Constant => i,
-                        PadMode::Edge => i.clamp(0, n - 1),
-                        // Verified: pads are smaller than the dim, so one reflection suffices.
-                        PadMode::Reflect if i < 0 => -i,
-                        PadMode::Reflect if i >= n => 2 * (n - 1) - i,
-                        PadMode::Reflect => i,
-                    };
-                    src as usize * s[d]
-                })
-                .collect()
+            mem.collect(dims[d] + before[d] + after[d], |j| {
+                let i = j as i64 - before[d] as i64;
+                let src = match mode {
+                    PadMode::Constant if i < 0 || i >= n => return FILL,
+                    PadMode::Constant => i,
+                    PadMode::Edge => i.clamp(0, n - 1),
+                    // Verified: pads are smaller than the dim, so one reflection suffices.
+                    PadMode::Reflect if i < 0 => -i,
+                    PadMode::Reflect if i >= n => 2 * (n - 1) - i,
+                    PadMode::Reflect => i,
+                };
+                src as usize * s[d]
+            })
         })
-        .collect();
-    match value {
-        Some(val) => crate::storage::same_all2!(x, val, v, f => take_tables(v, &tables, Some(f[0]))),
-        None => same_all!(x, v => take_tables(v, &tables, None)),
-    }
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(match value {
+        Some(val) => crate::storage::same_all2!(x, val, v, f => take_tables(mem, v, &tables, Some(f[0]))?),
+        None => same_all!(x, v => take_tables(mem, v, &tables, None)?),
+    })
 }
 
 /// Joins `parts` (with shapes `shapes`) along `axis`.
-pub(crate) fn concat(parts: &[&CpuData], shapes: &[&[usize]], axis: usize) -> CpuData {
+pub(crate) fn concat(
+    mem: &Memory,
+    parts: &[&CpuData],
+    shapes: &[&[usize]],
+    axis: usize,
+) -> Result<CpuData, BackendError> {
     let outer: usize = shapes[0][..axis].iter().product();
     let chunks: Vec<usize> = shapes.iter().map(|s| s[axis..].iter().product()).collect();
     let total: usize = chunks.iter().sum::<usize>() * outer;
-    fn typed<T: Copy>(parts: Vec<&[T]>, chunks: &[usize], outer: usize, total: usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(total);
+    fn typed<T: Copy>(
+        mem: &Memory,
+        parts: Vec<&[T]>,
+        chunks: &[usize],
+        outer: usize,
+        total: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut out = mem.vec(total)?;
         for o in 0..outer {
             for (p, &c) in parts.iter().zip(chunks) {
                 out.extend_from_slice(&p[o * c..(o + 1) * c]);
             }
         }
-        out
+        Ok(out)
     }
     macro_rules! go {
         ($var:ident) => {{
@@ -91,10 +109,10 @@ pub(crate) fn concat(parts: &[&CpuData], shapes: &[&[usize]], axis: usize) -> Cp
                     _ => unreachable!("concat operands share a dtype in a verified graph"),
                 })
                 .collect();
-            CpuData::$var(typed(ps, &chunks, outer, total))
+            CpuData::$var(typed(mem, ps, &chunks, outer, total)?)
         }};
     }
-    match parts[0] {
+    Ok(match parts[0] {
         CpuData::Bool(_) => go!(Bool),
         CpuData::I8(_) => go!(I8),
         CpuData::I16(_) => go!(I16),
@@ -107,15 +125,21 @@ pub(crate) fn concat(parts: &[&CpuData], shapes: &[&[usize]], axis: usize) -> Cp
         CpuData::F16(_) => go!(F16),
         CpuData::F32(_) => go!(F32),
         CpuData::F64(_) => go!(F64),
-    }
+    })
 }
 
 /// `data.take(indices, axis)`. Negative indices count from the end; an
 /// index outside `-n..n` is an [`BackendError::Execution`] naming it.
-pub(crate) fn gather(data: &CpuData, dims: &[usize], axis: usize, indices: &CpuData) -> Result<CpuData, BackendError> {
+pub(crate) fn gather(
+    mem: &Memory,
+    data: &CpuData,
+    dims: &[usize],
+    axis: usize,
+    indices: &CpuData,
+) -> Result<CpuData, BackendError> {
     let (outer, n, inner) = split_axis(dims, axis);
-    let idx: Vec<i128> = each_all!(indices, v => v.iter().map(|&e| crate::elem::Elem::to_cv(e).as_i128()).collect());
-    let mut rows = Vec::with_capacity(idx.len());
+    let idx: Vec<i128> = each_all!(indices, v => mem.collect(v.len(), |k| crate::elem::Elem::to_cv(v[k]).as_i128())?);
+    let mut rows = mem.vec(idx.len())?;
     for &i in &idx {
         let j = if i < 0 { i + n as i128 } else { i };
         if j < 0 || j >= n as i128 {
@@ -125,15 +149,22 @@ pub(crate) fn gather(data: &CpuData, dims: &[usize], axis: usize, indices: &CpuD
         }
         rows.push(j as usize);
     }
-    fn typed<T: Copy>(v: &[T], rows: &[usize], outer: usize, n: usize, inner: usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(outer * rows.len() * inner);
+    fn typed<T: Copy>(
+        mem: &Memory,
+        v: &[T],
+        rows: &[usize],
+        outer: usize,
+        n: usize,
+        inner: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut out = mem.vec(outer * rows.len() * inner)?;
         for o in 0..outer {
             for &r in rows {
                 let start = (o * n + r) * inner;
                 out.extend_from_slice(&v[start..start + inner]);
             }
         }
-        out
+        Ok(out)
     }
-    Ok(same_all!(data, v => typed(v, &rows, outer, n, inner)))
+    Ok(same_all!(data, v => typed(mem, v, &rows, outer, n, inner)?))
 }

@@ -16,49 +16,57 @@
 
 use crate::elem::{Float, Num};
 use crate::layout::{permute, split_axis};
-use crate::storage::{each_all, same_float, same_num, BufferPool, CpuData};
+use crate::memory::Memory;
+use crate::storage::{each_all, same_float, same_num, CpuData};
+use lazuli_executor::BackendError;
 use lazuli_ir::{ArgReduceOp, ReduceOp};
 use rayon::prelude::*;
 
 /// Reduces `x` (shape `dims`) over sorted `axes`.
-pub(crate) fn reduce(op: ReduceOp, x: &CpuData, dims: &[usize], axes: &[usize]) -> CpuData {
+pub(crate) fn reduce(
+    mem: &Memory,
+    op: ReduceOp,
+    x: &CpuData,
+    dims: &[usize],
+    axes: &[usize],
+) -> Result<CpuData, BackendError> {
     let kept: Vec<usize> = (0..dims.len()).filter(|d| !axes.contains(d)).collect();
     let outer: usize = kept.iter().map(|&d| dims[d]).product();
     let row: usize = axes.iter().map(|&d| dims[d]).product();
     let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
     if let CpuData::Bool(v) = x {
-        let v = permute(v, dims, &perm);
-        let out = (0..outer).map(|o| {
+        let v = permute(mem, v, dims, &perm)?;
+        let out = mem.collect(outer, |o| {
             let r = &v[o * row..(o + 1) * row];
             match op {
                 ReduceOp::Max => r.iter().any(|&b| b != 0) as u8,
                 ReduceOp::Min => r.iter().all(|&b| b != 0) as u8,
                 _ => unreachable!("only max and min reduce bool in a verified graph"),
             }
-        });
-        return CpuData::Bool(out.collect());
+        })?;
+        return Ok(CpuData::Bool(out));
     }
     if let (CpuData::F32(v), ReduceOp::Sum | ReduceOp::Mean) = (x, op) {
         if perm.iter().enumerate().all(|(i, &p)| i == p) && row > 0 {
             let mean = op == ReduceOp::Mean;
-            return CpuData::F32(par_rows(v, outer, row, |r| {
+            return Ok(CpuData::F32(par_rows(mem, v, outer, row, |r| {
                 let s = sum_f64(r);
                 (if mean { s / r.len() as f64 } else { s }) as f32
-            }));
+            })?));
         }
     }
-    match op {
+    Ok(match op {
         ReduceOp::Mean => same_float!(x, v => {
-            let v = permute(v, dims, &perm);
-            rows(&v, outer, row, |r| {
+            let v = permute(mem, v, dims, &perm)?;
+            rows(mem, &v, outer, row, |r| {
                 Float::from_f64(r.iter().fold(0.0, |a, &e| a + Float::to_f64(e)) / r.len() as f64)
-            })
+            })?
         }),
         _ => same_num!(x, v => {
-            let v = permute(v, dims, &perm);
-            rows(&v, outer, row, row_fn(op))
+            let v = permute(mem, v, dims, &perm)?;
+            rows(mem, &v, outer, row, row_fn(op))?
         }),
-    }
+    })
 }
 
 fn row_fn<T: Num>(op: ReduceOp) -> fn(&[T]) -> T {
@@ -75,8 +83,14 @@ fn row_fn<T: Num>(op: ReduceOp) -> fn(&[T]) -> T {
 const PAR_ELEMS: usize = 1 << 15;
 
 /// `f` of every contiguous row of `v`, rows split over the pool when large.
-fn par_rows<U: Send + Default + Clone>(v: &[f32], outer: usize, row: usize, f: impl Fn(&[f32]) -> U + Sync) -> Vec<U> {
-    let mut out = vec![U::default(); outer];
+fn par_rows<U: Send + bytemuck::Zeroable>(
+    mem: &Memory,
+    v: &[f32],
+    outer: usize,
+    row: usize,
+    f: impl Fn(&[f32]) -> U + Sync,
+) -> Result<Vec<U>, BackendError> {
+    let mut out = mem.zeroed(outer)?;
     if v.len() < PAR_ELEMS || rayon::current_num_threads() < 2 {
         for (o, r) in out.iter_mut().zip(v.chunks_exact(row)) {
             *o = f(r);
@@ -89,7 +103,7 @@ fn par_rows<U: Send + Default + Clone>(v: &[f32], outer: usize, row: usize, f: i
             }
         });
     }
-    out
+    Ok(out)
 }
 
 /// The `f64` sum of f32 elements in eight interleaved lanes (vectorizes;
@@ -106,21 +120,42 @@ fn sum_f64(x: &[f32]) -> f64 {
     acc.iter().sum::<f64>() + rest
 }
 
-fn rows<T: Copy, U>(v: &[T], outer: usize, row: usize, f: impl Fn(&[T]) -> U) -> Vec<U> {
-    (0..outer).map(|o| f(&v[o * row..(o + 1) * row])).collect()
+fn rows<T: Copy, U>(
+    mem: &Memory,
+    v: &[T],
+    outer: usize,
+    row: usize,
+    f: impl Fn(&[T]) -> U,
+) -> Result<Vec<U>, BackendError> {
+    mem.collect(outer, |o| f(&v[o * row..(o + 1) * row]))
 }
 
 /// Index (i32) of the max or min of `x` along `axis`; the axis is not empty.
-pub(crate) fn arg_reduce(op: ArgReduceOp, x: &CpuData, dims: &[usize], axis: usize, select_last: bool) -> CpuData {
+pub(crate) fn arg_reduce(
+    mem: &Memory,
+    op: ArgReduceOp,
+    x: &CpuData,
+    dims: &[usize],
+    axis: usize,
+    select_last: bool,
+) -> Result<CpuData, BackendError> {
     let (outer, len, inner) = split_axis(dims, axis);
     let max = op == ArgReduceOp::ArgMax;
-    CpuData::I32(each_all!(x, v => arg_typed(v, outer, len, inner, max, select_last)))
+    Ok(CpuData::I32(each_all!(x, v => arg_typed(mem, v, outer, len, inner, max, select_last)?)))
 }
 
-fn arg_typed<T: Copy + PartialOrd>(v: &[T], outer: usize, len: usize, inner: usize, max: bool, last: bool) -> Vec<i32> {
+fn arg_typed<T: Copy + PartialOrd>(
+    mem: &Memory,
+    v: &[T],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    max: bool,
+    last: bool,
+) -> Result<Vec<i32>, BackendError> {
     #[allow(clippy::eq_op)] // `x != x` is the NaN test for any PartialOrd element.
     let nan = |x: T| x != x;
-    let mut out = Vec::with_capacity(outer * inner);
+    let mut out = mem.vec(outer * inner)?;
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| v[(o * len + j) * inner + i];
@@ -145,18 +180,33 @@ fn arg_typed<T: Copy + PartialOrd>(v: &[T], outer: usize, len: usize, inner: usi
             out.push(best as i32);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Prefix sums of `x` along `axis`.
-pub(crate) fn cumsum(x: &CpuData, dims: &[usize], axis: usize, exclusive: bool, reverse: bool) -> CpuData {
+pub(crate) fn cumsum(
+    mem: &Memory,
+    x: &CpuData,
+    dims: &[usize],
+    axis: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> Result<CpuData, BackendError> {
     let (outer, len, inner) = split_axis(dims, axis);
-    same_num!(x, v => cumsum_typed(v, outer, len, inner, exclusive, reverse))
+    Ok(same_num!(x, v => cumsum_typed(mem, v, outer, len, inner, exclusive, reverse)?))
 }
 
-fn cumsum_typed<T: Num>(v: &[T], outer: usize, len: usize, inner: usize, exclusive: bool, reverse: bool) -> Vec<T> {
-    let mut out = vec![T::ZERO; v.len()];
-    let mut acc = vec![T::acc_zero(); inner];
+fn cumsum_typed<T: Num>(
+    mem: &Memory,
+    v: &[T],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> Result<Vec<T>, BackendError> {
+    let mut out = mem.zeroed::<T>(v.len())?;
+    let mut acc = mem.collect(inner, |_| T::acc_zero())?;
     for o in 0..outer {
         acc.fill(T::acc_zero());
         for step in 0..len {
@@ -174,29 +224,41 @@ fn cumsum_typed<T: Num>(v: &[T], outer: usize, len: usize, inner: usize, exclusi
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Softmax (or log-softmax) of `x` along `axis`, max-subtracted, in `f64`.
-pub(crate) fn softmax(x: &CpuData, dims: &[usize], axis: usize, log: bool, pool: &BufferPool) -> CpuData {
+pub(crate) fn softmax(
+    mem: &Memory,
+    x: &CpuData,
+    dims: &[usize],
+    axis: usize,
+    log: bool,
+) -> Result<CpuData, BackendError> {
     let (outer, len, inner) = split_axis(dims, axis);
     if let (CpuData::F32(v), 1) = (x, inner) {
         if len > 0 {
             // Every element is written: a pooled buffer will do.
-            let CpuData::F32(out) = pool.take(lazuli_ir::DType::F32, v.len()) else {
+            let CpuData::F32(out) = mem.take(lazuli_ir::DType::F32, v.len())? else {
                 unreachable!("the pool returns the dtype asked for")
             };
-            return CpuData::F32(softmax_rows_f32(v, len, log, out));
+            return Ok(CpuData::F32(softmax_rows_f32(mem, v, len, log, out)?));
         }
     }
-    same_float!(x, v => softmax_typed(v, outer, len, inner, log))
+    Ok(same_float!(x, v => softmax_typed(mem, v, outer, len, inner, log)?))
 }
 
 /// Softmax of contiguous f32 rows: max, `exp` in f32 (vectorized), sum in
 /// `f64`, rows split over the pool when large.
-fn softmax_rows_f32(v: &[f32], len: usize, log: bool, mut out: Vec<f32>) -> Vec<f32> {
-    let rows = |x: &[f32], o: &mut [f32]| {
-        let mut diff = vec![0.0f32; len];
+fn softmax_rows_f32(
+    mem: &Memory,
+    v: &[f32],
+    len: usize,
+    log: bool,
+    mut out: Vec<f32>,
+) -> Result<Vec<f32>, BackendError> {
+    let rows = |x: &[f32], o: &mut [f32]| -> Result<(), BackendError> {
+        let mut diff = mem.zeroed::<f32>(len)?;
         for (x, o) in x.chunks_exact(len).zip(o.chunks_exact_mut(len)) {
             // NaN anywhere makes the whole row NaN, as in the reference.
             let nan = x.iter().fold(false, |a, v| a | v.is_nan());
@@ -218,19 +280,27 @@ fn softmax_rows_f32(v: &[f32], len: usize, log: bool, mut out: Vec<f32>) -> Vec<
                 }
             }
         }
+        Ok(())
     };
     if v.len() < PAR_ELEMS || rayon::current_num_threads() < 2 {
-        rows(v, &mut out);
+        rows(v, &mut out)?;
     } else {
         let per = (PAR_ELEMS / len).max(1) * len;
-        out.par_chunks_mut(per).zip(v.par_chunks(per)).for_each(|(o, x)| rows(x, o));
+        out.par_chunks_mut(per).zip(v.par_chunks(per)).try_for_each(|(o, x)| rows(x, o))?;
     }
-    out
+    Ok(out)
 }
 
-fn softmax_typed<T: Float>(v: &[T], outer: usize, len: usize, inner: usize, log: bool) -> Vec<T> {
-    let mut out = vec![T::ZERO; v.len()];
-    let mut row = vec![0.0f64; len];
+fn softmax_typed<T: Float>(
+    mem: &Memory,
+    v: &[T],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    log: bool,
+) -> Result<Vec<T>, BackendError> {
+    let mut out = mem.zeroed::<T>(v.len())?;
+    let mut row = mem.zeroed::<f64>(len)?;
     for o in 0..outer {
         for i in 0..inner {
             let idx = |j: usize| (o * len + j) * inner + i;
@@ -246,5 +316,5 @@ fn softmax_typed<T: Float>(v: &[T], outer: usize, len: usize, inner: usize, log:
             }
         }
     }
-    out
+    Ok(out)
 }

@@ -7,11 +7,12 @@
 //! variants, so every kernel is written once.
 
 use crate::elem::{CastVal, Elem};
+use crate::memory::Memory;
 use half::f16;
 use lazuli_executor::{BackendError, DeviceStorage};
 use lazuli_ir::DType;
 use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Tensor elements in row-major order, one variant per dtype.
 #[derive(Clone, Debug, PartialEq)]
@@ -190,53 +191,46 @@ impl CpuData {
         self.len() == 0
     }
 
-    /// `n` zeros of `dtype` (large vectors come zeroed from the OS).
-    pub(crate) fn zeros(dtype: DType, n: usize) -> CpuData {
-        match dtype {
-            DType::Bool => CpuData::Bool(vec![0; n]),
-            DType::I8 => CpuData::I8(vec![0; n]),
-            DType::I16 => CpuData::I16(vec![0; n]),
-            DType::I32 => CpuData::I32(vec![0; n]),
-            DType::I64 => CpuData::I64(vec![0; n]),
-            DType::U8 => CpuData::U8(vec![0; n]),
-            DType::U16 => CpuData::U16(vec![0; n]),
-            DType::U32 => CpuData::U32(vec![0; n]),
-            DType::U64 => CpuData::U64(vec![0; n]),
-            DType::F16 => CpuData::F16(vec![f16::ZERO; n]),
-            DType::F32 => CpuData::F32(vec![0.0; n]),
-            DType::F64 => CpuData::F64(vec![0.0; n]),
-        }
-    }
-
     /// `n` copies of a value converted to `dtype` (with cast semantics).
-    pub(crate) fn filled(dtype: DType, value: CastVal, n: usize) -> CpuData {
-        CpuData::from_fn(dtype, n, |_| value)
+    pub(crate) fn filled(mem: &Memory, dtype: DType, value: CastVal, n: usize) -> Result<CpuData, BackendError> {
+        CpuData::from_fn(mem, dtype, n, |_| value)
     }
 
     /// Element `i` is `f(i)` converted to `dtype` (with cast semantics).
-    pub(crate) fn from_fn(dtype: DType, n: usize, f: impl Fn(usize) -> CastVal) -> CpuData {
-        fn build<T: Elem>(n: usize, f: impl Fn(usize) -> CastVal) -> Vec<T> {
-            (0..n).map(|i| T::from_cv(f(i))).collect()
+    pub(crate) fn from_fn(
+        mem: &Memory,
+        dtype: DType,
+        n: usize,
+        f: impl Fn(usize) -> CastVal,
+    ) -> Result<CpuData, BackendError> {
+        fn build<T: Elem>(mem: &Memory, n: usize, f: impl Fn(usize) -> CastVal) -> Result<Vec<T>, BackendError> {
+            mem.collect(n, |i| T::from_cv(f(i)))
         }
-        match dtype {
-            DType::Bool => CpuData::Bool((0..n).map(|i| f(i).is_nonzero() as u8).collect()),
-            DType::I8 => CpuData::I8(build(n, f)),
-            DType::I16 => CpuData::I16(build(n, f)),
-            DType::I32 => CpuData::I32(build(n, f)),
-            DType::I64 => CpuData::I64(build(n, f)),
-            DType::U8 => CpuData::U8(build(n, f)),
-            DType::U16 => CpuData::U16(build(n, f)),
-            DType::U32 => CpuData::U32(build(n, f)),
-            DType::U64 => CpuData::U64(build(n, f)),
-            DType::F16 => CpuData::F16(build(n, f)),
-            DType::F32 => CpuData::F32(build(n, f)),
-            DType::F64 => CpuData::F64(build(n, f)),
-        }
+        Ok(match dtype {
+            DType::Bool => CpuData::Bool(mem.collect(n, |i| f(i).is_nonzero() as u8)?),
+            DType::I8 => CpuData::I8(build(mem, n, f)?),
+            DType::I16 => CpuData::I16(build(mem, n, f)?),
+            DType::I32 => CpuData::I32(build(mem, n, f)?),
+            DType::I64 => CpuData::I64(build(mem, n, f)?),
+            DType::U8 => CpuData::U8(build(mem, n, f)?),
+            DType::U16 => CpuData::U16(build(mem, n, f)?),
+            DType::U32 => CpuData::U32(build(mem, n, f)?),
+            DType::U64 => CpuData::U64(build(mem, n, f)?),
+            DType::F16 => CpuData::F16(build(mem, n, f)?),
+            DType::F32 => CpuData::F32(build(mem, n, f)?),
+            DType::F64 => CpuData::F64(build(mem, n, f)?),
+        })
     }
 
     /// Decodes canonical little-endian bytes; the length must be a whole
-    /// number of `dtype` elements.
+    /// number of `dtype` elements. A failed allocation is
+    /// [`BackendError::OutOfMemory`].
     pub fn from_bytes(bytes: &[u8], dtype: DType) -> Result<CpuData, BackendError> {
+        CpuData::decode(&Memory::new(Some(u64::MAX)), bytes, dtype)
+    }
+
+    /// [`CpuData::from_bytes`] allocating from `mem`.
+    pub(crate) fn decode(mem: &Memory, bytes: &[u8], dtype: DType) -> Result<CpuData, BackendError> {
         let size = dtype.size_bytes();
         if !bytes.chunks_exact(size).remainder().is_empty() {
             return Err(BackendError::Execution(format!(
@@ -244,76 +238,89 @@ impl CpuData {
                 bytes.len()
             )));
         }
-        macro_rules! dec {
-            ($t:ty, $n:literal) => {
-                bytes.chunks_exact($n).map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk size"))).collect()
-            };
+        let n = bytes.len() / size;
+        fn dec<T, const N: usize>(
+            mem: &Memory,
+            bytes: &[u8],
+            n: usize,
+            f: impl Fn([u8; N]) -> T,
+        ) -> Result<Vec<T>, BackendError> {
+            let mut v = mem.vec(n)?;
+            v.extend(bytes.chunks_exact(N).map(|c| f(c.try_into().expect("chunk size"))));
+            Ok(v)
         }
         Ok(match dtype {
-            DType::Bool => CpuData::Bool(bytes.iter().map(|&b| (b != 0) as u8).collect()),
-            DType::I8 => CpuData::I8(bytes.iter().map(|&b| b as i8).collect()),
-            DType::U8 => CpuData::U8(bytes.to_vec()),
-            DType::I16 => CpuData::I16(dec!(i16, 2)),
-            DType::U16 => CpuData::U16(dec!(u16, 2)),
-            DType::F16 => {
-                CpuData::F16(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect())
-            }
-            DType::I32 => CpuData::I32(dec!(i32, 4)),
-            DType::U32 => CpuData::U32(dec!(u32, 4)),
-            DType::F32 => CpuData::F32(dec!(f32, 4)),
-            DType::I64 => CpuData::I64(dec!(i64, 8)),
-            DType::U64 => CpuData::U64(dec!(u64, 8)),
-            DType::F64 => CpuData::F64(dec!(f64, 8)),
+            DType::Bool => CpuData::Bool(dec(mem, bytes, n, |[b]: [u8; 1]| (b != 0) as u8)?),
+            DType::I8 => CpuData::I8(dec(mem, bytes, n, i8::from_le_bytes)?),
+            DType::U8 => CpuData::U8(dec(mem, bytes, n, u8::from_le_bytes)?),
+            DType::I16 => CpuData::I16(dec(mem, bytes, n, i16::from_le_bytes)?),
+            DType::U16 => CpuData::U16(dec(mem, bytes, n, u16::from_le_bytes)?),
+            DType::F16 => CpuData::F16(dec(mem, bytes, n, |c| f16::from_bits(u16::from_le_bytes(c)))?),
+            DType::I32 => CpuData::I32(dec(mem, bytes, n, i32::from_le_bytes)?),
+            DType::U32 => CpuData::U32(dec(mem, bytes, n, u32::from_le_bytes)?),
+            DType::F32 => CpuData::F32(dec(mem, bytes, n, f32::from_le_bytes)?),
+            DType::I64 => CpuData::I64(dec(mem, bytes, n, i64::from_le_bytes)?),
+            DType::U64 => CpuData::U64(dec(mem, bytes, n, u64::from_le_bytes)?),
+            DType::F64 => CpuData::F64(dec(mem, bytes, n, f64::from_le_bytes)?),
         })
     }
 
-    /// Encodes as canonical little-endian bytes.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// Encodes as canonical little-endian bytes. A failed allocation is
+    /// [`BackendError::OutOfMemory`].
+    pub fn to_bytes(&self) -> Result<Vec<u8>, BackendError> {
+        self.encode(&Memory::new(Some(u64::MAX)))
+    }
+
+    /// [`CpuData::to_bytes`] allocating from `mem` (outside its budget).
+    pub(crate) fn encode(&self, mem: &Memory) -> Result<Vec<u8>, BackendError> {
+        let mut out = mem.host_vec::<u8>(self.len() * self.dtype().size_bytes())?;
         match self {
-            CpuData::Bool(v) | CpuData::U8(v) => v.clone(),
-            CpuData::I8(v) => v.iter().map(|&x| x as u8).collect(),
-            CpuData::I16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-            CpuData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            CpuData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            CpuData::Bool(v) | CpuData::U8(v) => out.extend_from_slice(v),
+            CpuData::I8(v) => out.extend(v.iter().map(|&x| x as u8)),
+            CpuData::I16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::U16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::F16(v) => out.extend(v.iter().flat_map(|x| x.to_bits().to_le_bytes())),
+            CpuData::I32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::U32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::F32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::I64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::U64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            CpuData::F64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
         }
+        Ok(out)
     }
 }
 
 /// The CPU backend's [`DeviceStorage`]: typed data in host memory.
 ///
-/// Storage made by the compiled programs remembers the backend's
-/// [`BufferPool`] and returns its vector there when dropped, so a workload
-/// that allocates the same large outputs every step reuses warm memory
-/// instead of faulting in fresh pages from the OS each time.
+/// Storage made by the backend (`Memory::track`) counts as in use in its
+/// `Memory` until dropped and then returns its vector to that memory's
+/// pool, so a workload that allocates the same large outputs every step
+/// reuses warm memory instead of faulting in fresh pages from the OS each
+/// time.
 #[derive(Debug)]
 pub struct CpuStorage {
     /// The elements.
     pub data: CpuData,
-    pool: Option<Arc<BufferPool>>,
+    memory: Option<Arc<Memory>>,
 }
 
 impl CpuStorage {
-    /// Storage for `data`, freed normally.
+    /// Storage for `data`, freed normally and counted nowhere.
     pub fn new(data: CpuData) -> CpuStorage {
-        CpuStorage { data, pool: None }
+        CpuStorage { data, memory: None }
     }
 
-    /// Storage whose vector goes back to `pool` when dropped.
-    pub(crate) fn pooled(data: CpuData, pool: &Arc<BufferPool>) -> CpuStorage {
-        CpuStorage { data, pool: Some(pool.clone()) }
+    /// Storage counted in `memory` (see [`Memory::track`]).
+    pub(crate) fn tracked(data: CpuData, memory: &Arc<Memory>) -> CpuStorage {
+        CpuStorage { data, memory: Some(memory.clone()) }
     }
 }
 
 impl Drop for CpuStorage {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.give(std::mem::replace(&mut self.data, CpuData::Bool(Vec::new())));
+        if let Some(memory) = self.memory.take() {
+            memory.release(std::mem::replace(&mut self.data, CpuData::Bool(Vec::new())));
         }
     }
 }
@@ -325,46 +332,6 @@ impl DeviceStorage for CpuStorage {
 
     fn byte_size(&self) -> usize {
         self.data.len() * self.data.dtype().size_bytes()
-    }
-}
-
-/// Recently freed large vectors, reused for outputs of the same dtype and
-/// length. Bounded; smaller vectors are left to the allocator, which
-/// already recycles them cheaply.
-#[derive(Debug, Default)]
-pub(crate) struct BufferPool {
-    free: Mutex<Vec<CpuData>>,
-}
-
-impl BufferPool {
-    /// Vectors smaller than this are not pooled.
-    const MIN_BYTES: usize = 1 << 20;
-    /// Most bytes kept free.
-    const MAX_BYTES: usize = 512 << 20;
-
-    /// A vector of `n` elements of `dtype` whose contents are unspecified
-    /// (zeros when fresh): the caller overwrites every element.
-    pub(crate) fn take(&self, dtype: DType, n: usize) -> CpuData {
-        if n * dtype.size_bytes() >= Self::MIN_BYTES {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = free.iter().position(|d| d.dtype() == dtype && d.len() == n) {
-                return free.swap_remove(i);
-            }
-        }
-        CpuData::zeros(dtype, n)
-    }
-
-    fn give(&self, d: CpuData) {
-        let bytes = |d: &CpuData| d.len() * d.dtype().size_bytes();
-        if bytes(&d) < Self::MIN_BYTES || bytes(&d) > Self::MAX_BYTES {
-            return;
-        }
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        free.push(d);
-        // Drop the oldest until the pool fits its budget.
-        while free.iter().map(bytes).sum::<usize>() > Self::MAX_BYTES {
-            free.remove(0);
-        }
     }
 }
 
@@ -381,7 +348,7 @@ mod tests {
             let data = CpuData::from_bytes(&bytes, d).unwrap();
             assert_eq!(data.dtype(), d);
             assert_eq!(data.len(), n);
-            assert_eq!(data.to_bytes(), bytes, "{d}");
+            assert_eq!(data.to_bytes().unwrap(), bytes, "{d}");
         }
         assert!(CpuData::from_bytes(&[0, 1, 2], DType::F32).is_err());
     }

@@ -719,3 +719,91 @@ fn large_matmuls_match_naive() {
         assert_eq!(r, i32s(&w.iter().map(|&x| (x * 8.0) as i32).collect::<Vec<_>>()));
     }
 }
+
+/// Every kind of kernel allocates its output (and its scratch copies and
+/// offset tables) from the backend's memory: over the budget each is a
+/// typed out-of-memory error, and the run's values are freed after it.
+#[test]
+fn every_kernel_allocates_within_the_memory_budget() {
+    const BUDGET: u64 = 64 << 10;
+    let be = CpuBackend::with_options(CpuOptions { memory_budget: Some(BUDGET) });
+    assert_eq!(be.memory_budget(), BUDGET);
+    // 2^15 f32 = 128 KiB: twice the budget. Inputs wrapped by
+    // `CpuBackend::buffer` are counted nowhere, so only what the kernels
+    // allocate meets the budget.
+    let big = 1usize << 15;
+    let ramp = |n: usize| f32s(&(0..n).map(|i| i as f32).collect::<Vec<_>>());
+    type Build = fn(&mut T, usize, &dyn Fn(usize) -> CpuData) -> NodeId;
+    let cases: [(&str, Build); 12] = [
+        ("random", |t, n, _| {
+            let seed = t.scalar(ScalarValue::UInt(1), DType::U32);
+            t.op(Op::Random { shape: Shape::new([n]), dist: RandomDist::Uniform }, &[seed, seed])
+        }),
+        ("iota", |t, n, _| t.op(Op::Iota { shape: Shape::new([n]), axis: 0, dtype: DType::I32 }, &[])),
+        ("fused expand", |t, n, r| {
+            let x = t.input(r(1), &[1]);
+            let e = t.op(Op::Expand(Shape::new([n])), &[x]);
+            t.op(Op::Unary(UnaryOp::Exp), &[e])
+        }),
+        ("matmul", |t, n, r| {
+            let (a, b) = (t.input(r(256), &[256, 1]), t.input(r(n / 256), &[1, n / 256]));
+            t.op(Op::MatMul, &[a, b])
+        }),
+        ("concat", |t, n, r| {
+            let x = t.input(r(n / 2), &[n / 2]);
+            t.op(Op::Concat { axis: 0 }, &[x, x])
+        }),
+        ("pad", |t, n, r| {
+            let x = t.input(r(4), &[4]);
+            t.op(Op::Pad { before: vec![0], after: vec![n], mode: PadMode::Edge }, &[x])
+        }),
+        ("gather", |t, n, r| {
+            let x = t.input(r(4), &[4]);
+            let i = t.input(i32s(&vec![1; n]), &[n]);
+            t.op(Op::Gather { axis: 0 }, &[x, i])
+        }),
+        ("cumsum", |t, n, r| {
+            let x = t.input(r(n), &[n]);
+            t.op(Op::CumSum { axis: 0, exclusive: false, reverse: false }, &[x])
+        }),
+        ("softmax", |t, n, r| {
+            let x = t.input(r(n), &[n / 64, 64]);
+            t.op(Op::Softmax { axis: 1, log: false }, &[x])
+        }),
+        ("reduce (scratch transpose)", |t, n, r| {
+            let x = t.input(r(n), &[n / 64, 64]);
+            t.op(Op::Reduce { op: ReduceOp::Max, axes: vec![0], keepdim: false }, &[x])
+        }),
+        ("slice", |t, n, r| {
+            let x = t.input(r(n), &[n]);
+            t.op(Op::Slice { starts: vec![n as i64 - 1], steps: vec![-1], lens: vec![n] }, &[x])
+        }),
+        ("conv2d", |t, n, r| {
+            let x = t.input(r(n), &[1, 1, n / 128, 128]);
+            let w = t.input(r(1), &[1, 1, 1, 1]);
+            let c = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], groups: 1 };
+            t.op(Op::Conv2d(c), &[x, w])
+        }),
+    ];
+    for (name, build) in cases {
+        let mut t = T::new();
+        let out = build(&mut t, big, &ramp);
+        t.g.outputs = vec![out];
+        let exe = be.compile(&t.g.verify().unwrap()).unwrap();
+        let e = be.execute(exe.as_ref(), t.inputs, &t.scalars).unwrap_err();
+        let BackendError::OutOfMemory { bytes, in_use, device } = &e else { panic!("{name}: {e:?}") };
+        assert!(*bytes + *in_use > BUDGET, "{name}: {e}");
+        assert_eq!(device, "cpu with a memory budget of 65536 bytes", "{name}");
+        assert_eq!(be.bytes_in_use(), 0, "{name}: the run's values are freed");
+        // The same graph at a size that fits runs.
+        let mut t = T::new();
+        let out = build(&mut t, big / 16, &ramp);
+        t.g.outputs = vec![out];
+        let exe = be.compile(&t.g.verify().unwrap()).unwrap();
+        let outs = be.execute(exe.as_ref(), t.inputs, &t.scalars).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(be.bytes_in_use() > 0, "{name}: the output is in use");
+        drop(outs);
+        assert_eq!(be.bytes_in_use(), 0, "{name}");
+    }
+    assert!(be.peak_bytes_in_use() <= BUDGET);
+}

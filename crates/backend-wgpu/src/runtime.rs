@@ -494,6 +494,19 @@ impl WgpuBackend {
         Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
     }
 
+    /// An empty host vector with room for `n` elements (upload and
+    /// readback staging on the host side); a refused allocation is
+    /// `OutOfMemory`, never an abort.
+    fn host_vec<T>(&self, n: usize, what: &str) -> Result<Vec<T>, BackendError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| BackendError::OutOfMemory {
+            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+            in_use: self.inner.pool.stats().in_use_bytes,
+            device: format!("{}: the host allocator refused the {what} staging vector", self.inner.name),
+        })?;
+        Ok(v)
+    }
+
     fn lower(&self, k: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, BackendError> {
         codegen::lower(k, graph, limits).map_err(|e| match e {
             LowerError::Unsupported { op, dtype } => {
@@ -820,7 +833,8 @@ impl Backend for WgpuBackend {
         if n > 0 {
             let st = self.storage(&buf)?;
             if ty.dtype == DType::Bool {
-                let words: Vec<u32> = bytes.iter().map(|&b| (b != 0) as u32).collect();
+                let mut words = self.host_vec::<u32>(n, "upload")?;
+                words.extend(bytes.iter().map(|&b| (b != 0) as u32));
                 self.inner.queue.write_buffer(st.buffer(), 0, bytemuck::cast_slice(&words));
             } else {
                 self.inner.queue.write_buffer(st.buffer(), 0, bytes);
@@ -836,6 +850,9 @@ impl Backend for WgpuBackend {
         }
         let st = self.storage(buffer)?;
         let bytes = n as u64 * 4;
+        // The host copy first: if the host cannot hold it, no device work
+        // is wasted.
+        let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
         let staging = self.inner.pool.acquire(bytes, READBACK)?;
         let mut enc = self.inner.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(st.buffer(), 0, staging.buffer(), 0, bytes);
@@ -846,15 +863,15 @@ impl Backend for WgpuBackend {
         });
         self.wait()?;
         rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
-        let out = {
+        {
             let view = staging.buffer().get_mapped_range(0..bytes).map_err(|e| device_err(&self.inner.name, e))?;
             if buffer.ty.dtype == DType::Bool {
                 let words: &[u32] = bytemuck::cast_slice(&view);
-                words.iter().map(|&w| (w != 0) as u8).collect()
+                out.extend(words.iter().map(|&w| (w != 0) as u8));
             } else {
-                view.to_vec()
+                out.extend_from_slice(&view);
             }
-        };
+        }
         staging.buffer().unmap();
         Ok(out)
     }
@@ -1096,6 +1113,10 @@ impl Backend for WgpuBackend {
 
     fn pool_bytes(&self) -> u64 {
         self.inner.pool.bytes()
+    }
+
+    fn bytes_in_use(&self) -> u64 {
+        self.inner.pool.stats().in_use_bytes
     }
 }
 

@@ -212,8 +212,11 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Vec<Buffer>, BackendError>;
 
     /// Bytes currently held by the backend's buffer pool (free + in use), for
-    /// leak checks; backends without a pool return the bytes they know of.
-    fn pool_bytes(&self) -> u64 {
-        0
-    }
+    /// leak checks.
+    fn pool_bytes(&self) -> u64;
+
+    /// Bytes of the backend's buffers in use now (allocated and not yet
+    /// freed or returned to a pool): the figure an
+    /// [`BackendError::OutOfMemory`] reports as in use.
+    fn bytes_in_use(&self) -> u64;
 }

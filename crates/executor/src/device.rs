@@ -1,6 +1,15 @@
 //! Devices: one backend (plus the CPU fallback), the live-tensor registry,
 //! the compile cache, the worker thread that runs plans asynchronously,
 //! barriers, stored asynchronous errors and the step RNG state.
+//!
+//! Failures are reported once, by the computation they belong to: a failed
+//! execution's error sits in its output cells (returned, as
+//! [`ExecError::Failed`], when such a value is read) and in the device's
+//! list of unreported failures (returned by [`Device::wait`] unless a read
+//! reported it first). A sync whose graph would read a failed value does
+//! not run the roots that need it: they get a cell holding
+//! [`ExecError::Poisoned`] (which names the earlier failure as such), and
+//! the other roots of the same sync run normally.
 
 use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
@@ -19,6 +28,12 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
+
+/// Unreported failures kept per device (only the first is ever returned;
+/// the rest are kept so that reporting the first by a read leaves the
+/// next one for [`Device::wait`]).
+const MAX_UNREPORTED: usize = 16;
 
 /// A compute device: cheap to clone, shared by every tensor on it.
 #[derive(Clone)]
@@ -61,13 +76,16 @@ pub(crate) struct RngState {
 struct Shared {
     outstanding: Mutex<usize>,
     idle: Condvar,
-    error: Mutex<Option<ExecError>>,
+    /// Failed jobs no barrier has reported yet, as (job id, error), oldest
+    /// first.
+    unreported: Mutex<Vec<(u64, ExecError)>>,
     faults: Mutex<crate::fault::Faults>,
     /// Shadow validation against the CPU backend (`crate::validate`).
     validate: std::sync::atomic::AtomicBool,
 }
 
 struct Job {
+    id: u64,
     plan: Arc<Plan>,
     inputs: Vec<Arc<DataCell>>,
     scalars: Vec<ScalarValue>,
@@ -160,6 +178,13 @@ impl Device {
         self.0.main.pool_bytes()
     }
 
+    /// Bytes of the main backend's buffers in use now (the gauge a memory
+    /// budget is checked against; freed buffers a pool keeps are not in
+    /// use). The CPU fallback's buffers are not counted.
+    pub fn bytes_in_use(&self) -> u64 {
+        self.0.main.bytes_in_use()
+    }
+
     /// Forces nodes of the named ops (e.g. "exp", "matmul") onto the CPU
     /// fallback, as `LAZULI_FORCE_FALLBACK=exp,matmul` does. Plans compiled
     /// before the call keep their partition, so the cache is cleared.
@@ -210,8 +235,9 @@ impl Device {
     }
 
     /// Waits until every submitted execution has finished (LTC's
-    /// WaitDeviceOps) and returns the first asynchronous error since the
-    /// last barrier, if any.
+    /// WaitDeviceOps) and returns the first asynchronous failure since the
+    /// last `wait` that no read has reported yet, if any (reading a value
+    /// whose computation failed reports that failure).
     pub fn wait(&self) -> Result<()> {
         let started = Instant::now();
         let shared = &self.0.shared;
@@ -221,10 +247,34 @@ impl Device {
         }
         drop(n);
         metrics::record_time("BarrierWait", started.elapsed());
-        match shared.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            Some(e) => Err(e),
+        let mut unreported = shared.unreported.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::take(&mut *unreported).into_iter().next() {
+            Some((_, e)) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Notes that a barrier returned the failure of job `job`.
+    fn reported(&self, job: Option<u64>) {
+        if let Some(job) = job {
+            self.0.shared.unreported.lock().unwrap_or_else(|e| e.into_inner()).retain(|(j, _)| *j != job);
+        }
+    }
+
+    /// An empty host vector with room for `n` elements, for `op`'s copy of
+    /// a tensor's values on the host; a refused allocation is a typed
+    /// out-of-memory error, never an abort.
+    pub(crate) fn host_vec<T>(&self, n: usize, op: &str) -> Result<Vec<T>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| ExecError::Backend {
+            context: format!("{op}: copying a tensor's values on the host"),
+            source: BackendError::OutOfMemory {
+                bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+                in_use: self.bytes_in_use(),
+                device: format!("{}: the host allocator refused the request", self.name()),
+            },
+        })?;
+        Ok(v)
     }
 
     /// Syncs every live tensor with pending IR in one graph and advances the
@@ -250,6 +300,9 @@ impl Device {
     /// Traces the pending IR of `tensors` into one graph, compiles it (or
     /// takes it from the cache) and submits it to the worker. Outputs get
     /// placeholders at once; the call returns before the device is done.
+    /// Tensors that depend on a failed value are not computed: they hold
+    /// [`ExecError::Poisoned`], and the first such error is returned once
+    /// the others are submitted.
     pub(crate) fn sync_tensors(&self, tensors: &[&crate::Tensor], trigger: &str) -> Result<()> {
         let pairs: Vec<(crate::Tensor, Arc<LazyNode>)> = tensors.iter().map(|t| ((*t).clone(), t.node())).collect();
         self.sync_nodes(&pairs, trigger)
@@ -261,6 +314,11 @@ impl Device {
     /// the meantime keeps the newer value (compare-and-swap).
     pub(crate) fn sync_nodes(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
         let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.sync_locked(pairs, trigger)
+    }
+
+    /// [`Device::sync_nodes`] under the sync lock.
+    fn sync_locked(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
         let started = Instant::now();
         // Collect pending roots, deduplicated by node identity.
         let mut roots: Vec<Arc<LazyNode>> = Vec::new();
@@ -287,12 +345,17 @@ impl Device {
         }
         let traced = trace(&roots);
         metrics::record_time("Trace", started.elapsed());
-        // A value whose producer already failed poisons this sync.
+        // Values whose computation already failed: the roots needing them
+        // are not run.
+        let mut failed: HashMap<u64, (ExecError, Option<u64>)> = HashMap::new();
         for cell in &traced.inputs {
             debug_assert_eq!(cell.device_id, self.0.id, "record_on rejects operands of other devices");
-            if let CellState::Failed(e) = &*cell.state.lock().unwrap_or_else(|e| e.into_inner()) {
-                return Err(ExecError::Poisoned { op: trigger.to_string(), cause: Box::new(e.clone()) });
+            if let CellState::Failed { error, job } = &*cell.state.lock().unwrap_or_else(|e| e.into_inner()) {
+                failed.insert(cell.id, (error.clone(), *job));
             }
+        }
+        if !failed.is_empty() {
+            return self.sync_around_failures(pairs, &failed, trigger);
         }
         let plan = self.lookup_or_compile(&traced, trigger)?;
         metrics::inc("SyncedTensors", owners.len() as u64);
@@ -318,11 +381,55 @@ impl Device {
         );
         let Traced { inputs, scalars, locations, .. } = traced;
         *self.0.shared.outstanding.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        let job = Job { plan, inputs, scalars, outputs, context, locations };
+        let id = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
+        let job = Job { id, plan, inputs, scalars, outputs, context, locations };
         self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
             ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
         })?;
         Ok(())
+    }
+
+    /// The sync of `pairs` when some of the values they read have failed
+    /// (`failed`: by cell id, the failure and the job that failed): each
+    /// root needing a failed value gets a cell holding
+    /// [`ExecError::Poisoned`] (so it is not retried, and later syncs that
+    /// do not need it are not blamed for it), the other roots are synced
+    /// as usual, and the first poisoned root's error is returned.
+    fn sync_around_failures(
+        &self,
+        pairs: &[(crate::Tensor, Arc<LazyNode>)],
+        failed: &HashMap<u64, (ExecError, Option<u64>)>,
+        trigger: &str,
+    ) -> Result<()> {
+        let mut memo: HashMap<*const LazyNode, Option<u64>> = HashMap::new();
+        // Roots given a failed cell here (a node may be the value of
+        // several tensors).
+        let mut poisoned: HashMap<*const LazyNode, Arc<DataCell>> = HashMap::new();
+        let mut healthy = Vec::new();
+        let mut first: Option<ExecError> = None;
+        for (t, node) in pairs {
+            let cell = match poisoned.get(&Arc::as_ptr(node)) {
+                Some(cell) => cell.clone(),
+                None if !node.is_pending() => continue,
+                None => {
+                    let Some(cell_id) = failed_input(node, failed, &mut memo) else {
+                        healthy.push((t.clone(), node.clone()));
+                        continue;
+                    };
+                    let (cause, job) = &failed[&cell_id];
+                    self.reported(*job);
+                    let error = ExecError::Poisoned { op: trigger.to_string(), cause: Box::new(cause.clone()) };
+                    first.get_or_insert(error.clone());
+                    let cell = DataCell::new(self.0.id, node.ty.clone(), CellState::Failed { error, job: None });
+                    let _ = node.materialized.set(cell.clone());
+                    poisoned.insert(Arc::as_ptr(node), cell.clone());
+                    cell
+                }
+            };
+            t.replace_node_if(node, Arc::new(LazyNode::data(cell, node.location)));
+        }
+        self.sync_locked(&healthy, trigger)?;
+        first.map_or(Ok(()), Err)
     }
 
     fn lookup_or_compile(&self, traced: &Traced, trigger: &str) -> Result<Arc<Plan>> {
@@ -372,11 +479,17 @@ impl Device {
         before.is_some_and(|h| h != hash)
     }
 
-    /// Resolves a ready cell to its buffer (barrier), uploading host data.
+    /// Resolves a ready cell to its buffer (barrier), uploading host data;
+    /// a failed cell is [`ExecError::Failed`] around its failure, which
+    /// this reports.
     pub(crate) fn buffer_of(&self, cell: &DataCell, op: &str) -> Result<Buffer> {
         let started = Instant::now();
         let mut st = cell.wait();
         metrics::record_time("BarrierWait", started.elapsed());
+        if let CellState::Failed { error, job } = &*st {
+            self.reported(*job);
+            return Err(ExecError::Failed { op: op.to_string(), cause: Box::new(error.clone()) });
+        }
         resolve(&mut st, &cell.ty, self.0.main.as_ref(), self.0.cpu.as_ref(), op)
     }
 
@@ -385,7 +498,9 @@ impl Device {
         {
             let st = cell.state.lock().unwrap_or_else(|e| e.into_inner());
             if let CellState::Host(bytes) = &*st {
-                return Ok(bytes.to_vec());
+                let mut v = self.host_vec(bytes.len(), op)?;
+                v.extend_from_slice(bytes);
+                return Ok(v);
             }
         }
         let buf = self.buffer_of(cell, op)?;
@@ -439,10 +554,37 @@ fn dump_plan(dir: &std::path::Path, hash: u64, traced: &Traced, plan: &Plan) -> 
     Ok(())
 }
 
-/// Turns a non-pending cell state into a buffer, uploading host data once.
-/// Host data goes to the main backend, or to the CPU backend when the main
-/// one cannot hold its dtype (f64, i64 ... on wgpu); plans move it across
-/// at segment boundaries.
+/// The id of a failed cell (a key of `failed`) that `node`'s pending
+/// subgraph reads, if any; `memo` caches the answer per node.
+fn failed_input(
+    node: &Arc<LazyNode>,
+    failed: &HashMap<u64, (ExecError, Option<u64>)>,
+    memo: &mut HashMap<*const LazyNode, Option<u64>>,
+) -> Option<u64> {
+    // Iterative post-order walk: graphs can be thousands of nodes deep.
+    let mut stack: Vec<(&Arc<LazyNode>, bool)> = vec![(node, false)];
+    while let Some((n, expanded)) = stack.pop() {
+        let key = Arc::as_ptr(n);
+        if memo.contains_key(&key) {
+            continue;
+        }
+        if let Some(cell) = n.cell() {
+            memo.insert(key, failed.contains_key(&cell.id).then_some(cell.id));
+        } else if expanded {
+            let hit = n.operands.iter().find_map(|o| memo.get(&Arc::as_ptr(o)).copied().flatten());
+            memo.insert(key, hit);
+        } else {
+            stack.push((n, true));
+            stack.extend(n.operands.iter().map(|o| (o, false)));
+        }
+    }
+    memo.get(&Arc::as_ptr(node)).copied().flatten()
+}
+
+/// Turns a ready or host cell state into a buffer, uploading host data
+/// once. Host data goes to the main backend, or to the CPU backend when the
+/// main one cannot hold its dtype (f64, i64 ... on wgpu); plans move it
+/// across at segment boundaries.
 fn resolve(
     st: &mut CellState,
     ty: &lazuli_ir::ValueType,
@@ -452,7 +594,6 @@ fn resolve(
 ) -> Result<Buffer> {
     match st {
         CellState::Ready(b) => Ok(b.clone()),
-        CellState::Failed(e) => Err(ExecError::Poisoned { op: op.to_string(), cause: Box::new(e.clone()) }),
         CellState::Host(bytes) => {
             let buf = match main.upload(bytes, ty) {
                 Err(BackendError::Unsupported { .. }) => cpu.upload(bytes, ty),
@@ -464,6 +605,7 @@ fn resolve(
             Ok(buf)
         }
         CellState::Pending => unreachable!("resolve is called after the barrier"),
+        CellState::Failed { .. } => unreachable!("callers handle failed cells"),
     }
 }
 
@@ -497,15 +639,22 @@ fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>,
             }
             Err(e) => {
                 tracing::warn!(error = %e, "asynchronous execution failed");
-                for cell in &job.outputs {
-                    cell.fill(CellState::Failed(e.clone()));
+                // Listed before the cells are filled: a read woken by the
+                // fill must find the failure to mark it reported.
+                {
+                    let mut unreported = shared.unreported.lock().unwrap_or_else(|e| e.into_inner());
+                    if unreported.len() < MAX_UNREPORTED {
+                        unreported.push((job.id, e.clone()));
+                    }
                 }
-                let mut slot = shared.error.lock().unwrap_or_else(|e| e.into_inner());
-                if slot.is_none() {
-                    *slot = Some(e);
+                for cell in &job.outputs {
+                    cell.fill(CellState::Failed { error: e.clone(), job: Some(job.id) });
                 }
             }
         }
+        // The job's buffers are released before it counts as finished, so
+        // that memory gauges read after `Device::wait` are exact.
+        drop(job);
         let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
         *n -= 1;
         if *n == 0 {
@@ -518,6 +667,14 @@ fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) ->
     let mut inputs = Vec::with_capacity(job.inputs.len());
     for cell in &job.inputs {
         let mut st = cell.wait();
+        if let CellState::Failed { error, job: failed_job } = &*st {
+            // An input failed after this job was submitted: the job is not
+            // run, and its own failure includes (so reports) the cause.
+            if let Some(failed_job) = failed_job {
+                shared.unreported.lock().unwrap_or_else(|e| e.into_inner()).retain(|(j, _)| j != failed_job);
+            }
+            return Err(ExecError::Poisoned { op: job.context.clone(), cause: Box::new(error.clone()) });
+        }
         let buf = resolve(&mut st, &cell.ty, main, cpu, &job.context)?;
         // Donation: if this job holds the only reference to the cell, nobody
         // can read the old value again (e.g. a parameter just replaced by
@@ -525,10 +682,13 @@ fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) ->
         // it uniquely held: it may reuse it, and it returns to the pool as
         // soon as the plan has run.
         if Arc::strong_count(cell) == 1 {
-            *st = CellState::Failed(ExecError::Invalid {
-                op: "read".into(),
-                detail: "the value was donated to a later computation".into(),
-            });
+            *st = CellState::Failed {
+                error: ExecError::Invalid {
+                    op: "read".into(),
+                    detail: "the value was donated to a later computation".into(),
+                },
+                job: None,
+            };
             metrics::inc("DonatedBuffers", 1);
         }
         inputs.push(buf);

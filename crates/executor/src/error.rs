@@ -1,5 +1,11 @@
 //! Executor errors ([`ExecError`]): IR errors at record time, backend errors
 //! raised at barriers, and misuse of the API (wrong dtype read, mixed devices).
+//!
+//! An error always names the computation it is about: a backend failure
+//! carries the graph hash and the sync point that submitted it; reading a
+//! value whose computation failed is [`ExecError::Failed`] around that
+//! failure; a computation that needs an earlier failed value is
+//! [`ExecError::Poisoned`], which says so in those words.
 
 use crate::BackendError;
 use lazuli_ir::{DType, IrError, Shape};
@@ -55,12 +61,24 @@ pub enum ExecError {
         /// Second device.
         b: String,
     },
-    /// A value depends on an execution that failed earlier.
-    #[error("{op}: the value was produced by a failed execution: {cause}")]
-    Poisoned {
-        /// The reading or syncing call.
+    /// A value was read whose own computation failed; `cause` is that
+    /// failure, naming the graph and the sync point that computed it.
+    #[error("{op}: computing the value failed: {cause}")]
+    Failed {
+        /// The reading call.
         op: String,
-        /// The original failure.
+        /// The failure of the computation that was to produce the value.
+        cause: Box<ExecError>,
+    },
+    /// A computation depends on a value whose computation failed earlier:
+    /// it was not run. `cause` is the earlier failure, naming its own graph
+    /// and sync point.
+    #[error("{op}: depends on a value whose computation failed earlier: {cause}")]
+    Poisoned {
+        /// The syncing or reading call (or the execution) of the dependent
+        /// computation.
+        op: String,
+        /// The earlier failure.
         cause: Box<ExecError>,
     },
     /// Shadow validation (`LAZULI_VALIDATE=cpu`, [`crate::Device::set_validate`])

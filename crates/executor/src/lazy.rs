@@ -111,13 +111,17 @@ impl LazyNode {
 #[derive(Debug)]
 pub(crate) enum CellState {
     /// Host data not yet uploaded to the device (uploaded on first use).
-    Host(Arc<[u8]>),
+    /// (An `Arc<Vec<u8>>`, not `Arc<[u8]>`: wrapping takes the caller's
+    /// vector without copying it, so no tensor-sized allocation can fail.)
+    Host(Arc<Vec<u8>>),
     /// A placeholder: an execution will fill it.
     Pending,
     /// Device data.
     Ready(Buffer),
-    /// The execution that was to fill it failed.
-    Failed(ExecError),
+    /// The execution that was to fill it failed. `job` identifies that
+    /// execution so that the device reports each failure once (`None`
+    /// for a failure no execution caused, like a donated value).
+    Failed { error: ExecError, job: Option<u64> },
 }
 
 /// A slot for one tensor's data, filled asynchronously by the device worker.

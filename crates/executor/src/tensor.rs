@@ -171,7 +171,11 @@ impl Tensor {
                 numel: shape.numel(),
             });
         }
-        Tensor::from_bytes(element::to_bytes(data), ValueType::new(shape, T::DTYPE), device)
+        let mut bytes = device.host_vec(data.len().saturating_mul(T::DTYPE.size_bytes()), "from_slice")?;
+        for &v in data {
+            v.write_bytes(&mut bytes);
+        }
+        Tensor::from_bytes(bytes, ValueType::new(shape, T::DTYPE), device)
     }
 
     /// A tensor from canonical little-endian bytes (see the Backend docs).
@@ -186,7 +190,7 @@ impl Tensor {
                 numel: ty.shape.numel(),
             });
         }
-        let cell = DataCell::new(device.0.id, ty, CellState::Host(bytes.into()));
+        let cell = DataCell::new(device.0.id, ty, CellState::Host(Arc::new(bytes)));
         Ok(Tensor::from_node(device, Arc::new(LazyNode::data(cell, Location::caller()))))
     }
 
@@ -333,8 +337,11 @@ impl Tensor {
                 shape: self.shape().clone(),
             });
         }
-        let bytes = self.read_bytes_at(&format!("to_vec at {}:{}", loc.file(), loc.line()))?;
-        Ok(element::from_bytes(&bytes))
+        let op = format!("to_vec at {}:{}", loc.file(), loc.line());
+        let bytes = self.read_bytes_at(&op)?;
+        let mut out = self.device().host_vec(self.numel(), &op)?;
+        out.extend(bytes.chunks_exact(T::DTYPE.size_bytes()).map(T::read_bytes));
+        Ok(out)
     }
 
     /// Reads the single value of a one-element tensor (a barrier).
@@ -363,8 +370,11 @@ impl Tensor {
     #[track_caller]
     pub fn to_scalars(&self) -> Result<Vec<ScalarValue>> {
         let loc = Location::caller();
-        let bytes = self.read_bytes_at(&format!("to_scalars at {}:{}", loc.file(), loc.line()))?;
-        Ok((0..self.numel()).map(|i| element::read_scalar(&bytes, self.dtype(), i)).collect())
+        let op = format!("to_scalars at {}:{}", loc.file(), loc.line());
+        let bytes = self.read_bytes_at(&op)?;
+        let mut out = self.device().host_vec(self.numel(), &op)?;
+        out.extend((0..self.numel()).map(|i| element::read_scalar(&bytes, self.dtype(), i)));
+        Ok(out)
     }
 
     /// Reads the canonical bytes (a barrier).

@@ -1,0 +1,319 @@
+//! Host memory of the CPU backend: every allocation whose size follows a
+//! tensor's (outputs, uploads, and the scratch copies and offset tables of
+//! the kernels) goes through [`Memory`], which can refuse it.
+//!
+//! A request is refused, as [`BackendError::OutOfMemory`] naming the bytes
+//! asked, the bytes in use and the device, in two ways:
+//!
+//! - *Budget*: the bytes of live tensor storage plus the request would
+//!   exceed the memory budget ([`crate::CpuOptions::memory_budget`], else
+//!   `LAZULI_CPU_MEMORY_BYTES`, else the host's physical memory plus swap:
+//!   what could ever be committed). The pool of freed vectors is released
+//!   first, so the budget counts only what is in use.
+//! - *Allocator*: the host allocator refused the request (`try_reserve`
+//!   or a fallible zeroed allocation), as it does for sizes beyond the
+//!   address space or, under heuristic overcommit, beyond RAM plus swap.
+//!
+//! Either way nothing aborts: the error reaches the barrier of the value
+//! being computed and the backend stays usable. Rejected alternative: a
+//! probe allocation before each step followed by the kernels' own
+//! infallible ones. The real allocation could still fail after the probe
+//! succeeded, and kernels allocate scratch the probe would not know of.
+//!
+//! Storage made here ([`Memory::track`]) counts its bytes as in use until
+//! dropped ([`Memory::in_use`], the backend's `bytes_in_use` gauge); large
+//! vectors then go back to a small pool for reuse by outputs of the same
+//! dtype and length. Fixed-size scratch (a fused loop's block registers)
+//! is not counted and allocates normally.
+
+use crate::storage::{CpuData, CpuStorage};
+use half::f16;
+use lazuli_executor::BackendError;
+use lazuli_ir::DType;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The host memory of one CPU backend: budget, bytes in use, and the pool
+/// of freed large vectors.
+#[derive(Debug)]
+pub(crate) struct Memory {
+    /// Most bytes of live storage; `u64::MAX` when unlimited.
+    budget: u64,
+    /// What set the budget, for errors ("a memory budget of N bytes").
+    limited_by: String,
+    in_use: AtomicU64,
+    peak: AtomicU64,
+    /// Bytes in `free`, readable without its lock (every request reads it).
+    pooled: AtomicU64,
+    free: Mutex<Vec<CpuData>>,
+}
+
+impl Default for Memory {
+    fn default() -> Memory {
+        Memory::new(None)
+    }
+}
+
+impl Memory {
+    /// Vectors smaller than this are not pooled.
+    const POOL_MIN_BYTES: usize = 1 << 20;
+    /// Most bytes kept in the pool.
+    const POOL_MAX_BYTES: usize = 512 << 20;
+
+    /// Host memory with `budget` bytes for live storage; `None` takes
+    /// `LAZULI_CPU_MEMORY_BYTES`, else the host's physical memory plus swap
+    /// (unlimited where that is unknown).
+    pub(crate) fn new(budget: Option<u64>) -> Memory {
+        let (budget, limited_by) = match budget.or_else(|| env_bytes("LAZULI_CPU_MEMORY_BYTES")) {
+            Some(b) => (b, format!("a memory budget of {b} bytes")),
+            None => match physical_bytes() {
+                Some(b) => (b, format!("{b} bytes of physical memory and swap")),
+                None => (u64::MAX, "no memory budget".into()),
+            },
+        };
+        Memory {
+            budget,
+            limited_by,
+            in_use: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            pooled: AtomicU64::new(0),
+            free: Mutex::default(),
+        }
+    }
+
+    /// Bytes of live storage made by this memory.
+    pub(crate) fn in_use(&self) -> u64 {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// Most bytes in use at once so far.
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of freed vectors kept for reuse.
+    pub(crate) fn pooled(&self) -> u64 {
+        self.pooled.load(Ordering::Relaxed)
+    }
+
+    /// The budget (`u64::MAX`: none).
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// An empty vector with room for `n` elements, or the typed error.
+    pub(crate) fn vec<T>(&self, n: usize) -> Result<Vec<T>, BackendError> {
+        let bytes = bytes_of::<T>(n);
+        self.admit(bytes)?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| self.refused(bytes))?;
+        Ok(v)
+    }
+
+    /// An empty vector with room for `n` elements for a copy leaving the
+    /// backend (a readback): not tensor storage, so not held to the budget
+    /// (a full device can still be read); only the host allocator can
+    /// refuse it.
+    pub(crate) fn host_vec<T>(&self, n: usize) -> Result<Vec<T>, BackendError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| self.refused(bytes_of::<T>(n)))?;
+        Ok(v)
+    }
+
+    /// `n` zero elements (zeroed pages from the OS for large vectors), or
+    /// the typed error.
+    pub(crate) fn zeroed<T: bytemuck::Zeroable>(&self, n: usize) -> Result<Vec<T>, BackendError> {
+        let bytes = bytes_of::<T>(n);
+        self.admit(bytes)?;
+        bytemuck::allocation::try_zeroed_vec(n).map_err(|()| self.refused(bytes))
+    }
+
+    /// `n` elements `f(0) .. f(n - 1)`, or the typed error.
+    pub(crate) fn collect<T>(&self, n: usize, f: impl FnMut(usize) -> T) -> Result<Vec<T>, BackendError> {
+        let mut v = self.vec(n)?;
+        v.extend((0..n).map(f));
+        Ok(v)
+    }
+
+    /// `n` elements of `dtype` whose contents are unspecified (zeros when
+    /// fresh, a freed vector's values when reused): the caller overwrites
+    /// every element.
+    pub(crate) fn take(&self, dtype: DType, n: usize) -> Result<CpuData, BackendError> {
+        if n.saturating_mul(dtype.size_bytes()) >= Self::POOL_MIN_BYTES {
+            let mut free = self.lock_free();
+            if let Some(i) = free.iter().position(|d| d.dtype() == dtype && d.len() == n) {
+                let d = free.swap_remove(i);
+                self.pooled.fetch_sub(byte_len(&d) as u64, Ordering::Relaxed);
+                return Ok(d);
+            }
+        }
+        self.zeros(dtype, n)
+    }
+
+    /// `n` zeros of `dtype`.
+    pub(crate) fn zeros(&self, dtype: DType, n: usize) -> Result<CpuData, BackendError> {
+        Ok(match dtype {
+            DType::Bool => CpuData::Bool(self.zeroed(n)?),
+            DType::I8 => CpuData::I8(self.zeroed(n)?),
+            DType::I16 => CpuData::I16(self.zeroed(n)?),
+            DType::I32 => CpuData::I32(self.zeroed(n)?),
+            DType::I64 => CpuData::I64(self.zeroed(n)?),
+            DType::U8 => CpuData::U8(self.zeroed(n)?),
+            DType::U16 => CpuData::U16(self.zeroed(n)?),
+            DType::U32 => CpuData::U32(self.zeroed(n)?),
+            DType::U64 => CpuData::U64(self.zeroed(n)?),
+            DType::F16 => CpuData::F16(self.zeroed::<f16>(n)?),
+            DType::F32 => CpuData::F32(self.zeroed(n)?),
+            DType::F64 => CpuData::F64(self.zeroed(n)?),
+        })
+    }
+
+    /// Storage for `data`, counted as in use until dropped, when its vector
+    /// comes back to this memory's pool.
+    pub(crate) fn track(self: &Arc<Self>, data: CpuData) -> CpuStorage {
+        let bytes = byte_len(&data) as u64;
+        let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        CpuStorage::tracked(data, self)
+    }
+
+    /// Called by tracked storage when dropped.
+    pub(crate) fn release(&self, data: CpuData) {
+        let bytes = byte_len(&data);
+        self.in_use.fetch_sub(bytes as u64, Ordering::Relaxed);
+        if !(Self::POOL_MIN_BYTES..=Self::POOL_MAX_BYTES).contains(&bytes) {
+            return;
+        }
+        let mut free = self.lock_free();
+        let mut pooled = self.pooled.load(Ordering::Relaxed) as usize + bytes;
+        free.push(data);
+        // Drop the oldest until the pool fits its budget.
+        while pooled > Self::POOL_MAX_BYTES {
+            pooled -= byte_len(&free.remove(0));
+        }
+        self.pooled.store(pooled as u64, Ordering::Relaxed);
+    }
+
+    /// Checks a request of `bytes` against the budget, releasing the pool
+    /// of freed vectors if that makes room.
+    fn admit(&self, bytes: u64) -> Result<(), BackendError> {
+        if self.budget == u64::MAX {
+            return Ok(());
+        }
+        let fits = |held: u64| self.in_use().saturating_add(held).saturating_add(bytes) <= self.budget;
+        if fits(0) {
+            if !fits(self.pooled()) {
+                self.release_pool();
+            }
+            return Ok(());
+        }
+        self.release_pool();
+        Err(BackendError::OutOfMemory { bytes, in_use: self.in_use(), device: format!("cpu with {}", self.limited_by) })
+    }
+
+    /// The error for a request the host allocator refused; the pool is
+    /// released so that the next request has what it held.
+    fn refused(&self, bytes: u64) -> BackendError {
+        self.release_pool();
+        BackendError::OutOfMemory {
+            bytes,
+            in_use: self.in_use(),
+            device: "cpu: the host allocator refused the request".into(),
+        }
+    }
+
+    /// Frees every pooled vector.
+    fn release_pool(&self) {
+        let mut free = self.lock_free();
+        free.clear();
+        self.pooled.store(0, Ordering::Relaxed);
+    }
+
+    /// The pool's lock; `pooled` changes only while it is held.
+    fn lock_free(&self) -> std::sync::MutexGuard<'_, Vec<CpuData>> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Bytes of `n` elements of `T` (saturating: no allocation that large can
+/// succeed anyway).
+fn bytes_of<T>(n: usize) -> u64 {
+    (n as u64).saturating_mul(std::mem::size_of::<T>() as u64)
+}
+
+fn byte_len(d: &CpuData) -> usize {
+    d.len() * d.dtype().size_bytes()
+}
+
+/// A byte count from environment variable `name`; unset gives `None`, and
+/// so does a value that is not a decimal integer (with a warning).
+fn env_bytes(name: &str) -> Option<u64> {
+    let raw = std::env::var(name).ok()?;
+    match raw.trim().parse::<u64>() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!("ignoring {name}={raw:?}: not a byte count ({e})");
+            None
+        }
+    }
+}
+
+/// Physical memory plus swap in bytes (`MemTotal + SwapTotal` of
+/// `/proc/meminfo`), where the platform tells.
+fn physical_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+        kib.checked_mul(1024)
+    };
+    Some(field("MemTotal:")?.saturating_add(field("SwapTotal:").unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_refuses_requests_over_it_and_counts_live_storage() {
+        let mem = Arc::new(Memory::new(Some(4096)));
+        let a = mem.track(CpuData::F32(mem.zeroed(512).unwrap()));
+        assert_eq!(mem.in_use(), 2048);
+        let e = mem.vec::<f32>(600).unwrap_err().to_string();
+        assert!(e.contains("out of memory allocating 2400 bytes") && e.contains("2048 bytes in use"), "{e}");
+        assert!(e.contains("cpu with a memory budget of 4096 bytes"), "{e}");
+        assert_eq!(mem.host_vec::<u8>(8192).unwrap().capacity(), 8192, "readback copies are outside the budget");
+        drop(a);
+        assert_eq!(mem.in_use(), 0);
+        assert_eq!(mem.vec::<f32>(600).unwrap().capacity(), 600);
+        assert_eq!(mem.peak(), 2048);
+    }
+
+    #[test]
+    fn the_host_allocator_refusing_is_a_typed_error() {
+        // 2^62 bytes: beyond any address space, whatever the overcommit.
+        let mem = Memory::new(Some(u64::MAX));
+        let e = mem.zeroed::<f32>(1 << 60).unwrap_err();
+        let BackendError::OutOfMemory { bytes, device, .. } = &e else { panic!("{e:?}") };
+        assert_eq!(*bytes, 1 << 62);
+        assert!(device.contains("host allocator refused"), "{e}");
+        assert!(mem.vec::<u8>(1 << 62).is_err());
+    }
+
+    #[test]
+    fn the_pool_is_released_to_make_room() {
+        let mem = Arc::new(Memory::new(Some(3 << 20)));
+        drop(mem.track(mem.zeros(DType::U8, 2 << 20).unwrap()));
+        assert_eq!((mem.in_use(), mem.pooled()), (0, 2 << 20));
+        // 2 MiB pooled + 2 MiB asked exceeds 3 MiB: the pool goes.
+        let v = mem.vec::<u8>(2 << 20).unwrap();
+        assert_eq!((v.capacity(), mem.pooled()), (2 << 20, 0));
+    }
+
+    #[test]
+    fn physical_memory_is_known_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(physical_bytes().is_some_and(|b| b > 1 << 20));
+        }
+    }
+}
