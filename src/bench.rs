@@ -10,12 +10,17 @@
 //! kernels launched per iteration (the `KernelLaunches` counter delta).
 //!
 //! The G workloads take their sizes from [`GpuSizes`]: the full sizes of
-//! `WORKLOADS.md` by default, small ones in tests, through the same code.
-//! Their row names are those of the PyTorch twin
-//! (`shared/gpu/torch_twin.py`), so JSON rows of both line up. A G workload
-//! that cannot run on a device (a tensor over the adapter's binding limit)
-//! becomes a row with NaN times and the error, and the run goes on. G8 (the
-//! GPT training step) is not implemented here.
+//! `WORKLOADS.md` by default, [`GpuSizes::small`] for a 2-core box
+//! (`--size small`), tiny ones in tests, through the same code. Their row
+//! names are those of the PyTorch twin (`shared/gpu/torch_twin.py`), so
+//! JSON rows of both line up. A G workload that cannot run on a device (a
+//! tensor over the adapter's binding limit) becomes a row with NaN times
+//! and the error, and the run goes on. G8, the GPT training step, lives in
+//! `gpt` ([`Gpt`]); its row adds host and device ms per step.
+//!
+//! H1 (`host`) splits the host's cost per op of W5's chain into recording,
+//! tracing, hashing with the cache lookup, and submitting, beside the
+//! device's share.
 //!
 //! Baselines: [`memcpy`] (a plain copy of a 64 MiB f32 buffer, read + write
 //! GB/s), and on wgpu the hand-written kernels of `shaders/` run through
@@ -29,6 +34,12 @@ use lazuli_wgpu::baseline::{Baseline, BaselineBinding, MATMUL_NAIVE, W1_VEC4};
 use lazuli_wgpu::{WgpuBackend, WgpuOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod gpt;
+mod host;
+
+pub use gpt::{Gpt, GptModel, GptSizes, StepTimes};
+pub use host::{host_split, HOST_OPS};
 
 /// A workload of `WORKLOADS.md`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,11 +70,16 @@ pub enum Workload {
     G6,
     /// MLP training step (1024 -> 4096 -> 1024, batch 4096, SGD).
     G7,
+    /// GPT training step (4 layers, n_embd 256, context 128, batch 32, AdamW).
+    G8,
+    /// Host cost per op of W5's chain, split by phase (record, trace,
+    /// hash + cache hit, submit) beside the device time.
+    H1,
 }
 
 impl Workload {
     /// Every workload, in order.
-    pub const ALL: [Workload; 13] = [
+    pub const ALL: [Workload; 15] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -77,22 +93,32 @@ impl Workload {
         Workload::G5,
         Workload::G6,
         Workload::G7,
+        Workload::G8,
+        Workload::H1,
     ];
 
-    /// The small set, W1–W6 (`--scale small`, the default).
-    pub const SMALL: [Workload; 6] =
-        [Workload::W1, Workload::W2, Workload::W3, Workload::W4, Workload::W5, Workload::W6];
+    /// The small set, W1–W6 and H1 (`--scale small`, the default).
+    pub const SMALL: [Workload; 7] =
+        [Workload::W1, Workload::W2, Workload::W3, Workload::W4, Workload::W5, Workload::W6, Workload::H1];
 
-    /// The GPU-scale set, G1–G7 (`--scale gpu`).
-    pub const GPU: [Workload; 7] =
-        [Workload::G1, Workload::G2, Workload::G3, Workload::G4, Workload::G5, Workload::G6, Workload::G7];
+    /// The GPU-scale set, G1–G8 (`--scale gpu`).
+    pub const GPU: [Workload; 8] = [
+        Workload::G1,
+        Workload::G2,
+        Workload::G3,
+        Workload::G4,
+        Workload::G5,
+        Workload::G6,
+        Workload::G7,
+        Workload::G8,
+    ];
 
-    /// Parses "W1" .. "W6", "G1" .. "G7" (case-insensitive).
+    /// Parses "W1" .. "W6", "G1" .. "G8", "H1" (case-insensitive).
     pub fn parse(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
     }
 
-    /// "W1" .. "W6", "G1" .. "G7".
+    /// "W1" .. "W6", "G1" .. "G8", "H1".
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "W1",
@@ -108,10 +134,12 @@ impl Workload {
             Workload::G5 => "G5",
             Workload::G6 => "G6",
             Workload::G7 => "G7",
+            Workload::G8 => "G8",
+            Workload::H1 => "H1",
         }
     }
 
-    /// Whether this is one of the GPU-scale workloads G1–G7.
+    /// Whether this is one of the GPU-scale workloads G1–G8.
     pub fn is_gpu_scale(self) -> bool {
         Workload::GPU.contains(&self)
     }
@@ -120,10 +148,10 @@ impl Workload {
 /// Which set of workloads `lazuli bench` runs when none is named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Scale {
-    /// W1–W6, sized for a 2-core box.
+    /// W1–W6 and H1, sized for a 2-core box.
     #[default]
     Small,
-    /// G1–G7, sized for a GPU.
+    /// G1–G8, sized for a GPU.
     Gpu,
 }
 
@@ -189,11 +217,20 @@ pub struct GpuSizes {
     pub layer_norm: [usize; 2],
     /// G7: the MLP ([`MlpSizes::G7`]).
     pub mlp: MlpSizes,
+    /// G8: the GPT ([`GptSizes::G8`]).
+    pub gpt: GptSizes,
 }
 
 impl Default for GpuSizes {
     fn default() -> Self {
-        GpuSizes { wide: [16384, 4096], matmul_g2: 2048, matmul_g3: 4096, layer_norm: [16384, 1024], mlp: MlpSizes::G7 }
+        GpuSizes {
+            wide: [16384, 4096],
+            matmul_g2: 2048,
+            matmul_g3: 4096,
+            layer_norm: [16384, 1024],
+            mlp: MlpSizes::G7,
+            gpt: GptSizes::G8,
+        }
     }
 }
 
@@ -207,6 +244,21 @@ impl GpuSizes {
             matmul_g3: 48,
             layer_norm: [32, 128],
             mlp: MlpSizes { batch: 64, input: 32, hidden: 96, classes: 16 },
+            gpt: GptSizes::TINY,
+        }
+    }
+
+    /// Sizes for a 2-core box (`--size small`): each G workload a few
+    /// milliseconds on its CPU, and G8 the small GPT of `GPU.md`'s
+    /// host-cost measurement ([`GptSizes::SMALL`]).
+    pub fn small() -> GpuSizes {
+        GpuSizes {
+            wide: [1024, 1024],
+            matmul_g2: 256,
+            matmul_g3: 512,
+            layer_norm: [1024, 256],
+            mlp: MlpSizes { batch: 256, input: 256, hidden: 1024, classes: 256 },
+            gpt: GptSizes::SMALL,
         }
     }
 }
@@ -246,6 +298,12 @@ pub struct BenchResult {
     /// Kernels launched per iteration (None for baselines and CPU work
     /// that launches none).
     pub kernels: Option<f64>,
+    /// Median host time per iteration (recording and syncing), ms, where
+    /// the workload splits it (G8).
+    pub host_ms: Option<f64>,
+    /// Median time the device worker spent executing per iteration, ms,
+    /// where the workload splits it (G8).
+    pub device_ms: Option<f64>,
     /// A remark ("µs per op", "not supported" ...).
     pub note: Option<String>,
     /// Why the workload could not run on this device (its times are then
@@ -267,6 +325,8 @@ impl BenchResult {
             gbps: None,
             gflops: None,
             kernels: None,
+            host_ms: None,
+            device_ms: None,
             note: None,
             error: None,
         }
@@ -289,7 +349,8 @@ impl BenchResult {
 
     /// The row as a JSON object: `workload`, `device`, `median_ms`,
     /// `min_ms`, `max_ms`, `gbps` or `gflops` where defined, `kernels`,
-    /// `note` and `error` where present (NaN times are written as `null`).
+    /// `host_ms` and `device_ms` where split, `note` and `error` where
+    /// present (NaN times are written as `null`).
     pub fn to_json(&self) -> serde_json::Value {
         let mut o = serde_json::Map::new();
         o.insert("workload".into(), self.workload.clone().into());
@@ -304,6 +365,12 @@ impl BenchResult {
             o.insert("gflops".into(), g.into());
         }
         o.insert("kernels".into(), self.kernels.map_or(serde_json::Value::Null, Into::into));
+        if let Some(h) = self.host_ms {
+            o.insert("host_ms".into(), h.into());
+        }
+        if let Some(d) = self.device_ms {
+            o.insert("device_ms".into(), d.into());
+        }
         if let Some(n) = &self.note {
             o.insert("note".into(), n.clone().into());
         }
@@ -511,9 +578,11 @@ pub struct GpuRun {
     pub flops: Option<f64>,
 }
 
-/// The row name of workload `w` at `sizes`: for G1–G7 the name the PyTorch
+/// The row name of workload `w` at `sizes`: for G1–G8 the name the PyTorch
 /// twin (`shared/gpu/torch_twin.py`) gives the same workload at the default
-/// sizes, e.g. "G1 elementwise [16384,4096]"; for W1–W6 the short name.
+/// sizes, e.g. "G1 elementwise [16384,4096]" (G8 at other sizes names
+/// them: "G8 GPT train step [L2 C64 T64 B16]"); for W1–W6 and H1 the short
+/// name.
 pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
     let [wr, wc] = sizes.wide;
     let [lr, lc] = sizes.layer_norm;
@@ -525,7 +594,14 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
         Workload::G5 => format!("G5 row sum [{wr},{wc}]"),
         Workload::G6 => format!("G6 layer norm [{lr},{lc}]"),
         Workload::G7 => "G7 MLP train step".to_string(),
-        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 => w.name().to_string(),
+        Workload::G8 if sizes.gpt == GptSizes::G8 => "G8 GPT train step".to_string(),
+        Workload::G8 => {
+            let g = sizes.gpt;
+            format!("G8 GPT train step [L{} C{} T{} B{}]", g.layers, g.embd, g.context, g.batch)
+        }
+        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 | Workload::H1 => {
+            w.name().to_string()
+        }
     }
 }
 
@@ -592,7 +668,11 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
             let mut mlp = Mlp::with_sizes(dev, sizes.mlp, 0.01, 17)?;
             (Box::new(move || mlp.step().map(drop)), None, Some(sizes.mlp.flops()))
         }
-        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 => {
+        Workload::G8 => {
+            let mut gpt = Gpt::new(dev, sizes.gpt)?;
+            (Box::new(move || gpt.step().map(drop)), None, None)
+        }
+        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 | Workload::H1 => {
             return Err(ExecError::Invalid {
                 op: "bench::prepare_gpu".into(),
                 detail: format!("{} is not a GPU-scale workload", w.name()),
@@ -606,6 +686,12 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
 /// this device (a tensor over the adapter's binding limit, say) gives a row
 /// with NaN times and the error instead of failing the whole run.
 pub fn run_gpu_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> BenchResult {
+    if w == Workload::G8 {
+        return run_g8(bd, cfg, sizes).unwrap_or_else(|e| {
+            let _ = bd.device.wait();
+            BenchResult::failed(&gpu_row_name(w, sizes), bd.label, e.to_string())
+        });
+    }
     let measured = prepare_gpu(w, &bd.device, sizes).and_then(|mut run| {
         let (times, kernels) = time_iterations(cfg, &mut run.step)?;
         let mut r = BenchResult::from_times(&run.name, bd.label, &times);
@@ -627,10 +713,42 @@ pub fn run_gpu_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes:
     })
 }
 
-/// Runs workload `w` on `bd`, returning its rows (W6 gives two). G
-/// workloads run at the sizes of `WORKLOADS.md` and never fail: see
+/// G8: the GPT step timed with its split: median total, host (recording
+/// and `mark_step`) and device (the worker's execution) ms per step.
+fn run_g8(bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> Result<BenchResult> {
+    let mut gpt = Gpt::new(&bd.device, sizes.gpt)?;
+    for _ in 0..cfg.warmup {
+        gpt.step()?;
+    }
+    let before = metrics::counter("KernelLaunches");
+    let n = cfg.iterations.max(1);
+    let steps: Vec<StepTimes> = (0..n).map(|_| gpt.step().map(|(_, t)| t)).collect::<Result<_>>()?;
+    let kernels = (metrics::counter("KernelLaunches") - before) as f64 / n as f64;
+    let median = |f: &dyn Fn(&StepTimes) -> Duration| {
+        let mut v: Vec<f64> = steps.iter().map(|s| f(s).as_secs_f64() * 1e3).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let totals: Vec<Duration> = steps.iter().map(|s| s.total).collect();
+    let mut r = BenchResult::from_times(&gpu_row_name(Workload::G8, sizes), bd.label, &totals);
+    r.kernels = Some(kernels);
+    r.host_ms = Some(median(&|s| s.host()));
+    r.device_ms = Some(median(&|s| s.device));
+    r.note = Some(format!(
+        "host {:.3} ms (record {:.3} + sync {:.3}), device {:.3} ms; {} parameter tensors",
+        median(&|s| s.host()),
+        median(&|s| s.record),
+        median(&|s| s.sync),
+        median(&|s| s.device),
+        sizes.gpt.parameter_tensors()
+    ));
+    Ok(r)
+}
+
+/// Runs workload `w` on `bd`, returning its rows (W6 gives two, H1 one
+/// per phase). G workloads run at `sizes` and never fail: see
 /// [`run_gpu_workload`].
-pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig) -> Result<Vec<BenchResult>> {
+pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> Result<Vec<BenchResult>> {
     let dev = &bd.device;
     let label = bd.label;
     let row = |name: &str, (times, kernels): (Vec<Duration>, f64)| {
@@ -686,9 +804,15 @@ pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig) -> Result<
             b.note = a.note.clone();
             vec![a, b]
         }
-        Workload::G1 | Workload::G2 | Workload::G3 | Workload::G4 | Workload::G5 | Workload::G6 | Workload::G7 => {
-            vec![run_gpu_workload(w, bd, cfg, &GpuSizes::default())]
-        }
+        Workload::H1 => host_split(bd, cfg)?,
+        Workload::G1
+        | Workload::G2
+        | Workload::G3
+        | Workload::G4
+        | Workload::G5
+        | Workload::G6
+        | Workload::G7
+        | Workload::G8 => vec![run_gpu_workload(w, bd, cfg, sizes)],
     })
 }
 
@@ -774,7 +898,12 @@ fn u32_bytes(v: &[u32]) -> Vec<u8> {
 /// Per-kernel GPU times of `iterations` runs of workload `w` on a wgpu
 /// device: `(kernel, total ms, share of the total)`, largest first; `None`
 /// when the adapter has no timestamp queries.
-pub fn profile(w: Workload, bd: &BenchDevice, iterations: usize) -> Result<Option<Vec<(String, f64, f64)>>> {
+pub fn profile(
+    w: Workload,
+    bd: &BenchDevice,
+    sizes: &GpuSizes,
+    iterations: usize,
+) -> Result<Option<Vec<(String, f64, f64)>>> {
     let Some(backend) = &bd.wgpu else { return Ok(None) };
     if !backend.supports_profiling() {
         return Ok(None);
@@ -799,13 +928,18 @@ pub fn profile(w: Workload, bd: &BenchDevice, iterations: usize) -> Result<Optio
             let mut mlp = Mlp::new(dev)?;
             Box::new(move || mlp.step().map(drop))
         }
-        Workload::W5 => {
+        Workload::W5 | Workload::H1 => {
             let x = w5_input(dev)?;
             Box::new(move || w5_step(&x).map(drop))
         }
-        Workload::G1 | Workload::G2 | Workload::G3 | Workload::G4 | Workload::G5 | Workload::G6 | Workload::G7 => {
-            prepare_gpu(w, dev, &GpuSizes::default())?.step
-        }
+        Workload::G1
+        | Workload::G2
+        | Workload::G3
+        | Workload::G4
+        | Workload::G5
+        | Workload::G6
+        | Workload::G7
+        | Workload::G8 => prepare_gpu(w, dev, sizes)?.step,
     };
     for _ in 0..cfg.warmup {
         body()?;
@@ -852,17 +986,21 @@ pub struct BenchArgs {
     pub profile: bool,
     /// `--iterations N`, if given.
     pub iterations: Option<usize>,
+    /// The sizes of the G workloads: `WORKLOADS.md`'s, or with `--size
+    /// small` [`GpuSizes::small`].
+    pub sizes: GpuSizes,
 }
 
 impl BenchArgs {
-    /// Parses `[W1 ... G1 ...] [--scale small|gpu] [--device cpu|wgpu|all]
-    /// [--json] [--profile] [--iterations N]`.
+    /// Parses `[W1 ... G1 ...] [--scale small|gpu] [--size full|small]
+    /// [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]`.
     pub fn parse(args: &[String]) -> std::result::Result<BenchArgs, String> {
         let mut workloads = Vec::new();
         let mut scale = Scale::default();
         let (mut cpu, mut wgpu) = (true, true);
         let (mut json, mut profile) = (false, false);
         let mut iterations = None;
+        let mut sizes = GpuSizes::default();
         let mut it = args.iter();
         while let Some(a) = it.next() {
             match a.as_str() {
@@ -876,6 +1014,11 @@ impl BenchArgs {
                     let v = it.next().map(String::as_str);
                     scale = v.and_then(Scale::parse).ok_or_else(|| format!("--scale takes small or gpu, got {v:?}"))?;
                 }
+                "--size" => match it.next().map(String::as_str) {
+                    Some("full") => sizes = GpuSizes::default(),
+                    Some("small") => sizes = GpuSizes::small(),
+                    other => return Err(format!("--size takes full or small, got {other:?}")),
+                },
                 "--json" => json = true,
                 "--profile" => profile = true,
                 "--iterations" => {
@@ -892,18 +1035,18 @@ impl BenchArgs {
         if workloads.is_empty() {
             workloads = scale.workloads();
         }
-        Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations })
+        Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations, sizes })
     }
 
     /// The iterations of workload `w` on the device labelled `device`
     /// ("cpu", "wgpu" or "wgpu (software)"): `--iterations` if given, else
-    /// 10, except for G workloads on the CPU device
+    /// 10, except for G workloads at full size on the CPU device
     /// ([`GPU_SCALE_CPU_ITERATIONS`]) and on software adapters
     /// ([`GPU_SCALE_SOFTWARE_ITERATIONS`]).
     pub fn config(&self, w: Workload, device: &str) -> BenchConfig {
         let default = BenchConfig::default();
         let fallback = match device {
-            _ if !w.is_gpu_scale() => default.iterations,
+            _ if !w.is_gpu_scale() || self.sizes == GpuSizes::small() => default.iterations,
             "cpu" => GPU_SCALE_CPU_ITERATIONS,
             "wgpu (software)" => GPU_SCALE_SOFTWARE_ITERATIONS,
             _ => default.iterations,
@@ -912,9 +1055,10 @@ impl BenchArgs {
     }
 }
 
-/// `lazuli bench [W1 ... G1 ...] [--scale small|gpu] [--device
-/// cpu|wgpu|all] [--json] [--profile] [--iterations N]`: runs the workloads
-/// (the `--scale` set by default: W1–W6, or G1–G7 with `--scale gpu`) and
+/// `lazuli bench [W1 ... G1 ...] [--scale small|gpu] [--size full|small]
+/// [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]`: runs the
+/// workloads (the `--scale` set by default: W1–W6 and H1, or G1–G8 with
+/// `--scale gpu`; G workloads at `--size`) and
 /// the baselines on the chosen devices (default all), with a progress bar
 /// on stderr, and prints a table, or a JSON array with `--json`.
 /// `--profile` adds the per-kernel GPU times of each workload on wgpu
@@ -968,17 +1112,17 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
         for &w in workloads {
             bar.set_message(format!("{} ({})", w.name(), d.label));
             let kind = if d.wgpu.as_ref().is_some_and(|b| b.is_software()) { "wgpu (software)" } else { d.label };
-            let measured =
-                run_workload(w, d, &args.config(w, kind)).map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
+            let measured = run_workload(w, d, &args.config(w, kind), &args.sizes)
+                .map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
             let ran = measured.iter().all(|r| r.error.is_none());
             rows.extend(measured);
             if args.profile && d.wgpu.is_some() && w != Workload::W6 {
                 if !w.is_gpu_scale() {
-                    profiles.push((w, Ok(profile(w, d, 3).map_err(|e| e.to_string())?)));
+                    profiles.push((w, Ok(profile(w, d, &args.sizes, 3).map_err(|e| e.to_string())?)));
                 } else if !ran {
                     profiles.push((w, Err("not profiled: the workload did not run".to_string())));
                 } else {
-                    let p = profile(w, d, 3).map_err(|e| e.to_string());
+                    let p = profile(w, d, &args.sizes, 3).map_err(|e| e.to_string());
                     if p.is_err() {
                         let _ = d.device.wait();
                     }

@@ -1,12 +1,13 @@
 //! The `lazuli bench` harness without timing anything large: argument
-//! parsing (`--scale`, workload names, iteration defaults), the GPU-scale
-//! workloads G1–G7 run at tiny sizes on the CPU device through the same code
-//! as the full-size run, and a workload that fails becoming an error row
-//! instead of ending the run.
+//! parsing (`--scale`, `--size`, workload names, iteration defaults), the
+//! GPU-scale workloads G1–G8 run at tiny sizes on the CPU device through the
+//! same code as the full-size run, G8's host/device split, H1's phase rows,
+//! and a workload that fails becoming an error row instead of ending the
+//! run.
 
 use lazuli::bench::{
-    gpu_row_name, run_gpu_workload, BenchArgs, BenchConfig, BenchDevice, GpuSizes, Workload, GPU_SCALE_CPU_ITERATIONS,
-    GPU_SCALE_SOFTWARE_ITERATIONS,
+    gpu_row_name, host_split, run_gpu_workload, BenchArgs, BenchConfig, BenchDevice, GptSizes, GpuSizes, Workload,
+    GPU_SCALE_CPU_ITERATIONS, GPU_SCALE_SOFTWARE_ITERATIONS,
 };
 
 fn args(s: &str) -> Vec<String> {
@@ -31,11 +32,26 @@ fn scale_selects_the_workload_set() {
 
 #[test]
 fn g_workloads_parse_by_name() {
-    let all = parse("G1 g2 G3 G4 G5 G6 G7").unwrap();
+    let all = parse("G1 g2 G3 G4 G5 G6 G7 G8").unwrap();
     assert_eq!(all.workloads, Workload::GPU.to_vec());
     assert!(Workload::GPU.iter().all(|w| w.is_gpu_scale()));
     assert!(Workload::SMALL.iter().all(|w| !w.is_gpu_scale()));
-    assert!(parse("G8").unwrap_err().contains("unknown workload"));
+    assert_eq!(parse("h1").unwrap().workloads, vec![Workload::H1]);
+    assert!(parse("G9").unwrap_err().contains("unknown workload"));
+}
+
+#[test]
+fn size_selects_the_g_workload_sizes() {
+    assert_eq!(parse("G8").unwrap().sizes, GpuSizes::default());
+    assert_eq!(parse("G8 --size small").unwrap().sizes, GpuSizes::small());
+    assert_eq!(parse("G8 --size small --size full").unwrap().sizes, GpuSizes::default());
+    assert!(parse("--size huge").unwrap_err().contains("--size takes full or small"));
+    // Small sizes take the ordinary iteration count everywhere.
+    let small = parse("G8 --size small").unwrap();
+    assert_eq!(small.config(Workload::G8, "wgpu (software)").iterations, 10);
+    assert_eq!(small.config(Workload::G8, "cpu").iterations, 10);
+    assert_eq!(GpuSizes::small().gpt.parameter_tensors(), 28);
+    assert_eq!(GptSizes::G8.parameter_tensors(), 52);
 }
 
 #[test]
@@ -72,8 +88,10 @@ fn row_names_match_the_pytorch_twin() {
             "G5 row sum [16384,4096]",
             "G6 layer norm [16384,1024]",
             "G7 MLP train step",
+            "G8 GPT train step",
         ]
     );
+    assert_eq!(gpu_row_name(Workload::G8, &GpuSizes::small()), "G8 GPT train step [L2 C64 T64 B16]");
 }
 
 #[test]
@@ -87,9 +105,35 @@ fn every_g_workload_runs_at_tiny_size_on_cpu() {
         assert_eq!(r.workload, gpu_row_name(w, &sizes));
         assert_eq!(r.device, "cpu");
         assert!(r.median_ms.is_finite(), "{}: {r:?}", w.name());
-        let throughput = r.gbps.or(r.gflops);
-        assert!(throughput.is_some_and(f64::is_finite), "{}: {r:?}", w.name());
+        if w == Workload::G8 {
+            // The GPT step has no throughput; it splits host and device time.
+            let (host, device) = (r.host_ms.unwrap(), r.device_ms.unwrap());
+            assert!(host > 0.0 && device > 0.0 && host < r.median_ms * 1.5, "{r:?}");
+            assert!(r.kernels.is_some());
+            let json = r.to_json();
+            assert!(json["host_ms"].is_f64() && json["device_ms"].is_f64(), "{json}");
+        } else {
+            let throughput = r.gbps.or(r.gflops);
+            assert!(throughput.is_some_and(f64::is_finite), "{}: {r:?}", w.name());
+            assert_eq!((r.host_ms, r.device_ms), (None, None));
+        }
     }
+}
+
+#[test]
+fn h1_splits_the_host_cost_by_phase() {
+    let bd = BenchDevice::cpu();
+    let rows = host_split(&bd, &BenchConfig { warmup: 1, iterations: 2 }).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
+    assert_eq!(names, ["H1 record", "H1 trace", "H1 hash + cache hit", "H1 submit", "H1 host total", "H1 device wait"]);
+    for r in &rows {
+        assert!(r.median_ms.is_finite() && r.median_ms >= 0.0, "{r:?}");
+        assert!(r.note.as_deref().is_some_and(|n| n.ends_with("µs per op")), "{r:?}");
+    }
+    // The host total covers recording and every phase of the sync.
+    let median = |i: usize| rows[i].median_ms;
+    assert!(median(4) >= median(0), "{rows:?}");
+    assert!(median(1) > 0.0 && median(2) > 0.0 && median(3) > 0.0, "{rows:?}");
 }
 
 #[test]

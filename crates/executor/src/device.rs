@@ -357,7 +357,10 @@ impl Device {
         if !failed.is_empty() {
             return self.sync_around_failures(pairs, &failed, trigger);
         }
+        let looked_up = Instant::now();
         let plan = self.lookup_or_compile(&traced, trigger)?;
+        let submitting = Instant::now();
+        metrics::record_time("Lookup", submitting - looked_up);
         metrics::inc("SyncedTensors", owners.len() as u64);
         metrics::record_value("GraphSize", traced.graph.len() as f64);
         metrics::record_value("KernelsPerPlan", plan.kernel_count() as f64);
@@ -386,6 +389,7 @@ impl Device {
         self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
             ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
         })?;
+        metrics::record_time("Submit", submitting.elapsed());
         Ok(())
     }
 

@@ -1,0 +1,259 @@
+//! G8: a GPT training step written against the public API, from
+//! `lazuli::nn` layers, as `WORKLOADS.md` defines it and as the PyTorch
+//! twin (`shared/gpu/torch_twin.py`) builds it: token and learned position
+//! embeddings, pre-LayerNorm blocks of causal self-attention (one qkv
+//! `Linear`, an output `Linear`) and a GELU (erf) MLP, a final LayerNorm,
+//! the lm_head tied to the token embedding, cross-entropy on the next
+//! tokens, AdamW (lr 3e-4, weight decay 0.01).
+//!
+//! Attention is composed from existing ops: `matmul`, a causal mask
+//! applied with `where_`, `softmax`. The token lookup is a one-hot matmul
+//! (`one_hot(ids) @ wte`), not `Embedding::forward`'s gather: on wgpu a
+//! gather runs on the CPU fallback (a kernel cannot report a bad index),
+//! which would cut every step into three segments; the one-hot product is
+//! the same values, and its gradient is the product the gather's gradient
+//! is built from anyway. Positions are `0..context`, so the position
+//! lookup is the whole `wpe` table, broadcast over the batch.
+//!
+//! [`Gpt::step`] reports where a step's time goes: recording (forward,
+//! backward and optimizer on the host), the sync (trace, hash, cache
+//! lookup, submit) and the worker's execution.
+
+use crate::nn::{self, Embedding, Init, LayerNorm, Linear, Module};
+use crate::optim::{Adam, Optimizer};
+use crate::{metrics, DType, Device, Result, Tensor};
+use std::time::{Duration, Instant};
+
+/// The sizes of a GPT training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptSizes {
+    /// Vocabulary (token embedding rows, logits per position).
+    pub vocab: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Embedding width (`n_embd`).
+    pub embd: usize,
+    /// Attention heads (`embd` must be a multiple).
+    pub heads: usize,
+    /// Context length (positions per sequence).
+    pub context: usize,
+    /// Sequences per step.
+    pub batch: usize,
+}
+
+impl GptSizes {
+    /// G8 of `WORKLOADS.md`: vocab 256, 4 layers, n_embd 256, 4 heads,
+    /// context 128, batch 32.
+    pub const G8: GptSizes = GptSizes { vocab: 256, layers: 4, embd: 256, heads: 4, context: 128, batch: 32 };
+
+    /// The small GPT of `GPU.md`'s host-cost measurement, for a 2-core box:
+    /// 2 layers, n_embd 64, 4 heads, context 64, batch 16 (28 parameter
+    /// tensors), vocab 256.
+    pub const SMALL: GptSizes = GptSizes { vocab: 256, layers: 2, embd: 64, heads: 4, context: 64, batch: 16 };
+
+    /// Sizes for debug-build tests (every dimension distinct).
+    pub const TINY: GptSizes = GptSizes { vocab: 24, layers: 2, embd: 16, heads: 2, context: 8, batch: 3 };
+
+    /// Parameter tensors: two embeddings, 12 per block, the final norm's 2.
+    pub fn parameter_tensors(self) -> usize {
+        4 + 12 * self.layers
+    }
+}
+
+/// One pre-LayerNorm transformer block.
+struct Block {
+    ln1: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    ln2: LayerNorm,
+    fc: Linear,
+    out: Linear,
+}
+
+impl Block {
+    fn new(c: usize, dev: &Device) -> Result<Block> {
+        // PyTorch's nn.Linear initialization, as the twin uses.
+        let linear = |i, o| Linear::with_init(i, o, true, Init::LecunUniform, Init::LecunUniform, dev);
+        Ok(Block {
+            ln1: LayerNorm::new(&[c], dev)?,
+            qkv: linear(c, 3 * c)?,
+            proj: linear(c, c)?,
+            ln2: LayerNorm::new(&[c], dev)?,
+            fc: linear(c, 4 * c)?,
+            out: linear(4 * c, c)?,
+        })
+    }
+
+    /// `x` is `[batch * context, embd]`; `mask` is `[context, context]`,
+    /// true above the diagonal (the future a position may not see).
+    fn forward(&self, x: &Tensor, s: &GptSizes, mask: &Tensor, neg_inf: &Tensor) -> Result<Tensor> {
+        let (b, t, c, h) = (s.batch, s.context, s.embd, s.heads);
+        let d = c / h;
+        let qkv = self.qkv.forward(&self.ln1.forward(x)?)?;
+        let head = |i: usize| qkv.narrow(1, i * c, c)?.reshape_to([b, t, h, d])?.permute(&[0, 2, 1, 3]);
+        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        let att = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (d as f64).sqrt())?;
+        let att = mask.where_(neg_inf, &att)?.softmax(-1)?;
+        let y = att.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape_to([b * t, c])?;
+        let x = x.add(&self.proj.forward(&y)?)?;
+        let m = self.out.forward(&nn::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?)?;
+        x.add(&m)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let parts: [(&str, &dyn Module); 6] = [
+            ("ln1", &self.ln1),
+            ("qkv", &self.qkv),
+            ("proj", &self.proj),
+            ("ln2", &self.ln2),
+            ("fc", &self.fc),
+            ("out", &self.out),
+        ];
+        parts
+            .into_iter()
+            .flat_map(|(name, m)| m.named_parameters().into_iter().map(move |(n, t)| (format!("{name}.{n}"), t)))
+            .collect()
+    }
+}
+
+/// The GPT model: `forward(ids)` maps token ids (`[batch * context]`,
+/// i32, sequence-major) to logits `[batch * context, vocab]`.
+pub struct GptModel {
+    sizes: GptSizes,
+    wte: Embedding,
+    wpe: Embedding,
+    blocks: Vec<Block>,
+    lnf: LayerNorm,
+    /// `[context, context]` bool, true where a key lies in a query's future.
+    mask: Tensor,
+    /// The masked score, -inf.
+    neg_inf: Tensor,
+}
+
+impl GptModel {
+    /// A model of `sizes` on `dev`, initialized from the device RNG.
+    pub fn new(sizes: GptSizes, dev: &Device) -> Result<GptModel> {
+        let t = sizes.context;
+        let rows = Tensor::iota([t, t], 0, DType::I32, dev)?;
+        let cols = Tensor::iota([t, t], 1, DType::I32, dev)?;
+        Ok(GptModel {
+            sizes,
+            wte: Embedding::new(sizes.vocab, sizes.embd, dev)?,
+            wpe: Embedding::new(sizes.context, sizes.embd, dev)?,
+            blocks: (0..sizes.layers).map(|_| Block::new(sizes.embd, dev)).collect::<Result<_>>()?,
+            lnf: LayerNorm::new(&[sizes.embd], dev)?,
+            mask: cols.gt(&rows)?,
+            neg_inf: Tensor::scalar(f64::NEG_INFINITY, DType::F32, dev),
+        })
+    }
+
+    /// The sizes.
+    pub fn sizes(&self) -> GptSizes {
+        self.sizes
+    }
+}
+
+impl Module for GptModel {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let s = &self.sizes;
+        let (n, c) = (s.batch * s.context, s.embd);
+        let tok = nn::one_hot(ids, s.vocab, DType::F32)?.matmul(&self.wte.weight)?;
+        let mut x = tok.reshape_to([s.batch, s.context, c])?.add(&self.wpe.weight)?.reshape_to([n, c])?;
+        for b in &self.blocks {
+            x = b.forward(&x, s, &self.mask, &self.neg_inf)?;
+        }
+        self.lnf.forward(&x)?.matmul(&self.wte.weight.t()?)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("wte.weight".to_string(), self.wte.weight.clone())];
+        v.push(("wpe.weight".to_string(), self.wpe.weight.clone()));
+        for (i, b) in self.blocks.iter().enumerate() {
+            v.extend(b.named_parameters().into_iter().map(|(n, t)| (format!("blocks.{i}.{n}"), t)));
+        }
+        v.extend(self.lnf.named_parameters().into_iter().map(|(n, t)| (format!("lnf.{n}"), t)));
+        v
+    }
+}
+
+/// Where one training step's time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimes {
+    /// The whole step, until the device finished.
+    pub total: Duration,
+    /// Host: recording the forward pass, backward and optimizer update.
+    pub record: Duration,
+    /// Host: `mark_step` (trace, hash, cache lookup or compile, submit).
+    pub sync: Duration,
+    /// The worker's execution of the step's plans (uploads, kernels,
+    /// waiting for the device), from the `Execute` timer.
+    pub device: Duration,
+}
+
+impl StepTimes {
+    /// Host time: recording plus the sync.
+    pub fn host(&self) -> Duration {
+        self.record + self.sync
+    }
+}
+
+/// The model, its AdamW optimizer and a fixed batch of token ids.
+pub struct Gpt {
+    /// The model.
+    pub model: GptModel,
+    opt: Adam,
+    ids: Tensor,
+    targets: Tensor,
+}
+
+impl Gpt {
+    /// The G8 step at `sizes` on `dev`: model, AdamW (lr 3e-4, weight
+    /// decay 0.01) and deterministic token ids, all on the device.
+    pub fn new(dev: &Device, sizes: GptSizes) -> Result<Gpt> {
+        dev.manual_seed(8);
+        let model = GptModel::new(sizes, dev)?;
+        let opt = Adam::adamw(model.parameters(), 3e-4, 0.01);
+        let (b, t, v) = (sizes.batch, sizes.context, sizes.vocab);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let tokens: Vec<i32> = (0..b * (t + 1))
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) % v as u64) as i32
+            })
+            .collect();
+        let ids: Vec<i32> = (0..b).flat_map(|i| tokens[i * (t + 1)..i * (t + 1) + t].to_vec()).collect();
+        let targets: Vec<i32> = (0..b).flat_map(|i| tokens[i * (t + 1) + 1..(i + 1) * (t + 1)].to_vec()).collect();
+        let ids = Tensor::from_slice(&ids, [b * t], dev)?;
+        let targets = Tensor::from_slice(&targets, [b * t], dev)?;
+        // Parameters, mask and data on the device before any step.
+        dev.mark_step()?;
+        dev.wait()?;
+        Ok(Gpt { model, opt, ids, targets })
+    }
+
+    /// The loss of the current parameters on the batch (lazy; recorded
+    /// with gradient tracking).
+    pub fn loss(&self) -> Result<Tensor> {
+        nn::cross_entropy(&self.model.forward(&self.ids)?, &self.targets)
+    }
+
+    /// One training step: zero grads, forward, cross-entropy, backward,
+    /// AdamW, `mark_step`, wait. Returns the loss (computed) and the times.
+    pub fn step(&mut self) -> Result<(Tensor, StepTimes)> {
+        let dev = self.ids.device().clone();
+        let executed = || metrics::timer("Execute").map_or(0.0, |s| s.sum);
+        let before = executed();
+        let started = Instant::now();
+        self.opt.zero_grad();
+        let loss = self.loss()?;
+        loss.backward()?;
+        self.opt.step()?;
+        let recorded = Instant::now();
+        dev.mark_step()?;
+        let synced = Instant::now();
+        dev.wait()?;
+        let total = started.elapsed();
+        let device = Duration::from_secs_f64(((executed() - before) * 1e-3).max(0.0));
+        Ok((loss, StepTimes { total, record: recorded - started, sync: synced - recorded, device }))
+    }
+}
