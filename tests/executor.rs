@@ -108,6 +108,21 @@ fn graph_size_limit_materializes_automatically() {
 }
 
 #[test]
+fn graph_size_limit_counts_shared_nodes_once() {
+    let _g = common::metrics_lock();
+    let dev = Device::cpu();
+    let hits = metrics::counter("GraphSizeLimitHits");
+    // Each node reads its predecessor twice: the summed bound doubles per
+    // step (2^60 operand paths) while the graph has 61 nodes.
+    let mut x = Tensor::from_slice(&[1.0f32; 4], [4], &dev).unwrap();
+    for _ in 0..60 {
+        x = x.add(&x).unwrap().mul_scalar(0.5).unwrap();
+    }
+    assert_eq!(metrics::counter("GraphSizeLimitHits"), hits, "181 pending nodes are under the limit");
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+}
+
+#[test]
 fn in_place_update_loop_compiles_once_after_warmup() {
     let _g = common::metrics_lock();
     for dev in common::devices() {

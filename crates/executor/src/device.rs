@@ -368,7 +368,7 @@ impl Device {
         let outputs: Vec<Arc<DataCell>> =
             roots.iter().map(|r| DataCell::new(self.0.id, r.ty.clone(), CellState::Pending)).collect();
         for (root, cell) in roots.iter().zip(&outputs) {
-            let _ = root.materialized.set(cell.clone());
+            root.materialize(cell.clone());
         }
         for (t, idx) in &owners {
             // Only if the tensor still holds the traced node: another

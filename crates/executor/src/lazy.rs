@@ -5,15 +5,30 @@
 //! may record the cell its value was materialized into, so that a later
 //! graph reading the same node uses the data instead of recomputing it.
 //! Nodes nobody can reach are freed by reference counting.
+//!
+//! A process-wide count of pending nodes alive ([`pending_nodes`]) bounds
+//! the size of any one pending graph, so that the graph size limit costs
+//! nothing per op while the count is under it.
 
 use crate::{Buffer, ExecError};
 use lazuli_ir::{stable_hash, Op, ScalarValue, StableHasher, ValueType};
 use std::hash::{Hash, Hasher};
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 static NEXT_CELL: AtomicU64 = AtomicU64::new(1);
+
+/// Op and scalar nodes alive and not materialized, on every device.
+static PENDING_NODES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many pending nodes are alive in the process: no pending graph has
+/// more nodes than this. Relaxed ordering suffices: a thread that holds a
+/// node obtained it through a lock (a tensor's node slot) after the node's
+/// creation counted it, so its count is visible.
+pub(crate) fn pending_nodes() -> usize {
+    PENDING_NODES.load(Ordering::Relaxed)
+}
 
 /// What a lazy node is.
 #[derive(Debug)]
@@ -36,7 +51,9 @@ pub(crate) struct LazyNode {
     pub hash: u64,
     /// The user call that recorded the node.
     pub location: &'static Location<'static>,
-    /// Approximate size of the pending graph under this node (saturating).
+    /// An upper bound on the size of the pending graph under this node
+    /// (saturating): operands' bounds summed, so shared nodes count more
+    /// than once, unless the recorder counted it exactly.
     pub size: usize,
     /// Set when a sync materialized this node's value.
     pub materialized: OnceLock<Arc<DataCell>>,
@@ -53,6 +70,7 @@ impl LazyNode {
         ty.hash(&mut h);
         let hash = h.finish();
         let size = operands.iter().fold(1usize, |acc, o| acc.saturating_add(o.pending_size()));
+        PENDING_NODES.fetch_add(1, Ordering::Relaxed);
         LazyNode { kind: NodeKind::Op(op), operands, ty, hash, location, size, materialized: OnceLock::new() }
     }
 
@@ -72,6 +90,7 @@ impl LazyNode {
 
     pub fn scalar(value: ScalarValue, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
         let hash = stable_hash(&(3u8, &ty));
+        PENDING_NODES.fetch_add(1, Ordering::Relaxed);
         LazyNode {
             kind: NodeKind::Scalar(value),
             operands: Vec::new(),
@@ -81,6 +100,16 @@ impl LazyNode {
             size: 1,
             materialized: OnceLock::new(),
         }
+    }
+
+    /// Records that a sync materialized this node's value into `cell`;
+    /// false if another sync did first.
+    pub fn materialize(&self, cell: Arc<DataCell>) -> bool {
+        let first = self.materialized.set(cell).is_ok();
+        if first && !matches!(self.kind, NodeKind::Data(_)) {
+            PENDING_NODES.fetch_sub(1, Ordering::Relaxed);
+        }
+        first
     }
 
     /// Size counted toward the graph size limit: zero once materialized.
@@ -104,6 +133,14 @@ impl LazyNode {
     /// scalars, which a sync of the scalar itself must materialize).
     pub fn is_pending(&self) -> bool {
         self.cell().is_none()
+    }
+}
+
+impl Drop for LazyNode {
+    fn drop(&mut self) {
+        if !matches!(self.kind, NodeKind::Data(_)) && self.materialized.get().is_none() {
+            PENDING_NODES.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

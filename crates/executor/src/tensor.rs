@@ -7,8 +7,9 @@ use crate::device::Device;
 use crate::element::{self, Element};
 use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::{metrics, ExecError, Result};
-use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, ValueType};
+use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, StableHasher, ValueType};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -304,9 +305,18 @@ impl Tensor {
                 detail: format!("result shape {} of {} has too many elements to exist", ty.shape, ty.dtype),
             }));
         }
-        let node = Arc::new(LazyNode::op(op, nodes, ty, location));
+        let mut node = LazyNode::op(op, nodes, ty, location);
+        // The graph size limit, cheaply: the node's bound (operands' bounds
+        // summed) and the process-wide count of pending nodes are both upper
+        // bounds on its pending graph; only when both exceed the limit is it
+        // counted exactly, and the exact count becomes the node's bound.
         let limit = max_graph_nodes();
-        let over = node.size > limit && pending_count(&node) > limit;
+        let mut over = false;
+        if node.size > limit && crate::lazy::pending_nodes() > limit {
+            node.size = 1 + pending_count(&node.operands, limit);
+            over = node.size > limit;
+        }
+        let node = Arc::new(node);
         let t = Tensor::from_node(device, node);
         crate::autograd::track(&t, operands);
         if over {
@@ -457,15 +467,19 @@ impl Tensor {
     }
 }
 
-/// Exact number of pending nodes under `node` (stops at data).
-fn pending_count(node: &Arc<LazyNode>) -> usize {
-    let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![node.clone()];
+/// Number of pending nodes reachable from `roots` (stopping at data), or
+/// some number over `stop_above` once it is known to exceed it.
+fn pending_count(roots: &[Arc<LazyNode>], stop_above: usize) -> usize {
+    let mut seen: std::collections::HashSet<*const LazyNode, BuildHasherDefault<StableHasher>> = Default::default();
+    let mut stack: Vec<&LazyNode> = roots.iter().map(|r| &**r).collect();
     while let Some(n) = stack.pop() {
-        if !n.is_pending() || !seen.insert(Arc::as_ptr(&n)) {
+        if !n.is_pending() || !seen.insert(n as *const LazyNode) {
             continue;
         }
-        stack.extend(n.operands.iter().cloned());
+        if seen.len() > stop_above {
+            break;
+        }
+        stack.extend(n.operands.iter().map(|o| &**o));
     }
     seen.len()
 }
