@@ -96,10 +96,9 @@ pub(crate) struct GradState {
 
 /// The record of one differentiable op application.
 pub(crate) struct GradFn {
-    /// The op's result as recorded (its kind is the op).
+    /// The op's result as recorded (its kind is the op, its operands the
+    /// op's inputs as recorded).
     output: Arc<LazyNode>,
-    /// The operands as recorded.
-    inputs: Vec<Arc<LazyNode>>,
     /// Where each operand's gradient goes; `None` for operands that need none.
     edges: Vec<Option<Edge>>,
 }
@@ -117,11 +116,18 @@ pub(crate) fn track(out: &Tensor, operands: &[&Tensor]) {
     if operands.is_empty() || !out.dtype().is_float() || !is_grad_enabled() {
         return;
     }
-    let edges: Vec<Option<Edge>> = operands.iter().map(|t| t.edge()).collect();
-    if edges.iter().all(Option::is_none) {
+    let mut edges: Vec<Option<Edge>> = Vec::new();
+    for (i, t) in operands.iter().enumerate() {
+        if let Some(e) = t.edge() {
+            // Allocated only once an operand needs a gradient.
+            edges.resize_with(operands.len(), || None);
+            edges[i] = Some(e);
+        }
+    }
+    if edges.is_empty() {
         return;
     }
-    let f = GradFn { output: out.node(), inputs: operands.iter().map(|t| t.node()).collect(), edges };
+    let f = GradFn { output: out.node(), edges };
     out.grad_state().grad_fn = Some(Arc::new(f));
 }
 
@@ -444,8 +450,8 @@ impl GradFn {
     /// The gradient of each operand that has an edge, given the output gradient `g`.
     fn vjp(&self, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let dev = g.device();
-        let x: Vec<Tensor> = self.inputs.iter().map(|n| Tensor::from_node(dev, n.clone())).collect();
-        let y = Tensor::from_node(dev, self.output.clone());
+        let x: Vec<Tensor> = self.output.operands.iter().map(|n| Tensor::unregistered(dev, n.clone())).collect();
+        let y = Tensor::unregistered(dev, self.output.clone());
         let need = |i: usize| self.edges.get(i).is_some_and(Option::is_some);
         let mut out: Vec<Option<Tensor>> = vec![None; x.len()];
         match self.op() {

@@ -17,10 +17,11 @@ use crate::tensor::TensorInner;
 use crate::trace::{trace, Traced};
 use crate::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, ExecError, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use lazuli_ir::{Graph, ScalarValue};
+use lazuli_ir::{Graph, ScalarValue, StableHasher};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
@@ -43,7 +44,9 @@ pub(crate) struct DeviceInner {
     pub id: u64,
     pub main: Arc<dyn Backend>,
     pub cpu: Arc<dyn Backend>,
-    pub live: Mutex<HashMap<u64, Weak<TensorInner>>>,
+    /// Every registered tensor handle by id (ids are sequential: a cheap
+    /// non-SipHash hasher suffices, and this map changes on every op).
+    pub live: Mutex<HashMap<u64, Weak<TensorInner>, BuildHasherDefault<StableHasher>>>,
     cache: Mutex<LruCache<u64, Arc<Plan>>>,
     tx: Option<Sender<Job>>,
     shared: Arc<Shared>,
@@ -122,7 +125,7 @@ impl Device {
             id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             main,
             cpu,
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::default()),
             cache: Mutex::new(LruCache::new(cache_size)),
             tx: Some(tx),
             shared,

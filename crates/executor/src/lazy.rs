@@ -12,6 +12,7 @@
 
 use crate::{Buffer, ExecError};
 use lazuli_ir::{stable_hash, Op, ScalarValue, StableHasher, ValueType};
+use smallvec::SmallVec;
 use std::hash::{Hash, Hasher};
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -30,6 +31,10 @@ pub(crate) fn pending_nodes() -> usize {
     PENDING_NODES.load(Ordering::Relaxed)
 }
 
+/// A node's operands: up to three inline (`where` has three), so recording
+/// an op allocates nothing for them.
+pub(crate) type Operands = SmallVec<[Arc<LazyNode>; 3]>;
+
 /// What a lazy node is.
 #[derive(Debug)]
 pub(crate) enum NodeKind {
@@ -45,7 +50,7 @@ pub(crate) enum NodeKind {
 #[derive(Debug)]
 pub(crate) struct LazyNode {
     pub kind: NodeKind,
-    pub operands: Vec<Arc<LazyNode>>,
+    pub operands: Operands,
     pub ty: ValueType,
     /// Structural hash: op, attributes, type and operand hashes; never data.
     pub hash: u64,
@@ -60,7 +65,7 @@ pub(crate) struct LazyNode {
 }
 
 impl LazyNode {
-    pub fn op(op: Op, operands: Vec<Arc<LazyNode>>, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
+    pub fn op(op: Op, operands: Operands, ty: ValueType, location: &'static Location<'static>) -> LazyNode {
         let mut h = StableHasher::new();
         h.write_u8(1);
         op.hash(&mut h);
@@ -79,7 +84,7 @@ impl LazyNode {
         let hash = stable_hash(&(2u8, &ty));
         LazyNode {
             kind: NodeKind::Data(cell),
-            operands: Vec::new(),
+            operands: Operands::new(),
             ty,
             hash,
             location,
@@ -93,7 +98,7 @@ impl LazyNode {
         PENDING_NODES.fetch_add(1, Ordering::Relaxed);
         LazyNode {
             kind: NodeKind::Scalar(value),
-            operands: Vec::new(),
+            operands: Operands::new(),
             ty,
             hash,
             location,

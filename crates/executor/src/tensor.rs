@@ -5,9 +5,10 @@
 
 use crate::device::Device;
 use crate::element::{self, Element};
-use crate::lazy::{CellState, DataCell, LazyNode};
+use crate::lazy::{CellState, DataCell, LazyNode, Operands};
 use crate::{metrics, ExecError, Result};
 use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, StableHasher, ValueType};
+use smallvec::SmallVec;
 use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::panic::Location;
@@ -62,6 +63,13 @@ fn max_graph_nodes() -> usize {
 impl Tensor {
     pub(crate) fn from_node(device: &Device, node: Arc<LazyNode>) -> Tensor {
         Tensor::make(device, node, true)
+    }
+
+    /// A handle on `node` kept out of the live-tensor registry: for the
+    /// executor's own short-lived views of recorded values (autograd reads
+    /// an op's operands through them), which `mark_step` never needs.
+    pub(crate) fn unregistered(device: &Device, node: Arc<LazyNode>) -> Tensor {
+        Tensor::make(device, node, false)
     }
 
     /// A tensor handle; `registered` puts it in the device's live-tensor
@@ -204,7 +212,7 @@ impl Tensor {
         let v = v.cast(dtype);
         let node = if v.is_special() {
             let ty = ValueType::new(Shape::scalar(), dtype);
-            LazyNode::op(Op::Constant(v, dtype), vec![], ty, Location::caller())
+            LazyNode::op(Op::Constant(v, dtype), Operands::new(), ty, Location::caller())
         } else {
             LazyNode::scalar(v, ValueType::new(Shape::scalar(), dtype), Location::caller())
         };
@@ -294,8 +302,8 @@ impl Tensor {
                 return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });
             }
         }
-        let nodes: Vec<Arc<LazyNode>> = operands.iter().map(|t| t.node()).collect();
-        let tys: Vec<ValueType> = nodes.iter().map(|n| n.ty.clone()).collect();
+        let nodes: Operands = operands.iter().map(|t| t.node()).collect();
+        let tys: SmallVec<[ValueType; 3]> = nodes.iter().map(|n| n.ty.clone()).collect();
         let ty = op.infer(&tys, &[], &[])?;
         // No allocation can hold more than isize::MAX bytes: refuse such a
         // shape here rather than fail (or overflow) in a backend later.

@@ -71,15 +71,15 @@ impl Graph {
     /// Adds a graph input of the given type and returns its `Parameter` node.
     pub fn param(&mut self, ty: ValueType) -> NodeId {
         let i = self.params.len() as u32;
-        self.params.push(ty);
-        self.push(Op::Parameter(i), &[]).expect("a fresh parameter always type-checks")
+        self.params.push(ty.clone());
+        self.push_typed(Op::Parameter(i), Vec::new(), ty)
     }
 
     /// Adds a lifted scalar slot of `dtype` and returns its node.
     pub fn scalar(&mut self, dtype: DType) -> NodeId {
         let i = self.scalars.len() as u32;
         self.scalars.push(dtype);
-        self.push(Op::ScalarParam(i), &[]).expect("a fresh scalar slot always type-checks")
+        self.push_typed(Op::ScalarParam(i), Vec::new(), ValueType::new(Shape::scalar(), dtype))
     }
 
     /// Appends a node after inferring its type; operands must exist.

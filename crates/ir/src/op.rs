@@ -651,9 +651,7 @@ impl Op {
                 let batch = ab.broadcast(&bb).ok_or_else(|| {
                     IrError::shape(op, format!("batch dimensions of {} and {} do not broadcast", a.shape, b.shape))
                 })?;
-                let mut dims = batch.0;
-                dims.push(m);
-                dims.push(n);
+                let dims: Shape = batch.dims().iter().copied().chain([m, n]).collect();
                 Ok(ValueType::new(dims, a.dtype))
             }
             Op::Reshape(shape) => {
@@ -725,7 +723,7 @@ impl Op {
                 }
                 let first = &inputs[0];
                 check_axis(*axis, &first.shape)?;
-                let mut dims = first.shape.0.clone();
+                let mut dims = first.shape.to_vec();
                 dims[*axis] = 0;
                 for v in inputs {
                     if v.dtype != first.dtype {
@@ -927,7 +925,7 @@ pub fn reduced_shape(shape: &Shape, axes: &[usize], keepdim: bool) -> Shape {
             dims.push(d);
         }
     }
-    Shape(dims)
+    Shape::from(dims)
 }
 
 #[cfg(test)]

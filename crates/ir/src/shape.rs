@@ -1,21 +1,35 @@
 //! Tensor shapes ([`Shape`]): dimension lists, element counts, strides and
 //! numpy-style broadcasting.
+//!
+//! Shapes of up to four dims live inline, so cloning one (every recorded
+//! op infers and stores a few) allocates nothing. Rejected alternative: a
+//! fixed-rank array, which would cap the rank the engine supports.
 
+use smallvec::SmallVec;
 use std::fmt;
 
+/// Dims held inline; more spill to the heap.
+const INLINE_DIMS: usize = 4;
+
 /// The dimensions of a tensor, outermost first. A rank-0 shape is a scalar.
+/// Hashes, compares and prints exactly as the slice of its dims.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct Shape(pub Vec<usize>);
+pub struct Shape(SmallVec<[usize; INLINE_DIMS]>);
 
 impl Shape {
     /// A shape from dimension sizes.
-    pub fn new(dims: impl Into<Vec<usize>>) -> Shape {
-        Shape(dims.into())
+    pub fn new(dims: impl AsRef<[usize]>) -> Shape {
+        Shape(SmallVec::from_slice(dims.as_ref()))
     }
 
     /// The rank-0 shape.
     pub fn scalar() -> Shape {
-        Shape(Vec::new())
+        Shape(SmallVec::new())
+    }
+
+    /// The dims as a vector, to edit and make a new shape from.
+    pub fn to_vec(&self) -> Vec<usize> {
+        self.0.to_vec()
     }
 
     /// Dimension sizes.
@@ -52,7 +66,7 @@ impl Shape {
     /// Numpy broadcasting of two shapes; `None` if they are incompatible.
     pub fn broadcast(&self, other: &Shape) -> Option<Shape> {
         let rank = self.rank().max(other.rank());
-        let mut out = vec![0; rank];
+        let mut out: SmallVec<[usize; INLINE_DIMS]> = smallvec::smallvec![0; rank];
         for (i, slot) in out.iter_mut().enumerate() {
             let a = dim_from_right(&self.0, rank - 1 - i);
             let b = dim_from_right(&other.0, rank - 1 - i);
@@ -106,19 +120,31 @@ impl fmt::Display for Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(v: Vec<usize>) -> Self {
-        Shape(v)
+        Shape(SmallVec::from_vec(v))
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(v: &[usize]) -> Self {
-        Shape(v.to_vec())
+        Shape::new(v)
+    }
+}
+
+impl From<&Vec<usize>> for Shape {
+    fn from(v: &Vec<usize>) -> Self {
+        Shape::new(v)
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(v: [usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape::new(v)
+    }
+}
+
+impl FromIterator<usize> for Shape {
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
+        Shape(iter.into_iter().collect())
     }
 }
 
@@ -135,6 +161,20 @@ mod tests {
         assert_eq!(Shape::new([0, 1]).broadcast(&Shape::new([1, 4])), Some(Shape::new([0, 4])));
         assert!(Shape::new([1, 5]).broadcasts_to(&Shape::new([2, 3, 5])));
         assert!(!Shape::new([2, 5]).broadcasts_to(&Shape::new([3, 5])));
+    }
+
+    #[test]
+    fn inline_and_spilled_shapes_hash_and_compare_as_their_dims() {
+        use crate::stable_hash;
+        for dims in [vec![], vec![3], vec![2, 3, 4, 5], vec![2, 3, 4, 5, 6, 7]] {
+            let s = Shape::from(dims.clone());
+            assert_eq!(s.dims(), &dims[..]);
+            assert_eq!(stable_hash(&s), stable_hash(&dims), "{dims:?}");
+            assert_eq!(format!("{s:?}"), format!("Shape({dims:?})"));
+            assert_eq!(Shape::new(&dims), s);
+            assert_eq!(dims.iter().copied().collect::<Shape>(), s);
+        }
+        assert!(Shape::new([2, 3]) < Shape::new([2, 4]));
     }
 
     #[test]
