@@ -33,6 +33,7 @@ use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{reduced_shape, BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, Shape, UnaryOp};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
 thread_local! {
@@ -129,6 +130,7 @@ pub(crate) fn track(out: &Tensor, operands: &[&Tensor]) {
     }
     let f = GradFn { output: out.node(), edges };
     out.grad_state().grad_fn = Some(Arc::new(f));
+    out.0.grad_tracked.store(true, Ordering::Relaxed);
 }
 
 impl Tensor {
@@ -137,6 +139,9 @@ impl Tensor {
     }
 
     fn edge(&self) -> Option<Edge> {
+        if !self.0.grad_tracked.load(Ordering::Relaxed) {
+            return None;
+        }
         let st = self.grad_state();
         if let Some(f) = &st.grad_fn {
             Some(Edge::Node(f.clone()))
@@ -171,6 +176,9 @@ impl Tensor {
             }
         } else {
             st.requires_grad = requires;
+        }
+        if requires {
+            self.0.grad_tracked.store(true, Ordering::Relaxed);
         }
         drop(st);
         Ok(self.clone())

@@ -28,8 +28,9 @@ macro_rules! binary_methods {
         /// The same op with a scalar right operand of this tensor's dtype.
         #[track_caller]
         pub fn $scalar(&self, value: impl Into<ScalarValue>) -> Result<Tensor> {
-            let s = Tensor::scalar(value, self.dtype(), self.device());
-            Tensor::record(Op::Binary(BinaryOp::$op), &[self, &s])
+            let location = std::panic::Location::caller();
+            let s = Tensor::scalar_node(value.into(), self.dtype(), location);
+            Tensor::record_at(self.device(), Op::Binary(BinaryOp::$op), &[self], Some(s), location)
         }
     )*};
 }

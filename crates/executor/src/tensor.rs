@@ -34,6 +34,9 @@ pub(crate) struct TensorInner {
     update: Mutex<()>,
     generation: AtomicU64,
     pub(crate) grad: Mutex<crate::autograd::GradState>,
+    /// False while `grad` certainly holds no gradient edge (neither
+    /// `requires_grad` nor a `grad_fn`): recording then skips its lock.
+    pub(crate) grad_tracked: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for TensorInner {
@@ -87,6 +90,7 @@ impl Tensor {
             update: Mutex::new(()),
             generation: AtomicU64::new(0),
             grad: Mutex::new(Default::default()),
+            grad_tracked: std::sync::atomic::AtomicBool::new(false),
         });
         if registered {
             device.0.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&inner));
@@ -208,15 +212,18 @@ impl Tensor {
     /// compiles nothing new.
     #[track_caller]
     pub fn scalar(value: impl Into<ScalarValue>, dtype: DType, device: &Device) -> Tensor {
-        let v: ScalarValue = value.into();
-        let v = v.cast(dtype);
-        let node = if v.is_special() {
-            let ty = ValueType::new(Shape::scalar(), dtype);
-            LazyNode::op(Op::Constant(v, dtype), Operands::new(), ty, Location::caller())
+        Tensor::make(device, Tensor::scalar_node(value.into(), dtype, Location::caller()), false)
+    }
+
+    /// The node of [`Tensor::scalar`], without a handle.
+    pub(crate) fn scalar_node(value: ScalarValue, dtype: DType, location: &'static Location<'static>) -> Arc<LazyNode> {
+        let v = value.cast(dtype);
+        let ty = ValueType::new(Shape::scalar(), dtype);
+        Arc::new(if v.is_special() {
+            LazyNode::op(Op::Constant(v, dtype), Operands::new(), ty, location)
         } else {
-            LazyNode::scalar(v, ValueType::new(Shape::scalar(), dtype), Location::caller())
-        };
-        Tensor::make(device, Arc::new(node), false)
+            LazyNode::scalar(v, ty, location)
+        })
     }
 
     /// A rank-0 tensor that is always a lifted parameter, never baked (for
@@ -295,14 +302,28 @@ impl Tensor {
     /// [`Tensor::record`] with an explicit device (for leaf ops).
     #[track_caller]
     pub fn record_on(device: &Device, op: Op, operands: &[&Tensor]) -> Result<Tensor> {
-        let location = Location::caller();
+        Tensor::record_at(device, op, operands, None, Location::caller())
+    }
+
+    /// Records `op` over `operands` followed, if given, by the rank-0
+    /// `scalar` node (the `x * 0.5` methods pass their constant or lifted
+    /// scalar this way, without making a tensor handle for it), attributed
+    /// to `location`.
+    pub(crate) fn record_at(
+        device: &Device,
+        op: Op,
+        operands: &[&Tensor],
+        scalar: Option<Arc<LazyNode>>,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let _span = tracing::trace_span!("record", op = op.label()).entered();
         for t in operands {
             if !t.device().same(device) {
                 return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });
             }
         }
-        let nodes: Operands = operands.iter().map(|t| t.node()).collect();
+        let mut nodes: Operands = operands.iter().map(|t| t.node()).collect();
+        nodes.extend(scalar);
         let tys: SmallVec<[ValueType; 3]> = nodes.iter().map(|n| n.ty.clone()).collect();
         let ty = op.infer(&tys, &[], &[])?;
         // No allocation can hold more than isize::MAX bytes: refuse such a

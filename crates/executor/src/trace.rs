@@ -25,8 +25,16 @@ pub(crate) struct Traced {
 /// Traces `roots` into one graph.
 pub(crate) fn trace(roots: &[Arc<LazyNode>]) -> Traced {
     let mut t = Traced { graph: Graph::new(), inputs: Vec::new(), scalars: Vec::new(), locations: Vec::new() };
+    // Room for the nodes up front: growing the arena node by node
+    // reallocates and copies it several times. The roots' size bounds
+    // overcount shared nodes, so they are capped at the default graph size
+    // limit.
+    let expected = roots.iter().fold(0usize, |n, r| n.saturating_add(r.size)).min(4096);
+    t.graph.reserve(expected);
+    t.locations.reserve(expected);
     // Pointer and id keys: a fast non-SipHash hasher keeps tracing cheap.
-    let mut ids: HashMap<*const LazyNode, NodeId, BuildHasherDefault<StableHasher>> = HashMap::default();
+    let mut ids: HashMap<*const LazyNode, NodeId, BuildHasherDefault<StableHasher>> =
+        HashMap::with_capacity_and_hasher(expected, Default::default());
     let mut params: HashMap<u64, NodeId, BuildHasherDefault<StableHasher>> = HashMap::default();
     // Iterative DFS: (node, operands expanded?)
     let mut stack: Vec<(&Arc<LazyNode>, bool)> = Vec::new();

@@ -101,6 +101,11 @@ impl Graph {
         id
     }
 
+    /// Makes room for `additional` more nodes.
+    pub fn reserve(&mut self, additional: usize) {
+        self.nodes.reserve(additional);
+    }
+
     /// All nodes, in topological order.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
