@@ -1,5 +1,6 @@
 //! Criterion benches of the workloads in `WORKLOADS.md` (W1–W5) on the CPU
-//! backend and, where an adapter exists, on wgpu. Sample counts are small:
+//! backend and, where an adapter exists, on wgpu, and of the host's cost per
+//! recorded op. Sample counts are small:
 //! the workloads are large and a software adapter is slow. `lazuli bench`
 //! is the harness the figures in BENCHMARKS.md come from; these benches
 //! track the same code paths over time.
@@ -39,5 +40,30 @@ fn workloads(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, workloads);
+/// Host cost per op on the CPU device (no device work to wait for): W5's
+/// 200 ops recorded, then recorded and synced (trace, hash, cache hit,
+/// submit) with the wait. `lazuli bench H1` splits the same by phase.
+fn host(c: &mut Criterion) {
+    let d = BenchDevice::cpu();
+    let x = bench::w5_input(&d.device).expect("W5 input");
+    let chain = || {
+        let mut y = x.clone();
+        for _ in 0..bench::HOST_OPS / 2 {
+            y = y.mul_scalar(1.0001).expect("mul").add_scalar(0.0001).expect("add");
+        }
+        y
+    };
+    let mut g = c.benchmark_group("host/cpu");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.bench_function("record 200 ops", |b| b.iter_with_large_drop(chain));
+    g.bench_function("record + sync + wait 200 ops", |b| {
+        b.iter(|| {
+            chain().sync().expect("sync");
+            d.device.wait().expect("wait")
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, workloads, host);
 criterion_main!(benches);

@@ -1,7 +1,8 @@
 //! The benchmark harness behind `lazuli bench` and the criterion benches:
-//! the workloads of `WORKLOADS.md` on a device — the small set W1–W6, sized
-//! for a 2-core box, and the GPU-scale set G1–G7 (`--scale gpu`) — and the
-//! baselines they are judged against, measured in the same process.
+//! the workloads of `WORKLOADS.md` on a device — the small set W1–W6 (with
+//! H1), sized for a 2-core box, and the GPU-scale set G1–G8 (`--scale gpu`)
+//! — and the baselines they are judged against, measured in the same
+//! process.
 //!
 //! Each workload builds its input once, outside the timed loop, runs 3
 //! warm-up iterations, then the timed ones; every iteration ends at a
