@@ -428,7 +428,7 @@ impl Device {
                     let error = ExecError::Poisoned { op: trigger.to_string(), cause: Box::new(cause.clone()) };
                     first.get_or_insert(error.clone());
                     let cell = DataCell::new(self.0.id, node.ty.clone(), CellState::Failed { error, job: None });
-                    let _ = node.materialized.set(cell.clone());
+                    node.materialize(cell.clone());
                     poisoned.insert(Arc::as_ptr(node), cell.clone());
                     cell
                 }
