@@ -68,7 +68,26 @@ struct Dims {
 }
 
 /// Products with fewer multiply-adds than this run on one thread.
-const PAR_FLOPS: usize = 1 << 21;
+pub(crate) const PAR_FLOPS: usize = 1 << 21;
+
+/// Element types with a packed SIMD GEMM (`gemm` crate).
+pub(crate) trait GemmFloat: Num + bytemuck::Zeroable {
+    /// `c = a @ b` for row-major `a` (`m x k`), `b` (`k x n`) and `c`
+    /// (`m x n`, every element written), on up to `threads` threads.
+    fn gemm(a: &[Self], b: &[Self], c: &mut [Self], m: usize, k: usize, n: usize, threads: usize);
+}
+
+impl GemmFloat for f32 {
+    fn gemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, threads: usize) {
+        gemm_f32(a, b, c, Dims { m, k, n }, threads)
+    }
+}
+
+impl GemmFloat for f64 {
+    fn gemm(a: &[f64], b: &[f64], c: &mut [f64], m: usize, k: usize, n: usize, threads: usize) {
+        gemm_f64(a, b, c, Dims { m, k, n }, threads)
+    }
+}
 
 fn batched<T: Num>(
     mem: &Memory,

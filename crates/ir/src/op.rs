@@ -255,9 +255,11 @@ pub enum RandomDist {
 }
 
 /// The kind of a pooling window reduction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PoolKind {
-    /// Maximum over the window (padding never wins).
+    /// Maximum over the window (padding never wins). Its gradient goes to
+    /// the first maximum of each window in scan order (PyTorch's rule).
+    #[default]
     Max,
     /// Average over the window.
     Avg {
@@ -286,7 +288,52 @@ pub struct PoolAttrs {
     pub ceil_mode: bool,
 }
 
+impl PoolAttrs {
+    /// A pooling window of `kernel` (one size per spatial dim) with
+    /// PyTorch's defaults: stride equal to the window, no padding, no
+    /// dilation, floor mode.
+    pub fn new(kind: PoolKind, kernel: &[usize]) -> PoolAttrs {
+        let n = kernel.len();
+        PoolAttrs {
+            kind,
+            kernel: kernel.to_vec(),
+            strides: kernel.to_vec(),
+            pads_begin: vec![0; n],
+            pads_end: vec![0; n],
+            dilations: vec![1; n],
+            ceil_mode: false,
+        }
+    }
+
+    /// Sets the stride of every spatial dim.
+    pub fn with_strides(mut self, strides: &[usize]) -> PoolAttrs {
+        self.strides = strides.to_vec();
+        self
+    }
+
+    /// Pads every spatial dim by `pads[i]` on both sides.
+    pub fn with_padding(mut self, pads: &[usize]) -> PoolAttrs {
+        self.pads_begin = pads.to_vec();
+        self.pads_end = pads.to_vec();
+        self
+    }
+
+    /// Uses ceil instead of floor for the output size.
+    pub fn with_ceil_mode(mut self, ceil_mode: bool) -> PoolAttrs {
+        self.ceil_mode = ceil_mode;
+        self
+    }
+}
+
+impl Default for PoolAttrs {
+    /// A 2-d 2x2 max pool with stride 2 (the common downsampling layer).
+    fn default() -> PoolAttrs {
+        PoolAttrs::new(PoolKind::Max, &[2, 2])
+    }
+}
+
 /// Attributes of a 2-d convolution (`[N, C, H, W]` input, `[O, C/groups, kh, kw]` weight).
+/// The default is stride 1, no padding, no dilation, one group.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConvAttrs {
     /// Stride (h, w).
@@ -297,6 +344,12 @@ pub struct ConvAttrs {
     pub dilations: [usize; 2],
     /// Number of groups.
     pub groups: usize,
+}
+
+impl Default for ConvAttrs {
+    fn default() -> ConvAttrs {
+        ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [1, 1], groups: 1 }
+    }
 }
 
 /// One IR operation. Leaves have no operands; every other op's operand
@@ -986,6 +1039,20 @@ mod tests {
             ceil_mode: false,
         };
         assert!(Op::Pool(p).infer(&[x], &[], &[]).is_err());
+    }
+
+    #[test]
+    fn conv_and_pool_defaults() {
+        let x = vt(&[2, 3, 6, 5], DType::F32);
+        let w = vt(&[4, 3, 3, 3], DType::F32);
+        let y = Op::Conv2d(ConvAttrs::default()).infer(&[x.clone(), w], &[], &[]).unwrap();
+        assert_eq!(y.shape, Shape::new([2, 4, 4, 3]));
+        let p = Op::Pool(PoolAttrs::default()).infer(std::slice::from_ref(&x), &[], &[]).unwrap();
+        assert_eq!(p.shape, Shape::new([2, 3, 3, 2]));
+        let a = PoolAttrs::new(PoolKind::Avg { count_include_pad: false }, &[3, 3])
+            .with_strides(&[1, 1])
+            .with_padding(&[1, 1]);
+        assert_eq!(Op::Pool(a).infer(&[x], &[], &[]).unwrap().shape, Shape::new([2, 3, 6, 5]));
     }
 
     #[test]
