@@ -20,7 +20,10 @@
 //! Conventions: integer and bool values never carry gradients (comparisons,
 //! arg-reductions, casts to integers end the graph); `floor`, `ceil`,
 //! `round` and `sign` have zero gradient; at ties, `maximum`/`minimum` and
-//! the max/min reductions split the gradient evenly among the tied inputs;
+//! the max/min reductions split the gradient evenly among the tied inputs,
+//! while max pooling gives a window's whole gradient to its first maximum
+//! in scan order (PyTorch's and XLA's rule; the first NaN when the maximum
+//! is NaN, never a padded position);
 //! `relu` and `abs` have zero gradient at 0; random ops have none.
 //!
 //! Rejected alternative: walking the recorded `LazyNode` graph itself.
@@ -30,7 +33,9 @@
 
 use crate::lazy::{LazyNode, NodeKind};
 use crate::{ExecError, Result, Tensor};
-use lazuli_ir::{reduced_shape, BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, Shape, UnaryOp};
+use lazuli_ir::{
+    reduced_shape, BinaryOp, ConvAttrs, DType, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, Shape, UnaryOp,
+};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -648,6 +653,10 @@ fn binary_grad(
 }
 
 fn reduce_grad(op: ReduceOp, axes: &[usize], keepdim: bool, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    if axes.is_empty() {
+        // A reduction over no axes (recorded as an IR node) is the identity.
+        return Ok(g.clone());
+    }
     let shape = x.shape();
     let ge = unreduce(g, shape, axes, keepdim)?;
     let count: usize = axes.iter().map(|&a| shape.dims()[a]).product();
@@ -870,19 +879,27 @@ fn pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor
     let mut acc: Option<Tensor> = None;
     match p.kind {
         PoolKind::Max => {
+            // The whole gradient of a window goes to its first maximum in
+            // scan order (the kernel offsets row-major, which is also input
+            // order), as in PyTorch and XLA; a NaN maximum is the first NaN.
+            // Padding is never picked, even when the maximum is -inf.
             let xp = x.pad(&pads, f64::NEG_INFINITY)?;
-            let mut masks = Vec::with_capacity(offsets.len());
+            let valid = Tensor::full(x.shape().clone(), true, DType::Bool, x.device())?.pad(&pads, false)?;
+            let zero = scalar(0.0, g);
+            let mut taken: Option<Tensor> = None;
             for off in &offsets {
                 let (w, st, sp, ln) = window(&xp, off)?;
-                masks.push((w.eq(y)?.cast(x.dtype())?, st, sp, ln));
-            }
-            let mut count: Option<Tensor> = None;
-            for (m, ..) in &masks {
-                add_into(&mut count, m.clone())?;
-            }
-            let share = g.div(&count.expect("a window has at least one element"))?;
-            for (m, st, sp, ln) in masks {
-                add_into(&mut acc, slice_backward(&share.mul(&m)?, &padded_shape, &st, &sp, &ln)?)?;
+                let (v, ..) = window(&valid, off)?;
+                let hit = w.eq(y)?.logical_or(&w.isnan()?)?.logical_and(&v)?;
+                let first = match &taken {
+                    None => hit.clone(),
+                    Some(t) => hit.logical_and(&t.logical_not()?)?,
+                };
+                taken = Some(match taken {
+                    None => hit,
+                    Some(t) => t.logical_or(&hit)?,
+                });
+                add_into(&mut acc, slice_backward(&first.where_(g, &zero)?, &padded_shape, &st, &sp, &ln)?)?;
             }
         }
         PoolKind::Avg { count_include_pad } => {

@@ -92,6 +92,16 @@ pub enum ExecError {
         /// locations, and its generated source.
         report: String,
     },
+    /// A failure outside the engine met by a library helper built on it
+    /// (reading or writing a file, a malformed file), kept with its cause.
+    #[error("{op}: {source}")]
+    External {
+        /// The helper (e.g. "serialize").
+        op: String,
+        /// The cause.
+        #[source]
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// A misuse of the API that is not a shape or dtype problem.
     #[error("{op}: {detail}")]
     Invalid {

@@ -37,4 +37,5 @@ pub use device::Device;
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
 pub use error::{ExecError, Result};
 pub use explain::CompileEntry;
+pub use ops::{ReshapeDims, TensorIndex};
 pub use tensor::{sync, Tensor, TensorState};

@@ -1,7 +1,15 @@
 //! Op methods on [`Tensor`]: each records one or a few IR nodes and returns
 //! `Result<Tensor>`; shapes and dtypes are checked at the call. Axes may be
-//! negative (counted from the end). Operator sugar (`&a + &b`) returns
-//! `Result<Tensor>` too, so it never panics.
+//! negative (counted from the end). Operator sugar (`&a + &b`, `&a * 1.5`)
+//! returns `Result<Tensor>` too, so it never panics.
+//!
+//! Scalars follow type promotion (PyTorch's rule for Python scalars): a
+//! float scalar with an integer or bool tensor converts the tensor to f32
+//! first (`i32 + 1.5` is f32, never `i32 + 1`); an integer scalar must be
+//! representable in an integer or bool tensor's dtype (`u8 + 300` is an
+//! error, never a wrapped value); any scalar meets a float tensor in the
+//! tensor's dtype. Positions ([`Tensor::slice`], [`Tensor::narrow`]) and
+//! reshape sizes take any integer type ([`TensorIndex`], [`ReshapeDims`]).
 
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{
@@ -25,17 +33,144 @@ macro_rules! binary_methods {
         pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
             Tensor::record(Op::Binary(BinaryOp::$op), &[self, other])
         }
-        /// The same op with a scalar right operand of this tensor's dtype.
+        /// The same op with a scalar right operand (promoted as the module
+        /// documentation says: a float scalar makes an integer tensor f32).
         #[track_caller]
         pub fn $scalar(&self, value: impl Into<ScalarValue>) -> Result<Tensor> {
             let location = std::panic::Location::caller();
-            let s = Tensor::scalar_node(value.into(), self.dtype(), location);
-            Tensor::record_at(self.device(), Op::Binary(BinaryOp::$op), &[self], Some(s), location)
+            let v = value.into();
+            let promoted;
+            let x = match self.promote_for_scalar(stringify!($name), v)? {
+                Some(t) => {
+                    promoted = t;
+                    &promoted
+                }
+                None => self,
+            };
+            let s = Tensor::scalar_node(v, x.dtype(), location);
+            Tensor::record_at(x.device(), Op::Binary(BinaryOp::$op), &[x], Some(s), location)
         }
     )*};
 }
 
+/// An integer position or length: `usize`, `isize`, `i32`, `i64`, `u32`
+/// or `u64`, so [`Tensor::slice`] and [`Tensor::narrow`] take whatever
+/// integer the caller holds.
+pub trait TensorIndex: Copy {
+    /// The value, exactly.
+    fn to_i128(self) -> i128;
+}
+
+macro_rules! tensor_index {
+    ($($t:ty),*) => {$(
+        impl TensorIndex for $t {
+            fn to_i128(self) -> i128 {
+                self as i128
+            }
+        }
+    )*};
+}
+
+tensor_index!(usize, isize, i32, i64, u32, u64);
+
+/// The sizes given to [`Tensor::reshape`]: arrays, slices and vectors of
+/// `usize`, `isize`, `i32` or `i64` (one size may be -1, inferred), or a
+/// [`Shape`].
+pub trait ReshapeDims {
+    /// The sizes, exactly.
+    fn reshape_dims(&self) -> Vec<i128>;
+}
+
+macro_rules! reshape_dims {
+    ($($t:ty),*) => {$(
+        impl<const N: usize> ReshapeDims for [$t; N] {
+            fn reshape_dims(&self) -> Vec<i128> {
+                self.iter().map(|&d| d as i128).collect()
+            }
+        }
+        impl<const N: usize> ReshapeDims for &[$t; N] {
+            fn reshape_dims(&self) -> Vec<i128> {
+                self.iter().map(|&d| d as i128).collect()
+            }
+        }
+        impl ReshapeDims for &[$t] {
+            fn reshape_dims(&self) -> Vec<i128> {
+                self.iter().map(|&d| d as i128).collect()
+            }
+        }
+        impl ReshapeDims for Vec<$t> {
+            fn reshape_dims(&self) -> Vec<i128> {
+                self.iter().map(|&d| d as i128).collect()
+            }
+        }
+        impl ReshapeDims for &Vec<$t> {
+            fn reshape_dims(&self) -> Vec<i128> {
+                self.iter().map(|&d| d as i128).collect()
+            }
+        }
+    )*};
+}
+
+reshape_dims!(usize, isize, i32, i64);
+
+impl ReshapeDims for Shape {
+    fn reshape_dims(&self) -> Vec<i128> {
+        self.dims().iter().map(|&d| d as i128).collect()
+    }
+}
+
+impl ReshapeDims for &Shape {
+    fn reshape_dims(&self) -> Vec<i128> {
+        self.dims().iter().map(|&d| d as i128).collect()
+    }
+}
+
+/// True when `v` is exactly representable in `dtype` (floats take any
+/// value; integers and bool only their range).
+fn scalar_fits(v: ScalarValue, dtype: DType) -> bool {
+    let (lo, hi): (i128, i128) = match dtype {
+        d if d.is_float() => return true,
+        DType::Bool => (0, 1),
+        d if d.is_signed_int() => {
+            let b = 8 * d.size_bytes() as u32 - 1;
+            (-(1i128 << b), (1i128 << b) - 1)
+        }
+        d => (0, (1i128 << (8 * d.size_bytes() as u32)) - 1),
+    };
+    let v = match v {
+        ScalarValue::Int(i) => i as i128,
+        ScalarValue::UInt(u) => u as i128,
+        ScalarValue::Bool(b) => b as i128,
+        ScalarValue::Float(_) => return false,
+    };
+    (lo..=hi).contains(&v)
+}
+
 impl Tensor {
+    /// `Some(self as f32)` when a float scalar meets an integer or bool
+    /// tensor, `None` when the scalar meets this tensor as it is, or the
+    /// error when the scalar is not representable in the operand's dtype.
+    #[track_caller]
+    fn promote_for_scalar(&self, op: &str, v: ScalarValue) -> Result<Option<Tensor>> {
+        let promoted = if matches!(v, ScalarValue::Float(_)) && !self.dtype().is_float() {
+            Some(self.cast(DType::F32)?)
+        } else {
+            None
+        };
+        let x = promoted.as_ref().unwrap_or(self);
+        if !scalar_fits(v, x.dtype()) {
+            return Err(ExecError::Invalid {
+                op: op.into(),
+                detail: format!(
+                    "scalar {v} is not representable in the tensor's dtype {} (shape {}); cast the tensor first",
+                    x.dtype(),
+                    x.shape()
+                ),
+            });
+        }
+        Ok(promoted)
+    }
+
     unary_methods! {
         /// `-x`.
         neg => Neg,
@@ -207,10 +342,10 @@ impl Tensor {
         self.reduce(ReduceOp::Prod, &self.all_if_empty(axes), keepdim)
     }
 
-    /// Reduction over exactly the given axes (an empty list reduces nothing).
+    /// Reduction `op` over `axes` (all axes if empty, like [`Tensor::sum`]).
     #[track_caller]
     pub fn reduce_axes(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
-        self.reduce(op, axes, keepdim)
+        self.reduce(op, &self.all_if_empty(axes), keepdim)
     }
 
     fn all_if_empty(&self, axes: &[isize]) -> Vec<isize> {
@@ -286,10 +421,22 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Same elements in a new shape; one dim may be `-1` (inferred).
+    /// Same elements in a new shape; one dim may be `-1` (inferred). Sizes
+    /// may be any integer type (`[2, -1]`, `&[rows, cols]` of `usize`, a
+    /// `Shape` ...).
     #[track_caller]
-    pub fn reshape(&self, dims: impl AsRef<[isize]>) -> Result<Tensor> {
-        let dims = dims.as_ref();
+    pub fn reshape(&self, dims: impl ReshapeDims) -> Result<Tensor> {
+        let dims = dims.reshape_dims();
+        let bad = || {
+            ExecError::Ir(IrError::Shape {
+                op: "reshape".into(),
+                detail: format!("cannot reshape {} ({} elements) to {dims:?}", self.shape(), self.numel()),
+            })
+        };
+        if dims.iter().any(|&d| d > isize::MAX as i128) {
+            return Err(bad());
+        }
+        let dims: Vec<isize> = dims.iter().map(|&d| d.max(isize::MIN as i128) as isize).collect();
         let known: usize = dims.iter().filter(|&&d| d >= 0).fold(1usize, |n, &d| n.saturating_mul(d as usize));
         let holes = dims.iter().filter(|&&d| d < 0).count();
         let bad = || {
@@ -426,9 +573,19 @@ impl Tensor {
     /// Python-style slice of one axis: `start..end` by `step` (negative
     /// values count from the end, out-of-range bounds clamp like numpy).
     #[track_caller]
-    pub fn slice(&self, axis: isize, start: i64, end: i64, step: i64) -> Result<Tensor> {
+    pub fn slice(
+        &self,
+        axis: isize,
+        start: impl TensorIndex,
+        end: impl TensorIndex,
+        step: impl TensorIndex,
+    ) -> Result<Tensor> {
         let ax = self.axis("slice", axis)?;
         let n = self.dims()[ax] as i64;
+        // Bounds beyond i64 clamp like any out-of-range bound; a step
+        // beyond it selects one element like any step longer than the dim.
+        let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+        let (start, end, step) = (clamp(start.to_i128()), clamp(end.to_i128()), clamp(step.to_i128()));
         if step == 0 {
             return Err(ExecError::Ir(IrError::Shape {
                 op: "slice".into(),
@@ -459,14 +616,31 @@ impl Tensor {
         Tensor::record(Op::Slice { starts, steps, lens }, &[self])
     }
 
-    /// `len` elements of `axis` from `start` (no clamping).
+    /// `len` elements of `axis` from `start` (negative: counted from the
+    /// end, as in [`Tensor::slice`]); no clamping: the range must lie
+    /// inside the axis.
     #[track_caller]
-    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
+    pub fn narrow(&self, axis: isize, start: impl TensorIndex, len: impl TensorIndex) -> Result<Tensor> {
         let ax = self.axis("narrow", axis)?;
+        let n = self.dims()[ax] as i128;
+        let (s, l) = (start.to_i128(), len.to_i128());
+        let s = if s < 0 { s + n } else { s };
+        if s < 0 || l < 0 || s + l > n {
+            return Err(ExecError::Ir(IrError::Shape {
+                op: "narrow".into(),
+                detail: format!(
+                    "{} elements from {} are not inside axis {axis} (size {n}) of {}",
+                    l,
+                    start.to_i128(),
+                    self.shape()
+                ),
+            }));
+        }
+        let (start, len) = (s as i64, l as usize);
         let mut starts = vec![0i64; self.rank()];
         let steps = vec![1i64; self.rank()];
         let mut lens = self.dims().to_vec();
-        starts[ax] = start as i64;
+        starts[ax] = start;
         lens[ax] = len;
         if len == 0 {
             starts[ax] = 0;
@@ -559,17 +733,20 @@ macro_rules! sugar {
                 Tensor::$f(&self, &rhs)
             }
         }
-        impl std::ops::$tr<f32> for &Tensor {
+        // One generic impl for every scalar type (f32, f64, i32, ...): the
+        // output type is known before the literal's type is, so
+        // `(&x * 1.5)?` needs no annotation.
+        impl<S: Into<ScalarValue>> std::ops::$tr<S> for &Tensor {
             type Output = Result<Tensor>;
             #[track_caller]
-            fn $m(self, rhs: f32) -> Result<Tensor> {
+            fn $m(self, rhs: S) -> Result<Tensor> {
                 Tensor::$fs(&self, rhs)
             }
         }
-        impl std::ops::$tr<f32> for Tensor {
+        impl<S: Into<ScalarValue>> std::ops::$tr<S> for Tensor {
             type Output = Result<Tensor>;
             #[track_caller]
-            fn $m(self, rhs: f32) -> Result<Tensor> {
+            fn $m(self, rhs: S) -> Result<Tensor> {
                 Tensor::$fs(&self, rhs)
             }
         }
