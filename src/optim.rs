@@ -1,5 +1,7 @@
 //! Optimizers: [`Sgd`] (momentum, Nesterov, weight decay), [`Adam`] and
-//! AdamW ([`Adam::adamw`]).
+//! AdamW ([`Adam::adamw`]), each over parameter groups with their own
+//! weight decay ([`ParamGroup`]; [`decay_groups`] exempts biases, norms and
+//! embeddings as GPT-style training does).
 //!
 //! `step()` reads each parameter's lazy gradient, records the update under
 //! [`no_grad`] and installs it with [`Tensor::assign`]: nothing runs until
@@ -10,7 +12,60 @@
 //! or two steps have their own graphs (the state buffers do not exist yet);
 //! from then on every step has the same graph hash.
 
+use crate::nn::Module;
 use crate::{no_grad, DType, Result, ScalarValue, Tensor};
+
+/// Parameters that share a weight decay. Groups let one optimizer decay
+/// weight matrices but not biases, norm scales or embeddings.
+#[derive(Clone, Debug)]
+pub struct ParamGroup {
+    /// The parameters.
+    pub params: Vec<Tensor>,
+    /// Their weight decay; `None` uses the optimizer's
+    /// (`Adam::weight_decay`, `Sgd::weight_decay`).
+    pub weight_decay: Option<f64>,
+}
+
+impl ParamGroup {
+    /// A group with its own weight decay.
+    pub fn new(params: Vec<Tensor>, weight_decay: f64) -> ParamGroup {
+        ParamGroup { params, weight_decay: Some(weight_decay) }
+    }
+}
+
+/// Two groups over `module`'s parameters: those named by
+/// [`Module::no_weight_decay`] (biases, norm scales and shifts,
+/// embeddings) and every other parameter of rank 0 or 1 get no weight
+/// decay; the rest get `weight_decay`. Empty groups are left out.
+pub fn decay_groups<M: Module + ?Sized>(module: &M, weight_decay: f64) -> Vec<ParamGroup> {
+    let exempt = module.no_weight_decay();
+    let (mut decay, mut none) = (Vec::new(), Vec::new());
+    for (name, t) in module.named_parameters() {
+        if t.rank() <= 1 || exempt.contains(&name) {
+            none.push(t);
+        } else {
+            decay.push(t);
+        }
+    }
+    [ParamGroup::new(decay, weight_decay), ParamGroup::new(none, 0.0)]
+        .into_iter()
+        .filter(|g| !g.params.is_empty())
+        .collect()
+}
+
+/// Flattens groups: the parameters, and for each its group's index and
+/// the group's own weight decay.
+fn flatten_groups(groups: Vec<ParamGroup>) -> (Vec<Tensor>, Vec<usize>, Vec<Option<f64>>) {
+    let (mut params, mut group, mut wd) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, g) in groups.into_iter().enumerate() {
+        for p in g.params {
+            params.push(p);
+            group.push(i);
+            wd.push(g.weight_decay);
+        }
+    }
+    (params, group, wd)
+}
 
 /// What every optimizer offers.
 pub trait Optimizer {
@@ -34,21 +89,27 @@ pub trait Optimizer {
     fn set_lr(&mut self, lr: f64);
 }
 
-/// Rank-0 lifted scalars (never baked into kernels), one per role, dtype
-/// and device within one `step()`, so all parameters share their slots.
-/// Keyed by role, not value: two roles that happen to have equal values
-/// still get two slots, so the graph never depends on the values.
+/// Rank-0 lifted scalars (never baked into kernels), one per role, group,
+/// dtype and device within one `step()`, so all parameters share their
+/// slots. Keyed by role (and the parameter group, for per-group values),
+/// not value: two roles that happen to have equal values still get two
+/// slots, so the graph never depends on the values.
 #[derive(Default)]
-struct Scalars(Vec<(&'static str, DType, Tensor)>);
+struct Scalars(Vec<((&'static str, usize), DType, Tensor)>);
 
 impl Scalars {
     fn get(&mut self, role: &'static str, v: f64, like: &Tensor) -> Tensor {
-        let found = self.0.iter().find(|(r, d, t)| *r == role && *d == like.dtype() && t.device().same(like.device()));
+        self.get_in(role, 0, v, like)
+    }
+
+    fn get_in(&mut self, role: &'static str, group: usize, v: f64, like: &Tensor) -> Tensor {
+        let key = (role, group);
+        let found = self.0.iter().find(|(r, d, t)| *r == key && *d == like.dtype() && t.device().same(like.device()));
         if let Some((_, _, t)) = found {
             return t.clone();
         }
         let t = Tensor::lifted_scalar(ScalarValue::Float(v), like.dtype(), like.device());
-        self.0.push((role, like.dtype(), t.clone()));
+        self.0.push((key, like.dtype(), t.clone()));
         t
     }
 }
@@ -70,13 +131,32 @@ pub struct Sgd {
     /// Nesterov momentum.
     pub nesterov: bool,
     bufs: Vec<Option<Tensor>>,
+    group: Vec<usize>,
+    group_wd: Vec<Option<f64>>,
 }
 
 impl Sgd {
     /// Plain SGD over `params` with learning rate `lr`.
     pub fn new(params: Vec<Tensor>, lr: f64) -> Sgd {
+        Sgd::with_groups(vec![ParamGroup { params, weight_decay: None }], lr)
+    }
+
+    /// Plain SGD over parameter groups (each with its own weight decay,
+    /// or [`Sgd::weight_decay`]'s).
+    pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Sgd {
+        let (params, group, group_wd) = flatten_groups(groups);
         let n = params.len();
-        Sgd { params, lr, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false, bufs: vec![None; n] }
+        Sgd {
+            params,
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            bufs: vec![None; n],
+            group,
+            group_wd,
+        }
     }
 
     /// Sets the momentum factor.
@@ -102,10 +182,11 @@ impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _guard = crate::NoGradGuard::new();
         let mut sc = Scalars::default();
-        for (p, buf) in self.params.iter().zip(self.bufs.iter_mut()) {
+        for (i, (p, buf)) in self.params.iter().zip(self.bufs.iter_mut()).enumerate() {
             let Some(mut g) = p.grad() else { continue };
-            if self.weight_decay != 0.0 {
-                g = g.add(&p.mul(&sc.get("wd", self.weight_decay, p))?)?;
+            let wd = self.group_wd[i].unwrap_or(self.weight_decay);
+            if wd != 0.0 {
+                g = g.add(&p.mul(&sc.get_in("wd", self.group[i], wd, p))?)?;
             }
             if self.momentum != 0.0 {
                 let mu = sc.get("mu", self.momentum, p);
@@ -160,11 +241,20 @@ pub struct Adam {
     t: u64,
     m: Vec<Option<Tensor>>,
     v: Vec<Option<Tensor>>,
+    group: Vec<usize>,
+    group_wd: Vec<Option<f64>>,
 }
 
 impl Adam {
     /// Adam with betas (0.9, 0.999), eps 1e-8, no weight decay.
     pub fn new(params: Vec<Tensor>, lr: f64) -> Adam {
+        Adam::with_groups(vec![ParamGroup { params, weight_decay: None }], lr)
+    }
+
+    /// Adam over parameter groups, each with its own (L2) weight decay or
+    /// [`Adam::weight_decay`]'s.
+    pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Adam {
+        let (params, group, group_wd) = flatten_groups(groups);
         let n = params.len();
         Adam {
             params,
@@ -176,12 +266,21 @@ impl Adam {
             t: 0,
             m: vec![None; n],
             v: vec![None; n],
+            group,
+            group_wd,
         }
     }
 
     /// AdamW with betas (0.9, 0.999), eps 1e-8 and decoupled weight decay.
     pub fn adamw(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Adam {
         Adam { weight_decay, decoupled: true, ..Adam::new(params, lr) }
+    }
+
+    /// AdamW over parameter groups, each with its own decoupled weight
+    /// decay: `Adam::adamw_groups(optim::decay_groups(&model, 0.1), lr)`
+    /// decays weight matrices only.
+    pub fn adamw_groups(groups: Vec<ParamGroup>, lr: f64) -> Adam {
+        Adam { decoupled: true, ..Adam::with_groups(groups, lr) }
     }
 
     /// Sets the betas.
@@ -216,14 +315,15 @@ impl Optimizer for Adam {
         let (b1, b2) = self.betas;
         let c1 = 1.0 - b1.powi(self.t.min(i32::MAX as u64) as i32);
         let c2 = 1.0 - b2.powi(self.t.min(i32::MAX as u64) as i32);
-        for ((p, m), v) in self.params.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut()) {
+        for (i, ((p, m), v)) in self.params.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut()).enumerate() {
             let Some(mut g) = p.grad() else { continue };
             let mut base = p.clone();
-            if self.weight_decay != 0.0 {
+            let wd = self.group_wd[i].unwrap_or(self.weight_decay);
+            if wd != 0.0 {
                 if self.decoupled {
-                    base = p.mul(&sc.get("1-lr*wd", 1.0 - self.lr * self.weight_decay, p))?;
+                    base = p.mul(&sc.get_in("1-lr*wd", self.group[i], 1.0 - self.lr * wd, p))?;
                 } else {
-                    g = g.add(&p.mul(&sc.get("wd", self.weight_decay, p))?)?;
+                    g = g.add(&p.mul(&sc.get_in("wd", self.group[i], wd, p))?)?;
                 }
             }
             let g1 = g.mul(&sc.get("1-b1", 1.0 - b1, p))?;

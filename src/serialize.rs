@@ -59,6 +59,18 @@ pub enum SerializeError {
     Exec(#[from] ExecError),
 }
 
+/// `?` on a serialize call inside a function returning [`crate::Result`]:
+/// engine errors come back as they were, file and format errors as
+/// [`ExecError::External`] with this error as the source.
+impl From<SerializeError> for ExecError {
+    fn from(e: SerializeError) -> ExecError {
+        match e {
+            SerializeError::Exec(e) => e,
+            other => ExecError::External { op: "serialize".into(), source: std::sync::Arc::new(other) },
+        }
+    }
+}
+
 fn to_st(d: DType) -> Dtype {
     match d {
         DType::Bool => Dtype::BOOL,
@@ -136,11 +148,33 @@ pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<HashMap<String, T
 
 /// Loads `path` and assigns each of `targets` (name, tensor) the stored
 /// tensor of that name, which must exist with the same shape and dtype.
-/// The targets keep their identity and gradient settings.
+/// The targets keep their identity and gradient settings. Tensors in the
+/// file that no target names are ignored (see [`load_state_dict`]).
 pub fn load_into(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<(), SerializeError> {
-    let path = path.as_ref();
+    load_checked(path.as_ref(), targets, false)
+}
+
+/// [`load_into`] that also refuses a file holding tensors no target names
+/// (a checkpoint of another model): what
+/// [`Module::load_state_dict`](crate::nn::Module::load_state_dict) does.
+pub fn load_state_dict(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<(), SerializeError> {
+    load_checked(path.as_ref(), targets, true)
+}
+
+fn load_checked(path: &Path, targets: &[(String, Tensor)], strict: bool) -> Result<(), SerializeError> {
     let Some((_, first)) = targets.first() else { return Ok(()) };
     let mut stored = load(path, first.device())?;
+    if strict {
+        let mut extra: Vec<&String> = stored.keys().filter(|k| !targets.iter().any(|(n, _)| n == *k)).collect();
+        extra.sort();
+        if let Some(name) = extra.first() {
+            return Err(SerializeError::Mismatch {
+                path: path.display().to_string(),
+                name: (*name).clone(),
+                detail: format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len()),
+            });
+        }
+    }
     for (name, t) in targets {
         let mismatch =
             |detail: String| SerializeError::Mismatch { path: path.display().to_string(), name: name.clone(), detail };

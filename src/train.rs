@@ -222,10 +222,8 @@ impl Module for Mlp {
         self.fc2.forward(&self.fc1.forward(x)?.relu()?)
     }
 
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<_> = self.fc1.named_parameters().into_iter().map(|(n, t)| (format!("fc1.{n}"), t)).collect();
-        v.extend(self.fc2.named_parameters().into_iter().map(|(n, t)| (format!("fc2.{n}"), t)));
-        v
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("fc1".into(), &self.fc1 as &dyn Module), ("fc2".into(), &self.fc2 as &dyn Module)]
     }
 }
 
