@@ -395,9 +395,156 @@ fn grad_pooling() {
     check("avg_pool pad exclude", std::slice::from_ref(&x), |_, x| {
         x[0].pool(pool(PoolKind::Avg { count_include_pad: false }, 3, 2, 1, true))
     });
+    // Windows that tile the input exactly take the reshape-based path.
+    let t = inp(distinct(2 * 4 * 6, 89), &[1, 2, 4, 6]);
+    check("max_pool tiled", std::slice::from_ref(&t), |_, x| x[0].pool(PoolAttrs::new(PoolKind::Max, &[2, 3])));
+    check("avg_pool tiled", std::slice::from_ref(&t), |_, x| {
+        x[0].pool(PoolAttrs::new(PoolKind::Avg { count_include_pad: false }, &[2, 2]))
+    });
     let mut dil = pool(PoolKind::Max, 2, 1, 0, false);
     dil.dilations = vec![2, 1];
     check("max_pool dilation", &[x], |_, x| x[0].pool(dil.clone()));
+}
+
+/// Max pooling gives a window's whole gradient to its first maximum (scan
+/// order), on every backend: ties, a NaN maximum (the first NaN), and a
+/// -inf maximum next to padding (never the padding).
+#[test]
+fn max_pool_gradient_goes_to_the_first_maximum() {
+    let cases: Vec<(Vec<f32>, [usize; 4], PoolAttrs, Vec<f32>)> = vec![
+        // Two 2x2 windows; the first has a tie between positions 1 and 2.
+        (
+            vec![1.0, 3.0, 5.0, 5.0, 3.0, 0.0, 2.0, 5.0],
+            [1, 1, 2, 4],
+            PoolAttrs::new(PoolKind::Max, &[2, 2]),
+            vec![0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ),
+        // Overlapping 1-d windows (stride 1) over a run of ties: each
+        // window's gradient goes to its own first element.
+        (
+            vec![2.0, 2.0, 2.0, 1.0],
+            [1, 1, 1, 4],
+            PoolAttrs::new(PoolKind::Max, &[1, 2]).with_strides(&[1, 1]),
+            vec![1.0, 1.0, 1.0, 0.0],
+        ),
+        // All -inf with padding: the gradient reaches the input, not the pad.
+        (
+            vec![f32::NEG_INFINITY; 4],
+            [1, 1, 2, 2],
+            pool(PoolKind::Max, 2, 2, 1, false),
+            vec![1.0, 1.0, 1.0, 1.0],
+        ),
+        // A NaN maximum: the first NaN takes the gradient.
+        (
+            vec![1.0, f32::NAN, 7.0, f32::NAN],
+            [1, 1, 2, 2],
+            PoolAttrs::new(PoolKind::Max, &[2, 2]),
+            vec![0.0, 1.0, 0.0, 0.0],
+        ),
+    ];
+    for dev in common::devices() {
+        for (i, (x, dims, attrs, want)) in cases.iter().enumerate() {
+            let t = Tensor::from_slice(x, dims.to_vec(), &dev).unwrap().requires_grad_(true).unwrap();
+            t.pool(attrs.clone()).unwrap().sum(&[], false).unwrap().backward().unwrap();
+            let got = t.grad().unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(got, *want, "case {i} on {}", dev.name());
+        }
+    }
+}
+
+// ---- attention and layers ----
+
+#[test]
+fn grad_scaled_dot_product_attention() {
+    let q = inp(vals(2 * 3 * 4, 70, -1.0, 1.0), &[2, 3, 4]);
+    let k = inp(vals(2 * 5 * 4, 71, -1.0, 1.0), &[2, 5, 4]);
+    let v = inp(vals(2 * 5 * 3, 72, -1.0, 1.0), &[2, 5, 3]);
+    let ins = [q, k, v];
+    check("sdpa", &ins, |_, x| nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::default()));
+    check("sdpa causal", &ins, |_, x| {
+        nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::causal())
+    });
+    check("sdpa additive mask and scale", &ins, |dev, x| {
+        let m = Tensor::from_slice(&vals(15, 73, -2.0, 0.0), [3, 5], dev)?;
+        nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::default().with_mask(m).with_scale(0.3))
+    });
+    check("sdpa bool mask, causal", &ins, |dev, x| {
+        let keep: Vec<bool> = (0..15).map(|i| i % 4 != 3).collect();
+        let m = Tensor::from_slice(&keep, [3, 5], dev)?;
+        nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::causal().with_mask(m))
+    });
+}
+
+#[test]
+fn grad_conv_pool_norm_layers() {
+    let x = inp(vals(2 * 3 * 5 * 5, 74, -1.0, 1.0), &[2, 3, 5, 5]);
+    let w = inp(vals(4 * 3 * 3 * 3, 75, -0.5, 0.5), &[4, 3, 3, 3]);
+    let b = inp(vals(4, 76, -0.5, 0.5), &[4]);
+    check("Conv2d with bias", &[x.clone(), w, b], |_, x| {
+        let c = nn::Conv2d {
+            weight: x[1].clone(),
+            bias: Some(x[2].clone()),
+            attrs: ConvAttrs { pads: [1, 1, 1, 1], strides: [2, 1], ..ConvAttrs::default() },
+        };
+        nn::Module::forward(&c, &x[0])
+    });
+    check("AvgPool2d", std::slice::from_ref(&x), |_, x| {
+        nn::Module::forward(&nn::AvgPool2d::new(3).stride(2).padding(1), &x[0])
+    });
+    check("MaxPool2d", &[inp(distinct(2 * 3 * 5 * 5, 77), &[2, 3, 5, 5])], |_, x| {
+        nn::Module::forward(&nn::MaxPool2d::new(2).stride(1), &x[0])
+    });
+    let g = inp(vals(3, 78, 0.5, 1.5), &[3]);
+    let h = inp(vals(3, 79, -0.5, 0.5), &[3]);
+    check("BatchNorm2d training", &[x.clone(), g.clone(), h.clone()], |dev, x| {
+        let mut bn = nn::BatchNorm2d::new(3, dev)?;
+        bn.weight = x[1].clone();
+        bn.bias = x[2].clone();
+        nn::Module::forward(&bn, &x[0])
+    });
+    check("BatchNorm2d eval", &[x.clone(), g, h], |dev, x| {
+        let mut bn = nn::BatchNorm2d::new(3, dev)?;
+        bn.weight = x[1].clone();
+        bn.bias = x[2].clone();
+        bn.running_mean = Tensor::from_slice(&[0.1f32, -0.2, 0.3], [3], dev)?;
+        bn.running_var = Tensor::from_slice(&[0.5f32, 1.5, 2.0], [3], dev)?;
+        nn::Module::eval(&bn);
+        nn::Module::forward(&bn, &x[0])
+    });
+    let x6 = inp(vals(2 * 6 * 2 * 3, 80, -1.0, 1.0), &[2, 6, 2, 3]);
+    check(
+        "group_norm",
+        &[x6, inp(vals(6, 81, 0.5, 1.5), &[6]), inp(vals(6, 82, -0.5, 0.5), &[6])],
+        |_, x| nn::group_norm(&x[0], 3, Some(&x[1]), Some(&x[2]), 1e-5),
+    );
+}
+
+#[test]
+fn grad_multihead_attention_and_losses() {
+    let e = 6;
+    let ins = [
+        inp(vals(2 * 4 * e, 83, -1.0, 1.0), &[2, 4, e]),
+        inp(vals(3 * e * e, 84, -0.5, 0.5), &[3 * e, e]),
+        inp(vals(3 * e, 85, -0.2, 0.2), &[3 * e]),
+        inp(vals(e * e, 86, -0.5, 0.5), &[e, e]),
+        inp(vals(e, 87, -0.2, 0.2), &[e]),
+    ];
+    check("MultiheadAttention causal", &ins, |dev, x| {
+        let mut m = nn::MultiheadAttention::new(e, 2, dev)?.causal(true);
+        m.in_proj_weight = x[1].clone();
+        m.in_proj_bias = Some(x[2].clone());
+        m.out_proj = nn::Linear { weight: x[3].clone(), bias: Some(x[4].clone()) };
+        nn::Module::forward(&m, &x[0])
+    });
+    let logits = inp(vals(2 * 3 * 5, 88, -2.0, 2.0), &[2, 3, 5]);
+    let opts = nn::CrossEntropyOptions { ignore_index: Some(-100), label_smoothing: 0.1, ..Default::default() };
+    check("cross_entropy [b, t, c], ignore_index, smoothing", std::slice::from_ref(&logits), |dev, x| {
+        nn::cross_entropy_with(&x[0], &Tensor::from_slice(&[4i64, -100, 0, 2, 2, -100], [2, 3], dev)?, &opts)
+    });
+    let sum = nn::CrossEntropyOptions { reduction: nn::Reduction::None, ..Default::default() };
+    check("cross_entropy per element", &[logits], |dev, x| {
+        nn::cross_entropy_with(&x[0], &Tensor::from_slice(&[1u8, 0, 4, 3, 2, 1], [2, 3], dev)?, &sum)
+    });
 }
 
 // ---- nn compositions ----
@@ -604,6 +751,23 @@ fn wgpu_gradients_match_cpu() {
             Box::new(|_, x| {
                 let a = x[0].slice(1, 4, 0, -2)?;
                 Tensor::concat(&[&a, &x[0].narrow(1, 1, 2)?], 1)?.pad(&[(1, 0), (0, 2)], 0.0)?.sigmoid()
+            }),
+        ),
+        (
+            "causal attention",
+            vec![
+                inp(vals(2 * 5 * 8, 90, -1.0, 1.0), &[2, 5, 8]),
+                inp(vals(2 * 7 * 8, 91, -1.0, 1.0), &[2, 7, 8]),
+                inp(vals(2 * 7 * 4, 92, -1.0, 1.0), &[2, 7, 4]),
+            ],
+            Box::new(|_, x| nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::causal())),
+        ),
+        (
+            "conv + relu + max pool (CPU fallback on wgpu)",
+            vec![inp(vals(2 * 2 * 6 * 6, 93, -1.0, 1.0), &[2, 2, 6, 6]), inp(vals(3 * 2 * 9, 94, -0.5, 0.5), &[3, 2, 3, 3])],
+            Box::new(|_, x| {
+                let c = x[0].conv2d(&x[1], ConvAttrs { pads: [1; 4], ..ConvAttrs::default() })?;
+                nn::Module::forward(&nn::MaxPool2d::new(2), &c.relu()?)
             }),
         ),
         (

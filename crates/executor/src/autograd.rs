@@ -830,12 +830,74 @@ fn pad_or_crop(t: &Tensor, d: usize, lo: i64, hi: i64) -> Result<Tensor> {
     pad_dim(&t, d, lo.max(0) as usize, hi.max(0) as usize)
 }
 
+/// Pooling gradients when the windows tile the input exactly (stride equal
+/// to the window, no padding or dilation, sizes divisible; the common 2x2
+/// pool): the input is viewed as `[N, C, o1, k1, o2, k2, ...]`, so the
+/// gradient is elementwise with broadcasting plus, for max pooling, one
+/// min-reduction that finds each window's first maximum (the same rule as
+/// the general path: lowest scan rank among the hits). No strided slices,
+/// no scatter. `None` when the windows do not tile.
+fn tiled_pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Option<Result<Tensor>> {
+    let nsp = p.kernel.len();
+    let out = &y.dims()[2..];
+    let tiles = (0..nsp).all(|i| {
+        p.strides[i] == p.kernel[i]
+            && p.dilations[i] == 1
+            && p.pads_begin[i] == 0
+            && p.pads_end[i] == 0
+            && out[i] * p.kernel[i] == x.dims()[2 + i]
+    });
+    if !tiles {
+        return None;
+    }
+    let run = || -> Result<Tensor> {
+        let mut split = x.dims()[..2].to_vec();
+        let mut coarse = split.clone();
+        for i in 0..nsp {
+            split.extend([out[i], p.kernel[i]]);
+            coarse.extend([out[i], 1]);
+        }
+        let window: usize = p.kernel.iter().product();
+        let gr = g.reshape_to(coarse.clone())?;
+        let gx = match p.kind {
+            PoolKind::Avg { .. } => gr.div(&scalar(window as f64, g))?.expand(split)?,
+            PoolKind::Max => {
+                let xr = x.reshape_to(split.clone())?;
+                let hit = xr.eq(&y.reshape_to(coarse)?)?.logical_or(&xr.isnan()?)?;
+                // Scan rank of each tap within its window (row-major offsets).
+                let mut rank: Option<Tensor> = None;
+                let mut stride = window;
+                for i in 0..nsp {
+                    stride /= p.kernel[i];
+                    let r = Tensor::iota(split.clone(), 3 + 2 * i, DType::I32, x.device())?
+                        .mul(&Tensor::scalar(stride as i64, DType::I32, x.device()))?;
+                    rank = Some(match rank {
+                        None => r,
+                        Some(a) => a.add(&r)?,
+                    });
+                }
+                let rank = rank.expect("a pool has at least one spatial dim");
+                let none = Tensor::scalar(window as i64, DType::I32, x.device());
+                let axes: Vec<isize> = (0..nsp).map(|i| 3 + 2 * i as isize).collect();
+                let first_rank = hit.where_(&rank, &none)?.reduce_axes(ReduceOp::Min, &axes, true)?;
+                let first = hit.logical_and(&rank.eq(&first_rank)?)?;
+                first.where_(&gr, &scalar(0.0, g))?
+            }
+        };
+        gx.reshape_to(x.shape().clone())
+    };
+    Some(run())
+}
+
 /// One pooling window offset: the strided slice and its spec (starts, steps, lens).
 type Window = (Tensor, Vec<i64>, Vec<i64>, Vec<usize>);
 
 /// Pooling gradients: the windows are re-read as one strided slice per
 /// kernel offset, and each slice's share of `g` is scattered back.
 fn pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    if let Some(gx) = tiled_pool_grad(p, x, y, g) {
+        return gx;
+    }
     let nsp = p.kernel.len();
     let rank = x.rank();
     let out: Vec<usize> = y.dims()[2..].to_vec();
