@@ -161,27 +161,32 @@ pub fn load_state_dict(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> 
     load_checked(path.as_ref(), targets, true)
 }
 
+/// Checks every target against the file before assigning any, so a
+/// failed load leaves the targets as they were.
 fn load_checked(path: &Path, targets: &[(String, Tensor)], strict: bool) -> Result<(), SerializeError> {
     let Some((_, first)) = targets.first() else { return Ok(()) };
     let mut stored = load(path, first.device())?;
-    if strict {
-        let mut extra: Vec<&String> = stored.keys().filter(|k| !targets.iter().any(|(n, _)| n == *k)).collect();
-        extra.sort();
-        if let Some(name) = extra.first() {
-            return Err(SerializeError::Mismatch {
-                path: path.display().to_string(),
-                name: (*name).clone(),
-                detail: format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len()),
-            });
-        }
-    }
+    let mismatch = |name: &str, detail: String| SerializeError::Mismatch {
+        path: path.display().to_string(),
+        name: name.to_string(),
+        detail,
+    };
+    let mut found = Vec::with_capacity(targets.len());
     for (name, t) in targets {
-        let mismatch =
-            |detail: String| SerializeError::Mismatch { path: path.display().to_string(), name: name.clone(), detail };
-        let s = stored.remove(name).ok_or_else(|| mismatch("not in the file".into()))?;
+        let s = stored.remove(name).ok_or_else(|| mismatch(name, "not in the file".into()))?;
         if s.ty() != t.ty() {
-            return Err(mismatch(format!("stored as {}{}, expected {}{}", s.dtype(), s.shape(), t.dtype(), t.shape())));
+            let detail = format!("stored as {}{}, expected {}{}", s.dtype(), s.shape(), t.dtype(), t.shape());
+            return Err(mismatch(name, detail));
         }
+        found.push(s);
+    }
+    if strict && !stored.is_empty() {
+        let mut extra: Vec<&String> = stored.keys().collect();
+        extra.sort();
+        let detail = format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len());
+        return Err(mismatch(extra[0], detail));
+    }
+    for ((_, t), s) in targets.iter().zip(found) {
         let s = if t.device().same(s.device()) {
             s
         } else {

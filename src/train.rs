@@ -1,7 +1,8 @@
 //! The training demo as a library function: an MLP (64 -> 256 -> 10,
-//! ReLU) trained with cross-entropy and SGD on the 8x8 digits dataset
-//! (`data/digits`, see its README for the format, licence and the fixed
-//! train/test split).
+//! ReLU) or a LeNet-style CNN ([`LeNet`]: two 3x3 convolutions with ReLU
+//! and 2x2 max pooling, then a linear layer) trained with cross-entropy
+//! and SGD on the 8x8 digits dataset (`data/digits`, see its README for
+//! the format, licence and the fixed train/test split).
 //!
 //! Every training step records forward, backward and the optimizer update
 //! lazily and ends with ONE sync, `Device::mark_step()`. Shapes never change
@@ -10,7 +11,7 @@
 //! and compiles nothing: [`TrainReport::uncached_compiles_after_step_2`]
 //! counts that.
 
-use crate::nn::{cross_entropy, Init, Linear, Module};
+use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module};
 use crate::optim::{Optimizer, Sgd};
 use crate::{metrics, no_grad, Device, ExecError, Tensor};
 use std::path::{Path, PathBuf};
@@ -91,14 +92,47 @@ impl Digits {
     }
 }
 
-/// Settings of [`train_digits`]; the defaults are the demo's.
+/// The model [`train_digits`] trains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DigitsModel {
+    /// [`Mlp`]: 64 -> hidden -> 10.
+    #[default]
+    Mlp,
+    /// [`LeNet`]: conv 3x3 1->16, ReLU, max-pool 2, conv 3x3 16->32, ReLU,
+    /// max-pool 2, linear 128 -> 10.
+    Cnn,
+}
+
+impl DigitsModel {
+    /// "mlp" or "cnn".
+    pub fn name(self) -> &'static str {
+        match self {
+            DigitsModel::Mlp => "mlp",
+            DigitsModel::Cnn => "cnn",
+        }
+    }
+
+    /// Parses "mlp" or "cnn".
+    pub fn parse(s: &str) -> Option<DigitsModel> {
+        match s {
+            "mlp" => Some(DigitsModel::Mlp),
+            "cnn" => Some(DigitsModel::Cnn),
+            _ => None,
+        }
+    }
+}
+
+/// Settings of [`train_digits`]; the defaults are the MLP demo's,
+/// [`TrainConfig::cnn`] the CNN demo's.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
+    /// The model.
+    pub model: DigitsModel,
     /// Passes over the training split.
     pub epochs: usize,
     /// Rows per step (the last partial batch of an epoch is dropped).
     pub batch_size: usize,
-    /// Hidden units.
+    /// Hidden units (MLP only).
     pub hidden: usize,
     /// SGD learning rate.
     pub lr: f64,
@@ -115,7 +149,32 @@ impl Default for TrainConfig {
         // scikit-learn's MLPClassifier settings of the reference figure in
         // data/digits/README.md (its alpha=1e-4 is an L2 penalty of
         // alpha/2 * |W|^2 / n_samples per batch; weight decay 1e-4 is close).
-        TrainConfig { epochs: 50, batch_size: 64, hidden: 256, lr: 0.1, momentum: 0.9, weight_decay: 1e-4, seed: 0 }
+        TrainConfig {
+            model: DigitsModel::Mlp,
+            epochs: 50,
+            batch_size: 64,
+            hidden: 256,
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            seed: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The CNN demo: [`LeNet`], batch 64, SGD lr 0.05 with Nesterov
+    /// momentum 0.9 and weight decay 1e-4, 30 epochs.
+    pub fn cnn() -> TrainConfig {
+        TrainConfig { model: DigitsModel::Cnn, epochs: 30, lr: 0.05, ..TrainConfig::default() }
+    }
+
+    /// The demo settings of `model`.
+    pub fn for_model(model: DigitsModel) -> TrainConfig {
+        match model {
+            DigitsModel::Mlp => TrainConfig::default(),
+            DigitsModel::Cnn => TrainConfig::cnn(),
+        }
     }
 }
 
@@ -171,6 +230,10 @@ pub struct TrainReport {
     pub kernels_per_step: usize,
     /// Nodes run on the CPU fallback during training (0 on the CPU backend).
     pub fallback_ops: u64,
+    /// The same by op (`Fallback::<op>` counters), largest first.
+    pub fallback_by_op: Vec<(String, u64)>,
+    /// The model trained ("mlp" or "cnn").
+    pub model: String,
 }
 
 impl TrainReport {
@@ -193,6 +256,12 @@ impl TrainReport {
             "graph_nodes_per_step": self.graph_nodes_per_step,
             "kernels_per_step": self.kernels_per_step,
             "fallback_ops": self.fallback_ops,
+            "fallback_by_op": self
+                .fallback_by_op
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
+                .collect::<serde_json::Map<String, serde_json::Value>>(),
+            "model": self.model,
         })
     }
 }
@@ -227,6 +296,49 @@ impl Module for Mlp {
     }
 }
 
+/// The CNN demo's model, LeNet-style for 8x8 images: `conv1` (3x3, 1 ->
+/// 16, padding 1), ReLU, 2x2 max pool, `conv2` (3x3, 16 -> 32, padding 1),
+/// ReLU, 2x2 max pool, flatten (32 x 2 x 2 = 128), `fc` (128 -> 10). Its
+/// input is the flat `[batch, 64]` pixel rows.
+pub struct LeNet {
+    /// First convolution.
+    pub conv1: Conv2d,
+    /// Second convolution.
+    pub conv2: Conv2d,
+    /// Classifier.
+    pub fc: Linear,
+}
+
+impl LeNet {
+    /// A freshly initialized model (Kaiming-uniform weights, draws from the
+    /// device RNG).
+    pub fn new(device: &Device) -> crate::Result<LeNet> {
+        Ok(LeNet {
+            conv1: Conv2d::builder(1, 16, 3).padding(1).build(device)?,
+            conv2: Conv2d::builder(16, 32, 3).padding(1).build(device)?,
+            fc: Linear::new(128, DIGITS_CLASSES, device)?,
+        })
+    }
+}
+
+impl Module for LeNet {
+    fn forward(&self, x: &Tensor) -> crate::Result<Tensor> {
+        let pool = MaxPool2d::new(2);
+        let x = x.reshape([-1, 1, 8, 8])?;
+        let h = pool.forward(&self.conv1.forward(&x)?.relu()?)?;
+        let h = pool.forward(&self.conv2.forward(&h)?.relu()?)?;
+        self.fc.forward(&h.flatten(1, -1)?)
+    }
+
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![
+            ("conv1".into(), &self.conv1 as &dyn Module),
+            ("conv2".into(), &self.conv2 as &dyn Module),
+            ("fc".into(), &self.fc as &dyn Module),
+        ]
+    }
+}
+
 /// A small seeded RNG for the host-side shuffles (SplitMix64).
 struct HostRng(u64);
 
@@ -249,7 +361,7 @@ impl HostRng {
 
 /// Accuracy of `model` on rows `rows` of `data` (one sync, no gradients).
 pub fn accuracy(
-    model: &impl Module,
+    model: &(impl Module + ?Sized),
     data: &Digits,
     rows: std::ops::Range<usize>,
     device: &Device,
@@ -267,8 +379,8 @@ pub fn accuracy(
     })
 }
 
-/// Trains the demo MLP on `data` (train split) and evaluates it on the
-/// test split; `progress` is called after every step.
+/// Trains the demo model (`cfg.model`) on `data` (train split) and
+/// evaluates it on the test split; `progress` is called after every step.
 pub fn train_digits(
     device: &Device,
     data: &Digits,
@@ -281,7 +393,11 @@ pub fn train_digits(
     let cached0 = metrics::counter("CachedCompile");
     let fallback0 = metrics::counter("FallbackOps");
     device.manual_seed(cfg.seed);
-    let model = Mlp::new(DIGITS_FEATURES, cfg.hidden, DIGITS_CLASSES, device)?;
+    let fallback_counters0: Vec<(String, u64)> = fallback_counters();
+    let model: Box<dyn Module> = match cfg.model {
+        DigitsModel::Mlp => Box::new(Mlp::new(DIGITS_FEATURES, cfg.hidden, DIGITS_CLASSES, device)?),
+        DigitsModel::Cnn => Box::new(LeNet::new(device)?),
+    };
     let mut opt = Sgd::new(model.parameters(), cfg.lr)
         .momentum(cfg.momentum)
         .nesterov(cfg.momentum != 0.0)
@@ -347,10 +463,19 @@ pub fn train_digits(
     let train_seconds = started.elapsed().as_secs_f64();
     let plans_train_end = device.cached_plans();
     let fallback_ops = metrics::counter("FallbackOps") - fallback0;
+    let mut fallback_by_op: Vec<(String, u64)> = fallback_counters()
+        .into_iter()
+        .map(|(k, v)| {
+            let before = fallback_counters0.iter().find(|(k0, _)| *k0 == k).map_or(0, |(_, v0)| *v0);
+            (k, v - before.min(v))
+        })
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    fallback_by_op.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let last = |name: &str| metrics::value(name).map(|v| v.last as usize).unwrap_or(0);
     let (graph_nodes_per_step, kernels_per_step) = (last("GraphSize"), last("KernelsPerPlan"));
-    let test_accuracy = accuracy(&model, data, DIGITS_TRAIN_ROWS..data.len(), device)?;
-    let train_accuracy = accuracy(&model, data, 0..DIGITS_TRAIN_ROWS, device)?;
+    let test_accuracy = accuracy(model.as_ref(), data, DIGITS_TRAIN_ROWS..data.len(), device)?;
+    let train_accuracy = accuracy(model.as_ref(), data, 0..DIGITS_TRAIN_ROWS, device)?;
     // Steady state: leave out the first two steps (they compile).
     let mut steady: Vec<f64> = step_ms.iter().skip(2).copied().collect();
     if steady.is_empty() {
@@ -376,5 +501,12 @@ pub fn train_digits(
         graph_nodes_per_step,
         kernels_per_step,
         fallback_ops,
+        fallback_by_op,
+        model: cfg.model.name().to_string(),
     })
+}
+
+/// The process-wide `Fallback::<op>` counters.
+fn fallback_counters() -> Vec<(String, u64)> {
+    metrics::counters().into_iter().filter(|(k, _)| k.starts_with("Fallback::")).collect()
 }

@@ -45,6 +45,31 @@ fn digits_demo_trains_on_wgpu() {
     assert_eq!(report.uncached_compiles_after_step_2, 0);
 }
 
+#[test]
+fn cnn_demo_trains_on_cpu_with_one_graph_per_step() {
+    let cfg = TrainConfig { epochs: 3, ..TrainConfig::cnn() };
+    let report = train_digits(&Device::cpu(), &digits(), &cfg, &mut |_| {}).unwrap();
+    assert_eq!(report.model, "cnn");
+    assert_eq!(report.steps, 3 * (1437 / 64));
+    assert!(report.test_accuracy >= 0.93, "test accuracy {}", report.test_accuracy);
+    assert_eq!(report.uncached_compiles_after_step_2, 0);
+    assert_eq!(report.fallback_ops, 0);
+}
+
+/// On wgpu the convolutions and pooling run on the CPU fallback until
+/// their GPU kernels land; the report says so per op.
+#[test]
+fn cnn_demo_trains_on_wgpu_with_conv_and_pool_on_the_fallback() {
+    let Some(dev) = common::wgpu() else { return };
+    let _lock = common::metrics_lock();
+    let cfg = TrainConfig { epochs: 1, ..TrainConfig::cnn() };
+    let report = train_digits(&dev, &digits(), &cfg, &mut |_| {}).unwrap();
+    assert!(report.test_accuracy >= 0.7, "test accuracy {}", report.test_accuracy);
+    assert_eq!(report.uncached_compiles_after_step_2, 0);
+    let ops: Vec<&str> = report.fallback_by_op.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(ops.contains(&"Fallback::conv2d") && ops.contains(&"Fallback::max_pool"), "{ops:?}");
+}
+
 /// One W4-style step: forward, backward, SGD update, one mark_step.
 fn mlp_step(dev: &Device, model: &impl Module, opt: &mut impl Optimizer, x: &Tensor, y: &Tensor) -> u64 {
     let loss = nn::cross_entropy(&model.forward(x).unwrap(), y).unwrap();

@@ -8,8 +8,10 @@ const USAGE: &str = "usage: lazuli <command> [options]
 
 commands:
   info                      list wgpu adapters and the device Device::default() picks
-  demo [--device cpu|wgpu] [--epochs N] [--seed N] [--data DIR] [--json]
-                            train an MLP (64 -> 256 -> 10) on the 8x8 digits dataset;
+  demo [--model mlp|cnn] [--device cpu|wgpu] [--epochs N] [--seed N] [--data DIR] [--json]
+                            train on the 8x8 digits dataset: an MLP (64 -> 256 -> 10, the
+                            default) or a LeNet-style CNN (conv 3x3 1->16, ReLU, max-pool 2,
+                            conv 3x3 16->32, ReLU, max-pool 2, linear 128->10; 30 epochs);
                             each step is one cached graph (see --json for the counters)
   demo --fused [--device cpu|wgpu]
                             the small fused elementwise example (one graph, its kernels)
@@ -237,12 +239,24 @@ fn demo_command(args: &[String]) -> Result<(), String> {
         let rest: Vec<String> = args.iter().filter(|a| *a != "--fused").cloned().collect();
         return device_arg(&rest).and_then(|d| fused_demo(&d));
     }
-    let mut cfg = lazuli::train::TrainConfig::default();
+    // The model decides the defaults the other options override.
+    let mut model = lazuli::train::DigitsModel::Mlp;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--model" {
+            let v = it.next().ok_or("--model needs a value")?;
+            model = lazuli::train::DigitsModel::parse(v).ok_or_else(|| format!("--model takes mlp or cnn, got {v:?}"))?;
+        }
+    }
+    let mut cfg = lazuli::train::TrainConfig::for_model(model);
     let (mut device_args, mut json, mut data_dir) = (Vec::new(), false, lazuli::train::Digits::default_dir());
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
         match a.as_str() {
+            "--model" => {
+                value("--model")?;
+            }
             "--device" => device_args.extend(["--device".to_string(), value("--device")?]),
             "--epochs" => cfg.epochs = value("--epochs")?.parse().map_err(|e| format!("--epochs: {e}"))?,
             "--seed" => cfg.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
@@ -255,9 +269,14 @@ fn demo_command(args: &[String]) -> Result<(), String> {
     let data = lazuli::train::Digits::load(&data_dir).map_err(|e| e.to_string())?;
     if !json {
         println!("device: {}", dev.name());
+        let what = match cfg.model {
+            lazuli::train::DigitsModel::Mlp => format!("an MLP 64 -> {} -> 10", cfg.hidden),
+            lazuli::train::DigitsModel::Cnn => {
+                "a CNN (conv 3x3 1->16, ReLU, max-pool 2, conv 3x3 16->32, ReLU, max-pool 2, linear 128->10)".into()
+            }
+        };
         println!(
-            "training an MLP 64 -> {} -> 10 on digits ({} train / {} test rows), batch {}, SGD lr {} (Nesterov momentum {}), {} epochs",
-            cfg.hidden,
+            "training {what} on digits ({} train / {} test rows), batch {}, SGD lr {} (Nesterov momentum {}), {} epochs",
             lazuli::train::DIGITS_TRAIN_ROWS,
             data.len() - lazuli::train::DIGITS_TRAIN_ROWS,
             cfg.batch_size,
@@ -307,6 +326,10 @@ fn demo_command(args: &[String]) -> Result<(), String> {
         "one step = {} graph nodes in {} kernel(s); {} node(s) ran on the CPU fallback",
         report.graph_nodes_per_step, report.kernels_per_step, report.fallback_ops
     );
+    if !report.fallback_by_op.is_empty() {
+        let by_op: Vec<String> = report.fallback_by_op.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("fallback by op: {}", by_op.join(" "));
+    }
     println!("\n{}", metrics::report());
     Ok(())
 }
