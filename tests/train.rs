@@ -70,6 +70,31 @@ fn cnn_demo_trains_on_wgpu_with_conv_and_pool_on_the_fallback() {
     assert!(ops.contains(&"Fallback::conv2d") && ops.contains(&"Fallback::max_pool"), "{ops:?}");
 }
 
+/// Library use prints nothing about Wayland on a headless machine: with
+/// XDG_RUNTIME_DIR unset, opening the wgpu device used to print libwayland's
+/// "error: XDG_RUNTIME_DIR is invalid or not set" twice per instance.
+#[test]
+fn opening_wgpu_without_xdg_runtime_dir_prints_nothing_about_it() {
+    if common::wgpu().is_none() {
+        return;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli"))
+        .arg("info")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("WAYLAND_SOCKET")
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("default device: wgpu"), "{stdout}");
+    assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli")).args(["demo", "--model", "rnn"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--model takes mlp or cnn"));
+}
+
 /// One W4-style step: forward, backward, SGD update, one mark_step.
 fn mlp_step(dev: &Device, model: &impl Module, opt: &mut impl Optimizer, x: &Tensor, y: &Tensor) -> u64 {
     let loss = nn::cross_entropy(&model.forward(x).unwrap(), y).unwrap();
