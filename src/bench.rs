@@ -27,6 +27,11 @@
 //! GB/s), and on wgpu the hand-written kernels of `shaders/` run through
 //! [`lazuli_wgpu::baseline::Baseline`] on the same adapter: a vec4 kernel
 //! for W1 and a naive one-thread-per-output matmul for W2.
+//!
+//! C1 is not in `WORKLOADS.md`: a 3x3 convolution forward and backward
+//! (the CPU backend's im2col + GEMM), judged against [`conv_gemm_baseline`],
+//! the `gemm` crate alone on the three matrix products a convolution's
+//! forward and backward amount to (same FLOPs, no packing, no layout work).
 
 use crate::nn::{self, Module};
 use crate::optim::{Optimizer, Sgd};
@@ -76,11 +81,13 @@ pub enum Workload {
     /// Host cost per op of W5's chain, split by phase (record, trace,
     /// hash + cache hit, submit) beside the device time.
     H1,
+    /// Conv2d 3x3 forward + backward ([`ConvSizes::C1`]).
+    C1,
 }
 
 impl Workload {
     /// Every workload, in order.
-    pub const ALL: [Workload; 15] = [
+    pub const ALL: [Workload; 16] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -96,6 +103,7 @@ impl Workload {
         Workload::G7,
         Workload::G8,
         Workload::H1,
+        Workload::C1,
     ];
 
     /// The small set, W1–W6 and H1 (`--scale small`, the default).
@@ -114,12 +122,12 @@ impl Workload {
         Workload::G8,
     ];
 
-    /// Parses "W1" .. "W6", "G1" .. "G8", "H1" (case-insensitive).
+    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1" (case-insensitive).
     pub fn parse(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
     }
 
-    /// "W1" .. "W6", "G1" .. "G8", "H1".
+    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1".
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "W1",
@@ -137,6 +145,7 @@ impl Workload {
             Workload::G7 => "G7",
             Workload::G8 => "G8",
             Workload::H1 => "H1",
+            Workload::C1 => "C1",
         }
     }
 
@@ -600,9 +609,14 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
             let g = sizes.gpt;
             format!("G8 GPT train step [L{} C{} T{} B{}]", g.layers, g.embd, g.context, g.batch)
         }
-        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 | Workload::H1 => {
-            w.name().to_string()
-        }
+        Workload::W1
+        | Workload::W2
+        | Workload::W3
+        | Workload::W4
+        | Workload::W5
+        | Workload::W6
+        | Workload::H1
+        | Workload::C1 => w.name().to_string(),
     }
 }
 
@@ -673,7 +687,14 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
             let mut gpt = Gpt::new(dev, sizes.gpt)?;
             (Box::new(move || gpt.step().map(drop)), None, None)
         }
-        Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4 | Workload::W5 | Workload::W6 | Workload::H1 => {
+        Workload::W1
+        | Workload::W2
+        | Workload::W3
+        | Workload::W4
+        | Workload::W5
+        | Workload::W6
+        | Workload::H1
+        | Workload::C1 => {
             return Err(ExecError::Invalid {
                 op: "bench::prepare_gpu".into(),
                 detail: format!("{} is not a GPU-scale workload", w.name()),
@@ -814,7 +835,134 @@ pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &Gp
         | Workload::G6
         | Workload::G7
         | Workload::G8 => vec![run_gpu_workload(w, bd, cfg, sizes)],
+        Workload::C1 => {
+            let mut conv = ConvStep::new(dev, ConvSizes::C1)?;
+            let r = row("C1", time_iterations(cfg, || conv.step())?).with_flops(ConvSizes::C1.flops());
+            vec![BenchResult { note: Some(ConvSizes::C1.describe()), ..r }]
+        }
     })
+}
+
+/// The sizes of a convolution workload: a `kernel` x `kernel` convolution,
+/// stride 1, padding `kernel / 2` (same size out), of x f32 `[batch,
+/// channels, size, size]` by w `[out_channels, channels, kernel, kernel]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvSizes {
+    /// Images.
+    pub batch: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// Height and width.
+    pub size: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Kernel height and width (odd).
+    pub kernel: usize,
+}
+
+impl ConvSizes {
+    /// C1: x [32, 32, 32, 32], w [64, 32, 3, 3].
+    pub const C1: ConvSizes = ConvSizes { batch: 32, channels: 32, size: 32, out_channels: 64, kernel: 3 };
+
+    /// The matrix product of the forward pass: `[m, k] @ [k, n]` with m the
+    /// output channels, k the taps per output, n the output positions.
+    pub fn gemm_dims(self) -> (usize, usize, usize) {
+        (self.out_channels, self.channels * self.kernel * self.kernel, self.batch * self.size * self.size)
+    }
+
+    /// FLOPs of forward + backward: three products of `2 m k n`.
+    pub fn flops(self) -> f64 {
+        let (m, k, n) = self.gemm_dims();
+        6.0 * (m * k * n) as f64
+    }
+
+    /// "x [32,32,32,32] w [64,32,3,3] pad 1".
+    pub fn describe(self) -> String {
+        let (b, c, s, o, k) = (self.batch, self.channels, self.size, self.out_channels, self.kernel);
+        format!("x [{b},{c},{s},{s}] w [{o},{c},{k},{k}] pad {}", k / 2)
+    }
+}
+
+/// One C1 iteration's state: the input and weight (leaves that require
+/// grad) and the fixed output gradient, on the device.
+pub struct ConvStep {
+    x: Tensor,
+    w: Tensor,
+    r: Tensor,
+    sizes: ConvSizes,
+}
+
+impl ConvStep {
+    /// Inputs uniform in [-1, 1], uploaded outside any timed loop.
+    pub fn new(dev: &Device, sizes: ConvSizes) -> Result<ConvStep> {
+        let ConvSizes { batch: b, channels: c, size: s, out_channels: o, kernel: k } = sizes;
+        let x = on_device(Tensor::from_slice(&uniform_data(b * c * s * s, 21), [b, c, s, s], dev)?)?;
+        let w = on_device(Tensor::from_slice(&uniform_data(o * c * k * k, 22), [o, c, k, k], dev)?)?;
+        let r = on_device(Tensor::from_slice(&uniform_data(b * o * s * s, 23), [b, o, s, s], dev)?)?;
+        Ok(ConvStep { x: x.requires_grad_(true)?, w: w.requires_grad_(true)?, r, sizes })
+    }
+
+    /// Forward, backward of `sum(conv(x, w) * r)` (so the output gradient
+    /// is `r`), one sync of the loss and both gradients, wait.
+    pub fn step(&mut self) -> Result<()> {
+        let pad = self.sizes.kernel / 2;
+        let attrs = crate::ir::ConvAttrs { pads: [pad; 4], ..Default::default() };
+        let loss = self.x.conv2d(&self.w, attrs)?.mul(&self.r)?.sum(&[], false)?;
+        loss.backward()?;
+        let (gx, gw) = (self.x.grad(), self.w.grad());
+        self.x.zero_grad();
+        self.w.zero_grad();
+        let (Some(gx), Some(gw)) = (gx, gw) else {
+            return Err(ExecError::Invalid { op: "bench C1".into(), detail: "no gradient".into() });
+        };
+        crate::sync(&[&loss, &gx, &gw])?;
+        self.x.device().wait()
+    }
+}
+
+/// The C1 baseline: the `gemm` crate (through `lazuli_cpu::sgemm`, on the
+/// same rayon pool) on the three products of a convolution's forward and
+/// backward, with the operands already laid out: `Y = W @ col`,
+/// `dW = dY @ col^T`, `dcol = W^T @ dY` (`m`, `k`, `n` of
+/// [`ConvSizes::gemm_dims`]). Each product is timed in both row-major
+/// orientations (`C = A @ B` and `C^T = B^T @ A^T`, which the crate runs
+/// at very different speeds on 2 cores) and the faster one counts, so the
+/// bar is the crate's best on these shapes. Same FLOPs as C1.
+pub fn conv_gemm_baseline(cfg: &BenchConfig, sizes: ConvSizes) -> BenchResult {
+    let (m, k, n) = sizes.gemm_dims();
+    // (rows, inner, cols) of each product in both orientations.
+    let products = [[(m, k, n), (n, k, m)], [(m, n, k), (k, n, m)], [(k, m, n), (n, m, k)]];
+    let mut total = Vec::new();
+    let mut chosen = Vec::new();
+    for pair in products {
+        let mut best: Option<(Vec<Duration>, (usize, usize, usize))> = None;
+        for (r, i, c) in pair {
+            let a = uniform_data(r * i, 31);
+            let b = uniform_data(i * c, 32);
+            let mut out = vec![0f32; r * c];
+            for _ in 0..cfg.warmup {
+                lazuli_cpu::sgemm(&a, &b, &mut out, r, i, c);
+            }
+            let mut times: Vec<Duration> = (0..cfg.iterations)
+                .map(|_| {
+                    let t = Instant::now();
+                    lazuli_cpu::sgemm(&a, &b, &mut out, r, i, c);
+                    t.elapsed()
+                })
+                .collect();
+            times.sort();
+            let median = |t: &[Duration]| t.get(t.len() / 2).copied().unwrap_or_default();
+            if best.as_ref().is_none_or(|(bt, _)| median(&times) < median(bt)) {
+                best = Some((times, (r, i, c)));
+            }
+        }
+        let (times, shape) = best.expect("two orientations");
+        total = if total.is_empty() { times } else { total.iter().zip(&times).map(|(a, b)| *a + *b).collect() };
+        chosen.push(shape);
+    }
+    let r = BenchResult::from_times("C1 gemm baseline", "host", &total).with_flops(sizes.flops());
+    let shapes: Vec<String> = chosen.iter().map(|(a, b, c)| format!("[{a},{b}]x[{b},{c}]")).collect();
+    BenchResult { note: Some(format!("faster orientation of each product: {}", shapes.join(" "))), ..r }
 }
 
 /// The memcpy baseline: copies of a 64 MiB f32 buffer; GB/s counts read
@@ -941,6 +1089,10 @@ pub fn profile(
         | Workload::G6
         | Workload::G7
         | Workload::G8 => prepare_gpu(w, dev, sizes)?.step,
+        Workload::C1 => {
+            let mut conv = ConvStep::new(dev, ConvSizes::C1)?;
+            Box::new(move || conv.step())
+        }
     };
     for _ in 0..cfg.warmup {
         body()?;
@@ -1085,6 +1237,7 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
     let has = |w: Workload| workloads.contains(&w);
     let wgpu_dev = devices.iter().find_map(|d| d.wgpu.clone());
     let steps = 1
+        + has(Workload::C1) as usize
         + workloads.len() * devices.len()
         + wgpu_dev.as_ref().map_or(0, |_| has(Workload::W1) as usize + has(Workload::W2) as usize);
     let bar = indicatif::ProgressBar::new(steps as u64);
@@ -1096,6 +1249,11 @@ pub fn cli(args: &[String]) -> std::result::Result<(), String> {
     bar.set_message("memcpy");
     rows.push(memcpy(&cfg));
     bar.inc(1);
+    if has(Workload::C1) {
+        bar.set_message("C1 gemm baseline");
+        rows.push(conv_gemm_baseline(&cfg, ConvSizes::C1));
+        bar.inc(1);
+    }
     if let Some(b) = &wgpu_dev {
         if has(Workload::W1) {
             bar.set_message("W1 vec4 baseline (wgpu)");
@@ -1209,6 +1367,10 @@ pub fn ratios(rows: &[BenchResult]) -> String {
     }
     let vec4 = find("W1 vec4 baseline", "wgpu").and_then(|r| r.gbps);
     line("W1 wgpu / vec4 baseline", find("W1", "wgpu").and_then(|r| r.gbps).zip(vec4).map(|(a, b)| a / b));
+    let gemm = find("C1 gemm baseline", "host").and_then(|r| r.gflops);
+    for d in ["cpu", "wgpu"] {
+        line(&format!("C1 {d} / gemm baseline"), find("C1", d).and_then(|r| r.gflops).zip(gemm).map(|(a, b)| a / b));
+    }
     let naive = find("W2 naive baseline", "wgpu").and_then(|r| r.gflops);
     line("W2 wgpu / naive baseline", find("W2", "wgpu").and_then(|r| r.gflops).zip(naive).map(|(a, b)| a / b));
     s

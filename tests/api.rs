@@ -69,7 +69,10 @@ fn reshape_slice_and_narrow_take_any_integer_type() {
         assert_eq!(t.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
     }
     // narrow counts a negative start from the end, like slice.
-    assert_eq!(x.narrow(2, -2, 2).unwrap().to_vec::<f32>().unwrap(), x.slice(2, -2, 4, 1).unwrap().to_vec::<f32>().unwrap());
+    assert_eq!(
+        x.narrow(2, -2, 2).unwrap().to_vec::<f32>().unwrap(),
+        x.slice(2, -2, 4, 1).unwrap().to_vec::<f32>().unwrap()
+    );
     let e = x.narrow(2, 3, 2).unwrap_err().to_string();
     assert!(e.contains("narrow") && e.contains("[2, 3, 4]"), "{e}");
     assert!(x.narrow(2, 0, -1).is_err());

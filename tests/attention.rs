@@ -109,10 +109,15 @@ fn f32s(v: &[f64]) -> Vec<f32> {
 /// given as float or as bool) and compares with the reference.
 fn check_case(dev: &Device, c: &Case, seed: u64, bool_mask: bool) {
     let r = |n: usize, s: u64| -> Vec<f64> { common::rand_vec(n, s, -1.0, 1.0).into_iter().map(f64::from).collect() };
-    let (q, k, v, w) =
-        (r(c.b * c.tq * c.d, seed), r(c.b * c.tk * c.d, seed + 1), r(c.b * c.tk * c.dv, seed + 2), r(c.b * c.tq * c.dv, seed + 3));
+    let (q, k, v, w) = (
+        r(c.b * c.tq * c.d, seed),
+        r(c.b * c.tk * c.d, seed + 1),
+        r(c.b * c.tk * c.dv, seed + 2),
+        r(c.b * c.tq * c.dv, seed + 3),
+    );
     let want = reference(c, &q, &k, &v, &w);
-    let leaf = |x: &[f64], dims: [usize; 3]| Tensor::from_slice(&f32s(x), dims, dev).unwrap().requires_grad_(true).unwrap();
+    let leaf =
+        |x: &[f64], dims: [usize; 3]| Tensor::from_slice(&f32s(x), dims, dev).unwrap().requires_grad_(true).unwrap();
     let (tq, tk, tv) = (leaf(&q, [c.b, c.tq, c.d]), leaf(&k, [c.b, c.tk, c.d]), leaf(&v, [c.b, c.tk, c.dv]));
     let mut opts = AttentionOptions { causal: c.causal, scale: Some(c.scale), mask: None };
     if let Some(m) = &c.mask {
@@ -131,7 +136,13 @@ fn check_case(dev: &Device, c: &Case, seed: u64, bool_mask: bool) {
     let tol = 2e-4 * (c.d.max(c.tk) as f32).sqrt();
     common::assert_close(&o.to_vec::<f32>().unwrap(), &f32s(&want.o), tol, tol, &format!("forward {what}"));
     for (name, t, g) in [("dq", &tq, &want.dq), ("dk", &tk, &want.dk), ("dv", &tv, &want.dv)] {
-        common::assert_close(&t.grad().unwrap().to_vec::<f32>().unwrap(), &f32s(g), tol, tol, &format!("{name} {what}"));
+        common::assert_close(
+            &t.grad().unwrap().to_vec::<f32>().unwrap(),
+            &f32s(g),
+            tol,
+            tol,
+            &format!("{name} {what}"),
+        );
     }
 }
 
@@ -187,9 +198,14 @@ fn sdpa_broadcasts_batch_and_head_dims_and_checks_shapes() {
     let bad = Tensor::randn([2, 3, 7, 6], DType::F32, &dev).unwrap();
     let e = nn::scaled_dot_product_attention(&q, &bad, &v, &AttentionOptions::default()).unwrap_err().to_string();
     assert!(e.contains("scaled_dot_product_attention") && e.contains("[2, 3, 7, 6]"), "{e}");
-    let e = nn::scaled_dot_product_attention(&q, &k, &v, &AttentionOptions::default().with_mask(Tensor::zeros([5, 7], DType::I32, &dev).unwrap()))
-        .unwrap_err()
-        .to_string();
+    let e = nn::scaled_dot_product_attention(
+        &q,
+        &k,
+        &v,
+        &AttentionOptions::default().with_mask(Tensor::zeros([5, 7], DType::I32, &dev).unwrap()),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("mask"), "{e}");
     // The causal mask helper: 0 on and below the diagonal, -inf above.
     let m = nn::causal_mask(2, 3, DType::F32, &dev).unwrap().to_vec::<f32>().unwrap();
@@ -208,9 +224,11 @@ fn multihead_attention_matches_per_head_reference() {
         let xt = Tensor::from_slice(&x, [b, t, e], &dev).unwrap();
         let got = mha.forward(&xt).unwrap().to_vec::<f32>().unwrap();
         let wi: Vec<f64> = mha.in_proj_weight.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
-        let bi: Vec<f64> = mha.in_proj_bias.as_ref().unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+        let bi: Vec<f64> =
+            mha.in_proj_bias.as_ref().unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
         let wo: Vec<f64> = mha.out_proj.weight.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
-        let bo: Vec<f64> = mha.out_proj.bias.as_ref().unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+        let bo: Vec<f64> =
+            mha.out_proj.bias.as_ref().unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
         let dh = e / h;
         let mut want = vec![0.0f64; b * t * e];
         for bb in 0..b {
@@ -223,7 +241,16 @@ fn multihead_attention_matches_per_head_reference() {
                 let slice = |p: usize| -> Vec<f64> {
                     (0..t).flat_map(|i| (0..dh).map(move |f| (i, f))).map(|(i, f)| proj(p, i, hh * dh + f)).collect()
                 };
-                let c = Case { b: 1, tq: t, tk: t, d: dh, dv: dh, causal: true, mask: None, scale: 1.0 / (dh as f64).sqrt() };
+                let c = Case {
+                    b: 1,
+                    tq: t,
+                    tk: t,
+                    d: dh,
+                    dv: dh,
+                    causal: true,
+                    mask: None,
+                    scale: 1.0 / (dh as f64).sqrt(),
+                };
                 let r = reference(&c, &slice(0), &slice(1), &slice(2), &vec![0.0; t * dh]);
                 for i in 0..t {
                     for f in 0..dh {

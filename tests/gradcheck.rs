@@ -428,12 +428,7 @@ fn max_pool_gradient_goes_to_the_first_maximum() {
             vec![1.0, 1.0, 1.0, 0.0],
         ),
         // All -inf with padding: the gradient reaches the input, not the pad.
-        (
-            vec![f32::NEG_INFINITY; 4],
-            [1, 1, 2, 2],
-            pool(PoolKind::Max, 2, 2, 1, false),
-            vec![1.0, 1.0, 1.0, 1.0],
-        ),
+        (vec![f32::NEG_INFINITY; 4], [1, 1, 2, 2], pool(PoolKind::Max, 2, 2, 1, false), vec![1.0, 1.0, 1.0, 1.0]),
         // A NaN maximum: the first NaN takes the gradient.
         (
             vec![1.0, f32::NAN, 7.0, f32::NAN],
@@ -466,7 +461,12 @@ fn grad_scaled_dot_product_attention() {
     });
     check("sdpa additive mask and scale", &ins, |dev, x| {
         let m = Tensor::from_slice(&vals(15, 73, -2.0, 0.0), [3, 5], dev)?;
-        nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::default().with_mask(m).with_scale(0.3))
+        nn::scaled_dot_product_attention(
+            &x[0],
+            &x[1],
+            &x[2],
+            &nn::AttentionOptions::default().with_mask(m).with_scale(0.3),
+        )
     });
     check("sdpa bool mask, causal", &ins, |dev, x| {
         let keep: Vec<bool> = (0..15).map(|i| i % 4 != 3).collect();
@@ -512,11 +512,9 @@ fn grad_conv_pool_norm_layers() {
         nn::Module::forward(&bn, &x[0])
     });
     let x6 = inp(vals(2 * 6 * 2 * 3, 80, -1.0, 1.0), &[2, 6, 2, 3]);
-    check(
-        "group_norm",
-        &[x6, inp(vals(6, 81, 0.5, 1.5), &[6]), inp(vals(6, 82, -0.5, 0.5), &[6])],
-        |_, x| nn::group_norm(&x[0], 3, Some(&x[1]), Some(&x[2]), 1e-5),
-    );
+    check("group_norm", &[x6, inp(vals(6, 81, 0.5, 1.5), &[6]), inp(vals(6, 82, -0.5, 0.5), &[6])], |_, x| {
+        nn::group_norm(&x[0], 3, Some(&x[1]), Some(&x[2]), 1e-5)
+    });
 }
 
 #[test]
@@ -764,7 +762,10 @@ fn wgpu_gradients_match_cpu() {
         ),
         (
             "conv + relu + max pool (CPU fallback on wgpu)",
-            vec![inp(vals(2 * 2 * 6 * 6, 93, -1.0, 1.0), &[2, 2, 6, 6]), inp(vals(3 * 2 * 9, 94, -0.5, 0.5), &[3, 2, 3, 3])],
+            vec![
+                inp(vals(2 * 2 * 6 * 6, 93, -1.0, 1.0), &[2, 2, 6, 6]),
+                inp(vals(3 * 2 * 9, 94, -0.5, 0.5), &[3, 2, 3, 3]),
+            ],
             Box::new(|_, x| {
                 let c = x[0].conv2d(&x[1], ConvAttrs { pads: [1; 4], ..ConvAttrs::default() })?;
                 nn::Module::forward(&nn::MaxPool2d::new(2), &c.relu()?)

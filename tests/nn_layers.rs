@@ -85,8 +85,7 @@ fn batch_norm_training_statistics_running_updates_and_eval() {
         bn.bias.assign(&Tensor::from_slice(&[0.1f32, -0.3], [2], &dev).unwrap()).unwrap();
         let xs = &x;
         let stats = |ch: usize| {
-            let v: Vec<f64> =
-                (0..n).flat_map(|b| (0..hw).map(move |i| xs[(b * c + ch) * hw + i] as f64)).collect();
+            let v: Vec<f64> = (0..n).flat_map(|b| (0..hw).map(move |i| xs[(b * c + ch) * hw + i] as f64)).collect();
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             let var = v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / v.len() as f64;
             (mean, var)
@@ -189,7 +188,10 @@ fn cross_entropy_over_leading_dims_with_ignore_index_and_smoothing() {
             close(&f64s(&none), &p, 1e-5, "per element");
         }
         // Without ignore_index every element counts: the 2-d case of old.
-        let flat = nn::cross_entropy(&lt.reshape([6, 4]).unwrap(), &yt.reshape([6]).unwrap().abs().unwrap().minimum_scalar(3).unwrap());
+        let flat = nn::cross_entropy(
+            &lt.reshape([6, 4]).unwrap(),
+            &yt.reshape([6]).unwrap().abs().unwrap().minimum_scalar(3).unwrap(),
+        );
         assert!(flat.is_ok());
         let e = nn::cross_entropy(&lt, &Tensor::from_slice(&[0i32; 3], [3], &dev).unwrap()).unwrap_err().to_string();
         assert!(e.contains("cross_entropy") && e.contains("[2, 3, 4]") && e.contains("[3]"), "{e}");
@@ -249,7 +251,15 @@ fn nested_names_modes_and_state_dict_round_trip() {
     let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,
-        ["features.0.weight", "features.0.bias", "features.1.weight", "features.1.bias", "head.weight", "head.bias", "emb.weight"]
+        [
+            "features.0.weight",
+            "features.0.bias",
+            "features.1.weight",
+            "features.1.bias",
+            "head.weight",
+            "head.bias",
+            "emb.weight"
+        ]
     );
     let buffers: Vec<String> = m.named_buffers().into_iter().map(|(n, _)| n).collect();
     assert_eq!(buffers, ["features.1.running_mean", "features.1.running_var"]);
@@ -306,12 +316,20 @@ fn adamw_groups_skip_decay_on_biases_norms_and_embeddings() {
     // the same gradient; only the first shrinks.
     let a = Tensor::from_slice(&[1.0f32, -2.0], [2], &dev).unwrap().requires_grad_(true).unwrap();
     let b = Tensor::from_slice(&[1.0f32, -2.0], [2], &dev).unwrap().requires_grad_(true).unwrap();
-    let mut opt = Adam::adamw_groups(vec![ParamGroup::new(vec![a.clone()], 0.5), ParamGroup::new(vec![b.clone()], 0.0)], 0.1);
+    let mut opt =
+        Adam::adamw_groups(vec![ParamGroup::new(vec![a.clone()], 0.5), ParamGroup::new(vec![b.clone()], 0.0)], 0.1);
     let (mut wa, mut wb) = ([1.0f64, -2.0], [1.0f64, -2.0]);
     let (mut ma, mut va, mut mb, mut vb) = ([0.0f64; 2], [0.0f64; 2], [0.0f64; 2], [0.0f64; 2]);
     for t in 1..=3 {
         opt.zero_grad();
-        a.mul(&a).unwrap().sum(&[], false).unwrap().add(&b.mul(&b).unwrap().sum(&[], false).unwrap()).unwrap().backward().unwrap();
+        a.mul(&a)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap()
+            .add(&b.mul(&b).unwrap().sum(&[], false).unwrap())
+            .unwrap()
+            .backward()
+            .unwrap();
         opt.step().unwrap();
         dev.mark_step().unwrap();
         let step = |w: &mut [f64; 2], m: &mut [f64; 2], v: &mut [f64; 2], wd: f64| {

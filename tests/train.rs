@@ -90,7 +90,8 @@ fn opening_wgpu_without_xdg_runtime_dir_prints_nothing_about_it() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("default device: wgpu"), "{stdout}");
     assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli")).args(["demo", "--model", "rnn"]).output().unwrap();
+    let bad =
+        std::process::Command::new(env!("CARGO_BIN_EXE_lazuli")).args(["demo", "--model", "rnn"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--model takes mlp or cnn"));
 }

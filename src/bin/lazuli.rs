@@ -245,7 +245,8 @@ fn demo_command(args: &[String]) -> Result<(), String> {
     while let Some(a) = it.next() {
         if a == "--model" {
             let v = it.next().ok_or("--model needs a value")?;
-            model = lazuli::train::DigitsModel::parse(v).ok_or_else(|| format!("--model takes mlp or cnn, got {v:?}"))?;
+            model =
+                lazuli::train::DigitsModel::parse(v).ok_or_else(|| format!("--model takes mlp or cnn, got {v:?}"))?;
         }
     }
     let mut cfg = lazuli::train::TrainConfig::for_model(model);

@@ -2,19 +2,28 @@
 //! and N-d max / average pooling.
 //!
 //! Convolution is im2col + GEMM. For a chunk of images and one group, the
-//! input patches are packed into a column matrix `col[(c, ki, kj), (n, y, x)]`
-//! (zeros where a tap falls into the padding), and the group's weight rows
-//! `[O/g, C/g * kh * kw]` multiply it with the `gemm` crate's packed SIMD
-//! kernel; with several images per chunk the product goes through a scratch
-//! matrix and is scattered into `[N, O, oh, ow]`. Putting the images of a
-//! chunk side by side in the GEMM's N dimension keeps the product wide even
-//! when one image has few output positions, which is the shape of the
-//! weight gradient (a convolution whose "kernel" is the output gradient,
-//! see the executor's autograd): one wide GEMM instead of many thin ones.
-//! Chunks hold at most `COL_BUDGET` column elements. Packing is split over
-//! the rayon pool by column-matrix row and large GEMMs split themselves.
-//! f32 and f64 accumulate in their own type (reassociated, FMA where the
-//! CPU has it, like matmul); f16 is widened to f32 and rounded back.
+//! input patches are packed as the rows of a matrix
+//! `col[(n, y, x), (c, ki, kj)]` (zeros where a tap falls into the
+//! padding), multiplied by the transposed weight rows of the group with
+//! the `gemm` crate's packed SIMD kernel, `out[(n, y, x), o] = col .
+//! w[o]`, and the product is transposed into `[N, O, oh, ow]`. This
+//! orientation, output positions as the GEMM's M dimension and output
+//! channels as N, is the one the `gemm` crate is fast at (measured on 2
+//! cores: 140-180 GFLOP/s for `[7168, 576] x [576, 32]`, 20-55 GFLOP/s for
+//! the same product as `[32, 576] x [576, 7168]`); several images per
+//! chunk keep M large when one image has few output positions, which is
+//! the shape of the weight gradient (a convolution whose "kernel" is the
+//! output gradient, see the executor's autograd).
+//!
+//! Packing reads the input in contiguous runs: along the kernel row when
+//! it is at least as long as an output row (the weight gradient's large
+//! "kernels"), otherwise along the output row, into a small
+//! cache-resident block `[(c, ki, kj), x]` per output row that is then
+//! transposed into place. Chunks hold at most `COL_BUDGET` patch elements;
+//! packing is split over the rayon pool by output row and large GEMMs split
+//! themselves. f32 and f64 accumulate in their own type (reassociated, FMA
+//! where the CPU has it, like matmul); f16 is widened to f32 and rounded
+//! back.
 //!
 //! Pooling precomputes, per spatial dim and output position, the valid
 //! input positions of the window; padding never wins a max window. A
@@ -22,7 +31,7 @@
 //! NaN (average without `count_include_pad`, 0 / 0).
 
 use crate::elem::{Float, Num};
-use crate::matmul::{GemmFloat, PAR_FLOPS};
+use crate::matmul::{Dims, GemmFloat, PAR_FLOPS};
 use crate::memory::Memory;
 use crate::storage::{same_float, same_num, CpuData};
 use half::f16;
@@ -30,10 +39,10 @@ use lazuli_executor::BackendError;
 use lazuli_ir::{ConvAttrs, DType, PoolAttrs, PoolKind};
 use rayon::prelude::*;
 
-/// Most elements of one chunk's column matrix (16 MiB of f32).
+/// Most elements of one chunk's patch matrix (16 MiB of f32).
 const COL_BUDGET: usize = 1 << 22;
 
-/// Column matrices with fewer elements than this are packed on one thread.
+/// Patch matrices with fewer elements than this are packed on one thread.
 const PAR_PACK: usize = 1 << 16;
 
 /// Convolves `x` (`[N, C, H, W]`) with `w` (`[O, C/g, kh, kw]`) into `out`.
@@ -68,7 +77,7 @@ pub(crate) fn conv2d(
 }
 
 /// The convolution into `res` (`[N, O, oh, ow]`; every element is
-/// written), packing at most `budget` column elements at a time (more when
+/// written), packing at most `budget` patch elements at a time (more when
 /// one image needs more).
 #[allow(clippy::too_many_arguments)] // Operands, their shapes, the attributes and the output: one op's signature.
 fn conv_gemm<T: GemmFloat + Send + Sync>(
@@ -96,38 +105,125 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
         return Ok(res);
     }
     let geo = Geometry { ci, ih, iw, cg, kh, kw, oh: od[2], ow: od[3], c: c.clone() };
+    // Kernels narrower than the output: pack from a channels-last copy of
+    // the images, with the patch columns ordered (ki, kj, c) and the weight
+    // permuted to match, so that every tap is a run of `cg` channels.
+    let channels_last = kw < od[3];
+    let wl: Vec<T> = if channels_last {
+        let mut v = mem.zeroed(w.len())?;
+        for (o, dst) in v.chunks_exact_mut(k).enumerate() {
+            transpose(&w[o * k..(o + 1) * k], cg, kh * kw, dst);
+        }
+        v
+    } else {
+        Vec::new()
+    };
+    let wl: &[T] = if channels_last { &wl } else { w };
+    let plane = ih * iw;
     let chunk = (budget / (k * p).max(1)).clamp(1, nb);
-    let mut col = mem.zeroed(k * chunk * p)?;
-    let mut tmp = if chunk > 1 { mem.zeroed(og * chunk * p)? } else { Vec::new() };
+    let mut col = mem.zeroed(chunk * p * k)?;
+    let mut tmp = mem.zeroed(chunk * p * og)?;
+    let mut hwc = if channels_last { mem.zeroed(chunk * plane * cg)? } else { Vec::new() };
     let threads = rayon::current_num_threads();
     for n0 in (0..nb).step_by(chunk) {
         let nc = chunk.min(nb - n0);
-        let cols = nc * p;
-        let gemm_threads = if threads > 1 && og * k * cols >= PAR_FLOPS { threads } else { 1 };
+        let rows = nc * p;
+        let gemm_threads = if threads > 1 && og * k * rows >= PAR_FLOPS { threads } else { 1 };
         for g in 0..c.groups {
-            let col = &mut col[..k * cols];
-            geo.pack(x, n0, nc, g, col);
-            let wg = &w[g * og * k..(g + 1) * og * k];
-            if nc == 1 {
-                // One image: the group's output rows are contiguous.
-                let start = (n0 * co + g * og) * p;
-                T::gemm(wg, col, &mut res[start..start + og * p], og, k, p, gemm_threads);
-            } else {
-                let tmp = &mut tmp[..og * cols];
-                T::gemm(wg, col, tmp, og, k, cols, gemm_threads);
-                for o in 0..og {
-                    for j in 0..nc {
-                        let dst = ((n0 + j) * co + g * og + o) * p;
-                        res[dst..dst + p].copy_from_slice(&tmp[o * cols + j * p..o * cols + (j + 1) * p]);
-                    }
+            let col = &mut col[..rows * k];
+            if channels_last {
+                let hwc = &mut hwc[..nc * plane * cg];
+                let to_hwc = |(j, dst): (usize, &mut [T])| {
+                    let src = &x[((n0 + j) * ci + g * cg) * plane..][..cg * plane];
+                    transpose(src, cg, plane, dst);
+                };
+                if hwc.len() >= PAR_PACK && threads > 1 {
+                    hwc.par_chunks_mut(plane * cg).enumerate().for_each(to_hwc);
+                } else {
+                    hwc.chunks_mut(plane * cg).enumerate().for_each(to_hwc);
                 }
+                geo.pack_channels_last(hwc, col);
+            } else {
+                geo.pack_kernel_runs(x, n0, g, col);
+            }
+            // tmp[(j, q), o] = col[(j, q), :] . w[g * og + o, :]
+            let tmp = &mut tmp[..rows * og];
+            let wg = &wl[g * og * k..(g + 1) * og * k];
+            if gemm_threads > 1 && k >= SPLIT_K * rows.max(og) {
+                split_k_gemm(mem, col, wg, tmp, Dims { m: rows, k, n: og }, threads)?;
+            } else {
+                T::gemm_bt(col, k, wg, k, tmp, Dims { m: rows, k, n: og }, gemm_threads);
+            }
+            // Into [N, O, oh, ow]: each image's [p, og] block transposed.
+            let images = &mut res[n0 * co * p..(n0 + nc) * co * p];
+            let place = |(j, img): (usize, &mut [T])| {
+                transpose(&tmp[j * p * og..(j + 1) * p * og], p, og, &mut img[g * og * p..(g + 1) * og * p]);
+            };
+            if rows * og >= PAR_PACK && threads > 1 {
+                images.par_chunks_mut(co * p).enumerate().for_each(place);
+            } else {
+                images.chunks_mut(co * p).enumerate().for_each(place);
             }
         }
     }
     Ok(res)
 }
 
-/// Sizes and attributes of one convolution, for packing columns.
+/// A reduction this many times longer than both sides of the product is
+/// split across threads ([`split_k_gemm`]).
+const SPLIT_K: usize = 16;
+
+/// `c = a @ b^T` (`a` `m x k`, `b` `n x k`, both rows `k` long) with the
+/// reduction split into one slice per thread, each a one-thread GEMM into
+/// its own partial product, then summed. For products with a small output
+/// and a long reduction (the weight gradient: `[C*kh*kw, O]` summed over
+/// every output position of the batch), which a GEMM cannot split by
+/// output blocks.
+fn split_k_gemm<T: GemmFloat + Send + Sync>(
+    mem: &Memory,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    d: Dims,
+    threads: usize,
+) -> Result<(), BackendError> {
+    let part = d.k.div_ceil(threads);
+    let partials: Vec<Vec<T>> = (0..threads)
+        .into_par_iter()
+        .filter_map(|t| {
+            let (k0, k1) = (t * part, ((t + 1) * part).min(d.k));
+            (k0 < k1).then(|| {
+                let mut out = mem.zeroed(d.m * d.n)?;
+                T::gemm_bt(&a[k0..], d.k, &b[k0..], d.k, &mut out, Dims { k: k1 - k0, ..d }, 1);
+                Ok(out)
+            })
+        })
+        .collect::<Result<_, BackendError>>()?;
+    c.fill(T::ZERO);
+    for p in &partials {
+        for (ci, &pi) in c.iter_mut().zip(p) {
+            *ci = T::add(*ci, pi);
+        }
+    }
+    Ok(())
+}
+
+/// `dst` (`cols x rows`) = the transpose of `src` (`rows x cols`), in
+/// cache-sized tiles.
+fn transpose<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [T]) {
+    const TILE: usize = 32;
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for cc in c0..(c0 + TILE).min(cols) {
+                    dst[cc * rows + r] = src[r * cols + cc];
+                }
+            }
+        }
+    }
+}
+
+/// Sizes and attributes of one convolution, for packing patches.
 struct Geometry {
     ci: usize,
     ih: usize,
@@ -140,56 +236,115 @@ struct Geometry {
     c: ConvAttrs,
 }
 
+/// Where the taps of one offset land along one spatial dim: positions
+/// `lo..hi` read input `start + (i - lo) * stride`; the others fall into
+/// the padding.
+#[derive(Clone, Copy)]
+struct Span {
+    lo: usize,
+    hi: usize,
+    start: usize,
+}
+
+/// The span of `len` positions `i` reading input `i * s + k * d - pad`
+/// (an input dim of `input` elements).
+fn span(len: usize, input: usize, s: usize, d: usize, pad: usize, k: usize) -> Span {
+    let off = (k * d) as isize - pad as isize;
+    // First position whose tap is >= 0, and first whose tap is >= input.
+    let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(s) }.min(len);
+    let hi = if off >= input as isize { 0 } else { ((input as isize - off) as usize).div_ceil(s) }.clamp(lo, len);
+    let start = if lo < hi { (off + (lo * s) as isize) as usize } else { 0 };
+    Span { lo, hi, start }
+}
+
+/// `out[i] = src[i * step]` for every `i`, with a plain copy for unit steps.
+#[inline]
+fn strided_copy<T: Copy>(out: &mut [T], src: &[T], step: usize) {
+    if step == 1 {
+        out.copy_from_slice(&src[..out.len()]);
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = src[i * step];
+        }
+    }
+}
+
 impl Geometry {
-    /// Fills `col` (`[cg * kh * kw, nc * oh * ow]`) with the patches of
-    /// images `n0..n0 + nc`, group `g`.
-    fn pack<T: Num + Send + Sync>(&self, x: &[T], n0: usize, nc: usize, g: usize, col: &mut [T]) {
-        let row_len = nc * self.oh * self.ow;
-        let fill = |(r, row): (usize, &mut [T])| {
-            let cc = r / (self.kh * self.kw);
-            let (ki, kj) = ((r / self.kw) % self.kh, r % self.kw);
-            for j in 0..nc {
-                let ch = g * self.cg + cc;
-                let plane = &x[((n0 + j) * self.ci + ch) * self.ih * self.iw..][..self.ih * self.iw];
-                let out = &mut row[j * self.oh * self.ow..(j + 1) * self.oh * self.ow];
-                self.pack_plane(plane, ki, kj, out);
-            }
-        };
+    /// Splits filling `col` (rows `(j, y, x)` of `k` patch columns) by
+    /// output row `(j, y)` over the rayon pool when it is large.
+    fn fill_rows<T: Send>(&self, col: &mut [T], fill: impl Fn(usize, usize, &mut [T]) + Sync + Send) {
+        let k = self.cg * self.kh * self.kw;
+        let block = self.ow * k;
+        let each = |(r, out): (usize, &mut [T])| fill(r / self.oh, r % self.oh, out);
         if col.len() >= PAR_PACK && rayon::current_num_threads() > 1 {
-            col.par_chunks_mut(row_len).enumerate().for_each(fill);
+            col.par_chunks_mut(block).enumerate().for_each(each);
         } else {
-            col.chunks_mut(row_len).enumerate().for_each(fill);
+            col.chunks_mut(block).enumerate().for_each(each);
         }
     }
 
-    /// One column-matrix row segment: tap `(ki, kj)` of every output
-    /// position of one input plane.
-    fn pack_plane<T: Num>(&self, plane: &[T], ki: usize, kj: usize, out: &mut [T]) {
+    /// Fills `col` (`[nc * oh * ow, cg * kh * kw]`, `nc` from its length)
+    /// with the patches of images `n0..`, group `g`: row `(j, y, x)`,
+    /// column `(c, ki, kj)`, copying runs along `kj` (for kernels at least
+    /// as wide as the output).
+    fn pack_kernel_runs<T: Num + Send + Sync>(&self, x: &[T], n0: usize, g: usize, col: &mut [T]) {
         let c = &self.c;
-        let (sw, pw) = (c.strides[1], c.pads[1] as isize);
-        let x_off = (kj * c.dilations[1]) as isize - pw;
-        // Output columns whose tap lands inside the row: x0 <= xo < x1.
-        let first_in = |xo: usize| x_off + (xo * sw) as isize >= 0;
-        let x0 = (0..self.ow).find(|&xo| first_in(xo)).unwrap_or(self.ow);
-        let x1 = (x0..self.ow).find(|&xo| x_off + (xo * sw) as isize >= self.iw as isize).unwrap_or(self.ow);
-        for (y, orow) in out.chunks_exact_mut(self.ow).enumerate() {
-            let iy = (y * c.strides[0] + ki * c.dilations[0]) as isize - c.pads[0] as isize;
-            if iy < 0 || iy >= self.ih as isize || x0 >= x1 {
-                orow.fill(T::ZERO);
-                continue;
-            }
-            let src = &plane[iy as usize * self.iw..(iy as usize + 1) * self.iw];
-            orow[..x0].fill(T::ZERO);
-            orow[x1..].fill(T::ZERO);
-            let base = (x_off + (x0 * sw) as isize) as usize;
-            if sw == 1 {
-                orow[x0..x1].copy_from_slice(&src[base..base + (x1 - x0)]);
-            } else {
-                for (i, o) in orow[x0..x1].iter_mut().enumerate() {
-                    *o = src[base + i * sw];
+        let k = self.cg * self.kh * self.kw;
+        self.fill_rows(col, |j, y, out| {
+            let img = &x[(n0 + j) * self.ci * self.ih * self.iw..];
+            let sy = span(self.kh, self.ih, c.dilations[0], c.strides[0], c.pads[0], y);
+            for (xo, row) in out.chunks_exact_mut(k).enumerate() {
+                let sx = span(self.kw, self.iw, c.dilations[1], c.strides[1], c.pads[1], xo);
+                for cc in 0..self.cg {
+                    let plane = &img[(g * self.cg + cc) * self.ih * self.iw..][..self.ih * self.iw];
+                    let taps = &mut row[cc * self.kh * self.kw..][..self.kh * self.kw];
+                    taps[..sy.lo * self.kw].fill(T::ZERO);
+                    taps[sy.hi * self.kw..].fill(T::ZERO);
+                    for ki in sy.lo..sy.hi {
+                        let iy = sy.start + (ki - sy.lo) * c.dilations[0];
+                        let trow = &mut taps[ki * self.kw..(ki + 1) * self.kw];
+                        trow[..sx.lo].fill(T::ZERO);
+                        trow[sx.hi..].fill(T::ZERO);
+                        strided_copy(&mut trow[sx.lo..sx.hi], &plane[iy * self.iw + sx.start..], c.dilations[1]);
+                    }
                 }
             }
-        }
+        });
+    }
+
+    /// Fills `col` (`[nc * oh * ow, kh * kw * cg]`) from the channels-last
+    /// images `hwc` (`[nc, ih, iw, cg]`, one group's channels): row
+    /// `(j, y, x)`, column `(ki, kj, c)`; every tap copies `cg` contiguous
+    /// channels.
+    fn pack_channels_last<T: Num + Send + Sync>(&self, hwc: &[T], col: &mut [T]) {
+        let c = &self.c;
+        let (cg, k) = (self.cg, self.cg * self.kh * self.kw);
+        self.fill_rows(col, |j, y, out| {
+            let img = &hwc[j * self.ih * self.iw * cg..][..self.ih * self.iw * cg];
+            let sy = span(self.kh, self.ih, c.dilations[0], c.strides[0], c.pads[0], y);
+            for (xo, row) in out.chunks_exact_mut(k).enumerate() {
+                let sx = span(self.kw, self.iw, c.dilations[1], c.strides[1], c.pads[1], xo);
+                row[..sy.lo * self.kw * cg].fill(T::ZERO);
+                row[sy.hi * self.kw * cg..].fill(T::ZERO);
+                for ki in sy.lo..sy.hi {
+                    let iy = sy.start + (ki - sy.lo) * c.dilations[0];
+                    let trow = &mut row[ki * self.kw * cg..(ki + 1) * self.kw * cg];
+                    trow[..sx.lo * cg].fill(T::ZERO);
+                    trow[sx.hi * cg..].fill(T::ZERO);
+                    let src = &img[iy * self.iw * cg..(iy + 1) * self.iw * cg];
+                    if c.dilations[1] == 1 {
+                        // Neighbouring taps are neighbouring pixels: one run.
+                        let n = (sx.hi - sx.lo) * cg;
+                        trow[sx.lo * cg..sx.lo * cg + n].copy_from_slice(&src[sx.start * cg..sx.start * cg + n]);
+                    } else {
+                        for kj in sx.lo..sx.hi {
+                            let ix = sx.start + (kj - sx.lo) * c.dilations[1];
+                            trow[kj * cg..(kj + 1) * cg].copy_from_slice(&src[ix * cg..(ix + 1) * cg]);
+                        }
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -331,9 +486,30 @@ mod tests {
         out
     }
 
+    /// The reduction split over threads sums to the one-GEMM product
+    /// (uneven slices, more slices than fit evenly).
+    #[test]
+    fn split_k_matches_one_gemm() {
+        let (m, k, n) = (5, 1003, 3);
+        let a: Vec<f64> = (0..m * k).map(|i| ((i * 37) % 19) as f64 / 7.0 - 1.0).collect();
+        let b: Vec<f64> = (0..n * k).map(|i| ((i * 53) % 23) as f64 / 9.0 - 1.2).collect();
+        let d = Dims { m, k, n };
+        let mut want = vec![0.0; m * n];
+        f64::gemm_bt(&a, k, &b, k, &mut want, d, 1);
+        for threads in [2, 3, 7] {
+            let mut got = vec![f64::NAN; m * n];
+            split_k_gemm(&Memory::default(), &a, &b, &mut got, d, threads).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()), "{threads} threads: {g} vs {w}");
+            }
+        }
+    }
+
     /// Every packing path (one image per chunk, several, a partial last
-    /// chunk; unit and larger strides; taps outside the input on both
-    /// sides) agrees with the direct loop.
+    /// chunk; unit and larger strides and dilations; taps outside the input
+    /// on both sides; runs along the output row and, for kernels at least
+    /// as wide as the output, along the kernel row) agrees with the direct
+    /// loop.
     #[test]
     fn im2col_gemm_matches_the_direct_loop() {
         let cases = [
@@ -353,6 +529,17 @@ mod tests {
                 ConvAttrs { strides: [4, 4], pads: [0, 0, 0, 0], dilations: [1, 1], groups: 3 },
                 [2, 3, 9, 9],
                 [3, 1, 1, 1],
+            ),
+            (
+                ConvAttrs { strides: [2, 1], pads: [1, 0, 0, 1], dilations: [1, 1], groups: 2 },
+                [3, 4, 5, 5],
+                [4, 2, 4, 4],
+            ),
+            (ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: [2, 2], groups: 1 }, [2, 2, 6, 6], [3, 2, 3, 3]),
+            (
+                ConvAttrs { strides: [1, 2], pads: [2, 1, 2, 1], dilations: [1, 3], groups: 1 },
+                [3, 2, 4, 5],
+                [2, 2, 5, 3],
             ),
         ];
         for (c, xd, wd) in cases {

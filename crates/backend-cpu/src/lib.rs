@@ -36,6 +36,7 @@ mod storage;
 mod stream;
 
 pub use exec::CpuExecutable;
+pub use matmul::sgemm;
 pub use storage::{CpuData, CpuStorage};
 
 use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, Executable};

@@ -59,12 +59,15 @@ pub(crate) fn matmul(
     })
 }
 
-/// Matrix sizes of one product.
+/// Matrix sizes of one product: `[m, k] @ [k, n]`.
 #[derive(Clone, Copy)]
-struct Dims {
-    m: usize,
-    k: usize,
-    n: usize,
+pub(crate) struct Dims {
+    /// Rows of the product.
+    pub m: usize,
+    /// The reduced dimension.
+    pub k: usize,
+    /// Columns of the product.
+    pub n: usize,
 }
 
 /// Products with fewer multiply-adds than this run on one thread.
@@ -72,21 +75,32 @@ pub(crate) const PAR_FLOPS: usize = 1 << 21;
 
 /// Element types with a packed SIMD GEMM (`gemm` crate).
 pub(crate) trait GemmFloat: Num + bytemuck::Zeroable {
-    /// `c = a @ b` for row-major `a` (`m x k`), `b` (`k x n`) and `c`
-    /// (`m x n`, every element written), on up to `threads` threads.
-    fn gemm(a: &[Self], b: &[Self], c: &mut [Self], m: usize, k: usize, n: usize, threads: usize);
+    /// `c = a @ b^T` for `a` (`m x k`, rows `lda` apart), `b` (`n x k`,
+    /// rows `ldb` apart) and row-major `c` (`m x n`, every element
+    /// written), without copying, on up to `threads` threads.
+    #[allow(clippy::too_many_arguments)] // Operands with their strides, sizes and threads: the BLAS contract.
+    fn gemm_bt(a: &[Self], lda: usize, b: &[Self], ldb: usize, c: &mut [Self], d: Dims, threads: usize);
 }
 
 impl GemmFloat for f32 {
-    fn gemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize, threads: usize) {
-        gemm_f32(a, b, c, Dims { m, k, n }, threads)
+    fn gemm_bt(a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], d: Dims, threads: usize) {
+        packed_strided(a, lda, b, ldb, true, c, d, threads, 0.0, 1.0)
     }
 }
 
 impl GemmFloat for f64 {
-    fn gemm(a: &[f64], b: &[f64], c: &mut [f64], m: usize, k: usize, n: usize, threads: usize) {
-        gemm_f64(a, b, c, Dims { m, k, n }, threads)
+    fn gemm_bt(a: &[f64], lda: usize, b: &[f64], ldb: usize, c: &mut [f64], d: Dims, threads: usize) {
+        packed_strided(a, lda, b, ldb, true, c, d, threads, 0.0, 1.0)
     }
+}
+
+/// `c = a @ b` through the `gemm` crate, as matmul does: the
+/// baseline that benchmarks compare convolution against (`lazuli bench`).
+/// `a` is `m x k`, `b` is `k x n`, `c` is `m x n`, all row-major; it runs
+/// on the rayon pool when the product is large.
+pub fn sgemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+    let threads = if m * k * n >= PAR_FLOPS { rayon::current_num_threads() } else { 1 };
+    gemm_f32(a, b, c, Dims { m, k, n }, threads)
 }
 
 fn batched<T: Num>(
@@ -159,14 +173,41 @@ fn gemm_f64(a: &[f64], b: &[f64], c: &mut [f64], d: Dims, threads: usize) {
 /// `c = a @ b` (row-major, every element of `c` written) through the
 /// `gemm` crate's packed, SIMD, cache-blocked kernels; with `threads > 1`
 /// it splits the product over the rayon pool itself.
-// `gemm` takes raw pointers with strides; the slices are exactly `m*k`,
-// `k*n` and `m*n` long (checked by the assert), which is the whole contract.
-#[allow(unsafe_code)]
 fn packed<T: Copy + 'static>(a: &[T], b: &[T], c: &mut [T], d: Dims, threads: usize, zero: T, one: T) {
-    assert!(a.len() == d.m * d.k && b.len() == d.k * d.n && c.len() == d.m * d.n);
+    packed_strided(a, d.k, b, d.n, false, c, d, threads, zero, one)
+}
+
+/// [`packed`] with the rows of `a` `lda` apart and `b` read as `k x n`
+/// with rows `ldb` apart, or, when `b_transposed`, as the transpose of an
+/// `n x k` matrix with rows `ldb` apart (the `gemm` crate takes any
+/// strides, so nothing is copied).
+// `gemm` takes raw pointers with strides; the asserts check that every
+// index those strides reach lies inside the slices, which is the whole
+// contract.
+#[allow(unsafe_code)]
+#[allow(clippy::too_many_arguments)] // Operands with their strides, sizes, threads and the two scalars of the BLAS contract.
+fn packed_strided<T: Copy + 'static>(
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    b_transposed: bool,
+    c: &mut [T],
+    d: Dims,
+    threads: usize,
+    zero: T,
+    one: T,
+) {
+    // The last element a strided matrix reaches: (rows - 1) * ld + cols.
+    let reach = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
+    let (b_rows, b_cols) = if b_transposed { (d.n, d.k) } else { (d.k, d.n) };
+    assert!(lda >= d.k && ldb >= b_cols && c.len() == d.m * d.n);
+    assert!(reach(d.m, d.k, lda) <= a.len() && reach(b_rows, b_cols, ldb) <= b.len());
+    // (column stride, row stride) of b as a k x n matrix.
+    let (b_cs, b_rs) = if b_transposed { (ldb as isize, 1) } else { (1, ldb as isize) };
     let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: row-major strides (column stride 1, row stride = columns)
-    // within the bounds asserted above; `c` does not alias `a` or `b`.
+    // SAFETY: every index the strides reach is within the slices (the
+    // asserts above); `c` is row-major and does not alias `a` or `b`.
     // With `read_dst` false, `c = beta * a @ b` (alpha is ignored).
     unsafe {
         gemm::gemm(
@@ -179,10 +220,10 @@ fn packed<T: Copy + 'static>(a: &[T], b: &[T], c: &mut [T], d: Dims, threads: us
             false,
             a.as_ptr(),
             1,
-            d.k as isize,
+            lda as isize,
             b.as_ptr(),
-            1,
-            d.n as isize,
+            b_cs,
+            b_rs,
             zero,
             one,
             false,

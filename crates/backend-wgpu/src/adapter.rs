@@ -40,7 +40,8 @@ fn descriptor(backends: Backends) -> InstanceDescriptor {
     // VK_EXT_memory_budget), buffer creation near it fails with a clean
     // out-of-memory error, which the buffer pool answers by releasing
     // its cache and retrying, instead of the device being lost.
-    d.memory_budget_thresholds = wgpu::MemoryBudgetThresholds { for_resource_creation: Some(95), for_device_loss: None };
+    d.memory_budget_thresholds =
+        wgpu::MemoryBudgetThresholds { for_resource_creation: Some(95), for_device_loss: None };
     d
 }
 

@@ -795,15 +795,22 @@ fn conv2d_grad(
         }
         let wf = reverse(&reverse(w, 2)?, 3)?.permute(&[1, 0, 2, 3])?;
         let mut t2 = t;
+        // Zero padding goes to the convolution itself (nothing
+        // materialized); only a crop needs its own op.
+        let mut pads = [0usize; 4];
         for i in 0..2 {
             let k_eff = dl[i] * (wd[2 + i] - 1);
             // Output index h (unpadded input coordinate) reads gradient rows h + pad - k_eff .. h + pad.
             let lo = k_eff as i64 - pd[i] as i64;
             let covered = (gd[2 + i] - 1) * s[i] + 1;
             let hi = xd[2 + i] as i64 + pd[i] as i64 - covered as i64;
-            t2 = pad_or_crop(&t2, 2 + i, lo, hi)?;
+            if lo >= 0 && hi >= 0 {
+                (pads[i], pads[i + 2]) = (lo as usize, hi as usize);
+            } else {
+                t2 = pad_or_crop(&t2, 2 + i, lo, hi)?;
+            }
         }
-        let attrs = ConvAttrs { strides: [1, 1], pads: [0; 4], dilations: dl, groups: 1 };
+        let attrs = ConvAttrs { strides: [1, 1], pads, dilations: dl, groups: 1 };
         gx = Some(t2.conv2d(&wf, attrs)?);
     }
     let mut gw = None;
@@ -859,31 +866,32 @@ fn tiled_pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Option<
         }
         let window: usize = p.kernel.iter().product();
         let gr = g.reshape_to(coarse.clone())?;
-        let gx = match p.kind {
-            PoolKind::Avg { .. } => gr.div(&scalar(window as f64, g))?.expand(split)?,
-            PoolKind::Max => {
-                let xr = x.reshape_to(split.clone())?;
-                let hit = xr.eq(&y.reshape_to(coarse)?)?.logical_or(&xr.isnan()?)?;
-                // Scan rank of each tap within its window (row-major offsets).
-                let mut rank: Option<Tensor> = None;
-                let mut stride = window;
-                for i in 0..nsp {
-                    stride /= p.kernel[i];
-                    let r = Tensor::iota(split.clone(), 3 + 2 * i, DType::I32, x.device())?
-                        .mul(&Tensor::scalar(stride as i64, DType::I32, x.device()))?;
-                    rank = Some(match rank {
-                        None => r,
-                        Some(a) => a.add(&r)?,
-                    });
+        let gx =
+            match p.kind {
+                PoolKind::Avg { .. } => gr.div(&scalar(window as f64, g))?.expand(split)?,
+                PoolKind::Max => {
+                    let xr = x.reshape_to(split.clone())?;
+                    let hit = xr.eq(&y.reshape_to(coarse)?)?.logical_or(&xr.isnan()?)?;
+                    // Scan rank of each tap within its window (row-major offsets).
+                    let mut rank: Option<Tensor> = None;
+                    let mut stride = window;
+                    for i in 0..nsp {
+                        stride /= p.kernel[i];
+                        let r = Tensor::iota(split.clone(), 3 + 2 * i, DType::I32, x.device())?
+                            .mul(&Tensor::scalar(stride as i64, DType::I32, x.device()))?;
+                        rank = Some(match rank {
+                            None => r,
+                            Some(a) => a.add(&r)?,
+                        });
+                    }
+                    let rank = rank.expect("a pool has at least one spatial dim");
+                    let none = Tensor::scalar(window as i64, DType::I32, x.device());
+                    let axes: Vec<isize> = (0..nsp).map(|i| 3 + 2 * i as isize).collect();
+                    let first_rank = hit.where_(&rank, &none)?.reduce_axes(ReduceOp::Min, &axes, true)?;
+                    let first = hit.logical_and(&rank.eq(&first_rank)?)?;
+                    first.where_(&gr, &scalar(0.0, g))?
                 }
-                let rank = rank.expect("a pool has at least one spatial dim");
-                let none = Tensor::scalar(window as i64, DType::I32, x.device());
-                let axes: Vec<isize> = (0..nsp).map(|i| 3 + 2 * i as isize).collect();
-                let first_rank = hit.where_(&rank, &none)?.reduce_axes(ReduceOp::Min, &axes, true)?;
-                let first = hit.logical_and(&rank.eq(&first_rank)?)?;
-                first.where_(&gr, &scalar(0.0, g))?
-            }
-        };
+            };
         gx.reshape_to(x.shape().clone())
     };
     Some(run())
