@@ -1,6 +1,7 @@
-//! Criterion benches of the workloads in `WORKLOADS.md` (W1–W5) on the CPU
-//! backend and, where an adapter exists, on wgpu, and of the host's cost per
-//! recorded op. Sample counts are small:
+//! Criterion benches of the workloads in `WORKLOADS.md` (W1–W5) and of C1
+//! (a 3x3 convolution forward and backward) on the CPU backend and, where
+//! an adapter exists, on wgpu, and of the host's cost per recorded op.
+//! Sample counts are small:
 //! the workloads are large and a software adapter is slow. `lazuli bench`
 //! is the harness the figures in BENCHMARKS.md come from; these benches
 //! track the same code paths over time.
@@ -36,6 +37,8 @@ fn workloads(c: &mut Criterion) {
         g.bench_function("W4 mlp step", |b| b.iter(|| mlp.step().expect("W4")));
         let x = bench::w5_input(dev).expect("W5 input");
         g.bench_function("W5 100 tiny ops", |b| b.iter(|| bench::w5_step(&x).expect("W5")));
+        let mut conv = bench::ConvStep::new(dev, bench::ConvSizes::C1).expect("C1 inputs");
+        g.bench_function("C1 conv2d 3x3 forward + backward", |b| b.iter(|| conv.step().expect("C1")));
         g.finish();
     }
 }

@@ -6,8 +6,8 @@
 //! run.
 
 use lazuli::bench::{
-    gpu_row_name, host_split, run_gpu_workload, BenchArgs, BenchConfig, BenchDevice, GptSizes, GpuSizes, Workload,
-    GPU_SCALE_CPU_ITERATIONS, GPU_SCALE_SOFTWARE_ITERATIONS,
+    conv_gemm_baseline, gpu_row_name, host_split, ratios, run_gpu_workload, BenchArgs, BenchConfig, BenchDevice,
+    ConvSizes, ConvStep, GptSizes, GpuSizes, Workload, GPU_SCALE_CPU_ITERATIONS, GPU_SCALE_SOFTWARE_ITERATIONS,
 };
 
 fn args(s: &str) -> Vec<String> {
@@ -153,4 +153,26 @@ fn a_failing_workload_is_an_error_row_and_the_run_goes_on() {
     let next = run_gpu_workload(Workload::G1, &bd, &cfg, &sizes);
     assert_eq!(next.error, None);
     assert!(next.median_ms.is_finite());
+}
+
+/// C1 parses by name (outside both sets), runs at a tiny size through the
+/// same step, and its ratio to the gemm baseline is printed.
+#[test]
+fn c1_conv_workload_and_its_gemm_baseline() {
+    assert_eq!(parse("c1").unwrap().workloads, vec![Workload::C1]);
+    assert!(!Workload::SMALL.contains(&Workload::C1) && !Workload::GPU.contains(&Workload::C1));
+    let tiny = ConvSizes { batch: 2, channels: 3, size: 6, out_channels: 4, kernel: 3 };
+    assert_eq!(tiny.gemm_dims(), (4, 27, 72));
+    assert_eq!(tiny.flops(), 6.0 * 4.0 * 27.0 * 72.0);
+    let dev = BenchDevice::cpu().device;
+    let mut step = ConvStep::new(&dev, tiny).unwrap();
+    step.step().unwrap();
+    step.step().unwrap();
+    let cfg = BenchConfig { warmup: 1, iterations: 2 };
+    let base = conv_gemm_baseline(&cfg, tiny);
+    assert_eq!((base.workload.as_str(), base.device.as_str()), ("C1 gemm baseline", "host"));
+    assert!(base.gflops.is_some_and(|g| g > 0.0), "{base:?}");
+    let mut c1 = base.clone();
+    (c1.workload, c1.device, c1.gflops) = ("C1".into(), "cpu".into(), base.gflops.map(|g| g / 2.0));
+    assert!(ratios(&[base, c1]).contains("C1 cpu / gemm baseline           0.50x"));
 }

@@ -19,18 +19,20 @@ commands:
   conformance [DIR] [--device cpu|wgpu|all]
                             run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
                             ../shared/conformance/onnx) and print the per-op table
-  bench [W1 ... G1 ... H1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
+  bench [W1 ... G1 ... H1 C1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
         [--json] [--profile] [--iterations N]
                             run the benchmark workloads and baselines; prints a table.
                             --scale small (default) runs W1-W6 and H1 (host cost per op, by
                             phase); --scale gpu runs G1-G8 of WORKLOADS.md (G8: the GPT
                             training step, with host and device ms per step); naming workloads
-                            runs those. --size small runs the G workloads at sizes for a small
-                            box. Full-size G workloads time 10 iterations on a GPU, 3 on cpu
-                            and 1 on a software adapter unless --iterations is given; one that
-                            cannot run on a device (e.g. a tensor over the adapter's binding
-                            limit) gives a row with NaN times and the error (key 'error' in
-                            --json), and the run goes on
+                            runs those (C1, a conv 3x3 forward + backward on x [32,32,32,32],
+                            w [64,32,3,3], runs only when named, with the gemm crate on the
+                            same three products as its baseline). --size small runs the G
+                            workloads at sizes for a small box. Full-size G workloads time 10
+                            iterations on a GPU, 3 on cpu and 1 on a software adapter unless
+                            --iterations is given; one that cannot run on a device (e.g. a
+                            tensor over the adapter's binding limit) gives a row with NaN times
+                            and the error (key 'error' in --json), and the run goes on
   generate [--device cpu|wgpu] [--window growing|fixed|both] [--tokens N] [--json]
                             greedy generation with a small GPT (context up to 64, 12-token
                             prompt): the growing context is a new size every step; prints
