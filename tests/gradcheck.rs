@@ -411,7 +411,9 @@ fn grad_pooling() {
 /// -inf maximum next to padding (never the padding).
 #[test]
 fn max_pool_gradient_goes_to_the_first_maximum() {
-    let cases: Vec<(Vec<f32>, [usize; 4], PoolAttrs, Vec<f32>)> = vec![
+    /// Input, its shape, the pooling, the expected input gradient.
+    type Case = (Vec<f32>, [usize; 4], PoolAttrs, Vec<f32>);
+    let cases: Vec<Case> = vec![
         // Two 2x2 windows; the first has a tie between positions 1 and 2.
         (
             vec![1.0, 3.0, 5.0, 5.0, 3.0, 0.0, 2.0, 5.0],

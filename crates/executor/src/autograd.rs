@@ -860,9 +860,9 @@ fn tiled_pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Option<
     let run = || -> Result<Tensor> {
         let mut split = x.dims()[..2].to_vec();
         let mut coarse = split.clone();
-        for i in 0..nsp {
-            split.extend([out[i], p.kernel[i]]);
-            coarse.extend([out[i], 1]);
+        for (&o, &k) in out.iter().zip(&p.kernel) {
+            split.extend([o, k]);
+            coarse.extend([o, 1]);
         }
         let window: usize = p.kernel.iter().product();
         let gr = g.reshape_to(coarse.clone())?;
