@@ -47,6 +47,8 @@ fn digits_demo_trains_on_wgpu() {
 
 #[test]
 fn cnn_demo_trains_on_cpu_with_one_graph_per_step() {
+    // `fallback_ops` is a process-wide counter: no wgpu training beside it.
+    let _lock = common::metrics_lock();
     let cfg = TrainConfig { epochs: 3, ..TrainConfig::cnn() };
     let report = train_digits(&Device::cpu(), &digits(), &cfg, &mut |_| {}).unwrap();
     assert_eq!(report.model, "cnn");

@@ -629,8 +629,7 @@ impl Tensor {
             return Err(ExecError::Ir(IrError::Shape {
                 op: "narrow".into(),
                 detail: format!(
-                    "{} elements from {} are not inside axis {axis} (size {n}) of {}",
-                    l,
+                    "a slice of {l} elements from {} is out of range for axis {axis} (size {n}) of {}",
                     start.to_i128(),
                     self.shape()
                 ),
