@@ -320,7 +320,11 @@ fn a_request_the_host_allocator_refuses_is_a_typed_error() {
     }
     let x = Tensor::ones([4], DType::F32, &dev).unwrap().mul_scalar(3.0).unwrap();
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![3.0; 4]);
+    // The gauge is exact once the worker is done with the job (it holds
+    // the output cell until then): read it after `wait`, as above.
+    dev.wait().unwrap();
     assert_eq!(dev.bytes_in_use(), 16, "only x is in use");
     drop(x);
+    dev.wait().unwrap();
     assert_eq!(dev.bytes_in_use(), 0);
 }
