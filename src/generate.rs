@@ -73,6 +73,38 @@ pub struct GenReport {
     pub generic_reuse: u64,
 }
 
+impl GenReport {
+    /// One JSON object: the device, the window and every measure.
+    pub fn to_json(&self, device: &str) -> String {
+        format!(
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"plans_compiled\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            self.window,
+            self.tokens.len(),
+            self.total.as_secs_f64() * 1e3,
+            self.first.as_secs_f64() * 1e3,
+            self.plans,
+            self.plans_with_new_code,
+            self.pipelines,
+            self.generic_reuse
+        )
+    }
+
+    /// One line of text with the same measures.
+    pub fn summary(&self, device: &str) -> String {
+        format!(
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms); {} plans compiled, {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            self.window,
+            self.tokens.len(),
+            self.total.as_secs_f64() * 1e3,
+            self.first.as_secs_f64() * 1e3,
+            self.plans,
+            self.plans_with_new_code,
+            self.pipelines,
+            self.generic_reuse
+        )
+    }
+}
+
 struct Block {
     ln1: (Tensor, Tensor),
     qkv: nn::Linear,

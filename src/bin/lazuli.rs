@@ -124,34 +124,7 @@ fn generate_command(args: &[String]) -> Result<(), String> {
     let mut rows = Vec::new();
     for w in windows {
         let r = run(cfg, w, &dev).map_err(|e| e.to_string())?;
-        let line = format!(
-            "{{\"device\": {:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"plans_compiled\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
-            dev.name(),
-            r.window,
-            r.tokens.len(),
-            r.total.as_secs_f64() * 1e3,
-            r.first.as_secs_f64() * 1e3,
-            r.plans,
-            r.plans_with_new_code,
-            r.pipelines,
-            r.generic_reuse
-        );
-        if json {
-            println!("{line}");
-        } else {
-            println!(
-                "{:?} window on {}: {} tokens in {:.1} ms (first step {:.1} ms); {} plans compiled, {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
-                r.window,
-                dev.name(),
-                r.tokens.len(),
-                r.total.as_secs_f64() * 1e3,
-                r.first.as_secs_f64() * 1e3,
-                r.plans,
-                r.plans_with_new_code,
-                r.pipelines,
-                r.generic_reuse
-            );
-        }
+        println!("{}", if json { r.to_json(&dev.name()) } else { r.summary(&dev.name()) });
         rows.push(r);
     }
     if let [a, b] = rows.as_slice() {

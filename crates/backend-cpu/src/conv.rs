@@ -456,38 +456,6 @@ fn pool_typed<T: Copy>(
 mod tests {
     use super::*;
 
-    /// The definition: a direct loop over every output and tap, in f64.
-    fn direct(x: &[f64], xd: &[usize], w: &[f64], wd: &[usize], od: &[usize], c: &ConvAttrs) -> Vec<f64> {
-        let opg = wd[0] / c.groups;
-        let mut out = Vec::new();
-        for n in 0..od[0] {
-            for o in 0..od[1] {
-                for y in 0..od[2] {
-                    for xo in 0..od[3] {
-                        let mut s = 0.0;
-                        for cc in 0..wd[1] {
-                            let ch = (o / opg) * wd[1] + cc;
-                            for i in 0..wd[2] {
-                                for j in 0..wd[3] {
-                                    let iy = (y * c.strides[0] + i * c.dilations[0]) as isize - c.pads[0] as isize;
-                                    let ix = (xo * c.strides[1] + j * c.dilations[1]) as isize - c.pads[1] as isize;
-                                    if iy >= 0 && ix >= 0 && (iy as usize) < xd[2] && (ix as usize) < xd[3] {
-                                        s += x[((n * xd[1] + ch) * xd[2] + iy as usize) * xd[3] + ix as usize]
-                                            * w[((o * wd[1] + cc) * wd[2] + i) * wd[3] + j];
-                                    }
-                                }
-                            }
-                        }
-                        out.push(s);
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// The reduction split over threads sums to the one-GEMM product
-    /// (uneven slices, more slices than fit evenly).
     #[test]
     fn split_k_matches_one_gemm() {
         let (m, k, n) = (5, 1003, 3);
@@ -557,7 +525,8 @@ mod tests {
             let od = od.dims();
             let x: Vec<f64> = (0..xd.iter().product()).map(|i| ((i * 7919) % 23) as f64 / 7.0 - 1.5).collect();
             let w: Vec<f64> = (0..wd.iter().product()).map(|i| ((i * 104_729) % 17) as f64 / 5.0 - 1.6).collect();
-            let want = direct(&x, &xd, &w, &wd, od, &c);
+            let (want, naive_dims) = crate::tests::naive_conv(&x, xd, &w, wd, &c);
+            assert_eq!(naive_dims, od, "output dims of {c:?}");
             let k = wd[1] * wd[2] * wd[3];
             let p = od[2] * od[3];
             // Budgets for one image per chunk, two, and all at once.

@@ -487,7 +487,15 @@ fn gather_indices() {
     assert!(t.try_run(&[g]).is_err());
 }
 
-fn naive_conv(x: &[f64], xd: [usize; 4], w: &[f64], wd: [usize; 4], c: &ConvAttrs) -> (Vec<f64>, Vec<usize>) {
+/// The definition of conv2d: a direct loop over every output and tap, in
+/// f64; also returns the output dims.
+pub(crate) fn naive_conv(
+    x: &[f64],
+    xd: [usize; 4],
+    w: &[f64],
+    wd: [usize; 4],
+    c: &ConvAttrs,
+) -> (Vec<f64>, Vec<usize>) {
     let oh = (xd[2] + c.pads[0] + c.pads[2] - c.dilations[0] * (wd[2] - 1) - 1) / c.strides[0] + 1;
     let ow = (xd[3] + c.pads[1] + c.pads[3] - c.dilations[1] * (wd[3] - 1) - 1) / c.strides[1] + 1;
     let mut out = vec![];

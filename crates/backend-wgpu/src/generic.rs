@@ -173,7 +173,7 @@ impl Scanned {
     }
 
     /// `source` (which this scan was made from) with each literal that has
-    /// a slot (`slots[k]`) read from slot of the uniform [`DIMS_VAR`];
+    /// a slot (`slots[k]`) read from that slot of [`DIMS_VAR`];
     /// also returns the slot values.
     fn generic(&self, source: &str, slots: &[Option<usize>]) -> (String, Vec<u32>) {
         let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
@@ -222,19 +222,12 @@ pub struct Specialized {
     pub outcome: Outcome,
 }
 
-impl Specialized {
-    /// Whether the source reads `LZD` (bind group 1).
-    pub fn is_generic(&self) -> bool {
-        !self.dims.is_empty()
-    }
-}
-
 struct Family {
     skeleton: String,
     /// Literal values of the first member; positions without a slot are
     /// the same in every member.
     values: Vec<u32>,
-    /// The uniform slot of each dynamic position. Dynamic positions that
+    /// The `LZD` slot of each dynamic position. Dynamic positions that
     /// held equal values in every member so far share a slot (a size used
     /// in many places is one load the driver can keep in a register); a
     /// member where they differ splits the slot.

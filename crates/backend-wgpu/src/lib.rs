@@ -2,7 +2,9 @@
 //!
 //! Pipeline: [`lazuli_ir::fusion::plan`] cuts a verified graph into kernels;
 //! [`codegen::lower`] writes each as WGSL (deterministically, shapes baked
-//! in, lifted scalars in a uniform buffer); [`validate::validate_wgsl`]
+//! in, lifted scalars in a uniform buffer); [`generic`] lets kernels of
+//! graphs that differ only in sizes share one pipeline, reading the sizes
+//! that vary from a small buffer; [`validate::validate_wgsl`]
 //! checks it with naga before a pipeline is created; pipelines are cached
 //! by the hash of their source ([`pipeline`]); buffers come from a caching
 //! allocator sized to the device ([`pool`]); one execution encodes all

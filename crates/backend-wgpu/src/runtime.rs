@@ -432,9 +432,11 @@ impl WgpuBackend {
     fn pipelines(&self, kernels: &[Prepared]) -> Result<Vec<Arc<PipelineEntry>>, BackendError> {
         let keys: Vec<u64> = kernels.iter().map(|k| PipelineCache::key(&k.source, k.entry)).collect();
         let mut found: HashMap<u64, Arc<PipelineEntry>> = HashMap::new();
+        // One creation per distinct missing source.
         let mut missing: Vec<usize> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, &key) in keys.iter().enumerate() {
-            if found.contains_key(&key) || missing.iter().any(|&m| keys[m] == key) {
+            if !seen.insert(key) {
                 continue;
             }
             match self.inner.pipelines.get(key) {
@@ -910,7 +912,14 @@ impl Backend for WgpuBackend {
                 std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
             {
                 let s = self.inner.families.specialize(&w.source, w.entry, false);
-                prepared.push(Prepared { source: s.source, dims: s.dims, ..Prepared::fixed(name, w) });
+                prepared.push(Prepared {
+                    name,
+                    source: s.source,
+                    entry: w.entry,
+                    inputs: w.inputs,
+                    outputs: w.outputs,
+                    dims: s.dims,
+                });
             }
         }
         metrics::record_time("CompileLower", started.elapsed());
