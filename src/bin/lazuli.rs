@@ -137,6 +137,9 @@ fn generate_command(args: &[String]) -> Result<(), String> {
             );
         }
     }
+    if !json {
+        println!("\n{}", metrics::report());
+    }
     Ok(())
 }
 

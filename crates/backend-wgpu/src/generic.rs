@@ -259,13 +259,21 @@ impl Family {
     }
 
     /// Re-slots after a member that did not fit: positions that changed
-    /// turn dynamic; slots split by the member's values.
+    /// turn dynamic; slots split by the member's values. With
+    /// `all_dynamic` every position gets a slot of its own, so no later
+    /// member can widen the family again (positions that hold equal
+    /// values today, such as a sequence length's power-of-two bucket and
+    /// a head width, may part tomorrow).
     fn widen(&mut self, values: &[u32], all_dynamic: bool) {
+        if all_dynamic {
+            self.slots = (0..values.len()).map(Some).collect();
+            return;
+        }
         let mut ids: std::collections::HashMap<(usize, u32, u32), usize> = std::collections::HashMap::new();
         for ((slot, &old), &new) in self.slots.iter_mut().zip(&self.values).zip(values) {
             let key = match *slot {
                 Some(k) => (k, 0, new),
-                None if all_dynamic || old != new => (usize::MAX, old, new),
+                None if old != new => (usize::MAX, old, new),
                 None => continue,
             };
             let next = ids.len();
@@ -300,7 +308,8 @@ impl Families {
     /// The source to compile for `source` (entry point `entry`) and its
     /// dynamic values; see the module documentation. With `all_dynamic`
     /// (sizes are known to vary) every literal of the family turns
-    /// dynamic at once, so later sizes never widen it again. Counted as
+    /// dynamic at once, each in a slot of its own, so later sizes never
+    /// widen it again. Counted as
     /// `GenericKernelReuse` and `GenericKernelWidened`.
     pub fn specialize(&self, source: &str, entry: &str, all_dynamic: bool) -> Specialized {
         let fixed = || Specialized { source: source.to_string(), dims: Vec::new(), outcome: Outcome::Static };
@@ -416,13 +425,20 @@ mod tests {
         let fam = Families::new(true, 16);
         let first = fam.specialize(A, "main", true);
         assert_eq!((first.outcome, first.dims.as_slice()), (Outcome::Widened, &[48, 12, 1065353216, 3, 16][..]));
-        // Sharing slots by value: equal values share one.
+        // One slot per position.
         crate::validate::validate_wgsl(&first.source).unwrap();
         let b = A.replace("48u", "52u").replace("(-3i)", "(-9i)");
         let second = fam.specialize(&b, "main", false);
         assert_eq!(second.outcome, Outcome::Reused);
         assert_eq!(second.source, first.source);
         assert_eq!(second.dims, [52, 12, 1065353216, 9, 16]);
+        // Equal values still get slots of their own: parting never widens.
+        let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 12u + 7u;\n}\n";
+        let fam = Families::new(true, 16);
+        let a = fam.specialize(src, "f", true);
+        assert!(a.source.contains("(i / LZD[0u]) % LZD[1u] + LZD[2u]"), "{}", a.source);
+        let b = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f", false);
+        assert_eq!((b.outcome, b.dims.as_slice()), (Outcome::Reused, &[4, 6, 7][..]));
     }
 
     #[test]
