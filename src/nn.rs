@@ -3,7 +3,8 @@
 //! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
 //! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`],
 //! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Sequential`]),
-//! attention ([`scaled_dot_product_attention`], [`causal_mask`]), losses
+//! attention ([`scaled_dot_product_attention`], its unfused reference
+//! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
 //! ([`cross_entropy`], [`cross_entropy_with`], [`mse`]) and seeded
 //! initialization ([`Init`]).
 //!
@@ -15,9 +16,10 @@
 //! Initialization draws from the device RNG ([`Device::manual_seed`] makes
 //! it reproducible).
 //!
-//! Attention is written as its unfused composition (two matmuls around a
-//! softmax); the fused GPU kernel will sit behind the same function, with
-//! this composition as its reference.
+//! Attention records the fused op ([`Tensor::attention`]: the scores are
+//! never materialized); its unfused composition (two matmuls around a
+//! softmax) stays available as the reference,
+//! [`scaled_dot_product_attention_unfused`].
 
 use crate::ir::{ConvAttrs, PoolAttrs, PoolKind};
 use crate::{DType, Device, ExecError, Result, Tensor};
@@ -1159,10 +1161,62 @@ impl AttentionOptions {
 /// Scaled dot-product attention: `softmax(q k^T * scale + mask) v` over
 /// `q` `[.., t_q, d]`, `k` `[.., t_k, d]`, `v` `[.., t_k, d_v]` (leading
 /// dims broadcast, e.g. `[batch, heads]`), giving `[.., t_q, d_v]`; any
-/// lengths and head dims. Forward and backward are the unfused composition
-/// (two matmuls around a softmax), so gradients come from autodiff; a
-/// query whose keys are all masked gets NaN, like PyTorch's math backend.
+/// lengths and head dims.
+///
+/// It records one fused op ([`Tensor::attention`]): the `[t_q, t_k]`
+/// scores are never materialized, forward or backward (FlashAttention-2:
+/// the backward recomputes them blockwise from the forward's per-query
+/// log-sum-exp), on every backend. A query whose keys are all masked gets
+/// NaN, like PyTorch's math backend. Two cases record the unfused
+/// composition instead ([`scaled_dot_product_attention_unfused`], whose
+/// results the fused op matches up to rounding): a mask that needs a
+/// gradient (the fused op has none for it), and a mask whose last two
+/// dims would grow the scores beyond `[t_q, t_k]`.
 pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<Tensor> {
+    let scale = check_attention(q, k, v, opts)?;
+    let (tq, tk) = (q.dims()[q.rank() - 2], k.dims()[k.rank() - 2]);
+    if let Some(m) = &opts.mask {
+        let md = m.dims();
+        let at = |back: usize| if md.len() >= back { md[md.len() - back] } else { 1 };
+        let fits = (at(2) == 1 || at(2) == tq) && (at(1) == 1 || at(1) == tk);
+        if !fits || m.requires_grad() {
+            return scaled_dot_product_attention_unfused(q, k, v, opts);
+        }
+    }
+    q.attention(k, v, scale, opts.causal, opts.mask.as_ref())
+}
+
+/// Scaled dot-product attention as its unfused composition: two matmuls
+/// around a softmax, the `[.., t_q, t_k]` scores materialized, gradients
+/// from autodiff of each op. The reference the fused
+/// [`scaled_dot_product_attention`] is tested against (same arguments,
+/// same results up to rounding), and its path for masks that need a
+/// gradient.
+pub fn scaled_dot_product_attention_unfused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOptions,
+) -> Result<Tensor> {
+    let scale = check_attention(q, k, v, opts)?;
+    let (dt, dev) = (q.dtype(), q.device());
+    let (tq, tk) = (q.dims()[q.rank() - 2], k.dims()[k.rank() - 2]);
+    let mut scores = q.matmul(&k.t()?)?.mul(&Tensor::scalar(scale, dt, dev))?;
+    let neg_inf = Tensor::scalar(f64::NEG_INFINITY, dt, dev);
+    if opts.causal {
+        scores = causal_keep(tq, tk, dev)?.where_(&scores, &neg_inf)?;
+    }
+    if let Some(m) = &opts.mask {
+        scores = match m.dtype() {
+            DType::Bool => m.where_(&scores, &neg_inf)?,
+            _ => scores.add(m)?,
+        };
+    }
+    scores.softmax(-1)?.matmul(v)
+}
+
+/// Checks the operands of scaled dot-product attention; returns the scale.
+fn check_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<f64> {
     let op = "scaled_dot_product_attention";
     let (rq, rk, rv) = (q.rank(), k.rank(), v.rank());
     let shapes = || format!("q {}, k {}, v {}", q.shape(), k.shape(), v.shape());
@@ -1175,28 +1229,20 @@ pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &A
             format!("q and k need the same head dim and k and v the same length, got {}", shapes()),
         ));
     }
-    if !q.dtype().is_float() || q.dtype() != k.dtype() || q.dtype() != v.dtype() {
+    let dt = q.dtype();
+    if !dt.is_float() || dt != k.dtype() || dt != v.dtype() {
         return Err(invalid(
             op,
             format!("q, k and v need one float dtype, got {}, {} and {}", q.dtype(), k.dtype(), v.dtype()),
         ));
     }
-    let (dt, dev) = (q.dtype(), q.device());
-    let (tq, tk, d) = (q.dims()[rq - 2], k.dims()[rk - 2], q.dims()[rq - 1]);
-    let scale = opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt());
-    let mut scores = q.matmul(&k.t()?)?.mul(&Tensor::scalar(scale, dt, dev))?;
-    let neg_inf = Tensor::scalar(f64::NEG_INFINITY, dt, dev);
-    if opts.causal {
-        scores = causal_keep(tq, tk, dev)?.where_(&scores, &neg_inf)?;
-    }
     if let Some(m) = &opts.mask {
-        scores = match m.dtype() {
-            DType::Bool => m.where_(&scores, &neg_inf)?,
-            md if md == dt => scores.add(m)?,
-            md => return Err(invalid(op, format!("the mask must be bool or {dt} (the scores' dtype), got {md}"))),
-        };
+        if m.dtype() != DType::Bool && m.dtype() != dt {
+            return Err(invalid(op, format!("the mask must be bool or {dt} (the scores' dtype), got {}", m.dtype())));
+        }
     }
-    scores.softmax(-1)?.matmul(v)
+    let d = q.dims()[rq - 1];
+    Ok(opts.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt()))
 }
 
 /// Multi-head attention, PyTorch's `nn.MultiheadAttention` with

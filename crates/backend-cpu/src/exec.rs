@@ -19,7 +19,7 @@
 use crate::fused::FusedLoop;
 use crate::memory::Memory;
 use crate::storage::{CpuData, CpuStorage};
-use crate::{conv, matmul, movement, reduce, source};
+use crate::{attention, conv, matmul, movement, reduce, source};
 use lazuli_executor::{BackendError, BackendKind, Buffer, DeviceStorage, Executable};
 use lazuli_ir::fusion::{self, FusionLimits, KernelKind};
 use lazuli_ir::{Graph, NodeId, Op, ScalarValue, VerifiedGraph};
@@ -104,6 +104,8 @@ enum StepKind {
     Node(NodeId),
     /// A fused elementwise loop.
     Fused(Box<FusedLoop>),
+    /// Attention parts over the same operands, computed together.
+    Attention(Vec<NodeId>),
 }
 
 impl Program {
@@ -131,18 +133,40 @@ impl Program {
                         b.node(root);
                     }
                 }
-                _ => {
+                KernelKind::Attention => {
+                    // A kernel of parts over operands an earlier one shared.
+                    if k.outputs.iter().all(|o| b.done[o.index()]) {
+                        continue;
+                    }
                     let root = k.root();
-                    // The prologue: each inlined operand of the root as a loop.
-                    for &o in &graph.node(root).inputs {
-                        if b.done[o.index()] || !k.inline.contains(&o) {
-                            continue;
+                    b.prologue(root, &k.inline);
+                    // Every later attention kernel over the same operands
+                    // (the query gradient beside the key and value ones)
+                    // joins this step: one pass computes them all.
+                    let mut outs = k.outputs.clone();
+                    let same = |x: NodeId| {
+                        let (n, r) = (graph.node(x), graph.node(root));
+                        match (&n.op, &r.op) {
+                            (Op::Attention { attrs: a, .. }, Op::Attention { attrs: c, .. }) => {
+                                a == c && n.inputs == r.inputs
+                            }
+                            _ => false,
                         }
-                        match FusedLoop::compile(graph, &k.inline, &[o], mem) {
-                            Some(lp) => b.fused(lp),
-                            None => b.closure(o, &k.inline),
+                    };
+                    for later in plan.kernels.iter().filter(|l| l.kind == KernelKind::Attention) {
+                        if later.root() != root && same(later.root()) {
+                            for &o in &later.outputs {
+                                if !outs.contains(&o) {
+                                    outs.push(o);
+                                }
+                            }
                         }
                     }
+                    b.attention(outs);
+                }
+                _ => {
+                    let root = k.root();
+                    b.prologue(root, &k.inline);
                     b.node(root);
                 }
             }
@@ -179,6 +203,14 @@ impl Program {
                 StepKind::Node(id) => {
                     let v = eval_node(graph, *id, &vals, scalars, mem)?;
                     vals[id.index()] = Some(v);
+                }
+                StepKind::Attention(outputs) => {
+                    let node = graph.node(outputs[0]);
+                    let arg = |k: usize| data(vals[node.inputs[k].index()].as_ref().expect("operands precede users"));
+                    let outs = attention::attention(mem, graph, outputs, &arg)?;
+                    for (o, d) in outputs.iter().zip(outs) {
+                        vals[o.index()] = Some(Arc::new(mem.track(d)));
+                    }
                 }
                 StepKind::Fused(lp) => {
                     let outs = lp.run(&vals, scalars, mem)?;
@@ -222,6 +254,31 @@ impl ProgramBuilder<'_> {
         }
         let reads = lp.reads();
         self.steps.push(Step { kind: StepKind::Fused(Box::new(lp)), reads });
+    }
+
+    /// The prologue of a kernel rooted at `root`: each inlined operand of
+    /// the root as a loop (or interpreted).
+    fn prologue(&mut self, root: NodeId, inline: &[NodeId]) {
+        for &o in &self.graph.node(root).inputs {
+            if self.done[o.index()] || !inline.contains(&o) {
+                continue;
+            }
+            match FusedLoop::compile(self.graph, inline, &[o], self.mem) {
+                Some(lp) => self.fused(lp),
+                None => self.closure(o, inline),
+            }
+        }
+    }
+
+    /// Computes attention parts over the same operands in one step.
+    fn attention(&mut self, outputs: Vec<NodeId>) {
+        let mut reads = self.graph.node(outputs[0]).inputs.clone();
+        reads.sort();
+        reads.dedup();
+        for o in &outputs {
+            self.done[o.index()] = true;
+        }
+        self.steps.push(Step { kind: StepKind::Attention(outputs), reads });
     }
 
     /// Interprets one node (elementwise nodes as one-node loops).
@@ -348,6 +405,10 @@ fn eval_node(
         Op::Gather { axis } => movement::gather(mem, arg(0), shape(0), *axis, arg(1))?,
         Op::Conv2d(c) => conv::conv2d(mem, arg(0), shape(0), arg(1), shape(1), dims, c)?,
         Op::Pool(p) => conv::pool(mem, arg(0), shape(0), dims, p)?,
+        Op::Attention { .. } => {
+            let mut out = attention::attention(mem, graph, &[id], &|k| arg(k))?;
+            out.pop().expect("one part asked, one computed")
+        }
         Op::Parameter(_) | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
             unreachable!("{} is bound or fused, never interpreted", node.op.name())
         }

@@ -7,7 +7,9 @@
 //! into a program of fused elementwise loops (blocked, vectorizable,
 //! split over a rayon pool when large) and interpreted nodes ([`exec`]);
 //! [`CpuBackend::execute`] runs it, freeing each intermediate after its
-//! last use. Reductions, softmax and matmul have contiguous fast paths. Storage is [`CpuStorage`]: typed
+//! last use. Reductions, softmax and matmul have contiguous fast paths;
+//! attention is fused (blocks of queries against all keys through the
+//! `gemm` crate, every requested part of one problem in one pass). Storage is [`CpuStorage`]: typed
 //! vectors per dtype ([`CpuData`]).
 //!
 //! Every allocation that grows with a tensor comes from the backend's
@@ -20,6 +22,7 @@
 //! or a mismatched input is a [`BackendError`]; only a broken internal
 //! contract (an unverified graph) may panic.
 
+mod attention;
 mod conv;
 mod elem;
 mod elementwise;

@@ -233,3 +233,78 @@ fn packed_strided<T: Copy + 'static>(
         );
     }
 }
+
+/// A strided matrix operand of [`gemm_strided`]: elements `(r, c)` at
+/// `data[r * rs + c * cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<'a, T> {
+    /// The elements.
+    pub data: &'a [T],
+    /// Row stride in elements.
+    pub rs: usize,
+    /// Column stride in elements.
+    pub cs: usize,
+}
+
+/// `c = a @ b`, or `c += a @ b` with `accumulate`, for `a` (`m x k`) and
+/// `b` (`k x n`) of any strides and row-major `c` (`m x n`; left as it is
+/// when `k = 0`), through the
+/// `gemm` crate (f32 and f64), on up to `threads` threads. The fused
+/// attention kernels use it for their block products (transposed
+/// operands read in place, gradients accumulated across blocks).
+// `gemm` takes raw pointers with strides; the asserts check that every
+// index those strides reach lies inside the slices.
+#[allow(unsafe_code)]
+pub(crate) fn gemm_strided<T: Copy + 'static>(
+    a: Strided<'_, T>,
+    b: Strided<'_, T>,
+    c: &mut [T],
+    d: Dims,
+    accumulate: bool,
+    threads: usize,
+    one: T,
+) {
+    if d.m == 0 || d.n == 0 {
+        return;
+    }
+    let reach = |s: &Strided<'_, T>, rows: usize, cols: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * s.rs + (cols - 1) * s.cs + 1
+        }
+    };
+    assert!(c.len() >= d.m * d.n && reach(&a, d.m, d.k) <= a.data.len() && reach(&b, d.k, d.n) <= b.data.len());
+    if d.k == 0 {
+        // An empty sum: callers start `c` from zeros.
+        return;
+    }
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: every index the strides reach is within the slices (the
+    // assert above); `c` is row-major with `m * n` elements and does not
+    // alias `a` or `b` (it is a distinct `&mut`). With `read_dst`,
+    // `c = 1 * c + 1 * a @ b`; without it `c = 1 * a @ b`.
+    unsafe {
+        gemm::gemm(
+            d.m,
+            d.n,
+            d.k,
+            c.as_mut_ptr(),
+            1,
+            d.n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            one,
+            one,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}

@@ -34,7 +34,8 @@
 use crate::lazy::{LazyNode, NodeKind};
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{
-    reduced_shape, BinaryOp, ConvAttrs, DType, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, Shape, UnaryOp,
+    reduced_shape, AttentionAttrs, AttentionPart, BinaryOp, ConvAttrs, DType, Op, PadMode, PoolAttrs, PoolKind,
+    ReduceOp, Shape, UnaryOp,
 };
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -548,7 +549,19 @@ impl GradFn {
                 out[1] = gw;
             }
             Op::Pool(attrs) => out[0] = Some(pool_grad(attrs, &x[0], &y, g)?),
-            op @ (Op::Parameter(_)
+            Op::Attention { attrs, part: AttentionPart::Out } => {
+                let nf = attrs.forward_operands();
+                if (3..nf).any(need) {
+                    let what = if need(3) { "its scale" } else { "its mask" };
+                    return Err(not_implemented(&format!("attention with respect to {what}")));
+                }
+                let grads = attention_grad(*attrs, &x, &y, g, [need(0), need(1), need(2)])?;
+                for (i, gi) in grads.into_iter().enumerate() {
+                    out[i] = gi;
+                }
+            }
+            op @ (Op::Attention { .. }
+            | Op::Parameter(_)
             | Op::Constant(..)
             | Op::ScalarParam(_)
             | Op::Iota { .. }
@@ -563,6 +576,39 @@ impl GradFn {
         debug_assert!(out.iter().zip(&x).all(|(o, xi)| o.as_ref().is_none_or(|o| o.shape() == xi.shape())));
         Ok(out)
     }
+}
+
+/// Gradients of fused attention (`Op::Attention`, part `Out` with output
+/// `y` over operands `x`) for the operands in `need` (q, k, v), in
+/// FlashAttention-2's form: the log-sum-exp part over the same operands
+/// (the planner computes it in the forward's kernel when both are in one
+/// graph), `delta = rowsum(dO * O)`, and one gradient part per operand,
+/// each recomputing the scores blockwise; summed down to the operand's
+/// shape where its batch dims broadcast.
+fn attention_grad(
+    attrs: AttentionAttrs,
+    x: &[Tensor],
+    y: &Tensor,
+    g: &Tensor,
+    need: [bool; 3],
+) -> Result<Vec<Option<Tensor>>> {
+    let nf = attrs.forward_operands();
+    let fwd: Vec<&Tensor> = x[..nf].iter().collect();
+    let lse = Tensor::record(Op::Attention { attrs, part: AttentionPart::LogSumExp }, &fwd)?;
+    let delta = g.mul(y)?.sum(&[-1], false)?;
+    let mut operands = fwd;
+    operands.extend([g, &lse, &delta]);
+    let parts = [AttentionPart::GradQ, AttentionPart::GradK, AttentionPart::GradV];
+    let mut out = Vec::with_capacity(3);
+    for (i, part) in parts.into_iter().enumerate() {
+        out.push(if need[i] {
+            let gi = Tensor::record(Op::Attention { attrs, part }, &operands)?;
+            Some(sum_to(gi, x[i].shape())?)
+        } else {
+            None
+        });
+    }
+    Ok(out)
 }
 
 fn unary_grad(u: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {

@@ -13,7 +13,8 @@
 
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{
-    ArgReduceOp, BinaryOp, ConvAttrs, DType, IrError, Op, PadMode, PoolAttrs, ReduceOp, ScalarValue, Shape, UnaryOp,
+    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, IrError, Op, PadMode,
+    PoolAttrs, ReduceOp, ScalarValue, Shape, UnaryOp,
 };
 
 macro_rules! unary_methods {
@@ -713,6 +714,30 @@ impl Tensor {
     #[track_caller]
     pub fn pool(&self, attrs: PoolAttrs) -> Result<Tensor> {
         Tensor::record(Op::Pool(attrs), &[self])
+    }
+
+    /// Fused scaled dot-product attention of queries `self` (`[.., t_q,
+    /// d]`) over keys `k` (`[.., t_k, d]`) and values `v` (`[.., t_k,
+    /// d_v]`): `softmax(self k^T * scale + mask) v`, `[.., t_q, d_v]`,
+    /// without materializing the scores (`Op::Attention`, whose doc gives
+    /// the exact semantics). `causal` keeps keys `j <= i` for query `i`;
+    /// `mask` (bool: true keeps a key; or a float of the scores' dtype,
+    /// added) broadcasts to `[.., t_q, t_k]` without changing `t_q` or
+    /// `t_k`. Leading dims broadcast. Differentiable in `self`, `k` and
+    /// `v` (the backward recomputes the scores blockwise); not in the
+    /// mask, and not twice.
+    #[track_caller]
+    pub fn attention(&self, k: &Tensor, v: &Tensor, scale: f64, causal: bool, mask: Option<&Tensor>) -> Result<Tensor> {
+        let s = Tensor::scalar(scale, self.dtype(), self.device());
+        let kind = match mask {
+            None => AttentionMask::None,
+            Some(m) if m.dtype() == DType::Bool => AttentionMask::Keep,
+            Some(_) => AttentionMask::Additive,
+        };
+        let op = Op::Attention { attrs: AttentionAttrs { causal, mask: kind }, part: AttentionPart::Out };
+        let mut operands = vec![self, k, v, &s];
+        operands.extend(mask);
+        Tensor::record(op, &operands)
     }
 }
 

@@ -21,6 +21,11 @@
 //!   its operands. Planning never fails.
 //! - Independent elementwise kernels with identical output shapes may share
 //!   one multi-output kernel when the buffer limit allows.
+//! - Attention parts (`Op::Attention`) are roots that inline views and
+//!   leaves only. Parts over the same operands that one loop computes
+//!   together share a kernel when the buffer limit allows: the output with
+//!   its log-sum-exp, and the key gradient with the value gradient
+//!   ([`KernelKind::Attention`]).
 //! - Opt-in ([`FusionLimits`]): a matmul may absorb its same-shape
 //!   elementwise consumers as an epilogue (`matmul_epilogue`), and a graph
 //!   output used only inside one elementwise kernel of its shape may be
@@ -121,6 +126,10 @@ pub enum KernelKind {
     Conv2d,
     /// `Op::Pool`.
     Pool,
+    /// `Op::Attention`: one part, or several parts over the same operands
+    /// and attributes (`Out` with `LogSumExp`, `GradK` with `GradV`), one
+    /// output each.
+    Attention,
 }
 
 /// One kernel of a plan.
@@ -224,6 +233,7 @@ fn class(op: &Op) -> Class {
         Op::Random { .. } => Class::Root(KernelKind::Random),
         Op::Conv2d(_) => Class::Root(KernelKind::Conv2d),
         Op::Pool(_) => Class::Root(KernelKind::Pool),
+        Op::Attention { .. } => Class::Root(KernelKind::Attention),
     }
 }
 
@@ -234,7 +244,7 @@ fn is_view(op: &Op) -> bool {
 /// Whether a group of `kind` may inline node `op` as part of its prologue.
 fn accepts(kind: KernelKind, op: &Op) -> bool {
     match kind {
-        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool => is_view(op),
+        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool | KernelKind::Attention => is_view(op),
         _ => true,
     }
 }
@@ -663,6 +673,7 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) 
     if limits.row_kernels {
         kernels = merge_row_kernels(graph, kernels, max);
     }
+    kernels = merge_attention_parts(graph, kernels, max);
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();
     materialized.dedup();
@@ -724,6 +735,61 @@ fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Ve
             inline: inline.into_iter().collect(),
         });
         ks[b] = None;
+    }
+    ks.into_iter().flatten().collect()
+}
+
+/// The attention parts one kernel computes together: the output with its
+/// log-sum-exp (one pass over the keys per query block), and the key with
+/// the value gradient (one pass over the queries per key block).
+fn attention_partners(a: crate::AttentionPart, b: crate::AttentionPart) -> bool {
+    use crate::AttentionPart::*;
+    matches!((a, b), (Out, LogSumExp) | (LogSumExp, Out) | (GradK, GradV) | (GradV, GradK))
+}
+
+/// Groups attention kernels whose roots are partner parts (see
+/// [`attention_partners`]) over the same operands and attributes into the
+/// earlier kernel, outputs in part order. Moving the later part earlier is
+/// valid: its operands are the earlier kernel's, so they exist there.
+fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+    let nodes = graph.nodes();
+    let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
+    let attention = |k: &Kernel| match &nodes[k.root().index()].op {
+        Op::Attention { attrs, part } if k.kind == KernelKind::Attention && k.outputs.len() == 1 => {
+            Some((*attrs, *part))
+        }
+        _ => None,
+    };
+    for a in 0..ks.len() {
+        let Some(ka) = ks[a].clone() else { continue };
+        let Some((attrs_a, part_a)) = attention(&ka) else { continue };
+        for b in a + 1..ks.len() {
+            let Some(kb) = ks[b].clone() else { continue };
+            let Some((attrs_b, part_b)) = attention(&kb) else { continue };
+            let same_operands = nodes[ka.root().index()].inputs == nodes[kb.root().index()].inputs;
+            if attrs_a != attrs_b || !same_operands || !attention_partners(part_a, part_b) {
+                continue;
+            }
+            let mut inputs: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
+            inputs.extend(kb.inputs.iter().copied());
+            if inputs.len() + 2 > max {
+                continue;
+            }
+            let mut inline: BTreeSet<NodeId> = ka.inline.iter().copied().collect();
+            inline.extend(kb.inline.iter().copied());
+            let mut outputs = vec![ka.root(), kb.root()];
+            if part_b < part_a {
+                outputs.reverse();
+            }
+            ks[a] = Some(Kernel {
+                kind: KernelKind::Attention,
+                outputs,
+                inputs: inputs.into_iter().collect(),
+                inline: inline.into_iter().collect(),
+            });
+            ks[b] = None;
+            break;
+        }
     }
     ks.into_iter().flatten().collect()
 }

@@ -301,6 +301,7 @@ pub fn describe(op: &Op) -> String {
             p.pads_begin,
             p.pads_end
         ),
+        Op::Attention { attrs, .. } => format!("{} causal={} mask={:?}", op.name(), attrs.causal, attrs.mask),
         other => other.name(),
     }
 }

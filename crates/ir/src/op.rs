@@ -352,6 +352,70 @@ impl Default for ConvAttrs {
     }
 }
 
+/// Which value of scaled dot-product attention an [`Op::Attention`] node
+/// computes. Attention is several single-output nodes over the same
+/// operands rather than one node with a stacked output (see
+/// [`Op::Attention`]); the fusion planner groups parts that share their
+/// operands into one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttentionPart {
+    /// The output `O = softmax(S) V`, `[.., t_q, d_v]`.
+    Out,
+    /// The per-query log-sum-exp of the scores, `[.., t_q]` (`-inf` for a
+    /// query whose keys are all removed): what the backward recomputes
+    /// the probabilities from.
+    LogSumExp,
+    /// The gradient of the queries, `[.., t_q, d]`.
+    GradQ,
+    /// The gradient of the keys, `[.., t_k, d]` (batch dims of the output).
+    GradK,
+    /// The gradient of the values, `[.., t_k, d_v]` (batch dims of the output).
+    GradV,
+}
+
+impl AttentionPart {
+    /// True for the three gradients (their nodes take `dO`, the
+    /// log-sum-exp and `rowsum(dO * O)` as extra operands).
+    pub fn is_grad(self) -> bool {
+        matches!(self, AttentionPart::GradQ | AttentionPart::GradK | AttentionPart::GradV)
+    }
+}
+
+/// How the optional mask operand of [`Op::Attention`] applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttentionMask {
+    /// No mask operand.
+    #[default]
+    None,
+    /// A float mask of the scores' dtype, added to the scaled scores
+    /// (`-inf` removes a key).
+    Additive,
+    /// A bool mask: true where a query may attend to a key.
+    Keep,
+}
+
+/// Attributes of [`Op::Attention`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AttentionAttrs {
+    /// Query `i` sees only keys `j <= i` (top-left aligned, whatever the
+    /// lengths, as PyTorch's `is_causal`).
+    pub causal: bool,
+    /// The mask operand's kind.
+    pub mask: AttentionMask,
+}
+
+impl AttentionAttrs {
+    /// Operands before the gradient operands: q, k, v, scale and the mask
+    /// if there is one.
+    pub fn forward_operands(&self) -> usize {
+        if self.mask == AttentionMask::None {
+            4
+        } else {
+            5
+        }
+    }
+}
+
 /// One IR operation. Leaves have no operands; every other op's operand
 /// count is fixed except `Concat`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -463,6 +527,42 @@ pub enum Op {
     Conv2d(ConvAttrs),
     /// N-d max/avg pooling over the spatial dims of `[N, C, ...]`; floats (max: any numeric).
     Pool(PoolAttrs),
+    /// Fused scaled dot-product attention, one [`AttentionPart`] per node.
+    /// Operands: `q [.., t_q, d]`, `k [.., t_k, d]`, `v [.., t_k, d_v]`, a
+    /// rank-0 `scale`, then the mask if `attrs.mask` has one (broadcastable
+    /// to the scores `[.., t_q, t_k]` without changing `t_q` or `t_k`); the
+    /// gradient parts then take `dO [.., t_q, d_v]`, the log-sum-exp
+    /// `[.., t_q]` and `delta = rowsum(dO * O)` `[.., t_q]`. Leading
+    /// (batch) dims of q, k, v and the mask broadcast; one float dtype
+    /// throughout (a `Keep` mask is bool). Scores are `S = q k^T * scale`;
+    /// keys `j > i` of query `i` are removed when causal (their weight is
+    /// exactly 0); then the mask is added (`Additive`) or removes keys
+    /// where false (`Keep`, like `-inf`); `O = softmax(S) V`. A query
+    /// whose keys are all removed has a NaN output and a log-sum-exp of
+    /// `-inf`, and NaN probabilities for its non-causal keys in the
+    /// gradients. Equal to `softmax(where(causal, S, -inf) + mask) @ v`
+    /// up to rounding, except that causally removed keys never turn a
+    /// non-finite `k` into NaN.
+    ///
+    /// Rejected alternatives for carrying the backward's values: one node
+    /// with a stacked output (`[.., t_q, d_v + 1]` holding `O` and the
+    /// log-sum-exp, or `[.., t_k, d + d_v]` holding `dK` and `dV`) makes
+    /// every consumer read through a slice with an odd row stride (no
+    /// vec4 loads) and gives the gradient of the log-sum-exp column a
+    /// meaning it does not have; multi-output nodes would touch every
+    /// pass, the tracer and both backends. Single-output parts keep the
+    /// IR as it is: a training step records `Out` forward and `LogSumExp`,
+    /// `GradQ`, `GradK`, `GradV` in the backward over the same operands,
+    /// and the planner groups `Out` with `LogSumExp` and `GradK` with
+    /// `GradV` into one kernel each (`GradQ` is its own kernel: it walks
+    /// keys per query block, where `dK`/`dV` walk queries per key block;
+    /// the FlashAttention-2 split that needs no atomics).
+    Attention {
+        /// Causal flag and mask kind.
+        attrs: AttentionAttrs,
+        /// Which value this node is.
+        part: AttentionPart,
+    },
 }
 
 /// How `Op::Pad` fills the border.
@@ -518,6 +618,13 @@ impl Op {
             Op::Conv2d(_) => "conv2d",
             Op::Pool(PoolAttrs { kind: PoolKind::Max, .. }) => "max_pool",
             Op::Pool(PoolAttrs { kind: PoolKind::Avg { .. }, .. }) => "avg_pool",
+            Op::Attention { part, .. } => match part {
+                AttentionPart::Out => "attention",
+                AttentionPart::LogSumExp => "attention_lse",
+                AttentionPart::GradQ => "attention_grad_q",
+                AttentionPart::GradK => "attention_grad_k",
+                AttentionPart::GradV => "attention_grad_v",
+            },
         }
     }
 
@@ -941,8 +1048,104 @@ impl Op {
                 }
                 Ok(ValueType::new(dims, x.dtype))
             }
+            Op::Attention { attrs, part } => infer_attention(op, attrs, *part, inputs),
         }
     }
+}
+
+/// Type inference of [`Op::Attention`] (see its doc for the operands).
+fn infer_attention(
+    op: &str,
+    attrs: &AttentionAttrs,
+    part: AttentionPart,
+    inputs: &[ValueType],
+) -> Result<ValueType, IrError> {
+    let nf = attrs.forward_operands();
+    let want = if part.is_grad() { nf + 3 } else { nf };
+    if inputs.len() != want {
+        return Err(IrError::Arity { op: op.to_string(), expected: want.to_string(), got: inputs.len() });
+    }
+    let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype).collect();
+    let (q, k, v, scale) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    let shapes = || format!("q {}, k {}, v {}", q.shape, k.shape, v.shape);
+    let dt = q.dtype;
+    if !dt.is_float() || k.dtype != dt || v.dtype != dt || scale.dtype != dt {
+        return Err(IrError::dtype(op, "q, k, v and the scale must have one float dtype", &dtypes));
+    }
+    if scale.shape.rank() != 0 {
+        return Err(IrError::shape(op, format!("the scale must be rank 0, got {}", scale.shape)));
+    }
+    if q.shape.rank() < 2 || k.shape.rank() < 2 || v.shape.rank() < 2 {
+        return Err(IrError::shape(op, format!("q, k and v need rank >= 2 ([.., t, d]), got {}", shapes())));
+    }
+    let last2 = |s: &Shape| {
+        let d = s.dims();
+        (d[d.len() - 2], d[d.len() - 1])
+    };
+    let lead = |s: &Shape| Shape::new(&s.dims()[..s.rank().saturating_sub(2)]);
+    let ((tq, d), (tk, dk), (tv, dv)) = (last2(&q.shape), last2(&k.shape), last2(&v.shape));
+    if d != dk || tk != tv {
+        return Err(IrError::shape(
+            op,
+            format!("q and k need the same head dim and k and v the same length, got {}", shapes()),
+        ));
+    }
+    let bcast = |a: &Shape, b: &Shape, what: &str| {
+        a.broadcast(b).ok_or_else(|| IrError::shape(op, format!("batch dims of {what} do not broadcast: {}", shapes())))
+    };
+    let mut batch = bcast(&lead(&q.shape), &lead(&k.shape), "q and k")?;
+    batch = bcast(&batch, &lead(&v.shape), "q, k and v")?;
+    if attrs.mask != AttentionMask::None {
+        let m = &inputs[4];
+        let ok = match attrs.mask {
+            AttentionMask::Keep => m.dtype == DType::Bool,
+            _ => m.dtype == dt,
+        };
+        if !ok {
+            let kind = if attrs.mask == AttentionMask::Keep { "bool" } else { "the scores' dtype" };
+            return Err(IrError::dtype(op, format!("the mask must be {kind}"), &dtypes));
+        }
+        // Right-aligned against [.., t_q, t_k]: the last two dims must
+        // broadcast to (t_q, t_k) without changing them.
+        let md = m.shape.dims();
+        let r = md.len();
+        let dim = |back: usize| if r >= back { md[r - back] } else { 1 };
+        if !(dim(2) == 1 || dim(2) == tq) || !(dim(1) == 1 || dim(1) == tk) {
+            return Err(IrError::shape(
+                op,
+                format!("mask {} does not broadcast to the scores [.., {tq}, {tk}] of {}", m.shape, shapes()),
+            ));
+        }
+        batch = bcast(&batch, &lead(&m.shape), "the mask and q, k, v")?;
+    }
+    let with = |tail: &[usize]| -> Shape { batch.dims().iter().chain(tail).copied().collect() };
+    if part.is_grad() {
+        let (go, lse, delta) = (&inputs[nf], &inputs[nf + 1], &inputs[nf + 2]);
+        if go.dtype != dt || lse.dtype != dt || delta.dtype != dt {
+            return Err(IrError::dtype(op, "dO, the log-sum-exp and delta must have the dtype of q", &dtypes));
+        }
+        let (want_o, want_row) = (with(&[tq, dv]), with(&[tq]));
+        if go.shape != want_o || lse.shape != want_row || delta.shape != want_row {
+            return Err(IrError::shape(
+                op,
+                format!(
+                    "expected dO {want_o}, log-sum-exp and delta {want_row}, got {}, {} and {} ({})",
+                    go.shape,
+                    lse.shape,
+                    delta.shape,
+                    shapes()
+                ),
+            ));
+        }
+    }
+    let shape = match part {
+        AttentionPart::Out => with(&[tq, dv]),
+        AttentionPart::LogSumExp => with(&[tq]),
+        AttentionPart::GradQ => with(&[tq, d]),
+        AttentionPart::GradK => with(&[tk, d]),
+        AttentionPart::GradV => with(&[tk, dv]),
+    };
+    Ok(ValueType::new(shape, dt))
 }
 
 fn broadcast(op: &str, a: &Shape, b: &Shape) -> Result<Shape, IrError> {
