@@ -814,11 +814,25 @@ impl Backend for WgpuBackend {
                     Op::MatMul => {
                         inputs.first().and_then(|a| a.shape.dims().last()).is_none_or(|&k| k as u64 <= budget)
                     }
+                    Op::Attention { .. } => {
+                        codegen::attention::within_loop_budget(node, inputs, self.inner.lower.forms.attention, budget)
+                    }
                     _ => true,
                 }
             }
         };
+        // An attention part binds all its operands but the cheap leaves;
+        // one that needs more buffers than a kernel may bind (a masked
+        // gradient on an adapter with WebGPU's minimum of 8) cannot be
+        // split, so it runs on the fallback.
+        let fits = !matches!(node.op, Op::Attention { .. })
+            || inputs
+                .iter()
+                .filter(|n| !matches!(n.op, Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }))
+                .count()
+                < self.inner.fusion.max_storage_buffers;
         data_checked
+            && fits
             && within_budget
             && gpu_dtype(node.dtype)
             && inputs.iter().all(|n| gpu_dtype(n.dtype))

@@ -138,7 +138,8 @@ pub struct Kernel {
     /// The loop structure.
     pub kind: KernelKind,
     /// Nodes whose values this kernel writes to buffers, in order. For a
-    /// non-elementwise kind this is exactly the root.
+    /// non-elementwise kind this is exactly the root (attention: the
+    /// root and the parts grouped with it).
     pub outputs: Vec<NodeId>,
     /// Materialized nodes read from buffers (graph parameters or other
     /// kernels' outputs), sorted by id.
@@ -767,7 +768,10 @@ fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec
             let Some(kb) = ks[b].clone() else { continue };
             let Some((attrs_b, part_b)) = attention(&kb) else { continue };
             let same_operands = nodes[ka.root().index()].inputs == nodes[kb.root().index()].inputs;
-            if attrs_a != attrs_b || !same_operands || !attention_partners(part_a, part_b) {
+            // An empty part has no elements to iterate (its kernel is
+            // skipped): it stays on its own.
+            let empty = [ka.root(), kb.root()].iter().any(|&x| nodes[x.index()].shape.numel() == 0);
+            if attrs_a != attrs_b || !same_operands || empty || !attention_partners(part_a, part_b) {
                 continue;
             }
             let mut inputs: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
@@ -1046,6 +1050,60 @@ mod tests {
         check_limits(&g, &p, 8);
         // e and z are independent elementwise roots of the same shape.
         assert_eq!(p.kernels.len(), 3, "{}", p.to_text());
+    }
+
+    /// Fused attention's training graph: the output, then in the backward
+    /// the log-sum-exp over the same operands, delta, and the three
+    /// gradients.
+    fn attention_graph() -> (Graph, [NodeId; 5]) {
+        use crate::{AttentionAttrs, AttentionMask, AttentionPart};
+        let mut g = Graph::new();
+        let f = DType::F32;
+        let qp = g.param(ValueType::new([2, 8, 9], f));
+        let q = g.push(Op::Permute(vec![0, 2, 1]), &[qp]).unwrap();
+        let k = g.param(ValueType::new([2, 12, 8], f));
+        let v = g.param(ValueType::new([2, 12, 4], f));
+        let s = g.scalar(f);
+        let m = g.param(ValueType::new([9, 12], f));
+        let attrs = AttentionAttrs { causal: true, mask: AttentionMask::Additive };
+        let part = |g: &mut Graph, part, ins: &[NodeId]| g.push(Op::Attention { attrs, part }, ins).unwrap();
+        let o = part(&mut g, AttentionPart::Out, &[q, k, v, s, m]);
+        let go = g.param(ValueType::new([2, 9, 4], f));
+        let lse = part(&mut g, AttentionPart::LogSumExp, &[q, k, v, s, m]);
+        let prod = bin(&mut g, BinaryOp::Mul, go, o);
+        let delta = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![2], keepdim: false }, &[prod]).unwrap();
+        let ins = [q, k, v, s, m, go, lse, delta];
+        let dq = part(&mut g, AttentionPart::GradQ, &ins);
+        let dk = part(&mut g, AttentionPart::GradK, &ins);
+        let dv = part(&mut g, AttentionPart::GradV, &ins);
+        g.outputs.extend([o, dq, dk, dv]);
+        (g, [o, lse, dq, dk, dv])
+    }
+
+    #[test]
+    fn attention_parts_over_the_same_operands_share_kernels() {
+        let (g, [o, lse, dq, dk, dv]) = attention_graph();
+        let wide = FusionLimits { max_storage_buffers: 16, ..FusionLimits::default() };
+        let p = plan(&g, &wide);
+        // The transposed q (read by four kernels: written once), output
+        // with its log-sum-exp, delta, dQ, dK with dV.
+        assert_eq!(p.kernels.len(), 5, "{}", p.to_text());
+        let att: Vec<&Kernel> = p.kernels.iter().filter(|k| k.kind == KernelKind::Attention).collect();
+        assert_eq!(att.len(), 3, "{}", p.to_text());
+        assert_eq!(att[0].outputs, vec![o, lse]);
+        assert_eq!(att[1].outputs, vec![dq]);
+        assert_eq!(att[2].outputs, vec![dk, dv]);
+        // Nothing the size of the scores ([2, 9, 12]) is written.
+        assert!(p.materialized.iter().all(|&x| g.node(x).shape.numel() < 2 * 9 * 12), "{}", p.to_text());
+        check_limits(&g, &p, 16);
+        // Too few buffers for a merged kernel: each part on its own.
+        let p = plan(&g, &FusionLimits { max_storage_buffers: 8, ..FusionLimits::default() });
+        assert_eq!(p.kernels.iter().filter(|k| k.kind == KernelKind::Attention).count(), 4, "{}", p.to_text());
+        let p = plan(&g, &FusionLimits { max_storage_buffers: 9, ..FusionLimits::default() });
+        assert_eq!(p.kernels.iter().filter(|k| k.kind == KernelKind::Attention).count(), 3, "{}", p.to_text());
+        // Deterministic.
+        assert_eq!(p, plan(&g, &FusionLimits { max_storage_buffers: 9, ..FusionLimits::default() }));
+        assert_eq!(plan(&g, &wide), plan(&g, &wide));
     }
 
     #[test]

@@ -1258,6 +1258,74 @@ mod tests {
         assert_eq!(Op::Pool(a).infer(&[x], &[], &[]).unwrap().shape, Shape::new([2, 3, 6, 5]));
     }
 
+    fn attn(causal: bool, mask: AttentionMask, part: AttentionPart) -> Op {
+        Op::Attention { attrs: AttentionAttrs { causal, mask }, part }
+    }
+
+    #[test]
+    fn attention_parts_have_the_broadcast_batch_shapes() {
+        let f = DType::F32;
+        // q [2, 3, 5, 8], k [1, 3, 7, 8], v [2, 1, 7, 4], mask [2, 1, 1, 7].
+        let fwd = [vt(&[2, 3, 5, 8], f), vt(&[1, 3, 7, 8], f), vt(&[2, 1, 7, 4], f), vt(&[], f), vt(&[2, 1, 1, 7], f)];
+        let shape = |part: AttentionPart, ins: &[ValueType]| {
+            attn(true, AttentionMask::Additive, part).infer(ins, &[], &[]).unwrap().shape
+        };
+        assert_eq!(shape(AttentionPart::Out, &fwd), Shape::new([2, 3, 5, 4]));
+        assert_eq!(shape(AttentionPart::LogSumExp, &fwd), Shape::new([2, 3, 5]));
+        let mut grad = fwd.to_vec();
+        grad.extend([vt(&[2, 3, 5, 4], f), vt(&[2, 3, 5], f), vt(&[2, 3, 5], f)]);
+        assert_eq!(shape(AttentionPart::GradQ, &grad), Shape::new([2, 3, 5, 8]));
+        assert_eq!(shape(AttentionPart::GradK, &grad), Shape::new([2, 3, 7, 8]));
+        assert_eq!(shape(AttentionPart::GradV, &grad), Shape::new([2, 3, 7, 4]));
+        // A mask may extend the batch and have fewer dims than two.
+        let ins = [vt(&[5, 8], f), vt(&[7, 8], f), vt(&[7, 4], f), vt(&[], f), vt(&[3, 1, 7], DType::Bool)];
+        let t = attn(false, AttentionMask::Keep, AttentionPart::Out).infer(&ins, &[], &[]).unwrap();
+        assert_eq!(t.shape, Shape::new([3, 5, 4]));
+        let ins = [vt(&[5, 8], f), vt(&[7, 8], f), vt(&[7, 4], f), vt(&[], f), vt(&[7], f)];
+        assert!(attn(false, AttentionMask::Additive, AttentionPart::Out).infer(&ins, &[], &[]).is_ok());
+    }
+
+    #[test]
+    fn attention_errors_name_the_op_shapes_and_dtypes() {
+        let f = DType::F32;
+        let err = |op: Op, ins: &[ValueType]| op.infer(ins, &[], &[]).unwrap_err().to_string();
+        let out = attn(false, AttentionMask::None, AttentionPart::Out);
+        let e = err(out.clone(), &[vt(&[5, 8], f), vt(&[7, 6], f), vt(&[7, 4], f), vt(&[], f)]);
+        assert!(e.contains("attention") && e.contains("[5, 8]") && e.contains("[7, 6]"), "{e}");
+        let e = err(out.clone(), &[vt(&[5, 8], f), vt(&[7, 8], f), vt(&[6, 4], f), vt(&[], f)]);
+        assert!(e.contains("same length") && e.contains("[6, 4]"), "{e}");
+        let e = err(out.clone(), &[vt(&[5, 8], f), vt(&[7, 8], DType::F64), vt(&[7, 4], f), vt(&[], f)]);
+        assert!(e.contains("f32") && e.contains("f64"), "{e}");
+        let e = err(
+            out.clone(),
+            &[vt(&[5, 8], DType::I32), vt(&[7, 8], DType::I32), vt(&[7, 4], DType::I32), vt(&[], DType::I32)],
+        );
+        assert!(e.contains("float"), "{e}");
+        let e = err(out.clone(), &[vt(&[2, 5, 8], f), vt(&[3, 7, 8], f), vt(&[7, 4], f), vt(&[], f)]);
+        assert!(e.contains("broadcast") && e.contains("[2, 5, 8]") && e.contains("[3, 7, 8]"), "{e}");
+        let e = err(out.clone(), &[vt(&[8], f), vt(&[7, 8], f), vt(&[7, 4], f), vt(&[], f)]);
+        assert!(e.contains("rank"), "{e}");
+        let e = err(out.clone(), &[vt(&[5, 8], f), vt(&[7, 8], f), vt(&[7, 4], f), vt(&[1], f)]);
+        assert!(e.contains("scale"), "{e}");
+        let e = err(out, &[vt(&[5, 8], f), vt(&[7, 8], f), vt(&[7, 4], f)]);
+        assert!(e.contains("expected 4 operands"), "{e}");
+        // Masks: the kind's dtype, and no growth of t_q or t_k.
+        let masked = |m: ValueType, kind| {
+            err(attn(false, kind, AttentionPart::Out), &[vt(&[5, 8], f), vt(&[7, 8], f), vt(&[7, 4], f), vt(&[], f), m])
+        };
+        let e = masked(vt(&[5, 7], DType::I32), AttentionMask::Additive);
+        assert!(e.contains("mask") && e.contains("i32"), "{e}");
+        let e = masked(vt(&[5, 7], f), AttentionMask::Keep);
+        assert!(e.contains("mask") && e.contains("bool"), "{e}");
+        let e = masked(vt(&[6, 7], f), AttentionMask::Additive);
+        assert!(e.contains("mask [6, 7]") && e.contains("[.., 5, 7]"), "{e}");
+        // Gradient operands must have the output's shapes.
+        let mut grad = vec![vt(&[5, 8], f), vt(&[7, 8], f), vt(&[7, 4], f), vt(&[], f)];
+        grad.extend([vt(&[5, 4], f), vt(&[5], f), vt(&[4], f)]);
+        let e = err(attn(false, AttentionMask::None, AttentionPart::GradK), &grad);
+        assert!(e.contains("delta") && e.contains("[4]"), "{e}");
+    }
+
     #[test]
     fn pool_ceil_mode() {
         let p = PoolAttrs {

@@ -175,6 +175,8 @@ pub(super) fn helper_source(name: &str) -> &'static str {
     match name {
         "isnan_f" => "fn isnan_f(x: f32) -> bool {\n    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;\n}\n",
         "isinf_f" => "fn isinf_f(x: f32) -> bool {\n    return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u;\n}\n",
+        "isninf_f" => "fn isninf_f(x: f32) -> bool {\n    return bitcast<u32>(x) == 0xff800000u;\n}\n",
+        "isninf4" => "fn isninf4(x: vec4<f32>) -> vec4<bool> {\n    return bitcast<vec4<u32>>(x) == vec4<u32>(0xff800000u);\n}\n",
         "nan_f" => "fn nan_f() -> f32 {\n    return bitcast<f32>(0x7fc00000u | P.z);\n}\n",
         "inf_f" => "fn inf_f() -> f32 {\n    return bitcast<f32>(0x7f800000u | P.z);\n}\n",
         "max_nan" => "fn max_nan(a: f32, b: f32) -> f32 {\n    return select(max(a, b), a + b, isnan_f(a) || isnan_f(b));\n}\n",

@@ -19,7 +19,8 @@
 //!
 //! One module per kernel family: [`elementwise`], [`reduce`] (reductions,
 //! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax),
-//! [`matmul`]; `common` holds the type, literal and index helpers and the
+//! [`matmul`], [`attention`] (fused attention, forward and backward);
+//! `common` holds the type, literal and index helpers and the
 //! WGSL helper functions they share.
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
@@ -28,6 +29,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use thiserror::Error;
 
+pub mod attention;
 mod common;
 pub mod elementwise;
 pub mod matmul;
@@ -105,6 +107,8 @@ pub struct KernelForms {
     pub rows: RowsForm,
     /// Matmul.
     pub matmul: MatmulForm,
+    /// Fused attention.
+    pub attention: AttentionForm,
 }
 
 impl KernelForms {
@@ -115,6 +119,7 @@ impl KernelForms {
             reduce: ReduceForm::Cooperative,
             rows: RowsForm::Cooperative,
             matmul: MatmulForm::ByShape,
+            attention: AttentionForm::Tiled,
         }
     }
 
@@ -125,6 +130,7 @@ impl KernelForms {
             reduce: ReduceForm::PerOutput,
             rows: RowsForm::PerRow,
             matmul: MatmulForm::RegisterBlocked,
+            attention: AttentionForm::PerRow,
         }
     }
 }
@@ -175,6 +181,19 @@ pub enum MatmulForm {
     Tiled(MatmulTile),
     /// Chosen from the shape by [`matmul::choose_form`].
     ByShape,
+}
+
+/// The fused attention form (see [`attention`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionForm {
+    /// One invocation per row (query, or key for the key and value
+    /// gradients) walking the other side with the row in registers: no
+    /// barriers, right for llvmpipe.
+    PerRow,
+    /// A workgroup per block of rows; score tiles in registers, operand
+    /// slices and probabilities in workgroup memory (the tile fitted to
+    /// the adapter's limit; per-row when none fits).
+    Tiled,
 }
 
 /// Tile of the tiled matmul: a workgroup of 16 x 16 invocations computes a
@@ -240,7 +259,7 @@ pub fn dtype_supported(d: DType) -> bool {
 
 /// True for the ops this generator handles (dtypes checked separately).
 pub fn op_supported(op: &Op) -> bool {
-    !matches!(op, Op::Conv2d(_) | Op::Pool(_) | Op::Attention { .. })
+    !matches!(op, Op::Conv2d(_) | Op::Pool(_))
 }
 
 /// Lowers `kernel` of `graph` to WGSL.
@@ -270,7 +289,13 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     // Generic kernels keep the straight-line form but not vec4, which
     // holds only for sizes divisible by 4.
     let width = straight_line_width(kernel, graph).map(|w| if limits.generic { 1 } else { w });
-    let root_numel = graph.node(root).shape.numel();
+    // An attention kernel runs while any of its parts has elements (the
+    // log-sum-exp beside an empty output, say).
+    let root_numel = if kernel.kind == KernelKind::Attention {
+        kernel.outputs.iter().map(|&o| graph.node(o).shape.numel()).max().unwrap_or(0)
+    } else {
+        graph.node(root).shape.numel()
+    };
     // Whether input `id` is read as one vector per invocation step.
     let row_vec = vector_rows(kernel, graph, limits);
     // Both matmul forms read aligned operands as vectors.
@@ -908,7 +933,8 @@ impl Writer<'_> {
                 }
             }
             KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
-            KernelKind::Conv2d | KernelKind::Pool | KernelKind::Attention => {
+            KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
+            KernelKind::Conv2d | KernelKind::Pool => {
                 return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
             }
         }

@@ -1,0 +1,926 @@
+//! Fused attention kernels (`Op::Attention`): the forward (output and
+//! log-sum-exp), the query gradient, and the key and value gradients,
+//! none of which writes the `[t_q, t_k]` scores anywhere.
+//!
+//! Three kernels, FlashAttention-2's split: the forward walks the keys for
+//! a block of queries with an online softmax; the query gradient walks the
+//! keys for a block of queries (`P` recomputed from the forward's
+//! log-sum-exp, `dS = P * (dP - delta)`, `dQ += dS K`); the key and value
+//! gradients walk the queries for a block of keys (`dV += P^T dO`,
+//! `dK += dS^T Q`). Each output element is owned by one invocation, so
+//! nothing needs atomics.
+//!
+//! Two forms ([`AttentionForm`]):
+//! - `Tiled` (GPUs): a workgroup owns [`AttnTile::br`] rows (queries, or
+//!   keys for the key/value gradients) and walks the other side in tiles
+//!   of [`AttnTile::bc`]. Each invocation holds a 4 x 4 block of the
+//!   tile's scores in registers; score blocks are dot products of operand
+//!   slices staged in workgroup memory ([`AttnTile::dk`] deep, transposed
+//!   so every read is a vec4: 2 reads per 16 multiply-adds); the
+//!   probabilities go to workgroup memory once, and each invocation
+//!   accumulates a 4-row x vec4 block of every 64-wide (`bc`-wide) column
+//!   chunk of the output against staged value chunks. Row maxima of the
+//!   online softmax combine through the probability tile's memory. Loads are
+//!   coalesced (adjacent lanes, adjacent elements of a row). Causal
+//!   kernels skip the tiles a block cannot see. The tile is the largest of
+//!   [`TILES`] whose workgroup memory fits the adapter's limit.
+//! - `PerRow` (llvmpipe): one invocation per row walks the other side one
+//!   element at a time, with the row and the accumulators in registers
+//!   and the head-dim loops unrolled: no workgroup memory, no barriers,
+//!   and a loop trip count of about the walked length
+//!   ([`per_row_trips`], kept under llvmpipe's loop budget).
+//!
+//! Semantics are those of `Op::Attention`: causally removed keys weigh
+//! exactly 0; a row whose keys are all removed has a NaN output, a
+//! log-sum-exp of `-inf`, and NaN probabilities in the gradients; NaN
+//! scores propagate (the maxima use `max_nan`); infinities are tested
+//! through bit patterns, which no driver folds away.
+
+use super::common::*;
+use super::{AttentionForm, LowerLimits, Writer};
+use lazuli_ir::fusion::Kernel;
+use lazuli_ir::{AttentionMask, AttentionPart, DType, NodeId, Op, Shape, VerifiedGraph};
+use std::fmt::Write as _;
+
+/// A tile of the tiled (GPU) form: `br` rows per workgroup, the other side
+/// walked `bc` at a time, dot products staged `dk` deep. A workgroup has
+/// `br / 4 * bc / 4` invocations; output chunks are `bc` columns wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnTile {
+    /// Rows (queries, or keys for the key/value gradients) per workgroup.
+    pub br: u64,
+    /// Columns (keys, or queries) per tile of the walk; also the width of
+    /// the output column chunks.
+    pub bc: u64,
+    /// Depth of the operand slices of the score dot products.
+    pub dk: u64,
+}
+
+/// The tiles of the tiled form, largest first: 256 invocations over a
+/// 64 x 64 score tile (32 KiB of workgroup memory), 128 over 64 x 32
+/// (20 KiB), 64 over 32 x 32 (8 KiB, within WebGPU's 16 KiB minimum).
+pub const TILES: [AttnTile; 3] =
+    [AttnTile { br: 64, bc: 64, dk: 32 }, AttnTile { br: 64, bc: 32, dk: 32 }, AttnTile { br: 32, bc: 32, dk: 16 }];
+
+impl AttnTile {
+    /// Invocations per workgroup.
+    pub fn lanes(self) -> u64 {
+        self.br / 4 * (self.bc / 4)
+    }
+
+    /// vec4 elements of the staging array: the two operand slices of a
+    /// dot product, or one column chunk of a value operand.
+    fn staging(self) -> u64 {
+        (self.dk * (self.br + self.bc) / 4).max(self.bc * self.bc / 4)
+    }
+
+    /// Bytes of workgroup memory the kernels declare for this tile:
+    /// staging and the probability tile (which also holds the row
+    /// partials of the online softmax between barriers: `lanes <= bc *
+    /// br / 4`).
+    pub fn workgroup_bytes(self) -> u64 {
+        16 * (self.staging() + self.bc * self.br / 4)
+    }
+}
+
+/// The tile under `limits`: the largest of [`TILES`] that fits the
+/// adapter's workgroup memory, `None` when none does.
+pub fn choose_tile(limits: &LowerLimits) -> Option<AttnTile> {
+    TILES.iter().copied().find(|t| t.workgroup_bytes() <= limits.workgroup_storage as u64)
+}
+
+/// Which of the three kernels an attention kernel is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Output and/or log-sum-exp.
+    Forward,
+    /// The query gradient.
+    GradQ,
+    /// The key and/or value gradients.
+    GradKv,
+}
+
+/// The operands and sizes of an attention kernel.
+struct Attn {
+    pass: Pass,
+    causal: bool,
+    mask_kind: AttentionMask,
+    q: NodeId,
+    k: NodeId,
+    v: NodeId,
+    scale: NodeId,
+    mask: Option<NodeId>,
+    /// dO, log-sum-exp, delta (gradient passes).
+    go: Option<NodeId>,
+    lse: Option<NodeId>,
+    delta: Option<NodeId>,
+    /// Output slot of each part this kernel writes.
+    out: Vec<(AttentionPart, usize)>,
+    tq: u64,
+    tk: u64,
+    d: u64,
+    dv: u64,
+    /// Batch slices.
+    nb: u64,
+    /// WGSL expressions of each operand's slice index for batch index `bi`.
+    qbi: String,
+    kbi: String,
+    vbi: String,
+    mbi: String,
+    /// Mask: elements per slice, strides along queries and keys.
+    m_slice: u64,
+    m_rs: u64,
+    m_cs: u64,
+}
+
+impl Attn {
+    fn new(k: &Kernel, g: &VerifiedGraph) -> Attn {
+        let root = g.node(k.root());
+        let Op::Attention { attrs, .. } = root.op else { unreachable!("attention kernel of a non-attention root") };
+        let out: Vec<(AttentionPart, usize)> = k
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(slot, &o)| match g.node(o).op {
+                Op::Attention { part, .. } => (part, slot),
+                _ => unreachable!("attention kernels output attention parts"),
+            })
+            .collect();
+        let part0 = out[0].0;
+        let pass = match part0 {
+            AttentionPart::Out | AttentionPart::LogSumExp => Pass::Forward,
+            AttentionPart::GradQ => Pass::GradQ,
+            AttentionPart::GradK | AttentionPart::GradV => Pass::GradKv,
+        };
+        let ins = &root.inputs;
+        let nf = attrs.forward_operands();
+        let dims = |id: NodeId| g.node(id).shape.dims().to_vec();
+        let (qd, kd, vd) = (dims(ins[0]), dims(ins[1]), dims(ins[2]));
+        let (tq, d) = (qd[qd.len() - 2] as u64, qd[qd.len() - 1] as u64);
+        let tk = kd[kd.len() - 2] as u64;
+        let dv = vd[vd.len() - 1] as u64;
+        let od = root.shape.dims();
+        let lead = if part0 == AttentionPart::LogSumExp { 1 } else { 2 };
+        let batch = Shape::new(&od[..od.len() - lead]);
+        let slice = |s: &[usize]| Shape::new(if s.len() >= 2 { &s[..s.len() - 2] } else { &[][..] });
+        let mask = (attrs.mask != AttentionMask::None).then(|| ins[4]);
+        let (mut m_slice, mut m_rs, mut m_cs, mut mbi) = (0, 0, 0, "0u".to_string());
+        if let Some(m) = mask {
+            let md = dims(m);
+            let r = md.len();
+            let at = |back: usize| if r >= back { md[r - back] as u64 } else { 1 };
+            let (mt, ms) = (at(2), at(1));
+            m_slice = mt * ms;
+            m_rs = if mt == 1 { 0 } else { ms };
+            m_cs = if ms == 1 { 0 } else { 1 };
+            mbi = bcast_index("bi", &batch, &slice(&md));
+        }
+        let grad = |i: usize| pass.ne(&Pass::Forward).then(|| ins[nf + i]);
+        Attn {
+            pass,
+            causal: attrs.causal,
+            mask_kind: attrs.mask,
+            q: ins[0],
+            k: ins[1],
+            v: ins[2],
+            scale: ins[3],
+            mask,
+            go: grad(0),
+            lse: grad(1),
+            delta: grad(2),
+            out,
+            tq,
+            tk,
+            d,
+            dv,
+            nb: batch.numel() as u64,
+            qbi: bcast_index("bi", &batch, &slice(&qd)),
+            kbi: bcast_index("bi", &batch, &slice(&kd)),
+            vbi: bcast_index("bi", &batch, &slice(&vd)),
+            mbi,
+            m_slice,
+            m_rs,
+            m_cs,
+        }
+    }
+
+    /// Whether the kernel needs `dP = dO V^T` (the query and key
+    /// gradients do; the value gradient alone does not).
+    fn needs_dp(&self) -> bool {
+        self.pass == Pass::GradQ || self.slot(AttentionPart::GradK).is_some()
+    }
+
+    fn slot(&self, part: AttentionPart) -> Option<usize> {
+        self.out.iter().find(|(p, _)| *p == part).map(|&(_, s)| s)
+    }
+
+    /// Rows the kernel's invocations (or workgroups) own, and the length
+    /// of the side they walk.
+    fn rows_and_walk(&self) -> (u64, u64) {
+        match self.pass {
+            Pass::GradKv => (self.tk, self.tq),
+            _ => (self.tq, self.tk),
+        }
+    }
+
+    /// `let` statements of the slice bases of every operand for batch
+    /// index `bi`, indented by `ind`.
+    fn bases(&self, ind: &str) -> String {
+        let (tq, tk, d, dv) = (self.tq, self.tk, self.d, self.dv);
+        let mut s = format!(
+            "{ind}let qb = ({}) * {}u;\n{ind}let kb = ({}) * {}u;\n{ind}let vb = ({}) * {}u;\n",
+            self.qbi,
+            tq * d,
+            self.kbi,
+            tk * d,
+            self.vbi,
+            tk * dv
+        );
+        if self.mask.is_some() {
+            let _ = writeln!(s, "{ind}let mb = ({}) * {}u;", self.mbi, self.m_slice);
+        }
+        if self.pass != Pass::Forward {
+            let _ = writeln!(s, "{ind}let gb = bi * {}u;\n{ind}let rb = bi * {tq}u;", tq * dv);
+        }
+        s
+    }
+
+    /// The masked, scaled score of query `i` and key `j` (u32
+    /// expressions, in range) from the raw dot product `x`: `x * sc`, plus
+    /// the additive mask, or `-inf` where a keep mask is false.
+    fn score(&self, x: &str, i: &str, j: &str) -> String {
+        let Some(m) = self.mask else { return format!("{x} * sc") };
+        let at = format!("n{}(mb + ({i}) * {}u + ({j}) * {}u)", m.0, self.m_rs, self.m_cs);
+        match self.mask_kind {
+            AttentionMask::Keep => format!("select(-inf_f(), {x} * sc, {at})"),
+            _ => format!("{x} * sc + {at}"),
+        }
+    }
+}
+
+/// The unroll depths (vec4s per loop iteration) of the per-row form's
+/// head-dim loops, shallowest first.
+pub const PER_ROW_UNROLL: [u64; 5] = [4, 8, 16, 32, 64];
+
+/// Loop iterations one invocation of the per-row form runs when it walks
+/// `walk` rows of the other side with head-dim loops unrolled `u` vec4s
+/// deep: per walked row, at most two loops over `d` and one over `d_v`
+/// (the query gradient's and the key gradient's); plus the zeroing and
+/// the final scaling of its output rows, one element per iteration.
+pub fn per_row_trips(walk: u64, d: u64, dv: u64, u: u64) -> u64 {
+    let (dc, vc) = (d.div_ceil(4).div_ceil(u), dv.div_ceil(4).div_ceil(u));
+    walk.saturating_mul(2 * dc + vc + 1) + 2 * (d + dv)
+}
+
+/// The shallowest unroll of [`PER_ROW_UNROLL`] that keeps the per-row
+/// form within llvmpipe's loop budget ([`LLVMPIPE_LOOP_BUDGET`]), or
+/// `None` when even the deepest does not.
+pub fn per_row_unroll(walk: u64, d: u64, dv: u64) -> Option<u64> {
+    PER_ROW_UNROLL.iter().copied().find(|&u| per_row_trips(walk, d, dv, u) <= LLVMPIPE_LOOP_BUDGET)
+}
+
+const LANE: [&str; 4] = ["x", "y", "z", "w"];
+
+impl Writer<'_> {
+    /// Writes the attention kernel `k` into `b`; returns the invocation
+    /// count.
+    pub(super) fn attention_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let a = Attn::new(k, self.g);
+        self.use_helper("inf_f");
+        self.use_helper("nan_f");
+        self.use_helper("max_nan");
+        match (self.limits.forms.attention, choose_tile(&self.limits)) {
+            (AttentionForm::Tiled, Some(tile)) => self.attention_tiled(&a, tile, b),
+            _ => self.attention_per_row(&a, b),
+        }
+    }
+
+    /// The per-row form (see the module doc). Rows are read from their
+    /// buffers in vec4 chunks where they are used and accumulators live
+    /// in the invocation's own output row (read-modify-write): llvmpipe
+    /// lowers dynamically indexed private arrays to select ladders, whose
+    /// compile time grows with the square of the head dim. Head-dim loops
+    /// are unrolled `u` vec4s deep ([`per_row_unroll`]).
+    fn attention_per_row(&mut self, a: &Attn, b: &mut String) -> u64 {
+        let (tq, tk, d, dv) = (a.tq, a.tk, a.d, a.dv);
+        let (rows, walk) = a.rows_and_walk();
+        let u = per_row_unroll(walk, d, dv).unwrap_or(PER_ROW_UNROLL[PER_ROW_UNROLL.len() - 1]);
+        // vec4 chunks of a row of q/k (dp) and of v/dO (vp), padded to the
+        // unroll: loads past the row give zeros, stores past it are skipped.
+        let (dp, vp) = (d.div_ceil(4).next_multiple_of(u), dv.div_ceil(4).next_multiple_of(u));
+        let ind = "    ";
+        let i2 = "        ";
+        let i3 = "            ";
+        let _ = writeln!(b, "{ind}let bi = t / {rows}u;\n{ind}let r = t % {rows}u;");
+        b.push_str(&a.bases(ind));
+        let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
+        self.use_helper("isninf_f");
+        // `ldN(base, c)`: vec4 chunk `c` of the row at `base` of operand N.
+        let loader = |w: &mut Writer<'_>, id: NodeId, width: u64| {
+            if width == 0 || w.funcs.contains(&format!("fn ld{}(", id.0)) {
+                return;
+            }
+            let comps: Vec<String> = (0..4)
+                .map(|e| {
+                    format!(
+                        "select(0.0, n{}(base + min(c * 4u + {e}u, {}u)), c * 4u + {e}u < {width}u)",
+                        id.0,
+                        width - 1
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                w.funcs,
+                "fn ld{}(base: u32, c: u32) -> vec4<f32> {{\n    return vec4<f32>({});\n}}\n",
+                id.0,
+                comps.join(", ")
+            );
+        };
+        // `accS(c, mul, add)`: chunk `c` of this invocation's row of
+        // output S becomes `row * mul + add` (`w` wide).
+        let acc_fn = |w: &mut Writer<'_>, slot: usize, width: u64| {
+            if width == 0 {
+                return;
+            }
+            let mut f = format!(
+                "fn acc{slot}(t: u32, c: u32, mul: f32, add: vec4<f32>) {{\n    let base = t * {width}u + c * 4u;\n"
+            );
+            for (e, comp) in LANE.iter().enumerate() {
+                let _ = writeln!(
+                    f,
+                    "    if (c * 4u + {e}u < {width}u) {{\n        out{slot}[base + {e}u] = fma(out{slot}[base + {e}u], mul, add.{comp});\n    }}"
+                );
+            }
+            f.push_str("}\n");
+            w.funcs.push_str(&f);
+        };
+        // `for c in 0..n step u` with `body(c + k)` for k in 0..u.
+        let chunks = |ind: &str, n: u64, body: &dyn Fn(&str) -> String| -> String {
+            if n == 0 {
+                return String::new();
+            }
+            let mut s = format!("{ind}for (var c = 0u; c < {n}u; c = c + {u}u) {{\n");
+            for k in 0..u {
+                let _ = writeln!(s, "{ind}    {}", body(&format!("c + {k}u")));
+            }
+            let _ = writeln!(s, "{ind}}}");
+            s
+        };
+        // Zeroes this invocation's row of output `slot` (`w` wide).
+        let zero_row = |ind: &str, slot: usize, w: u64| -> String {
+            if w == 0 {
+                return String::new();
+            }
+            format!(
+                "{ind}for (var e = 0u; e < {w}u; e = e + 1u) {{\n{ind}    out{slot}[t * {w}u + e] = 0.0;\n{ind}}}\n"
+            )
+        };
+        let (nq, nk, nv) = (a.q.0, a.k.0, a.v.0);
+        loader(self, a.q, d);
+        loader(self, a.k, d);
+        loader(self, a.v, dv);
+        if let Some(go) = a.go {
+            loader(self, go, dv);
+        }
+        let dot = "dot(x4, vec4<f32>(1.0))";
+        match a.pass {
+            Pass::Forward => {
+                // Online softmax over the keys: running max `m`, sum `l`,
+                // the output row rescaled when the max grows.
+                let so = a.slot(AttentionPart::Out);
+                if let Some(s) = so {
+                    acc_fn(self, s, dv);
+                    b.push_str(&zero_row(ind, s, dv));
+                }
+                let n = if a.causal { format!("min(r + 1u, {tk}u)") } else { format!("{tk}u") };
+                let _ = writeln!(
+                    b,
+                    "{ind}let qr = qb + r * {d}u;\n{ind}var m = -inf_f();\n{ind}var l = 0.0;\n{ind}for (var j = 0u; j < {n}; j = j + 1u) {{\n{i2}let kr = kb + j * {d}u;\n{i2}var x4 = vec4<f32>(0.0);"
+                );
+                b.push_str(&chunks(i2, dp, &|c| format!("x4 = fma(ld{nq}(qr, {c}), ld{nk}(kr, {c}), x4);")));
+                let _ = writeln!(
+                    b,
+                    "{i2}let s = {};\n{i2}let mn = max_nan(m, s);\n{i2}if (!isninf_f(mn)) {{\n{i3}let al = select(exp(m - mn), 0.0, isninf_f(m));\n{i3}let p = select(exp(s - mn), 0.0, isninf_f(s));\n{i3}l = l * al + p;",
+                    a.score(dot, "r", "j")
+                );
+                if let Some(s) = so {
+                    let _ = writeln!(b, "{i3}let vr = vb + j * {dv}u;");
+                    b.push_str(&chunks(i3, vp, &|c| format!("acc{s}(t, {c}, al, p * ld{nv}(vr, {c}));")));
+                }
+                let _ = writeln!(b, "{i2}}}\n{i2}m = mn;\n{ind}}}");
+                if let Some(s) = so {
+                    // A row whose keys are all removed: NaN output; no
+                    // keys at all (t_k = 0): output 0.
+                    let dead = if tk == 0 { "false" } else { "isninf_f(m)" };
+                    let _ = writeln!(
+                        b,
+                        "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / l, 0.0, isninf_f(m));\n{ind}for (var e = 0u; e < {dv}u; e = e + 1u) {{\n{i2}out{s}[t * {dv}u + e] = select(out{s}[t * {dv}u + e] * rl, nan_f(), dead);\n{ind}}}"
+                    );
+                }
+                if let Some(s) = a.slot(AttentionPart::LogSumExp) {
+                    let _ = writeln!(b, "{ind}out{s}[t] = select(m + log(l), -inf_f(), isninf_f(m));");
+                }
+            }
+            Pass::GradQ => {
+                let (ngo, nl, nd) = (a.go.expect("grad").0, a.lse.expect("grad").0, a.delta.expect("grad").0);
+                let s = a.slot(AttentionPart::GradQ).expect("grad q kernel");
+                acc_fn(self, s, d);
+                b.push_str(&zero_row(ind, s, d));
+                let n = if a.causal { format!("min(r + 1u, {tk}u)") } else { format!("{tk}u") };
+                let _ = writeln!(
+                    b,
+                    "{ind}let qr = qb + r * {d}u;\n{ind}let gr = gb + r * {dv}u;\n{ind}let lse = n{nl}(rb + r);\n{ind}let dl = n{nd}(rb + r);\n{ind}for (var j = 0u; j < {n}; j = j + 1u) {{\n{i2}let kr = kb + j * {d}u;\n{i2}let vr = vb + j * {dv}u;\n{i2}var x4 = vec4<f32>(0.0);\n{i2}var dp4 = vec4<f32>(0.0);"
+                );
+                b.push_str(&chunks(i2, dp, &|c| format!("x4 = fma(ld{nq}(qr, {c}), ld{nk}(kr, {c}), x4);")));
+                b.push_str(&chunks(i2, vp, &|c| format!("dp4 = fma(ld{ngo}(gr, {c}), ld{nv}(vr, {c}), dp4);")));
+                let _ = writeln!(
+                    b,
+                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));\n{i2}let ds = p * (dot(dp4, vec4<f32>(1.0)) - dl) * sc;",
+                    a.score(dot, "r", "j")
+                );
+                b.push_str(&chunks(i2, dp, &|c| format!("acc{s}(t, {c}, 1.0, ds * ld{nk}(kr, {c}));")));
+                let _ = writeln!(b, "{ind}}}");
+            }
+            Pass::GradKv => {
+                let (ngo, nl, nd) = (a.go.expect("grad").0, a.lse.expect("grad").0, a.delta.expect("grad").0);
+                let (sk, sv) = (a.slot(AttentionPart::GradK), a.slot(AttentionPart::GradV));
+                if let Some(s) = sk {
+                    acc_fn(self, s, d);
+                    b.push_str(&zero_row(ind, s, d));
+                }
+                if let Some(s) = sv {
+                    acc_fn(self, s, dv);
+                    b.push_str(&zero_row(ind, s, dv));
+                }
+                // Queries that see key r: all, or i >= r when causal.
+                let start = if a.causal { "r" } else { "0u" };
+                let _ = writeln!(
+                    b,
+                    "{ind}let kr = kb + r * {d}u;\n{ind}let vr = vb + r * {dv}u;\n{ind}for (var i = {start}; i < {tq}u; i = i + 1u) {{\n{i2}let qr = qb + i * {d}u;\n{i2}let gr = gb + i * {dv}u;\n{i2}let lse = n{nl}(rb + i);\n{i2}var x4 = vec4<f32>(0.0);\n{i2}var dp4 = vec4<f32>(0.0);"
+                );
+                b.push_str(&chunks(i2, dp, &|c| format!("x4 = fma(ld{nq}(qr, {c}), ld{nk}(kr, {c}), x4);")));
+                let _ = writeln!(
+                    b,
+                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));",
+                    a.score(dot, "i", "r")
+                );
+                // One pass over dO: dV += p dO, dP = dO . v.
+                let body = |c: &str| -> String {
+                    let mut s = format!("let gc = ld{ngo}(gr, {c});");
+                    if let Some(slot) = sv {
+                        let _ = write!(s, " acc{slot}(t, {c}, 1.0, p * gc);");
+                    }
+                    if sk.is_some() {
+                        let _ = write!(s, " dp4 = fma(gc, ld{nv}(vr, {c}), dp4);");
+                    }
+                    format!("{{ {s} }}")
+                };
+                b.push_str(&chunks(i2, vp, &body));
+                if let Some(slot) = sk {
+                    let _ = writeln!(b, "{i2}let ds = p * (dot(dp4, vec4<f32>(1.0)) - n{nd}(rb + i)) * sc;");
+                    b.push_str(&chunks(i2, dp, &|c| format!("acc{slot}(t, {c}, 1.0, ds * ld{nq}(qr, {c}));")));
+                }
+                let _ = writeln!(b, "{ind}}}");
+            }
+        }
+        a.nb * rows
+    }
+
+    /// The tiled form (see the module doc).
+    fn attention_tiled(&mut self, a: &Attn, tile: AttnTile, b: &mut String) -> u64 {
+        let AttnTile { br, bc, .. } = tile;
+        let (tk, d, dv) = (a.tk, a.d, a.dv);
+        let (rows, walk) = a.rows_and_walk();
+        let lanes = tile.lanes();
+        let (r4, c4) = (br / 4, bc / 4);
+        let nrb = rows.div_ceil(br);
+        let groups = a.nb * nrb;
+        self.workgroup = Some(lanes as u32);
+        self.use_helper("isninf_f");
+        self.use_helper("isninf4");
+        let _ = writeln!(
+            self.shared,
+            "var<workgroup> sh: array<vec4<f32>, {}>;\nvar<workgroup> sp: array<vec4<f32>, {}>;\n",
+            tile.staging(),
+            bc * r4
+        );
+        let ind = "    ";
+        let _ = writeln!(
+            b,
+            "{ind}let gi = wid.x + wid.y * nwg.x;\n{ind}let t = gi * {lanes}u + lid;\n{}{ind}let bi = gi / {nrb}u;\n{ind}let row0 = (gi % {nrb}u) * {br}u;\n{ind}let tr = lid / {c4}u;\n{ind}let tc = lid % {c4}u;",
+            // Workgroup-uniform: a return here keeps barriers uniform.
+            if groups > 65535 { format!("{ind}if (gi >= {groups}u) {{\n{ind}    return;\n{ind}}}\n") } else { String::new() }
+        );
+        b.push_str(&a.bases(ind));
+        let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
+        // Rows of this invocation: row0 + 4 tr + (0..4), clamped for loads.
+        for r in 0..4 {
+            let _ = writeln!(
+                b,
+                "{ind}let ri{r} = row0 + tr * 4u + {r}u;\n{ind}let rc{r} = min(ri{r}, {}u);",
+                rows.max(1) - 1
+            );
+        }
+        let _ = writeln!(b, "{ind}let riv = vec4<u32>(ri0, ri1, ri2, ri3);");
+        // Output column chunks of width bc: accumulators acc{r}_{c}.
+        let width = |part: AttentionPart| match part {
+            AttentionPart::Out | AttentionPart::GradV => dv,
+            _ => d,
+        };
+        let acc_parts: Vec<AttentionPart> = match a.pass {
+            Pass::Forward => a.slot(AttentionPart::Out).map(|_| AttentionPart::Out).into_iter().collect(),
+            Pass::GradQ => vec![AttentionPart::GradQ],
+            Pass::GradKv => {
+                [AttentionPart::GradV, AttentionPart::GradK].into_iter().filter(|&p| a.slot(p).is_some()).collect()
+            }
+        };
+        for &p in &acc_parts {
+            for c in 0..width(p).div_ceil(bc) {
+                for r in 0..4 {
+                    let _ = writeln!(b, "{ind}var {}{r}_{c} = vec4<f32>(0.0);", acc_name(p));
+                }
+            }
+        }
+        let i2 = "        ";
+        // Per-row statistics.
+        match a.pass {
+            Pass::Forward => {
+                let _ = writeln!(b, "{ind}var m = vec4<f32>(-inf_f());\n{ind}var l = vec4<f32>(0.0);");
+            }
+            Pass::GradQ => {
+                let (nl, nd) = (a.lse.expect("grad").0, a.delta.expect("grad").0);
+                let _ = writeln!(
+                    b,
+                    "{ind}let lsev = vec4<f32>(n{nl}(rb + rc0), n{nl}(rb + rc1), n{nl}(rb + rc2), n{nl}(rb + rc3));\n{ind}let dlv = vec4<f32>(n{nd}(rb + rc0), n{nd}(rb + rc1), n{nd}(rb + rc2), n{nd}(rb + rc3));"
+                );
+            }
+            Pass::GradKv => {}
+        }
+        // The walk over tiles of the other side.
+        let (start, end) = match (a.pass, a.causal) {
+            // Queries see keys j <= i: a block of queries stops at its last row.
+            (Pass::Forward | Pass::GradQ, true) => ("0u".to_string(), format!("min({walk}u, row0 + {br}u)")),
+            // A block of keys is seen from the query tile holding row0 on.
+            (Pass::GradKv, true) => (format!("(row0 / {bc}u) * {bc}u"), format!("{walk}u")),
+            _ => ("0u".to_string(), format!("{walk}u")),
+        };
+        let _ = writeln!(b, "{ind}for (var c0 = {start}; c0 < {end}; c0 = c0 + {bc}u) {{");
+        // Columns of this invocation: c0 + 4 tc + (0..4).
+        let _ = writeln!(
+            b,
+            "{i2}let cv = vec4<u32>(c0 + tc * 4u) + vec4<u32>(0u, 1u, 2u, 3u);\n{i2}let cc = min(cv, vec4<u32>({}u));",
+            walk.max(1) - 1
+        );
+        // Score blocks: S (rows x columns) and, for gradients, dP.
+        let (own_q, own_k) = match a.pass {
+            Pass::GradKv => ((a.k, "kb"), (a.q, "qb")),
+            _ => ((a.q, "qb"), (a.k, "kb")),
+        };
+        let (own_rows, walk_rows) = (rows, walk);
+        self.attn_dot(b, tile, "s", own_q, own_k, d, own_rows, walk_rows);
+        if a.needs_dp() {
+            let go = (a.go.expect("grad"), "gb");
+            let (own, other) = match a.pass {
+                Pass::GradKv => ((a.v, "vb"), go),
+                _ => (go, (a.v, "vb")),
+            };
+            self.attn_dot(b, tile, "dp", own, other, dv, own_rows, walk_rows);
+        }
+        // Scores: scaled and masked; `ok`: inside the problem and not
+        // causally removed. (i, j) = (row, column) or (column, row).
+        for r in 0..4 {
+            let (valid, i_of, j_of): (String, Box<dyn Fn(&str) -> String>, Box<dyn Fn(&str) -> String>) = match a.pass {
+                Pass::GradKv => {
+                    let causal = if a.causal { format!(" & (vec4<u32>(ri{r}) <= cv)") } else { String::new() };
+                    (
+                        format!("(cv < vec4<u32>({walk}u)){causal}"),
+                        Box::new(|c: &str| format!("cc.{c}")),
+                        Box::new(move |_c: &str| format!("rc{r}")),
+                    )
+                }
+                _ => {
+                    let causal = if a.causal { format!(" & (cv <= vec4<u32>(ri{r}))") } else { String::new() };
+                    (
+                        format!("(cv < vec4<u32>({walk}u)){causal}"),
+                        Box::new(move |_c: &str| format!("rc{r}")),
+                        Box::new(|c: &str| format!("cc.{c}")),
+                    )
+                }
+            };
+            let sc: Vec<String> = LANE.iter().map(|c| a.score(&format!("s{r}.{c}"), &i_of(c), &j_of(c))).collect();
+            let _ = writeln!(
+                b,
+                "{i2}let ok{r} = {valid};\n{i2}let x{r} = select(vec4<f32>(-inf_f()), vec4<f32>({}), ok{r});",
+                sc.join(", ")
+            );
+        }
+        match a.pass {
+            Pass::Forward => self.attn_forward_tile(a, tile, b),
+            _ => self.attn_grad_tile(a, tile, b),
+        }
+        let _ = writeln!(b, "{ind}}}");
+        // Stores.
+        let _ = writeln!(b, "{ind}let obase = bi * {rows}u;");
+        if a.pass == Pass::Forward {
+            // Sum the per-invocation partial sums of each row.
+            let _ = writeln!(b, "{ind}workgroupBarrier();\n{ind}sp[tc * {r4}u + tr] = l;\n{ind}workgroupBarrier();\n{ind}var lt = vec4<f32>(0.0);\n{ind}for (var u = 0u; u < {c4}u; u = u + 1u) {{\n{i2}lt = lt + sp[u * {r4}u + tr];\n{ind}}}");
+            let dead = if tk == 0 { "vec4<bool>(false)".to_string() } else { "isninf4(m)".to_string() };
+            let _ = writeln!(b, "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / lt, vec4<f32>(0.0), isninf4(m));");
+            if let Some(s) = a.slot(AttentionPart::LogSumExp) {
+                for r in 0..4 {
+                    let lane = LANE[r];
+                    let _ = writeln!(
+                        b,
+                        "{ind}if (tc == 0u && ri{r} < {rows}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
+                    );
+                }
+            }
+        }
+        for &p in &acc_parts {
+            let s = a.slot(p).expect("accumulated part is an output");
+            let w = width(p);
+            for c in 0..w.div_ceil(bc) {
+                for r in 0..4 {
+                    let lane = LANE[r];
+                    for (e, comp) in LANE.iter().enumerate() {
+                        let col = format!("{}u + tc * 4u + {e}u", c * bc);
+                        let v = if p == AttentionPart::Out {
+                            format!("select(acc_o{r}_{c}.{comp} * rl.{lane}, nan_f(), dead.{lane})")
+                        } else {
+                            format!("{}{r}_{c}.{comp}", acc_name(p))
+                        };
+                        let _ = writeln!(
+                            b,
+                            "{ind}if (ri{r} < {rows}u && {col} < {w}u) {{\n{i2}out{s}[(obase + ri{r}) * {w}u + {col}] = {v};\n{ind}}}"
+                        );
+                    }
+                }
+            }
+        }
+        groups * lanes
+    }
+
+    /// One tile of the forward: online softmax update and `O += P V`.
+    fn attn_forward_tile(&mut self, a: &Attn, tile: AttnTile, b: &mut String) {
+        let AttnTile { br, bc, .. } = tile;
+        let (r4, c4) = (br / 4, bc / 4);
+        let i2 = "        ";
+        // Row maxima: per invocation, then over the row's invocations.
+        // Without dot-product slices (head dim 0) no barrier has passed
+        // since the previous tile read the row partials in `sp`.
+        if a.d == 0 {
+            let _ = writeln!(b, "{i2}workgroupBarrier();");
+        }
+        let _ = writeln!(
+            b,
+            "{i2}sp[tc * {r4}u + tr] = vec4<f32>(max_nan(max_nan(x0.x, x0.y), max_nan(x0.z, x0.w)), max_nan(max_nan(x1.x, x1.y), max_nan(x1.z, x1.w)), max_nan(max_nan(x2.x, x2.y), max_nan(x2.z, x2.w)), max_nan(max_nan(x3.x, x3.y), max_nan(x3.z, x3.w)));\n{i2}workgroupBarrier();\n{i2}var mt = m;\n{i2}for (var u = 0u; u < {c4}u; u = u + 1u) {{\n{i2}    let pm = sp[u * {r4}u + tr];\n{i2}    mt = vec4<f32>(max_nan(mt.x, pm.x), max_nan(mt.y, pm.y), max_nan(mt.z, pm.z), max_nan(mt.w, pm.w));\n{i2}}}\n{i2}let al = select(exp(m - mt), vec4<f32>(1.0), isninf4(mt));"
+        );
+        for r in 0..4 {
+            let lane = LANE[r];
+            let _ = writeln!(
+                b,
+                "{i2}let p{r} = select(exp(x{r} - vec4<f32>(mt.{lane})), vec4<f32>(0.0), isninf4(x{r}) | vec4<bool>(isninf_f(mt.{lane})));"
+            );
+        }
+        let _ = writeln!(
+            b,
+            "{i2}l = l * al + vec4<f32>(dot(p0, vec4<f32>(1.0)), dot(p1, vec4<f32>(1.0)), dot(p2, vec4<f32>(1.0)), dot(p3, vec4<f32>(1.0)));\n{i2}m = mt;"
+        );
+        if a.slot(AttentionPart::Out).is_some() {
+            for c in 0..a.dv.div_ceil(bc) {
+                for r in 0..4 {
+                    let _ = writeln!(b, "{i2}acc_o{r}_{c} = acc_o{r}_{c} * al.{};", LANE[r]);
+                }
+            }
+            self.attn_store_p(b, tile, "p");
+            self.attn_accumulate(b, tile, "acc_o", (a.v, "vb"), a.dv, a.tk);
+        }
+    }
+
+    /// One tile of a gradient kernel: `P`, `dS`, and the accumulations.
+    fn attn_grad_tile(&mut self, a: &Attn, tile: AttnTile, b: &mut String) {
+        let i2 = "        ";
+        let nl = a.lse.expect("grad").0;
+        let nd = a.delta.expect("grad").0;
+        // The log-sum-exp and delta of each score's query.
+        let (lse, delta): (Vec<String>, Vec<String>) = match a.pass {
+            Pass::GradKv => {
+                let _ = writeln!(
+                    b,
+                    "{i2}let lsev = vec4<f32>(n{nl}(rb + cc.x), n{nl}(rb + cc.y), n{nl}(rb + cc.z), n{nl}(rb + cc.w));\n{i2}let dlv = vec4<f32>(n{nd}(rb + cc.x), n{nd}(rb + cc.y), n{nd}(rb + cc.z), n{nd}(rb + cc.w));"
+                );
+                ((0..4).map(|_| "lsev".to_string()).collect(), (0..4).map(|_| "dlv".to_string()).collect())
+            }
+            _ => (
+                LANE.iter().map(|l| format!("vec4<f32>(lsev.{l})")).collect(),
+                LANE.iter().map(|l| format!("vec4<f32>(dlv.{l})")).collect(),
+            ),
+        };
+        for r in 0..4 {
+            let _ = writeln!(
+                b,
+                "{i2}let p{r} = select(select(exp(x{r} - {l}), vec4<f32>(nan_f()), isninf4({l})), vec4<f32>(0.0), !ok{r});",
+                l = lse[r]
+            );
+            if a.needs_dp() {
+                let _ = writeln!(
+                    b,
+                    "{i2}let g{r} = select(p{r} * (dp{r} - {dl}) * sc, vec4<f32>(0.0), !ok{r});",
+                    dl = delta[r]
+                );
+            }
+        }
+        match a.pass {
+            Pass::GradQ => {
+                self.attn_store_p(b, tile, "g");
+                self.attn_accumulate(b, tile, "acc_dq", (a.k, "kb"), a.d, a.tk);
+            }
+            _ => {
+                if a.slot(AttentionPart::GradV).is_some() {
+                    self.attn_store_p(b, tile, "p");
+                    self.attn_accumulate(b, tile, "acc_dv", (a.go.expect("grad"), "gb"), a.dv, a.tq);
+                }
+                if a.slot(AttentionPart::GradK).is_some() {
+                    self.attn_store_p(b, tile, "g");
+                    self.attn_accumulate(b, tile, "acc_dk", (a.q, "qb"), a.d, a.tq);
+                }
+            }
+        }
+    }
+
+    /// Score block `{name}{r}` (vec4 over this invocation's 4 columns, for
+    /// each of its 4 rows) = dot products over `width` of the owned rows of
+    /// operand `own` (rows clamped below `own_rows`) and the tile's rows of
+    /// `other` (below `walk_rows`), staged `dk` deep in workgroup memory,
+    /// transposed: `sh[d * br/4 + r/4]` holds rows `r..r+4` of the owned
+    /// slice at depth `d`, `sh[dk * br/4 + d * bc/4 + c/4]` those of the
+    /// tile. A barrier precedes every staging, so earlier readers of `sh`
+    /// (and of `sp`) are done.
+    #[allow(clippy::too_many_arguments)] // The tile, the block's name, both operands and their extents.
+    fn attn_dot(
+        &mut self,
+        b: &mut String,
+        tile: AttnTile,
+        name: &str,
+        own: (NodeId, &str),
+        other: (NodeId, &str),
+        width: u64,
+        own_rows: u64,
+        walk_rows: u64,
+    ) {
+        let AttnTile { br, bc, dk } = tile;
+        let (r4, c4, lanes) = (br / 4, bc / 4, tile.lanes());
+        let i2 = "        ";
+        let i3 = "            ";
+        for r in 0..4 {
+            let _ = writeln!(b, "{i2}var {name}{r} = vec4<f32>(0.0);");
+        }
+        if width == 0 {
+            return;
+        }
+        let _ = writeln!(b, "{i2}for (var d0 = 0u; d0 < {width}u; d0 = d0 + {dk}u) {{\n{i3}workgroupBarrier();");
+        // Stage: element e of a slice is (row e / dk, depth e % dk), so
+        // adjacent lanes read adjacent elements of a row.
+        let stage = |b: &mut String,
+                     (id, base): (NodeId, &str),
+                     nrows: u64,
+                     row0: &str,
+                     count: u64,
+                     off: u64,
+                     q4: u64| {
+            for u in 0..count.div_ceil(lanes) {
+                let e = format!("lid + {}u", u * lanes);
+                let guard = !(count.is_multiple_of(lanes)) && (u + 1) * lanes > count;
+                let body = format!(
+                    "let rr = ({e}) / {dk}u;\n{i3}    let dd = ({e}) % {dk}u;\n{i3}    let gr = {row0} + rr;\n{i3}    let gd = d0 + dd;\n{i3}    sh[{off}u + dd * {q4}u + rr / 4u][rr % 4u] = select(0.0, n{}({base} + min(gr, {}u) * {width}u + min(gd, {}u)), gr < {nrows}u && gd < {width}u);",
+                    id.0,
+                    nrows.max(1) - 1,
+                    width - 1
+                );
+                if guard {
+                    let _ = writeln!(b, "{i3}if ({e} < {count}u) {{\n{i3}    {body}\n{i3}}}");
+                } else {
+                    let _ = writeln!(b, "{i3}{{\n{i3}    {body}\n{i3}}}");
+                }
+            }
+        };
+        stage(b, own, own_rows, "row0", br * dk, 0, r4);
+        stage(b, other, walk_rows, "c0", bc * dk, dk * r4, c4);
+        let _ = writeln!(
+            b,
+            "{i3}workgroupBarrier();\n{i3}for (var dd = 0u; dd < {dk}u; dd = dd + 1u) {{\n{i3}    let av = sh[dd * {r4}u + tr];\n{i3}    let bv = sh[{}u + dd * {c4}u + tc];",
+            dk * r4
+        );
+        for r in 0..4 {
+            let _ = writeln!(b, "{i3}    {name}{r} = fma(vec4<f32>(av.{}), bv, {name}{r});", LANE[r]);
+        }
+        let _ = writeln!(b, "{i3}}}\n{i2}}}");
+    }
+
+    /// Writes `{name}0..3` (vec4 over this invocation's columns, one per
+    /// row) to `sp` transposed: `sp[c * br/4 + r/4]` holds rows `r..r+4`
+    /// of column `c`. The barrier first lets the previous readers of `sp`
+    /// finish.
+    fn attn_store_p(&mut self, b: &mut String, tile: AttnTile, name: &str) {
+        let r4 = tile.br / 4;
+        let i2 = "        ";
+        let _ = writeln!(b, "{i2}workgroupBarrier();");
+        for (e, comp) in LANE.iter().enumerate() {
+            let _ = writeln!(
+                b,
+                "{i2}sp[(tc * 4u + {e}u) * {r4}u + tr] = vec4<f32>({name}0.{comp}, {name}1.{comp}, {name}2.{comp}, {name}3.{comp});"
+            );
+        }
+    }
+
+    /// `{acc}{r}_{c} += sum_j sp[j][rows] * X[c0 + j][chunk c]` for every
+    /// `bc`-wide column chunk `c` of `x` (`width` columns, rows below
+    /// `nrows`), staged chunk by chunk in `sh` (row-major: `sh[j * bc/4 +
+    /// w/4]`); this invocation takes vec4 column `tc` of each chunk.
+    fn attn_accumulate(
+        &mut self,
+        b: &mut String,
+        tile: AttnTile,
+        acc: &str,
+        x: (NodeId, &str),
+        width: u64,
+        nrows: u64,
+    ) {
+        let AttnTile { br, bc, .. } = tile;
+        let (r4, c4, lanes) = (br / 4, bc / 4, tile.lanes());
+        let i2 = "        ";
+        let i3 = "            ";
+        let (id, base) = x;
+        let count = bc * bc;
+        for c in 0..width.div_ceil(bc) {
+            let _ = writeln!(b, "{i2}workgroupBarrier();");
+            for u in 0..count.div_ceil(lanes) {
+                let e = format!("lid + {}u", u * lanes);
+                let _ = writeln!(
+                    b,
+                    "{i2}{{\n{i3}let rr = ({e}) / {bc}u;\n{i3}let ww = ({e}) % {bc}u;\n{i3}let gr = c0 + rr;\n{i3}let gw = {}u + ww;\n{i3}sh[rr * {c4}u + ww / 4u][ww % 4u] = select(0.0, n{}({base} + min(gr, {}u) * {width}u + min(gw, {}u)), gr < {nrows}u && gw < {width}u);\n{i2}}}",
+                    c * bc,
+                    id.0,
+                    nrows.max(1) - 1,
+                    width - 1
+                );
+            }
+            let _ = writeln!(b, "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 4u) {{");
+            for u in 0..4 {
+                let _ = writeln!(b, "{i3}{{\n{i3}    let pv = sp[(j + {u}u) * {r4}u + tr];\n{i3}    let xv = sh[(j + {u}u) * {c4}u + tc];");
+                for r in 0..4 {
+                    let _ = writeln!(b, "{i3}    {acc}{r}_{c} = fma(vec4<f32>(pv.{}), xv, {acc}{r}_{c});", LANE[r]);
+                }
+                let _ = writeln!(b, "{i3}}}");
+            }
+            let _ = writeln!(b, "{i2}}}");
+        }
+    }
+}
+
+/// The accumulator prefix of a part.
+fn acc_name(p: AttentionPart) -> &'static str {
+    match p {
+        AttentionPart::Out => "acc_o",
+        AttentionPart::GradQ => "acc_dq",
+        AttentionPart::GradK => "acc_dk",
+        AttentionPart::GradV => "acc_dv",
+        AttentionPart::LogSumExp => unreachable!("the log-sum-exp is not accumulated"),
+    }
+}
+
+/// Whether the wgpu backend runs attention node `node` (operand types
+/// `inputs`) in form `form` within llvmpipe's loop budget `budget`.
+pub fn within_loop_budget(
+    node: &lazuli_ir::Node,
+    inputs: &[&lazuli_ir::Node],
+    form: AttentionForm,
+    budget: u64,
+) -> bool {
+    let Op::Attention { part, .. } = node.op else { return true };
+    if inputs.len() < 3 || node.dtype != DType::F32 {
+        return true;
+    }
+    let last2 = |n: &lazuli_ir::Node| {
+        let d = n.shape.dims();
+        (d[d.len() - 2] as u64, d[d.len() - 1] as u64)
+    };
+    let ((tq, d), (tk, _), (_, dv)) = (last2(inputs[0]), last2(inputs[1]), last2(inputs[2]));
+    let walk = if matches!(part, AttentionPart::GradK | AttentionPart::GradV) { tq } else { tk };
+    let trips = match form {
+        AttentionForm::PerRow => {
+            return per_row_unroll(walk, d, dv).is_some_and(|u| per_row_trips(walk, d, dv, u) <= budget)
+        }
+        // Per tile: the dot slices (`dk` deep), the row-max partials and
+        // the accumulation (`bc / 4` steps per column chunk), two dot
+        // products and two accumulations at most. The smallest tile is
+        // the worst case.
+        AttentionForm::Tiled => {
+            let t = TILES[TILES.len() - 1];
+            let per_tile =
+                2 * (d.max(dv).div_ceil(t.dk) * (t.dk + 1)) + t.bc / 4 + 2 * d.max(dv).div_ceil(t.bc) * (t.bc / 4);
+            walk.div_ceil(t.bc) * (per_tile + 1) + t.bc / 4
+        }
+    };
+    trips <= budget
+}
