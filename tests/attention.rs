@@ -1,10 +1,21 @@
-//! Scaled dot-product attention against a host reference: the unfused
-//! definition written as f64 loops (scores, masked softmax, weighted sum)
-//! with its hand-derived backward (dV = P^T dO; dS = P * (dP - rowsum(dP * P));
-//! dQ = dS K s; dK = dS^T Q s). Fuzzed shapes (lengths 1..70, head dims up
-//! to 256, equal and unequal query/key lengths), causal and not, additive
-//! and bool masks, on the CPU backend and on wgpu; forward and gradients.
-//! Also `MultiheadAttention` against the same reference, head by head.
+//! Scaled dot-product attention (the fused op, `Tensor::attention`, behind
+//! `nn::scaled_dot_product_attention`) against a host reference: the
+//! unfused definition written as f64 loops (scores, masked softmax,
+//! weighted sum) with its hand-derived backward (dV = P^T dO; dS = P * (dP
+//! - rowsum(dP * P)); dQ = dS K s; dK = dS^T Q s). Fuzzed shapes (lengths
+//! 1..70, head dims up to 256, equal and unequal query/key lengths),
+//! causal and not, additive and bool masks, on the CPU backend and on
+//! wgpu; forward and gradients. Also `MultiheadAttention` against the same
+//! reference, head by head.
+//!
+//! Then the fused op against the unfused composition
+//! (`nn::scaled_dot_product_attention_unfused`, on the CPU: the oracle),
+//! forward and gradients, on the CPU and on wgpu in both kernel-form
+//! profiles: fuzzed shapes with broadcast batch dims, t_q != t_k, lengths
+//! of 1 and sizes that are no multiple of a tile, head dims 1..256,
+//! causal and not, additive, broadcast and bool masks; rows whose keys
+//! are all masked; that the fused path writes nothing of the scores' size
+//! and runs no kernel on the CPU fallback.
 
 mod common;
 
@@ -131,6 +142,9 @@ fn check_case(dev: &Device, c: &Case, seed: u64, bool_mask: bool) {
     let o = nn::scaled_dot_product_attention(&tq, &tk, &tv, &opts).unwrap();
     let wt = Tensor::from_slice(&f32s(&w), [c.b, c.tq, c.dv], dev).unwrap();
     o.mul(&wt).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    // One sync for the output and the gradients: one graph per case.
+    let grads = [tq.grad().unwrap(), tk.grad().unwrap(), tv.grad().unwrap()];
+    lazuli::sync(&[&o, &grads[0], &grads[1], &grads[2]]).unwrap();
     let what = format!("{c:?} on {} (bool mask {bool_mask})", dev.name());
     // f32 sums over up to 256-long dot products and 70-long rows.
     let tol = 2e-4 * (c.d.max(c.tk) as f32).sqrt();
@@ -178,7 +192,13 @@ fn cases() -> Vec<Case> {
 #[test]
 fn sdpa_matches_the_reference_on_every_backend() {
     for dev in common::devices() {
+        let cpu = dev.name() == "cpu";
         for (i, c) in cases().iter().enumerate() {
+            // wgpu takes the long fuzzed cases (one with masks) and the
+            // fixed corners; the differential tests below cover it more.
+            if !cpu && i % 4 != 0 && i < 16 {
+                continue;
+            }
             check_case(&dev, c, 1000 + 10 * i as u64, false);
             if c.mask.is_some() {
                 check_case(&dev, c, 1000 + 10 * i as u64, true);
@@ -267,5 +287,278 @@ fn multihead_attention_matches_per_head_reference() {
         common::assert_close(&got, &f32s(&want), 1e-4, 1e-5, &format!("MultiheadAttention on {}", dev.name()));
         let names: Vec<String> = mha.named_parameters().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]);
+    }
+}
+
+// ---- the fused op against the unfused composition ----
+
+/// A mask of a differential case.
+#[derive(Clone, Debug)]
+enum MaskSpec {
+    None,
+    /// Additive, of these dims (broadcast to the scores).
+    Add(Vec<usize>),
+    /// Bool keep mask, of these dims.
+    Keep(Vec<usize>),
+}
+
+/// One fused-vs-unfused problem: full shapes of q, k, v (leading dims
+/// broadcast), options, and which devices run it.
+#[derive(Clone, Debug)]
+struct DiffCase {
+    q: Vec<usize>,
+    k: Vec<usize>,
+    v: Vec<usize>,
+    causal: bool,
+    mask: MaskSpec,
+    scale: Option<f64>,
+}
+
+impl DiffCase {
+    fn new(q: &[usize], k: &[usize], v: &[usize], causal: bool, mask: MaskSpec) -> DiffCase {
+        DiffCase { q: q.to_vec(), k: k.to_vec(), v: v.to_vec(), causal, mask, scale: None }
+    }
+
+    fn dims(&self) -> (usize, usize, usize) {
+        let tq = self.q[self.q.len() - 2];
+        let tk = self.k[self.k.len() - 2];
+        (tq, tk, self.q[self.q.len() - 1].max(self.v[self.v.len() - 1]))
+    }
+}
+
+/// Host data of a case: q, k, v, the mask (float or bool), the output
+/// weights.
+struct DiffData {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    mask_f: Vec<f32>,
+    mask_b: Vec<bool>,
+}
+
+fn diff_data(c: &DiffCase, seed: u64) -> DiffData {
+    let n = |d: &[usize]| d.iter().product::<usize>();
+    let mask_dims = match &c.mask {
+        MaskSpec::None => vec![0],
+        MaskSpec::Add(d) | MaskSpec::Keep(d) => d.clone(),
+    };
+    let tk_mask = *mask_dims.last().unwrap_or(&1);
+    // Removed keys (-inf, false) everywhere but key 0, so no query loses
+    // every key.
+    let r = common::rand_vec(n(&mask_dims), seed + 4, 0.0, 1.0);
+    let mask_f = r
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % tk_mask != 0 && x < 0.2 { f32::NEG_INFINITY } else { x * 3.0 - 2.0 })
+        .collect();
+    let mask_b = r.iter().enumerate().map(|(i, &x)| i % tk_mask == 0 || x >= 0.3).collect();
+    DiffData {
+        q: common::rand_vec(n(&c.q), seed, -1.5, 1.5),
+        k: common::rand_vec(n(&c.k), seed + 1, -1.5, 1.5),
+        v: common::rand_vec(n(&c.v), seed + 2, -1.0, 1.0),
+        mask_f,
+        mask_b,
+    }
+}
+
+/// Forward output and the gradients of q, k and v of `sum(O * w)`, on
+/// `dev`, through `f` (fused or unfused); one sync.
+fn diff_run(
+    dev: &Device,
+    c: &DiffCase,
+    data: &DiffData,
+    f: fn(&Tensor, &Tensor, &Tensor, &AttentionOptions) -> lazuli::Result<Tensor>,
+) -> [Vec<f32>; 4] {
+    let leaf = |v: &[f32], d: &[usize]| Tensor::from_slice(v, d.to_vec(), dev).unwrap().requires_grad_(true).unwrap();
+    let (q, k, v) = (leaf(&data.q, &c.q), leaf(&data.k, &c.k), leaf(&data.v, &c.v));
+    let mut opts = AttentionOptions { causal: c.causal, scale: c.scale, mask: None };
+    opts.mask = match &c.mask {
+        MaskSpec::None => None,
+        MaskSpec::Add(d) => Some(Tensor::from_slice(&data.mask_f, d.clone(), dev).unwrap()),
+        MaskSpec::Keep(d) => Some(Tensor::from_slice(&data.mask_b, d.clone(), dev).unwrap()),
+    };
+    let o = f(&q, &k, &v, &opts).unwrap();
+    let w = Tensor::from_slice(&common::rand_vec(o.numel(), 77, 0.5, 1.5), o.shape().clone(), dev).unwrap();
+    o.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    let g = [q.grad().unwrap(), k.grad().unwrap(), v.grad().unwrap()];
+    lazuli::sync(&[&o, &g[0], &g[1], &g[2]]).unwrap();
+    [o.to_vec().unwrap(), g[0].to_vec().unwrap(), g[1].to_vec().unwrap(), g[2].to_vec().unwrap()]
+}
+
+/// The differential cases, and whether the GPU kernel forms run them too
+/// (their tiled kernels take lavapipe about a second each to compile, so
+/// they get the cases that reach different code). Lengths are often no
+/// multiple of 4, 32 or 64 (the tiles) and include 1; leading dims
+/// broadcast in every pattern the composition allows (q, k, v, and the
+/// mask, each missing a dim); head dims 1 to 256.
+fn diff_cases() -> Vec<(DiffCase, bool)> {
+    use MaskSpec::*;
+    vec![
+        // Head dim 16, causal, additive [t_q, t_k] mask: t_q > t_k, t_q <
+        // t_k, one query, one key.
+        (DiffCase::new(&[2, 70, 16], &[2, 33, 16], &[2, 33, 16], true, Add(vec![70, 33])), true),
+        (DiffCase::new(&[2, 5, 16], &[2, 67, 16], &[2, 67, 16], true, Add(vec![5, 67])), false),
+        (DiffCase::new(&[2, 1, 16], &[2, 40, 16], &[2, 40, 16], true, Add(vec![1, 40])), false),
+        (DiffCase::new(&[2, 65, 16], &[2, 1, 16], &[2, 1, 16], true, Add(vec![65, 1])), true),
+        // Broadcast batch dims (heads shared by k, batch shared by v), a
+        // bool mask over [batch, 1, 1, t_k]; odd head dims, d != d_v.
+        (DiffCase::new(&[2, 3, 9, 3], &[1, 3, 20, 3], &[2, 1, 20, 5], false, Keep(vec![2, 1, 1, 20])), true),
+        (DiffCase::new(&[2, 3, 33, 1], &[1, 3, 64, 1], &[2, 1, 64, 7], false, Keep(vec![2, 1, 1, 64])), false),
+        // A mask that grows the batch, broadcast along queries; a scale.
+        (
+            DiffCase {
+                scale: Some(0.3),
+                ..DiffCase::new(&[4, 31, 8], &[4, 29, 8], &[29, 8], false, Add(vec![3, 1, 1, 29]))
+            },
+            false,
+        ),
+        // Head dims 64, 100 (two output chunks, the second partial), 256;
+        // one query and one key.
+        (DiffCase::new(&[1, 2, 77, 64], &[1, 2, 77, 64], &[1, 2, 77, 64], true, None), false),
+        (DiffCase::new(&[3, 1, 100], &[3, 9, 100], &[3, 9, 36], false, None), true),
+        (DiffCase::new(&[1, 1, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], true, None), false),
+        (DiffCase::new(&[1, 12, 256], &[1, 19, 256], &[1, 19, 256], true, None), true),
+    ]
+}
+
+/// The wgpu devices of the differential tests: one per kernel-form
+/// profile, made once so compiles are shared across tests. When
+/// `LAZULI_KERNEL_FORMS` forces a profile (scripts/test's second run), only
+/// that one: the first run covered both.
+fn form_devices() -> &'static [(&'static str, Device)] {
+    static DEVS: std::sync::OnceLock<Vec<(&'static str, Device)>> = std::sync::OnceLock::new();
+    DEVS.get_or_init(|| {
+        if common::wgpu().is_none() {
+            return Vec::new();
+        }
+        let with = |forms: lazuli::KernelForms| {
+            let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
+            Device::wgpu_with(opts).expect("a wgpu device")
+        };
+        let forced = std::env::var("LAZULI_KERNEL_FORMS").unwrap_or_default();
+        let mut v = Vec::new();
+        if forced != "gpu" {
+            v.push(("software forms", with(lazuli::KernelForms::software())));
+        }
+        if forced != "software" {
+            v.push(("gpu forms", with(lazuli::KernelForms::gpu())));
+        }
+        v
+    })
+}
+
+#[test]
+fn fused_matches_unfused_on_every_backend_and_form() {
+    let cpu = Device::cpu();
+    for (i, (c, on_gpu_forms)) in diff_cases().iter().enumerate() {
+        let data = diff_data(c, 500 + 10 * i as u64);
+        let want = diff_run(&cpu, c, &data, nn::scaled_dot_product_attention_unfused);
+        let (_, tk, d) = c.dims();
+        // f32 sums over the head dim and the keys, in other orders.
+        let tol = 3e-5 * ((d.max(tk)) as f32).sqrt();
+        let mut devs: Vec<(&str, &Device)> = vec![("cpu", &cpu)];
+        devs.extend(form_devices().iter().filter(|(n, _)| *on_gpu_forms || *n != "gpu forms").map(|(n, d)| (*n, d)));
+        for (name, dev) in devs {
+            let got = diff_run(dev, c, &data, nn::scaled_dot_product_attention);
+            for (k, what) in ["output", "dq", "dk", "dv"].iter().enumerate() {
+                common::assert_close(&got[k], &want[k], tol, tol, &format!("{what} of case {i} {c:?} on {name}"));
+            }
+        }
+    }
+}
+
+/// A query whose keys are all masked: NaN output in both paths and the
+/// same gradients (NaN for the keys and values it weighs, 0 for its own
+/// query, as the keep mask's `where` passes nothing back); no causal
+/// removal here, so the paths agree exactly in where NaN appears.
+#[test]
+fn fully_masked_rows_are_nan_in_both_paths() {
+    for keep in [true, false] {
+        let mask = if keep { MaskSpec::Keep(vec![6, 5]) } else { MaskSpec::Add(vec![6, 5]) };
+        let c = DiffCase::new(&[1, 6, 8], &[1, 5, 8], &[1, 5, 4], false, mask);
+        let mut data = diff_data(&c, 9);
+        // Row 2 keeps no key.
+        data.mask_b = (0..30).map(|i| i / 5 != 2).collect();
+        data.mask_f = (0..30).map(|i| if i / 5 == 2 { f32::NEG_INFINITY } else { 0.5 }).collect();
+        let want = diff_run(&Device::cpu(), &c, &data, nn::scaled_dot_product_attention_unfused);
+        assert!(want[0][8..12].iter().all(|x| x.is_nan()) && want[0][..8].iter().all(|x| x.is_finite()));
+        // The additive mask passes NaN back to row 2's query; the keep
+        // mask passes 0.
+        assert_eq!(want[1][16..24].iter().all(|x| x.is_nan()), !keep);
+        let mut devs = vec![("cpu", Device::cpu())];
+        // The GPU forms take the keep mask (whose zero gradients are their
+        // own code); the additive mask is plain arithmetic there.
+        devs.extend(form_devices().iter().filter(|(n, _)| keep || *n != "gpu forms").cloned());
+        for (name, dev) in devs {
+            let got = diff_run(&dev, &c, &data, nn::scaled_dot_product_attention);
+            for k in 0..4 {
+                common::assert_close(&got[k], &want[k], 1e-4, 1e-5, &format!("part {k} on {name} (keep {keep})"));
+            }
+        }
+    }
+}
+
+/// The fused path's graph holds nothing of the scores' size and its
+/// buffers stay far below one score matrix, where the composition's do
+/// not (so the check can fail); on wgpu it runs four attention-related
+/// kernels (output with log-sum-exp, delta, dQ, dK with dV) and nothing on
+/// the CPU fallback.
+#[test]
+fn fused_path_never_materializes_the_scores_and_never_falls_back() {
+    let (b, t, s, d) = (4, 256, 256, 4);
+    let scores = format!("[{b}, {t}, {s}]");
+    let c = DiffCase::new(&[b, t, d], &[b, s, d], &[b, s, d], true, MaskSpec::None);
+    let data = diff_data(&c, 3);
+    let record = |dev: &Device, fused: bool| -> Vec<Tensor> {
+        let leaf = |v: &[f32], dims: &[usize]| {
+            Tensor::from_slice(v, dims.to_vec(), dev).unwrap().requires_grad_(true).unwrap()
+        };
+        let (q, k, v) = (leaf(&data.q, &c.q), leaf(&data.k, &c.k), leaf(&data.v, &c.v));
+        let f = if fused { nn::scaled_dot_product_attention } else { nn::scaled_dot_product_attention_unfused };
+        let o = f(&q, &k, &v, &AttentionOptions::causal()).unwrap();
+        o.sum(&[], false).unwrap().backward().unwrap();
+        vec![o, q.grad().unwrap(), k.grad().unwrap(), v.grad().unwrap()]
+    };
+    for dev in common::devices() {
+        for fused in [true, false] {
+            let ts = record(&dev, fused);
+            let refs: Vec<&Tensor> = ts.iter().collect();
+            let ir = lazuli::debug::ir_text(&refs);
+            assert_eq!(ir.contains(&scores), !fused, "fused {fused} on {}: scores {scores} in\n{ir}", dev.name());
+        }
+    }
+    let score_bytes = (b * t * s * 4) as u64;
+    for (name, _) in form_devices() {
+        let _lock = common::metrics_lock();
+        for fused in [true, false] {
+            // A fresh device: its pool then holds every buffer the run made.
+            let opts = lazuli::WgpuDeviceOptions {
+                kernel_forms: Some(if *name == "gpu forms" {
+                    lazuli::KernelForms::gpu()
+                } else {
+                    lazuli::KernelForms::software()
+                }),
+                ..Default::default()
+            };
+            let fresh = Device::wgpu_with(opts).unwrap();
+            lazuli::metrics::reset();
+            let ts = record(&fresh, fused);
+            let refs: Vec<&Tensor> = ts.iter().collect();
+            let kernels = lazuli::debug::backend_code(&refs).unwrap();
+            lazuli::sync(&refs).unwrap();
+            fresh.wait().unwrap();
+            let held = fresh.pool_bytes() + fresh.bytes_in_use();
+            assert_eq!(held < score_bytes, fused, "fused {fused} on {name}: {held} bytes held, scores {score_bytes}");
+            if fused {
+                assert_eq!(lazuli::metrics::counter("FallbackOps"), 0, "{name}: {}", lazuli::metrics::report());
+                let names: Vec<&str> = kernels.iter().map(|(n, _)| n.as_str()).collect();
+                let attention = names.iter().filter(|n| n.contains("Attention")).count();
+                assert_eq!(attention, 3, "{name}: {names:?}");
+                assert!(names.iter().any(|n| n.ends_with("Attention_attention")), "{name}: {names:?}");
+                assert!(names.iter().any(|n| n.ends_with("attention_grad_q")), "{name}: {names:?}");
+                assert!(names.iter().any(|n| n.ends_with("attention_grad_k")), "{name}: {names:?}");
+            }
+            drop(ts);
+        }
     }
 }

@@ -483,7 +483,8 @@ fn slice<T: Real>(
             forward_block(p, i0, rows, kw, &mut s, v, &mut out, threads);
         }
         if let Some(g) = ins.grads {
-            backward_block(p, b, i0, rows, kw, &mut s, &mut dp, q, k, v, g, &mut out, scale, threads);
+            let operands = BlockOperands { q, k, v, mask: ins.mask, grads: g };
+            backward_block(p, b, i0, rows, kw, &mut s, &mut dp, &operands, &mut out, scale, threads);
         }
     }
     Ok(())
@@ -560,6 +561,16 @@ fn forward_block<T: Real>(
     }
 }
 
+/// One batch slice's operands as the backward of a block reads them.
+#[derive(Clone, Copy)]
+struct BlockOperands<'a, T> {
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    mask: Option<Mask<'a, T>>,
+    grads: GradsRef<'a, T>,
+}
+
 /// The backward of one block from its masked scores `s` (row stride
 /// `kw`): `P` from the log-sum-exp, `dP = dO V^T` into `dp`, `dS`, and the
 /// three gradient products.
@@ -572,10 +583,7 @@ fn backward_block<T: Real>(
     kw: usize,
     s: &mut [T],
     dp: &mut [T],
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    g: GradsRef<'_, T>,
+    ops: &BlockOperands<'_, T>,
     out: &mut SliceOut<'_, T>,
     scale: T,
     threads: usize,
@@ -583,6 +591,7 @@ fn backward_block<T: Real>(
     if kw == 0 {
         return;
     }
+    let BlockOperands { q, k, v, mask, grads: g } = *ops;
     let (tq, d, dv) = (p.tq, p.d, p.dv);
     let go = &g.go[b * tq * dv..];
     let lse = &g.lse[b * tq..];
@@ -616,13 +625,21 @@ fn backward_block<T: Real>(
         let gb = Strided { data: &go[i0 * dv..], rs: dv, cs: 1 };
         gemm_strided(pt, gb, &mut dvo[..kw * dv], Dims { m: kw, k: rows, n: dv }, true, threads, T::ONE);
     }
-    // dS * scale, into dp (0 past the causal limit).
+    // dS * scale, into dp: 0 past the causal limit and where a keep mask
+    // removes the key (the composition's `where` passes no gradient there).
     for ii in 0..rows {
         let i = i0 + ii;
         let n = p.keys(i);
         let (pr, dr) = (&s[ii * kw..(ii + 1) * kw], &mut dp[ii * kw..(ii + 1) * kw]);
         for j in 0..n {
             dr[j] = pr[j] * (dr[j] - delta[i]) * scale;
+        }
+        if let Some(Mask::Keep(keep)) = mask {
+            for (j, x) in dr.iter_mut().enumerate().take(n) {
+                if keep[p.m_off[b] + i * p.m_rs + j * p.m_cs] == 0 {
+                    *x = T::ZERO;
+                }
+            }
         }
         dr[n..].fill(T::ZERO);
     }

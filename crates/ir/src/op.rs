@@ -540,9 +540,13 @@ pub enum Op {
     /// where false (`Keep`, like `-inf`); `O = softmax(S) V`. A query
     /// whose keys are all removed has a NaN output and a log-sum-exp of
     /// `-inf`, and NaN probabilities for its non-causal keys in the
-    /// gradients. Equal to `softmax(where(causal, S, -inf) + mask) @ v`
-    /// up to rounding, except that causally removed keys never turn a
-    /// non-finite `k` into NaN.
+    /// gradients. Gradients pass to the scores everywhere but at causally
+    /// removed keys and keys a `Keep` mask removes (`where`'s rule). Equal
+    /// to the composition `softmax(M) v`, `C = where(j <= i, S, -inf)`
+    /// when causal, `M = C + mask` (`Additive`) or `where(mask, C, -inf)`
+    /// (`Keep`), up to rounding, forward and backward; except that
+    /// causally removed keys never turn a non-finite `k` into NaN and pass
+    /// nothing to a query whose keys are all removed.
     ///
     /// Rejected alternatives for carrying the backward's values: one node
     /// with a stacked output (`[.., t_q, d_v + 1]` holding `O` and the

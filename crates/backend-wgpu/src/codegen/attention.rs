@@ -245,6 +245,13 @@ impl Attn {
         s
     }
 
+    /// For a `Keep` mask: whether key `j` stays for query `i` (a bool
+    /// expression); the gradient of a removed key's score is 0.
+    fn keep(&self, i: &str, j: &str) -> Option<String> {
+        let m = self.mask.filter(|_| self.mask_kind == AttentionMask::Keep)?;
+        Some(format!("n{}(mb + ({i}) * {}u + ({j}) * {}u)", m.0, self.m_rs, self.m_cs))
+    }
+
     /// The masked, scaled score of query `i` and key `j` (u32
     /// expressions, in range) from the raw dot product `x`: `x * sc`, plus
     /// the additive mask, or `-inf` where a keep mask is false.
@@ -354,12 +361,17 @@ impl Writer<'_> {
             f.push_str("}\n");
             w.funcs.push_str(&f);
         };
-        // `for c in 0..n step u` with `body(c + k)` for k in 0..u.
+        // `for c in 0..n step u` with `body(c + k)` for k in 0..u. The
+        // bound is opaque to the driver (`P.z` is always 0): LLVM would
+        // unroll these short constant loops completely, and the unrolled
+        // loads cost llvmpipe seconds of compile time per kernel (measured:
+        // 2.9 s against 0.64 s for a head dim of 64, and the opaque loop
+        // also runs faster).
         let chunks = |ind: &str, n: u64, body: &dyn Fn(&str) -> String| -> String {
             if n == 0 {
                 return String::new();
             }
-            let mut s = format!("{ind}for (var c = 0u; c < {n}u; c = c + {u}u) {{\n");
+            let mut s = format!("{ind}for (var c = 0u; c < {n}u + P.z; c = c + {u}u) {{\n");
             for k in 0..u {
                 let _ = writeln!(s, "{ind}    {}", body(&format!("c + {k}u")));
             }
@@ -435,8 +447,9 @@ impl Writer<'_> {
                 b.push_str(&chunks(i2, vp, &|c| format!("dp4 = fma(ld{ngo}(gr, {c}), ld{nv}(vr, {c}), dp4);")));
                 let _ = writeln!(
                     b,
-                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));\n{i2}let ds = p * (dot(dp4, vec4<f32>(1.0)) - dl) * sc;",
-                    a.score(dot, "r", "j")
+                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));\n{i2}let ds = {};",
+                    a.score(dot, "r", "j"),
+                    keep_zero(a.keep("r", "j"), "p * (dot(dp4, vec4<f32>(1.0)) - dl) * sc")
                 );
                 b.push_str(&chunks(i2, dp, &|c| format!("acc{s}(t, {c}, 1.0, ds * ld{nk}(kr, {c}));")));
                 let _ = writeln!(b, "{ind}}}");
@@ -477,7 +490,8 @@ impl Writer<'_> {
                 };
                 b.push_str(&chunks(i2, vp, &body));
                 if let Some(slot) = sk {
-                    let _ = writeln!(b, "{i2}let ds = p * (dot(dp4, vec4<f32>(1.0)) - n{nd}(rb + i)) * sc;");
+                    let ds = format!("p * (dot(dp4, vec4<f32>(1.0)) - n{nd}(rb + i)) * sc");
+                    let _ = writeln!(b, "{i2}let ds = {};", keep_zero(a.keep("i", "r"), &ds));
                     b.push_str(&chunks(i2, dp, &|c| format!("acc{slot}(t, {c}, 1.0, ds * ld{nq}(qr, {c}));")));
                 }
                 let _ = writeln!(b, "{ind}}}");
@@ -723,9 +737,20 @@ impl Writer<'_> {
                 l = lse[r]
             );
             if a.needs_dp() {
+                // dS: 0 where causally removed, outside the problem, or
+                // removed by a keep mask.
+                let keep: Vec<String> = LANE
+                    .iter()
+                    .filter_map(|c| match a.pass {
+                        Pass::GradKv => a.keep(&format!("cc.{c}"), &format!("rc{r}")),
+                        _ => a.keep(&format!("rc{r}"), &format!("cc.{c}")),
+                    })
+                    .collect();
+                let live =
+                    if keep.is_empty() { format!("ok{r}") } else { format!("ok{r} & vec4<bool>({})", keep.join(", ")) };
                 let _ = writeln!(
                     b,
-                    "{i2}let g{r} = select(p{r} * (dp{r} - {dl}) * sc, vec4<f32>(0.0), !ok{r});",
+                    "{i2}let g{r} = select(p{r} * (dp{r} - {dl}) * sc, vec4<f32>(0.0), !({live}));",
                     dl = delta[r]
                 );
             }
@@ -751,7 +776,8 @@ impl Writer<'_> {
     /// Score block `{name}{r}` (vec4 over this invocation's 4 columns, for
     /// each of its 4 rows) = dot products over `width` of the owned rows of
     /// operand `own` (rows clamped below `own_rows`) and the tile's rows of
-    /// `other` (below `walk_rows`), staged `dk` deep in workgroup memory,
+    /// `other` (below `walk_rows`), staged `dk` deep (at most the width) in
+    /// workgroup memory,
     /// transposed: `sh[d * br/4 + r/4]` holds rows `r..r+4` of the owned
     /// slice at depth `d`, `sh[dk * br/4 + d * bc/4 + c/4]` those of the
     /// tile. A barrier precedes every staging, so earlier readers of `sh`
@@ -768,7 +794,11 @@ impl Writer<'_> {
         own_rows: u64,
         walk_rows: u64,
     ) {
-        let AttnTile { br, bc, dk } = tile;
+        let AttnTile { br, bc, .. } = tile;
+        // Slices no deeper than the head dim (rounded to 4, so every
+        // lane still stages the same number of elements): a small head
+        // dim stages and multiplies no zeros.
+        let dk = tile.dk.min(width.next_multiple_of(4));
         let (r4, c4, lanes) = (br / 4, bc / 4, tile.lanes());
         let i2 = "        ";
         let i3 = "            ";
@@ -781,6 +811,10 @@ impl Writer<'_> {
         let _ = writeln!(b, "{i2}for (var d0 = 0u; d0 < {width}u; d0 = d0 + {dk}u) {{\n{i3}workgroupBarrier();");
         // Stage: element e of a slice is (row e / dk, depth e % dk), so
         // adjacent lanes read adjacent elements of a row.
+        // Every tile's slice sizes are multiples of its lane count
+        // (asserted below), so each lane stages the same number of
+        // elements: a loop the driver unrolls on GPUs, short code on
+        // llvmpipe.
         let stage = |b: &mut String,
                      (id, base): (NodeId, &str),
                      nrows: u64,
@@ -788,21 +822,14 @@ impl Writer<'_> {
                      count: u64,
                      off: u64,
                      q4: u64| {
-            for u in 0..count.div_ceil(lanes) {
-                let e = format!("lid + {}u", u * lanes);
-                let guard = !(count.is_multiple_of(lanes)) && (u + 1) * lanes > count;
-                let body = format!(
-                    "let rr = ({e}) / {dk}u;\n{i3}    let dd = ({e}) % {dk}u;\n{i3}    let gr = {row0} + rr;\n{i3}    let gd = d0 + dd;\n{i3}    sh[{off}u + dd * {q4}u + rr / 4u][rr % 4u] = select(0.0, n{}({base} + min(gr, {}u) * {width}u + min(gd, {}u)), gr < {nrows}u && gd < {width}u);",
-                    id.0,
-                    nrows.max(1) - 1,
-                    width - 1
-                );
-                if guard {
-                    let _ = writeln!(b, "{i3}if ({e} < {count}u) {{\n{i3}    {body}\n{i3}}}");
-                } else {
-                    let _ = writeln!(b, "{i3}{{\n{i3}    {body}\n{i3}}}");
-                }
-            }
+            debug_assert!(count.is_multiple_of(lanes));
+            let _ = writeln!(
+                b,
+                "{i3}for (var e = lid; e < {count}u; e = e + {lanes}u) {{\n{i3}    let rr = e / {dk}u;\n{i3}    let dd = e % {dk}u;\n{i3}    let gr = {row0} + rr;\n{i3}    let gd = d0 + dd;\n{i3}    sh[{off}u + dd * {q4}u + rr / 4u][rr % 4u] = select(0.0, n{}({base} + min(gr, {}u) * {width}u + min(gd, {}u)), gr < {nrows}u && gd < {width}u);\n{i3}}}",
+                id.0,
+                nrows.max(1) - 1,
+                width - 1
+            );
         };
         stage(b, own, own_rows, "row0", br * dk, 0, r4);
         stage(b, other, walk_rows, "c0", bc * dk, dk * r4, c4);
@@ -854,27 +881,34 @@ impl Writer<'_> {
         let count = bc * bc;
         for c in 0..width.div_ceil(bc) {
             let _ = writeln!(b, "{i2}workgroupBarrier();");
-            for u in 0..count.div_ceil(lanes) {
-                let e = format!("lid + {}u", u * lanes);
-                let _ = writeln!(
-                    b,
-                    "{i2}{{\n{i3}let rr = ({e}) / {bc}u;\n{i3}let ww = ({e}) % {bc}u;\n{i3}let gr = c0 + rr;\n{i3}let gw = {}u + ww;\n{i3}sh[rr * {c4}u + ww / 4u][ww % 4u] = select(0.0, n{}({base} + min(gr, {}u) * {width}u + min(gw, {}u)), gr < {nrows}u && gw < {width}u);\n{i2}}}",
-                    c * bc,
-                    id.0,
-                    nrows.max(1) - 1,
-                    width - 1
-                );
-            }
-            let _ = writeln!(b, "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 4u) {{");
-            for u in 0..4 {
-                let _ = writeln!(b, "{i3}{{\n{i3}    let pv = sp[(j + {u}u) * {r4}u + tr];\n{i3}    let xv = sh[(j + {u}u) * {c4}u + tc];");
-                for r in 0..4 {
-                    let _ = writeln!(b, "{i3}    {acc}{r}_{c} = fma(vec4<f32>(pv.{}), xv, {acc}{r}_{c});", LANE[r]);
-                }
-                let _ = writeln!(b, "{i3}}}");
+            debug_assert!(count.is_multiple_of(lanes));
+            let _ = writeln!(
+                b,
+                "{i2}for (var e = lid; e < {count}u; e = e + {lanes}u) {{\n{i3}let rr = e / {bc}u;\n{i3}let ww = e % {bc}u;\n{i3}let gr = c0 + rr;\n{i3}let gw = {}u + ww;\n{i3}sh[rr * {c4}u + ww / 4u][ww % 4u] = select(0.0, n{}({base} + min(gr, {}u) * {width}u + min(gw, {}u)), gr < {nrows}u && gw < {width}u);\n{i2}}}",
+                c * bc,
+                id.0,
+                nrows.max(1) - 1,
+                width - 1
+            );
+            // A constant trip count: GPU drivers unroll it; written rolled,
+            // it stays short for llvmpipe.
+            let _ = writeln!(
+                b,
+                "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 1u) {{\n{i3}let pv = sp[j * {r4}u + tr];\n{i3}let xv = sh[j * {c4}u + tc];"
+            );
+            for r in 0..4 {
+                let _ = writeln!(b, "{i3}{acc}{r}_{c} = fma(vec4<f32>(pv.{}), xv, {acc}{r}_{c});", LANE[r]);
             }
             let _ = writeln!(b, "{i2}}}");
         }
+    }
+}
+
+/// `value`, or 0 where the keep-mask expression `keep` is false.
+fn keep_zero(keep: Option<String>, value: &str) -> String {
+    match keep {
+        Some(k) => format!("select(0.0, {value}, {k})"),
+        None => value.to_string(),
     }
 }
 
