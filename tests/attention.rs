@@ -562,3 +562,43 @@ fn fused_path_never_materializes_the_scores_and_never_falls_back() {
         }
     }
 }
+
+/// The CPU computes f64 in f64 and f16 through f32: the fused op matches
+/// the composition in those dtypes too (f64 tightly), and wgpu runs f64
+/// on the CPU fallback rather than narrowing it.
+#[test]
+fn fused_attention_in_f64_and_f16() {
+    let c = DiffCase::new(&[2, 7, 5], &[2, 9, 5], &[2, 9, 3], true, MaskSpec::Add(vec![7, 9]));
+    let data = diff_data(&c, 41);
+    for dtype in [DType::F64, DType::F16] {
+        let run = |f: fn(&Tensor, &Tensor, &Tensor, &AttentionOptions) -> lazuli::Result<Tensor>| -> Vec<f64> {
+            let dev = Device::cpu();
+            let leaf = |v: &[f32], d: &[usize]| {
+                Tensor::from_slice(v, d.to_vec(), &dev).unwrap().cast(dtype).unwrap().requires_grad_(true).unwrap()
+            };
+            let (q, k, v) = (leaf(&data.q, &c.q), leaf(&data.k, &c.k), leaf(&data.v, &c.v));
+            let m = Tensor::from_slice(&data.mask_f, [7, 9], &dev).unwrap().cast(dtype).unwrap();
+            let o = f(&q, &k, &v, &AttentionOptions::causal().with_mask(m)).unwrap();
+            assert_eq!(o.dtype(), dtype);
+            o.sum(&[], false).unwrap().backward().unwrap();
+            let mut all = o.cast(DType::F64).unwrap().to_vec::<f64>().unwrap();
+            for t in [&q, &k, &v] {
+                all.extend(t.grad().unwrap().cast(DType::F64).unwrap().to_vec::<f64>().unwrap());
+            }
+            all
+        };
+        let (got, want) = (run(nn::scaled_dot_product_attention), run(nn::scaled_dot_product_attention_unfused));
+        let tol = if dtype == DType::F64 { 1e-12 } else { 2e-2 };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{dtype} element {i}: {g} vs {w}");
+        }
+    }
+    if let Some(gpu) = common::wgpu() {
+        let _lock = common::metrics_lock();
+        lazuli::metrics::reset();
+        let x = Tensor::from_slice(&data.q, c.q.clone(), &gpu).unwrap().cast(DType::F64).unwrap();
+        let o = x.attention(&x, &x, 0.5, false, None).unwrap();
+        assert_eq!(o.to_vec::<f64>().unwrap().len(), 2 * 7 * 5);
+        assert!(lazuli::metrics::counter("Fallback::attention") > 0, "{}", lazuli::metrics::report());
+    }
+}

@@ -477,6 +477,46 @@ fn grad_scaled_dot_product_attention() {
     });
 }
 
+/// The fused attention op (`Tensor::attention`, what
+/// `nn::scaled_dot_product_attention` records) at its edges: broadcast
+/// batch dims in every operand, more queries than keys under a causal
+/// mask, masks broadcast along queries or over the batch, a scale; and a
+/// mask that needs a gradient, which takes the unfused composition.
+#[test]
+fn grad_fused_attention_edges() {
+    let opts = nn::AttentionOptions::default;
+    let ins = [
+        inp(vals(2 * 2 * 3 * 4, 100, -1.0, 1.0), &[2, 2, 3, 4]),
+        inp(vals(2 * 5 * 4, 101, -1.0, 1.0), &[1, 2, 5, 4]),
+        inp(vals(2 * 5 * 3, 102, -1.0, 1.0), &[2, 1, 5, 3]),
+    ];
+    check("fused attention, broadcast batch, causal", &ins, |_, x| x[0].attention(&x[1], &x[2], 0.5, true, None));
+    check("fused attention, bool mask over the batch", &ins, |dev, x| {
+        let keep: Vec<bool> = (0..10).map(|i| i % 5 == 0 || i % 3 != 1).collect();
+        let m = Tensor::from_slice(&keep, [2, 1, 1, 5], dev)?;
+        nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &opts().with_mask(m))
+    });
+    let ins = [
+        inp(vals(6 * 4, 103, -1.0, 1.0), &[6, 4]),
+        inp(vals(3 * 4, 104, -1.0, 1.0), &[3, 4]),
+        inp(vals(3 * 2, 105, -1.0, 1.0), &[3, 2]),
+    ];
+    check("fused attention, t_q > t_k, causal, additive row mask", &ins, |dev, x| {
+        let m = Tensor::from_slice(&vals(3, 106, -1.0, 0.0), [1, 3], dev)?;
+        nn::scaled_dot_product_attention(
+            &x[0],
+            &x[1],
+            &x[2],
+            &nn::AttentionOptions::causal().with_mask(m).with_scale(0.8),
+        )
+    });
+    let mut with_mask = ins.to_vec();
+    with_mask.push(inp(vals(6 * 3, 107, -1.0, 0.5), &[6, 3]));
+    check("attention with a mask that needs a gradient (unfused)", &with_mask, |_, x| {
+        nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &opts().with_mask(x[3].clone()))
+    });
+}
+
 #[test]
 fn grad_conv_pool_norm_layers() {
     let x = inp(vals(2 * 3 * 5 * 5, 74, -1.0, 1.0), &[2, 3, 5, 5]);

@@ -62,10 +62,8 @@ pub(crate) fn attention<'a>(
         let lead_dims: Vec<usize> = if r >= 2 { shape[..r - 2].to_vec() } else { Vec::new() };
         let st = crate::layout::broadcast_strides(&lead_dims, &batch);
         let mut v = mem.vec(batch.iter().product())?;
+        // One offset per batch slice (one slice when there is no batch).
         crate::layout::walk(&batch, [&st], |[o]| v.push(o * tail));
-        if batch.is_empty() {
-            v.push(0);
-        }
         Ok(v)
     };
     let mut p = Problem {

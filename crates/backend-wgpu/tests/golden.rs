@@ -11,7 +11,8 @@
 
 use lazuli_ir::fusion::{self, FusionLimits};
 use lazuli_ir::{
-    ArgReduceOp, BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
+    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, DType, Graph, NodeId, Op, RandomDist,
+    ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
 use lazuli_wgpu::codegen::{lower, LowerLimits};
 use std::path::PathBuf;
@@ -232,7 +233,73 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(c);
         out.push(("random_concat", g));
     }
+    out.push(("attention_train", attention_graph(AttentionMask::Additive, true)));
     out
+}
+
+/// Fused attention's training graph (as autograd records it): the output
+/// and, over the same operands, the log-sum-exp, delta and the three
+/// gradients; q read through a transpose, a mask of `mask`'s kind.
+fn attention_graph(mask: AttentionMask, causal: bool) -> Graph {
+    let mut g = Graph::new();
+    let qp = f32p(&mut g, &[2, 24, 40]);
+    let q = push(&mut g, Op::Permute(vec![0, 2, 1]), &[qp]);
+    let k = f32p(&mut g, &[2, 56, 24]);
+    let v = f32p(&mut g, &[2, 56, 20]);
+    let s = g.scalar(DType::F32);
+    let mut fwd = vec![q, k, v, s];
+    match mask {
+        AttentionMask::None => {}
+        AttentionMask::Additive => fwd.push(f32p(&mut g, &[40, 56])),
+        AttentionMask::Keep => fwd.push(g.param(ValueType::new([2, 1, 56], DType::Bool))),
+    }
+    let attrs = AttentionAttrs { causal, mask };
+    let o = push(&mut g, Op::Attention { attrs, part: AttentionPart::Out }, &fwd);
+    let lse = push(&mut g, Op::Attention { attrs, part: AttentionPart::LogSumExp }, &fwd);
+    let go = f32p(&mut g, &[2, 40, 20]);
+    let prod = bin(&mut g, BinaryOp::Mul, go, o);
+    let delta = reduce(&mut g, ReduceOp::Sum, prod, &[2], false);
+    let mut ins = fwd.clone();
+    ins.extend([go, lse, delta]);
+    g.outputs.push(o);
+    for part in [AttentionPart::GradQ, AttentionPart::GradK, AttentionPart::GradV] {
+        let x = push(&mut g, Op::Attention { attrs, part }, &ins);
+        g.outputs.push(x);
+    }
+    g
+}
+
+/// Every attention tile and form lowers to valid WGSL for every mask kind,
+/// causal or not, and in generic mode: the tiles an adapter with more
+/// workgroup memory than the golden profiles' 16 KiB would pick included.
+#[test]
+fn attention_lowers_for_every_tile_and_form() {
+    use lazuli_wgpu::codegen::attention::TILES;
+    for mask in [AttentionMask::None, AttentionMask::Additive, AttentionMask::Keep] {
+        for causal in [false, true] {
+            let v = attention_graph(mask, causal).verify().unwrap();
+            let fl = FusionLimits { max_storage_buffers: 16, ..FusionLimits::default() };
+            let plan = fusion::plan(&v, &fl);
+            let mut limits = vec![LowerLimits::software(), LowerLimits { generic: true, ..LowerLimits::software() }];
+            for t in TILES {
+                let storage = t.workgroup_bytes() as u32;
+                limits.push(LowerLimits { workgroup_storage: storage, ..LowerLimits::gpu() });
+                limits.push(LowerLimits { workgroup_storage: storage, generic: true, ..LowerLimits::gpu() });
+            }
+            for l in &limits {
+                for k in &plan.kernels {
+                    let w = lower(k, &v, l).unwrap();
+                    lazuli_wgpu::validate_wgsl(&w.source)
+                        .unwrap_or_else(|e| panic!("{mask:?} causal {causal} {l:?}: {e}\n{}", w.source));
+                    if k.kind == fusion::KernelKind::Attention
+                        && l.forms.attention == lazuli_wgpu::codegen::AttentionForm::Tiled
+                    {
+                        assert!(w.source.contains("var<workgroup> sp"), "tiled form expected under {l:?}");
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn profiles() -> Vec<(&'static str, LowerLimits)> {
