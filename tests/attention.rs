@@ -1,12 +1,12 @@
 //! Scaled dot-product attention (the fused op, `Tensor::attention`, behind
 //! `nn::scaled_dot_product_attention`) against a host reference: the
 //! unfused definition written as f64 loops (scores, masked softmax,
-//! weighted sum) with its hand-derived backward (dV = P^T dO; dS = P * (dP
-//! - rowsum(dP * P)); dQ = dS K s; dK = dS^T Q s). Fuzzed shapes (lengths
-//! 1..70, head dims up to 256, equal and unequal query/key lengths),
-//! causal and not, additive and bool masks, on the CPU backend and on
-//! wgpu; forward and gradients. Also `MultiheadAttention` against the same
-//! reference, head by head.
+//! weighted sum) with its hand-derived backward (dV = P^T dO;
+//! dS = P * (dP - rowsum(dP * P)); dQ = dS K s; dK = dS^T Q s). Fuzzed
+//! shapes (lengths 1..70, head dims up to 256, equal and unequal
+//! query/key lengths), causal and not, additive and bool masks, on the CPU
+//! backend and on wgpu; forward and gradients. Also `MultiheadAttention`
+//! against the same reference, head by head.
 //!
 //! Then the fused op against the unfused composition
 //! (`nn::scaled_dot_product_attention_unfused`, on the CPU: the oracle),

@@ -603,25 +603,26 @@ impl Writer<'_> {
         // Scores: scaled and masked; `ok`: inside the problem and not
         // causally removed. (i, j) = (row, column) or (column, row).
         for r in 0..4 {
-            let (valid, i_of, j_of): (String, Box<dyn Fn(&str) -> String>, Box<dyn Fn(&str) -> String>) = match a.pass {
-                Pass::GradKv => {
-                    let causal = if a.causal { format!(" & (vec4<u32>(ri{r}) <= cv)") } else { String::new() };
-                    (
-                        format!("(cv < vec4<u32>({walk}u)){causal}"),
-                        Box::new(|c: &str| format!("cc.{c}")),
-                        Box::new(move |_c: &str| format!("rc{r}")),
-                    )
-                }
-                _ => {
-                    let causal = if a.causal { format!(" & (cv <= vec4<u32>(ri{r}))") } else { String::new() };
-                    (
-                        format!("(cv < vec4<u32>({walk}u)){causal}"),
-                        Box::new(move |_c: &str| format!("rc{r}")),
-                        Box::new(|c: &str| format!("cc.{c}")),
-                    )
+            // (query, key) of lane `c` of this row's columns.
+            let kv = a.pass == Pass::GradKv;
+            let at = |c: &str| {
+                if kv {
+                    (format!("cc.{c}"), format!("rc{r}"))
+                } else {
+                    (format!("rc{r}"), format!("cc.{c}"))
                 }
             };
-            let sc: Vec<String> = LANE.iter().map(|c| a.score(&format!("s{r}.{c}"), &i_of(c), &j_of(c))).collect();
+            let causal =
+                if kv { format!(" & (vec4<u32>(ri{r}) <= cv)") } else { format!(" & (cv <= vec4<u32>(ri{r}))") };
+            let causal = if a.causal { causal } else { String::new() };
+            let valid = format!("(cv < vec4<u32>({walk}u)){causal}");
+            let sc: Vec<String> = LANE
+                .iter()
+                .map(|c| {
+                    let (i, j) = at(c);
+                    a.score(&format!("s{r}.{c}"), &i, &j)
+                })
+                .collect();
             let _ = writeln!(
                 b,
                 "{i2}let ok{r} = {valid};\n{i2}let x{r} = select(vec4<f32>(-inf_f()), vec4<f32>({}), ok{r});",
@@ -641,8 +642,7 @@ impl Writer<'_> {
             let dead = if tk == 0 { "vec4<bool>(false)".to_string() } else { "isninf4(m)".to_string() };
             let _ = writeln!(b, "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / lt, vec4<f32>(0.0), isninf4(m));");
             if let Some(s) = a.slot(AttentionPart::LogSumExp) {
-                for r in 0..4 {
-                    let lane = LANE[r];
+                for (r, lane) in LANE.iter().enumerate() {
                     let _ = writeln!(
                         b,
                         "{ind}if (tc == 0u && ri{r} < {rows}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
@@ -654,8 +654,7 @@ impl Writer<'_> {
             let s = a.slot(p).expect("accumulated part is an output");
             let w = width(p);
             for c in 0..w.div_ceil(bc) {
-                for r in 0..4 {
-                    let lane = LANE[r];
+                for (r, lane) in LANE.iter().enumerate() {
                     for (e, comp) in LANE.iter().enumerate() {
                         let col = format!("{}u + tc * 4u + {e}u", c * bc);
                         let v = if p == AttentionPart::Out {
@@ -689,8 +688,7 @@ impl Writer<'_> {
             b,
             "{i2}sp[tc * {r4}u + tr] = vec4<f32>(max_nan(max_nan(x0.x, x0.y), max_nan(x0.z, x0.w)), max_nan(max_nan(x1.x, x1.y), max_nan(x1.z, x1.w)), max_nan(max_nan(x2.x, x2.y), max_nan(x2.z, x2.w)), max_nan(max_nan(x3.x, x3.y), max_nan(x3.z, x3.w)));\n{i2}workgroupBarrier();\n{i2}var mt = m;\n{i2}for (var u = 0u; u < {c4}u; u = u + 1u) {{\n{i2}    let pm = sp[u * {r4}u + tr];\n{i2}    mt = vec4<f32>(max_nan(mt.x, pm.x), max_nan(mt.y, pm.y), max_nan(mt.z, pm.z), max_nan(mt.w, pm.w));\n{i2}}}\n{i2}let al = select(exp(m - mt), vec4<f32>(1.0), isninf4(mt));"
         );
-        for r in 0..4 {
-            let lane = LANE[r];
+        for (r, lane) in LANE.iter().enumerate() {
             let _ = writeln!(
                 b,
                 "{i2}let p{r} = select(exp(x{r} - vec4<f32>(mt.{lane})), vec4<f32>(0.0), isninf4(x{r}) | vec4<bool>(isninf_f(mt.{lane})));"
@@ -702,8 +700,8 @@ impl Writer<'_> {
         );
         if a.slot(AttentionPart::Out).is_some() {
             for c in 0..a.dv.div_ceil(bc) {
-                for r in 0..4 {
-                    let _ = writeln!(b, "{i2}acc_o{r}_{c} = acc_o{r}_{c} * al.{};", LANE[r]);
+                for (r, lane) in LANE.iter().enumerate() {
+                    let _ = writeln!(b, "{i2}acc_o{r}_{c} = acc_o{r}_{c} * al.{lane};");
                 }
             }
             self.attn_store_p(b, tile, "p");
@@ -838,8 +836,8 @@ impl Writer<'_> {
             "{i3}workgroupBarrier();\n{i3}for (var dd = 0u; dd < {dk}u; dd = dd + 1u) {{\n{i3}    let av = sh[dd * {r4}u + tr];\n{i3}    let bv = sh[{}u + dd * {c4}u + tc];",
             dk * r4
         );
-        for r in 0..4 {
-            let _ = writeln!(b, "{i3}    {name}{r} = fma(vec4<f32>(av.{}), bv, {name}{r});", LANE[r]);
+        for (r, lane) in LANE.iter().enumerate() {
+            let _ = writeln!(b, "{i3}    {name}{r} = fma(vec4<f32>(av.{lane}), bv, {name}{r});");
         }
         let _ = writeln!(b, "{i3}}}\n{i2}}}");
     }
@@ -896,8 +894,8 @@ impl Writer<'_> {
                 b,
                 "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 1u) {{\n{i3}let pv = sp[j * {r4}u + tr];\n{i3}let xv = sh[j * {c4}u + tc];"
             );
-            for r in 0..4 {
-                let _ = writeln!(b, "{i3}{acc}{r}_{c} = fma(vec4<f32>(pv.{}), xv, {acc}{r}_{c});", LANE[r]);
+            for (r, lane) in LANE.iter().enumerate() {
+                let _ = writeln!(b, "{i3}{acc}{r}_{c} = fma(vec4<f32>(pv.{lane}), xv, {acc}{r}_{c});");
             }
             let _ = writeln!(b, "{i2}}}");
         }
