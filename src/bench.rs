@@ -32,6 +32,11 @@
 //! (the CPU backend's im2col + GEMM), judged against [`conv_gemm_baseline`],
 //! the `gemm` crate alone on the three matrix products a convolution's
 //! forward and backward amount to (same FLOPs, no packing, no layout work).
+//!
+//! A1 is not in `WORKLOADS.md` either: causal scaled dot-product attention
+//! ([`AttnSizes`], `GpuSizes::attention`, so `--size small` applies), the
+//! fused op beside the unfused composition on the same device, forward
+//! alone and forward + backward; the ratio lines give fused over unfused.
 
 use crate::nn::{self, Module};
 use crate::optim::{Optimizer, Sgd};
@@ -83,11 +88,14 @@ pub enum Workload {
     H1,
     /// Conv2d 3x3 forward + backward ([`ConvSizes::C1`]).
     C1,
+    /// Causal attention, fused and unfused, forward and forward + backward
+    /// ([`AttnSizes`]).
+    A1,
 }
 
 impl Workload {
     /// Every workload, in order.
-    pub const ALL: [Workload; 16] = [
+    pub const ALL: [Workload; 17] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -104,6 +112,7 @@ impl Workload {
         Workload::G8,
         Workload::H1,
         Workload::C1,
+        Workload::A1,
     ];
 
     /// The small set, W1–W6 and H1 (`--scale small`, the default).
@@ -122,12 +131,12 @@ impl Workload {
         Workload::G8,
     ];
 
-    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1" (case-insensitive).
+    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1" (case-insensitive).
     pub fn parse(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
     }
 
-    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1".
+    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1".
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "W1",
@@ -146,6 +155,7 @@ impl Workload {
             Workload::G8 => "G8",
             Workload::H1 => "H1",
             Workload::C1 => "C1",
+            Workload::A1 => "A1",
         }
     }
 
@@ -229,6 +239,8 @@ pub struct GpuSizes {
     pub mlp: MlpSizes,
     /// G8: the GPT ([`GptSizes::G8`]).
     pub gpt: GptSizes,
+    /// A1: the attention problem ([`AttnSizes::A1`]).
+    pub attention: AttnSizes,
 }
 
 impl Default for GpuSizes {
@@ -240,6 +252,7 @@ impl Default for GpuSizes {
             layer_norm: [16384, 1024],
             mlp: MlpSizes::G7,
             gpt: GptSizes::G8,
+            attention: AttnSizes::A1,
         }
     }
 }
@@ -255,6 +268,7 @@ impl GpuSizes {
             layer_norm: [32, 128],
             mlp: MlpSizes { batch: 64, input: 32, hidden: 96, classes: 16 },
             gpt: GptSizes::TINY,
+            attention: AttnSizes { batch: 1, heads: 2, t: 24, d: 8 },
         }
     }
 
@@ -269,6 +283,7 @@ impl GpuSizes {
             layer_norm: [1024, 256],
             mlp: MlpSizes { batch: 256, input: 256, hidden: 1024, classes: 256 },
             gpt: GptSizes::SMALL,
+            attention: AttnSizes { batch: 2, heads: 4, t: 256, d: 64 },
         }
     }
 }
@@ -616,7 +631,8 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
         | Workload::W5
         | Workload::W6
         | Workload::H1
-        | Workload::C1 => w.name().to_string(),
+        | Workload::C1
+        | Workload::A1 => w.name().to_string(),
     }
 }
 
@@ -694,7 +710,8 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
         | Workload::W5
         | Workload::W6
         | Workload::H1
-        | Workload::C1 => {
+        | Workload::C1
+        | Workload::A1 => {
             return Err(ExecError::Invalid {
                 op: "bench::prepare_gpu".into(),
                 detail: format!("{} is not a GPU-scale workload", w.name()),
@@ -840,7 +857,112 @@ pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &Gp
             let r = row("C1", time_iterations(cfg, || conv.step())?).with_flops(ConvSizes::C1.flops());
             vec![BenchResult { note: Some(ConvSizes::C1.describe()), ..r }]
         }
+        Workload::A1 => attention_rows(bd, cfg, sizes.attention)?,
     })
+}
+
+/// The sizes of the attention workload: q, k, v f32 `[batch, heads, t, d]`,
+/// causal, the default scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnSizes {
+    /// Sequences.
+    pub batch: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Sequence length (queries and keys).
+    pub t: usize,
+    /// Head dim.
+    pub d: usize,
+}
+
+impl AttnSizes {
+    /// A1: batch 4, 8 heads, 1024 tokens, head dim 64 (the target
+    /// size for the fused forward: at least 2x the unfused on a GPU).
+    pub const A1: AttnSizes = AttnSizes { batch: 4, heads: 8, t: 1024, d: 64 };
+
+    /// FLOPs of the forward as counted for a causal mask: the two products
+    /// (`2 t t d` each per head) over the half of the scores a query sees.
+    pub fn forward_flops(self) -> f64 {
+        2.0 * (self.batch * self.heads) as f64 * (self.t * self.t * self.d) as f64
+    }
+
+    /// FLOPs of forward + backward: the backward's four products (dV, dP,
+    /// dQ, dK) on top of the forward's two, all causal halves.
+    pub fn training_flops(self) -> f64 {
+        3.0 * self.forward_flops()
+    }
+
+    /// "[B4 H8 T1024 D64] causal".
+    pub fn describe(self) -> String {
+        format!("[B{} H{} T{} D{}] causal", self.batch, self.heads, self.t, self.d)
+    }
+}
+
+/// One A1 iteration's state: q, k, v (leaves that require grad) and the
+/// output gradient, on the device.
+pub struct AttnStep {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    r: Tensor,
+}
+
+impl AttnStep {
+    /// Inputs uniform in [-1, 1], uploaded outside any timed loop.
+    pub fn new(dev: &Device, sizes: AttnSizes) -> Result<AttnStep> {
+        let AttnSizes { batch, heads, t, d } = sizes;
+        let n = batch * heads * t * d;
+        let leaf = |seed| on_device(Tensor::from_slice(&uniform_data(n, seed), [batch, heads, t, d], dev)?);
+        Ok(AttnStep {
+            q: leaf(41)?.requires_grad_(true)?,
+            k: leaf(42)?.requires_grad_(true)?,
+            v: leaf(43)?.requires_grad_(true)?,
+            r: leaf(44)?,
+        })
+    }
+
+    /// One iteration: the output (`fused`: `nn::scaled_dot_product_attention`,
+    /// else its unfused composition), and with `backward` the gradients of
+    /// `sum(O * r)`; one sync, wait.
+    pub fn step(&mut self, fused: bool, backward: bool) -> Result<()> {
+        let f = if fused { nn::scaled_dot_product_attention } else { nn::scaled_dot_product_attention_unfused };
+        let opts = nn::AttentionOptions::causal();
+        if !backward {
+            let o = crate::no_grad(|| f(&self.q, &self.k, &self.v, &opts))?;
+            o.sync()?;
+            return self.q.device().wait();
+        }
+        let loss = f(&self.q, &self.k, &self.v, &opts)?.mul(&self.r)?.sum(&[], false)?;
+        loss.backward()?;
+        let grads: Vec<Tensor> = [&self.q, &self.k, &self.v].iter().filter_map(|t| t.grad()).collect();
+        for t in [&self.q, &self.k, &self.v] {
+            t.zero_grad();
+        }
+        if grads.len() != 3 {
+            return Err(ExecError::Invalid { op: "bench A1".into(), detail: "no gradient".into() });
+        }
+        crate::sync(&[&loss, &grads[0], &grads[1], &grads[2]])?;
+        self.q.device().wait()
+    }
+}
+
+/// The four A1 rows on `bd`: fused and unfused, forward and forward +
+/// backward.
+fn attention_rows(bd: &BenchDevice, cfg: &BenchConfig, sizes: AttnSizes) -> Result<Vec<BenchResult>> {
+    let mut step = AttnStep::new(&bd.device, sizes)?;
+    let mut rows = Vec::new();
+    for (backward, flops, what) in
+        [(false, sizes.forward_flops(), "forward"), (true, sizes.training_flops(), "forward+backward")]
+    {
+        for fused in [true, false] {
+            let (times, kernels) = time_iterations(cfg, || step.step(fused, backward))?;
+            let name = format!("A1 attention {what} {}", if fused { "fused" } else { "unfused" });
+            let mut r = BenchResult::from_times(&name, bd.label, &times).with_flops(flops);
+            r.kernels = Some(kernels);
+            rows.push(BenchResult { note: Some(sizes.describe()), ..r });
+        }
+    }
+    Ok(rows)
 }
 
 /// The sizes of a convolution workload: a `kernel` x `kernel` convolution,
@@ -1093,6 +1215,10 @@ pub fn profile(
             let mut conv = ConvStep::new(dev, ConvSizes::C1)?;
             Box::new(move || conv.step())
         }
+        Workload::A1 => {
+            let mut attn = AttnStep::new(dev, sizes.attention)?;
+            Box::new(move || attn.step(true, true))
+        }
     };
     for _ in 0..cfg.warmup {
         body()?;
@@ -1199,7 +1325,7 @@ impl BenchArgs {
     pub fn config(&self, w: Workload, device: &str) -> BenchConfig {
         let default = BenchConfig::default();
         let fallback = match device {
-            _ if !w.is_gpu_scale() || self.sizes == GpuSizes::small() => default.iterations,
+            _ if !(w.is_gpu_scale() || w == Workload::A1) || self.sizes == GpuSizes::small() => default.iterations,
             "cpu" => GPU_SCALE_CPU_ITERATIONS,
             "wgpu (software)" => GPU_SCALE_SOFTWARE_ITERATIONS,
             _ => default.iterations,
@@ -1370,6 +1496,12 @@ pub fn ratios(rows: &[BenchResult]) -> String {
     let gemm = find("C1 gemm baseline", "host").and_then(|r| r.gflops);
     for d in ["cpu", "wgpu"] {
         line(&format!("C1 {d} / gemm baseline"), find("C1", d).and_then(|r| r.gflops).zip(gemm).map(|(a, b)| a / b));
+    }
+    for d in ["cpu", "wgpu"] {
+        for what in ["forward", "forward+backward"] {
+            let ms = |kind: &str| find(&format!("A1 attention {what} {kind}"), d).map(|r| r.median_ms);
+            line(&format!("A1 {d} {what}: unfused / fused"), ms("unfused").zip(ms("fused")).map(|(u, f)| u / f));
+        }
     }
     let naive = find("W2 naive baseline", "wgpu").and_then(|r| r.gflops);
     line("W2 wgpu / naive baseline", find("W2", "wgpu").and_then(|r| r.gflops).zip(naive).map(|(a, b)| a / b));

@@ -2,12 +2,13 @@
 //! parsing (`--scale`, `--size`, workload names, iteration defaults), the
 //! GPU-scale workloads G1–G8 run at tiny sizes on the CPU device through the
 //! same code as the full-size run, G8's host/device split, H1's phase rows,
-//! and a workload that fails becoming an error row instead of ending the
-//! run.
+//! a workload that fails becoming an error row instead of ending the run,
+//! and the C1 and A1 workloads beside their baselines.
 
 use lazuli::bench::{
-    conv_gemm_baseline, gpu_row_name, host_split, ratios, run_gpu_workload, BenchArgs, BenchConfig, BenchDevice,
-    ConvSizes, ConvStep, GptSizes, GpuSizes, Workload, GPU_SCALE_CPU_ITERATIONS, GPU_SCALE_SOFTWARE_ITERATIONS,
+    conv_gemm_baseline, gpu_row_name, host_split, ratios, run_gpu_workload, run_workload, BenchArgs, BenchConfig,
+    BenchDevice, ConvSizes, ConvStep, GptSizes, GpuSizes, Workload, GPU_SCALE_CPU_ITERATIONS,
+    GPU_SCALE_SOFTWARE_ITERATIONS,
 };
 
 fn args(s: &str) -> Vec<String> {
@@ -175,4 +176,35 @@ fn c1_conv_workload_and_its_gemm_baseline() {
     let mut c1 = base.clone();
     (c1.workload, c1.device, c1.gflops) = ("C1".into(), "cpu".into(), base.gflops.map(|g| g / 2.0));
     assert!(ratios(&[base, c1]).contains("C1 cpu / gemm baseline           0.50x"));
+}
+
+/// A1 parses by name (outside both sets), runs at the tiny size on the
+/// CPU (the fused op and the composition, forward and forward +
+/// backward), and prints the unfused / fused ratios.
+#[test]
+fn a1_attention_workload_fused_beside_unfused() {
+    assert_eq!(parse("a1").unwrap().workloads, vec![Workload::A1]);
+    assert!(!Workload::SMALL.contains(&Workload::A1) && !Workload::GPU.contains(&Workload::A1));
+    let sizes = GpuSizes::tiny();
+    let bd = BenchDevice::cpu();
+    let cfg = BenchConfig { warmup: 1, iterations: 2 };
+    let rows = run_workload(Workload::A1, &bd, &cfg, &sizes).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "A1 attention forward fused",
+            "A1 attention forward unfused",
+            "A1 attention forward+backward fused",
+            "A1 attention forward+backward unfused"
+        ]
+    );
+    assert!(rows.iter().all(|r| r.median_ms.is_finite() && r.gflops.is_some_and(|g| g > 0.0)), "{rows:?}");
+    assert!(rows[0].note.as_deref() == Some("[B1 H2 T24 D8] causal"), "{rows:?}");
+    let mut fused = rows[0].clone();
+    let mut unfused = rows[1].clone();
+    (fused.median_ms, unfused.median_ms) = (1.0, 2.5);
+    fused.device = "wgpu".into();
+    unfused.device = "wgpu".into();
+    assert!(ratios(&[fused, unfused]).contains("A1 wgpu forward: unfused / fused 2.50x"), "{}", ratios(&rows));
 }

@@ -19,7 +19,7 @@ commands:
   conformance [DIR] [--device cpu|wgpu|all]
                             run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
                             ../shared/conformance/onnx) and print the per-op table
-  bench [W1 ... G1 ... H1 C1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
+  bench [W1 ... G1 ... H1 C1 A1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
         [--json] [--profile] [--iterations N]
                             run the benchmark workloads and baselines; prints a table.
                             --scale small (default) runs W1-W6 and H1 (host cost per op, by
@@ -27,8 +27,10 @@ commands:
                             training step, with host and device ms per step); naming workloads
                             runs those (C1, a conv 3x3 forward + backward on x [32,32,32,32],
                             w [64,32,3,3], runs only when named, with the gemm crate on the
-                            same three products as its baseline). --size small runs the G
-                            workloads at sizes for a small box. Full-size G workloads time 10
+                            same three products as its baseline; A1, causal attention on
+                            [4, 8, 1024, 64], the fused op beside the unfused composition,
+                            forward and forward + backward, with the unfused / fused ratios).
+                            --size small runs the G workloads and A1 at sizes for a small box. Full-size G workloads time 10
                             iterations on a GPU, 3 on cpu and 1 on a software adapter unless
                             --iterations is given; one that cannot run on a device (e.g. a
                             tensor over the adapter's binding limit) gives a row with NaN times
