@@ -6,8 +6,8 @@
 //! the lm_head tied to the token embedding, cross-entropy on the next
 //! tokens, AdamW (lr 3e-4, weight decay 0.01).
 //!
-//! Attention is composed from existing ops: `matmul`, a causal mask
-//! applied with `where_`, `softmax`. The token lookup is a one-hot matmul
+//! Attention is `nn::scaled_dot_product_attention` (causal): the fused
+//! op, whose scores are never materialized. The token lookup is a one-hot matmul
 //! (`one_hot(ids) @ wte`), not `Embedding::forward`'s gather: on wgpu a
 //! gather runs on the CPU fallback (a kernel cannot report a bad index),
 //! which would cut every step into three segments; the one-hot product is
@@ -84,17 +84,15 @@ impl Block {
         })
     }
 
-    /// `x` is `[batch * context, embd]`; `mask` is `[context, context]`,
-    /// true above the diagonal (the future a position may not see).
-    fn forward(&self, x: &Tensor, s: &GptSizes, mask: &Tensor, neg_inf: &Tensor) -> Result<Tensor> {
+    /// `x` is `[batch * context, embd]`.
+    fn forward(&self, x: &Tensor, s: &GptSizes) -> Result<Tensor> {
         let (b, t, c, h) = (s.batch, s.context, s.embd, s.heads);
         let d = c / h;
         let qkv = self.qkv.forward(&self.ln1.forward(x)?)?;
         let head = |i: usize| qkv.narrow(1, i * c, c)?.reshape_to([b, t, h, d])?.permute(&[0, 2, 1, 3]);
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
-        let att = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (d as f64).sqrt())?;
-        let att = mask.where_(neg_inf, &att)?.softmax(-1)?;
-        let y = att.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape_to([b * t, c])?;
+        let att = nn::scaled_dot_product_attention(&q, &k, &v, &nn::AttentionOptions::causal())?;
+        let y = att.permute(&[0, 2, 1, 3])?.reshape_to([b * t, c])?;
         let x = x.add(&self.proj.forward(&y)?)?;
         let m = self.out.forward(&nn::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?)?;
         x.add(&m)
@@ -124,26 +122,17 @@ pub struct GptModel {
     wpe: Embedding,
     blocks: Vec<Block>,
     lnf: LayerNorm,
-    /// `[context, context]` bool, true where a key lies in a query's future.
-    mask: Tensor,
-    /// The masked score, -inf.
-    neg_inf: Tensor,
 }
 
 impl GptModel {
     /// A model of `sizes` on `dev`, initialized from the device RNG.
     pub fn new(sizes: GptSizes, dev: &Device) -> Result<GptModel> {
-        let t = sizes.context;
-        let rows = Tensor::iota([t, t], 0, DType::I32, dev)?;
-        let cols = Tensor::iota([t, t], 1, DType::I32, dev)?;
         Ok(GptModel {
             sizes,
             wte: Embedding::new(sizes.vocab, sizes.embd, dev)?,
             wpe: Embedding::new(sizes.context, sizes.embd, dev)?,
             blocks: (0..sizes.layers).map(|_| Block::new(sizes.embd, dev)).collect::<Result<_>>()?,
             lnf: LayerNorm::new(&[sizes.embd], dev)?,
-            mask: cols.gt(&rows)?,
-            neg_inf: Tensor::scalar(f64::NEG_INFINITY, DType::F32, dev),
         })
     }
 
@@ -160,7 +149,7 @@ impl Module for GptModel {
         let tok = nn::one_hot(ids, s.vocab, DType::F32)?.matmul(&self.wte.weight)?;
         let mut x = tok.reshape_to([s.batch, s.context, c])?.add(&self.wpe.weight)?.reshape_to([n, c])?;
         for b in &self.blocks {
-            x = b.forward(&x, s, &self.mask, &self.neg_inf)?;
+            x = b.forward(&x, s)?;
         }
         self.lnf.forward(&x)?.matmul(&self.wte.weight.t()?)
     }
@@ -225,7 +214,7 @@ impl Gpt {
         let targets: Vec<i32> = (0..b).flat_map(|i| tokens[i * (t + 1) + 1..(i + 1) * (t + 1)].to_vec()).collect();
         let ids = Tensor::from_slice(&ids, [b * t], dev)?;
         let targets = Tensor::from_slice(&targets, [b * t], dev)?;
-        // Parameters, mask and data on the device before any step.
+        // Parameters and data on the device before any step.
         dev.mark_step()?;
         dev.wait()?;
         Ok(Gpt { model, opt, ids, targets })

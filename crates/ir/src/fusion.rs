@@ -25,7 +25,10 @@
 //!   leaves only. Parts over the same operands that one loop computes
 //!   together share a kernel when the buffer limit allows: the output with
 //!   its log-sum-exp, and the key gradient with the value gradient
-//!   ([`KernelKind::Attention`]).
+//!   ([`KernelKind::Attention`]). A view read only by attention kernels
+//!   (the heads of a multi-head projection, read by the forward and the
+//!   three gradients) is inlined into each, like a cheap leaf, instead of
+//!   being written once: its index math costs less than a copy kernel.
 //! - Opt-in ([`FusionLimits`]): a matmul may absorb its same-shape
 //!   elementwise consumers as an epilogue (`matmul_epilogue`), and a graph
 //!   output used only inside one elementwise kernel of its shape may be
@@ -296,6 +299,10 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
     let mut roots: Vec<NodeId> = Vec::new();
     // Extra outputs of each group (`FusionLimits::inline_outputs`).
     let mut extra: Vec<Vec<NodeId>> = Vec::new();
+    // Views read only by attention kernels (directly or through other such
+    // views): inlined into each of them instead of written once and read
+    // back (see the module doc).
+    let mut dup = vec![false; n];
     // Users of each node (with multiplicity), filled as users are visited.
     let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); n];
     for (i, node) in nodes.iter().enumerate() {
@@ -338,6 +345,17 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
                     None => new_group(kind, &mut kinds, &mut roots),
                 });
                 evals[i] = 1;
+            }
+            Class::Fusible
+                if node.op.is_view() && !is_output[i] && !forced.contains(&id) && {
+                    let mut live_users = users[i].iter().filter(|u| live[u.index()]).peekable();
+                    live_users.peek().is_some()
+                        && live_users.all(|u| {
+                            dup[u.index()] || group[u.index()].is_some_and(|g| kinds[g] == KernelKind::Attention)
+                        })
+                } =>
+            {
+                dup[i] = true;
             }
             Class::Fusible => {
                 let mut gs: BTreeSet<usize> = BTreeSet::new();
@@ -414,7 +432,7 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
                 let materialized = oc == Class::Param || is_root(op, &group);
                 if materialized {
                     inputs[g].insert(op);
-                } else if oc == Class::CheapLeaf || group[op.index()] == Some(g) {
+                } else if oc == Class::CheapLeaf || dup[op.index()] || group[op.index()] == Some(g) {
                     if set.insert(op) {
                         stack.push(op);
                     }
@@ -1085,14 +1103,17 @@ mod tests {
         let (g, [o, lse, dq, dk, dv]) = attention_graph();
         let wide = FusionLimits { max_storage_buffers: 16, ..FusionLimits::default() };
         let p = plan(&g, &wide);
-        // The transposed q (read by four kernels: written once), output
-        // with its log-sum-exp, delta, dQ, dK with dV.
-        assert_eq!(p.kernels.len(), 5, "{}", p.to_text());
+        // Output with its log-sum-exp, delta, dQ, dK with dV; the
+        // transposed q, read by all four attention parts, inlined in each.
+        assert_eq!(p.kernels.len(), 4, "{}", p.to_text());
+        let view = NodeId(1);
+        assert!(matches!(g.node(view).op, Op::Permute(_)) && !p.materialized.contains(&view));
         let att: Vec<&Kernel> = p.kernels.iter().filter(|k| k.kind == KernelKind::Attention).collect();
         assert_eq!(att.len(), 3, "{}", p.to_text());
         assert_eq!(att[0].outputs, vec![o, lse]);
         assert_eq!(att[1].outputs, vec![dq]);
         assert_eq!(att[2].outputs, vec![dk, dv]);
+        assert!(att.iter().all(|k| k.inline.contains(&view)), "{}", p.to_text());
         // Nothing the size of the scores ([2, 9, 12]) is written.
         assert!(p.materialized.iter().all(|&x| g.node(x).shape.numel() < 2 * 9 * 12), "{}", p.to_text());
         check_limits(&g, &p, 16);
