@@ -25,10 +25,17 @@
 //!   kernels skip the tiles a block cannot see. The tile is the largest of
 //!   [`TILES`] whose workgroup memory fits the adapter's limit.
 //! - `PerRow` (llvmpipe): one invocation per row walks the other side one
-//!   element at a time, with the row and the accumulators in registers
-//!   and the head-dim loops unrolled: no workgroup memory, no barriers,
-//!   and a loop trip count of about the walked length
-//!   ([`per_row_trips`], kept under llvmpipe's loop budget).
+//!   element at a time, with its row and accumulators in vec4 registers
+//!   and the head-dim code written out straight: no workgroup memory, no
+//!   barriers, one loop (the walk, trip count about the walked length,
+//!   under llvmpipe's loop budget). A workgroup's rows share their batch
+//!   slice and walk in step, so the walked rows' loads are uniform.
+//!   Rows wider than [`PER_ROW_REGISTER_CHUNKS`] vec4s take the tiled
+//!   kernel, which measured faster on llvmpipe there too.
+//!
+//! On llvmpipe neither form beats the unfused composition's
+//! register-blocked matmuls at every size (BENCHMARKS.md has the figures);
+//! the tiled form is the one meant for GPUs.
 //!
 //! Semantics are those of `Op::Attention`: causally removed keys weigh
 //! exactly 0; a row whose keys are all removed has a NaN output, a
@@ -267,36 +274,17 @@ impl Attn {
 
 /// Most vec4 chunks (of the head dim plus the value dim) the per-row form
 /// holds in registers, its head-dim code written out straight; wider rows
-/// loop over chunks with the accumulators in the output row.
+/// take the tiled form on every adapter whose workgroup memory holds a
+/// tile (all but the smallest).
 pub const PER_ROW_REGISTER_CHUNKS: u64 = 32;
 
-/// Whether the per-row form keeps rows and accumulators in registers for
-/// head dim `d` and value dim `dv` (see [`PER_ROW_REGISTER_CHUNKS`]).
+/// Whether the per-row form suits head dim `d` and value dim `dv` (see
+/// [`PER_ROW_REGISTER_CHUNKS`]).
 pub fn per_row_in_registers(d: u64, dv: u64) -> bool {
     d.div_ceil(4) + dv.div_ceil(4) <= PER_ROW_REGISTER_CHUNKS
 }
 
-/// The unroll depths (vec4s per loop iteration) of the per-row form's
-/// head-dim loops, shallowest first.
-pub const PER_ROW_UNROLL: [u64; 5] = [4, 8, 16, 32, 64];
-
-/// Loop iterations one invocation of the per-row form runs when it walks
-/// `walk` rows of the other side with head-dim loops unrolled `u` vec4s
-/// deep: per walked row, at most two loops over `d` and one over `d_v`
-/// (the query gradient's and the key gradient's); plus the zeroing and
-/// the final scaling of its output rows, one element per iteration.
-pub fn per_row_trips(walk: u64, d: u64, dv: u64, u: u64) -> u64 {
-    let (dc, vc) = (d.div_ceil(4).div_ceil(u), dv.div_ceil(4).div_ceil(u));
-    walk.saturating_mul(2 * dc + vc + 1) + 2 * (d + dv)
-}
-
-/// The shallowest unroll of [`PER_ROW_UNROLL`] that keeps the per-row
-/// form within llvmpipe's loop budget ([`LLVMPIPE_LOOP_BUDGET`]), or
-/// `None` when even the deepest does not.
-pub fn per_row_unroll(walk: u64, d: u64, dv: u64) -> Option<u64> {
-    PER_ROW_UNROLL.iter().copied().find(|&u| per_row_trips(walk, d, dv, u) <= LLVMPIPE_LOOP_BUDGET)
-}
-
+/// vec4 component names.
 const LANE: [&str; 4] = ["x", "y", "z", "w"];
 
 impl Writer<'_> {
@@ -309,34 +297,55 @@ impl Writer<'_> {
         self.use_helper("max_nan");
         match (self.limits.forms.attention, choose_tile(&self.limits)) {
             (AttentionForm::Tiled, Some(tile)) => self.attention_tiled(&a, tile, b),
-            _ if per_row_in_registers(a.d, a.dv) => self.attention_per_row_registers(&a, b),
+            // Rows too wide for registers: the tiled kernel is also the
+            // faster one on llvmpipe (head dim 64, [2, 4, 256, 64] causal:
+            // forward 77 ms against 132 ms per-row, forward + backward 376
+            // against 469 ms).
+            (AttentionForm::PerRow, Some(tile)) if !per_row_in_registers(a.d, a.dv) => {
+                self.attention_tiled(&a, tile, b)
+            }
             _ => self.attention_per_row(&a, b),
         }
     }
 
-    /// The per-row form with its rows and accumulators in registers (see
-    /// [`per_row_in_registers`]): one named vec4 per chunk, the head-dim
+    /// The per-row form (see the module doc), its rows and accumulators in
+    /// registers (see [`per_row_in_registers`]): one named vec4 per chunk, the head-dim
     /// code written out straight, each walked row's chunks read once.
     /// Measured on llvmpipe (key/value gradient, head dim 16): 30 ms a
     /// run against 119 ms with the accumulators in the output row, and a
     /// shorter compile; dynamically indexed private arrays took 3.3 s to
-    /// compile. The walk is the only loop.
-    fn attention_per_row_registers(&mut self, a: &Attn, b: &mut String) -> u64 {
+    /// compile. The walk is the only loop; it is uniform over the
+    /// workgroup (rows of one slice; causally removed pairs masked per
+    /// invocation), so the walked rows' loads are too.
+    fn attention_per_row(&mut self, a: &Attn, b: &mut String) -> u64 {
         let (tq, tk, d, dv) = (a.tq, a.tk, a.d, a.dv);
         let (rows, _) = a.rows_and_walk();
         let (dc, vc) = (d.div_ceil(4), dv.div_ceil(4));
         let ind = "    ";
         let i2 = "        ";
         let i3 = "            ";
-        let _ = writeln!(b, "{ind}let bi = t / {rows}u;\n{ind}let r = t % {rows}u;");
+        // A workgroup takes `lanes` rows of one batch slice, so the slice
+        // and the walked row are the same for all its invocations: loads of
+        // the walked rows are uniform (llvmpipe loads them once for all
+        // lanes, as the register-blocked matmul's rows of A).
+        let lanes = rows.next_power_of_two().clamp(8, 64);
+        let gps = rows.div_ceil(lanes);
+        let groups = a.nb * gps;
+        self.workgroup = Some(lanes as u32);
+        let _ = writeln!(
+            b,
+            "{ind}let gi = wid.x + wid.y * nwg.x;\n{}{ind}let bi = gi / {gps}u;\n{ind}let r0 = (gi % {gps}u) * {lanes}u;\n{ind}let live = r0 + lid < {rows}u;\n{ind}let r = min(r0 + lid, {}u);\n{ind}let t = bi * {rows}u + r;",
+            if groups > 65535 { format!("{ind}if (gi >= {groups}u) {{\n{ind}    return;\n{ind}}}\n") } else { String::new() },
+            rows.max(1) - 1
+        );
         b.push_str(&a.bases(ind));
         let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
         self.use_helper("isninf_f");
-        self.row_loader(a.q, d, false);
-        self.row_loader(a.k, d, false);
-        self.row_loader(a.v, dv, false);
+        self.row_loader(a.q, d);
+        self.row_loader(a.k, d);
+        self.row_loader(a.v, dv);
         if let Some(go) = a.go {
-            self.row_loader(go, dv, false);
+            self.row_loader(go, dv);
         }
         // `n` statements, one per chunk.
         let each = |ind: &str, n: u64, f: &dyn Fn(u64) -> String| -> String {
@@ -345,7 +354,7 @@ impl Writer<'_> {
         // Stores of chunks `{name}{c}` (through `value`) to output `slot`,
         // `w` wide.
         let store = |ind: &str, slot: usize, name: &str, w: u64, value: &dyn Fn(String) -> String| -> String {
-            let mut s = String::new();
+            let mut s = format!("{ind}if (live) {{\n");
             for c in 0..w.div_ceil(4) {
                 for (e, comp) in LANE.iter().enumerate() {
                     let col = 4 * c + e as u64;
@@ -355,6 +364,7 @@ impl Writer<'_> {
                     }
                 }
             }
+            let _ = writeln!(s, "{ind}}}");
             s
         };
         let (nq, nk, nv) = (a.q.0, a.k.0, a.v.0);
@@ -366,7 +376,7 @@ impl Writer<'_> {
                 if so.is_some() {
                     b.push_str(&each(ind, vc, &|c| format!("var o{c} = vec4<f32>(0.0);")));
                 }
-                let n = if a.causal { format!("min(r + 1u, {tk}u)") } else { format!("{tk}u") };
+                let n = if a.causal { format!("min(r0 + {lanes}u, {tk}u)") } else { format!("{tk}u") };
                 let _ = writeln!(
                     b,
                     "{ind}var m = -inf_f();\n{ind}var l = 0.0;\n{ind}for (var j = 0u; j < {n}; j = j + 1u) {{\n{i2}let kr = kb + j * {d}u;\n{i2}var x4 = vec4<f32>(0.0);"
@@ -375,7 +385,12 @@ impl Writer<'_> {
                 let _ = writeln!(
                     b,
                     "{i2}let s = {};\n{i2}let mn = max_nan(m, s);\n{i2}if (!isninf_f(mn)) {{\n{i3}let al = select(exp(m - mn), 0.0, isninf_f(m));\n{i3}let p = select(exp(s - mn), 0.0, isninf_f(s));\n{i3}l = l * al + p;",
-                    a.score(dot, "r", "j")
+                    // A key past this row's causal limit is removed.
+                    if a.causal {
+                        format!("select(-inf_f(), {}, j <= r)", a.score(dot, "r", "j"))
+                    } else {
+                        a.score(dot, "r", "j")
+                    }
                 );
                 if so.is_some() {
                     let _ = writeln!(b, "{i3}let vr = vb + j * {dv}u;");
@@ -390,7 +405,10 @@ impl Writer<'_> {
                     b.push_str(&store(ind, s, "o", dv, &|x| format!("select({x} * rl, nan_f(), dead)")));
                 }
                 if let Some(s) = a.slot(AttentionPart::LogSumExp) {
-                    let _ = writeln!(b, "{ind}out{s}[t] = select(m + log(l), -inf_f(), isninf_f(m));");
+                    let _ = writeln!(
+                        b,
+                        "{ind}if (live) {{\n{i2}out{s}[t] = select(m + log(l), -inf_f(), isninf_f(m));\n{ind}}}"
+                    );
                 }
             }
             Pass::GradQ => {
@@ -399,7 +417,7 @@ impl Writer<'_> {
                 b.push_str(&each(ind, dc, &|c| format!("let q{c} = ld{nq}(qb + r * {d}u, {c}u);")));
                 b.push_str(&each(ind, vc, &|c| format!("let g{c} = ld{ngo}(gb + r * {dv}u, {c}u);")));
                 b.push_str(&each(ind, dc, &|c| format!("var dq{c} = vec4<f32>(0.0);")));
-                let n = if a.causal { format!("min(r + 1u, {tk}u)") } else { format!("{tk}u") };
+                let n = if a.causal { format!("min(r0 + {lanes}u, {tk}u)") } else { format!("{tk}u") };
                 let _ = writeln!(
                     b,
                     "{ind}let lse = n{nl}(rb + r);\n{ind}let dl = n{nd}(rb + r);\n{ind}for (var j = 0u; j < {n}; j = j + 1u) {{\n{i2}let kr = kb + j * {d}u;\n{i2}let vr = vb + j * {dv}u;\n{i2}var x4 = vec4<f32>(0.0);\n{i2}var dp4 = vec4<f32>(0.0);"
@@ -410,7 +428,7 @@ impl Writer<'_> {
                     b,
                     "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));\n{i2}let ds = vec4<f32>({});",
                     a.score(dot, "r", "j"),
-                    keep_zero(a.keep("r", "j"), "p * (dot(dp4, vec4<f32>(1.0)) - dl) * sc")
+                    causal_zero(a.causal, "j <= r", &keep_zero(a.keep("r", "j"), "p * (dot(dp4, vec4<f32>(1.0)) - dl) * sc"))
                 );
                 b.push_str(&each(i2, dc, &|c| format!("dq{c} = fma(ds, k{c}, dq{c});")));
                 let _ = writeln!(b, "{ind}}}");
@@ -427,8 +445,9 @@ impl Writer<'_> {
                 if sv.is_some() {
                     b.push_str(&each(ind, vc, &|c| format!("var dv{c} = vec4<f32>(0.0);")));
                 }
-                // Queries that see key r: all, or i >= r when causal.
-                let start = if a.causal { "r" } else { "0u" };
+                // Queries that see key r: all, or i >= r when causal (from
+                // the workgroup's first key on, the others masked).
+                let start = if a.causal { "r0" } else { "0u" };
                 let _ = writeln!(
                     b,
                     "{ind}for (var i = {start}; i < {tq}u; i = i + 1u) {{\n{i2}let qr = qb + i * {d}u;\n{i2}let gr = gb + i * {dv}u;\n{i2}let lse = n{nl}(rb + i);\n{i2}var x4 = vec4<f32>(0.0);\n{i2}var dp4 = vec4<f32>(0.0);"
@@ -436,8 +455,9 @@ impl Writer<'_> {
                 b.push_str(&each(i2, dc, &|c| format!("let q{c} = ld{nq}(qr, {c}u);\n{i2}x4 = fma(q{c}, k{c}, x4);")));
                 let _ = writeln!(
                     b,
-                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));",
-                    a.score(dot, "i", "r")
+                    "{i2}let s = {};\n{i2}let p = {};",
+                    a.score(dot, "i", "r"),
+                    causal_zero(a.causal, "i >= r", "select(exp(s - lse), nan_f(), isninf_f(lse))")
                 );
                 // One pass over dO: dV += p dO, dP = dO . v.
                 for c in 0..vc {
@@ -451,7 +471,8 @@ impl Writer<'_> {
                 }
                 if sk.is_some() {
                     let ds = format!("p * (dot(dp4, vec4<f32>(1.0)) - n{nd}(rb + i)) * sc");
-                    let _ = writeln!(b, "{i2}let ds = vec4<f32>({});", keep_zero(a.keep("i", "r"), &ds));
+                    let ds = causal_zero(a.causal, "i >= r", &keep_zero(a.keep("i", "r"), &ds));
+                    let _ = writeln!(b, "{i2}let ds = vec4<f32>({ds});");
                     b.push_str(&each(i2, dc, &|c| format!("dk{c} = fma(ds, q{c}, dk{c});")));
                 }
                 let _ = writeln!(b, "{ind}}}");
@@ -463,20 +484,18 @@ impl Writer<'_> {
                 }
             }
         }
-        a.nb * rows
+        groups * lanes
     }
 
     /// Declares `ldN(base, c)`: vec4 chunk `c` of the row at `base` of
-    /// operand N (`width` wide; zeros past it). With `padded`, callers read
-    /// chunks past the row too (loops padded to their unroll), so every
-    /// element is checked.
-    fn row_loader(&mut self, id: NodeId, width: u64, padded: bool) {
+    /// operand N (`width` wide; zeros past it).
+    fn row_loader(&mut self, id: NodeId, width: u64) {
         if width == 0 || self.funcs.contains(&format!("fn ld{}(", id.0)) {
             return;
         }
         let comps: Vec<String> = (0..4)
             .map(|e| {
-                if width.is_multiple_of(4) && !padded {
+                if width.is_multiple_of(4) {
                     // Chunks lie inside the row: plain loads.
                     format!("n{}(base + c * 4u + {e}u)", id.0)
                 } else {
@@ -494,184 +513,6 @@ impl Writer<'_> {
             id.0,
             comps.join(", ")
         );
-    }
-
-    /// The per-row form (see the module doc). Rows are read from their
-    /// buffers in vec4 chunks where they are used and accumulators live
-    /// in the invocation's own output row (read-modify-write): llvmpipe
-    /// lowers dynamically indexed private arrays to select ladders, whose
-    /// compile time grows with the square of the head dim. Head-dim loops
-    /// are unrolled `u` vec4s deep ([`per_row_unroll`]).
-    fn attention_per_row(&mut self, a: &Attn, b: &mut String) -> u64 {
-        let (tq, tk, d, dv) = (a.tq, a.tk, a.d, a.dv);
-        let (rows, walk) = a.rows_and_walk();
-        let u = per_row_unroll(walk, d, dv).unwrap_or(PER_ROW_UNROLL[PER_ROW_UNROLL.len() - 1]);
-        // vec4 chunks of a row of q/k (dp) and of v/dO (vp), padded to the
-        // unroll: loads past the row give zeros, stores past it are skipped.
-        let (dp, vp) = (d.div_ceil(4).next_multiple_of(u), dv.div_ceil(4).next_multiple_of(u));
-        let ind = "    ";
-        let i2 = "        ";
-        let i3 = "            ";
-        let _ = writeln!(b, "{ind}let bi = t / {rows}u;\n{ind}let r = t % {rows}u;");
-        b.push_str(&a.bases(ind));
-        let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
-        self.use_helper("isninf_f");
-        // `accS(c, mul, add)`: chunk `c` of this invocation's row of
-        // output S becomes `row * mul + add` (`w` wide).
-        let acc_fn = |w: &mut Writer<'_>, slot: usize, width: u64| {
-            if width == 0 {
-                return;
-            }
-            let mut f = format!(
-                "fn acc{slot}(t: u32, c: u32, mul: f32, add: vec4<f32>) {{\n    let base = t * {width}u + c * 4u;\n"
-            );
-            for (e, comp) in LANE.iter().enumerate() {
-                let _ = writeln!(
-                    f,
-                    "    if (c * 4u + {e}u < {width}u) {{\n        out{slot}[base + {e}u] = fma(out{slot}[base + {e}u], mul, add.{comp});\n    }}"
-                );
-            }
-            f.push_str("}\n");
-            w.funcs.push_str(&f);
-        };
-        // `for c in 0..n step u` with `body(c + k)` for k in 0..u. The
-        // bound is opaque to the driver (`P.z` is always 0): LLVM would
-        // unroll these short constant loops completely, and the unrolled
-        // loads cost llvmpipe seconds of compile time per kernel (measured:
-        // 2.9 s against 0.64 s for a head dim of 64, and the opaque loop
-        // also runs faster).
-        let chunks = |ind: &str, n: u64, body: &dyn Fn(&str) -> String| -> String {
-            if n == 0 {
-                return String::new();
-            }
-            let mut s = format!("{ind}for (var c = 0u; c < {n}u + P.z; c = c + {u}u) {{\n");
-            for k in 0..u {
-                let _ = writeln!(s, "{ind}    {}", body(&format!("c + {k}u")));
-            }
-            let _ = writeln!(s, "{ind}}}");
-            s
-        };
-        // Zeroes this invocation's row of output `slot` (`w` wide).
-        let zero_row = |ind: &str, slot: usize, w: u64| -> String {
-            if w == 0 {
-                return String::new();
-            }
-            format!(
-                "{ind}for (var e = 0u; e < {w}u; e = e + 1u) {{\n{ind}    out{slot}[t * {w}u + e] = 0.0;\n{ind}}}\n"
-            )
-        };
-        let (nq, nk, nv) = (a.q.0, a.k.0, a.v.0);
-        let (pd, pv) = (dp != d.div_ceil(4), vp != dv.div_ceil(4));
-        self.row_loader(a.q, d, pd);
-        self.row_loader(a.k, d, pd);
-        self.row_loader(a.v, dv, pv);
-        if let Some(go) = a.go {
-            self.row_loader(go, dv, pv);
-        }
-        let dot = "dot(x4, vec4<f32>(1.0))";
-        match a.pass {
-            Pass::Forward => {
-                // Online softmax over the keys: running max `m`, sum `l`,
-                // the output row rescaled when the max grows.
-                let so = a.slot(AttentionPart::Out);
-                if let Some(s) = so {
-                    acc_fn(self, s, dv);
-                    b.push_str(&zero_row(ind, s, dv));
-                }
-                let n = if a.causal { format!("min(r + 1u, {tk}u)") } else { format!("{tk}u") };
-                let _ = writeln!(
-                    b,
-                    "{ind}let qr = qb + r * {d}u;\n{ind}var m = -inf_f();\n{ind}var l = 0.0;\n{ind}for (var j = 0u; j < {n}; j = j + 1u) {{\n{i2}let kr = kb + j * {d}u;\n{i2}var x4 = vec4<f32>(0.0);"
-                );
-                b.push_str(&chunks(i2, dp, &|c| format!("x4 = fma(ld{nq}(qr, {c}), ld{nk}(kr, {c}), x4);")));
-                let _ = writeln!(
-                    b,
-                    "{i2}let s = {};\n{i2}let mn = max_nan(m, s);\n{i2}if (!isninf_f(mn)) {{\n{i3}let al = select(exp(m - mn), 0.0, isninf_f(m));\n{i3}let p = select(exp(s - mn), 0.0, isninf_f(s));\n{i3}l = l * al + p;",
-                    a.score(dot, "r", "j")
-                );
-                if let Some(s) = so {
-                    let _ = writeln!(b, "{i3}let vr = vb + j * {dv}u;");
-                    b.push_str(&chunks(i3, vp, &|c| format!("acc{s}(t, {c}, al, p * ld{nv}(vr, {c}));")));
-                }
-                let _ = writeln!(b, "{i2}}}\n{i2}m = mn;\n{ind}}}");
-                if let Some(s) = so {
-                    // A row whose keys are all removed: NaN output; no
-                    // keys at all (t_k = 0): output 0.
-                    let dead = if tk == 0 { "false" } else { "isninf_f(m)" };
-                    let _ = writeln!(
-                        b,
-                        "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / l, 0.0, isninf_f(m));\n{ind}for (var e = 0u; e < {dv}u; e = e + 1u) {{\n{i2}out{s}[t * {dv}u + e] = select(out{s}[t * {dv}u + e] * rl, nan_f(), dead);\n{ind}}}"
-                    );
-                }
-                if let Some(s) = a.slot(AttentionPart::LogSumExp) {
-                    let _ = writeln!(b, "{ind}out{s}[t] = select(m + log(l), -inf_f(), isninf_f(m));");
-                }
-            }
-            Pass::GradQ => {
-                let (ngo, nl, nd) = (a.go.expect("grad").0, a.lse.expect("grad").0, a.delta.expect("grad").0);
-                let s = a.slot(AttentionPart::GradQ).expect("grad q kernel");
-                acc_fn(self, s, d);
-                b.push_str(&zero_row(ind, s, d));
-                let n = if a.causal { format!("min(r + 1u, {tk}u)") } else { format!("{tk}u") };
-                let _ = writeln!(
-                    b,
-                    "{ind}let qr = qb + r * {d}u;\n{ind}let gr = gb + r * {dv}u;\n{ind}let lse = n{nl}(rb + r);\n{ind}let dl = n{nd}(rb + r);\n{ind}for (var j = 0u; j < {n}; j = j + 1u) {{\n{i2}let kr = kb + j * {d}u;\n{i2}let vr = vb + j * {dv}u;\n{i2}var x4 = vec4<f32>(0.0);\n{i2}var dp4 = vec4<f32>(0.0);"
-                );
-                b.push_str(&chunks(i2, dp, &|c| format!("x4 = fma(ld{nq}(qr, {c}), ld{nk}(kr, {c}), x4);")));
-                b.push_str(&chunks(i2, vp, &|c| format!("dp4 = fma(ld{ngo}(gr, {c}), ld{nv}(vr, {c}), dp4);")));
-                let _ = writeln!(
-                    b,
-                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));\n{i2}let ds = {};",
-                    a.score(dot, "r", "j"),
-                    keep_zero(a.keep("r", "j"), "p * (dot(dp4, vec4<f32>(1.0)) - dl) * sc")
-                );
-                b.push_str(&chunks(i2, dp, &|c| format!("acc{s}(t, {c}, 1.0, ds * ld{nk}(kr, {c}));")));
-                let _ = writeln!(b, "{ind}}}");
-            }
-            Pass::GradKv => {
-                let (ngo, nl, nd) = (a.go.expect("grad").0, a.lse.expect("grad").0, a.delta.expect("grad").0);
-                let (sk, sv) = (a.slot(AttentionPart::GradK), a.slot(AttentionPart::GradV));
-                if let Some(s) = sk {
-                    acc_fn(self, s, d);
-                    b.push_str(&zero_row(ind, s, d));
-                }
-                if let Some(s) = sv {
-                    acc_fn(self, s, dv);
-                    b.push_str(&zero_row(ind, s, dv));
-                }
-                // Queries that see key r: all, or i >= r when causal.
-                let start = if a.causal { "r" } else { "0u" };
-                let _ = writeln!(
-                    b,
-                    "{ind}let kr = kb + r * {d}u;\n{ind}let vr = vb + r * {dv}u;\n{ind}for (var i = {start}; i < {tq}u; i = i + 1u) {{\n{i2}let qr = qb + i * {d}u;\n{i2}let gr = gb + i * {dv}u;\n{i2}let lse = n{nl}(rb + i);\n{i2}var x4 = vec4<f32>(0.0);\n{i2}var dp4 = vec4<f32>(0.0);"
-                );
-                b.push_str(&chunks(i2, dp, &|c| format!("x4 = fma(ld{nq}(qr, {c}), ld{nk}(kr, {c}), x4);")));
-                let _ = writeln!(
-                    b,
-                    "{i2}let s = {};\n{i2}let p = select(exp(s - lse), nan_f(), isninf_f(lse));",
-                    a.score(dot, "i", "r")
-                );
-                // One pass over dO: dV += p dO, dP = dO . v.
-                let body = |c: &str| -> String {
-                    let mut s = format!("let gc = ld{ngo}(gr, {c});");
-                    if let Some(slot) = sv {
-                        let _ = write!(s, " acc{slot}(t, {c}, 1.0, p * gc);");
-                    }
-                    if sk.is_some() {
-                        let _ = write!(s, " dp4 = fma(gc, ld{nv}(vr, {c}), dp4);");
-                    }
-                    format!("{{ {s} }}")
-                };
-                b.push_str(&chunks(i2, vp, &body));
-                if let Some(slot) = sk {
-                    let ds = format!("p * (dot(dp4, vec4<f32>(1.0)) - n{nd}(rb + i)) * sc");
-                    let _ = writeln!(b, "{i2}let ds = {};", keep_zero(a.keep("i", "r"), &ds));
-                    b.push_str(&chunks(i2, dp, &|c| format!("acc{slot}(t, {c}, 1.0, ds * ld{nq}(qr, {c}));")));
-                }
-                let _ = writeln!(b, "{ind}}}");
-            }
-        }
-        a.nb * rows
     }
 
     /// The tiled form (see the module doc).
@@ -1076,6 +917,16 @@ impl Writer<'_> {
     }
 }
 
+/// `value`, or 0 where the causal condition `visible` is false (when
+/// `causal`).
+fn causal_zero(causal: bool, visible: &str, value: &str) -> String {
+    if causal {
+        format!("select(0.0, {value}, {visible})")
+    } else {
+        value.to_string()
+    }
+}
+
 /// `value`, or 0 where the keep-mask expression `keep` is false.
 fn keep_zero(keep: Option<String>, value: &str) -> String {
     match keep {
@@ -1115,14 +966,12 @@ pub fn within_loop_budget(
     let walk = if matches!(part, AttentionPart::GradK | AttentionPart::GradV) { tq } else { tk };
     let trips = match form {
         AttentionForm::PerRow if per_row_in_registers(d, dv) => walk + 1,
-        AttentionForm::PerRow => {
-            return per_row_unroll(walk, d, dv).is_some_and(|u| per_row_trips(walk, d, dv, u) <= budget)
-        }
         // Per tile: the dot slices (`dk` deep), the row-max partials and
         // the accumulation (`bc / 4` steps per column chunk), two dot
         // products and two accumulations at most. The smallest tile is
         // the worst case.
-        AttentionForm::Tiled => {
+        // The tiled form (per-row rows too wide for registers take it too).
+        _ => {
             let t = TILES[TILES.len() - 1];
             let per_tile =
                 2 * (d.max(dv).div_ceil(t.dk) * (t.dk + 1)) + t.bc / 4 + 2 * d.max(dv).div_ceil(t.bc) * (t.bc / 4);
