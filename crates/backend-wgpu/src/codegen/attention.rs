@@ -276,7 +276,7 @@ impl Attn {
 /// holds in registers, its head-dim code written out straight; wider rows
 /// take the tiled form on every adapter whose workgroup memory holds a
 /// tile (all but the smallest).
-pub const PER_ROW_REGISTER_CHUNKS: u64 = 32;
+pub const PER_ROW_REGISTER_CHUNKS: u64 = 16;
 
 /// Whether the per-row form suits head dim `d` and value dim `dv` (see
 /// [`PER_ROW_REGISTER_CHUNKS`]).
@@ -298,9 +298,9 @@ impl Writer<'_> {
         match (self.limits.forms.attention, choose_tile(&self.limits)) {
             (AttentionForm::Tiled, Some(tile)) => self.attention_tiled(&a, tile, b),
             // Rows too wide for registers: the tiled kernel is also the
-            // faster one on llvmpipe (head dim 64, [2, 4, 256, 64] causal:
-            // forward 77 ms against 132 ms per-row, forward + backward 376
-            // against 469 ms).
+            // faster one on llvmpipe (A1 at [2, 4, 256, 64], causal,
+            // alternating builds: forward 48-52 ms against 98-132 ms
+            // per-row, forward + backward 248-264 against 384-391 ms).
             (AttentionForm::PerRow, Some(tile)) if !per_row_in_registers(a.d, a.dv) => {
                 self.attention_tiled(&a, tile, b)
             }
