@@ -17,7 +17,9 @@
 //!
 //! Supported ops: every op except `Conv2d` and `Pool` (reported
 //! unsupported) and `Gather`, which the executor runs on the CPU fallback
-//! because a kernel cannot report an out-of-range index.
+//! because a kernel cannot report an out-of-range index; attention parts
+//! that would bind more storage buffers than the adapter allows (a masked
+//! gradient under WebGPU's minimum of 8) run there too.
 //!
 //! Kernel forms ([`codegen::KernelForms`]): every kernel family has a form
 //! for GPUs and one for software adapters, picked from the adapter type
@@ -37,7 +39,14 @@
 //! coroutine steps: several consecutive vec4s per invocation, one
 //! invocation per output or row, a barrier-free register-blocked matmul.
 //! Matmul is batched and fuses its elementwise epilogue (bias, activation,
-//! scaling, masks; several outputs) in every form. Indexed elementwise
+//! scaling, masks; several outputs) in every form. Fused attention
+//! (`Op::Attention`, [`codegen::attention`]) never writes the scores: on
+//! GPUs a workgroup per block of 64 queries (keys, for the key and value
+//! gradients) walks the other side in tiles, 4x4 score blocks per
+//! invocation in registers, online softmax, operand slices and
+//! probabilities in workgroup memory, the tile fitted to the adapter's
+//! workgroup memory; on software adapters one invocation per row with the
+//! row in registers for head dims up to 32, tiled above. Indexed elementwise
 //! kernels evaluate per output index (views as index math), with a
 //! two-dimensional dispatch beyond 65535 workgroups; arg-reductions and
 //! cumulative sums use one invocation per output line. Loop trip counts
