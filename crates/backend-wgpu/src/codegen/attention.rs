@@ -966,17 +966,24 @@ pub fn within_loop_budget(
     let walk = if matches!(part, AttentionPart::GradK | AttentionPart::GradV) { tq } else { tk };
     let trips = match form {
         AttentionForm::PerRow if per_row_in_registers(d, dv) => walk + 1,
-        // Per tile: the dot slices (`dk` deep), the row-max partials and
-        // the accumulation (`bc / 4` steps per column chunk), two dot
-        // products and two accumulations at most. The smallest tile is
-        // the worst case.
-        // The tiled form (per-row rows too wide for registers take it too).
-        _ => {
-            let t = TILES[TILES.len() - 1];
-            let per_tile =
-                2 * (d.max(dv).div_ceil(t.dk) * (t.dk + 1)) + t.bc / 4 + 2 * d.max(dv).div_ceil(t.bc) * (t.bc / 4);
-            walk.div_ceil(t.bc) * (per_tile + 1) + t.bc / 4
-        }
+        // The tiled form (per-row rows too wide for registers take it
+        // too), per tile of the walk: two dot products, each a loop over
+        // slices with a staging loop per operand and a `dk`-step multiply;
+        // the row-max partials (`bc / 4` steps); two accumulations, each a
+        // staging loop and a `bc`-step multiply per column chunk. Every
+        // tile's loops are counted at its own sizes; the largest count
+        // bounds whichever tile the adapter gets.
+        _ => TILES
+            .iter()
+            .map(|t| {
+                let lanes = t.lanes();
+                let w = d.max(dv);
+                let dot = w.div_ceil(t.dk) * (t.dk + (t.br + t.bc) * t.dk / lanes + 1);
+                let acc = w.div_ceil(t.bc) * (t.bc + t.bc * t.bc / lanes);
+                walk.div_ceil(t.bc) * (2 * dot + t.bc / 4 + 2 * acc + 1) + t.bc / 4
+            })
+            .max()
+            .unwrap_or(0),
     };
     trips <= budget
 }
