@@ -602,3 +602,20 @@ fn fused_attention_in_f64_and_f16() {
         assert!(lazuli::metrics::counter("Fallback::attention") > 0, "{}", lazuli::metrics::report());
     }
 }
+
+/// Empty lengths: no keys gives a zero output (the composition's empty
+/// sum) and zero query gradients; no queries gives empty outputs and zero
+/// key and value gradients; on every backend.
+#[test]
+fn empty_lengths_match_the_composition() {
+    for dev in common::devices() {
+        for (tq, tk) in [(3, 0), (0, 5), (0, 0)] {
+            let c = DiffCase::new(&[1, tq, 4], &[1, tk, 4], &[1, tk, 2], false, MaskSpec::None);
+            let data = diff_data(&c, 3);
+            let want = diff_run(&Device::cpu(), &c, &data, nn::scaled_dot_product_attention_unfused);
+            let got = diff_run(&dev, &c, &data, nn::scaled_dot_product_attention);
+            assert_eq!(got, want, "t_q {tq}, t_k {tk} on {}", dev.name());
+            assert!(got.iter().flatten().all(|&x| x == 0.0), "{got:?}");
+        }
+    }
+}
