@@ -113,12 +113,16 @@ impl Program {
         let mut b = ProgramBuilder { graph, mem, steps: Vec::new(), done: vec![false; graph.len()] };
         for k in &plan.kernels {
             match k.kind {
-                KernelKind::Elementwise => {
-                    if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs, mem) {
-                        b.fused(lp);
-                    } else {
-                        for &x in &k.inline {
-                            b.node(x);
+                KernelKind::Elementwise | KernelKind::MultiTensor => {
+                    // A multi-tensor kernel (not planned by default) is its
+                    // segments, each an elementwise kernel.
+                    for k in k.segments(graph) {
+                        if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs, mem) {
+                            b.fused(lp);
+                        } else {
+                            for &x in &k.inline {
+                                b.node(x);
+                            }
                         }
                     }
                 }

@@ -66,6 +66,10 @@ pub struct WgpuOptions {
     /// pipelines (see [`crate::generic`]); default on,
     /// `LAZULI_GENERIC_SIZES=0` turns it off.
     pub generic_sizes: Option<bool>,
+    /// Whether independent elementwise kernels of different shapes share
+    /// one multi-tensor dispatch (see `lazuli_ir::fusion::multi`); default
+    /// on, `LAZULI_MULTI_TENSOR=0` turns it off.
+    pub multi_tensor: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -150,7 +154,10 @@ impl WgpuBackend {
         device.on_uncaptured_error(Arc::new(move |e| {
             tracing::error!(device = %log_name, "uncaptured wgpu error: {e}");
         }));
-        let mut max_sb = limits.max_storage_buffers_per_shader_stage as usize;
+        // Every binding of a kernel sits in one bind group: the uniform of
+        // lifted scalars beside the storage buffers.
+        let mut max_sb = (limits.max_storage_buffers_per_shader_stage as usize)
+            .min((limits.max_bindings_per_bind_group as usize).saturating_sub(1));
         if let Some(m) = options.max_storage_buffers {
             max_sb = max_sb.min(m as usize);
         }
@@ -185,6 +192,10 @@ impl WgpuBackend {
                     // Row kernels cooperate through workgroup memory: the
                     // GPU form of reductions.
                     row_kernels: forms.reduce == ReduceForm::Cooperative,
+                    // Independent elementwise kernels share a dispatch.
+                    multi_tensor: options
+                        .multi_tensor
+                        .unwrap_or_else(|| std::env::var("LAZULI_MULTI_TENSOR").map_or(true, |v| v != "0")),
                     ..FusionLimits::default()
                 },
                 lower: LowerLimits {

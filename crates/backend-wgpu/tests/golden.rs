@@ -232,6 +232,27 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(c);
         out.push(("random_concat", g));
     }
+    // Independent updates of several shapes: one multi-tensor kernel with
+    // a vec4 segment, an odd-sized one, an indexed one (a broadcast row)
+    // and an empty one.
+    {
+        let mut g = Graph::new();
+        let lr = g.scalar(DType::F32);
+        for dims in [&[64, 64][..], &[7], &[3, 5], &[0]] {
+            let p = f32p(&mut g, dims);
+            let gr = f32p(&mut g, dims);
+            let gr = if dims == [3, 5] {
+                let row = f32p(&mut g, &[5]);
+                bin(&mut g, BinaryOp::Mul, gr, row)
+            } else {
+                gr
+            };
+            let step = bin(&mut g, BinaryOp::Mul, gr, lr);
+            let y = bin(&mut g, BinaryOp::Sub, p, step);
+            g.outputs.push(y);
+        }
+        out.push(("multi_tensor", g));
+    }
     out
 }
 
@@ -246,6 +267,7 @@ fn render(g: Graph, limits: &LowerLimits) -> String {
         matmul_epilogue: true,
         inline_outputs: true,
         row_kernels: limits.forms.reduce == lazuli_wgpu::codegen::ReduceForm::Cooperative,
+        multi_tensor: true,
         ..FusionLimits::default()
     };
     let plan = fusion::plan(&v, &fl);

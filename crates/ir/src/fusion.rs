@@ -27,12 +27,17 @@
 //!   computed there and written as an extra output (`inline_outputs`),
 //!   and reductions over the last axis may fold into the elementwise
 //!   kernel that consumes them row by row (`row_kernels`).
+//! - Opt-in ([`FusionLimits::multi_tensor`]): independent elementwise
+//!   kernels of any shapes join one multi-tensor (horizontal) kernel, one
+//!   segment per output shape, within the buffer limit (see [`multi`]).
 //!
 //! The plan is deterministic: the same graph and limits give the same plan.
 
 use crate::{Graph, NodeId, Op};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
+
+pub mod multi;
 
 /// Limits a backend imposes on one kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,6 +68,12 @@ pub struct FusionLimits {
     /// backends whose row kernels cooperate through workgroup memory
     /// turn it on.
     pub row_kernels: bool,
+    /// Join independent elementwise kernels of any shapes (no data
+    /// dependency between them) into one [`KernelKind::MultiTensor`]
+    /// kernel, as a fused multi-tensor optimizer update does, while the
+    /// joined kernel binds at most `max_storage_buffers`. Off by default;
+    /// backends that lower multi-tensor kernels turn it on.
+    pub multi_tensor: bool,
 }
 
 impl Default for FusionLimits {
@@ -74,6 +85,7 @@ impl Default for FusionLimits {
             matmul_epilogue: false,
             inline_outputs: false,
             row_kernels: false,
+            multi_tensor: false,
         }
     }
 }
@@ -83,6 +95,12 @@ impl Default for FusionLimits {
 pub enum KernelKind {
     /// Per-element evaluation of one or more outputs of identical shape.
     Elementwise,
+    /// Several independent elementwise kernels in one dispatch (see
+    /// [`FusionLimits::multi_tensor`]): the outputs, grouped by shape and
+    /// contiguous per shape, form segments, each evaluated like an
+    /// [`KernelKind::Elementwise`] kernel over its own shape
+    /// ([`Kernel::segments`]).
+    MultiTensor,
     /// Part of a `Concat` root: operands `start..end` of the root.
     ConcatPart {
         /// First operand index.
@@ -662,6 +680,9 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) 
     }
     if limits.row_kernels {
         kernels = merge_row_kernels(graph, kernels, max);
+    }
+    if limits.multi_tensor {
+        kernels = multi::merge(graph, kernels, max);
     }
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();

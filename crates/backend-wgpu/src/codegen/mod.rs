@@ -19,7 +19,8 @@
 //!
 //! One module per kernel family: [`elementwise`], [`reduce`] (reductions,
 //! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax),
-//! [`matmul`]; `common` holds the type, literal and index helpers and the
+//! [`matmul`]; [`multi`] writes multi-tensor kernels from the elementwise
+//! forms; `common` holds the type, literal and index helpers and the
 //! WGSL helper functions they share.
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
@@ -31,6 +32,7 @@ use thiserror::Error;
 mod common;
 pub mod elementwise;
 pub mod matmul;
+pub mod multi;
 pub mod reduce;
 pub mod rows;
 
@@ -255,6 +257,8 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         limits: *limits,
         second: None,
         decls: String::new(),
+        slots: None,
+        defined: BTreeSet::new(),
     };
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
@@ -264,6 +268,9 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         if n.shape.numel() as u64 > limits.max_elements {
             return Err(LowerError::TooLarge { op: n.op.name(), elements: n.shape.numel() as u64 });
         }
+    }
+    if kernel.kind == KernelKind::MultiTensor {
+        return w.multi_tensor(kernel);
     }
     let root = kernel.root();
     let concat_part_root = matches!(kernel.kind, KernelKind::ConcatPart { .. }).then_some(root);
@@ -471,6 +478,13 @@ struct Writer<'a> {
     /// Module-scope declarations (private and workgroup variables) of
     /// kernels that need them besides `red` (row kernels).
     decls: String,
+    /// Set while a segment of a multi-tensor kernel is written: the
+    /// bindings its inputs and outputs have in the whole kernel.
+    slots: Option<multi::Slots>,
+    /// Value functions written so far, by prefix and node (`('n', 7)` is
+    /// `n7`): segments of a multi-tensor kernel may share nodes, and each
+    /// function is written once.
+    defined: BTreeSet<(char, u32)>,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
@@ -508,6 +522,9 @@ impl Writer<'_> {
     /// where the matmul's value is `mm` and dependents are evaluated at the
     /// same index (the planner guarantees they are same-shape elementwise).
     fn node_fn(&mut self, id: NodeId, epi: Option<(NodeId, &BTreeSet<NodeId>)>) -> Result<(), LowerError> {
+        if !self.defined.insert((if epi.is_some() { 'e' } else { 'n' }, id.0)) {
+            return Ok(());
+        }
         let g = self.g;
         let n = g.node(id);
         let s = &n.shape;
@@ -838,7 +855,7 @@ impl Writer<'_> {
                 invocations = rn.shape.numel() as u64;
                 for (j, &o) in k.outputs.iter().enumerate() {
                     let d = g.node(o).dtype;
-                    let _ = writeln!(b, "    out{j}[t] = {};", store(d, &format!("n{}(t)", o.0)));
+                    let _ = writeln!(b, "    {}[t] = {};", self.output_name(j), store(d, &format!("n{}(t)", o.0)));
                 }
             }
             KernelKind::ConcatPart { start, end } => {
@@ -911,6 +928,7 @@ impl Writer<'_> {
             KernelKind::Conv2d | KernelKind::Pool => {
                 return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
             }
+            KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),
         }
         Ok((b, invocations))
     }
