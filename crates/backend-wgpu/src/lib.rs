@@ -8,7 +8,11 @@
 //! checks it with naga before a pipeline is created; pipelines are cached
 //! by the hash of their source ([`pipeline`]); buffers come from a caching
 //! allocator sized to the device ([`pool`]); one execution encodes all
-//! kernels into one command encoder, submits and waits ([`runtime`]).
+//! kernels into one compute pass, submits and waits ([`runtime`]), with
+//! the bind groups and uniform buffer of each compiled plan made once and
+//! reused while its buffers recur ([`binds`]). Independent elementwise
+//! kernels of any shapes share one multi-tensor dispatch
+//! ([`codegen::multi`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
 //! on the device; upload and download convert to one-byte bools). Nodes of
@@ -54,6 +58,7 @@
 pub mod adapter;
 pub mod autotune;
 pub mod baseline;
+pub mod binds;
 pub mod codegen;
 mod fault;
 pub mod generic;

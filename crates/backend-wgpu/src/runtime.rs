@@ -4,6 +4,7 @@
 
 use crate::adapter;
 use crate::autotune::{self, Tuner};
+use crate::binds::{self, BindCache};
 use crate::codegen::{self, KernelForms, LowerError, LowerLimits, MatmulForm, ReduceForm, RowsForm, Wgsl};
 use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
@@ -310,12 +311,7 @@ impl WgpuBackend {
 
     /// A bind group of `layout` binding `bufs` whole, in binding order.
     fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-            .collect();
-        self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+        binds::create(&self.inner.device, layout, bufs)
     }
 
     /// Bind group 1 of a generic kernel: a small storage buffer holding
@@ -334,18 +330,7 @@ impl WgpuBackend {
     /// lifted scalar of `dtypes` (`values`, or zeros when `None`), padded
     /// to 16 bytes.
     fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
-        let mut words: Vec<u32> = vec![0];
-        for (k, d) in dtypes.iter().enumerate() {
-            words.push(values.map_or(0, |vs| match d {
-                DType::F32 => (vs[k].as_f64() as f32).to_bits(),
-                DType::I32 => vs[k].as_i64() as i32 as u32,
-                DType::Bool => vs[k].as_bool() as u32,
-                _ => vs[k].as_u64() as u32,
-            }));
-        }
-        while !words.len().is_multiple_of(4) {
-            words.push(0);
-        }
+        let words = uniform_words(dtypes, values);
         let uniform = self.inner.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
         self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
         Ok(uniform)
@@ -498,12 +483,20 @@ impl WgpuBackend {
             .ok_or_else(|| BackendError::Execution(format!("buffer of {} is not a wgpu buffer", b.kind)))
     }
 
-    fn new_buffer(&self, ty: &ValueType, what: &str) -> Result<Buffer, BackendError> {
+    /// A pool buffer for a value of type `ty`; `what` names the value in
+    /// errors (made only then: this runs for every node of every
+    /// execution).
+    fn new_buffer(
+        &self,
+        ty: &ValueType,
+        prefer: &[u64],
+        what: impl FnOnce() -> String,
+    ) -> Result<Buffer, BackendError> {
         let bytes = (ty.shape.numel() as u64 * 4).max(4);
         if bytes > self.inner.max_binding {
-            return Err(BackendError::TooLarge { op: what.to_string(), bytes, limit: self.inner.max_binding });
+            return Err(BackendError::TooLarge { op: what(), bytes, limit: self.inner.max_binding });
         }
-        let st = self.inner.pool.acquire(bytes, STORAGE)?;
+        let st = self.inner.pool.acquire_preferring(bytes, STORAGE, prefer)?;
         Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
     }
 
@@ -684,6 +677,22 @@ pub struct WgpuExecutable {
     graph: VerifiedGraph,
     plan: FusionPlan,
     kernels: Vec<CompiledKernel>,
+    /// The buffers of an execution, in order: parameters, then every
+    /// materialized node.
+    buffers: Vec<Bound>,
+    /// Per node, its index in `buffers` (`u32::MAX`: none).
+    slot: Vec<u32>,
+    /// Bind groups and buffer history, reused across executions.
+    binds: std::sync::Mutex<BindCache>,
+}
+
+/// Where a buffer of an execution comes from.
+#[derive(Clone, Copy, Debug)]
+enum Bound {
+    /// Input (graph parameter) `i`.
+    Input(usize),
+    /// A node the plan materializes, in a buffer from the pool.
+    Node(NodeId),
 }
 
 struct CompiledKernel {
@@ -734,12 +743,25 @@ fn compile_threads() -> usize {
 
 /// One dispatch of an execution.
 struct Launch<'a> {
-    name: String,
+    kernel: &'a CompiledKernel,
+    /// The first pass of a two-pass kernel.
+    first_pass: bool,
     pipeline: &'a wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     /// Bind group 1 of a generic pipeline.
     dims: Option<&'a wgpu::BindGroup>,
     groups: (u32, u32),
+}
+
+impl Launch<'_> {
+    /// The launch's name in profiles.
+    fn name(&self) -> String {
+        if self.first_pass {
+            format!("{}_pass1", self.kernel.name)
+        } else {
+            self.kernel.name.clone()
+        }
+    }
 }
 
 /// The 2-D dispatch size for `invocations` in workgroups of `size`.
@@ -842,7 +864,7 @@ impl Backend for WgpuBackend {
         }
         let n = ty.shape.numel();
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
-        let buf = self.new_buffer(ty, "upload")?;
+        let buf = self.new_buffer(ty, &[], || "upload".into())?;
         if n > 0 {
             let st = self.storage(&buf)?;
             if ty.dtype == DType::Bool {
@@ -945,7 +967,22 @@ impl Backend for WgpuBackend {
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
             kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre });
         }
-        Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels }))
+        let mut buffers = Vec::new();
+        let mut slot = vec![u32::MAX; graph.len()];
+        for id in graph.ids() {
+            if let Op::Parameter(i) = graph.node(id).op {
+                slot[id.index()] = buffers.len() as u32;
+                buffers.push(Bound::Input(i as usize));
+            }
+        }
+        for &m in &plan.materialized {
+            if slot[m.index()] == u32::MAX {
+                slot[m.index()] = buffers.len() as u32;
+                buffers.push(Bound::Node(m));
+            }
+        }
+        let binds = std::sync::Mutex::new(BindCache::default());
+        Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels, buffers, slot, binds }))
     }
 
     fn execute(
@@ -968,19 +1005,40 @@ impl Backend for WgpuBackend {
                 scalars.len()
             )));
         }
-        let uniform = self.uniform(&g.scalars, Some(scalars))?;
-
-        let mut values: HashMap<NodeId, Buffer> = HashMap::new();
-        for id in g.ids() {
-            if let Op::Parameter(i) = g.node(id).op {
-                values.insert(id, inputs[i as usize].clone());
-            }
+        // The plan's cached bind groups and allocation history; while
+        // another thread executes the same plan and holds them, this
+        // execution binds afresh.
+        let mut cache = exe.binds.try_lock().ok();
+        // The uniform of lifted scalars, written before the submission that
+        // reads it (`queue.write_buffer` is ordered before the next submit).
+        let words = uniform_words(&g.scalars, Some(scalars));
+        let uniform_slot = exe.buffers.len();
+        let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(uniform_slot));
+        let uniform = self.inner.pool.acquire_preferring(words.len() as u64 * 4, UNIFORM, prefer)?;
+        if let Some(c) = cache.as_mut() {
+            c.record(uniform_slot, uniform.id());
         }
-        for &m in &exe.plan.materialized {
-            if let std::collections::hash_map::Entry::Vacant(e) = values.entry(m) {
-                e.insert(self.new_buffer(&g.node(m).ty(), &g.node(m).op.name())?);
-            }
+        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        // The execution's buffers: parameters, then every materialized
+        // node in order, each node asking for the buffers it had before.
+        // The intermediates go back to the pool in reverse order at the
+        // end, so even without that history the pool (last in, first out)
+        // would hand the same buffers to the same nodes next time.
+        let mut values: Vec<Buffer> = Vec::with_capacity(exe.buffers.len());
+        for (slot, b) in exe.buffers.iter().enumerate() {
+            values.push(match *b {
+                Bound::Input(i) => inputs[i].clone(),
+                Bound::Node(m) => {
+                    let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(slot));
+                    let buf = self.new_buffer(&g.node(m).ty(), prefer, || g.node(m).op.name())?;
+                    if let Some(c) = cache.as_mut() {
+                        c.record(slot, self.storage(&buf)?.id());
+                    }
+                    buf
+                }
+            });
         }
+        let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));
         let dev = &self.inner.device;
         let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -988,56 +1046,78 @@ impl Backend for WgpuBackend {
         let mut launches = 0u64;
         // Bind groups first, then encoding: one pass for the whole plan, or
         // one pass per kernel with timestamps while profiling.
-        let mut work: Vec<Launch> = Vec::new();
+        let mut work: Vec<Launch> = Vec::with_capacity(exe.kernels.len());
         // Scratch buffers of two-pass kernels live until the wait below.
         let mut scratch = Vec::new();
-        for k in &exe.kernels {
+        let bind = |cache: &mut Option<std::sync::MutexGuard<BindCache>>,
+                    slot: usize,
+                    layout: &wgpu::BindGroupLayout,
+                    bufs: &[&WgpuStorage]| match cache {
+            Some(c) => c.get(slot, dev, layout, bufs),
+            None => binds::create(dev, layout, &bufs.iter().map(|b| b.buffer()).collect::<Vec<_>>()),
+        };
+        for (slot, (k, kernel)) in exe.kernels.iter().zip(&exe.plan.kernels).enumerate() {
             if k.wgsl.invocations == 0 {
                 continue;
             }
-            let kernel = &exe.plan.kernels[launches_index(exe, k)];
-            let buffer = |id: &NodeId| -> Result<&wgpu::Buffer, BackendError> {
-                let b = values
-                    .get(id)
+            let buffer = |id: &NodeId| -> Result<&WgpuStorage, BackendError> {
+                let b = value(*id)
                     .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
-                Ok(self.storage(b)?.buffer())
+                self.storage(b)
             };
-            let inputs: Vec<&wgpu::Buffer> = kernel.inputs.iter().map(buffer).collect::<Result<_, _>>()?;
-            let outputs: Vec<&wgpu::Buffer> = kernel.outputs.iter().map(buffer).collect::<Result<_, _>>()?;
             match (&k.wgsl.pre, &k.pre) {
                 (Some(pre), Some((pre_pipeline, pre_dims))) => {
                     // Pass 1 reads the inputs into scratch; pass 2 reads
                     // the scratch and writes the outputs.
-                    let s = self.inner.pool.acquire(pre.scratch.max(1) * 4, STORAGE)?;
-                    let mut first = vec![uniform.buffer()];
-                    first.extend(&inputs);
-                    first.push(s.buffer());
+                    // Scratch allocations come after the buffers in the
+                    // plan's allocation history.
+                    let at = uniform_slot + 1 + slot;
+                    let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(at));
+                    let s = self.inner.pool.acquire_preferring(pre.scratch.max(1) * 4, STORAGE, prefer)?;
+                    if let Some(c) = cache.as_mut() {
+                        c.record(at, s.id());
+                    }
+                    let mut bound: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + 2);
+                    bound.push(&uniform);
+                    for id in &kernel.inputs {
+                        bound.push(buffer(id)?);
+                    }
+                    bound.push(&s);
                     work.push(Launch {
-                        name: format!("{}_pass1", k.name),
+                        kernel: k,
+                        first_pass: true,
                         pipeline: &pre_pipeline.pipeline,
-                        bind_group: self.bind_group(&pre_pipeline.layout, &first),
+                        bind_group: bind(&mut cache, 2 * slot, &pre_pipeline.layout, &bound),
                         dims: pre_dims.as_ref(),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
-                    let mut second = vec![uniform.buffer(), s.buffer()];
-                    second.extend(&outputs);
+                    let mut bound: Vec<&WgpuStorage> = Vec::with_capacity(kernel.outputs.len() + 2);
+                    bound.push(&uniform);
+                    bound.push(&s);
+                    for id in &kernel.outputs {
+                        bound.push(buffer(id)?);
+                    }
                     work.push(Launch {
-                        name: k.name.clone(),
+                        kernel: k,
+                        first_pass: false,
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group(&k.pipeline.layout, &second),
+                        bind_group: bind(&mut cache, 2 * slot + 1, &k.pipeline.layout, &bound),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                     scratch.push(s);
                 }
                 _ => {
-                    let mut bufs = vec![uniform.buffer()];
-                    bufs.extend(&inputs);
-                    bufs.extend(&outputs);
+                    let mut bound: Vec<&WgpuStorage> = Vec::with_capacity(kernel.storage_buffers() + 1);
+                    bound.push(&uniform);
+                    for id in kernel.inputs.iter().chain(&kernel.outputs) {
+                        bound.push(buffer(id)?);
+                    }
                     work.push(Launch {
-                        name: k.name.clone(),
+                        kernel: k,
+                        first_pass: false,
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group(&k.pipeline.layout, &bufs),
+                        bind_group: bind(&mut cache, 2 * slot + 1, &k.pipeline.layout, &bound),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
@@ -1068,8 +1148,9 @@ impl Backend for WgpuBackend {
         });
         if let Some((set, _, _)) = &queries {
             for (i, l) in work.iter().enumerate() {
+                let name = l.name();
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(&l.name),
+                    label: Some(&name),
                     timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
                         query_set: set,
                         beginning_of_pass_write_index: Some(2 * i as u32),
@@ -1101,6 +1182,7 @@ impl Backend for WgpuBackend {
             enc.resolve_query_set(set, 0..n, resolve, 0);
             enc.copy_buffer_to_buffer(resolve, 0, read, 0, n as u64 * 8);
         }
+        drop(cache);
         self.inner.queue.submit([enc.finish()]);
         let waited = self.wait();
         let val_err = pollster::block_on(val.pop());
@@ -1120,15 +1202,19 @@ impl Backend for WgpuBackend {
         }
         waited?;
         if let Some((_, _, read)) = &queries {
-            self.record_profile(read, &work.iter().map(|w| w.name.as_str()).collect::<Vec<_>>())?;
+            let names: Vec<String> = work.iter().map(Launch::name).collect();
+            self.record_profile(read, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
         }
-        drop((uniform, scratch));
-        g.outputs
+        drop(work);
+        drop(uniform);
+        scratch.into_iter().rev().for_each(drop);
+        let outputs = g
+            .outputs
             .iter()
-            .map(|o| {
-                values.get(o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed")))
-            })
-            .collect()
+            .map(|o| value(*o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed"))))
+            .collect();
+        values.into_iter().rev().for_each(drop);
+        outputs
     }
 
     fn pool_bytes(&self) -> u64 {
@@ -1140,8 +1226,22 @@ impl Backend for WgpuBackend {
     }
 }
 
-/// Index of compiled kernel `k` in the plan (kernels are compiled in plan
-/// order, one each).
-fn launches_index(exe: &WgpuExecutable, k: &CompiledKernel) -> usize {
-    exe.kernels.iter().position(|c| std::ptr::eq(c, k)).expect("kernel of this executable")
+/// The words of a uniform buffer of lifted scalars: `P.z` (0), then one
+/// 32-bit word per lifted scalar of `dtypes` (`values`, or zeros when
+/// `None`), padded to 16 bytes.
+fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) -> Vec<u32> {
+    let mut words: Vec<u32> = Vec::with_capacity(dtypes.len() + 4);
+    words.push(0);
+    for (k, d) in dtypes.iter().enumerate() {
+        words.push(values.map_or(0, |vs| match d {
+            DType::F32 => (vs[k].as_f64() as f32).to_bits(),
+            DType::I32 => vs[k].as_i64() as i32 as u32,
+            DType::Bool => vs[k].as_bool() as u32,
+            _ => vs[k].as_u64() as u32,
+        }));
+    }
+    while !words.len().is_multiple_of(4) {
+        words.push(0);
+    }
+    words
 }
