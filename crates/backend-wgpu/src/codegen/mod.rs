@@ -342,20 +342,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
                 if kernel.kind == KernelKind::Rows && matches!(graph.node(id).op, Op::Reduce { .. }) {
                     continue;
                 }
-                // A zero-size node is never evaluated; a stub stands in for
-                // index math that would divide by zero (finding 1).
-                let n = graph.node(id);
-                if n.shape.numel() == 0 {
-                    let _ = writeln!(
-                        w.funcs,
-                        "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n",
-                        id.0,
-                        ty(n.dtype),
-                        zero(n.dtype)
-                    );
-                    continue;
-                }
-                w.node_fn(id, None)?;
+                w.value_fn(id)?;
             }
             w.main_body(kernel)?
         }
@@ -515,6 +502,21 @@ impl Writer<'_> {
             }
             _ => {}
         }
+    }
+
+    /// Writes the value function `nK(i)` of inlined node `id`; for a node
+    /// of no element, which is never evaluated, a stub standing in for
+    /// index math that would divide by zero (reliability finding 1).
+    fn value_fn(&mut self, id: NodeId) -> Result<(), LowerError> {
+        let n = self.g.node(id);
+        if n.shape.numel() > 0 {
+            return self.node_fn(id, None);
+        }
+        if self.defined.insert(('n', id.0)) {
+            let _ =
+                writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n", id.0, ty(n.dtype), zero(n.dtype));
+        }
+        Ok(())
     }
 
     /// Writes the value function of inlined node `id`: `nK(i)`, or with

@@ -119,22 +119,7 @@ impl Writer<'_> {
                 Some(width) => self.straight_line(&p.kernel, width)?,
                 None => {
                     for &id in &p.kernel.inline {
-                        let n = g.node(id);
-                        if n.shape.numel() == 0 {
-                            // Never evaluated; a stub stands in for index
-                            // math that would divide by zero.
-                            if self.defined.insert(('n', id.0)) {
-                                let _ = writeln!(
-                                    self.funcs,
-                                    "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n",
-                                    id.0,
-                                    ty(n.dtype),
-                                    zero(n.dtype)
-                                );
-                            }
-                            continue;
-                        }
-                        self.node_fn(id, None)?;
+                        self.value_fn(id)?;
                     }
                     self.main_body(&p.kernel)?
                 }
