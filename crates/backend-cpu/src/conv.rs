@@ -28,7 +28,9 @@
 //! Pooling precomputes, per spatial dim and output position, the valid
 //! input positions of the window; padding never wins a max window. A
 //! window with no valid element gives the dtype's lowest value (max) or
-//! NaN (average without `count_include_pad`, 0 / 0).
+//! NaN (average without `count_include_pad`, 0 / 0). The pooling gradient
+//! walks the same windows and hands each window's gradient to its taps
+//! (max: to the first maximum in scan order).
 
 use crate::elem::{Float, Num};
 use crate::matmul::{Dims, GemmFloat, PAR_FLOPS};
@@ -404,6 +406,95 @@ pub(crate) fn pool(
             let div = if count_include_pad { padded } else { n };
             Float::from_f64(s / div as f64)
         })?),
+    })
+}
+
+/// The input gradient of pooling `x` (`[N, C, spatial...]`) given the
+/// output gradient `g` (of shape `gd`): each window's share goes to its
+/// valid taps (avg: `g / divisor` to each; max: all of it to the first
+/// maximum in scan order, the first NaN when there is one), accumulated in
+/// f64 in window order and rounded once.
+pub(crate) fn pool_grad(
+    mem: &Memory,
+    x: &CpuData,
+    xd: &[usize],
+    g: &CpuData,
+    gd: &[usize],
+    p: &PoolAttrs,
+) -> Result<CpuData, BackendError> {
+    let win = windows(p, &xd[2..], &gd[2..]);
+    fn typed<T: Float>(
+        mem: &Memory,
+        x: &[T],
+        g: &[T],
+        xd: &[usize],
+        gd: &[usize],
+        win: &Windows,
+        kind: PoolKind,
+    ) -> Result<Vec<T>, BackendError> {
+        let nsp = xd.len() - 2;
+        let in_plane: usize = xd[2..].iter().product();
+        let out_sp = &gd[2..];
+        let out_plane: usize = out_sp.iter().product();
+        let in_strides = crate::layout::strides(&xd[2..]);
+        let mut acc: Vec<f64> = mem.zeroed(x.len())?;
+        let mut opos = vec![0usize; nsp];
+        let mut taps: Vec<usize> = Vec::new();
+        for pi in 0..gd[0] * gd[1] {
+            let plane = &x[pi * in_plane..(pi + 1) * in_plane];
+            let out = &mut acc[pi * in_plane..(pi + 1) * in_plane];
+            for flat in 0..out_plane {
+                let mut rest = flat;
+                for d in (0..nsp).rev() {
+                    opos[d] = rest % out_sp[d];
+                    rest /= out_sp[d];
+                }
+                // The valid taps of the window, in scan order.
+                taps.clear();
+                taps.push(0);
+                for d in 0..nsp {
+                    let (list, st) = (&win.valid[d][opos[d]], in_strides[d]);
+                    let prev = std::mem::take(&mut taps);
+                    taps.extend(prev.iter().flat_map(|&o| list.iter().map(move |&q| o + q * st)));
+                }
+                let share = Float::to_f64(g[pi * out_plane + flat]);
+                match kind {
+                    PoolKind::Max => {
+                        let mut best: Option<usize> = None;
+                        for &t in &taps {
+                            let v = plane[t];
+                            let better = match best {
+                                None => true,
+                                Some(b) => !plane[b].is_nan() && (v.is_nan() || v > plane[b]),
+                            };
+                            if better {
+                                best = Some(t);
+                            }
+                        }
+                        if let Some(b) = best {
+                            out[b] += share;
+                        }
+                    }
+                    PoolKind::Avg { count_include_pad } => {
+                        let div = if count_include_pad {
+                            (0..nsp).map(|d| win.padded[d][opos[d]]).product::<usize>()
+                        } else {
+                            taps.len()
+                        };
+                        for &t in &taps {
+                            out[t] += share / div as f64;
+                        }
+                    }
+                }
+            }
+        }
+        mem.collect(acc.len(), |i| T::from_f64(acc[i]))
+    }
+    Ok(match (x, g) {
+        (CpuData::F16(a), CpuData::F16(b)) => CpuData::F16(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        (CpuData::F32(a), CpuData::F32(b)) => CpuData::F32(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        _ => unreachable!("pool_grad operands are one float dtype in a verified graph"),
     })
 }
 

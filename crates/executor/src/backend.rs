@@ -154,6 +154,23 @@ pub enum BackendError {
         /// Validator or driver message.
         message: String,
     },
+    /// An index read from data (gather, scatter-add) lies outside the
+    /// dimension it indexes: outside `-size..size`, negative indices
+    /// counting from the end. Raised at the barrier of the computation; no
+    /// value is clamped.
+    #[error("{op}: index {index} is out of range for axis {axis} of size {size} (data shape {shape})")]
+    IndexOutOfRange {
+        /// The op (`gather`, `scatter_add`).
+        op: String,
+        /// The offending index as given (before counting from the end).
+        index: i128,
+        /// The indexed axis of the data.
+        axis: usize,
+        /// The size of that axis.
+        size: usize,
+        /// The shape of the indexed data.
+        shape: lazuli_ir::Shape,
+    },
     /// An execution failed for another reason.
     #[error("execution failed: {0}")]
     Execution(String),

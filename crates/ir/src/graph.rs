@@ -290,10 +290,11 @@ pub fn describe(op: &Op) -> String {
         Op::Concat { axis } => format!("concat axis={axis}"),
         Op::Pad { before, after, mode } => format!("pad {mode:?} before={before:?} after={after:?}"),
         Op::Gather { axis } => format!("gather axis={axis}"),
+        Op::ScatterAdd { axis } => format!("scatter_add axis={axis}"),
         Op::Conv2d(c) => {
             format!("conv2d strides={:?} pads={:?} dilations={:?} groups={}", c.strides, c.pads, c.dilations, c.groups)
         }
-        Op::Pool(p) => format!(
+        Op::Pool(p) | Op::PoolGrad(p) => format!(
             "{} kernel={:?} strides={:?} pads={:?}/{:?}",
             op.name(),
             p.kernel,

@@ -240,7 +240,7 @@ pub fn dtype_supported(d: DType) -> bool {
 
 /// True for the ops this generator handles (dtypes checked separately).
 pub fn op_supported(op: &Op) -> bool {
-    !matches!(op, Op::Conv2d(_) | Op::Pool(_))
+    !matches!(op, Op::Conv2d(_) | Op::Pool(_) | Op::ScatterAdd { .. } | Op::PoolGrad(_))
 }
 
 /// Lowers `kernel` of `graph` to WGSL.
@@ -908,7 +908,7 @@ impl Writer<'_> {
                 }
             }
             KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
-            KernelKind::Conv2d | KernelKind::Pool => {
+            KernelKind::Conv2d | KernelKind::Pool | KernelKind::ScatterAdd | KernelKind::PoolGrad => {
                 return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
             }
         }
