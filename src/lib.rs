@@ -29,7 +29,7 @@ pub mod train;
 
 pub use device::{
     adapters, CpuDeviceOptions, DeviceExt, DeviceKind, ElementwiseForm, KernelForms, MatmulForm, MatmulTile,
-    ReduceForm, RowsForm, WgpuDeviceOptions,
+    ReduceForm, RowsForm, ScatterForm, WgpuDeviceOptions,
 };
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{

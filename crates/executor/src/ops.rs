@@ -720,11 +720,12 @@ impl Tensor {
     /// the CPU, narrower integer indices are widened to i32, and 64-bit
     /// ones are checked and narrowed on the CPU fallback: gathering them
     /// from an i64 iota of the dim's length counts negative ones from the
-    /// end and reports an out-of-range one with its full value (axis and
-    /// size as given; the data shape shows only that axis), and the result,
-    /// now in `0..size`, casts to u32 exactly. Only the indices move to the
-    /// CPU and back, never the data; the conversion is counted as the
-    /// fallback ops `iota`, `gather` and `cast`.
+    /// end and reports an out-of-range one with its full value (as an
+    /// error of that gather: its axis and size are the data's, its data
+    /// shape shows only that axis), and the result, now in `0..size`,
+    /// casts to u32 exactly. Only the indices move to the CPU and back,
+    /// never the data; the conversion is counted as the fallback ops
+    /// `iota`, `gather` and `cast`.
     #[track_caller]
     pub fn scatter_add(&self, axis: isize, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
         let axis = self.axis("scatter_add", axis)?;
