@@ -262,8 +262,8 @@ fn backend_error(e: &ExecError) -> Option<&BackendError> {
 fn assert_out_of_range(t: &Tensor, op: &str, index: i128, axis: usize, size: usize, what: &str) {
     let e = t.to_vec::<f32>().expect_err(what);
     match backend_error(&e) {
-        Some(BackendError::IndexOutOfRange { op: o, index: i, axis: a, size: s, .. }) => {
-            assert_eq!((o.as_str(), *i, *a, *s), (op, index, axis, size), "{what}: {e}");
+        Some(BackendError::IndexOutOfRange(ie)) => {
+            assert_eq!((ie.op.as_str(), ie.index, ie.axis, ie.size), (op, index, axis, size), "{what}: {e}");
         }
         _ => panic!("{what}: expected an index out of range, got {e}"),
     }

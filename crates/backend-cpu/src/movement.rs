@@ -10,7 +10,7 @@ use crate::elem::Num;
 use crate::layout::{split_axis, strides, take_tables, FILL};
 use crate::memory::Memory;
 use crate::storage::{each_all, same_all, same_num2, CpuData};
-use lazuli_executor::BackendError;
+use lazuli_executor::{BackendError, IndexError};
 use lazuli_ir::PadMode;
 
 /// `out.dims[i] = dims[perm[i]]`.
@@ -208,13 +208,13 @@ fn rows_of(op: &str, mem: &Memory, indices: &CpuData, dims: &[usize], axis: usiz
     for &i in &idx {
         let j = if i < 0 { i + n as i128 } else { i };
         if j < 0 || j >= n as i128 {
-            return Err(BackendError::IndexOutOfRange {
+            return Err(BackendError::IndexOutOfRange(Box::new(IndexError {
                 op: op.into(),
                 index: i,
                 axis,
                 size: n,
                 shape: lazuli_ir::Shape::new(dims),
-            });
+            })));
         }
         rows.push(j as usize);
     }

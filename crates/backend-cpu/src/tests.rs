@@ -513,8 +513,8 @@ fn scatter_add_indices() {
         let s = t.input(f32s(&vec![1.0; src_dims.iter().product()]), &src_dims);
         let o = t.op(Op::ScatterAdd { axis: 0 }, &[b, i, s]);
         match t.try_run(&[o]).unwrap_err() {
-            BackendError::IndexOutOfRange { op, index, axis, size, .. } => {
-                assert_eq!((op.as_str(), index, axis, size), ("scatter_add", bad as i128, 0, 3));
+            BackendError::IndexOutOfRange(e) => {
+                assert_eq!((e.op.as_str(), e.index, e.axis, e.size), ("scatter_add", bad as i128, 0, 3));
             }
             other => panic!("{other}"),
         }

@@ -9,7 +9,7 @@ use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
-use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable, IndexError};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
@@ -1232,11 +1232,11 @@ fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
         DType::I32 => bits as i32 as i128,
         _ => bits as i128,
     };
-    BackendError::IndexOutOfRange {
+    BackendError::IndexOutOfRange(Box::new(IndexError {
         op: root.op.name(),
         index,
         axis,
         size: data.shape.dims()[axis],
         shape: data.shape.clone(),
-    }
+    }))
 }
