@@ -422,6 +422,9 @@ pub(crate) fn pool_grad(
     gd: &[usize],
     p: &PoolAttrs,
 ) -> Result<CpuData, BackendError> {
+    if x.is_empty() {
+        return Ok(same_float!(x, v => v.clone()));
+    }
     let win = windows(p, &xd[2..], &gd[2..]);
     fn typed<T: Float>(
         mem: &Memory,
@@ -438,55 +441,67 @@ pub(crate) fn pool_grad(
         let out_plane: usize = out_sp.iter().product();
         let in_strides = crate::layout::strides(&xd[2..]);
         let mut acc: Vec<f64> = mem.zeroed(x.len())?;
-        let mut opos = vec![0usize; nsp];
-        let mut taps: Vec<usize> = Vec::new();
-        for pi in 0..gd[0] * gd[1] {
+        // Planes are independent: each writes its own part of `acc`.
+        let plane_grad = |pi: usize, out: &mut [f64]| {
             let plane = &x[pi * in_plane..(pi + 1) * in_plane];
-            let out = &mut acc[pi * in_plane..(pi + 1) * in_plane];
+            let mut opos = vec![0usize; nsp];
+            let mut lists: Vec<&[usize]> = Vec::with_capacity(nsp);
             for flat in 0..out_plane {
                 let mut rest = flat;
                 for d in (0..nsp).rev() {
                     opos[d] = rest % out_sp[d];
                     rest /= out_sp[d];
                 }
-                // The valid taps of the window, in scan order.
-                taps.clear();
-                taps.push(0);
-                for d in 0..nsp {
-                    let (list, st) = (&win.valid[d][opos[d]], in_strides[d]);
-                    let prev = std::mem::take(&mut taps);
-                    taps.extend(prev.iter().flat_map(|&o| list.iter().map(move |&q| o + q * st)));
-                }
+                lists.clear();
+                lists.extend((0..nsp).map(|d| win.valid[d][opos[d]].as_slice()));
+                let total: usize = lists.iter().map(|l| l.len()).product();
+                // The input offset of valid tap `t` of the window, in scan order.
+                let tap = |t: usize| {
+                    let mut rest = t;
+                    let mut off = 0;
+                    for d in (0..nsp).rev() {
+                        let l = lists[d];
+                        off += l[rest % l.len()] * in_strides[d];
+                        rest /= l.len();
+                    }
+                    off
+                };
                 let share = Float::to_f64(g[pi * out_plane + flat]);
                 match kind {
                     PoolKind::Max => {
-                        let mut best: Option<usize> = None;
-                        for &t in &taps {
-                            let v = plane[t];
+                        let mut best: Option<(usize, T)> = None;
+                        for t in 0..total {
+                            let off = tap(t);
+                            let v = plane[off];
                             let better = match best {
                                 None => true,
-                                Some(b) => !plane[b].is_nan() && (v.is_nan() || v > plane[b]),
+                                Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
                             };
                             if better {
-                                best = Some(t);
+                                best = Some((off, v));
                             }
                         }
-                        if let Some(b) = best {
-                            out[b] += share;
+                        if let Some((off, _)) = best {
+                            out[off] += share;
                         }
                     }
                     PoolKind::Avg { count_include_pad } => {
                         let div = if count_include_pad {
                             (0..nsp).map(|d| win.padded[d][opos[d]]).product::<usize>()
                         } else {
-                            taps.len()
+                            total
                         };
-                        for &t in &taps {
-                            out[t] += share / div as f64;
+                        for t in 0..total {
+                            out[tap(t)] += share / div as f64;
                         }
                     }
                 }
             }
+        };
+        if x.len() >= PAR_PACK {
+            acc.par_chunks_mut(in_plane).enumerate().for_each(|(pi, out)| plane_grad(pi, out));
+        } else {
+            acc.chunks_mut(in_plane).enumerate().for_each(|(pi, out)| plane_grad(pi, out));
         }
         mem.collect(acc.len(), |i| T::from_f64(acc[i]))
     }

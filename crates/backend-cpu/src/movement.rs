@@ -138,8 +138,13 @@ pub(crate) fn gather(
     axis: usize,
     indices: &CpuData,
 ) -> Result<CpuData, BackendError> {
-    let (outer, n, inner) = split_axis(dims, axis);
     let rows = rows_of("gather", mem, indices, dims, axis)?;
+    if data.is_empty() {
+        // No row to take (every index was checked): the output is empty
+        // too, and the dims around `axis` may be huge.
+        return Ok(same_all!(data, v => v.clone()));
+    }
+    let (outer, n, inner) = split_axis(dims, axis);
     fn typed<T: Copy>(
         mem: &Memory,
         v: &[T],
@@ -171,8 +176,13 @@ pub(crate) fn scatter_add(
     indices: &CpuData,
     src: &CpuData,
 ) -> Result<CpuData, BackendError> {
-    let (outer, n, inner) = split_axis(dims, axis);
     let rows = rows_of("scatter_add", mem, indices, dims, axis)?;
+    if base.is_empty() {
+        // Every index was checked; nothing to add to (the dims around
+        // `axis` may be huge).
+        return Ok(same_all!(base, v => v.clone()));
+    }
+    let (outer, n, inner) = split_axis(dims, axis);
     fn typed<T: Num>(
         mem: &Memory,
         base: &[T],

@@ -846,7 +846,7 @@ impl Backend for WgpuBackend {
                     }
                     Op::ScatterAdd { axis } => {
                         let m = inputs.get(1).map_or(0, |i| i.shape.numel() as u64);
-                        let inner = node.shape.dims()[axis + 1..].iter().product::<usize>() as u64;
+                        let inner = node.shape.dims()[axis + 1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
                         codegen::index::scatter_loop_iterations(self.inner.lower.forms.scatter, m, inner) <= budget
                     }
                     Op::Pool(p) => codegen::pool::pool_loop_iterations(p, false) <= budget,

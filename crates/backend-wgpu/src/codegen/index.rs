@@ -56,8 +56,9 @@ pub fn scatter_loop_iterations(form: ScatterForm, m: u64, inner: u64) -> u64 {
     match form {
         ScatterForm::PerColumns => m,
         ScatterForm::RowOwner => {
+            // Saturating: a scatter-add over zero elements may have any sizes.
             let per_row = inner.div_ceil(scatter_lanes(inner));
-            m.div_ceil(WORKGROUP_SIZE as u64) + m + m * per_row + per_row
+            m.div_ceil(WORKGROUP_SIZE as u64).saturating_add(m).saturating_add(m.saturating_mul(per_row)) + per_row
         }
     }
 }
@@ -83,11 +84,11 @@ impl Writer<'_> {
                 idx.0
             )
         } else {
-            // Dims of GPU tensors fit i32: a binding holds at most 2^32
-            // bytes of 4-byte elements.
-            let n = int_lit(dim as i32);
+            // In u32 arithmetic, so any dim below 2^32 works: `mag` is
+            // `raw` for `raw >= 0` and `-raw - 1` (never overflowing) for
+            // `raw < 0`, which is in range when below the dim too.
             format!(
-                "{ind}let raw = n{}({j});\n{ind}let from_end = select(raw, raw + {n}, raw < 0i);\n{ind}let ok = from_end >= 0i && from_end < {n};\n{ind}let row = select(0u, u32(from_end), ok);\n{ind}if (!ok) {{\n{ind}    lz_report(bitcast<u32>(raw));\n{ind}}}\n",
+                "{ind}let raw = n{}({j});\n{ind}let mag = select(u32(raw), u32(-(raw + 1i)), raw < 0i);\n{ind}let ok = mag < {dim}u;\n{ind}let row = select(0u, select(mag, {dim}u - 1u - mag, raw < 0i), ok);\n{ind}if (!ok) {{\n{ind}    lz_report(bitcast<u32>(raw));\n{ind}}}\n",
                 idx.0
             )
         }
@@ -132,12 +133,12 @@ impl Writer<'_> {
         let dims = rn.shape.dims();
         let m = g.node(ix).shape.numel() as u64;
         let n = dims[*axis] as u64;
-        let outer: u64 = dims[..*axis].iter().product::<usize>() as u64;
-        let inner: u64 = dims[axis + 1..].iter().product::<usize>() as u64;
         if rn.shape.numel() == 0 {
             b.push_str(&self.checked_index(ix, "t", n, "    "));
             return m;
         }
+        let outer: u64 = dims[..*axis].iter().product::<usize>() as u64;
+        let inner: u64 = dims[axis + 1..].iter().product::<usize>() as u64;
         let d = rn.dtype;
         match self.limits.forms.scatter {
             ScatterForm::RowOwner => {

@@ -29,7 +29,8 @@ use std::fmt::Write as _;
 /// Loop iterations one invocation of a pooling kernel (`grad`: of its
 /// gradient) runs, for llvmpipe's loop budget.
 pub fn pool_loop_iterations(p: &PoolAttrs, grad: bool) -> u64 {
-    let taps: u64 = p.kernel.iter().map(|&k| k as u64).product();
+    // Saturating: a pool over zero elements may have any window.
+    let taps = p.kernel.iter().fold(1u64, |a, &k| a.saturating_mul(k as u64));
     match (grad, p.kind) {
         (false, _) | (true, PoolKind::Avg { .. }) => taps,
         (true, PoolKind::Max) => taps.saturating_add(taps.saturating_mul(taps)),
