@@ -43,9 +43,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = (t / 64u) % 128u;
     let o = t / 8192u;
     let raw = n1(j);
-    let from_end = select(raw, raw + 1000i, raw < 0i);
-    let ok = from_end >= 0i && from_end < 1000i;
-    let row = select(0u, u32(from_end), ok);
+    let mag = select(u32(raw), u32(-(raw + 1i)), raw < 0i);
+    let ok = mag < 1000u;
+    let row = select(0u, select(mag, 1000u - 1u - mag, raw < 0i), ok);
     if (!ok) {
         lz_report(bitcast<u32>(raw));
     }
@@ -126,9 +126,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var hit = 0xffffffffu;
         if (j < 128u) {
             let raw = n1(j);
-            let from_end = select(raw, raw + 1000i, raw < 0i);
-            let ok = from_end >= 0i && from_end < 1000i;
-            let row = select(0u, u32(from_end), ok);
+            let mag = select(u32(raw), u32(-(raw + 1i)), raw < 0i);
+            let ok = mag < 1000u;
+            let row = select(0u, select(mag, 1000u - 1u - mag, raw < 0i), ok);
             if (!ok) {
                 lz_report(bitcast<u32>(raw));
             }

@@ -43,9 +43,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = (t / 64u) % 128u;
     let o = t / 8192u;
     let raw = n1(j);
-    let from_end = select(raw, raw + 1000i, raw < 0i);
-    let ok = from_end >= 0i && from_end < 1000i;
-    let row = select(0u, u32(from_end), ok);
+    let mag = select(u32(raw), u32(-(raw + 1i)), raw < 0i);
+    let ok = mag < 1000u;
+    let row = select(0u, select(mag, 1000u - 1u - mag, raw < 0i), ok);
     if (!ok) {
         lz_report(bitcast<u32>(raw));
     }
@@ -140,9 +140,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     a15 = n5(dst + 15u);
     for (var j = 0u; j < 128u; j = j + 1u) {
         let raw = n1(j);
-        let from_end = select(raw, raw + 1000i, raw < 0i);
-        let ok = from_end >= 0i && from_end < 1000i;
-        let row = select(0u, u32(from_end), ok);
+        let mag = select(u32(raw), u32(-(raw + 1i)), raw < 0i);
+        let ok = mag < 1000u;
+        let row = select(0u, select(mag, 1000u - 1u - mag, raw < 0i), ok);
         if (!ok) {
             lz_report(bitcast<u32>(raw));
         }
