@@ -2,8 +2,8 @@
 //! invalid, arguments — bad and repeated axes, mismatched shapes and
 //! dtypes, zero and huge dims, zero and negative steps, empty concat,
 //! reading with the wrong element type, operands of two devices, extreme
-//! integers, out-of-range gather indices, injected device failures,
-//! `assign`, `mark_step` and drops in between, and tensors of huge and
+//! integers, out-of-range gather and scatter-add indices, injected device
+//! failures, `assign`, `mark_step` and drops in between, and tensors of huge and
 //! near-limit sizes computed and read (1 TiB, beyond the address space,
 //! exactly at and just over a CPU device's memory budget, just over
 //! lavapipe's largest binding): each must be a typed error or a value,
@@ -251,7 +251,11 @@ impl Api {
                 };
                 self.keep("pad", r);
             }
-            16 => self.keep("gather", x.gather(axis(c.c), &y)),
+            16 if c.b.is_multiple_of(2) => self.keep("gather", x.gather(axis(c.c), &y)),
+            16 => {
+                let z = self.t(c.d as u8);
+                self.keep("scatter_add", x.scatter_add(axis(c.c), &y, &z));
+            }
             17 => {
                 // Index tensors with out-of-range and extreme values.
                 let v: Vec<i32> = [c.c as i32, c.d as i32, i32::MAX, i32::MIN, -1, 0]

@@ -1,11 +1,12 @@
 //! Differential fuzzing: random graphs of 10–60 ops over the whole op set
 //! (unary, binary with broadcasting, where, cast, reductions with keepdim,
 //! arg-reductions, softmax, cumsum, matmul, reshape, permute, expand,
-//! slices with negative steps, concat, pad, gather, mid-program syncs) on
-//! random shapes (size-1, zero-size and odd dims) run on the wgpu device
-//! and on the CPU reference device, outputs compared. Cases alternate
-//! between the wgpu kernel forms of software adapters and those of GPUs
-//! (forced with `KernelForms`), so every form is fuzzed on any adapter.
+//! slices with negative steps, concat, pad, gather, scatter-add,
+//! mid-program syncs) on random shapes (size-1, zero-size and odd dims)
+//! run on the wgpu device and on the CPU reference device, outputs
+//! compared. Cases alternate between the wgpu kernel forms of software
+//! adapters and those of GPUs (forced with `KernelForms`), so every form
+//! is fuzzed on any adapter.
 //!
 //! A program is a *choice sequence* (Hypothesis-style): a base shape, a
 //! data seed and a list of steps of four small numbers. An interpreter
@@ -582,7 +583,8 @@ impl Interp {
                 });
                 self.push(t, a.bound.max(1.5), a.frac.map(|f| f.max(1)), a.depth);
             }
-            // Gather with in-range indices (negative ones included).
+            // Gather with in-range indices (negative ones included), or a
+            // scatter-add of the gathered rows.
             18 => {
                 let r = a.dims().len();
                 if r == 0 {
@@ -602,6 +604,18 @@ impl Interp {
                     .collect();
                 let shape: Vec<usize> = if s.b & 4 != 0 && len > 0 { vec![len, 1] } else { vec![len] };
                 if r - 1 + shape.len() > 4 {
+                    return;
+                }
+                if s.b & 8 != 0 && a.dtype() != DType::Bool {
+                    // Scatter-add of the gathered rows back into the value:
+                    // repeated indices sum (in index order on both devices).
+                    let t = self.apply("scatter_add", &[&a], |v| {
+                        let i = Tensor::from_slice(&idx, shape.clone(), v[0].device())?;
+                        v[0].scatter_add(axis as isize, &i, &v[0].gather(axis as isize, &i)?)
+                    });
+                    let bound = a.bound * (1 + len) as f64;
+                    let depth = a.depth + exact_frac(a.frac, bound).is_none() as u32;
+                    self.push(t, bound, a.frac, depth);
                     return;
                 }
                 let t = self.apply("gather", &[&a], |v| {

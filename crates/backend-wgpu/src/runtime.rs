@@ -9,7 +9,7 @@ use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
-use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable, IndexError};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
@@ -87,6 +87,9 @@ struct Inner {
     fusion: FusionLimits,
     lower: LowerLimits,
     max_binding: u64,
+    /// Bytes between the error slots of one execution (the adapter's
+    /// `min_storage_buffer_offset_alignment`, at least a slot's size).
+    slot_stride: u64,
     /// Loop iterations one invocation may run, where the adapter caps them
     /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
     loop_budget: Option<u64>,
@@ -104,6 +107,10 @@ struct Inner {
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
 const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
 const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_DST);
+
+/// Bytes of one error slot: the claim flag and the index's bits (see
+/// `codegen::index`).
+const ERROR_SLOT_BYTES: u64 = 8;
 
 /// The kernel forms for `options` on an adapter of type `device_type`
 /// (see [`WgpuOptions::kernel_forms`]).
@@ -193,6 +200,7 @@ impl WgpuBackend {
                     ..LowerLimits::default()
                 },
                 max_binding,
+                slot_stride: (limits.min_storage_buffer_offset_alignment as u64).max(ERROR_SLOT_BYTES),
                 loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
@@ -299,11 +307,32 @@ impl WgpuBackend {
 
     /// A bind group of `layout` binding `bufs` whole, in binding order.
     fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = bufs
+        self.bind_group_with_slot(layout, bufs, None)
+    }
+
+    /// [`Self::bind_group`], then the error slot at byte `offset` of a
+    /// buffer, if any, as the last binding.
+    fn bind_group_with_slot(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        bufs: &[&wgpu::Buffer],
+        slot: Option<(&wgpu::Buffer, u64)>,
+    ) -> wgpu::BindGroup {
+        let mut entries: Vec<wgpu::BindGroupEntry> = bufs
             .iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
             .collect();
+        if let Some((buffer, offset)) = slot {
+            entries.push(wgpu::BindGroupEntry {
+                binding: bufs.len() as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset,
+                    size: wgpu::BufferSize::new(ERROR_SLOT_BYTES),
+                }),
+            });
+        }
         self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
     }
 
@@ -392,6 +421,9 @@ impl WgpuBackend {
         }
         for i in 0..k.outputs {
             entries.push(storage((1 + k.inputs + i) as u32, false));
+        }
+        if k.error_slot {
+            entries.push(storage((1 + k.inputs + k.outputs) as u32, false));
         }
         let layout =
             dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
@@ -693,6 +725,8 @@ struct Prepared {
     entry: &'static str,
     inputs: usize,
     outputs: usize,
+    /// Binds an error slot after its outputs.
+    error_slot: bool,
     /// Values of the uniform `LZD` (empty: a static kernel).
     dims: Vec<u32>,
 }
@@ -706,6 +740,7 @@ impl Prepared {
             entry: wgsl.entry,
             inputs: wgsl.inputs,
             outputs: wgsl.outputs,
+            error_slot: wgsl.error_slot,
             dims: Vec::new(),
         }
     }
@@ -795,11 +830,6 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
-        // Gather runs on the CPU fallback: its indices are data, and a
-        // kernel cannot report an out-of-range index (the generated gather
-        // clamps), while the CPU backend returns a clear error. A wrong
-        // answer is worse than a slower right one.
-        let data_checked = !matches!(node.op, Op::Gather { .. });
         // On a software adapter that silently caps loop iterations, kernels
         // that walk one line per invocation would return wrong values for
         // lines longer than the cap: such nodes run on the CPU fallback.
@@ -814,12 +844,18 @@ impl Backend for WgpuBackend {
                     Op::MatMul => {
                         inputs.first().and_then(|a| a.shape.dims().last()).is_none_or(|&k| k as u64 <= budget)
                     }
+                    Op::ScatterAdd { axis } => {
+                        let m = inputs.get(1).map_or(0, |i| i.shape.numel() as u64);
+                        let inner = node.shape.dims()[axis + 1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
+                        codegen::index::scatter_loop_iterations(self.inner.lower.forms.scatter, m, inner) <= budget
+                    }
+                    Op::Pool(p) => codegen::pool::pool_loop_iterations(p, false) <= budget,
+                    Op::PoolGrad(p) => codegen::pool::pool_loop_iterations(p, true) <= budget,
                     _ => true,
                 }
             }
         };
-        data_checked
-            && within_budget
+        within_budget
             && gpu_dtype(node.dtype)
             && inputs.iter().all(|n| gpu_dtype(n.dtype))
             && codegen::op_supported(&node.op)
@@ -918,6 +954,7 @@ impl Backend for WgpuBackend {
                     entry: w.entry,
                     inputs: w.inputs,
                     outputs: w.outputs,
+                    error_slot: w.error_slot,
                     dims: s.dims,
                 });
             }
@@ -974,17 +1011,38 @@ impl Backend for WgpuBackend {
         let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
+        // Error slots of the kernels that check indices, one each, zeroed
+        // first in this submission and copied to a readback buffer at its
+        // end, which is mapped by the same wait as the execution: a bad
+        // index costs no extra round trip (see `codegen::index`).
+        let checking: Vec<usize> = (0..exe.kernels.len())
+            .filter(|&i| exe.kernels[i].wgsl.error_slot && exe.kernels[i].wgsl.invocations > 0)
+            .collect();
+        let stride = self.inner.slot_stride;
+        let slot_bytes = checking.len() as u64 * stride;
+        let slots = if checking.is_empty() {
+            None
+        } else {
+            let device_slots = self.inner.pool.acquire(slot_bytes, STORAGE)?;
+            let read = self.inner.pool.acquire(slot_bytes, READBACK)?;
+            enc.clear_buffer(device_slots.buffer(), 0, Some(slot_bytes));
+            Some((device_slots, read))
+        };
         let mut launches = 0u64;
         // Bind groups first, then encoding: one pass for the whole plan, or
         // one pass per kernel with timestamps while profiling.
         let mut work: Vec<Launch> = Vec::new();
         // Scratch buffers of two-pass kernels live until the wait below.
         let mut scratch = Vec::new();
-        for k in &exe.kernels {
+        for (ki, k) in exe.kernels.iter().enumerate() {
             if k.wgsl.invocations == 0 {
                 continue;
             }
-            let kernel = &exe.plan.kernels[launches_index(exe, k)];
+            let kernel = &exe.plan.kernels[ki];
+            let slot = match (&slots, checking.binary_search(&ki)) {
+                (Some((device_slots, _)), Ok(j)) => Some((device_slots.buffer(), j as u64 * stride)),
+                _ => None,
+            };
             let buffer = |id: &NodeId| -> Result<&wgpu::Buffer, BackendError> {
                 let b = values
                     .get(id)
@@ -1026,7 +1084,7 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group(&k.pipeline.layout, &bufs),
+                        bind_group: self.bind_group_with_slot(&k.pipeline.layout, &bufs, slot),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
@@ -1090,8 +1148,37 @@ impl Backend for WgpuBackend {
             enc.resolve_query_set(set, 0..n, resolve, 0);
             enc.copy_buffer_to_buffer(resolve, 0, read, 0, n as u64 * 8);
         }
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some((device_slots, read)) = &slots {
+            enc.copy_buffer_to_buffer(device_slots.buffer(), 0, read.buffer(), 0, slot_bytes);
+        }
         self.inner.queue.submit([enc.finish()]);
+        if let Some((_, read)) = &slots {
+            read.buffer().map_async(wgpu::MapMode::Read, 0..slot_bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        }
         let waited = self.wait();
+        // The first claimed slot, in kernel order, as (kernel, index bits);
+        // the readback buffer is unmapped before anything returns.
+        let claimed = match &slots {
+            Some((_, read)) if waited.is_ok() => {
+                let mapped = rx
+                    .recv()
+                    .map_err(|e| device_err(&self.inner.name, e))?
+                    .map_err(|e| device_err(&self.inner.name, e));
+                let found = mapped.and_then(|()| {
+                    let view =
+                        read.buffer().get_mapped_range(0..slot_bytes).map_err(|e| device_err(&self.inner.name, e))?;
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    let step = (stride / 4) as usize;
+                    Ok((0..checking.len()).find(|&j| words[j * step] != 0).map(|j| (checking[j], words[j * step + 1])))
+                });
+                read.buffer().unmap();
+                found?
+            }
+            _ => None,
+        };
         let val_err = pollster::block_on(val.pop());
         let oom_err = pollster::block_on(oom.pop());
         metrics::inc("KernelLaunches", launches);
@@ -1111,7 +1198,10 @@ impl Backend for WgpuBackend {
         if let Some((_, _, read)) = &queries {
             self.record_profile(read, &work.iter().map(|w| w.name.as_str()).collect::<Vec<_>>())?;
         }
-        drop((uniform, scratch));
+        if let Some((kernel, bits)) = claimed {
+            return Err(index_error(g, &exe.plan.kernels[kernel], bits));
+        }
+        drop((uniform, scratch, slots));
         g.outputs
             .iter()
             .map(|o| {
@@ -1129,8 +1219,24 @@ impl Backend for WgpuBackend {
     }
 }
 
-/// Index of compiled kernel `k` in the plan (kernels are compiled in plan
-/// order, one each).
-fn launches_index(exe: &WgpuExecutable, k: &CompiledKernel) -> usize {
-    exe.kernels.iter().position(|c| std::ptr::eq(c, k)).expect("kernel of this executable")
+/// The error of an index out of range that kernel `k` (a gather or a
+/// scatter-add) reported: `bits` are the index as its kernel read it.
+fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
+    let root = g.node(k.root());
+    let axis = match root.op {
+        Op::Gather { axis } | Op::ScatterAdd { axis } => axis,
+        _ => unreachable!("only gathers and scatter-adds check indices"),
+    };
+    let data = g.node(root.inputs[0]);
+    let index = match g.node(root.inputs[1]).dtype {
+        DType::I32 => bits as i32 as i128,
+        _ => bits as i128,
+    };
+    BackendError::IndexOutOfRange(Box::new(IndexError {
+        op: root.op.name(),
+        index,
+        axis,
+        size: data.shape.dims()[axis],
+        shape: data.shape.clone(),
+    }))
 }

@@ -154,9 +154,31 @@ pub enum BackendError {
         /// Validator or driver message.
         message: String,
     },
+    /// An index read from data (gather, scatter-add) lies outside the
+    /// dimension it indexes: outside `-size..size`, negative indices
+    /// counting from the end. Raised at the barrier of the computation; no
+    /// value is clamped. (Boxed: it is the largest variant.)
+    #[error("{0}")]
+    IndexOutOfRange(Box<IndexError>),
     /// An execution failed for another reason.
     #[error("execution failed: {0}")]
     Execution(String),
+}
+
+/// The details of [`BackendError::IndexOutOfRange`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{op}: index {index} is out of range for axis {axis} of size {size} (data shape {shape})")]
+pub struct IndexError {
+    /// The op (`gather`, `scatter_add`).
+    pub op: String,
+    /// The offending index as given (before counting from the end).
+    pub index: i128,
+    /// The indexed axis of the data.
+    pub axis: usize,
+    /// The size of that axis.
+    pub size: usize,
+    /// The shape of the indexed data.
+    pub shape: lazuli_ir::Shape,
 }
 
 /// What the executor knows about a graph it hands to

@@ -6,11 +6,12 @@
 //!   `Expand`, `Slice`, `Concat`, `Pad`, `Where`, `Cast`, leaves) become one
 //!   [`KernelKind::Elementwise`] kernel evaluated per output element; views
 //!   are index math, never materialized.
-//! - Reductions, arg-reductions, softmax, cumulative sums, gathers and
-//!   random ops are kernel roots that inline their elementwise prologue
-//!   (operands evaluated at the operand index inside the loop). Matmul,
-//!   convolution and pooling inline only views and leaves (an inlined
-//!   elementwise prologue would be recomputed once per output column).
+//! - Reductions, arg-reductions, softmax, cumulative sums, gathers,
+//!   scatter-adds and random ops are kernel roots that inline their
+//!   elementwise prologue (operands evaluated at the operand index inside
+//!   the loop). Matmul, convolution, pooling and its gradient inline only
+//!   views and leaves (an inlined elementwise prologue would be recomputed
+//!   once per output column or window).
 //! - Graph outputs, non-elementwise roots and nodes needed by several
 //!   kernels are materialized (written to a buffer). Cheap leaves
 //!   (constants, lifted scalars, iota) are duplicated instead.
@@ -121,6 +122,20 @@ pub enum KernelKind {
     Conv2d,
     /// `Op::Pool`.
     Pool,
+    /// `Op::ScatterAdd`.
+    ScatterAdd,
+    /// `Op::PoolGrad`.
+    PoolGrad,
+}
+
+impl KernelKind {
+    /// Kernels that read indices from data and must report one out of
+    /// range: they bind one storage buffer more than their inputs and
+    /// outputs (a backend's error slot), counted by
+    /// [`Kernel::storage_buffers`].
+    pub fn checks_indices(self) -> bool {
+        matches!(self, KernelKind::Gather | KernelKind::ScatterAdd)
+    }
 }
 
 /// One kernel of a plan.
@@ -141,9 +156,10 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    /// Storage buffers bound by this kernel.
+    /// Storage buffers bound by this kernel: inputs, outputs and, for
+    /// kinds that check indices, the error slot.
     pub fn storage_buffers(&self) -> usize {
-        self.inputs.len() + self.outputs.len()
+        self.inputs.len() + self.outputs.len() + self.kind.checks_indices() as usize
     }
 
     /// The node whose shape defines the kernel's iteration (the root).
@@ -224,6 +240,8 @@ fn class(op: &Op) -> Class {
         Op::Random { .. } => Class::Root(KernelKind::Random),
         Op::Conv2d(_) => Class::Root(KernelKind::Conv2d),
         Op::Pool(_) => Class::Root(KernelKind::Pool),
+        Op::ScatterAdd { .. } => Class::Root(KernelKind::ScatterAdd),
+        Op::PoolGrad(_) => Class::Root(KernelKind::PoolGrad),
     }
 }
 
@@ -234,7 +252,7 @@ fn is_view(op: &Op) -> bool {
 /// Whether a group of `kind` may inline node `op` as part of its prologue.
 fn accepts(kind: KernelKind, op: &Op) -> bool {
     match kind {
-        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool => is_view(op),
+        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool | KernelKind::PoolGrad => is_view(op),
         _ => true,
     }
 }
