@@ -9,6 +9,9 @@
 //! by the hash of their source ([`pipeline`]); buffers come from a caching
 //! allocator sized to the device ([`pool`]); one execution encodes all
 //! kernels into one command encoder, submits and waits ([`runtime`]).
+//! A tensor larger than one storage binding is one buffer bound as several
+//! windows, which kernels reach through a rewrite of their source
+//! ([`window`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
 //! on the device; upload and download convert to one-byte bools). Nodes of
@@ -70,6 +73,7 @@ pub mod pipeline;
 pub mod pool;
 pub mod runtime;
 pub mod validate;
+pub mod window;
 
 pub use adapter::list_adapters;
 pub use runtime::{WgpuBackend, WgpuExecutable, WgpuOptions};
