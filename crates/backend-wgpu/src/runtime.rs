@@ -1,6 +1,9 @@
-//! The backend proper: device setup, compile (plan, lower, validate,
-//! cache pipelines), execute (one command encoder per plan, one submit,
-//! wait), upload and download in the canonical host byte format.
+//! The backend proper: device setup, compile (plan, lower, window,
+//! validate, cache pipelines), execute (one command encoder per plan, one
+//! submit, wait), upload and download in the canonical host byte format
+//! (in chunks of at most `TRANSFER_CHUNK` bytes, so staging memory stays
+//! bounded for tensors of any size). Tensors beyond one storage binding
+//! are bound in windows (see [`crate::window`]).
 
 use crate::adapter;
 use crate::autotune::{self, Tuner};
@@ -9,6 +12,7 @@ use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
+use crate::window::{self, KernelWindows, Windows};
 use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable, IndexError};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
@@ -23,6 +27,12 @@ pub struct WgpuOptions {
     /// Clamp of the storage buffers per kernel (planner and device limit);
     /// tests use it to force splitting.
     pub max_storage_buffers: Option<u32>,
+    /// Clamp of the bytes one storage binding covers (tests): tensors
+    /// larger than this are bound in windows of at most this many bytes
+    /// (see [`crate::window`]), as tensors beyond the adapter's binding
+    /// limit always are. Lets tests prove windowed kernels on small
+    /// tensors.
+    pub binding_window: Option<u64>,
     /// Substring of the adapter name to pick (else `WGPU_ADAPTER_NAME`,
     /// else the best adapter by type).
     pub adapter_name: Option<String>,
@@ -86,10 +96,13 @@ struct Inner {
     pipelines: PipelineCache,
     fusion: FusionLimits,
     lower: LowerLimits,
-    max_binding: u64,
     /// Bytes between the error slots of one execution (the adapter's
     /// `min_storage_buffer_offset_alignment`, at least a slot's size).
     slot_stride: u64,
+    /// How tensors beyond one binding are bound.
+    windows: Windows,
+    /// The largest buffer (`max_buffer_size`, a multiple of 4).
+    max_buffer: u64,
     /// Loop iterations one invocation may run, where the adapter caps them
     /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
     loop_budget: Option<u64>,
@@ -111,6 +124,11 @@ const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_D
 /// Bytes of one error slot: the claim flag and the index's bits (see
 /// `codegen::index`).
 const ERROR_SLOT_BYTES: u64 = 8;
+
+/// Bytes one step of an upload or readback moves: bounds the staging
+/// memory of a transfer (host-visible memory; on lavapipe, host RAM) to
+/// one chunk, whatever the tensor's size.
+const TRANSFER_CHUNK: u64 = 64 << 20;
 
 /// The kernel forms for `options` on an adapter of type `device_type`
 /// (see [`WgpuOptions::kernel_forms`]).
@@ -162,6 +180,7 @@ impl WgpuBackend {
             max_sb = max_sb.min(m as usize);
         }
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let windows = Windows::new(max_binding, limits.min_storage_buffer_offset_alignment, options.binding_window);
         let pool = Pool::new(
             device.clone(),
             PoolOptions {
@@ -192,6 +211,7 @@ impl WgpuBackend {
                     // Row kernels cooperate through workgroup memory: the
                     // GPU form of reductions.
                     row_kernels: forms.reduce == ReduceForm::Cooperative,
+                    window_elements: windows.elements(),
                     ..FusionLimits::default()
                 },
                 lower: LowerLimits {
@@ -199,8 +219,9 @@ impl WgpuBackend {
                     workgroup_storage: limits.max_compute_workgroup_storage_size,
                     ..LowerLimits::default()
                 },
-                max_binding,
                 slot_stride: (limits.min_storage_buffer_offset_alignment as u64).max(ERROR_SLOT_BYTES),
+                windows,
+                max_buffer: limits.max_buffer_size & !3,
                 loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
@@ -307,31 +328,48 @@ impl WgpuBackend {
 
     /// A bind group of `layout` binding `bufs` whole, in binding order.
     fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        self.bind_group_with_slot(layout, bufs, None)
-    }
-
-    /// [`Self::bind_group`], then the error slot at byte `offset` of a
-    /// buffer, if any, as the last binding.
-    fn bind_group_with_slot(
-        &self,
-        layout: &wgpu::BindGroupLayout,
-        bufs: &[&wgpu::Buffer],
-        slot: Option<(&wgpu::Buffer, u64)>,
-    ) -> wgpu::BindGroup {
-        let mut entries: Vec<wgpu::BindGroupEntry> = bufs
+        let entries: Vec<wgpu::BindGroupEntry> = bufs
             .iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
             .collect();
-        if let Some((buffer, offset)) = slot {
-            entries.push(wgpu::BindGroupEntry {
-                binding: bufs.len() as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer,
-                    offset,
-                    size: wgpu::BufferSize::new(ERROR_SLOT_BYTES),
-                }),
+        self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+    }
+
+    /// Bind group 0 of a kernel: the uniform, then each storage buffer of
+    /// `storage` whole or, where `windows` says so, as that many windows
+    /// (see [`crate::window`]), then the error slot at byte `offset` of a
+    /// buffer, if any.
+    fn bind_windows(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        uniform: &wgpu::Buffer,
+        storage: &[&wgpu::Buffer],
+        windows: &[u32],
+        slot: Option<(&wgpu::Buffer, u64)>,
+    ) -> wgpu::BindGroup {
+        debug_assert_eq!(storage.len(), windows.len());
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+        let mut range = |buffer, offset, size| {
+            let binding = entries.len() as u32;
+            let resource = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
             });
+            entries.push(wgpu::BindGroupEntry { binding, resource });
+        };
+        for (b, &w) in storage.iter().zip(windows) {
+            if w <= 1 {
+                range(b, 0, b.size());
+                continue;
+            }
+            for (offset, size) in self.inner.windows.ranges(b.size(), w) {
+                range(b, offset, size);
+            }
+        }
+        if let Some((buffer, offset)) = slot {
+            range(buffer, offset, ERROR_SLOT_BYTES);
         }
         self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
     }
@@ -520,9 +558,14 @@ impl WgpuBackend {
     }
 
     fn new_buffer(&self, ty: &ValueType, what: &str) -> Result<Buffer, BackendError> {
-        let bytes = (ty.shape.numel() as u64 * 4).max(4);
-        if bytes > self.inner.max_binding {
-            return Err(BackendError::TooLarge { op: what.to_string(), bytes, limit: self.inner.max_binding });
+        let bytes = (ty.shape.numel() as u64).saturating_mul(4).max(4);
+        if bytes > self.inner.max_buffer {
+            return Err(BackendError::TooLarge {
+                op: what.to_string(),
+                bytes,
+                limit: self.inner.max_buffer,
+                limit_name: "the device's largest buffer (max_buffer_size)".into(),
+            });
         }
         let st = self.inner.pool.acquire(bytes, STORAGE)?;
         Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
@@ -546,10 +589,54 @@ impl WgpuBackend {
             LowerError::Unsupported { op, dtype } => {
                 BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
             }
-            LowerError::TooLarge { op, elements } => {
-                BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
-            }
+            LowerError::TooLarge { op, elements } => BackendError::TooLarge {
+                op,
+                bytes: elements.saturating_mul(4),
+                limit: limits.max_elements * 4,
+                limit_name: "what kernels index with u32 element indices".into(),
+            },
         })
+    }
+
+    /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
+    /// tensors beyond one binding (see [`crate::window`]): rewrites the
+    /// source and binding counts where needed. A kernel needing more
+    /// storage bindings than the adapter allows, or whose source cannot
+    /// be windowed, is `BackendError::TooLarge` naming its op, its bytes
+    /// and the limit.
+    fn window(
+        &self,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        name: &str,
+        wgsl: &mut Wgsl,
+    ) -> Result<KernelWindows, BackendError> {
+        let w = self.inner.windows;
+        let kw = KernelWindows::of(k, graph, wgsl, &w);
+        if !kw.is_windowed() {
+            return Ok(kw);
+        }
+        let ids = k.inputs.iter().chain(&k.outputs);
+        let bytes: u64 = ids.clone().map(|id| graph.node(*id).shape.numel() as u64 * 4).sum();
+        let largest = ids.max_by_key(|id| graph.node(**id).shape.numel()).expect("a kernel has an output");
+        let op = format!("{} (kernel {name})", graph.node(*largest).op.name());
+        let max = self.inner.fusion.max_storage_buffers;
+        if kw.bindings() > max {
+            return Err(BackendError::TooLarge {
+                op: format!("{op}, {} storage bindings in windows of {} bytes", kw.bindings(), w.bytes()),
+                bytes,
+                limit: max as u64 * w.bytes(),
+                limit_name: format!("what one kernel can bind ({max} storage bindings)"),
+            });
+        }
+        window::apply(wgsl, &kw, &w).map_err(|e| BackendError::TooLarge {
+            op: format!("{op}: this kernel cannot be windowed ({e})"),
+            bytes,
+            limit: w.bytes(),
+            limit_name: "one storage binding".into(),
+        })?;
+        metrics::inc("WindowedKernels", 1);
+        Ok(kw)
     }
 
     /// A validated pipeline for `wgsl` as it is (no generic sizes), from
@@ -565,6 +652,12 @@ impl WgpuBackend {
         let base = self.inner.lower;
         let tuner = &self.inner.tuner;
         if k.kind != KernelKind::MatMul || !tuner.enabled() || base.forms.matmul != MatmulForm::ByShape {
+            return Ok(base);
+        }
+        // Candidates are timed on whole-buffer bindings: a kernel with
+        // windowed tensors keeps the form its shape asks for.
+        let w = self.inner.windows;
+        if k.inputs.iter().chain(&k.outputs).any(|id| w.count(graph.node(*id).shape.numel() as u64) > 1) {
             return Ok(base);
         }
         let with = |form: MatmulForm| {
@@ -715,6 +808,9 @@ struct CompiledKernel {
     dims: Option<wgpu::BindGroup>,
     /// The pipeline of `wgsl.pre`, the first pass, if any, and its sizes.
     pre: Option<(Arc<PipelineEntry>, Option<wgpu::BindGroup>)>,
+    /// Windows of each storage buffer of both passes (see
+    /// [`crate::window`]).
+    windows: KernelWindows,
 }
 
 /// A kernel ready for pipeline creation: the source to compile (generic
@@ -868,14 +964,24 @@ impl Backend for WgpuBackend {
         let n = ty.shape.numel();
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
         let buf = self.new_buffer(ty, "upload")?;
-        if n > 0 {
-            let st = self.storage(&buf)?;
+        let st = self.storage(&buf)?;
+        // In chunks, each written and submitted before the next, so the
+        // staging copy wgpu makes stays one chunk.
+        let step = TRANSFER_CHUNK as usize / 4;
+        let chunks = n.div_ceil(step);
+        for c in 0..chunks {
+            let (lo, hi) = (c * step, ((c + 1) * step).min(n));
+            let offset = lo as u64 * 4;
             if ty.dtype == DType::Bool {
-                let mut words = self.host_vec::<u32>(n, "upload")?;
-                words.extend(bytes.iter().map(|&b| (b != 0) as u32));
-                self.inner.queue.write_buffer(st.buffer(), 0, bytemuck::cast_slice(&words));
+                let mut words = self.host_vec::<u32>(hi - lo, "upload")?;
+                words.extend(bytes[lo..hi].iter().map(|&b| (b != 0) as u32));
+                self.inner.queue.write_buffer(st.buffer(), offset, bytemuck::cast_slice(&words));
             } else {
-                self.inner.queue.write_buffer(st.buffer(), 0, bytes);
+                self.inner.queue.write_buffer(st.buffer(), offset, &bytes[lo * 4..hi * 4]);
+            }
+            if chunks > 1 {
+                self.inner.queue.submit([]);
+                self.wait()?;
             }
         }
         Ok(buf)
@@ -891,26 +997,34 @@ impl Backend for WgpuBackend {
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
-        let staging = self.inner.pool.acquire(bytes, READBACK)?;
-        let mut enc = self.inner.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(st.buffer(), 0, staging.buffer(), 0, bytes);
-        self.inner.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.buffer().map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
-        {
-            let view = staging.buffer().get_mapped_range(0..bytes).map_err(|e| device_err(&self.inner.name, e))?;
-            if buffer.ty.dtype == DType::Bool {
-                let words: &[u32] = bytemuck::cast_slice(&view);
-                out.extend(words.iter().map(|&w| (w != 0) as u8));
-            } else {
-                out.extend_from_slice(&view);
+        // Through one staging buffer of at most `TRANSFER_CHUNK` bytes,
+        // a chunk at a time.
+        let chunk = bytes.min(TRANSFER_CHUNK);
+        let staging = self.inner.pool.acquire(chunk, READBACK)?;
+        let mut offset = 0;
+        while offset < bytes {
+            let len = chunk.min(bytes - offset);
+            let mut enc = self.inner.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
+            self.inner.queue.submit([enc.finish()]);
+            let (tx, rx) = std::sync::mpsc::channel();
+            staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait()?;
+            rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
+            {
+                let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.inner.name, e))?;
+                if buffer.ty.dtype == DType::Bool {
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    out.extend(words.iter().map(|&w| (w != 0) as u8));
+                } else {
+                    out.extend_from_slice(&view);
+                }
             }
+            staging.buffer().unmap();
+            offset += len;
         }
-        staging.buffer().unmap();
         Ok(out)
     }
 
@@ -935,15 +1049,16 @@ impl Backend for WgpuBackend {
                 self.tuned_limits(k, graph, &name)?
             };
             let mut wgsl = self.lower(k, graph, &limits)?;
+            let windows = self.window(k, graph, &name, &mut wgsl)?;
             if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
                 wgsl.source = crate::fault::perturb(&wgsl.source);
             }
-            lowered.push((name, wgsl));
+            lowered.push((name, wgsl, windows));
         }
         // Each source (and first pass) generic over sizes where its family
         // has seen other sizes.
         let mut prepared = Vec::new();
-        for (name, wgsl) in &lowered {
+        for (name, wgsl, _) in &lowered {
             for (name, w) in
                 std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
             {
@@ -966,10 +1081,10 @@ impl Backend for WgpuBackend {
             (pipeline, dims)
         });
         let mut kernels = Vec::with_capacity(lowered.len());
-        for (name, wgsl) in lowered {
+        for (name, wgsl, windows) in lowered {
             let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
-            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre });
+            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
         }
         Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels }))
     }
@@ -1056,35 +1171,33 @@ impl Backend for WgpuBackend {
                     // Pass 1 reads the inputs into scratch; pass 2 reads
                     // the scratch and writes the outputs.
                     let s = self.inner.pool.acquire(pre.scratch.max(1) * 4, STORAGE)?;
-                    let mut first = vec![uniform.buffer()];
-                    first.extend(&inputs);
+                    let mut first = inputs.clone();
                     first.push(s.buffer());
                     work.push(Launch {
                         name: format!("{}_pass1", k.name),
                         pipeline: &pre_pipeline.pipeline,
-                        bind_group: self.bind_group(&pre_pipeline.layout, &first),
+                        bind_group: self.bind_windows(&pre_pipeline.layout, uniform.buffer(), &first, &k.windows.pre, None),
                         dims: pre_dims.as_ref(),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
-                    let mut second = vec![uniform.buffer(), s.buffer()];
+                    let mut second = vec![s.buffer()];
                     second.extend(&outputs);
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group(&k.pipeline.layout, &second),
+                        bind_group: self.bind_windows(&k.pipeline.layout, uniform.buffer(), &second, &k.windows.main, None),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                     scratch.push(s);
                 }
                 _ => {
-                    let mut bufs = vec![uniform.buffer()];
-                    bufs.extend(&inputs);
+                    let mut bufs = inputs.clone();
                     bufs.extend(&outputs);
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group_with_slot(&k.pipeline.layout, &bufs, slot),
+                        bind_group: self.bind_windows(&k.pipeline.layout, uniform.buffer(), &bufs, &k.windows.main, slot),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });

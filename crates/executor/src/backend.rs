@@ -135,15 +135,21 @@ pub enum BackendError {
         /// The dtype.
         dtype: DType,
     },
-    /// A tensor is larger than the device can bind in one buffer.
-    #[error("{op}: tensor of {bytes} bytes exceeds the device's max buffer binding of {limit} bytes")]
+    /// A tensor (or the tensors one kernel binds) is larger than a limit
+    /// of the device or of the generated code: the device's largest
+    /// buffer, the storage bindings one kernel may use, or u32 element
+    /// indexing.
+    #[error("{op}: {bytes} bytes exceed {limit_name} of {limit} bytes")]
     TooLarge {
-        /// The op.
+        /// The op (or kernel) that needed it.
         op: String,
         /// Needed size.
         bytes: u64,
         /// The limit.
         limit: u64,
+        /// Which limit, in words (e.g. "the device's largest buffer
+        /// (max_buffer_size)").
+        limit_name: String,
     },
     /// Generated code failed validation or compilation (always a bug in
     /// code generation; the message includes the source location).
