@@ -921,3 +921,34 @@ fn row_kernels_layer_norm_and_handwritten_softmax() {
         }
     }
 }
+
+/// The GPU gather kernel (which the executor does not select yet: it
+/// cannot report an out-of-range index) reads an embedding table bound in
+/// windows (`WgpuOptions::binding_window`, see `lazuli_wgpu::window`), as
+/// a table beyond the adapter's binding limit always is; the rows it
+/// gathers lie in different windows.
+#[test]
+fn gather_from_a_windowed_table() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { binding_window: Some(4 << 10), ..Default::default() }) else { return };
+    let (rows, dim) = (300usize, 48usize);
+    let mut g = Graph::new();
+    let table = g.param(ValueType::new([rows, dim], DType::F32));
+    let idx = g.param(ValueType::new([7], DType::I32));
+    let ga = push(&mut g, Op::Gather { axis: 0 }, &[table, idx]);
+    g.outputs.push(ga);
+    let xs: Vec<f32> = (0..rows * dim).map(|i| i as f32 * 0.5).collect();
+    // A window holds 1024 f32: rows 21 and 22 straddle the first edge.
+    let ids = vec![0, 21, 22, 150, 299, -1, -300];
+    let before = metrics::counter("WindowedKernels");
+    let out = f32s(&run_on(&b, g, &[Data::F(xs.clone()), Data::I(ids.clone())], &[])[0]);
+    assert!(metrics::counter("WindowedKernels") > before, "the table was windowed");
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| {
+            let r = id.rem_euclid(rows as i32) as usize;
+            xs[r * dim..(r + 1) * dim].to_vec()
+        })
+        .collect();
+    close(&out, &want, 0.0);
+}
