@@ -7,26 +7,31 @@
 //! of more bytes than one binding is therefore stored as one buffer, like
 //! any other (the pool serves storage requests up to `max_buffer_size`),
 //! and bound as several *windows*: consecutive ranges of
-//! [`Windows::bytes`] bytes (a power of two, at most the binding limit, a
-//! multiple of `min_storage_buffer_offset_alignment`), each a binding of
-//! its own at an aligned offset ([`Windows::ranges`]).
+//! [`Windows::bytes`] bytes (the binding limit rounded down to a multiple
+//! of 256 bytes and of `min_storage_buffer_offset_alignment`), each a
+//! binding of its own at an aligned offset ([`Windows::ranges`]).
 //!
 //! Kernels reach the windows through a source rewrite ([`split`]) applied
 //! after lowering, so the code generators never see windows: a windowed
 //! binding `in0` becomes `in0_w0`, `in0_w1`, ... (bindings renumbered), a
 //! read `in0[e]` becomes `ld_in0(e)` and a write `out0[e] = v;` becomes
-//! `st_out0(e, v);`, where `ld_`/`st_` pick the window with a shift and
-//! the offset inside it with a mask. The arithmetic is exact because
-//! indices are u32 element (or vec4) indices, windows hold a power of two
+//! `st_out0(e, v);`, where `ld_`/`st_` pick the window by dividing the
+//! index by a constant (a shift where the window is a power of two, as on
+//! lavapipe) and the offset inside it. The arithmetic is exact because
+//! indices are u32 element (or vec4) indices, windows hold a whole number
 //! of them, and a tensor has at most `u32::MAX` elements (beyond that,
 //! lowering refuses it). Every kernel family works this way unchanged:
 //! elementwise chains, copies, reductions, softmax and norm rows, matmul
 //! operands and outputs, gathers, concats.
 //!
-//! What it costs: nothing for a kernel whose tensors each fit one window.
-//! Its source is not rewritten (byte-identical WGSL), its bindings are
-//! whole buffers and its dispatch is the same. A windowed kernel pays a
-//! shift, a mask and a branch per access of a windowed tensor.
+//! What it costs: nothing for a kernel whose tensors each fit one binding
+//! (one window is all a binding holds). Its source is not rewritten
+//! (byte-identical WGSL), its bindings are whole buffers and its dispatch
+//! is the same. A windowed kernel pays a division by a constant and a
+//! branch per window per access of a windowed tensor: uniform across a
+//! GPU subgroup except at a window's edge, but on llvmpipe, which runs
+//! lanes in SIMD and masks branches, windowed kernels run 1.3-4x slower
+//! and windowed register-blocked matmuls compile several times slower.
 //!
 //! Limits: each window is a storage binding, counted against the
 //! adapter's bindings per shader stage. The fusion planner counts them
@@ -76,13 +81,14 @@ pub struct Windows {
 impl Windows {
     /// The windows of an adapter whose storage bindings hold at most
     /// `max_binding` bytes, at offsets aligned to `alignment`; `clamp`
-    /// (tests) asks for smaller windows. The window is the largest power
-    /// of two within both, at least [`MIN_WINDOW_BYTES`] and `alignment`.
+    /// (tests) asks for smaller windows. The window is the largest
+    /// multiple of [`MIN_WINDOW_BYTES`] and `alignment` within both (at
+    /// least one such multiple), so a value that fits one binding is
+    /// never windowed.
     pub fn new(max_binding: u64, alignment: u32, clamp: Option<u64>) -> Windows {
         let limit = clamp.map_or(max_binding, |c| c.min(max_binding));
-        let floor = MIN_WINDOW_BYTES.max(alignment as u64).next_power_of_two();
-        let pow2 = if limit == 0 { 0 } else { 1u64 << (63 - limit.leading_zeros()) };
-        Windows { bytes: pow2.max(floor) }
+        let unit = MIN_WINDOW_BYTES.max(alignment as u64).next_power_of_two();
+        Windows { bytes: (limit / unit * unit).max(unit) }
     }
 
     /// Bytes of one window.
@@ -250,8 +256,8 @@ fn elem_bytes(elem: &str) -> Option<u64> {
 /// How one windowed binding is addressed.
 struct Split {
     windows: u32,
-    /// log2 of the elements per window.
-    shift: u32,
+    /// Array elements per window.
+    per: u64,
 }
 
 /// Rewrites `source` so that storage binding `k + 1` is bound as
@@ -261,7 +267,7 @@ pub fn split(source: &str, windows: &[u32], window_bytes: u64) -> Result<String,
     if windows.iter().all(|&w| w <= 1) {
         return Ok(source.to_string());
     }
-    debug_assert!(window_bytes.is_power_of_two() && window_bytes >= 16);
+    debug_assert!(window_bytes.is_multiple_of(MIN_WINDOW_BYTES));
     let layout = || SplitError::Layout { expected: windows.len() };
     let mut decls: Vec<Decl> = Vec::new();
     let mut at = 0;
@@ -283,7 +289,7 @@ pub fn split(source: &str, windows: &[u32], window_bytes: u64) -> Result<String,
         if w > 1 {
             let eb = elem_bytes(&d.elem)
                 .ok_or_else(|| SplitError::Element { name: d.name.clone(), elem: d.elem.clone() })?;
-            split_of.insert(&d.name, Split { windows: w, shift: (window_bytes / eb).trailing_zeros() });
+            split_of.insert(&d.name, Split { windows: w, per: window_bytes / eb });
         }
     }
     // Declarations (renumbered, windows expanded), then the helpers, in
@@ -329,11 +335,10 @@ pub fn split(source: &str, windows: &[u32], window_bytes: u64) -> Result<String,
 }
 
 /// `ld_NAME(i)` (and `st_NAME(i, v)` for a writable binding): window
-/// `i >> shift`, element `i & mask` inside it.
+/// `i / per`, element `i - w * per` inside it.
 fn window_fns(name: &str, elem: &str, s: &Split, writable: bool) -> Vec<String> {
-    let mask = (1u64 << s.shift) - 1;
-    let last = s.windows - 1;
-    let head = format!("    let w = i >> {}u;\n    let o = i & {mask}u;\n", s.shift);
+    let (per, last) = (s.per, s.windows - 1);
+    let head = format!("    let w = i / {per}u;\n    let o = i - w * {per}u;\n");
     let mut ld = format!("fn ld_{name}(i: u32) -> {elem} {{\n{head}");
     for k in 0..last {
         let _ = write!(ld, "    if (w == {k}u) {{\n        return {name}_w{k}[o];\n    }}\n");
@@ -477,8 +482,9 @@ mod tests {
     #[test]
     fn windows_are_powers_of_two_within_the_binding_limit() {
         assert_eq!(Windows::new(128 << 20, 16, None).bytes(), 128 << 20);
-        assert_eq!(Windows::new((1 << 31) - 1, 64, None).bytes(), 1 << 30);
-        assert_eq!(Windows::new(128 << 20, 16, Some(5000)).bytes(), 4096);
+        assert_eq!(Windows::new((1 << 31) - 1, 64, None).bytes(), (1 << 31) - 256);
+        assert_eq!(Windows::new((1 << 31) - 1, 1024, None).bytes(), (1 << 31) - 1024);
+        assert_eq!(Windows::new(128 << 20, 16, Some(5000)).bytes(), 4864);
         assert_eq!(Windows::new(128 << 20, 16, Some(1)).bytes(), MIN_WINDOW_BYTES);
         assert_eq!(Windows::new(128 << 20, 1024, Some(1)).bytes(), 1024);
         let w = Windows::new(1 << 12, 16, None);
@@ -497,9 +503,9 @@ mod tests {
         let s = split(SRC, &[2, 1, 3], 256).unwrap();
         assert!(s.contains("@group(0) @binding(1) var<storage, read> in0_w0: array<vec4<f32>>;\n@group(0) @binding(2) var<storage, read> in0_w1: array<vec4<f32>>;\n@group(0) @binding(3) var<storage, read> in1: array<f32>;\n@group(0) @binding(4) var<storage, read_write> out0_w0: array<f32>;\n"), "{s}");
         assert!(s.contains("@binding(6) var<storage, read_write> out0_w2"), "{s}");
-        // 256-byte windows: 16 vec4s (shift 4), 64 f32s (shift 6).
-        assert!(s.contains("fn ld_in0(i: u32) -> vec4<f32> {\n    let w = i >> 4u;\n    let o = i & 15u;"), "{s}");
-        assert!(s.contains("fn st_out0(i: u32, v: f32) {\n    let w = i >> 6u;\n    let o = i & 63u;"), "{s}");
+        // 256-byte windows: 16 vec4s, 64 f32s.
+        assert!(s.contains("fn ld_in0(i: u32) -> vec4<f32> {\n    let w = i / 16u;\n    let o = i - w * 16u;"), "{s}");
+        assert!(s.contains("fn st_out0(i: u32, v: f32) {\n    let w = i / 64u;\n    let o = i - w * 64u;"), "{s}");
         assert!(s.contains("return in1[i];"), "unwindowed bindings untouched: {s}");
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
