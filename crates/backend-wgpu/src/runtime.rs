@@ -621,9 +621,11 @@ impl WgpuBackend {
         let largest = ids.max_by_key(|id| graph.node(**id).shape.numel()).expect("a kernel has an output");
         let op = format!("{} (kernel {name})", graph.node(*largest).op.name());
         let max = self.inner.fusion.max_storage_buffers;
-        if kw.bindings() > max {
+        // The error slot of a kernel that checks indices is a binding too.
+        let bindings = kw.bindings() + wgsl.error_slot as usize;
+        if bindings > max {
             return Err(BackendError::TooLarge {
-                op: format!("{op}, {} storage bindings in windows of {} bytes", kw.bindings(), w.bytes()),
+                op: format!("{op}, {bindings} storage bindings in windows of {} bytes", w.bytes()),
                 bytes,
                 limit: max as u64 * w.bytes(),
                 limit_name: format!("what one kernel can bind ({max} storage bindings)"),
@@ -1176,7 +1178,13 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: format!("{}_pass1", k.name),
                         pipeline: &pre_pipeline.pipeline,
-                        bind_group: self.bind_windows(&pre_pipeline.layout, uniform.buffer(), &first, &k.windows.pre, None),
+                        bind_group: self.bind_windows(
+                            &pre_pipeline.layout,
+                            uniform.buffer(),
+                            &first,
+                            &k.windows.pre,
+                            None,
+                        ),
                         dims: pre_dims.as_ref(),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
@@ -1185,7 +1193,13 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_windows(&k.pipeline.layout, uniform.buffer(), &second, &k.windows.main, None),
+                        bind_group: self.bind_windows(
+                            &k.pipeline.layout,
+                            uniform.buffer(),
+                            &second,
+                            &k.windows.main,
+                            None,
+                        ),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
@@ -1197,7 +1211,13 @@ impl Backend for WgpuBackend {
                     work.push(Launch {
                         name: k.name.clone(),
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_windows(&k.pipeline.layout, uniform.buffer(), &bufs, &k.windows.main, slot),
+                        bind_group: self.bind_windows(
+                            &k.pipeline.layout,
+                            uniform.buffer(),
+                            &bufs,
+                            &k.windows.main,
+                            slot,
+                        ),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });

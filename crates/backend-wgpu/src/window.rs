@@ -45,7 +45,9 @@
 //! time, never a wrong kernel): storage bindings are declared one per
 //! line as `@group(0) @binding(N) var<storage, ACCESS> NAME: array<T>;`
 //! with `N` = 1, 2, ... in kernel order (inputs, then outputs), `T` a
-//! 32-bit scalar or a vector of them; a binding is only ever indexed:
+//! 32-bit scalar or a vector of them, then any other storage bindings
+//! (the error slot of kernels that check indices, any type), which are
+//! renumbered and never windowed; an array binding is only ever indexed:
 //! `NAME[index]` as a value (followed by anything but an assignment) or
 //! `NAME[index] = value;` as a whole statement. No pointers to bindings,
 //! no `arrayLength`, no compound assignment, no assignment to a
@@ -194,9 +196,10 @@ fn rewrite_pass(w: &mut Wgsl, counts: &[u32], windows: &Windows) -> Result<(), S
 /// not fit one binding and this kernel cannot use windows).
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum SplitError {
-    /// The storage declarations are not bindings 1..=n, one per line, as
-    /// many as there are window counts.
-    #[error("storage bindings are not declared as bindings 1..={expected}, one per line")]
+    /// The storage declarations are not `array` bindings 1..=n, one per
+    /// line, as many as there are window counts, followed only by
+    /// bindings of other types.
+    #[error("storage bindings are not declared as array bindings 1..={expected} (then others), one per line")]
     Layout {
         /// Bindings expected.
         expected: usize,
@@ -225,17 +228,21 @@ struct Decl {
     line: std::ops::Range<usize>,
     access: String,
     name: String,
-    elem: String,
+    /// The element type of an `array<T>` binding; `None` for any other
+    /// type (an error slot).
+    elem: Option<String>,
+    /// The declared type.
+    ty: String,
 }
 
-/// Parses `@group(0) @binding(N) var<storage, ACCESS> NAME: array<T>;`.
+/// Parses `@group(0) @binding(N) var<storage, ACCESS> NAME: TYPE;`.
 fn parse_decl(line: &str) -> Option<(u32, String, String, String)> {
     let rest = line.strip_prefix("@group(0) @binding(")?;
     let (n, rest) = rest.split_once(") var<storage, ")?;
     let (access, rest) = rest.split_once("> ")?;
-    let (name, rest) = rest.split_once(": array<")?;
-    let elem = rest.strip_suffix(">;")?;
-    Some((n.parse().ok()?, access.to_string(), name.to_string(), elem.to_string()))
+    let (name, ty) = rest.split_once(": ")?;
+    let ty = ty.strip_suffix(';')?;
+    Some((n.parse().ok()?, access.to_string(), name.to_string(), ty.to_string()))
 }
 
 /// Bytes of one element of a binding's array type, for 32-bit scalars and
@@ -269,67 +276,57 @@ pub fn split(source: &str, windows: &[u32], window_bytes: u64) -> Result<String,
     }
     debug_assert!(window_bytes.is_multiple_of(MIN_WINDOW_BYTES));
     let layout = || SplitError::Layout { expected: windows.len() };
+    // Every storage declaration, bindings 1, 2, ... in order: the arrays
+    // the counts are for, then any others (an error slot).
     let mut decls: Vec<Decl> = Vec::new();
     let mut at = 0;
     for line in source.split_inclusive('\n') {
         if line.starts_with("@group(0) @binding(") && line.contains("var<storage") {
-            let (n, access, name, elem) = parse_decl(line.trim_end()).ok_or_else(layout)?;
-            if n as usize != decls.len() + 1 {
+            let (n, access, name, ty) = parse_decl(line.trim_end()).ok_or_else(layout)?;
+            let elem = ty.strip_prefix("array<").and_then(|t| t.strip_suffix('>')).map(str::to_string);
+            let arrays_done = decls.last().is_some_and(|d: &Decl| d.elem.is_none());
+            if n as usize != decls.len() + 1 || (elem.is_some() && arrays_done) {
                 return Err(layout());
             }
-            decls.push(Decl { line: at..at + line.len(), access, name, elem });
+            decls.push(Decl { line: at..at + line.len(), access, name, elem, ty });
         }
         at += line.len();
     }
-    if decls.len() != windows.len() {
+    if decls.iter().filter(|d| d.elem.is_some()).count() != windows.len() {
         return Err(layout());
     }
     let mut split_of: BTreeMap<&str, Split> = BTreeMap::new();
     for (d, &w) in decls.iter().zip(windows) {
+        let elem = d.elem.as_deref().expect("arrays come first");
         if w > 1 {
-            let eb = elem_bytes(&d.elem)
-                .ok_or_else(|| SplitError::Element { name: d.name.clone(), elem: d.elem.clone() })?;
+            let eb = elem_bytes(elem).ok_or_else(|| SplitError::Element { name: d.name.clone(), elem: elem.into() })?;
             split_of.insert(&d.name, Split { windows: w, per: window_bytes / eb });
         }
     }
-    // Declarations (renumbered, windows expanded), then the helpers, in
-    // place of the old declaration block; accesses rewritten elsewhere.
-    let mut decl_text = String::new();
+    // Each declaration in place, renumbered, windows expanded; the
+    // helpers after the last one; accesses rewritten everywhere else.
+    let mut out = String::with_capacity(source.len() * 2);
     let mut helpers: Vec<String> = Vec::new();
     let mut binding = 1u32;
-    for (d, &w) in decls.iter().zip(windows) {
-        if w <= 1 {
-            let _ = writeln!(
-                decl_text,
-                "@group(0) @binding({binding}) var<storage, {}> {}: array<{}>;",
-                d.access, d.name, d.elem
-            );
+    let mut pos = 0;
+    for d in &decls {
+        out.push_str(&rewrite(&source[pos..d.line.start], &split_of)?);
+        pos = d.line.end;
+        let Some(s) = split_of.get(d.name.as_str()) else {
+            let _ = writeln!(out, "@group(0) @binding({binding}) var<storage, {}> {}: {};", d.access, d.name, d.ty);
             binding += 1;
             continue;
-        }
-        for k in 0..w {
-            let _ = writeln!(
-                decl_text,
-                "@group(0) @binding({binding}) var<storage, {}> {}_w{k}: array<{}>;",
-                d.access, d.name, d.elem
-            );
+        };
+        for k in 0..s.windows {
+            let _ =
+                writeln!(out, "@group(0) @binding({binding}) var<storage, {}> {}_w{k}: {};", d.access, d.name, d.ty);
             binding += 1;
         }
-        let s = &split_of[d.name.as_str()];
-        helpers.extend(window_fns(&d.name, &d.elem, s, d.access == "read_write"));
-    }
-    let helpers = helpers.join("\n");
-    let mut out = String::with_capacity(source.len() + helpers.len() + decl_text.len());
-    let mut pos = 0;
-    for (i, d) in decls.iter().enumerate() {
-        out.push_str(&rewrite(&source[pos..d.line.start], &split_of)?);
-        if i == 0 {
-            out.push_str(&decl_text);
-        }
-        pos = d.line.end;
+        let elem = d.elem.as_deref().expect("windowed bindings are arrays");
+        helpers.extend(window_fns(&d.name, elem, s, d.access == "read_write"));
     }
     out.push('\n');
-    out.push_str(&helpers);
+    out.push_str(&helpers.join("\n"));
     out.push_str(&rewrite(&source[pos..], &split_of)?);
     Ok(out)
 }
@@ -512,6 +509,25 @@ mod tests {
         assert!(s.contains("st_out0(t + 1u, ld_out0(t) * 2.0);"), "{s}");
         assert!(s.contains("// in0 is read as vectors"), "comments are copied: {s}");
         crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+    }
+
+    #[test]
+    fn an_error_slot_after_the_arrays_is_renumbered_and_kept() {
+        let src = SRC.replace(
+            "@group(0) @binding(3) var<storage, read_write> out0: array<f32>;\n",
+            "@group(0) @binding(3) var<storage, read_write> out0: array<f32>;\nstruct LzErr {\n    claimed: atomic<u32>,\n    value: u32,\n}\n\n@group(0) @binding(4) var<storage, read_write> LZE: LzErr;\n\nfn lz_report(v: u32) {\n    if (atomicExchange(&LZE.claimed, 1u) == 0u) {\n        LZE.value = v;\n    }\n}\n",
+        );
+        crate::validate_wgsl(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+        let s = split(&src, &[1, 2, 3], 256).unwrap();
+        assert!(s.contains("@group(0) @binding(7) var<storage, read_write> LZE: LzErr;"), "{s}");
+        assert!(s.contains("atomicExchange(&LZE.claimed, 1u)"), "{s}");
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        // An array binding after another kind is outside the contract.
+        let late = src.replace(
+            "@group(0) @binding(4) var<storage, read_write> LZE: LzErr;\n",
+            "@group(0) @binding(4) var<storage, read_write> LZE: LzErr;\n@group(0) @binding(5) var<storage, read> in9: array<f32>;\n",
+        );
+        assert!(matches!(split(&late, &[1, 2, 3, 2], 256), Err(SplitError::Layout { .. })));
     }
 
     #[test]

@@ -275,7 +275,7 @@ pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
         let groups = assign(graph, &forced, limits);
         let mut progressed = false;
         for g in &groups {
-            if max.fits(g.kernel.inputs.iter().chain(&g.kernel.outputs)) {
+            if max.fits_kernel(&g.kernel) {
                 continue;
             }
             if let Some(n) = split_candidate(graph, &g.kernel, &max) {
@@ -319,6 +319,12 @@ impl Budget<'_> {
     /// Whether the values `ids` fit one kernel.
     fn fits<'i>(&self, ids: impl IntoIterator<Item = &'i NodeId>) -> bool {
         self.cost(ids) <= self.max
+    }
+
+    /// Whether kernel `k` fits: its inputs and outputs, and the error slot
+    /// of a kind that checks indices (see [`Kernel::storage_buffers`]).
+    fn fits_kernel(&self, k: &Kernel) -> bool {
+        self.cost(k.inputs.iter().chain(&k.outputs)).saturating_add(k.kind.checks_indices() as usize) <= self.max
     }
 }
 
@@ -705,7 +711,7 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: Budget, limits: &FusionLimits)
         let k = g.kernel;
         let root = k.root();
         let concat_root = matches!(nodes[root.index()].op, Op::Concat { .. }) && k.kind == KernelKind::Elementwise;
-        if !max.fits(k.inputs.iter().chain(&k.outputs)) && concat_root {
+        if !max.fits_kernel(&k) && concat_root {
             kernels.extend(split_concat(graph, &k, &max));
         } else {
             kernels.push(k);
@@ -957,7 +963,7 @@ mod tests {
         assert!(p.kernels.len() >= 2, "{}", p.to_text());
         let budget = Budget { graph: &g, max: 9, window: 40 };
         for k in &p.kernels {
-            assert!(budget.fits(k.inputs.iter().chain(&k.outputs)), "{}", p.to_text());
+            assert!(budget.fits_kernel(k), "{}", p.to_text());
         }
     }
 
