@@ -7,11 +7,12 @@
 //!   window is clamped to lavapipe's 128 MiB (so any adapter windows
 //!   them): `x * 2` and a full `sum` of 512 MiB, matmuls with a 300 MiB
 //!   operand and a 160 MiB output, softmax and layer-norm rows, an
-//!   embedding gather from a 160 MiB table, upload and readback of
-//!   160 MiB. Data is computed on the device from `iota` where possible
-//!   (no host copy), chosen so that sums are exact, and checked against a
-//!   host computation: every element where that is cheap, else rows and
-//!   columns on both sides of every window boundary.
+//!   embedding gather from a 160 MiB table and the scatter-add of its
+//!   gradient, upload and readback of 160 MiB. Data is computed on the
+//!   device from `iota` where possible (no host copy), chosen so that sums
+//!   are exact, and checked against a host computation: every element
+//!   where that is cheap, else rows and columns on both sides of every
+//!   window boundary.
 //! - *Windowed twins*: the same kernel families on small tensors with
 //!   60 KiB windows (`WgpuDeviceOptions::binding_window`; not a power of
 //!   two, as on NVIDIA), compared with the CPU reference: many shapes and
@@ -24,6 +25,7 @@
 //! test's worth. Wall time on a 2-core box: a few seconds per test.
 
 mod common;
+use lazuli::ir::{PoolAttrs, PoolKind};
 use lazuli::prelude::*;
 use lazuli::{metrics, BackendError, ExecError, KernelForms, WgpuDeviceOptions};
 use std::sync::{Mutex, MutexGuard};
@@ -223,26 +225,38 @@ fn softmax_and_layer_norm_rows_of_a_156_mib_tensor() {
 }
 
 #[test]
-fn embedding_rows_from_a_160_mib_table() {
+fn embedding_rows_and_their_gradient_on_a_160_mib_table() {
     let _l = big();
     let (vocab, dim) = (40_960usize, 1024usize);
     for (forms, dev) in devices(WINDOW) {
+        let (fallbacks, windowed) = (metrics::counter("FallbackOps"), metrics::counter("WindowedKernels"));
         let table = pattern(&dev, [vocab, dim], 1, 3, 29, 0.5);
         table.sync().unwrap();
-        let ids = [0i32, 1, 32_767, 32_768, 40_959, -2];
+        // A window holds 2^25 / 1024 = 32768 rows.
+        let ids = [0i32, 1, 32_767, 32_768, 40_959, -2, 32_768];
         let idx = Tensor::from_slice(&ids, [ids.len()], &dev).unwrap();
-        let before = metrics::counter("Fallback::gather");
-        let e = table.gather(0, &idx).unwrap().mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap();
-        // Gathers run on the CPU fallback, counted (a GPU gather cannot
-        // report an out-of-range index); the table is read back from its
-        // windows.
-        assert_eq!(metrics::counter("Fallback::gather"), before + 1, "{forms}");
+        let rows = table.gather(0, &idx).unwrap().mul_scalar(2.0).unwrap();
+        // The gradient's shape of update: the rows added back into a
+        // table-sized tensor (a 160 MiB output).
+        let back = table.scatter_add(0, &idx, &rows).unwrap();
+        lazuli::sync(&[&rows, &back]).unwrap();
+        let e = rows.to_vec::<f32>().unwrap();
         for (j, &id) in ids.iter().enumerate() {
             let r = id.rem_euclid(vocab as i32) as usize;
             for c in 0..dim {
                 assert_eq!(e[j * dim + c], 2.0 * pattern_at(r, c, 1, 3, 29, 0.5), "{forms}: row {id}, column {c}");
             }
         }
+        for r in [0usize, 1, 2, 32_766, 32_767, 32_768, 32_769, 40_958, 40_959] {
+            let hits = ids.iter().filter(|&&id| id.rem_euclid(vocab as i32) as usize == r).count() as f32;
+            let got = back.narrow(0, r, 1).unwrap().to_vec::<f32>().unwrap();
+            for (c, &g) in got.iter().enumerate() {
+                let want = pattern_at(r, c, 1, 3, 29, 0.5) * (1.0 + 2.0 * hits);
+                assert_eq!(g, want, "{forms}: scattered row {r}, column {c}");
+            }
+        }
+        assert_eq!(metrics::counter("FallbackOps"), fallbacks, "{forms}: gather and scatter-add ran on the device");
+        assert!(metrics::counter("WindowedKernels") >= windowed + 2, "{forms}: both were windowed");
     }
 }
 
@@ -347,6 +361,18 @@ fn twins() -> Vec<Twin> {
         ("matmul transposed, output windowed", vec![f(&[130, 16]), f(&[130, 16])], |x| x[0].matmul(&x[1].t()?)),
         ("batched matmul", vec![f(&[4, 100, 48]), f(&[4, 48, 40])], |x| x[0].matmul(&x[1])),
         ("random", vec![f(&[1])], |x| Tensor::rand([60_000], F, x[0].device())?.add(&x[0])),
+        ("gather", vec![f(&[300, 200])], |x| {
+            let ids = Tensor::from_slice(&[0i32, 76, 77, 153, 299, -1, 77], [7], x[0].device())?;
+            x[0].gather(0, &ids)?.add_scalar(1.0)
+        }),
+        ("scatter-add", vec![f(&[300, 200]), f(&[5, 200])], |x| {
+            let ids = Tensor::from_slice(&[76i32, 77, 76, 299, 0], [5], x[0].device())?;
+            x[0].scatter_add(0, &ids, &x[1])
+        }),
+        ("max pool", vec![f(&[2, 8, 60, 60])], |x| x[0].pool(PoolAttrs::new(PoolKind::Max, &[2, 2]))),
+        ("avg pool gradient", vec![f(&[2, 8, 60, 60]), f(&[2, 8, 20, 20])], |x| {
+            x[0].pool_grad(&x[1], PoolAttrs::new(PoolKind::Avg { count_include_pad: true }, &[3, 3]))
+        }),
     ]
 }
 
