@@ -352,6 +352,8 @@ fn eval_node(
         Op::Gather { axis } => movement::gather(mem, arg(0), shape(0), *axis, arg(1))?,
         Op::Conv2d(c) => conv::conv2d(mem, arg(0), shape(0), arg(1), shape(1), dims, c)?,
         Op::Pool(p) => conv::pool(mem, arg(0), shape(0), dims, p)?,
+        Op::ScatterAdd { axis } => movement::scatter_add(mem, arg(0), shape(0), *axis, arg(1), arg(2))?,
+        Op::PoolGrad(p) => conv::pool_grad(mem, arg(0), shape(0), arg(1), shape(1), p)?,
         Op::Parameter(_) | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
             unreachable!("{} is bound or fused, never interpreted", node.op.name())
         }

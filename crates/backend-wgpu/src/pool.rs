@@ -25,11 +25,15 @@
 //!   `BackendError::Device`). The device stays usable. Requests over the
 //!   device's buffer limits are `BackendError::TooLarge` before any call
 //!   into wgpu.
-//!
+//! - *Storage beyond one binding*: storage requests may be as large as
+//!   `max_buffer_size`; those over `max_storage_buffer_binding_size` are
+//!   bound in windows (see [`crate::window`]). A request that fits one
+//!   binding always gets a buffer that does too (rounded and reused
+//!   buffers stay within the binding limit), so it is bound whole.
 //! - *Identity*: every buffer the pool creates gets an id no other buffer
 //!   of the process ever has ([`WgpuStorage::id`]), kept while the buffer
 //!   is idle and reused. Bind groups cached by the runtime are keyed by
-//!   these ids. A buffer the pool lets go (evicted, or over the idle
+//!   these ids (with the offset and size of each range bound). A buffer the pool lets go (evicted, or over the idle
 //!   budget) is destroyed at once, so a cached bind group still naming it
 //!   keeps no memory alive (and, its id never coming back, is never used
 //!   again).
@@ -138,9 +142,11 @@ pub struct PoolOptions {
     pub memory_budget: Option<u64>,
     /// The device's largest buffer (`Limits::max_buffer_size`).
     pub max_buffer_size: u64,
-    /// The largest buffer bound as storage
+    /// The largest buffer bound whole as storage
     /// (`Limits::max_storage_buffer_binding_size`, at most
-    /// `max_buffer_size`); storage buffers are never rounded above it.
+    /// `max_buffer_size`): a storage request up to it never gets a buffer
+    /// above it; larger ones (bound in windows) may be up to
+    /// `max_buffer_size`.
     pub max_storage_binding: u64,
     /// The device name, for errors.
     pub device_name: String,
@@ -245,7 +251,8 @@ impl Pool {
 
     /// A buffer of at least `bytes` bytes with `usage`: an idle one of the
     /// request's class or at most [`reuse_limit`] bytes, else a new one of
-    /// [`size_class`] bytes (never rounded above the device's limit).
+    /// [`size_class`] bytes (never rounded above the device's limit, nor a
+    /// storage request that fits one binding above the binding limit).
     ///
     /// Fails with `TooLarge` when `bytes` exceeds the largest buffer the
     /// device may create for `usage`, and with `OutOfMemory` when the
@@ -265,14 +272,24 @@ impl Pool {
         usage: wgpu::BufferUsages,
         prefer: &[u64],
     ) -> Result<WgpuStorage, BackendError> {
-        let limit = self.limit(usage);
+        let limit = self.buffer_limit();
         if bytes > limit {
-            return Err(BackendError::TooLarge { op: format!("allocating a {usage:?} buffer"), bytes, limit });
+            return Err(BackendError::TooLarge {
+                op: format!("allocating a {usage:?} buffer"),
+                bytes,
+                limit,
+                limit_name: "the device's largest buffer (max_buffer_size)".into(),
+            });
         }
-        let size = size_class(bytes).min(limit);
+        // A storage request that fits one binding stays within it.
+        let cap = match usage.contains(wgpu::BufferUsages::STORAGE) && bytes <= self.binding_limit() {
+            true => self.binding_limit(),
+            false => limit,
+        };
+        let size = size_class(bytes).min(cap);
         let evicted = {
             let mut st = self.lock();
-            let hi = reuse_limit(bytes).max(size);
+            let hi = reuse_limit(bytes).max(size).min(cap);
             let preferred = prefer.iter().find_map(|&id| st.take_id(id, usage.bits(), size, hi));
             if let Some((buffer, id)) = preferred.or_else(|| st.take(usage.bits(), size, hi)) {
                 st.stats.in_use_bytes += buffer.size();
@@ -366,15 +383,16 @@ impl Pool {
         self.lock().stats
     }
 
-    /// The largest buffer the device may create for `usage`, a multiple of
-    /// 4 (wgpu's copy alignment).
-    fn limit(&self, usage: wgpu::BufferUsages) -> u64 {
-        let limit = if usage.contains(wgpu::BufferUsages::STORAGE) {
-            self.options.max_storage_binding.min(self.options.max_buffer_size)
-        } else {
-            self.options.max_buffer_size
-        };
-        limit & !3
+    /// The largest buffer the device may create, a multiple of 4 (wgpu's
+    /// copy alignment). Storage buffers over the binding limit are bound
+    /// in windows, so every usage has the same limit.
+    fn buffer_limit(&self) -> u64 {
+        self.options.max_buffer_size & !3
+    }
+
+    /// The largest storage buffer bound whole, a multiple of 4.
+    fn binding_limit(&self) -> u64 {
+        self.options.max_storage_binding.min(self.options.max_buffer_size) & !3
     }
 
     /// Creates a buffer, reporting the device's out-of-memory, validation

@@ -1,16 +1,20 @@
-//! The backend proper: device setup, compile (plan, lower, validate,
-//! cache pipelines), execute (one command encoder per plan, one submit,
-//! wait), upload and download in the canonical host byte format.
+//! The backend proper: device setup, compile (plan, lower, window,
+//! validate, cache pipelines), execute (one command encoder per plan, one
+//! submit, wait), upload and download in the canonical host byte format
+//! (in chunks of at most `TRANSFER_CHUNK` bytes, so staging memory stays
+//! bounded for tensors of any size). Tensors beyond one storage binding
+//! are bound in windows (see [`crate::window`]).
 
 use crate::adapter;
 use crate::autotune::{self, Tuner};
-use crate::binds::{self, BindCache};
+use crate::binds::{self, BindCache, Binding};
 use crate::codegen::{self, KernelForms, LowerError, LowerLimits, MatmulForm, ReduceForm, RowsForm, Wgsl};
 use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
-use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
+use crate::window::{self, KernelWindows, Windows};
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable, IndexError};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
@@ -24,6 +28,12 @@ pub struct WgpuOptions {
     /// Clamp of the storage buffers per kernel (planner and device limit);
     /// tests use it to force splitting.
     pub max_storage_buffers: Option<u32>,
+    /// Clamp of the bytes one storage binding covers (tests): tensors
+    /// larger than this are bound in windows of at most this many bytes
+    /// (see [`crate::window`]), as tensors beyond the adapter's binding
+    /// limit always are. Lets tests prove windowed kernels on small
+    /// tensors.
+    pub binding_window: Option<u64>,
     /// Substring of the adapter name to pick (else `WGPU_ADAPTER_NAME`,
     /// else the best adapter by type).
     pub adapter_name: Option<String>,
@@ -91,7 +101,13 @@ struct Inner {
     pipelines: PipelineCache,
     fusion: FusionLimits,
     lower: LowerLimits,
-    max_binding: u64,
+    /// Bytes between the error slots of one execution (the adapter's
+    /// `min_storage_buffer_offset_alignment`, at least a slot's size).
+    slot_stride: u64,
+    /// How tensors beyond one binding are bound.
+    windows: Windows,
+    /// The largest buffer (`max_buffer_size`, a multiple of 4).
+    max_buffer: u64,
     /// Loop iterations one invocation may run, where the adapter caps them
     /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
     loop_budget: Option<u64>,
@@ -109,6 +125,15 @@ struct Inner {
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
 const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
 const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_DST);
+
+/// Bytes of one error slot: the claim flag and the index's bits (see
+/// `codegen::index`).
+const ERROR_SLOT_BYTES: u64 = 8;
+
+/// Bytes one step of an upload or readback moves: bounds the staging
+/// memory of a transfer (host-visible memory; on lavapipe, host RAM) to
+/// one chunk, whatever the tensor's size.
+const TRANSFER_CHUNK: u64 = 64 << 20;
 
 /// The kernel forms for `options` on an adapter of type `device_type`
 /// (see [`WgpuOptions::kernel_forms`]).
@@ -163,6 +188,7 @@ impl WgpuBackend {
             max_sb = max_sb.min(m as usize);
         }
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let windows = Windows::new(max_binding, limits.min_storage_buffer_offset_alignment, options.binding_window);
         let pool = Pool::new(
             device.clone(),
             PoolOptions {
@@ -197,6 +223,7 @@ impl WgpuBackend {
                     multi_tensor: options
                         .multi_tensor
                         .unwrap_or_else(|| std::env::var("LAZULI_MULTI_TENSOR").map_or(true, |v| v != "0")),
+                    window_elements: windows.elements(),
                     ..FusionLimits::default()
                 },
                 lower: LowerLimits {
@@ -204,7 +231,9 @@ impl WgpuBackend {
                     workgroup_storage: limits.max_compute_workgroup_storage_size,
                     ..LowerLimits::default()
                 },
-                max_binding,
+                slot_stride: (limits.min_storage_buffer_offset_alignment as u64).max(ERROR_SLOT_BYTES),
+                windows,
+                max_buffer: limits.max_buffer_size & !3,
                 loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
@@ -311,7 +340,36 @@ impl WgpuBackend {
 
     /// A bind group of `layout` binding `bufs` whole, in binding order.
     fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        binds::create(&self.inner.device, layout, bufs)
+        binds::create_whole(&self.inner.device, layout, bufs)
+    }
+
+    /// The bindings of bind group 0 of a launch: the uniform, then each
+    /// storage buffer of `storage` whole or, where `windows` says so, as
+    /// that many windows (see [`crate::window`]), then the error slot at
+    /// byte `offset` of a buffer, if any.
+    fn bindings<'b>(
+        &self,
+        uniform: &'b WgpuStorage,
+        storage: &[&'b WgpuStorage],
+        windows: &[u32],
+        slot: Option<(&'b WgpuStorage, u64)>,
+    ) -> Vec<Binding<'b>> {
+        debug_assert_eq!(storage.len(), windows.len());
+        let mut out = Vec::with_capacity(storage.len() + 2);
+        out.push(Binding::whole(uniform));
+        for (&b, &w) in storage.iter().zip(windows) {
+            if w <= 1 {
+                out.push(Binding::whole(b));
+                continue;
+            }
+            for (offset, size) in self.inner.windows.ranges(b.buffer().size(), w) {
+                out.push(Binding { storage: b, offset, size });
+            }
+        }
+        if let Some((storage, offset)) = slot {
+            out.push(Binding { storage, offset, size: ERROR_SLOT_BYTES });
+        }
+        out
     }
 
     /// Bind group 1 of a generic kernel: a small storage buffer holding
@@ -388,6 +446,9 @@ impl WgpuBackend {
         }
         for i in 0..k.outputs {
             entries.push(storage((1 + k.inputs + i) as u32, false));
+        }
+        if k.error_slot {
+            entries.push(storage((1 + k.inputs + k.outputs) as u32, false));
         }
         let layout =
             dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
@@ -483,8 +544,9 @@ impl WgpuBackend {
             .ok_or_else(|| BackendError::Execution(format!("buffer of {} is not a wgpu buffer", b.kind)))
     }
 
-    /// A pool buffer for a value of type `ty`; `what` names the value in
-    /// errors (made only then: this runs for every node of every
+    /// A pool buffer for a value of type `ty`, preferring the buffers of
+    /// ids `prefer` (see [`Pool::acquire_preferring`]); `what` names the
+    /// value in errors (made only then: this runs for every node of every
     /// execution).
     fn new_buffer(
         &self,
@@ -492,9 +554,14 @@ impl WgpuBackend {
         prefer: &[u64],
         what: impl FnOnce() -> String,
     ) -> Result<Buffer, BackendError> {
-        let bytes = (ty.shape.numel() as u64 * 4).max(4);
-        if bytes > self.inner.max_binding {
-            return Err(BackendError::TooLarge { op: what(), bytes, limit: self.inner.max_binding });
+        let bytes = (ty.shape.numel() as u64).saturating_mul(4).max(4);
+        if bytes > self.inner.max_buffer {
+            return Err(BackendError::TooLarge {
+                op: what(),
+                bytes,
+                limit: self.inner.max_buffer,
+                limit_name: "the device's largest buffer (max_buffer_size)".into(),
+            });
         }
         let st = self.inner.pool.acquire_preferring(bytes, STORAGE, prefer)?;
         Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
@@ -518,10 +585,56 @@ impl WgpuBackend {
             LowerError::Unsupported { op, dtype } => {
                 BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
             }
-            LowerError::TooLarge { op, elements } => {
-                BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
-            }
+            LowerError::TooLarge { op, elements } => BackendError::TooLarge {
+                op,
+                bytes: elements.saturating_mul(4),
+                limit: limits.max_elements * 4,
+                limit_name: "what kernels index with u32 element indices".into(),
+            },
         })
+    }
+
+    /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
+    /// tensors beyond one binding (see [`crate::window`]): rewrites the
+    /// source and binding counts where needed. A kernel needing more
+    /// storage bindings than the adapter allows, or whose source cannot
+    /// be windowed, is `BackendError::TooLarge` naming its op, its bytes
+    /// and the limit.
+    fn window(
+        &self,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        name: &str,
+        wgsl: &mut Wgsl,
+    ) -> Result<KernelWindows, BackendError> {
+        let w = self.inner.windows;
+        let kw = KernelWindows::of(k, graph, wgsl, &w);
+        if !kw.is_windowed() {
+            return Ok(kw);
+        }
+        let ids = k.inputs.iter().chain(&k.outputs);
+        let bytes: u64 = ids.clone().map(|id| graph.node(*id).shape.numel() as u64 * 4).sum();
+        let largest = ids.max_by_key(|id| graph.node(**id).shape.numel()).expect("a kernel has an output");
+        let op = format!("{} (kernel {name})", graph.node(*largest).op.name());
+        let max = self.inner.fusion.max_storage_buffers;
+        // The error slot of a kernel that checks indices is a binding too.
+        let bindings = kw.bindings() + wgsl.error_slot as usize;
+        if bindings > max {
+            return Err(BackendError::TooLarge {
+                op: format!("{op}, {bindings} storage bindings in windows of {} bytes", w.bytes()),
+                bytes,
+                limit: max as u64 * w.bytes(),
+                limit_name: format!("what one kernel can bind ({max} storage bindings)"),
+            });
+        }
+        window::apply(wgsl, &kw, &w).map_err(|e| BackendError::TooLarge {
+            op: format!("{op}: this kernel cannot be windowed ({e})"),
+            bytes,
+            limit: w.bytes(),
+            limit_name: "one storage binding".into(),
+        })?;
+        metrics::inc("WindowedKernels", 1);
+        Ok(kw)
     }
 
     /// A validated pipeline for `wgsl` as it is (no generic sizes), from
@@ -537,6 +650,12 @@ impl WgpuBackend {
         let base = self.inner.lower;
         let tuner = &self.inner.tuner;
         if k.kind != KernelKind::MatMul || !tuner.enabled() || base.forms.matmul != MatmulForm::ByShape {
+            return Ok(base);
+        }
+        // Candidates are timed on whole-buffer bindings: a kernel with
+        // windowed tensors keeps the form its shape asks for.
+        let w = self.inner.windows;
+        if k.inputs.iter().chain(&k.outputs).any(|id| w.count(graph.node(*id).shape.numel() as u64) > 1) {
             return Ok(base);
         }
         let with = |form: MatmulForm| {
@@ -703,6 +822,9 @@ struct CompiledKernel {
     dims: Option<wgpu::BindGroup>,
     /// The pipeline of `wgsl.pre`, the first pass, if any, and its sizes.
     pre: Option<(Arc<PipelineEntry>, Option<wgpu::BindGroup>)>,
+    /// Windows of each storage buffer of both passes (see
+    /// [`crate::window`]).
+    windows: KernelWindows,
 }
 
 /// A kernel ready for pipeline creation: the source to compile (generic
@@ -713,6 +835,8 @@ struct Prepared {
     entry: &'static str,
     inputs: usize,
     outputs: usize,
+    /// Binds an error slot after its outputs.
+    error_slot: bool,
     /// Values of the uniform `LZD` (empty: a static kernel).
     dims: Vec<u32>,
 }
@@ -726,6 +850,7 @@ impl Prepared {
             entry: wgsl.entry,
             inputs: wgsl.inputs,
             outputs: wgsl.outputs,
+            error_slot: wgsl.error_slot,
             dims: Vec::new(),
         }
     }
@@ -828,11 +953,6 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
-        // Gather runs on the CPU fallback: its indices are data, and a
-        // kernel cannot report an out-of-range index (the generated gather
-        // clamps), while the CPU backend returns a clear error. A wrong
-        // answer is worse than a slower right one.
-        let data_checked = !matches!(node.op, Op::Gather { .. });
         // On a software adapter that silently caps loop iterations, kernels
         // that walk one line per invocation would return wrong values for
         // lines longer than the cap: such nodes run on the CPU fallback.
@@ -847,12 +967,18 @@ impl Backend for WgpuBackend {
                     Op::MatMul => {
                         inputs.first().and_then(|a| a.shape.dims().last()).is_none_or(|&k| k as u64 <= budget)
                     }
+                    Op::ScatterAdd { axis } => {
+                        let m = inputs.get(1).map_or(0, |i| i.shape.numel() as u64);
+                        let inner = node.shape.dims()[axis + 1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
+                        codegen::index::scatter_loop_iterations(self.inner.lower.forms.scatter, m, inner) <= budget
+                    }
+                    Op::Pool(p) => codegen::pool::pool_loop_iterations(p, false) <= budget,
+                    Op::PoolGrad(p) => codegen::pool::pool_loop_iterations(p, true) <= budget,
                     _ => true,
                 }
             }
         };
-        data_checked
-            && within_budget
+        within_budget
             && gpu_dtype(node.dtype)
             && inputs.iter().all(|n| gpu_dtype(n.dtype))
             && codegen::op_supported(&node.op)
@@ -865,14 +991,24 @@ impl Backend for WgpuBackend {
         let n = ty.shape.numel();
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
         let buf = self.new_buffer(ty, &[], || "upload".into())?;
-        if n > 0 {
-            let st = self.storage(&buf)?;
+        let st = self.storage(&buf)?;
+        // In chunks, each written and submitted before the next, so the
+        // staging copy wgpu makes stays one chunk.
+        let step = TRANSFER_CHUNK as usize / 4;
+        let chunks = n.div_ceil(step);
+        for c in 0..chunks {
+            let (lo, hi) = (c * step, ((c + 1) * step).min(n));
+            let offset = lo as u64 * 4;
             if ty.dtype == DType::Bool {
-                let mut words = self.host_vec::<u32>(n, "upload")?;
-                words.extend(bytes.iter().map(|&b| (b != 0) as u32));
-                self.inner.queue.write_buffer(st.buffer(), 0, bytemuck::cast_slice(&words));
+                let mut words = self.host_vec::<u32>(hi - lo, "upload")?;
+                words.extend(bytes[lo..hi].iter().map(|&b| (b != 0) as u32));
+                self.inner.queue.write_buffer(st.buffer(), offset, bytemuck::cast_slice(&words));
             } else {
-                self.inner.queue.write_buffer(st.buffer(), 0, bytes);
+                self.inner.queue.write_buffer(st.buffer(), offset, &bytes[lo * 4..hi * 4]);
+            }
+            if chunks > 1 {
+                self.inner.queue.submit([]);
+                self.wait()?;
             }
         }
         Ok(buf)
@@ -888,26 +1024,34 @@ impl Backend for WgpuBackend {
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
-        let staging = self.inner.pool.acquire(bytes, READBACK)?;
-        let mut enc = self.inner.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(st.buffer(), 0, staging.buffer(), 0, bytes);
-        self.inner.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.buffer().map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
-        {
-            let view = staging.buffer().get_mapped_range(0..bytes).map_err(|e| device_err(&self.inner.name, e))?;
-            if buffer.ty.dtype == DType::Bool {
-                let words: &[u32] = bytemuck::cast_slice(&view);
-                out.extend(words.iter().map(|&w| (w != 0) as u8));
-            } else {
-                out.extend_from_slice(&view);
+        // Through one staging buffer of at most `TRANSFER_CHUNK` bytes,
+        // a chunk at a time.
+        let chunk = bytes.min(TRANSFER_CHUNK);
+        let staging = self.inner.pool.acquire(chunk, READBACK)?;
+        let mut offset = 0;
+        while offset < bytes {
+            let len = chunk.min(bytes - offset);
+            let mut enc = self.inner.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
+            self.inner.queue.submit([enc.finish()]);
+            let (tx, rx) = std::sync::mpsc::channel();
+            staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait()?;
+            rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
+            {
+                let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.inner.name, e))?;
+                if buffer.ty.dtype == DType::Bool {
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    out.extend(words.iter().map(|&w| (w != 0) as u8));
+                } else {
+                    out.extend_from_slice(&view);
+                }
             }
+            staging.buffer().unmap();
+            offset += len;
         }
-        staging.buffer().unmap();
         Ok(out)
     }
 
@@ -932,15 +1076,16 @@ impl Backend for WgpuBackend {
                 self.tuned_limits(k, graph, &name)?
             };
             let mut wgsl = self.lower(k, graph, &limits)?;
+            let windows = self.window(k, graph, &name, &mut wgsl)?;
             if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
                 wgsl.source = crate::fault::perturb(&wgsl.source);
             }
-            lowered.push((name, wgsl));
+            lowered.push((name, wgsl, windows));
         }
         // Each source (and first pass) generic over sizes where its family
         // has seen other sizes.
         let mut prepared = Vec::new();
-        for (name, wgsl) in &lowered {
+        for (name, wgsl, _) in &lowered {
             for (name, w) in
                 std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
             {
@@ -951,6 +1096,7 @@ impl Backend for WgpuBackend {
                     entry: w.entry,
                     inputs: w.inputs,
                     outputs: w.outputs,
+                    error_slot: w.error_slot,
                     dims: s.dims,
                 });
             }
@@ -962,10 +1108,10 @@ impl Backend for WgpuBackend {
             (pipeline, dims)
         });
         let mut kernels = Vec::with_capacity(lowered.len());
-        for (name, wgsl) in lowered {
+        for (name, wgsl, windows) in lowered {
             let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
-            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre });
+            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
         }
         let mut buffers = Vec::new();
         let mut slot = vec![u32::MAX; graph.len()];
@@ -1043,23 +1189,58 @@ impl Backend for WgpuBackend {
         let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
+        // Error slots of the kernels that check indices, one each, zeroed
+        // first in this submission and copied to a readback buffer at its
+        // end, which is mapped by the same wait as the execution: a bad
+        // index costs no extra round trip (see `codegen::index`).
+        let checking: Vec<usize> = (0..exe.kernels.len())
+            .filter(|&i| exe.kernels[i].wgsl.error_slot && exe.kernels[i].wgsl.invocations > 0)
+            .collect();
+        let stride = self.inner.slot_stride;
+        let slot_bytes = checking.len() as u64 * stride;
+        let slots = if checking.is_empty() {
+            None
+        } else {
+            // The slots buffer is bound, so it comes through the plan's
+            // allocation history like every buffer it binds (after the
+            // scratch of each kernel): a steady loop gets it back, and with
+            // it the bind groups of its checking kernels.
+            let at = uniform_slot + 1 + exe.kernels.len();
+            let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(at));
+            let device_slots = self.inner.pool.acquire_preferring(slot_bytes, STORAGE, prefer)?;
+            if let Some(c) = cache.as_mut() {
+                c.record(at, device_slots.id());
+            }
+            // Never bound: any idle readback buffer will do.
+            let read = self.inner.pool.acquire(slot_bytes, READBACK)?;
+            enc.clear_buffer(device_slots.buffer(), 0, Some(slot_bytes));
+            Some((device_slots, read))
+        };
         let mut launches = 0u64;
         // Bind groups first, then encoding: one pass for the whole plan, or
         // one pass per kernel with timestamps while profiling.
         let mut work: Vec<Launch> = Vec::with_capacity(exe.kernels.len());
         // Scratch buffers of two-pass kernels live until the wait below.
         let mut scratch = Vec::new();
+        // Bind group 0 of launch `launch` (a kernel's first pass is launch
+        // `2 * ki`, the kernel proper `2 * ki + 1`): from the plan's cache,
+        // keyed by every range bound, or made afresh without it.
         let bind = |cache: &mut Option<std::sync::MutexGuard<BindCache>>,
-                    slot: usize,
+                    launch: usize,
                     layout: &wgpu::BindGroupLayout,
-                    bufs: &[&WgpuStorage]| match cache {
-            Some(c) => c.get(slot, dev, layout, bufs),
-            None => binds::create(dev, layout, &bufs.iter().map(|b| b.buffer()).collect::<Vec<_>>()),
+                    bindings: &[Binding]| match cache {
+            Some(c) => c.get(launch, dev, layout, bindings),
+            None => binds::create(dev, layout, bindings),
         };
-        for (slot, (k, kernel)) in exe.kernels.iter().zip(&exe.plan.kernels).enumerate() {
+        for (ki, (k, kernel)) in exe.kernels.iter().zip(&exe.plan.kernels).enumerate() {
             if k.wgsl.invocations == 0 {
                 continue;
             }
+            // The kernel's error slot, if it checks indices.
+            let error_slot = match (&slots, checking.binary_search(&ki)) {
+                (Some((device_slots, _)), Ok(j)) => Some((device_slots, j as u64 * stride)),
+                _ => None,
+            };
             let buffer = |id: &NodeId| -> Result<&WgpuStorage, BackendError> {
                 let b = value(*id)
                     .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
@@ -1069,55 +1250,56 @@ impl Backend for WgpuBackend {
                 (Some(pre), Some((pre_pipeline, pre_dims))) => {
                     // Pass 1 reads the inputs into scratch; pass 2 reads
                     // the scratch and writes the outputs.
+                    debug_assert!(error_slot.is_none(), "two-pass kernels check no indices");
                     // Scratch allocations come after the buffers in the
                     // plan's allocation history.
-                    let at = uniform_slot + 1 + slot;
+                    let at = uniform_slot + 1 + ki;
                     let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(at));
                     let s = self.inner.pool.acquire_preferring(pre.scratch.max(1) * 4, STORAGE, prefer)?;
                     if let Some(c) = cache.as_mut() {
                         c.record(at, s.id());
                     }
-                    let mut bound: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + 2);
-                    bound.push(&uniform);
+                    let mut first: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + 1);
                     for id in &kernel.inputs {
-                        bound.push(buffer(id)?);
+                        first.push(buffer(id)?);
                     }
-                    bound.push(&s);
+                    first.push(&s);
+                    let bindings = self.bindings(&uniform, &first, &k.windows.pre, None);
                     work.push(Launch {
                         kernel: k,
                         first_pass: true,
                         pipeline: &pre_pipeline.pipeline,
-                        bind_group: bind(&mut cache, 2 * slot, &pre_pipeline.layout, &bound),
+                        bind_group: bind(&mut cache, 2 * ki, &pre_pipeline.layout, &bindings),
                         dims: pre_dims.as_ref(),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
-                    let mut bound: Vec<&WgpuStorage> = Vec::with_capacity(kernel.outputs.len() + 2);
-                    bound.push(&uniform);
-                    bound.push(&s);
+                    let mut second: Vec<&WgpuStorage> = Vec::with_capacity(kernel.outputs.len() + 1);
+                    second.push(&s);
                     for id in &kernel.outputs {
-                        bound.push(buffer(id)?);
+                        second.push(buffer(id)?);
                     }
+                    let bindings = self.bindings(&uniform, &second, &k.windows.main, None);
                     work.push(Launch {
                         kernel: k,
                         first_pass: false,
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: bind(&mut cache, 2 * slot + 1, &k.pipeline.layout, &bound),
+                        bind_group: bind(&mut cache, 2 * ki + 1, &k.pipeline.layout, &bindings),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                     scratch.push(s);
                 }
                 _ => {
-                    let mut bound: Vec<&WgpuStorage> = Vec::with_capacity(kernel.storage_buffers() + 1);
-                    bound.push(&uniform);
+                    let mut bufs: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + kernel.outputs.len());
                     for id in kernel.inputs.iter().chain(&kernel.outputs) {
-                        bound.push(buffer(id)?);
+                        bufs.push(buffer(id)?);
                     }
+                    let bindings = self.bindings(&uniform, &bufs, &k.windows.main, error_slot);
                     work.push(Launch {
                         kernel: k,
                         first_pass: false,
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: bind(&mut cache, 2 * slot + 1, &k.pipeline.layout, &bound),
+                        bind_group: bind(&mut cache, 2 * ki + 1, &k.pipeline.layout, &bindings),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
@@ -1182,9 +1364,38 @@ impl Backend for WgpuBackend {
             enc.resolve_query_set(set, 0..n, resolve, 0);
             enc.copy_buffer_to_buffer(resolve, 0, read, 0, n as u64 * 8);
         }
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some((device_slots, read)) = &slots {
+            enc.copy_buffer_to_buffer(device_slots.buffer(), 0, read.buffer(), 0, slot_bytes);
+        }
         drop(cache);
         self.inner.queue.submit([enc.finish()]);
+        if let Some((_, read)) = &slots {
+            read.buffer().map_async(wgpu::MapMode::Read, 0..slot_bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        }
         let waited = self.wait();
+        // The first claimed slot, in kernel order, as (kernel, index bits);
+        // the readback buffer is unmapped before anything returns.
+        let claimed = match &slots {
+            Some((_, read)) if waited.is_ok() => {
+                let mapped = rx
+                    .recv()
+                    .map_err(|e| device_err(&self.inner.name, e))?
+                    .map_err(|e| device_err(&self.inner.name, e));
+                let found = mapped.and_then(|()| {
+                    let view =
+                        read.buffer().get_mapped_range(0..slot_bytes).map_err(|e| device_err(&self.inner.name, e))?;
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    let step = (stride / 4) as usize;
+                    Ok((0..checking.len()).find(|&j| words[j * step] != 0).map(|j| (checking[j], words[j * step + 1])))
+                });
+                read.buffer().unmap();
+                found?
+            }
+            _ => None,
+        };
         let val_err = pollster::block_on(val.pop());
         let oom_err = pollster::block_on(oom.pop());
         metrics::inc("KernelLaunches", launches);
@@ -1208,11 +1419,17 @@ impl Backend for WgpuBackend {
         drop(work);
         drop(uniform);
         scratch.into_iter().rev().for_each(drop);
-        let outputs = g
-            .outputs
-            .iter()
-            .map(|o| value(*o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed"))))
-            .collect();
+        drop(slots);
+        let outputs = match claimed {
+            Some((kernel, bits)) => Err(index_error(g, &exe.plan.kernels[kernel], bits)),
+            None => g
+                .outputs
+                .iter()
+                .map(|o| {
+                    value(*o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed")))
+                })
+                .collect(),
+        };
         values.into_iter().rev().for_each(drop);
         outputs
     }
@@ -1244,4 +1461,26 @@ fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) -> Vec<u32> {
         words.push(0);
     }
     words
+}
+
+/// The error of an index out of range that kernel `k` (a gather or a
+/// scatter-add) reported: `bits` are the index as its kernel read it.
+fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
+    let root = g.node(k.root());
+    let axis = match root.op {
+        Op::Gather { axis } | Op::ScatterAdd { axis } => axis,
+        _ => unreachable!("only gathers and scatter-adds check indices"),
+    };
+    let data = g.node(root.inputs[0]);
+    let index = match g.node(root.inputs[1]).dtype {
+        DType::I32 => bits as i32 as i128,
+        _ => bits as i128,
+    };
+    BackendError::IndexOutOfRange(Box::new(IndexError {
+        op: root.op.name(),
+        index,
+        axis,
+        size: data.shape.dims()[axis],
+        shape: data.shape.clone(),
+    }))
 }

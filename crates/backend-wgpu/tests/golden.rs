@@ -11,7 +11,8 @@
 
 use lazuli_ir::fusion::{self, FusionLimits};
 use lazuli_ir::{
-    ArgReduceOp, BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
+    ArgReduceOp, BinaryOp, DType, Graph, NodeId, Op, PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape,
+    UnaryOp, ValueType,
 };
 use lazuli_wgpu::codegen::{lower, LowerLimits};
 use std::path::PathBuf;
@@ -231,6 +232,36 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         let c = push(&mut g, Op::Concat { axis: 1 }, &[r, x]);
         g.outputs.push(c);
         out.push(("random_concat", g));
+    }
+    // An embedding lookup and its gradient: a checked gather and a
+    // scatter-add into zeros (GPT-like rows of 64).
+    {
+        let mut g = Graph::new();
+        let table = f32p(&mut g, &[1000, 64]);
+        let ids = g.param(ValueType::new([4, 32], DType::I32));
+        let e = push(&mut g, Op::Gather { axis: 0 }, &[table, ids]);
+        let gy = f32p(&mut g, &[4, 32, 64]);
+        let z = push(&mut g, Op::Constant(ScalarValue::Float(0.0), DType::F32), &[]);
+        let zeros = push(&mut g, Op::Expand(Shape::new([1000, 64])), &[z]);
+        let gt = push(&mut g, Op::ScatterAdd { axis: 0 }, &[zeros, ids, gy]);
+        g.outputs.push(e);
+        g.outputs.push(gt);
+        out.push(("embedding_gather_scatter", g));
+    }
+    // Max and average pooling (3x3, stride 2, padding 1) and their
+    // gradients (a LeNet/ResNet-like layer).
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[8, 16, 28, 28]);
+        let max = PoolAttrs::new(PoolKind::Max, &[3, 3]).with_strides(&[2, 2]).with_padding(&[1, 1]);
+        let avg = PoolAttrs { kind: PoolKind::Avg { count_include_pad: false }, ..max.clone() };
+        let ym = push(&mut g, Op::Pool(max.clone()), &[x]);
+        let ya = push(&mut g, Op::Pool(avg.clone()), &[x]);
+        let gy = f32p(&mut g, &[8, 16, 14, 14]);
+        let gm = push(&mut g, Op::PoolGrad(max), &[x, gy]);
+        let ga = push(&mut g, Op::PoolGrad(avg), &[x, gy]);
+        g.outputs.extend([ym, ya, gm, ga]);
+        out.push(("pool_and_grad", g));
     }
     // Independent updates of several shapes: one multi-tensor kernel with
     // a vec4 segment, an odd-sized one, an indexed one (a broadcast row)

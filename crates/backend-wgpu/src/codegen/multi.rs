@@ -174,6 +174,7 @@ impl Writer<'_> {
             workgroup_size: WORKGROUP_SIZE,
             pre: None,
             scratch: 0,
+            error_slot: false,
         })
     }
 }

@@ -15,7 +15,9 @@
 //!
 //! The pass ([`merge`]) is generic: it joins any two elementwise or
 //! multi-tensor kernels that do not depend on each other, whatever they
-//! compute, when the joined kernel binds at most the buffer limit. A kernel
+//! compute, when the joined kernel binds at most the buffer limit (a
+//! value beyond one binding counting once per window, as everywhere in
+//! the planner). A kernel
 //! moves later (to its partner's place) when nothing in between reads what
 //! it writes, or its partner moves earlier when nothing in between writes
 //! what the partner reads; every other kernel keeps its place, so the plan
@@ -23,14 +25,15 @@
 //! `merge_siblings` does for kernels of one shape); a joined kernel of a
 //! single shape stays an elementwise kernel.
 //!
-//! Other kernel kinds (reductions, matmul, row kernels ...) do not join:
+//! Other kernel kinds (reductions, matmul, row kernels, and the gathers
+//! and scatter-adds whose error slot is a binding of its own) do not join:
 //! a segment is an elementwise evaluation, one invocation range per output
 //! shape. A kind can join once its lowering can run as a function of a
 //! segment-local invocation index with no workgroup barrier (or with
 //! segments aligned to whole workgroups) and the planner knows its
 //! invocation count; see the backend's multi-tensor lowering.
 
-use super::{Kernel, KernelKind};
+use super::{Budget, Kernel, KernelKind};
 use crate::{Graph, NodeId, Shape};
 use std::collections::BTreeSet;
 
@@ -92,9 +95,12 @@ fn group_by_shape(graph: &Graph, outputs: &[NodeId]) -> Vec<Vec<NodeId>> {
     groups.into_iter().map(|(_, v)| v).collect()
 }
 
-/// Whether kernel `k` may join a multi-tensor kernel.
+/// Whether kernel `k` may join a multi-tensor kernel. None of these kinds
+/// checks indices, so a joined kernel binds no error slot.
 fn joinable(k: &Kernel) -> bool {
-    matches!(k.kind, KernelKind::Elementwise | KernelKind::MultiTensor)
+    let ok = matches!(k.kind, KernelKind::Elementwise | KernelKind::MultiTensor);
+    debug_assert!(!(ok && k.kind.checks_indices()));
+    ok
 }
 
 /// `a` and `b` as one kernel: outputs grouped by shape (segments
@@ -113,20 +119,20 @@ fn join(graph: &Graph, a: &Kernel, b: &Kernel) -> Kernel {
     }
 }
 
-/// Storage buffers `a` and `b` joined would bind.
-fn joined_buffers(a: &Kernel, b: &Kernel) -> usize {
+/// Whether `a` and `b` joined fit one kernel: its storage bindings within
+/// `max` (windows counted).
+fn joined_fits(a: &Kernel, b: &Kernel, max: &Budget) -> bool {
     let inputs: BTreeSet<NodeId> = a.inputs.iter().chain(&b.inputs).copied().collect();
-    inputs.len() + a.outputs.len() + b.outputs.len()
+    max.fits(inputs.iter().chain(&a.outputs).chain(&b.outputs))
 }
 
 /// Joins independent elementwise kernels of `kernels` (in execution order)
-/// into multi-tensor kernels binding at most `max` storage buffers each
-/// (see the module doc). Greedy and deterministic: each kernel, in order,
+/// into multi-tensor kernels that fit `max` each (see the module doc). Greedy and deterministic: each kernel, in order,
 /// joins the first later kernel it can move to (when nothing in between
 /// reads its outputs), or pulls later kernels to its own place (when
 /// nothing from its place on writes their inputs), until neither is
 /// possible.
-pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     // The kernel writing each node, by position in `ks` (kept up to date
     // as kernels move).
@@ -155,7 +161,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kern
                 b += 1;
                 continue;
             };
-            if !joinable(kb) || joined_buffers(ka, kb) > max {
+            if !joinable(kb) || !joined_fits(ka, kb, max) {
                 b += 1;
                 continue;
             }
@@ -264,6 +270,24 @@ mod tests {
             assert_eq!(p.kernels.len(), kernels, "max {max}:\n{}", p.to_text());
             check(&g, &p, max);
         }
+    }
+
+    /// Windows count against the limit as in every other kernel: with
+    /// windows of 40 elements, the update of 100 elements binds 9 windows
+    /// (3 per value) and joins only one 3-binding update within 12.
+    #[test]
+    fn windowed_values_count_once_per_window() {
+        let shapes: [&[usize]; 3] = [&[100], &[5], &[6]];
+        let (g, _) = updates(&shapes);
+        assert_eq!(plan(&g, &limits(12)).kernels.len(), 1);
+        let windowed = FusionLimits { window_elements: 40, ..limits(12) };
+        let p = plan(&g, &windowed);
+        assert_eq!(p.kernels.len(), 2, "{}", p.to_text());
+        let budget = Budget { graph: &g, max: 12, window: 40 };
+        for k in &p.kernels {
+            assert!(budget.fits_kernel(k), "{}", p.to_text());
+        }
+        check(&g, &p, 12);
     }
 
     #[test]
