@@ -17,7 +17,7 @@
 //! multi-tensor kernels that do not depend on each other, whatever they
 //! compute, when the joined kernel binds at most the buffer limit (a
 //! value beyond one binding counting once per window, as everywhere in
-//! the planner). A kernel
+//! the planner) and covers at most [`MAX_JOINED_ELEMENTS`] elements. A kernel
 //! moves later (to its partner's place) when nothing in between reads what
 //! it writes, or its partner moves earlier when nothing in between writes
 //! what the partner reads; every other kernel keeps its place, so the plan
@@ -36,6 +36,12 @@
 use super::{Budget, Kernel, KernelKind};
 use crate::{Graph, NodeId, Shape};
 use std::collections::BTreeSet;
+
+/// Most elements a joined kernel covers, over all its segments (each
+/// output shape once). A backend lays the segments' invocations end to end
+/// and indexes them with 32 bits; each form runs at most one invocation
+/// per element, so this leaves room for the alignment of every segment.
+pub const MAX_JOINED_ELEMENTS: u64 = 1 << 31;
 
 impl Kernel {
     /// The segments of this kernel, each an elementwise kernel over one
@@ -120,10 +126,16 @@ fn join(graph: &Graph, a: &Kernel, b: &Kernel) -> Kernel {
 }
 
 /// Whether `a` and `b` joined fit one kernel: its storage bindings within
-/// `max` (windows counted).
-fn joined_fits(a: &Kernel, b: &Kernel, max: &Budget) -> bool {
+/// `max` (windows counted) and its elements within
+/// [`MAX_JOINED_ELEMENTS`].
+fn joined_fits(graph: &Graph, a: &Kernel, b: &Kernel, max: &Budget) -> bool {
     let inputs: BTreeSet<NodeId> = a.inputs.iter().chain(&b.inputs).copied().collect();
-    max.fits(inputs.iter().chain(&a.outputs).chain(&b.outputs))
+    if !max.fits(inputs.iter().chain(&a.outputs).chain(&b.outputs)) {
+        return false;
+    }
+    let all: Vec<NodeId> = a.outputs.iter().chain(&b.outputs).copied().collect();
+    let elements = group_by_shape(graph, &all).iter().map(|g| graph.node(g[0]).shape.numel() as u64).sum::<u64>();
+    elements <= MAX_JOINED_ELEMENTS
 }
 
 /// Joins independent elementwise kernels of `kernels` (in execution order)
@@ -161,7 +173,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Ke
                 b += 1;
                 continue;
             };
-            if !joinable(kb) || !joined_fits(ka, kb, max) {
+            if !joinable(kb) || !joined_fits(graph, ka, kb, max) {
                 b += 1;
                 continue;
             }
@@ -288,6 +300,20 @@ mod tests {
             assert!(budget.fits_kernel(k), "{}", p.to_text());
         }
         check(&g, &p, 12);
+    }
+
+    /// A joined kernel covers at most `MAX_JOINED_ELEMENTS` elements, so
+    /// its invocations stay u32-indexable.
+    #[test]
+    fn joined_elements_are_bounded() {
+        let shapes: [&[usize]; 3] = [&[1 << 30], &[1 << 15, 1 << 15], &[1 << 29, 2]];
+        let (g, _) = updates(&shapes);
+        let p = plan(&g, &limits(64));
+        assert_eq!(p.kernels.len(), 2, "{}", p.to_text());
+        for k in &p.kernels {
+            let elements: u64 = k.segments(&g).iter().map(|s| g.node(s.root()).shape.numel() as u64).sum();
+            assert!(elements <= MAX_JOINED_ELEMENTS, "{}", p.to_text());
+        }
     }
 
     #[test]
