@@ -17,6 +17,13 @@
 //!   60 KiB windows (`WgpuDeviceOptions::binding_window`; not a power of
 //!   two, as on NVIDIA), compared with the CPU reference: many shapes and
 //!   forms in milliseconds.
+//! - *With multi-tensor kernels and cached bind groups*: windowed updates
+//!   joined with small ones in one multi-tensor kernel (or split by the
+//!   binding limit, windows counted) create no bind groups after warm-up
+//!   and match the CPU every step; a gather from a windowed table binds
+//!   its windows and error slot through the plan's cached bind groups, an
+//!   index out of range on a later run is the typed error, and the run
+//!   after it is right.
 //!
 //! Memory: lavapipe's device memory is host RAM. One test holds at most
 //! about 1.1 GiB (the 512 MiB test: its result on the device and on the
@@ -411,5 +418,165 @@ fn windowed_twins_of_every_kernel_family_match_the_cpu() {
                 assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{forms} {name}: element {i}: {g}, want {w}");
             }
         }
+    }
+}
+
+// Windows together with multi-tensor kernels, cached bind groups and
+// error slots: devices with 60 KiB windows that keep idle buffers, so a
+// plan's buffers (and with them its bind groups) recur from step to step.
+
+/// A wgpu device per kernel-form profile with 60 KiB windows and the
+/// default buffer pool; `max_storage_buffers` clamps the bindings of one
+/// kernel.
+fn cached_devices(max_storage_buffers: Option<u32>) -> Vec<(&'static str, Device)> {
+    if common::wgpu().is_none() {
+        return Vec::new();
+    }
+    [("software", KernelForms::software()), ("gpu", KernelForms::gpu())]
+        .into_iter()
+        .map(|(name, forms)| {
+            let opts = WgpuDeviceOptions {
+                kernel_forms: Some(forms),
+                binding_window: Some(60 << 10),
+                max_storage_buffers,
+                ..Default::default()
+            };
+            (name, Device::wgpu_with(opts).expect("a second device on the adapter"))
+        })
+        .collect()
+}
+
+/// SGD steps `p -= g * lr` (`lr` new every step) on a parameter of 3
+/// windows and two small ones: the updates share one multi-tensor kernel
+/// (windowed: its source is rewritten like any kernel's) or, with at most
+/// 12 storage buffers per stage (11 per kernel), the windowed update's 9
+/// bindings keep it apart from the small ones, which still join. Either
+/// way a steady loop creates no bind groups after warm-up (the windows'
+/// offsets and sizes in their keys) and matches the CPU every step.
+#[test]
+fn windowed_multi_tensor_updates_reuse_their_bind_groups() {
+    let _l = big();
+    let shapes: [&[usize]; 3] = [&[64, 600], &[7], &[33, 10]];
+    let init = |dev: &Device| -> Vec<(Tensor, Tensor)> {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(k, s)| {
+                let n: usize = s.iter().product();
+                let p = Tensor::from_slice(&common::rand_vec(n, 60 + k as u64, -1.0, 1.0), s.to_vec(), dev).unwrap();
+                let g = Tensor::from_slice(&common::rand_vec(n, 70 + k as u64, -1.0, 1.0), s.to_vec(), dev).unwrap();
+                (p, g)
+            })
+            .collect()
+    };
+    let step = |params: &[(Tensor, Tensor)], s: usize| {
+        for (p, g) in params {
+            p.sub_(&g.mul_scalar(0.1 + 0.01 * s as f64).unwrap()).unwrap();
+        }
+    };
+    let cpu = Device::cpu();
+    let want: Vec<Vec<Vec<f32>>> = {
+        let params = init(&cpu);
+        (0..8)
+            .map(|s| {
+                step(&params, s);
+                params.iter().map(|(p, _)| p.to_vec::<f32>().unwrap()).collect()
+            })
+            .collect()
+    };
+    for (max, launches_per_step) in [(None, 1), (Some(12), 2)] {
+        for (forms, dev) in cached_devices(max) {
+            let what = format!("{forms}, max {max:?}");
+            let params = init(&dev);
+            dev.wait().unwrap();
+            let windowed = metrics::counter("WindowedKernels");
+            let mut created = Vec::new();
+            for (s, want) in want.iter().enumerate() {
+                step(&params, s);
+                if s == 0 {
+                    let refs: Vec<&Tensor> = params.iter().map(|(p, _)| p).collect();
+                    let code = lazuli::debug::backend_code(&refs).unwrap();
+                    assert_eq!(code.len(), launches_per_step as usize, "{what}: {code:?}");
+                    let multi =
+                        code.iter().find(|(name, _)| name.contains("MultiTensor")).expect("a multi-tensor kernel");
+                    assert_eq!(
+                        multi.1.contains("fn ld_in"),
+                        max.is_none(),
+                        "{what}: windowed only when joined:\n{}",
+                        multi.1
+                    );
+                }
+                let (c0, l0) = (metrics::counter("WgpuBindGroupsCreated"), metrics::counter("KernelLaunches"));
+                dev.mark_step().unwrap();
+                dev.wait().unwrap();
+                created.push(metrics::counter("WgpuBindGroupsCreated") - c0);
+                assert_eq!(metrics::counter("KernelLaunches") - l0, launches_per_step, "{what}: step {s}");
+                for (k, ((p, _), w)) in params.iter().zip(want).enumerate() {
+                    common::assert_close(&p.to_vec::<f32>().unwrap(), w, 1e-6, 1e-6, &format!("{what}: step {s} p{k}"));
+                }
+            }
+            assert!(metrics::counter("WindowedKernels") > windowed, "{what}: the update was windowed");
+            assert!(created[4..].iter().all(|&c| c == 0), "{what}: bind groups created per step: {created:?}");
+        }
+    }
+}
+
+/// A gather from a table of 4 windows, indices `base + k` with `k` a
+/// lifted scalar, run as one cached plan with `k` = 3, 7, 40 (one index
+/// out of range) and 11: the gather binds its windows and its error slot
+/// through the plan's cached bind groups from the second run on, the bad
+/// run is `IndexOutOfRange` naming the index, and the next good run
+/// (slots zeroed again, same groups) is right.
+#[test]
+fn a_gather_error_slot_and_windows_through_cached_bind_groups() {
+    let _l = big();
+    let (rows, cols) = (300, 200);
+    let data = common::rand_vec(rows * cols, 80, -2.0, 2.0);
+    let base = [0i32, 76, 77, 153, 280, 5, 1];
+    for (forms, dev) in cached_devices(None) {
+        let table = Tensor::from_slice(&data, [rows, cols], &dev).unwrap();
+        let base_t = Tensor::from_slice(&base, [base.len()], &dev).unwrap();
+        let half = table.mul_scalar(0.5).unwrap();
+        half.sync().unwrap();
+        dev.wait().unwrap();
+        let compiles = dev.compile_counts().0;
+        for (run, k) in [3i32, 7, 40, 11].into_iter().enumerate() {
+            let (c0, r0) = (metrics::counter("WgpuBindGroupsCreated"), metrics::counter("WgpuBindGroupsReused"));
+            let ids = base_t.add_scalar(k).unwrap();
+            // The gather, and a windowed elementwise kernel beside it.
+            let y = table.gather(0, &ids).unwrap().add_scalar(1.0).unwrap();
+            let z = table.mul_scalar(0.25).unwrap().add(&half).unwrap();
+            lazuli::sync(&[&y, &z]).unwrap();
+            let got = y.to_vec::<f32>();
+            let zs = z.to_vec::<f32>();
+            dev.wait().unwrap();
+            let (created, reused) =
+                (metrics::counter("WgpuBindGroupsCreated") - c0, metrics::counter("WgpuBindGroupsReused") - r0);
+            if run > 0 {
+                assert_eq!(created, 0, "{forms}: run {run} (k = {k}) made bind groups");
+                assert!(reused >= 2, "{forms}: run {run} (k = {k}) reused {reused} bind groups");
+            }
+            if k == 40 {
+                let e = got.expect_err("index 320 of 300");
+                match backend_error(&e) {
+                    Some(BackendError::IndexOutOfRange(ie)) => {
+                        assert_eq!(
+                            (ie.op.as_str(), ie.index, ie.axis, ie.size),
+                            ("gather", 320, 0, rows),
+                            "{forms}: {e}"
+                        );
+                    }
+                    _ => panic!("{forms}: expected an index out of range, got {e}"),
+                }
+                continue;
+            }
+            let got = got.unwrap_or_else(|e| panic!("{forms}: k = {k}: {e}"));
+            let want: Vec<f32> =
+                base.iter().flat_map(|&b| data[(b + k) as usize * cols..][..cols].iter().map(|v| v + 1.0)).collect();
+            assert_eq!(got, want, "{forms}: k = {k}");
+            let want_z: Vec<f32> = data.iter().map(|v| v * 0.25 + v * 0.5).collect();
+            common::assert_close(&zs.unwrap(), &want_z, 1e-6, 1e-6, &format!("{forms}: z, k = {k}"));
+        }
+        assert_eq!(dev.compile_counts().0, compiles + 1, "{forms}: one plan for every k");
     }
 }
