@@ -102,5 +102,7 @@ pub fn adapters() -> Vec<String> {
 }
 
 pub use lazuli_cpu::CpuOptions as CpuDeviceOptions;
-pub use lazuli_wgpu::codegen::{ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm};
+pub use lazuli_wgpu::codegen::{
+    ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm, ScatterForm,
+};
 pub use lazuli_wgpu::WgpuOptions as WgpuDeviceOptions;

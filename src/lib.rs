@@ -29,11 +29,12 @@ pub mod train;
 
 pub use device::{
     adapters, CpuDeviceOptions, DeviceExt, DeviceKind, ElementwiseForm, KernelForms, MatmulForm, MatmulTile,
-    ReduceForm, RowsForm, WgpuDeviceOptions,
+    ReduceForm, RowsForm, ScatterForm, WgpuDeviceOptions,
 };
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
-    debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, Result, Tensor, TensorState,
+    debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError, Result, Tensor,
+    TensorState,
 };
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;

@@ -415,8 +415,8 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
 /// label is `ignore_index`; `Mean` divides the sum by the number of
 /// elements not ignored (NaN when every element is ignored, like
 /// PyTorch). It is written as log-softmax times a one-hot mask (`iota ==
-/// labels`), so it needs no gather (which runs on the CPU fallback on
-/// wgpu) and its gradient is `(softmax - target) / count`. A label outside
+/// labels`), so it needs no gather (whose out-of-range check would make a
+/// bad label an error) and its gradient is `(softmax - target) / count`. A label outside
 /// `0..classes` that is not ignored matches no class: only its smoothing
 /// term counts.
 pub fn cross_entropy_with(logits: &Tensor, labels: &Tensor, opts: &CrossEntropyOptions) -> Result<Tensor> {

@@ -2,12 +2,13 @@
 //! invalid, arguments — bad and repeated axes, mismatched shapes and
 //! dtypes, zero and huge dims, zero and negative steps, empty concat,
 //! reading with the wrong element type, operands of two devices, extreme
-//! integers, out-of-range gather indices, injected device failures,
-//! `assign`, `mark_step` and drops in between, and tensors of huge and
+//! integers, out-of-range gather and scatter-add indices, injected device
+//! failures, `assign`, `mark_step` and drops in between, and tensors of huge and
 //! near-limit sizes computed and read (1 TiB, beyond the address space,
-//! exactly at and just over a CPU device's memory budget, just over
-//! lavapipe's largest binding): each must be a typed error or a value,
-//! never an abort. Every call runs inside
+//! exactly at and just over a CPU device's memory budget, beyond u32
+//! element indexing, and on a wgpu device binding 64 KiB windows just
+//! over one window and just within and over the storage bindings of one
+//! kernel): each must be a typed error or a value, never an abort. Every call runs inside
 //! `catch_unwind`: a panic is a failure; every refusal must be an `Err`
 //! with a message. A watchdog fails the test if a sequence hangs (a
 //! deadlock at a barrier).
@@ -70,11 +71,27 @@ fn dim(k: i16) -> usize {
     }
 }
 
+/// The binding window of the fuzzer's windowed wgpu device.
+const WINDOW: u64 = 64 << 10;
+
+/// A wgpu device binding at most [`WINDOW`] bytes per storage binding (see
+/// `lazuli_wgpu::window`), made once (pipelines stay cached).
+fn windowed() -> Option<Device> {
+    static DEV: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
+    DEV.get_or_init(|| {
+        common::wgpu()?;
+        let opts = lazuli::WgpuDeviceOptions { binding_window: Some(WINDOW), ..Default::default() };
+        Some(Device::wgpu_with(opts).expect("a second device on the adapter"))
+    })
+    .clone()
+}
+
 /// Element counts of huge and near-limit tensors, which are computed and
-/// read: each is refused before any allocation (budget, binding limit or
+/// read: each is refused before any allocation (budget, index range or
 /// record-time check), fits a small budget exactly, or is small enough to
 /// compute in milliseconds.
 fn huge_len(k: u8, dev: &Device) -> usize {
+    let window = WINDOW as usize / 4;
     match k % 6 {
         // 1 TiB of f32: over any host's memory and any binding.
         0 => 1 << 38,
@@ -85,8 +102,12 @@ fn huge_len(k: u8, dev: &Device) -> usize {
         // Exactly the budgeted device's budget of f32, and one over.
         3 => BUDGET / 4,
         4 => BUDGET / 4 + 1,
-        // One f32 over lavapipe's largest storage binding (128 MiB).
-        _ if dev.kind() == lazuli::BackendKind::Wgpu => (128 << 20) / 4 + 1,
+        // On the windowed device: one f32 over a window, and an
+        // elementwise kernel (input and output) just within and just over
+        // lavapipe's 31 storage bindings per kernel.
+        _ if windowed().is_some_and(|w| w.same(dev)) => [window + 1, 15 * window, 16 * window][(k / 6 % 3) as usize],
+        // One f32 beyond u32 element indexing: refused when compiling.
+        _ if dev.kind() == lazuli::BackendKind::Wgpu => (1 << 32) + 1,
         _ => BUDGET / 4 - 1,
     }
 }
@@ -251,7 +272,11 @@ impl Api {
                 };
                 self.keep("pad", r);
             }
-            16 => self.keep("gather", x.gather(axis(c.c), &y)),
+            16 if c.b.is_multiple_of(2) => self.keep("gather", x.gather(axis(c.c), &y)),
+            16 => {
+                let z = self.t(c.d as u8);
+                self.keep("scatter_add", x.scatter_add(axis(c.c), &y, &z));
+            }
             17 => {
                 // Index tensors with out-of-range and extreme values.
                 let v: Vec<i32> = [c.c as i32, c.d as i32, i32::MAX, i32::MIN, -1, 0]
@@ -425,6 +450,7 @@ fn run(calls: &[Call], use_wgpu: bool) -> Result<usize, String> {
         if let Some(g) = common::wgpu() {
             devs.push(g);
         }
+        devs.extend(windowed());
     }
     let mut api = Api { pool: initial(&devs), devs, errors: 0, log: Vec::new() };
     for (i, c) in calls.iter().enumerate() {

@@ -1,11 +1,12 @@
 //! Differential fuzzing: random graphs of 10–60 ops over the whole op set
 //! (unary, binary with broadcasting, where, cast, reductions with keepdim,
 //! arg-reductions, softmax, cumsum, matmul, reshape, permute, expand,
-//! slices with negative steps, concat, pad, gather, mid-program syncs) on
-//! random shapes (size-1, zero-size and odd dims) run on the wgpu device
-//! and on the CPU reference device, outputs compared. Cases alternate
-//! between the wgpu kernel forms of software adapters and those of GPUs
-//! (forced with `KernelForms`), so every form is fuzzed on any adapter.
+//! slices with negative steps, concat, pad, gather, scatter-add,
+//! mid-program syncs) on random shapes (size-1, zero-size and odd dims)
+//! run on the wgpu device and on the CPU reference device, outputs
+//! compared. Cases alternate between the wgpu kernel forms of software
+//! adapters and those of GPUs (forced with `KernelForms`), so every form
+//! is fuzzed on any adapter.
 //!
 //! A program is a *choice sequence* (Hypothesis-style): a base shape, a
 //! data seed and a list of steps of four small numbers. An interpreter
@@ -24,7 +25,17 @@
 //! log/sqrt/div). Exact values must match exactly; rounded ones within a
 //! tolerance that grows with their rounded depth and bound.
 //!
-//! `LAZULI_FUZZ_CASES=N` runs N cases (default 500). Failures shrink and
+//! A second property runs programs over larger base shapes (two dims of
+//! 33 or 65) on wgpu devices that bind storage in 8 KiB windows
+//! (`WgpuDeviceOptions::binding_window`, see `lazuli_wgpu::window`), as
+//! tensors beyond the adapter's binding limit always are: most values
+//! then span several windows. A program one of whose kernels would need
+//! more storage bindings than the adapter has is refused with
+//! `BackendError::TooLarge` (a typed error, allowed) and discarded;
+//! proptest fails if it discards too many.
+//!
+//! `LAZULI_FUZZ_CASES=N` runs N cases (default 500; a 32nd as many
+//! windowed ones). Failures shrink and
 //! are persisted in `tests/fuzz_differential.proptest-regressions` (replayed
 //! first on every run); explicit regression tests for bugs found live at
 //! the end of this file.
@@ -100,6 +111,8 @@ struct Interp {
     pool: Vec<Val>,
     /// Ops applied, for failure messages.
     log: Vec<String>,
+    /// The first failed mid-program sync on the wgpu device.
+    gpu_sync: Option<lazuli::ExecError>,
 }
 
 type Res = lazuli::Result<Tensor>;
@@ -582,7 +595,8 @@ impl Interp {
                 });
                 self.push(t, a.bound.max(1.5), a.frac.map(|f| f.max(1)), a.depth);
             }
-            // Gather with in-range indices (negative ones included).
+            // Gather with in-range indices (negative ones included), or a
+            // scatter-add of the gathered rows.
             18 => {
                 let r = a.dims().len();
                 if r == 0 {
@@ -602,6 +616,18 @@ impl Interp {
                     .collect();
                 let shape: Vec<usize> = if s.b & 4 != 0 && len > 0 { vec![len, 1] } else { vec![len] };
                 if r - 1 + shape.len() > 4 {
+                    return;
+                }
+                if s.b & 8 != 0 && a.dtype() != DType::Bool {
+                    // Scatter-add of the gathered rows back into the value:
+                    // repeated indices sum (in index order on both devices).
+                    let t = self.apply("scatter_add", &[&a], |v| {
+                        let i = Tensor::from_slice(&idx, shape.clone(), v[0].device())?;
+                        v[0].scatter_add(axis as isize, &i, &v[0].gather(axis as isize, &i)?)
+                    });
+                    let bound = a.bound * (1 + len) as f64;
+                    let depth = a.depth + exact_frac(a.frac, bound).is_none() as u32;
+                    self.push(t, bound, a.frac, depth);
                     return;
                 }
                 let t = self.apply("gather", &[&a], |v| {
@@ -658,7 +684,9 @@ impl Interp {
             // later ops read it as data.
             _ => {
                 lazuli::sync(&[&a.cpu]).expect("sync on cpu");
-                lazuli::sync(&[&a.gpu]).expect("sync on wgpu");
+                if let Err(e) = lazuli::sync(&[&a.gpu]) {
+                    self.gpu_sync.get_or_insert(e);
+                }
                 self.log.push(format!("sync({}{})", a.dtype(), a.cpu.shape()));
             }
         }
@@ -721,30 +749,81 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
     add(it, f32s(&it.cpu, &v, &[]), f32s(&it.gpu, &v, &[]), 3.0, 2);
 }
 
+/// The devices of the windowed property: the CPU reference and two wgpu
+/// devices binding 8 KiB windows, one per kernel-form profile.
+fn windowed_devices() -> Option<&'static (Device, Device, Device)> {
+    static DEVS: OnceLock<Option<(Device, Device, Device)>> = OnceLock::new();
+    DEVS.get_or_init(|| {
+        let with = |forms: lazuli::KernelForms| {
+            let opts = lazuli::WgpuDeviceOptions {
+                kernel_forms: Some(forms),
+                binding_window: Some(8 << 10),
+                ..Default::default()
+            };
+            Device::wgpu_with(opts).ok()
+        };
+        common::wgpu()?;
+        Some((Device::cpu(), with(lazuli::KernelForms::software())?, with(lazuli::KernelForms::gpu())?))
+    })
+    .as_ref()
+}
+
+/// Whether `e` is a backend's `TooLarge`.
+fn too_large(e: &lazuli::ExecError) -> bool {
+    match e {
+        lazuli::ExecError::Backend { source, .. } => matches!(source, lazuli::BackendError::TooLarge { .. }),
+        lazuli::ExecError::Failed { cause, .. } | lazuli::ExecError::Poisoned { cause, .. } => too_large(cause),
+        _ => false,
+    }
+}
+
 /// Runs a program on both devices and compares the outputs.
 fn run(p: &Program) -> Result<(), String> {
-    let Some((cpu, software, gpu_forms)) = devices() else { return Ok(()) };
+    let Some(devs) = devices() else { return Ok(()) };
+    run_on(p, devs, false).map(|_| ())
+}
+
+/// Runs a program on the CPU and one of the wgpu devices of `devs` and
+/// compares the outputs; `Ok(false)` when `windowed` and the wgpu device
+/// refused a kernel as too large for its bindings.
+fn run_on(p: &Program, devs: &(Device, Device, Device), windowed: bool) -> Result<bool, String> {
+    let (cpu, software, gpu_forms) = devs;
     let (gpu, forms) = if p.seed.is_multiple_of(2) { (software, "software") } else { (gpu_forms, "gpu") };
-    let mut it =
-        Interp { cpu: cpu.clone(), gpu: gpu.clone(), pool: Vec::new(), log: vec![format!("kernel forms: {forms}")] };
+    let mut it = Interp {
+        cpu: cpu.clone(),
+        gpu: gpu.clone(),
+        pool: Vec::new(),
+        log: vec![format!("kernel forms: {forms}")],
+        gpu_sync: None,
+    };
     inputs(&mut it, &p.dims, p.seed);
     let n_inputs = it.pool.len();
     for s in &p.steps {
         it.step(*s);
     }
+    match it.gpu_sync.take() {
+        Some(e) if windowed && too_large(&e) => return Ok(false),
+        Some(e) => return Err(format!("wgpu sync: {e}\nprogram:\n{}", it.log.join("\n"))),
+        None => {}
+    }
     // Outputs: the last three values and every fifth earlier one.
     let mut outs: Vec<Val> = it.pool[n_inputs..].iter().rev().take(3).cloned().collect();
     outs.extend(it.pool[n_inputs..].iter().step_by(5).cloned());
     if outs.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
     lazuli::sync(&outs.iter().map(|v| &v.cpu).collect::<Vec<_>>())
         .map_err(|e| format!("cpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
-    lazuli::sync(&outs.iter().map(|v| &v.gpu).collect::<Vec<_>>())
-        .map_err(|e| format!("wgpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?;
+    match lazuli::sync(&outs.iter().map(|v| &v.gpu).collect::<Vec<_>>()) {
+        Err(e) if windowed && too_large(&e) => return Ok(false),
+        r => r.map_err(|e| format!("wgpu sync: {e}\nprogram:\n{}", it.log.join("\n")))?,
+    }
     for (k, v) in outs.iter().enumerate() {
         let want = v.cpu.to_scalars().map_err(|e| format!("cpu read: {e}\nprogram:\n{}", it.log.join("\n")))?;
-        let got = v.gpu.to_scalars().map_err(|e| format!("wgpu read: {e}\nprogram:\n{}", it.log.join("\n")))?;
+        let got = match v.gpu.to_scalars() {
+            Err(e) if windowed && too_large(&e) => return Ok(false),
+            r => r.map_err(|e| format!("wgpu read: {e}\nprogram:\n{}", it.log.join("\n")))?,
+        };
         let tol = if v.exact() { 0.0 } else { 2e-5 * (1 + v.depth) as f64 * v.bound.clamp(1.0, 1e6) };
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let (g, w) = (g.as_f64(), w.as_f64());
@@ -762,7 +841,7 @@ fn run(p: &Program) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 fn dim() -> impl Strategy<Value = usize> {
@@ -783,6 +862,15 @@ fn program() -> impl Strategy<Value = Program> {
         .prop_map(|(dims, seed, steps)| Program { dims, seed, steps })
 }
 
+/// Programs for the windowed property: base shapes whose values span a
+/// few 8 KiB windows.
+fn windowed_program() -> impl Strategy<Value = Program> {
+    let dim = prop_oneof![Just(33usize), Just(65usize)];
+    let step = (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(op, a, b, c)| Step { op, a, b, c });
+    (prop::collection::vec(dim, 2..=2), any::<u64>(), prop::collection::vec(step, 10..=40))
+        .prop_map(|(dims, seed, steps)| Program { dims, seed, steps })
+}
+
 fn cases() -> u32 {
     std::env::var("LAZULI_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(500)
 }
@@ -799,6 +887,24 @@ proptest! {
     fn random_graphs_match_the_cpu_reference(p in program()) {
         if let Err(e) = run(&p) {
             prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: (cases() / 32).max(1),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        max_shrink_iters: 2000,
+        ..Config::default()
+    })]
+
+    #[test]
+    fn random_graphs_on_windowed_bindings_match_the_cpu_reference(p in windowed_program()) {
+        let Some(devs) = windowed_devices() else { return Ok(()) };
+        match run_on(&p, devs, true) {
+            Ok(ran) => prop_assume!(ran, "a kernel needs more storage bindings than the adapter has"),
+            Err(e) => prop_assert!(false, "{}", e),
         }
     }
 }

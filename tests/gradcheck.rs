@@ -347,6 +347,26 @@ fn grad_gather() {
     });
 }
 
+#[test]
+fn grad_scatter_add() {
+    let base = inp(vals(20, 70, -1.0, 1.0), &[4, 5]);
+    check("scatter_add axis 0 repeated negative", &[base.clone(), inp(vals(25, 71, -1.0, 1.0), &[5, 5])], |dev, x| {
+        x[0].scatter_add(0, &Tensor::from_slice(&[2i32, 0, -2, 3, 2], [5], dev)?, &x[1])
+    });
+    check("scatter_add axis 1 by 2-d indices", &[base, inp(vals(24, 72, -1.0, 1.0), &[4, 2, 3])], |dev, x| {
+        x[0].scatter_add(1, &Tensor::from_slice(&[4i64, 0, 4, -1, 1, 1], [2, 3], dev)?, &x[1])
+    });
+    // Through another op on both sides, so the gradients are not just copies.
+    check(
+        "scatter_add in a chain",
+        &[inp(vals(6, 73, 0.2, 1.0), &[3, 2]), inp(vals(8, 74, -1.0, 1.0), &[4, 2])],
+        |dev, x| {
+            let s = x[0].exp()?.scatter_add(0, &Tensor::from_slice(&[1u32, 1, 0, 2], [4], dev)?, &x[1].tanh()?)?;
+            s.mul(&s)
+        },
+    );
+}
+
 // ---- convolution and pooling ----
 
 fn conv(strides: [usize; 2], pads: [usize; 4], dilations: [usize; 2], groups: usize) -> ConvAttrs {
@@ -395,7 +415,7 @@ fn grad_pooling() {
     check("avg_pool pad exclude", std::slice::from_ref(&x), |_, x| {
         x[0].pool(pool(PoolKind::Avg { count_include_pad: false }, 3, 2, 1, true))
     });
-    // Windows that tile the input exactly take the reshape-based path.
+    // Windows that tile the input exactly.
     let t = inp(distinct(2 * 4 * 6, 89), &[1, 2, 4, 6]);
     check("max_pool tiled", std::slice::from_ref(&t), |_, x| x[0].pool(PoolAttrs::new(PoolKind::Max, &[2, 3])));
     check("avg_pool tiled", std::slice::from_ref(&t), |_, x| {
@@ -403,7 +423,32 @@ fn grad_pooling() {
     });
     let mut dil = pool(PoolKind::Max, 2, 1, 0, false);
     dil.dilations = vec![2, 1];
-    check("max_pool dilation", &[x], |_, x| x[0].pool(dil.clone()));
+    check("max_pool dilation", std::slice::from_ref(&x), |_, x| x[0].pool(dil.clone()));
+    let mut dil = pool(PoolKind::Avg { count_include_pad: false }, 3, 2, 2, true);
+    dil.dilations = vec![2, 1];
+    check("avg_pool dilation pad ceil", &[x], |_, x| x[0].pool(dil.clone()));
+    // 1-d and 3-d windows.
+    let one = inp(distinct(2 * 9, 43), &[1, 2, 9]);
+    let p1 = PoolAttrs::new(PoolKind::Max, &[3]).with_strides(&[2]).with_padding(&[1]);
+    check("max_pool 1-d", std::slice::from_ref(&one), |_, x| x[0].pool(p1.clone()));
+    let a1 = PoolAttrs::new(PoolKind::Avg { count_include_pad: true }, &[4]).with_strides(&[3]).with_ceil_mode(true);
+    check("avg_pool 1-d", &[one], |_, x| x[0].pool(a1.clone()));
+    let three = inp(distinct(3 * 4 * 5, 44), &[1, 1, 3, 4, 5]);
+    let p3 = PoolAttrs::new(PoolKind::Max, &[2, 2, 3]).with_strides(&[1, 2, 2]).with_padding(&[0, 1, 1]);
+    check("max_pool 3-d", std::slice::from_ref(&three), |_, x| x[0].pool(p3.clone()));
+    let a3 = PoolAttrs::new(PoolKind::Avg { count_include_pad: false }, &[2, 3, 2]).with_padding(&[1, 1, 0]);
+    check("avg_pool 3-d", &[three], |_, x| x[0].pool(a3.clone()));
+}
+
+/// The average-pooling gradient is linear in the output gradient (its
+/// adjoint is the average pool itself) and constant in the input.
+#[test]
+fn grad_of_the_avg_pool_gradient() {
+    let attrs =
+        PoolAttrs::new(PoolKind::Avg { count_include_pad: false }, &[3, 2]).with_strides(&[2, 1]).with_padding(&[1, 1]);
+    let x = inp(vals(2 * 5 * 4, 45, -1.0, 1.0), &[1, 2, 5, 4]);
+    let g = inp(vals(2 * 3 * 5, 46, -1.0, 1.0), &[1, 2, 3, 5]);
+    check("avg_pool_grad", &[x, g], |_, x| x[0].pool_grad(&x[1], attrs.clone()));
 }
 
 /// Max pooling gives a window's whole gradient to its first maximum (scan
@@ -803,7 +848,7 @@ fn wgpu_gradients_match_cpu() {
             Box::new(|_, x| nn::scaled_dot_product_attention(&x[0], &x[1], &x[2], &nn::AttentionOptions::causal())),
         ),
         (
-            "conv + relu + max pool (CPU fallback on wgpu)",
+            "conv + relu + max pool",
             vec![
                 inp(vals(2 * 2 * 6 * 6, 93, -1.0, 1.0), &[2, 2, 6, 6]),
                 inp(vals(3 * 2 * 9, 94, -0.5, 0.5), &[3, 2, 3, 3]),
@@ -811,6 +856,35 @@ fn wgpu_gradients_match_cpu() {
             Box::new(|_, x| {
                 let c = x[0].conv2d(&x[1], ConvAttrs { pads: [1; 4], ..ConvAttrs::default() })?;
                 nn::Module::forward(&nn::MaxPool2d::new(2), &c.relu()?)
+            }),
+        ),
+        (
+            "embedding + scatter_add",
+            vec![inp(vals(40, 75, -1.0, 1.0), &[10, 4]), inp(vals(12, 76, -1.0, 1.0), &[3, 4])],
+            Box::new(|dev, x| {
+                let ids = Tensor::from_slice(&[3i32, 9, 3, -1, 0, 3], [2, 3], dev)?;
+                let e = nn::Module::forward(&nn::Embedding { weight: x[0].clone() }, &ids)?;
+                x[0].scatter_add(0, &Tensor::from_slice(&[9i32, 2, 9], [3], dev)?, &x[1])?
+                    .sum(&[1], true)?
+                    .add(&e.sum(&[0, 1], false)?)
+            }),
+        ),
+        (
+            "avg and max pools with padding",
+            vec![inp(distinct(2 * 3 * 7 * 6, 77), &[2, 3, 7, 6])],
+            Box::new(|_, x| {
+                let a = x[0].pool(
+                    PoolAttrs::new(PoolKind::Avg { count_include_pad: true }, &[3, 3])
+                        .with_strides(&[2, 2])
+                        .with_padding(&[1, 1]),
+                )?;
+                let m = x[0].pool(
+                    PoolAttrs::new(PoolKind::Max, &[3, 2])
+                        .with_strides(&[2, 2])
+                        .with_padding(&[1, 1])
+                        .with_ceil_mode(true),
+                )?;
+                a.add(&m.narrow(3, 0, 3)?)
             }),
         ),
         (

@@ -271,7 +271,7 @@ fn a_one_tebibyte_tensor_is_a_typed_error_on_every_backend_and_the_next_computat
         match backend_error(&err) {
             // The CPU: over the host's memory (the default budget).
             Some(BackendError::OutOfMemory { bytes, .. }) => assert_eq!(*bytes, 1 << 40, "{err}"),
-            // wgpu: beyond one binding, refused when compiling.
+            // wgpu: beyond u32 element indexing, refused when compiling.
             Some(BackendError::TooLarge { bytes, .. }) => assert_eq!(*bytes, 1 << 40, "{err}"),
             _ => panic!("{}: expected a typed error, got {err:?}", dev.name()),
         }

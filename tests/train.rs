@@ -58,10 +58,11 @@ fn cnn_demo_trains_on_cpu_with_one_graph_per_step() {
     assert_eq!(report.fallback_ops, 0);
 }
 
-/// On wgpu the convolutions and pooling run on the CPU fallback until
-/// their GPU kernels land; the report says so per op.
+/// On wgpu pooling and its gradient run natively; the report lists what
+/// still runs on the CPU fallback per op (only the convolutions, until
+/// their GPU kernel lands).
 #[test]
-fn cnn_demo_trains_on_wgpu_with_conv_and_pool_on_the_fallback() {
+fn cnn_demo_trains_on_wgpu_with_pooling_on_the_gpu() {
     let Some(dev) = common::wgpu() else { return };
     let _lock = common::metrics_lock();
     let cfg = TrainConfig { epochs: 1, ..TrainConfig::cnn() };
@@ -69,7 +70,7 @@ fn cnn_demo_trains_on_wgpu_with_conv_and_pool_on_the_fallback() {
     assert!(report.test_accuracy >= 0.7, "test accuracy {}", report.test_accuracy);
     assert_eq!(report.uncached_compiles_after_step_2, 0);
     let ops: Vec<&str> = report.fallback_by_op.iter().map(|(k, _)| k.as_str()).collect();
-    assert!(ops.contains(&"Fallback::conv2d") && ops.contains(&"Fallback::max_pool"), "{ops:?}");
+    assert!(ops.iter().all(|o| *o == "Fallback::conv2d"), "{ops:?}");
 }
 
 /// Library use prints nothing about Wayland on a headless machine: with

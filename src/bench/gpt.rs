@@ -7,13 +7,13 @@
 //! tokens, AdamW (lr 3e-4, weight decay 0.01).
 //!
 //! Attention is `nn::scaled_dot_product_attention` (causal): the fused
-//! op, whose scores are never materialized. The token lookup is a one-hot matmul
-//! (`one_hot(ids) @ wte`), not `Embedding::forward`'s gather: on wgpu a
-//! gather runs on the CPU fallback (a kernel cannot report a bad index),
-//! which would cut every step into three segments; the one-hot product is
-//! the same values, and its gradient is the product the gather's gradient
-//! is built from anyway. Positions are `0..context`, so the position
-//! lookup is the whole `wpe` table, broadcast over the batch.
+//! op, whose scores are never materialized. The token lookup is a one-hot
+//! matmul (`one_hot(ids) @ wte`), not `Embedding::forward`'s gather: it
+//! was written when a gather ran on the CPU fallback on wgpu, and stays so
+//! that G8's figures remain comparable with those measured then (the
+//! gather and its scatter-add gradient now run on the GPU, without the
+//! `[rows, vocab]` one-hot products). Positions are `0..context`, so the
+//! position lookup is the whole `wpe` table, broadcast over the batch.
 //!
 //! [`Gpt::step`] reports where a step's time goes: recording (forward,
 //! backward and optimizer on the host), the sync (trace, hash, cache

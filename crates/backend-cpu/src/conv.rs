@@ -28,7 +28,9 @@
 //! Pooling precomputes, per spatial dim and output position, the valid
 //! input positions of the window; padding never wins a max window. A
 //! window with no valid element gives the dtype's lowest value (max) or
-//! NaN (average without `count_include_pad`, 0 / 0).
+//! NaN (average without `count_include_pad`, 0 / 0). The pooling gradient
+//! walks the same windows and hands each window's gradient to its taps
+//! (max: to the first maximum in scan order).
 
 use crate::elem::{Float, Num};
 use crate::matmul::{Dims, GemmFloat, PAR_FLOPS};
@@ -404,6 +406,110 @@ pub(crate) fn pool(
             let div = if count_include_pad { padded } else { n };
             Float::from_f64(s / div as f64)
         })?),
+    })
+}
+
+/// The input gradient of pooling `x` (`[N, C, spatial...]`) given the
+/// output gradient `g` (of shape `gd`): each window's share goes to its
+/// valid taps (avg: `g / divisor` to each; max: all of it to the first
+/// maximum in scan order, the first NaN when there is one), accumulated in
+/// f64 in window order and rounded once.
+pub(crate) fn pool_grad(
+    mem: &Memory,
+    x: &CpuData,
+    xd: &[usize],
+    g: &CpuData,
+    gd: &[usize],
+    p: &PoolAttrs,
+) -> Result<CpuData, BackendError> {
+    if x.is_empty() {
+        return Ok(same_float!(x, v => v.clone()));
+    }
+    let win = windows(p, &xd[2..], &gd[2..]);
+    fn typed<T: Float>(
+        mem: &Memory,
+        x: &[T],
+        g: &[T],
+        xd: &[usize],
+        gd: &[usize],
+        win: &Windows,
+        kind: PoolKind,
+    ) -> Result<Vec<T>, BackendError> {
+        let nsp = xd.len() - 2;
+        let in_plane: usize = xd[2..].iter().product();
+        let out_sp = &gd[2..];
+        let out_plane: usize = out_sp.iter().product();
+        let in_strides = crate::layout::strides(&xd[2..]);
+        let mut acc: Vec<f64> = mem.zeroed(x.len())?;
+        // Planes are independent: each writes its own part of `acc`.
+        let plane_grad = |pi: usize, out: &mut [f64]| {
+            let plane = &x[pi * in_plane..(pi + 1) * in_plane];
+            let mut opos = vec![0usize; nsp];
+            let mut lists: Vec<&[usize]> = Vec::with_capacity(nsp);
+            for flat in 0..out_plane {
+                let mut rest = flat;
+                for d in (0..nsp).rev() {
+                    opos[d] = rest % out_sp[d];
+                    rest /= out_sp[d];
+                }
+                lists.clear();
+                lists.extend((0..nsp).map(|d| win.valid[d][opos[d]].as_slice()));
+                let total: usize = lists.iter().map(|l| l.len()).product();
+                // The input offset of valid tap `t` of the window, in scan order.
+                let tap = |t: usize| {
+                    let mut rest = t;
+                    let mut off = 0;
+                    for d in (0..nsp).rev() {
+                        let l = lists[d];
+                        off += l[rest % l.len()] * in_strides[d];
+                        rest /= l.len();
+                    }
+                    off
+                };
+                let share = Float::to_f64(g[pi * out_plane + flat]);
+                match kind {
+                    PoolKind::Max => {
+                        let mut best: Option<(usize, T)> = None;
+                        for t in 0..total {
+                            let off = tap(t);
+                            let v = plane[off];
+                            let better = match best {
+                                None => true,
+                                Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
+                            };
+                            if better {
+                                best = Some((off, v));
+                            }
+                        }
+                        if let Some((off, _)) = best {
+                            out[off] += share;
+                        }
+                    }
+                    PoolKind::Avg { count_include_pad } => {
+                        let div = if count_include_pad {
+                            (0..nsp).map(|d| win.padded[d][opos[d]]).product::<usize>()
+                        } else {
+                            total
+                        };
+                        for t in 0..total {
+                            out[tap(t)] += share / div as f64;
+                        }
+                    }
+                }
+            }
+        };
+        if x.len() >= PAR_PACK {
+            acc.par_chunks_mut(in_plane).enumerate().for_each(|(pi, out)| plane_grad(pi, out));
+        } else {
+            acc.chunks_mut(in_plane).enumerate().for_each(|(pi, out)| plane_grad(pi, out));
+        }
+        mem.collect(acc.len(), |i| T::from_f64(acc[i]))
+    }
+    Ok(match (x, g) {
+        (CpuData::F16(a), CpuData::F16(b)) => CpuData::F16(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        (CpuData::F32(a), CpuData::F32(b)) => CpuData::F32(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        _ => unreachable!("pool_grad operands are one float dtype in a verified graph"),
     })
 }
 

@@ -115,12 +115,16 @@ impl Program {
         let mut b = ProgramBuilder { graph, mem, steps: Vec::new(), done: vec![false; graph.len()] };
         for k in &plan.kernels {
             match k.kind {
-                KernelKind::Elementwise => {
-                    if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs, mem) {
-                        b.fused(lp);
-                    } else {
-                        for &x in &k.inline {
-                            b.node(x);
+                KernelKind::Elementwise | KernelKind::MultiTensor => {
+                    // A multi-tensor kernel (not planned by default) is its
+                    // segments, each an elementwise kernel.
+                    for k in k.segments(graph) {
+                        if let Some(lp) = FusedLoop::compile(graph, &k.inline, &k.outputs, mem) {
+                            b.fused(lp);
+                        } else {
+                            for &x in &k.inline {
+                                b.node(x);
+                            }
                         }
                     }
                 }
@@ -405,6 +409,8 @@ fn eval_node(
         Op::Gather { axis } => movement::gather(mem, arg(0), shape(0), *axis, arg(1))?,
         Op::Conv2d(c) => conv::conv2d(mem, arg(0), shape(0), arg(1), shape(1), dims, c)?,
         Op::Pool(p) => conv::pool(mem, arg(0), shape(0), dims, p)?,
+        Op::ScatterAdd { axis } => movement::scatter_add(mem, arg(0), shape(0), *axis, arg(1), arg(2))?,
+        Op::PoolGrad(p) => conv::pool_grad(mem, arg(0), shape(0), arg(1), shape(1), p)?,
         Op::Attention { .. } => {
             let mut out = attention::attention(mem, graph, &[id], &|k| arg(k))?;
             out.pop().expect("one part asked, one computed")

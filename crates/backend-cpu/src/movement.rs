@@ -1,15 +1,16 @@
 //! Movement kernels: permute, expand, strided slice (negative steps),
-//! concat, pad (constant / reflect / edge) and gather.
+//! concat, pad (constant / reflect / edge), gather and scatter-add.
 //!
 //! Permute, expand, slice and pad are all one gather through
 //! per-dimension offset tables (`layout::take_tables`): output coordinate
 //! `j` of dim `d` reads source offset `tables[d][j]`. Reshape needs no
 //! kernel: the executor shares the operand's storage.
 
+use crate::elem::Num;
 use crate::layout::{split_axis, strides, take_tables, FILL};
 use crate::memory::Memory;
-use crate::storage::{each_all, same_all, CpuData};
-use lazuli_executor::BackendError;
+use crate::storage::{each_all, same_all, same_num2, CpuData};
+use lazuli_executor::{BackendError, IndexError};
 use lazuli_ir::PadMode;
 
 /// `out.dims[i] = dims[perm[i]]`.
@@ -129,7 +130,7 @@ pub(crate) fn concat(
 }
 
 /// `data.take(indices, axis)`. Negative indices count from the end; an
-/// index outside `-n..n` is an [`BackendError::Execution`] naming it.
+/// index outside `-n..n` is a [`BackendError::IndexOutOfRange`] naming it.
 pub(crate) fn gather(
     mem: &Memory,
     data: &CpuData,
@@ -137,18 +138,13 @@ pub(crate) fn gather(
     axis: usize,
     indices: &CpuData,
 ) -> Result<CpuData, BackendError> {
-    let (outer, n, inner) = split_axis(dims, axis);
-    let idx: Vec<i128> = each_all!(indices, v => mem.collect(v.len(), |k| crate::elem::Elem::to_cv(v[k]).as_i128())?);
-    let mut rows = mem.vec(idx.len())?;
-    for &i in &idx {
-        let j = if i < 0 { i + n as i128 } else { i };
-        if j < 0 || j >= n as i128 {
-            return Err(BackendError::Execution(format!(
-                "gather: index {i} is out of range for axis {axis} of size {n} (data shape {dims:?})"
-            )));
-        }
-        rows.push(j as usize);
+    let rows = rows_of("gather", mem, indices, dims, axis)?;
+    if data.is_empty() {
+        // No row to take (every index was checked): the output is empty
+        // too, and the dims around `axis` may be huge.
+        return Ok(same_all!(data, v => v.clone()));
     }
+    let (outer, n, inner) = split_axis(dims, axis);
     fn typed<T: Copy>(
         mem: &Memory,
         v: &[T],
@@ -167,4 +163,70 @@ pub(crate) fn gather(
         Ok(out)
     }
     Ok(same_all!(data, v => typed(mem, v, &rows, outer, n, inner)?))
+}
+
+/// `base` with `src[o, j, i]` added at `[o, indices[j], i]` along `axis`,
+/// in index order (so repeated indices sum in the order they appear).
+/// Every index is checked, even when no element moves.
+pub(crate) fn scatter_add(
+    mem: &Memory,
+    base: &CpuData,
+    dims: &[usize],
+    axis: usize,
+    indices: &CpuData,
+    src: &CpuData,
+) -> Result<CpuData, BackendError> {
+    let rows = rows_of("scatter_add", mem, indices, dims, axis)?;
+    if base.is_empty() {
+        // Every index was checked; nothing to add to (the dims around
+        // `axis` may be huge).
+        return Ok(same_all!(base, v => v.clone()));
+    }
+    let (outer, n, inner) = split_axis(dims, axis);
+    fn typed<T: Num>(
+        mem: &Memory,
+        base: &[T],
+        src: &[T],
+        rows: &[usize],
+        outer: usize,
+        n: usize,
+        inner: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut out = mem.vec(base.len())?;
+        out.extend_from_slice(base);
+        let m = rows.len();
+        for o in 0..outer {
+            for (j, &r) in rows.iter().enumerate() {
+                let dst = &mut out[(o * n + r) * inner..(o * n + r + 1) * inner];
+                let s = &src[(o * m + j) * inner..(o * m + j + 1) * inner];
+                for (d, &x) in dst.iter_mut().zip(s) {
+                    *d = T::add(*d, x);
+                }
+            }
+        }
+        Ok(out)
+    }
+    Ok(same_num2!(base, src, b, s => typed(mem, b, s, &rows, outer, n, inner)?))
+}
+
+/// The rows of dim `axis` of `dims` that `indices` name, counted from the
+/// end for negative indices; the first index outside `-n..n` is an error.
+fn rows_of(op: &str, mem: &Memory, indices: &CpuData, dims: &[usize], axis: usize) -> Result<Vec<usize>, BackendError> {
+    let n = dims[axis];
+    let idx: Vec<i128> = each_all!(indices, v => mem.collect(v.len(), |k| crate::elem::Elem::to_cv(v[k]).as_i128())?);
+    let mut rows = mem.vec(idx.len())?;
+    for &i in &idx {
+        let j = if i < 0 { i + n as i128 } else { i };
+        if j < 0 || j >= n as i128 {
+            return Err(BackendError::IndexOutOfRange(Box::new(IndexError {
+                op: op.into(),
+                index: i,
+                axis,
+                size: n,
+                shape: lazuli_ir::Shape::new(dims),
+            })));
+        }
+        rows.push(j as usize);
+    }
+    Ok(rows)
 }

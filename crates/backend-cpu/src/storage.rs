@@ -160,7 +160,46 @@ macro_rules! same_all2 {
     };
 }
 
-pub(crate) use {each_all, same_all, same_all2, same_float, same_num};
+/// Like `same_all2!` for the numeric variants; bool is unreachable because
+/// verified graphs never apply a numeric op to bool.
+macro_rules! same_num2 {
+    ($x:expr, $y:expr, $a:ident, $b:ident => $body:expr) => {
+        match ($x, $y) {
+            ($crate::storage::CpuData::I8($a), $crate::storage::CpuData::I8($b)) => $crate::storage::CpuData::I8($body),
+            ($crate::storage::CpuData::I16($a), $crate::storage::CpuData::I16($b)) => {
+                $crate::storage::CpuData::I16($body)
+            }
+            ($crate::storage::CpuData::I32($a), $crate::storage::CpuData::I32($b)) => {
+                $crate::storage::CpuData::I32($body)
+            }
+            ($crate::storage::CpuData::I64($a), $crate::storage::CpuData::I64($b)) => {
+                $crate::storage::CpuData::I64($body)
+            }
+            ($crate::storage::CpuData::U8($a), $crate::storage::CpuData::U8($b)) => $crate::storage::CpuData::U8($body),
+            ($crate::storage::CpuData::U16($a), $crate::storage::CpuData::U16($b)) => {
+                $crate::storage::CpuData::U16($body)
+            }
+            ($crate::storage::CpuData::U32($a), $crate::storage::CpuData::U32($b)) => {
+                $crate::storage::CpuData::U32($body)
+            }
+            ($crate::storage::CpuData::U64($a), $crate::storage::CpuData::U64($b)) => {
+                $crate::storage::CpuData::U64($body)
+            }
+            ($crate::storage::CpuData::F16($a), $crate::storage::CpuData::F16($b)) => {
+                $crate::storage::CpuData::F16($body)
+            }
+            ($crate::storage::CpuData::F32($a), $crate::storage::CpuData::F32($b)) => {
+                $crate::storage::CpuData::F32($body)
+            }
+            ($crate::storage::CpuData::F64($a), $crate::storage::CpuData::F64($b)) => {
+                $crate::storage::CpuData::F64($body)
+            }
+            _ => unreachable!("numeric operands of one dtype in a verified graph"),
+        }
+    };
+}
+
+pub(crate) use {each_all, same_all, same_all2, same_float, same_num, same_num2};
 
 impl CpuData {
     /// The dtype of the elements.

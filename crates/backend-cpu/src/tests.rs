@@ -487,6 +487,65 @@ fn gather_indices() {
     assert!(t.try_run(&[g]).is_err());
 }
 
+#[test]
+fn scatter_add_indices() {
+    // index_add along axis 0 with a repeated and a negative index.
+    let base = f32s(&[1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    let src = f32s(&[10.0, 20.0, 30.0, 40.0, 50.0, 60.0]);
+    let r =
+        eval(Op::ScatterAdd { axis: 0 }, &[(base.clone(), &[3, 2]), (i32s(&[2, -1, 0]), &[3]), (src.clone(), &[3, 2])]);
+    assert_eq!(r, f32s(&[51.0, 61.0, 1.0, 1.0, 41.0, 61.0]));
+    // Along the last axis with 2-d indices, integers wrap.
+    let r = eval(
+        Op::ScatterAdd { axis: 1 },
+        &[
+            (i32s(&[0, 0, i32::MAX, 0, 0, 0]), &[2, 3]),
+            (CpuData::I64(vec![2, 2, 0, 1]), &[2, 2]),
+            (i32s(&[1, 2, 3, 4, 5, 6, 7, 8]), &[2, 2, 2]),
+        ],
+    );
+    assert_eq!(r, i32s(&[3, 4, i32::MAX.wrapping_add(3), 7, 8, 11]));
+    // Every index is checked, even when no element moves (inner dim 0).
+    for (bad, dims, src_dims) in [(3i32, [3usize, 2], [1usize, 2]), (-4, [3, 0], [1, 0])] {
+        let mut t = T::new();
+        let b = t.input(f32s(&vec![0.0; dims.iter().product()]), &dims);
+        let i = t.input(i32s(&[bad]), &[1]);
+        let s = t.input(f32s(&vec![1.0; src_dims.iter().product()]), &src_dims);
+        let o = t.op(Op::ScatterAdd { axis: 0 }, &[b, i, s]);
+        match t.try_run(&[o]).unwrap_err() {
+            BackendError::IndexOutOfRange(e) => {
+                assert_eq!((e.op.as_str(), e.index, e.axis, e.size), ("scatter_add", bad as i128, 0, 3));
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
+
+#[test]
+fn pool_gradients() {
+    // 1-d max, k=3 s=1 pad 1: ties go to the first maximum, NaN wins, a
+    // -inf window next to the padding picks the -inf, never the padding.
+    let x = f32s(&[2.0, 2.0, 1.0, f32::NAN, 0.0, f32::NEG_INFINITY]);
+    let g = f32s(&[1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]);
+    let p = pool_attrs(PoolKind::Max, 3, 1, 1, 1, false, 1);
+    let r = eval(Op::PoolGrad(p), &[(x, &[1, 1, 6]), (g.clone(), &[1, 1, 6])]);
+    // Windows: {pad,2,2}->0, {2,2,1}->0, {2,1,nan}->3, {1,nan,0}->3, {nan,0,-inf}->3, {0,-inf,pad}->4.
+    assert_eq!(r, f32s(&[11.0, 0.0, 0.0, 11100.0, 100000.0, 0.0]));
+    let x = f32s(&[f32::NEG_INFINITY, f32::NEG_INFINITY]);
+    let p = pool_attrs(PoolKind::Max, 2, 2, 1, 1, false, 1);
+    let r = eval(Op::PoolGrad(p), &[(x, &[1, 1, 2]), (f32s(&[1.0, 2.0]), &[1, 1, 2])]);
+    assert_eq!(r, f32s(&[1.0, 2.0]));
+    // Avg with and without the padding in the divisor; ceil mode clips the last window.
+    let z = f32s(&[0.0; 5]);
+    let g = f32s(&[6.0, 12.0, 18.0]);
+    let p = pool_attrs(PoolKind::Avg { count_include_pad: false }, 2, 2, 0, 0, true, 1);
+    let r = eval(Op::PoolGrad(p), &[(z.clone(), &[1, 1, 5]), (g.clone(), &[1, 1, 3])]);
+    assert_eq!(r, f32s(&[3.0, 3.0, 6.0, 6.0, 18.0]));
+    let p = pool_attrs(PoolKind::Avg { count_include_pad: true }, 2, 2, 1, 1, false, 1);
+    let r = eval(Op::PoolGrad(p), &[(z, &[1, 1, 5]), (g, &[1, 1, 3])]);
+    assert_eq!(r, f32s(&[3.0, 6.0, 6.0, 9.0, 9.0]));
+}
+
 /// The definition of conv2d: a direct loop over every output and tap, in
 /// f64; also returns the output dims.
 pub(crate) fn naive_conv(

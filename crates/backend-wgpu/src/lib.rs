@@ -8,18 +8,29 @@
 //! checks it with naga before a pipeline is created; pipelines are cached
 //! by the hash of their source ([`pipeline`]); buffers come from a caching
 //! allocator sized to the device ([`pool`]); one execution encodes all
-//! kernels into one command encoder, submits and waits ([`runtime`]).
+//! kernels into one compute pass, submits and waits ([`runtime`]), with
+//! the bind groups and uniform buffer of each compiled plan made once and
+//! reused while its buffers recur ([`binds`]). Independent elementwise
+//! kernels of any shapes share one multi-tensor dispatch
+//! ([`codegen::multi`]). A tensor larger than one storage binding is one
+//! buffer bound as several windows, which kernels reach through a rewrite
+//! of their source ([`window`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
 //! on the device; upload and download convert to one-byte bools). Nodes of
 //! any other dtype (`f16`, `f64`, `i64`, the narrow integers) are reported
 //! unsupported and run on the CPU fallback.
 //!
-//! Supported ops: every op except `Conv2d` and `Pool` (reported
-//! unsupported) and `Gather`, which the executor runs on the CPU fallback
-//! because a kernel cannot report an out-of-range index; attention parts
-//! that would bind more storage buffers than the adapter allows (a masked
-//! gradient under WebGPU's minimum of 8) run there too.
+//! Supported ops: every op except `Conv2d` (reported unsupported). Gather
+//! and scatter-add check every index they read: a kernel that finds one
+//! out of range claims its error slot (a small storage binding, one per
+//! checking kernel of an execution, zeroed and read back within the
+//! execution's one submission and wait), and the execution fails with
+//! `BackendError::IndexOutOfRange` naming the op, the index and the dim,
+//! never a clamped value ([`codegen::index`]). Pooling and its gradient
+//! are kernels of their own ([`codegen::pool`]). Attention parts that
+//! would bind more storage buffers than the adapter allows (a masked
+//! gradient under WebGPU's minimum of 8) run on the CPU fallback.
 //!
 //! Kernel forms ([`codegen::KernelForms`]): every kernel family has a form
 //! for GPUs and one for software adapters, picked from the adapter type
@@ -49,7 +60,11 @@
 //! row in registers for head dims up to 32, tiled above. Indexed elementwise
 //! kernels evaluate per output index (views as index math), with a
 //! two-dimensional dispatch beyond 65535 workgroups; arg-reductions and
-//! cumulative sums use one invocation per output line. Loop trip counts
+//! cumulative sums use one invocation per output line. Scatter-add gives
+//! every output element one owner adding in index order (deterministic):
+//! on GPUs a workgroup per block of rows scanning the index list staged in
+//! workgroup memory, on llvmpipe an invocation per row and 16 columns.
+//! Loop trip counts
 //! stay under llvmpipe's per-invocation loop budget
 //! ([`codegen::LLVMPIPE_LOOP_BUDGET`]). Pipelines skip wgpu's zero-fill of
 //! workgroup memory: every kernel writes it before reading it.
@@ -63,6 +78,7 @@
 pub mod adapter;
 pub mod autotune;
 pub mod baseline;
+pub mod binds;
 pub mod codegen;
 mod fault;
 pub mod generic;
@@ -70,6 +86,7 @@ pub mod pipeline;
 pub mod pool;
 pub mod runtime;
 pub mod validate;
+pub mod window;
 
 pub use adapter::list_adapters;
 pub use runtime::{WgpuBackend, WgpuExecutable, WgpuOptions};

@@ -25,6 +25,18 @@
 //!   `BackendError::Device`). The device stays usable. Requests over the
 //!   device's buffer limits are `BackendError::TooLarge` before any call
 //!   into wgpu.
+//! - *Storage beyond one binding*: storage requests may be as large as
+//!   `max_buffer_size`; those over `max_storage_buffer_binding_size` are
+//!   bound in windows (see [`crate::window`]). A request that fits one
+//!   binding always gets a buffer that does too (rounded and reused
+//!   buffers stay within the binding limit), so it is bound whole.
+//! - *Identity*: every buffer the pool creates gets an id no other buffer
+//!   of the process ever has ([`WgpuStorage::id`]), kept while the buffer
+//!   is idle and reused. Bind groups cached by the runtime are keyed by
+//!   these ids (with the offset and size of each range bound). A buffer the pool lets go (evicted, or over the idle
+//!   budget) is destroyed at once, so a cached bind group still naming it
+//!   keeps no memory alive (and, its id never coming back, is never used
+//!   again).
 //!
 //! Counters: `WgpuBufferAllocations` (real device allocations only),
 //! `WgpuPoolReuse` (requests served from the cache), `WgpuPoolEvictions`
@@ -33,8 +45,12 @@
 
 use lazuli_executor::{metrics, BackendError, DeviceStorage};
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The id of the next buffer any pool creates (see [`WgpuStorage::id`]).
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Smallest size class in bytes.
 pub const MIN_CLASS: u64 = 256;
@@ -126,9 +142,11 @@ pub struct PoolOptions {
     pub memory_budget: Option<u64>,
     /// The device's largest buffer (`Limits::max_buffer_size`).
     pub max_buffer_size: u64,
-    /// The largest buffer bound as storage
+    /// The largest buffer bound whole as storage
     /// (`Limits::max_storage_buffer_binding_size`, at most
-    /// `max_buffer_size`); storage buffers are never rounded above it.
+    /// `max_buffer_size`): a storage request up to it never gets a buffer
+    /// above it; larger ones (bound in windows) may be up to
+    /// `max_buffer_size`.
     pub max_storage_binding: u64,
     /// The device name, for errors.
     pub device_name: String,
@@ -155,21 +173,43 @@ pub struct Pool {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Idle buffers by (usage bits, buffer size); no empty vectors.
-    free: BTreeMap<(u32, u64), Vec<wgpu::Buffer>>,
+    /// Idle buffers and their ids by (usage bits, buffer size); no empty
+    /// vectors.
+    free: BTreeMap<(u32, u64), Vec<(wgpu::Buffer, u64)>>,
+    /// The key in `free` of every idle buffer, by id.
+    idle: HashMap<u64, (u32, u64)>,
     stats: PoolStats,
 }
 
 impl State {
     /// Takes the smallest idle buffer of `usage` whose size is in
     /// `lo..=hi`.
-    fn take(&mut self, usage: u32, lo: u64, hi: u64) -> Option<wgpu::Buffer> {
+    fn take(&mut self, usage: u32, lo: u64, hi: u64) -> Option<(wgpu::Buffer, u64)> {
         let key = *self.free.range((usage, lo)..=(usage, hi)).next()?.0;
         let list = self.free.get_mut(&key).expect("key just found");
         let buffer = list.pop().expect("no empty lists");
         if list.is_empty() {
             self.free.remove(&key);
         }
+        self.idle.remove(&buffer.1);
+        self.stats.idle_bytes -= key.1;
+        Some(buffer)
+    }
+
+    /// Takes the idle buffer `id` if it has `usage` and a size in
+    /// `lo..=hi`.
+    fn take_id(&mut self, id: u64, usage: u32, lo: u64, hi: u64) -> Option<(wgpu::Buffer, u64)> {
+        let key = *self.idle.get(&id)?;
+        if key.0 != usage || key.1 < lo || key.1 > hi {
+            return None;
+        }
+        let list = self.free.get_mut(&key).expect("idle buffers are listed");
+        let at = list.iter().position(|(_, i)| *i == id).expect("idle buffers are listed");
+        let buffer = list.swap_remove(at);
+        if list.is_empty() {
+            self.free.remove(&key);
+        }
+        self.idle.remove(&id);
         self.stats.idle_bytes -= key.1;
         Some(buffer)
     }
@@ -181,7 +221,10 @@ impl State {
         while self.stats.idle_bytes > keep {
             let Some(key) = self.free.keys().max_by_key(|k| k.1).copied() else { break };
             let list = self.free.get_mut(&key).expect("key just found");
-            evicted.extend(list.pop());
+            if let Some((b, id)) = list.pop() {
+                self.idle.remove(&id);
+                evicted.push(b);
+            }
             if list.is_empty() {
                 self.free.remove(&key);
             }
@@ -208,26 +251,52 @@ impl Pool {
 
     /// A buffer of at least `bytes` bytes with `usage`: an idle one of the
     /// request's class or at most [`reuse_limit`] bytes, else a new one of
-    /// [`size_class`] bytes (never rounded above the device's limit).
+    /// [`size_class`] bytes (never rounded above the device's limit, nor a
+    /// storage request that fits one binding above the binding limit).
     ///
     /// Fails with `TooLarge` when `bytes` exceeds the largest buffer the
     /// device may create for `usage`, and with `OutOfMemory` when the
     /// memory budget or the device has no room even after every idle
     /// buffer was released.
     pub fn acquire(self: &Arc<Self>, bytes: u64, usage: wgpu::BufferUsages) -> Result<WgpuStorage, BackendError> {
-        let limit = self.limit(usage);
+        self.acquire_preferring(bytes, usage, &[])
+    }
+
+    /// [`Pool::acquire`], taking the first of the buffers `prefer` (by
+    /// [`WgpuStorage::id`]) that is idle and fits, if any. A compiled plan
+    /// asks for the buffers it had in its last executions, so that its
+    /// cached bind groups (keyed by buffer ids) match again.
+    pub fn acquire_preferring(
+        self: &Arc<Self>,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        prefer: &[u64],
+    ) -> Result<WgpuStorage, BackendError> {
+        let limit = self.buffer_limit();
         if bytes > limit {
-            return Err(BackendError::TooLarge { op: format!("allocating a {usage:?} buffer"), bytes, limit });
+            return Err(BackendError::TooLarge {
+                op: format!("allocating a {usage:?} buffer"),
+                bytes,
+                limit,
+                limit_name: "the device's largest buffer (max_buffer_size)".into(),
+            });
         }
-        let size = size_class(bytes).min(limit);
+        // A storage request that fits one binding stays within it.
+        let cap = match usage.contains(wgpu::BufferUsages::STORAGE) && bytes <= self.binding_limit() {
+            true => self.binding_limit(),
+            false => limit,
+        };
+        let size = size_class(bytes).min(cap);
         let evicted = {
             let mut st = self.lock();
-            if let Some(buffer) = st.take(usage.bits(), size, reuse_limit(bytes).max(size)) {
+            let hi = reuse_limit(bytes).max(size).min(cap);
+            let preferred = prefer.iter().find_map(|&id| st.take_id(id, usage.bits(), size, hi));
+            if let Some((buffer, id)) = preferred.or_else(|| st.take(usage.bits(), size, hi)) {
                 st.stats.in_use_bytes += buffer.size();
                 st.stats.peak_in_use_bytes = st.stats.peak_in_use_bytes.max(st.stats.in_use_bytes);
                 drop(st);
                 metrics::inc("WgpuPoolReuse", 1);
-                return Ok(self.wrap(buffer, usage));
+                return Ok(self.wrap(buffer, id, usage));
             }
             let mut evicted = Vec::new();
             if let Some(budget) = self.options.memory_budget {
@@ -266,7 +335,7 @@ impl Pool {
             created = self.create(size, usage);
         }
         match created {
-            Ok(buffer) => Ok(self.wrap(buffer, usage)),
+            Ok(buffer) => Ok(self.wrap(buffer, NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed), usage)),
             Err(e) => {
                 let in_use = {
                     let mut st = self.lock();
@@ -314,15 +383,16 @@ impl Pool {
         self.lock().stats
     }
 
-    /// The largest buffer the device may create for `usage`, a multiple of
-    /// 4 (wgpu's copy alignment).
-    fn limit(&self, usage: wgpu::BufferUsages) -> u64 {
-        let limit = if usage.contains(wgpu::BufferUsages::STORAGE) {
-            self.options.max_storage_binding.min(self.options.max_buffer_size)
-        } else {
-            self.options.max_buffer_size
-        };
-        limit & !3
+    /// The largest buffer the device may create, a multiple of 4 (wgpu's
+    /// copy alignment). Storage buffers over the binding limit are bound
+    /// in windows, so every usage has the same limit.
+    fn buffer_limit(&self) -> u64 {
+        self.options.max_buffer_size & !3
+    }
+
+    /// The largest storage buffer bound whole, a multiple of 4.
+    fn binding_limit(&self) -> u64 {
+        self.options.max_storage_binding.min(self.options.max_buffer_size) & !3
     }
 
     /// Creates a buffer, reporting the device's out-of-memory, validation
@@ -349,25 +419,39 @@ impl Pool {
         }
     }
 
-    fn wrap(self: &Arc<Self>, buffer: wgpu::Buffer, usage: wgpu::BufferUsages) -> WgpuStorage {
-        WgpuStorage { buffer: Some(buffer), usage, pool: self.clone() }
+    fn wrap(self: &Arc<Self>, buffer: wgpu::Buffer, id: u64, usage: wgpu::BufferUsages) -> WgpuStorage {
+        WgpuStorage { buffer: Some(buffer), id, usage, pool: self.clone() }
     }
 
-    fn release(&self, buffer: wgpu::Buffer, usage: wgpu::BufferUsages) {
+    fn release(&self, buffer: wgpu::Buffer, id: u64, usage: wgpu::BufferUsages) {
         let size = buffer.size();
-        let mut st = self.lock();
-        st.stats.in_use_bytes -= size;
-        if st.stats.idle_bytes + size <= self.options.max_idle_bytes {
-            st.stats.idle_bytes += size;
-            st.free.entry((usage.bits(), size)).or_default().push(buffer);
+        let kept = {
+            let mut st = self.lock();
+            st.stats.in_use_bytes -= size;
+            let keep = st.stats.idle_bytes + size <= self.options.max_idle_bytes;
+            if keep {
+                st.stats.idle_bytes += size;
+                st.free.entry((usage.bits(), size)).or_default().push((buffer, id));
+                st.idle.insert(id, (usage.bits(), size));
+                None
+            } else {
+                Some(buffer)
+            }
+        };
+        if let Some(b) = kept {
+            b.destroy();
         }
     }
 }
 
-/// Counts buffers released from the cache.
+/// Counts buffers released from the cache and destroys them (the device
+/// frees them once the work submitted before has finished).
 fn evicted_metric(evicted: &[wgpu::Buffer]) {
     if !evicted.is_empty() {
         metrics::inc("WgpuPoolEvictions", evicted.len() as u64);
+    }
+    for b in evicted {
+        b.destroy();
     }
 }
 
@@ -375,6 +459,8 @@ fn evicted_metric(evicted: &[wgpu::Buffer]) {
 #[derive(Debug)]
 pub struct WgpuStorage {
     buffer: Option<wgpu::Buffer>,
+    /// Unique among every buffer any pool of the process created.
+    id: u64,
     usage: wgpu::BufferUsages,
     pool: Arc<Pool>,
 }
@@ -384,12 +470,20 @@ impl WgpuStorage {
     pub fn buffer(&self) -> &wgpu::Buffer {
         self.buffer.as_ref().expect("present until drop")
     }
+
+    /// The buffer's identity: unique among every buffer any pool of the
+    /// process has created, the same each time the pool hands this buffer
+    /// out again, and never given to another buffer (ids are not reused
+    /// when a buffer is destroyed).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 impl Drop for WgpuStorage {
     fn drop(&mut self) {
         if let Some(b) = self.buffer.take() {
-            self.pool.release(b, self.usage);
+            self.pool.release(b, self.id, self.usage);
         }
     }
 }

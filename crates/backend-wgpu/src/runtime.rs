@@ -1,15 +1,20 @@
-//! The backend proper: device setup, compile (plan, lower, validate,
-//! cache pipelines), execute (one command encoder per plan, one submit,
-//! wait), upload and download in the canonical host byte format.
+//! The backend proper: device setup, compile (plan, lower, window,
+//! validate, cache pipelines), execute (one command encoder per plan, one
+//! submit, wait), upload and download in the canonical host byte format
+//! (in chunks of at most `TRANSFER_CHUNK` bytes, so staging memory stays
+//! bounded for tensors of any size). Tensors beyond one storage binding
+//! are bound in windows (see [`crate::window`]).
 
 use crate::adapter;
 use crate::autotune::{self, Tuner};
+use crate::binds::{self, BindCache, Binding};
 use crate::codegen::{self, KernelForms, LowerError, LowerLimits, MatmulForm, ReduceForm, RowsForm, Wgsl};
 use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
 use crate::validate::validate_wgsl;
-use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
+use crate::window::{self, KernelWindows, Windows};
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable, IndexError};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel, KernelKind};
 use lazuli_ir::{DType, Node, NodeId, Op, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
@@ -23,6 +28,12 @@ pub struct WgpuOptions {
     /// Clamp of the storage buffers per kernel (planner and device limit);
     /// tests use it to force splitting.
     pub max_storage_buffers: Option<u32>,
+    /// Clamp of the bytes one storage binding covers (tests): tensors
+    /// larger than this are bound in windows of at most this many bytes
+    /// (see [`crate::window`]), as tensors beyond the adapter's binding
+    /// limit always are. Lets tests prove windowed kernels on small
+    /// tensors.
+    pub binding_window: Option<u64>,
     /// Substring of the adapter name to pick (else `WGPU_ADAPTER_NAME`,
     /// else the best adapter by type).
     pub adapter_name: Option<String>,
@@ -66,6 +77,10 @@ pub struct WgpuOptions {
     /// pipelines (see [`crate::generic`]); default on,
     /// `LAZULI_GENERIC_SIZES=0` turns it off.
     pub generic_sizes: Option<bool>,
+    /// Whether independent elementwise kernels of different shapes share
+    /// one multi-tensor dispatch (see `lazuli_ir::fusion::multi`); default
+    /// on, `LAZULI_MULTI_TENSOR=0` turns it off.
+    pub multi_tensor: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -86,7 +101,13 @@ struct Inner {
     pipelines: PipelineCache,
     fusion: FusionLimits,
     lower: LowerLimits,
-    max_binding: u64,
+    /// Bytes between the error slots of one execution (the adapter's
+    /// `min_storage_buffer_offset_alignment`, at least a slot's size).
+    slot_stride: u64,
+    /// How tensors beyond one binding are bound.
+    windows: Windows,
+    /// The largest buffer (`max_buffer_size`, a multiple of 4).
+    max_buffer: u64,
     /// Loop iterations one invocation may run, where the adapter caps them
     /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
     loop_budget: Option<u64>,
@@ -104,6 +125,15 @@ struct Inner {
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
 const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
 const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_DST);
+
+/// Bytes of one error slot: the claim flag and the index's bits (see
+/// `codegen::index`).
+const ERROR_SLOT_BYTES: u64 = 8;
+
+/// Bytes one step of an upload or readback moves: bounds the staging
+/// memory of a transfer (host-visible memory; on lavapipe, host RAM) to
+/// one chunk, whatever the tensor's size.
+const TRANSFER_CHUNK: u64 = 64 << 20;
 
 /// The kernel forms for `options` on an adapter of type `device_type`
 /// (see [`WgpuOptions::kernel_forms`]).
@@ -150,11 +180,15 @@ impl WgpuBackend {
         device.on_uncaptured_error(Arc::new(move |e| {
             tracing::error!(device = %log_name, "uncaptured wgpu error: {e}");
         }));
-        let mut max_sb = limits.max_storage_buffers_per_shader_stage as usize;
+        // Every binding of a kernel sits in one bind group: the uniform of
+        // lifted scalars beside the storage buffers.
+        let mut max_sb = (limits.max_storage_buffers_per_shader_stage as usize)
+            .min((limits.max_bindings_per_bind_group as usize).saturating_sub(1));
         if let Some(m) = options.max_storage_buffers {
             max_sb = max_sb.min(m as usize);
         }
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let windows = Windows::new(max_binding, limits.min_storage_buffer_offset_alignment, options.binding_window);
         let pool = Pool::new(
             device.clone(),
             PoolOptions {
@@ -185,6 +219,11 @@ impl WgpuBackend {
                     // Row kernels cooperate through workgroup memory: the
                     // GPU form of reductions.
                     row_kernels: forms.reduce == ReduceForm::Cooperative,
+                    // Independent elementwise kernels share a dispatch.
+                    multi_tensor: options
+                        .multi_tensor
+                        .unwrap_or_else(|| std::env::var("LAZULI_MULTI_TENSOR").map_or(true, |v| v != "0")),
+                    window_elements: windows.elements(),
                     ..FusionLimits::default()
                 },
                 lower: LowerLimits {
@@ -192,7 +231,9 @@ impl WgpuBackend {
                     workgroup_storage: limits.max_compute_workgroup_storage_size,
                     ..LowerLimits::default()
                 },
-                max_binding,
+                slot_stride: (limits.min_storage_buffer_offset_alignment as u64).max(ERROR_SLOT_BYTES),
+                windows,
+                max_buffer: limits.max_buffer_size & !3,
                 loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
                 timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
                 profile: std::sync::Mutex::new(None),
@@ -299,12 +340,36 @@ impl WgpuBackend {
 
     /// A bind group of `layout` binding `bufs` whole, in binding order.
     fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-            .collect();
-        self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+        binds::create_whole(&self.inner.device, layout, bufs)
+    }
+
+    /// The bindings of bind group 0 of a launch: the uniform, then each
+    /// storage buffer of `storage` whole or, where `windows` says so, as
+    /// that many windows (see [`crate::window`]), then the error slot at
+    /// byte `offset` of a buffer, if any.
+    fn bindings<'b>(
+        &self,
+        uniform: &'b WgpuStorage,
+        storage: &[&'b WgpuStorage],
+        windows: &[u32],
+        slot: Option<(&'b WgpuStorage, u64)>,
+    ) -> Vec<Binding<'b>> {
+        debug_assert_eq!(storage.len(), windows.len());
+        let mut out = Vec::with_capacity(storage.len() + 2);
+        out.push(Binding::whole(uniform));
+        for (&b, &w) in storage.iter().zip(windows) {
+            if w <= 1 {
+                out.push(Binding::whole(b));
+                continue;
+            }
+            for (offset, size) in self.inner.windows.ranges(b.buffer().size(), w) {
+                out.push(Binding { storage: b, offset, size });
+            }
+        }
+        if let Some((storage, offset)) = slot {
+            out.push(Binding { storage, offset, size: ERROR_SLOT_BYTES });
+        }
+        out
     }
 
     /// Bind group 1 of a generic kernel: a small storage buffer holding
@@ -323,18 +388,7 @@ impl WgpuBackend {
     /// lifted scalar of `dtypes` (`values`, or zeros when `None`), padded
     /// to 16 bytes.
     fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
-        let mut words: Vec<u32> = vec![0];
-        for (k, d) in dtypes.iter().enumerate() {
-            words.push(values.map_or(0, |vs| match d {
-                DType::F32 => (vs[k].as_f64() as f32).to_bits(),
-                DType::I32 => vs[k].as_i64() as i32 as u32,
-                DType::Bool => vs[k].as_bool() as u32,
-                _ => vs[k].as_u64() as u32,
-            }));
-        }
-        while !words.len().is_multiple_of(4) {
-            words.push(0);
-        }
+        let words = uniform_words(dtypes, values);
         let uniform = self.inner.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
         self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
         Ok(uniform)
@@ -392,6 +446,9 @@ impl WgpuBackend {
         }
         for i in 0..k.outputs {
             entries.push(storage((1 + k.inputs + i) as u32, false));
+        }
+        if k.error_slot {
+            entries.push(storage((1 + k.inputs + k.outputs) as u32, false));
         }
         let layout =
             dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
@@ -487,12 +544,26 @@ impl WgpuBackend {
             .ok_or_else(|| BackendError::Execution(format!("buffer of {} is not a wgpu buffer", b.kind)))
     }
 
-    fn new_buffer(&self, ty: &ValueType, what: &str) -> Result<Buffer, BackendError> {
-        let bytes = (ty.shape.numel() as u64 * 4).max(4);
-        if bytes > self.inner.max_binding {
-            return Err(BackendError::TooLarge { op: what.to_string(), bytes, limit: self.inner.max_binding });
+    /// A pool buffer for a value of type `ty`, preferring the buffers of
+    /// ids `prefer` (see [`Pool::acquire_preferring`]); `what` names the
+    /// value in errors (made only then: this runs for every node of every
+    /// execution).
+    fn new_buffer(
+        &self,
+        ty: &ValueType,
+        prefer: &[u64],
+        what: impl FnOnce() -> String,
+    ) -> Result<Buffer, BackendError> {
+        let bytes = (ty.shape.numel() as u64).saturating_mul(4).max(4);
+        if bytes > self.inner.max_buffer {
+            return Err(BackendError::TooLarge {
+                op: what(),
+                bytes,
+                limit: self.inner.max_buffer,
+                limit_name: "the device's largest buffer (max_buffer_size)".into(),
+            });
         }
-        let st = self.inner.pool.acquire(bytes, STORAGE)?;
+        let st = self.inner.pool.acquire_preferring(bytes, STORAGE, prefer)?;
         Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
     }
 
@@ -514,10 +585,56 @@ impl WgpuBackend {
             LowerError::Unsupported { op, dtype } => {
                 BackendError::Unsupported { backend: self.inner.name.clone(), op, dtype }
             }
-            LowerError::TooLarge { op, elements } => {
-                BackendError::TooLarge { op, bytes: elements * 4, limit: self.inner.max_binding }
-            }
+            LowerError::TooLarge { op, elements } => BackendError::TooLarge {
+                op,
+                bytes: elements.saturating_mul(4),
+                limit: limits.max_elements * 4,
+                limit_name: "what kernels index with u32 element indices".into(),
+            },
         })
+    }
+
+    /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
+    /// tensors beyond one binding (see [`crate::window`]): rewrites the
+    /// source and binding counts where needed. A kernel needing more
+    /// storage bindings than the adapter allows, or whose source cannot
+    /// be windowed, is `BackendError::TooLarge` naming its op, its bytes
+    /// and the limit.
+    fn window(
+        &self,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        name: &str,
+        wgsl: &mut Wgsl,
+    ) -> Result<KernelWindows, BackendError> {
+        let w = self.inner.windows;
+        let kw = KernelWindows::of(k, graph, wgsl, &w);
+        if !kw.is_windowed() {
+            return Ok(kw);
+        }
+        let ids = k.inputs.iter().chain(&k.outputs);
+        let bytes: u64 = ids.clone().map(|id| graph.node(*id).shape.numel() as u64 * 4).sum();
+        let largest = ids.max_by_key(|id| graph.node(**id).shape.numel()).expect("a kernel has an output");
+        let op = format!("{} (kernel {name})", graph.node(*largest).op.name());
+        let max = self.inner.fusion.max_storage_buffers;
+        // The error slot of a kernel that checks indices is a binding too.
+        let bindings = kw.bindings() + wgsl.error_slot as usize;
+        if bindings > max {
+            return Err(BackendError::TooLarge {
+                op: format!("{op}, {bindings} storage bindings in windows of {} bytes", w.bytes()),
+                bytes,
+                limit: max as u64 * w.bytes(),
+                limit_name: format!("what one kernel can bind ({max} storage bindings)"),
+            });
+        }
+        window::apply(wgsl, &kw, &w).map_err(|e| BackendError::TooLarge {
+            op: format!("{op}: this kernel cannot be windowed ({e})"),
+            bytes,
+            limit: w.bytes(),
+            limit_name: "one storage binding".into(),
+        })?;
+        metrics::inc("WindowedKernels", 1);
+        Ok(kw)
     }
 
     /// A validated pipeline for `wgsl` as it is (no generic sizes), from
@@ -533,6 +650,12 @@ impl WgpuBackend {
         let base = self.inner.lower;
         let tuner = &self.inner.tuner;
         if k.kind != KernelKind::MatMul || !tuner.enabled() || base.forms.matmul != MatmulForm::ByShape {
+            return Ok(base);
+        }
+        // Candidates are timed on whole-buffer bindings: a kernel with
+        // windowed tensors keeps the form its shape asks for.
+        let w = self.inner.windows;
+        if k.inputs.iter().chain(&k.outputs).any(|id| w.count(graph.node(*id).shape.numel() as u64) > 1) {
             return Ok(base);
         }
         let with = |form: MatmulForm| {
@@ -673,6 +796,22 @@ pub struct WgpuExecutable {
     graph: VerifiedGraph,
     plan: FusionPlan,
     kernels: Vec<CompiledKernel>,
+    /// The buffers of an execution, in order: parameters, then every
+    /// materialized node.
+    buffers: Vec<Bound>,
+    /// Per node, its index in `buffers` (`u32::MAX`: none).
+    slot: Vec<u32>,
+    /// Bind groups and buffer history, reused across executions.
+    binds: std::sync::Mutex<BindCache>,
+}
+
+/// Where a buffer of an execution comes from.
+#[derive(Clone, Copy, Debug)]
+enum Bound {
+    /// Input (graph parameter) `i`.
+    Input(usize),
+    /// A node the plan materializes, in a buffer from the pool.
+    Node(NodeId),
 }
 
 struct CompiledKernel {
@@ -683,6 +822,9 @@ struct CompiledKernel {
     dims: Option<wgpu::BindGroup>,
     /// The pipeline of `wgsl.pre`, the first pass, if any, and its sizes.
     pre: Option<(Arc<PipelineEntry>, Option<wgpu::BindGroup>)>,
+    /// Windows of each storage buffer of both passes (see
+    /// [`crate::window`]).
+    windows: KernelWindows,
 }
 
 /// A kernel ready for pipeline creation: the source to compile (generic
@@ -693,6 +835,8 @@ struct Prepared {
     entry: &'static str,
     inputs: usize,
     outputs: usize,
+    /// Binds an error slot after its outputs.
+    error_slot: bool,
     /// Values of the uniform `LZD` (empty: a static kernel).
     dims: Vec<u32>,
 }
@@ -706,6 +850,7 @@ impl Prepared {
             entry: wgsl.entry,
             inputs: wgsl.inputs,
             outputs: wgsl.outputs,
+            error_slot: wgsl.error_slot,
             dims: Vec::new(),
         }
     }
@@ -723,12 +868,25 @@ fn compile_threads() -> usize {
 
 /// One dispatch of an execution.
 struct Launch<'a> {
-    name: String,
+    kernel: &'a CompiledKernel,
+    /// The first pass of a two-pass kernel.
+    first_pass: bool,
     pipeline: &'a wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     /// Bind group 1 of a generic pipeline.
     dims: Option<&'a wgpu::BindGroup>,
     groups: (u32, u32),
+}
+
+impl Launch<'_> {
+    /// The launch's name in profiles.
+    fn name(&self) -> String {
+        if self.first_pass {
+            format!("{}_pass1", self.kernel.name)
+        } else {
+            self.kernel.name.clone()
+        }
+    }
 }
 
 /// The 2-D dispatch size for `invocations` in workgroups of `size`.
@@ -795,11 +953,6 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
-        // Gather runs on the CPU fallback: its indices are data, and a
-        // kernel cannot report an out-of-range index (the generated gather
-        // clamps), while the CPU backend returns a clear error. A wrong
-        // answer is worse than a slower right one.
-        let data_checked = !matches!(node.op, Op::Gather { .. });
         // On a software adapter that silently caps loop iterations, kernels
         // that walk one line per invocation would return wrong values for
         // lines longer than the cap: such nodes run on the CPU fallback.
@@ -814,6 +967,13 @@ impl Backend for WgpuBackend {
                     Op::MatMul => {
                         inputs.first().and_then(|a| a.shape.dims().last()).is_none_or(|&k| k as u64 <= budget)
                     }
+                    Op::ScatterAdd { axis } => {
+                        let m = inputs.get(1).map_or(0, |i| i.shape.numel() as u64);
+                        let inner = node.shape.dims()[axis + 1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
+                        codegen::index::scatter_loop_iterations(self.inner.lower.forms.scatter, m, inner) <= budget
+                    }
+                    Op::Pool(p) => codegen::pool::pool_loop_iterations(p, false) <= budget,
+                    Op::PoolGrad(p) => codegen::pool::pool_loop_iterations(p, true) <= budget,
                     Op::Attention { .. } => {
                         codegen::attention::within_loop_budget(node, inputs, self.inner.lower.forms.attention, budget)
                     }
@@ -831,9 +991,8 @@ impl Backend for WgpuBackend {
                 .filter(|n| !matches!(n.op, Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }))
                 .count()
                 < self.inner.fusion.max_storage_buffers;
-        data_checked
+        within_budget
             && fits
-            && within_budget
             && gpu_dtype(node.dtype)
             && inputs.iter().all(|n| gpu_dtype(n.dtype))
             && codegen::op_supported(&node.op)
@@ -845,15 +1004,25 @@ impl Backend for WgpuBackend {
         }
         let n = ty.shape.numel();
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
-        let buf = self.new_buffer(ty, "upload")?;
-        if n > 0 {
-            let st = self.storage(&buf)?;
+        let buf = self.new_buffer(ty, &[], || "upload".into())?;
+        let st = self.storage(&buf)?;
+        // In chunks, each written and submitted before the next, so the
+        // staging copy wgpu makes stays one chunk.
+        let step = TRANSFER_CHUNK as usize / 4;
+        let chunks = n.div_ceil(step);
+        for c in 0..chunks {
+            let (lo, hi) = (c * step, ((c + 1) * step).min(n));
+            let offset = lo as u64 * 4;
             if ty.dtype == DType::Bool {
-                let mut words = self.host_vec::<u32>(n, "upload")?;
-                words.extend(bytes.iter().map(|&b| (b != 0) as u32));
-                self.inner.queue.write_buffer(st.buffer(), 0, bytemuck::cast_slice(&words));
+                let mut words = self.host_vec::<u32>(hi - lo, "upload")?;
+                words.extend(bytes[lo..hi].iter().map(|&b| (b != 0) as u32));
+                self.inner.queue.write_buffer(st.buffer(), offset, bytemuck::cast_slice(&words));
             } else {
-                self.inner.queue.write_buffer(st.buffer(), 0, bytes);
+                self.inner.queue.write_buffer(st.buffer(), offset, &bytes[lo * 4..hi * 4]);
+            }
+            if chunks > 1 {
+                self.inner.queue.submit([]);
+                self.wait()?;
             }
         }
         Ok(buf)
@@ -869,26 +1038,34 @@ impl Backend for WgpuBackend {
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
-        let staging = self.inner.pool.acquire(bytes, READBACK)?;
-        let mut enc = self.inner.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(st.buffer(), 0, staging.buffer(), 0, bytes);
-        self.inner.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.buffer().map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
-        {
-            let view = staging.buffer().get_mapped_range(0..bytes).map_err(|e| device_err(&self.inner.name, e))?;
-            if buffer.ty.dtype == DType::Bool {
-                let words: &[u32] = bytemuck::cast_slice(&view);
-                out.extend(words.iter().map(|&w| (w != 0) as u8));
-            } else {
-                out.extend_from_slice(&view);
+        // Through one staging buffer of at most `TRANSFER_CHUNK` bytes,
+        // a chunk at a time.
+        let chunk = bytes.min(TRANSFER_CHUNK);
+        let staging = self.inner.pool.acquire(chunk, READBACK)?;
+        let mut offset = 0;
+        while offset < bytes {
+            let len = chunk.min(bytes - offset);
+            let mut enc = self.inner.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
+            self.inner.queue.submit([enc.finish()]);
+            let (tx, rx) = std::sync::mpsc::channel();
+            staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait()?;
+            rx.recv().map_err(|e| device_err(&self.inner.name, e))?.map_err(|e| device_err(&self.inner.name, e))?;
+            {
+                let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.inner.name, e))?;
+                if buffer.ty.dtype == DType::Bool {
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    out.extend(words.iter().map(|&w| (w != 0) as u8));
+                } else {
+                    out.extend_from_slice(&view);
+                }
             }
+            staging.buffer().unmap();
+            offset += len;
         }
-        staging.buffer().unmap();
         Ok(out)
     }
 
@@ -913,15 +1090,16 @@ impl Backend for WgpuBackend {
                 self.tuned_limits(k, graph, &name)?
             };
             let mut wgsl = self.lower(k, graph, &limits)?;
+            let windows = self.window(k, graph, &name, &mut wgsl)?;
             if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
                 wgsl.source = crate::fault::perturb(&wgsl.source);
             }
-            lowered.push((name, wgsl));
+            lowered.push((name, wgsl, windows));
         }
         // Each source (and first pass) generic over sizes where its family
         // has seen other sizes.
         let mut prepared = Vec::new();
-        for (name, wgsl) in &lowered {
+        for (name, wgsl, _) in &lowered {
             for (name, w) in
                 std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
             {
@@ -932,6 +1110,7 @@ impl Backend for WgpuBackend {
                     entry: w.entry,
                     inputs: w.inputs,
                     outputs: w.outputs,
+                    error_slot: w.error_slot,
                     dims: s.dims,
                 });
             }
@@ -943,12 +1122,27 @@ impl Backend for WgpuBackend {
             (pipeline, dims)
         });
         let mut kernels = Vec::with_capacity(lowered.len());
-        for (name, wgsl) in lowered {
+        for (name, wgsl, windows) in lowered {
             let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
-            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre });
+            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
         }
-        Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels }))
+        let mut buffers = Vec::new();
+        let mut slot = vec![u32::MAX; graph.len()];
+        for id in graph.ids() {
+            if let Op::Parameter(i) = graph.node(id).op {
+                slot[id.index()] = buffers.len() as u32;
+                buffers.push(Bound::Input(i as usize));
+            }
+        }
+        for &m in &plan.materialized {
+            if slot[m.index()] == u32::MAX {
+                slot[m.index()] = buffers.len() as u32;
+                buffers.push(Bound::Node(m));
+            }
+        }
+        let binds = std::sync::Mutex::new(BindCache::default());
+        Ok(Arc::new(WgpuExecutable { graph: graph.clone(), plan, kernels, buffers, slot, binds }))
     }
 
     fn execute(
@@ -971,76 +1165,155 @@ impl Backend for WgpuBackend {
                 scalars.len()
             )));
         }
-        let uniform = self.uniform(&g.scalars, Some(scalars))?;
-
-        let mut values: HashMap<NodeId, Buffer> = HashMap::new();
-        for id in g.ids() {
-            if let Op::Parameter(i) = g.node(id).op {
-                values.insert(id, inputs[i as usize].clone());
-            }
+        // The plan's cached bind groups and allocation history; while
+        // another thread executes the same plan and holds them, this
+        // execution binds afresh.
+        let mut cache = exe.binds.try_lock().ok();
+        // The uniform of lifted scalars, written before the submission that
+        // reads it (`queue.write_buffer` is ordered before the next submit).
+        let words = uniform_words(&g.scalars, Some(scalars));
+        let uniform_slot = exe.buffers.len();
+        let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(uniform_slot));
+        let uniform = self.inner.pool.acquire_preferring(words.len() as u64 * 4, UNIFORM, prefer)?;
+        if let Some(c) = cache.as_mut() {
+            c.record(uniform_slot, uniform.id());
         }
-        for &m in &exe.plan.materialized {
-            if let std::collections::hash_map::Entry::Vacant(e) = values.entry(m) {
-                e.insert(self.new_buffer(&g.node(m).ty(), &g.node(m).op.name())?);
-            }
+        self.inner.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        // The execution's buffers: parameters, then every materialized
+        // node in order, each node asking for the buffers it had before.
+        // The intermediates go back to the pool in reverse order at the
+        // end, so even without that history the pool (last in, first out)
+        // would hand the same buffers to the same nodes next time.
+        let mut values: Vec<Buffer> = Vec::with_capacity(exe.buffers.len());
+        for (slot, b) in exe.buffers.iter().enumerate() {
+            values.push(match *b {
+                Bound::Input(i) => inputs[i].clone(),
+                Bound::Node(m) => {
+                    let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(slot));
+                    let buf = self.new_buffer(&g.node(m).ty(), prefer, || g.node(m).op.name())?;
+                    if let Some(c) = cache.as_mut() {
+                        c.record(slot, self.storage(&buf)?.id());
+                    }
+                    buf
+                }
+            });
         }
+        let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));
         let dev = &self.inner.device;
         let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
+        // Error slots of the kernels that check indices, one each, zeroed
+        // first in this submission and copied to a readback buffer at its
+        // end, which is mapped by the same wait as the execution: a bad
+        // index costs no extra round trip (see `codegen::index`).
+        let checking: Vec<usize> = (0..exe.kernels.len())
+            .filter(|&i| exe.kernels[i].wgsl.error_slot && exe.kernels[i].wgsl.invocations > 0)
+            .collect();
+        let stride = self.inner.slot_stride;
+        let slot_bytes = checking.len() as u64 * stride;
+        let slots = if checking.is_empty() {
+            None
+        } else {
+            // The slots buffer is bound, so it comes through the plan's
+            // allocation history like every buffer it binds (after the
+            // scratch of each kernel): a steady loop gets it back, and with
+            // it the bind groups of its checking kernels.
+            let at = uniform_slot + 1 + exe.kernels.len();
+            let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(at));
+            let device_slots = self.inner.pool.acquire_preferring(slot_bytes, STORAGE, prefer)?;
+            if let Some(c) = cache.as_mut() {
+                c.record(at, device_slots.id());
+            }
+            // Never bound: any idle readback buffer will do.
+            let read = self.inner.pool.acquire(slot_bytes, READBACK)?;
+            enc.clear_buffer(device_slots.buffer(), 0, Some(slot_bytes));
+            Some((device_slots, read))
+        };
         let mut launches = 0u64;
         // Bind groups first, then encoding: one pass for the whole plan, or
         // one pass per kernel with timestamps while profiling.
-        let mut work: Vec<Launch> = Vec::new();
+        let mut work: Vec<Launch> = Vec::with_capacity(exe.kernels.len());
         // Scratch buffers of two-pass kernels live until the wait below.
         let mut scratch = Vec::new();
-        for k in &exe.kernels {
+        // Bind group 0 of launch `launch` (a kernel's first pass is launch
+        // `2 * ki`, the kernel proper `2 * ki + 1`): from the plan's cache,
+        // keyed by every range bound, or made afresh without it.
+        let bind = |cache: &mut Option<std::sync::MutexGuard<BindCache>>,
+                    launch: usize,
+                    layout: &wgpu::BindGroupLayout,
+                    bindings: &[Binding]| match cache {
+            Some(c) => c.get(launch, dev, layout, bindings),
+            None => binds::create(dev, layout, bindings),
+        };
+        for (ki, (k, kernel)) in exe.kernels.iter().zip(&exe.plan.kernels).enumerate() {
             if k.wgsl.invocations == 0 {
                 continue;
             }
-            let kernel = &exe.plan.kernels[launches_index(exe, k)];
-            let buffer = |id: &NodeId| -> Result<&wgpu::Buffer, BackendError> {
-                let b = values
-                    .get(id)
-                    .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
-                Ok(self.storage(b)?.buffer())
+            // The kernel's error slot, if it checks indices.
+            let error_slot = match (&slots, checking.binary_search(&ki)) {
+                (Some((device_slots, _)), Ok(j)) => Some((device_slots, j as u64 * stride)),
+                _ => None,
             };
-            let inputs: Vec<&wgpu::Buffer> = kernel.inputs.iter().map(buffer).collect::<Result<_, _>>()?;
-            let outputs: Vec<&wgpu::Buffer> = kernel.outputs.iter().map(buffer).collect::<Result<_, _>>()?;
+            let buffer = |id: &NodeId| -> Result<&WgpuStorage, BackendError> {
+                let b = value(*id)
+                    .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
+                self.storage(b)
+            };
             match (&k.wgsl.pre, &k.pre) {
                 (Some(pre), Some((pre_pipeline, pre_dims))) => {
                     // Pass 1 reads the inputs into scratch; pass 2 reads
                     // the scratch and writes the outputs.
-                    let s = self.inner.pool.acquire(pre.scratch.max(1) * 4, STORAGE)?;
-                    let mut first = vec![uniform.buffer()];
-                    first.extend(&inputs);
-                    first.push(s.buffer());
+                    debug_assert!(error_slot.is_none(), "two-pass kernels check no indices");
+                    // Scratch allocations come after the buffers in the
+                    // plan's allocation history.
+                    let at = uniform_slot + 1 + ki;
+                    let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(at));
+                    let s = self.inner.pool.acquire_preferring(pre.scratch.max(1) * 4, STORAGE, prefer)?;
+                    if let Some(c) = cache.as_mut() {
+                        c.record(at, s.id());
+                    }
+                    let mut first: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + 1);
+                    for id in &kernel.inputs {
+                        first.push(buffer(id)?);
+                    }
+                    first.push(&s);
+                    let bindings = self.bindings(&uniform, &first, &k.windows.pre, None);
                     work.push(Launch {
-                        name: format!("{}_pass1", k.name),
+                        kernel: k,
+                        first_pass: true,
                         pipeline: &pre_pipeline.pipeline,
-                        bind_group: self.bind_group(&pre_pipeline.layout, &first),
+                        bind_group: bind(&mut cache, 2 * ki, &pre_pipeline.layout, &bindings),
                         dims: pre_dims.as_ref(),
                         groups: dispatch_size(pre.invocations, pre.workgroup_size),
                     });
-                    let mut second = vec![uniform.buffer(), s.buffer()];
-                    second.extend(&outputs);
+                    let mut second: Vec<&WgpuStorage> = Vec::with_capacity(kernel.outputs.len() + 1);
+                    second.push(&s);
+                    for id in &kernel.outputs {
+                        second.push(buffer(id)?);
+                    }
+                    let bindings = self.bindings(&uniform, &second, &k.windows.main, None);
                     work.push(Launch {
-                        name: k.name.clone(),
+                        kernel: k,
+                        first_pass: false,
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group(&k.pipeline.layout, &second),
+                        bind_group: bind(&mut cache, 2 * ki + 1, &k.pipeline.layout, &bindings),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
                     scratch.push(s);
                 }
                 _ => {
-                    let mut bufs = vec![uniform.buffer()];
-                    bufs.extend(&inputs);
-                    bufs.extend(&outputs);
+                    let mut bufs: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + kernel.outputs.len());
+                    for id in kernel.inputs.iter().chain(&kernel.outputs) {
+                        bufs.push(buffer(id)?);
+                    }
+                    let bindings = self.bindings(&uniform, &bufs, &k.windows.main, error_slot);
                     work.push(Launch {
-                        name: k.name.clone(),
+                        kernel: k,
+                        first_pass: false,
                         pipeline: &k.pipeline.pipeline,
-                        bind_group: self.bind_group(&k.pipeline.layout, &bufs),
+                        bind_group: bind(&mut cache, 2 * ki + 1, &k.pipeline.layout, &bindings),
                         dims: k.dims.as_ref(),
                         groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
                     });
@@ -1071,8 +1344,9 @@ impl Backend for WgpuBackend {
         });
         if let Some((set, _, _)) = &queries {
             for (i, l) in work.iter().enumerate() {
+                let name = l.name();
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(&l.name),
+                    label: Some(&name),
                     timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
                         query_set: set,
                         beginning_of_pass_write_index: Some(2 * i as u32),
@@ -1104,8 +1378,38 @@ impl Backend for WgpuBackend {
             enc.resolve_query_set(set, 0..n, resolve, 0);
             enc.copy_buffer_to_buffer(resolve, 0, read, 0, n as u64 * 8);
         }
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some((device_slots, read)) = &slots {
+            enc.copy_buffer_to_buffer(device_slots.buffer(), 0, read.buffer(), 0, slot_bytes);
+        }
+        drop(cache);
         self.inner.queue.submit([enc.finish()]);
+        if let Some((_, read)) = &slots {
+            read.buffer().map_async(wgpu::MapMode::Read, 0..slot_bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        }
         let waited = self.wait();
+        // The first claimed slot, in kernel order, as (kernel, index bits);
+        // the readback buffer is unmapped before anything returns.
+        let claimed = match &slots {
+            Some((_, read)) if waited.is_ok() => {
+                let mapped = rx
+                    .recv()
+                    .map_err(|e| device_err(&self.inner.name, e))?
+                    .map_err(|e| device_err(&self.inner.name, e));
+                let found = mapped.and_then(|()| {
+                    let view =
+                        read.buffer().get_mapped_range(0..slot_bytes).map_err(|e| device_err(&self.inner.name, e))?;
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    let step = (stride / 4) as usize;
+                    Ok((0..checking.len()).find(|&j| words[j * step] != 0).map(|j| (checking[j], words[j * step + 1])))
+                });
+                read.buffer().unmap();
+                found?
+            }
+            _ => None,
+        };
         let val_err = pollster::block_on(val.pop());
         let oom_err = pollster::block_on(oom.pop());
         metrics::inc("KernelLaunches", launches);
@@ -1123,15 +1427,25 @@ impl Backend for WgpuBackend {
         }
         waited?;
         if let Some((_, _, read)) = &queries {
-            self.record_profile(read, &work.iter().map(|w| w.name.as_str()).collect::<Vec<_>>())?;
+            let names: Vec<String> = work.iter().map(Launch::name).collect();
+            self.record_profile(read, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
         }
-        drop((uniform, scratch));
-        g.outputs
-            .iter()
-            .map(|o| {
-                values.get(o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed")))
-            })
-            .collect()
+        drop(work);
+        drop(uniform);
+        scratch.into_iter().rev().for_each(drop);
+        drop(slots);
+        let outputs = match claimed {
+            Some((kernel, bits)) => Err(index_error(g, &exe.plan.kernels[kernel], bits)),
+            None => g
+                .outputs
+                .iter()
+                .map(|o| {
+                    value(*o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed")))
+                })
+                .collect(),
+        };
+        values.into_iter().rev().for_each(drop);
+        outputs
     }
 
     fn pool_bytes(&self) -> u64 {
@@ -1143,8 +1457,44 @@ impl Backend for WgpuBackend {
     }
 }
 
-/// Index of compiled kernel `k` in the plan (kernels are compiled in plan
-/// order, one each).
-fn launches_index(exe: &WgpuExecutable, k: &CompiledKernel) -> usize {
-    exe.kernels.iter().position(|c| std::ptr::eq(c, k)).expect("kernel of this executable")
+/// The words of a uniform buffer of lifted scalars: `P.z` (0), then one
+/// 32-bit word per lifted scalar of `dtypes` (`values`, or zeros when
+/// `None`), padded to 16 bytes.
+fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) -> Vec<u32> {
+    let mut words: Vec<u32> = Vec::with_capacity(dtypes.len() + 4);
+    words.push(0);
+    for (k, d) in dtypes.iter().enumerate() {
+        words.push(values.map_or(0, |vs| match d {
+            DType::F32 => (vs[k].as_f64() as f32).to_bits(),
+            DType::I32 => vs[k].as_i64() as i32 as u32,
+            DType::Bool => vs[k].as_bool() as u32,
+            _ => vs[k].as_u64() as u32,
+        }));
+    }
+    while !words.len().is_multiple_of(4) {
+        words.push(0);
+    }
+    words
+}
+
+/// The error of an index out of range that kernel `k` (a gather or a
+/// scatter-add) reported: `bits` are the index as its kernel read it.
+fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
+    let root = g.node(k.root());
+    let axis = match root.op {
+        Op::Gather { axis } | Op::ScatterAdd { axis } => axis,
+        _ => unreachable!("only gathers and scatter-adds check indices"),
+    };
+    let data = g.node(root.inputs[0]);
+    let index = match g.node(root.inputs[1]).dtype {
+        DType::I32 => bits as i32 as i128,
+        _ => bits as i128,
+    };
+    BackendError::IndexOutOfRange(Box::new(IndexError {
+        op: root.op.name(),
+        index,
+        axis,
+        size: data.shape.dims()[axis],
+        shape: data.shape.clone(),
+    }))
 }

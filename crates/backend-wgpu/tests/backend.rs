@@ -412,6 +412,41 @@ fn softmax_cumsum_gather() {
     close(&f32s(&out[4]), &[3.0, 1.0, 4.0, -1.0], 0.0);
 }
 
+/// Two checking kernels in one execution: the error slot of each is its
+/// own, the first kernel's report wins, and running the same executable
+/// again with good indices succeeds (the slots are zeroed per execution).
+#[test]
+fn index_errors_are_reported_per_execution() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([3, 4], DType::F32));
+    let i0 = g.param(ValueType::new([2], DType::I32));
+    let i1 = g.param(ValueType::new([2], DType::I32));
+    let g0 = push(&mut g, Op::Gather { axis: 1 }, &[x, i0]);
+    let s1 = push(&mut g, Op::ScatterAdd { axis: 1 }, &[x, i1, g0]);
+    g.outputs.extend([g0, s1]);
+    let params = g.params.clone();
+    let exe = b.compile(&g.verify().unwrap()).unwrap();
+    let run = |ix0: &[i32], ix1: &[i32]| {
+        let data = [Data::F((0..12).map(|v| v as f32).collect()), Data::I(ix0.to_vec()), Data::I(ix1.to_vec())];
+        let bufs = data.iter().zip(&params).map(|(d, ty)| b.upload(&bytes(d), ty).unwrap()).collect();
+        b.execute(exe.as_ref(), bufs, &[])
+    };
+    let err = |r: Result<Vec<lazuli_executor::Buffer>, lazuli_executor::BackendError>| match r {
+        Err(lazuli_executor::BackendError::IndexOutOfRange(e)) => {
+            (e.op, e.index, e.axis, e.size, e.shape.dims().to_vec())
+        }
+        other => panic!("expected an index error, got {:?}", other.map(|v| v.len())),
+    };
+    assert_eq!(err(run(&[0, -7], &[9, 0])), ("gather".into(), -7, 1, 4, vec![3, 4]));
+    assert_eq!(err(run(&[0, 1], &[1, 4])), ("scatter_add".into(), 4, 1, 4, vec![3, 4]));
+    let outs = run(&[3, -4], &[-1, 1]).expect("good indices");
+    let got: Vec<Vec<f32>> = outs.iter().map(|o| f32s(&b.download(o).unwrap())).collect();
+    assert_eq!(got[0], vec![3.0, 0.0, 7.0, 4.0, 11.0, 8.0]);
+    assert_eq!(got[1], vec![0.0, 1.0, 2.0, 6.0, 4.0, 9.0, 6.0, 14.0, 8.0, 17.0, 10.0, 22.0]);
+}
+
 #[test]
 fn integer_bool_semantics() {
     let _s = serial();
@@ -885,4 +920,35 @@ fn row_kernels_layer_norm_and_handwritten_softmax() {
             close(&f32s(&out[2]), &want_mu, 1e-5);
         }
     }
+}
+
+/// The GPU gather kernel (which the executor does not select yet: it
+/// cannot report an out-of-range index) reads an embedding table bound in
+/// windows (`WgpuOptions::binding_window`, see `lazuli_wgpu::window`), as
+/// a table beyond the adapter's binding limit always is; the rows it
+/// gathers lie in different windows.
+#[test]
+fn gather_from_a_windowed_table() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { binding_window: Some(4 << 10), ..Default::default() }) else { return };
+    let (rows, dim) = (300usize, 48usize);
+    let mut g = Graph::new();
+    let table = g.param(ValueType::new([rows, dim], DType::F32));
+    let idx = g.param(ValueType::new([7], DType::I32));
+    let ga = push(&mut g, Op::Gather { axis: 0 }, &[table, idx]);
+    g.outputs.push(ga);
+    let xs: Vec<f32> = (0..rows * dim).map(|i| i as f32 * 0.5).collect();
+    // A window holds 1024 f32: rows 21 and 22 straddle the first edge.
+    let ids = vec![0, 21, 22, 150, 299, -1, -300];
+    let before = metrics::counter("WindowedKernels");
+    let out = f32s(&run_on(&b, g, &[Data::F(xs.clone()), Data::I(ids.clone())], &[])[0]);
+    assert!(metrics::counter("WindowedKernels") > before, "the table was windowed");
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| {
+            let r = id.rem_euclid(rows as i32) as usize;
+            xs[r * dim..(r + 1) * dim].to_vec()
+        })
+        .collect();
+    close(&out, &want, 0.0);
 }

@@ -11,8 +11,8 @@
 
 use lazuli_ir::fusion::{self, FusionLimits};
 use lazuli_ir::{
-    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, DType, Graph, NodeId, Op, RandomDist,
-    ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
+    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, DType, Graph, NodeId, Op, PoolAttrs, PoolKind,
+    RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
 use lazuli_wgpu::codegen::{lower, LowerLimits};
 use std::path::PathBuf;
@@ -233,6 +233,57 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(c);
         out.push(("random_concat", g));
     }
+    // An embedding lookup and its gradient: a checked gather and a
+    // scatter-add into zeros (GPT-like rows of 64).
+    {
+        let mut g = Graph::new();
+        let table = f32p(&mut g, &[1000, 64]);
+        let ids = g.param(ValueType::new([4, 32], DType::I32));
+        let e = push(&mut g, Op::Gather { axis: 0 }, &[table, ids]);
+        let gy = f32p(&mut g, &[4, 32, 64]);
+        let z = push(&mut g, Op::Constant(ScalarValue::Float(0.0), DType::F32), &[]);
+        let zeros = push(&mut g, Op::Expand(Shape::new([1000, 64])), &[z]);
+        let gt = push(&mut g, Op::ScatterAdd { axis: 0 }, &[zeros, ids, gy]);
+        g.outputs.push(e);
+        g.outputs.push(gt);
+        out.push(("embedding_gather_scatter", g));
+    }
+    // Max and average pooling (3x3, stride 2, padding 1) and their
+    // gradients (a LeNet/ResNet-like layer).
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[8, 16, 28, 28]);
+        let max = PoolAttrs::new(PoolKind::Max, &[3, 3]).with_strides(&[2, 2]).with_padding(&[1, 1]);
+        let avg = PoolAttrs { kind: PoolKind::Avg { count_include_pad: false }, ..max.clone() };
+        let ym = push(&mut g, Op::Pool(max.clone()), &[x]);
+        let ya = push(&mut g, Op::Pool(avg.clone()), &[x]);
+        let gy = f32p(&mut g, &[8, 16, 14, 14]);
+        let gm = push(&mut g, Op::PoolGrad(max), &[x, gy]);
+        let ga = push(&mut g, Op::PoolGrad(avg), &[x, gy]);
+        g.outputs.extend([ym, ya, gm, ga]);
+        out.push(("pool_and_grad", g));
+    }
+    // Independent updates of several shapes: one multi-tensor kernel with
+    // a vec4 segment, an odd-sized one, an indexed one (a broadcast row)
+    // and an empty one.
+    {
+        let mut g = Graph::new();
+        let lr = g.scalar(DType::F32);
+        for dims in [&[64, 64][..], &[7], &[3, 5], &[0]] {
+            let p = f32p(&mut g, dims);
+            let gr = f32p(&mut g, dims);
+            let gr = if dims == [3, 5] {
+                let row = f32p(&mut g, &[5]);
+                bin(&mut g, BinaryOp::Mul, gr, row)
+            } else {
+                gr
+            };
+            let step = bin(&mut g, BinaryOp::Mul, gr, lr);
+            let y = bin(&mut g, BinaryOp::Sub, p, step);
+            g.outputs.push(y);
+        }
+        out.push(("multi_tensor", g));
+    }
     out.push(("attention_train", attention_graph(AttentionMask::Additive, true)));
     out
 }
@@ -319,6 +370,7 @@ fn render(g: Graph, limits: &LowerLimits) -> String {
         matmul_epilogue: true,
         inline_outputs: true,
         row_kernels: limits.forms.reduce == lazuli_wgpu::codegen::ReduceForm::Cooperative,
+        multi_tensor: true,
         ..FusionLimits::default()
     };
     let plan = fusion::plan(&v, &fl);

@@ -34,8 +34,7 @@
 use crate::lazy::{LazyNode, NodeKind};
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{
-    reduced_shape, AttentionAttrs, AttentionPart, BinaryOp, ConvAttrs, DType, Op, PadMode, PoolAttrs, PoolKind,
-    ReduceOp, Shape, UnaryOp,
+    reduced_shape, AttentionAttrs, AttentionPart, BinaryOp, ConvAttrs, Op, PadMode, PoolKind, ReduceOp, Shape, UnaryOp,
 };
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -540,7 +539,16 @@ impl GradFn {
             }
             Op::Gather { axis } => {
                 if need(0) {
-                    out[0] = Some(gather_grad(g, x[0].shape(), *axis, &x[1])?);
+                    let zeros = Tensor::zeros(x[0].shape().clone(), g.dtype(), dev)?;
+                    out[0] = Some(zeros.scatter_add(*axis as isize, &x[1], g)?);
+                }
+            }
+            Op::ScatterAdd { axis } => {
+                if need(0) {
+                    out[0] = Some(g.clone());
+                }
+                if need(2) {
+                    out[2] = Some(g.gather(*axis as isize, &x[1])?);
                 }
             }
             Op::Conv2d(attrs) => {
@@ -548,7 +556,21 @@ impl GradFn {
                 out[0] = gx;
                 out[1] = gw;
             }
-            Op::Pool(attrs) => out[0] = Some(pool_grad(attrs, &x[0], &y, g)?),
+            Op::Pool(attrs) => out[0] = Some(x[0].pool_grad(g, attrs.clone())?),
+            Op::PoolGrad(attrs) => {
+                // Piecewise constant in the input (which window maximum
+                // wins), linear in the output gradient.
+                if need(0) {
+                    out[0] = Some(Tensor::zeros(x[0].shape().clone(), x[0].dtype(), dev)?);
+                }
+                if need(1) {
+                    out[1] = Some(match attrs.kind {
+                        // Its adjoint: each window averages what its taps received.
+                        PoolKind::Avg { .. } => g.pool(attrs.clone())?,
+                        PoolKind::Max => return Err(not_implemented("max_pool_grad (a second derivative)")),
+                    });
+                }
+            }
             Op::Attention { attrs, part: AttentionPart::Out } => {
                 let nf = attrs.forward_operands();
                 if (3..nf).any(need) {
@@ -772,30 +794,6 @@ fn pad_grad(g: &Tensor, in_shape: &Shape, before: &[usize], after: &[usize], mod
     Ok(cur)
 }
 
-/// Scatter-add of `g` into zeros of `in_shape` along `axis`, expressed as a
-/// one-hot matmul: `gx[p, j, q] = sum_i [idx_i == j] g[p, i, q]`.
-fn gather_grad(g: &Tensor, in_shape: &Shape, axis: usize, idx: &Tensor) -> Result<Tensor> {
-    let dims = in_shape.dims();
-    let n = dims[axis];
-    let p: usize = dims[..axis].iter().product();
-    let q: usize = dims[axis + 1..].iter().product();
-    let m = idx.numel();
-    if m == 0 || n == 0 {
-        return Tensor::zeros(in_shape.clone(), g.dtype(), g.device());
-    }
-    let it = idx.dtype();
-    let idx = if it.is_signed_int() {
-        idx.lt(&Tensor::scalar(0, it, idx.device()))?
-            .where_(&idx.add(&Tensor::scalar(n as i64, it, idx.device()))?, idx)?
-    } else {
-        idx.clone()
-    };
-    let cols = Tensor::iota([m, n], 1, it, g.device())?;
-    let onehot_t = idx.reshape_to([m, 1])?.eq(&cols)?.cast(g.dtype())?.t()?;
-    let g3 = g.reshape_to([p, m, q])?;
-    onehot_t.matmul(&g3)?.reshape_to(in_shape.clone())
-}
-
 /// Conv2d gradients, written as more convolutions (groups handled one by one).
 fn conv2d_grad(
     c: &ConvAttrs,
@@ -881,167 +879,4 @@ fn pad_or_crop(t: &Tensor, d: usize, lo: i64, hi: i64) -> Result<Tensor> {
         t = t.narrow(d as isize, start as usize, (end - start).max(0) as usize)?;
     }
     pad_dim(&t, d, lo.max(0) as usize, hi.max(0) as usize)
-}
-
-/// Pooling gradients when the windows tile the input exactly (stride equal
-/// to the window, no padding or dilation, sizes divisible; the common 2x2
-/// pool): the input is viewed as `[N, C, o1, k1, o2, k2, ...]`, so the
-/// gradient is elementwise with broadcasting plus, for max pooling, one
-/// min-reduction that finds each window's first maximum (the same rule as
-/// the general path: lowest scan rank among the hits). No strided slices,
-/// no scatter. `None` when the windows do not tile.
-fn tiled_pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Option<Result<Tensor>> {
-    let nsp = p.kernel.len();
-    let out = &y.dims()[2..];
-    let tiles = (0..nsp).all(|i| {
-        p.strides[i] == p.kernel[i]
-            && p.dilations[i] == 1
-            && p.pads_begin[i] == 0
-            && p.pads_end[i] == 0
-            && out[i] * p.kernel[i] == x.dims()[2 + i]
-    });
-    if !tiles {
-        return None;
-    }
-    let run = || -> Result<Tensor> {
-        let mut split = x.dims()[..2].to_vec();
-        let mut coarse = split.clone();
-        for (&o, &k) in out.iter().zip(&p.kernel) {
-            split.extend([o, k]);
-            coarse.extend([o, 1]);
-        }
-        let window: usize = p.kernel.iter().product();
-        let gr = g.reshape_to(coarse.clone())?;
-        let gx =
-            match p.kind {
-                PoolKind::Avg { .. } => gr.div(&scalar(window as f64, g))?.expand(split)?,
-                PoolKind::Max => {
-                    let xr = x.reshape_to(split.clone())?;
-                    let hit = xr.eq(&y.reshape_to(coarse)?)?.logical_or(&xr.isnan()?)?;
-                    // Scan rank of each tap within its window (row-major offsets).
-                    let mut rank: Option<Tensor> = None;
-                    let mut stride = window;
-                    for i in 0..nsp {
-                        stride /= p.kernel[i];
-                        let r = Tensor::iota(split.clone(), 3 + 2 * i, DType::I32, x.device())?
-                            .mul(&Tensor::scalar(stride as i64, DType::I32, x.device()))?;
-                        rank = Some(match rank {
-                            None => r,
-                            Some(a) => a.add(&r)?,
-                        });
-                    }
-                    let rank = rank.expect("a pool has at least one spatial dim");
-                    let none = Tensor::scalar(window as i64, DType::I32, x.device());
-                    let axes: Vec<isize> = (0..nsp).map(|i| 3 + 2 * i as isize).collect();
-                    let first_rank = hit.where_(&rank, &none)?.reduce_axes(ReduceOp::Min, &axes, true)?;
-                    let first = hit.logical_and(&rank.eq(&first_rank)?)?;
-                    first.where_(&gr, &scalar(0.0, g))?
-                }
-            };
-        gx.reshape_to(x.shape().clone())
-    };
-    Some(run())
-}
-
-/// One pooling window offset: the strided slice and its spec (starts, steps, lens).
-type Window = (Tensor, Vec<i64>, Vec<i64>, Vec<usize>);
-
-/// Pooling gradients: the windows are re-read as one strided slice per
-/// kernel offset, and each slice's share of `g` is scattered back.
-fn pool_grad(p: &PoolAttrs, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
-    if let Some(gx) = tiled_pool_grad(p, x, y, g) {
-        return gx;
-    }
-    let nsp = p.kernel.len();
-    let rank = x.rank();
-    let out: Vec<usize> = y.dims()[2..].to_vec();
-    // Extra end padding so that every (ceil-mode) window is in range.
-    let mut extra = vec![0usize; nsp];
-    for i in 0..nsp {
-        let padded = x.dims()[2 + i] + p.pads_begin[i] + p.pads_end[i];
-        let need = (out[i] - 1) * p.strides[i] + p.dilations[i] * (p.kernel[i] - 1) + 1;
-        extra[i] = need.saturating_sub(padded);
-    }
-    let pads: Vec<(usize, usize)> = (0..rank)
-        .map(|d| if d < 2 { (0, 0) } else { (p.pads_begin[d - 2], p.pads_end[d - 2] + extra[d - 2]) })
-        .collect();
-    let padded_shape: Shape = Shape::new((0..rank).map(|d| x.dims()[d] + pads[d].0 + pads[d].1).collect::<Vec<_>>());
-    let offsets: Vec<Vec<usize>> = {
-        let mut v = vec![vec![]];
-        for i in 0..nsp {
-            v = v.into_iter().flat_map(|o| (0..p.kernel[i]).map(move |k| [o.clone(), vec![k]].concat())).collect();
-        }
-        v
-    };
-    let window = |t: &Tensor, off: &[usize]| -> Result<Window> {
-        let mut starts = vec![0i64; rank];
-        let mut steps = vec![1i64; rank];
-        let mut lens = t.dims().to_vec();
-        for i in 0..nsp {
-            starts[2 + i] = (off[i] * p.dilations[i]) as i64;
-            steps[2 + i] = p.strides[i] as i64;
-            lens[2 + i] = out[i];
-        }
-        let w = Tensor::record(Op::Slice { starts: starts.clone(), steps: steps.clone(), lens: lens.clone() }, &[t])?;
-        Ok((w, starts, steps, lens))
-    };
-    let crop = |t: Tensor| -> Result<Tensor> {
-        let mut t = t;
-        for (d, &(before, _)) in pads.iter().enumerate().skip(2) {
-            t = t.narrow(d as isize, before, x.dims()[d])?;
-        }
-        Ok(t)
-    };
-    let mut acc: Option<Tensor> = None;
-    match p.kind {
-        PoolKind::Max => {
-            // The whole gradient of a window goes to its first maximum in
-            // scan order (the kernel offsets row-major, which is also input
-            // order), as in PyTorch and XLA; a NaN maximum is the first NaN.
-            // Padding is never picked, even when the maximum is -inf.
-            let xp = x.pad(&pads, f64::NEG_INFINITY)?;
-            let valid = Tensor::full(x.shape().clone(), true, DType::Bool, x.device())?.pad(&pads, false)?;
-            let zero = scalar(0.0, g);
-            let mut taken: Option<Tensor> = None;
-            for off in &offsets {
-                let (w, st, sp, ln) = window(&xp, off)?;
-                let (v, ..) = window(&valid, off)?;
-                let hit = w.eq(y)?.logical_or(&w.isnan()?)?.logical_and(&v)?;
-                let first = match &taken {
-                    None => hit.clone(),
-                    Some(t) => hit.logical_and(&t.logical_not()?)?,
-                };
-                taken = Some(match taken {
-                    None => hit,
-                    Some(t) => t.logical_or(&hit)?,
-                });
-                add_into(&mut acc, slice_backward(&first.where_(g, &zero)?, &padded_shape, &st, &sp, &ln)?)?;
-            }
-        }
-        PoolKind::Avg { count_include_pad } => {
-            // The divisor of each window, counted the way the forward op does.
-            let ones = Tensor::ones(x.shape().clone(), x.dtype(), x.device())?;
-            let counted = if count_include_pad {
-                let inner: Vec<(usize, usize)> =
-                    (0..rank).map(|d| if d < 2 { (0, 0) } else { (p.pads_begin[d - 2], p.pads_end[d - 2]) }).collect();
-                let extra_pads: Vec<(usize, usize)> =
-                    (0..rank).map(|d| if d < 2 { (0, 0) } else { (0, extra[d - 2]) }).collect();
-                ones.pad(&inner, 1.0)?.pad(&extra_pads, 0.0)?
-            } else {
-                ones.pad(&pads, 0.0)?
-            };
-            let mut den: Option<Tensor> = None;
-            let mut slices = Vec::with_capacity(offsets.len());
-            for off in &offsets {
-                let (w, st, sp, ln) = window(&counted, off)?;
-                add_into(&mut den, w)?;
-                slices.push((st, sp, ln));
-            }
-            let share = g.div(&den.expect("a window has at least one element"))?;
-            for (st, sp, ln) in slices {
-                add_into(&mut acc, slice_backward(&share, &padded_shape, &st, &sp, &ln)?)?;
-            }
-        }
-    }
-    crop(acc.expect("a window has at least one element"))
 }

@@ -135,15 +135,21 @@ pub enum BackendError {
         /// The dtype.
         dtype: DType,
     },
-    /// A tensor is larger than the device can bind in one buffer.
-    #[error("{op}: tensor of {bytes} bytes exceeds the device's max buffer binding of {limit} bytes")]
+    /// A tensor (or the tensors one kernel binds) is larger than a limit
+    /// of the device or of the generated code: the device's largest
+    /// buffer, the storage bindings one kernel may use, or u32 element
+    /// indexing.
+    #[error("{op}: {bytes} bytes exceed {limit_name} of {limit} bytes")]
     TooLarge {
-        /// The op.
+        /// The op (or kernel) that needed it.
         op: String,
         /// Needed size.
         bytes: u64,
         /// The limit.
         limit: u64,
+        /// Which limit, in words (e.g. "the device's largest buffer
+        /// (max_buffer_size)").
+        limit_name: String,
     },
     /// Generated code failed validation or compilation (always a bug in
     /// code generation; the message includes the source location).
@@ -154,9 +160,31 @@ pub enum BackendError {
         /// Validator or driver message.
         message: String,
     },
+    /// An index read from data (gather, scatter-add) lies outside the
+    /// dimension it indexes: outside `-size..size`, negative indices
+    /// counting from the end. Raised at the barrier of the computation; no
+    /// value is clamped. (Boxed: it is the largest variant.)
+    #[error("{0}")]
+    IndexOutOfRange(Box<IndexError>),
     /// An execution failed for another reason.
     #[error("execution failed: {0}")]
     Execution(String),
+}
+
+/// The details of [`BackendError::IndexOutOfRange`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{op}: index {index} is out of range for axis {axis} of size {size} (data shape {shape})")]
+pub struct IndexError {
+    /// The op (`gather`, `scatter_add`).
+    pub op: String,
+    /// The offending index as given (before counting from the end).
+    pub index: i128,
+    /// The indexed axis of the data.
+    pub axis: usize,
+    /// The size of that axis.
+    pub size: usize,
+    /// The shape of the indexed data.
+    pub shape: lazuli_ir::Shape,
 }
 
 /// What the executor knows about a graph it hands to

@@ -14,14 +14,13 @@
 use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
 use crate::tensor::TensorInner;
-use crate::trace::{trace, Traced};
+use crate::trace::{replay, roots_key, trace, Traced};
 use crate::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, ExecError, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use lazuli_ir::{Graph, ScalarValue, StableHasher};
+use lazuli_ir::{Graph, ScalarValue};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::hash::BuildHasherDefault;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
@@ -36,6 +35,17 @@ static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
 /// next one for [`Device::wait`]).
 const MAX_UNREPORTED: usize = 16;
 
+/// Most elements a plan may compute ([`Plan::work`]) to run on the thread
+/// that synced it, when the main backend is the CPU and the device is
+/// idle (see [`Device::sync_nodes`]). At this size the computation takes
+/// about as long as handing it to the worker thread and waking the
+/// reader again (tens of microseconds), so handing it over gains nothing.
+pub const INLINE_MAX_WORK: u64 = 1 << 18;
+
+/// Plans remembered by the structure of their syncs' pending graphs, for
+/// replaying the trace (see `trace::replay`).
+const REPLAY_PLANS: usize = 64;
+
 /// A compute device: cheap to clone, shared by every tensor on it.
 #[derive(Clone)]
 pub struct Device(pub(crate) Arc<DeviceInner>);
@@ -44,10 +54,14 @@ pub(crate) struct DeviceInner {
     pub id: u64,
     pub main: Arc<dyn Backend>,
     pub cpu: Arc<dyn Backend>,
-    /// Every registered tensor handle by id (ids are sequential: a cheap
-    /// non-SipHash hasher suffices, and this map changes on every op).
-    pub live: Mutex<HashMap<u64, Weak<TensorInner>, BuildHasherDefault<StableHasher>>>,
+    /// Every registered tensor handle (this set changes on every op).
+    pub live: Mutex<LiveSet>,
     cache: Mutex<LruCache<u64, Arc<Plan>>>,
+    /// The plans of recent syncs by the structure of their pending graphs
+    /// (`trace::roots_key`): a sync of the same structure replays the
+    /// trace against the plan's graph instead of tracing, hashing and
+    /// comparing a new one. Cleared with `cache`.
+    replays: Mutex<LruCache<u64, Arc<Plan>>>,
     tx: Option<Sender<Job>>,
     shared: Arc<Shared>,
     pub rng: Mutex<RngState>,
@@ -63,6 +77,53 @@ pub(crate) struct DeviceInner {
     /// Serializes syncs so plans reach the worker in trace order.
     sync_lock: Mutex<()>,
     worker: Option<JoinHandle<()>>,
+}
+
+/// The live-tensor registry: a slab of weak handles, so that registering
+/// a tensor (on every recorded op) and dropping one are a vector write
+/// each, with no hashing. A tensor keeps its slot index.
+#[derive(Default)]
+pub(crate) struct LiveSet {
+    slots: Vec<Option<Weak<TensorInner>>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl LiveSet {
+    /// Registers a handle; returns its slot.
+    pub fn insert(&mut self, handle: Weak<TensorInner>) -> u32 {
+        self.len += 1;
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(handle);
+                slot
+            }
+            None => {
+                self.slots.push(Some(handle));
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Unregisters the handle in `slot`.
+    pub fn remove(&mut self, slot: u32) {
+        if let Some(entry) = self.slots.get_mut(slot as usize) {
+            if entry.take().is_some() {
+                self.len -= 1;
+                self.free.push(slot);
+            }
+        }
+    }
+
+    /// Registered handles.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every registered handle.
+    pub fn handles(&self) -> impl Iterator<Item = &Weak<TensorInner>> {
+        self.slots.iter().flatten()
+    }
 }
 
 /// The seed and step counter of the device RNG.
@@ -125,8 +186,9 @@ impl Device {
             id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             main,
             cpu,
-            live: Mutex::new(HashMap::default()),
+            live: Mutex::new(LiveSet::default()),
             cache: Mutex::new(LruCache::new(cache_size)),
+            replays: Mutex::new(LruCache::new(NonZeroUsize::new(REPLAY_PLANS).expect("non-zero"))),
             tx: Some(tx),
             shared,
             rng: Mutex::new(RngState::default()),
@@ -194,6 +256,7 @@ impl Device {
     pub fn set_force_fallback(&self, ops: &[&str]) {
         *self.0.force_fallback.write().unwrap_or_else(|e| e.into_inner()) = ops.iter().map(|s| s.to_string()).collect();
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.0.replays.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// Fault injection (tests): the next `n` executions on this device fail
@@ -287,7 +350,7 @@ impl Device {
         let loc = std::panic::Location::caller();
         let tensors: Vec<crate::Tensor> = {
             let live = self.0.live.lock().unwrap_or_else(|e| e.into_inner());
-            let mut v: Vec<_> = live.values().filter_map(|w| w.upgrade()).map(crate::Tensor).collect();
+            let mut v: Vec<_> = live.handles().filter_map(|w| w.upgrade()).map(crate::Tensor).collect();
             v.sort_by_key(|t| t.id());
             v
         };
@@ -346,7 +409,17 @@ impl Device {
         if roots.is_empty() {
             return Ok(());
         }
-        let traced = trace(&roots);
+        // A structure synced before: replay the walk against its graph
+        // (which proves the graphs equal) instead of tracing anew.
+        let key = roots_key(&roots);
+        let replayed = {
+            let recent = self.0.replays.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+            recent.and_then(|plan| replay(&roots, &plan.graph).map(|t| (t, plan)))
+        };
+        let (traced, replayed) = match replayed {
+            Some((t, plan)) => (t, Some(plan)),
+            None => (trace(&roots), None),
+        };
         metrics::record_time("Trace", started.elapsed());
         // Values whose computation already failed: the roots needing them
         // are not run.
@@ -361,11 +434,22 @@ impl Device {
             return self.sync_around_failures(pairs, &failed, trigger);
         }
         let looked_up = Instant::now();
-        let plan = self.lookup_or_compile(&traced, trigger)?;
+        let plan = match replayed {
+            Some(plan) => {
+                metrics::inc("TraceReplays", 1);
+                self.cache_hit();
+                plan
+            }
+            None => {
+                let plan = self.lookup_or_compile(&traced, trigger)?;
+                self.0.replays.lock().unwrap_or_else(|e| e.into_inner()).put(key, plan.clone());
+                plan
+            }
+        };
         let submitting = Instant::now();
         metrics::record_time("Lookup", submitting - looked_up);
         metrics::inc("SyncedTensors", owners.len() as u64);
-        metrics::record_value("GraphSize", traced.graph.len() as f64);
+        metrics::record_value("GraphSize", plan.graph.len() as f64);
         metrics::record_value("KernelsPerPlan", plan.kernel_count() as f64);
         // Install placeholders.
         let outputs: Vec<Arc<DataCell>> =
@@ -382,18 +466,41 @@ impl Device {
         let hash = plan.hash;
         let context = format!(
             "executing graph {hash:016x} ({} nodes, {} kernels), synced by {trigger}",
-            traced.graph.len(),
+            plan.graph.len(),
             plan.kernel_count()
         );
         let Traced { inputs, scalars, locations, .. } = traced;
-        *self.0.shared.outstanding.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let idle = {
+            let mut n = self.0.shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+            *n += 1;
+            *n == 1
+        };
         let id = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
         let job = Job { id, plan, inputs, scalars, outputs, context, locations };
-        self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
-            ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
-        })?;
+        if idle && self.inline(&job.plan) {
+            // Nothing queued (the sync lock keeps it so): this thread runs
+            // the job exactly as the worker would, results and failures
+            // going to the cells and the device the same way.
+            metrics::inc("InlineExecutions", 1);
+            execute_job(job, self.0.main.as_ref(), self.0.cpu.as_ref(), &self.0.shared);
+        } else {
+            self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
+                ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
+            })?;
+        }
         metrics::record_time("Submit", submitting.elapsed());
         Ok(())
+    }
+
+    /// Whether a plan runs on the syncing thread when the device is idle:
+    /// on the CPU backend, small plans ([`INLINE_MAX_WORK`]), unless shadow
+    /// validation or an injected delay asks for the worker.
+    fn inline(&self, plan: &Plan) -> bool {
+        let shared = &self.0.shared;
+        self.0.main.kind() == BackendKind::Cpu
+            && plan.work <= INLINE_MAX_WORK
+            && !shared.validate.load(Ordering::Relaxed)
+            && shared.faults.lock().unwrap_or_else(|e| e.into_inner()).delay.is_none()
     }
 
     /// The sync of `pairs` when some of the values they read have failed
@@ -445,8 +552,7 @@ impl Device {
             let mut cache = self.0.cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(plan) = cache.get(&hash) {
                 if plan.graph == traced.graph {
-                    metrics::inc("CachedCompile", 1);
-                    self.0.cached.fetch_add(1, Ordering::Relaxed);
+                    self.cache_hit();
                     return Ok(plan.clone());
                 }
             }
@@ -476,6 +582,12 @@ impl Device {
         }
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).put(hash, plan.clone());
         Ok(plan)
+    }
+
+    /// Counts a compile-cache hit.
+    fn cache_hit(&self) {
+        metrics::inc("CachedCompile", 1);
+        self.0.cached.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether a graph of the same structure as `graph` (exact hash `hash`)
@@ -618,14 +730,20 @@ fn resolve(
 
 fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>, shared: Arc<Shared>) {
     for job in rx {
-        let _span = tracing::debug_span!("execute", context = %job.context).entered();
-        let started = Instant::now();
-        // A panic inside a backend (a bug) must not kill the worker: every
-        // later barrier on the device would wait forever. It becomes this
-        // job's error, raised at the next barrier like any other.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_job(&job, main.as_ref(), cpu.as_ref(), &shared)
-        }))
+        execute_job(job, main.as_ref(), cpu.as_ref(), &shared);
+    }
+}
+
+/// Runs `job` (on the worker thread, or inline on the syncing thread of an
+/// idle device), fills its output cells with the results or the failure,
+/// and counts it finished.
+fn execute_job(job: Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) {
+    let _span = tracing::debug_span!("execute", context = %job.context).entered();
+    let started = Instant::now();
+    // A panic inside a backend (a bug) must not kill the worker: every
+    // later barrier on the device would wait forever. It becomes this
+    // job's error, raised at the next barrier like any other.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, main, cpu, shared)))
         .unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<&str>()
@@ -637,36 +755,35 @@ fn worker_loop(rx: Receiver<Job>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>,
                 source: crate::BackendError::Execution(format!("the backend panicked (a bug): {msg}")),
             })
         });
-        metrics::record_time("Execute", started.elapsed());
-        match result {
-            Ok(bufs) => {
-                for (cell, buf) in job.outputs.iter().zip(bufs) {
-                    cell.fill(CellState::Ready(buf));
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "asynchronous execution failed");
-                // Listed before the cells are filled: a read woken by the
-                // fill must find the failure to mark it reported.
-                {
-                    let mut unreported = shared.unreported.lock().unwrap_or_else(|e| e.into_inner());
-                    if unreported.len() < MAX_UNREPORTED {
-                        unreported.push((job.id, e.clone()));
-                    }
-                }
-                for cell in &job.outputs {
-                    cell.fill(CellState::Failed { error: e.clone(), job: Some(job.id) });
-                }
+    metrics::record_time("Execute", started.elapsed());
+    match result {
+        Ok(bufs) => {
+            for (cell, buf) in job.outputs.iter().zip(bufs) {
+                cell.fill(CellState::Ready(buf));
             }
         }
-        // The job's buffers are released before it counts as finished, so
-        // that memory gauges read after `Device::wait` are exact.
-        drop(job);
-        let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-        *n -= 1;
-        if *n == 0 {
-            shared.idle.notify_all();
+        Err(e) => {
+            tracing::warn!(error = %e, "asynchronous execution failed");
+            // Listed before the cells are filled: a read woken by the
+            // fill must find the failure to mark it reported.
+            {
+                let mut unreported = shared.unreported.lock().unwrap_or_else(|e| e.into_inner());
+                if unreported.len() < MAX_UNREPORTED {
+                    unreported.push((job.id, e.clone()));
+                }
+            }
+            for cell in &job.outputs {
+                cell.fill(CellState::Failed { error: e.clone(), job: Some(job.id) });
+            }
         }
+    }
+    // The job's buffers are released before it counts as finished, so
+    // that memory gauges read after `Device::wait` are exact.
+    drop(job);
+    let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+    *n -= 1;
+    if *n == 0 {
+        shared.idle.notify_all();
     }
 }
 

@@ -32,7 +32,9 @@ mod trace;
 mod validate;
 
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
-pub use backend::{Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, KernelInfo};
+pub use backend::{
+    Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
+};
 pub use device::Device;
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
 pub use error::{ExecError, Result};

@@ -11,7 +11,7 @@
 //! tensor's dtype. Positions ([`Tensor::slice`], [`Tensor::narrow`]) and
 //! reshape sizes take any integer type ([`TensorIndex`], [`ReshapeDims`]).
 
-use crate::{ExecError, Result, Tensor};
+use crate::{BackendKind, ExecError, Result, Tensor};
 use lazuli_ir::{
     ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, IrError, Op, PadMode,
     PoolAttrs, ReduceOp, ScalarValue, Shape, UnaryOp,
@@ -697,11 +697,41 @@ impl Tensor {
         )
     }
 
-    /// `take(indices, axis)`: indices (integer dtype) replace dim `axis`.
+    /// `take(indices, axis)`: indices (integer dtype; negative ones count
+    /// from the end) replace dim `axis`. An index outside the dim is an
+    /// error at the barrier that reads the result
+    /// (`BackendError::IndexOutOfRange`), never a clamped value. See
+    /// [`Tensor::scatter_add`] for how 64-bit indices reach a GPU.
     #[track_caller]
     pub fn gather(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
         let axis = self.axis("gather", axis)?;
-        Tensor::record(Op::Gather { axis }, &[self, indices])
+        let indices = kernel_indices(indices, axis, self.dims()[axis])?;
+        Tensor::record(Op::Gather { axis }, &[self, &indices])
+    }
+
+    /// `self` with `src`'s slices added at `indices` along `axis`: for
+    /// every index position `j`, `src[.., j.., ..]` is added to
+    /// `self[.., indices[j], ..]`, in index order, so repeated indices sum
+    /// (PyTorch's `index_add`; the transpose of [`Tensor::gather`], whose
+    /// gradient it is). `src` has `self`'s dims with dim `axis` replaced by
+    /// the indices' dims. Negative indices count from the end; one outside
+    /// the dim is an error at the barrier.
+    ///
+    /// WGSL has 32-bit integers only. On a device whose main backend is not
+    /// the CPU, narrower integer indices are widened to i32, and 64-bit
+    /// ones are checked and narrowed on the CPU fallback: gathering them
+    /// from an i64 iota of the dim's length counts negative ones from the
+    /// end and reports an out-of-range one with its full value (as an
+    /// error of that gather: its axis and size are the data's, its data
+    /// shape shows only that axis), and the result, now in `0..size`,
+    /// casts to u32 exactly. Only the indices move to the CPU and back,
+    /// never the data; the conversion is counted as the fallback ops
+    /// `iota`, `gather` and `cast`.
+    #[track_caller]
+    pub fn scatter_add(&self, axis: isize, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let axis = self.axis("scatter_add", axis)?;
+        let indices = kernel_indices(indices, axis, self.dims()[axis])?;
+        Tensor::record(Op::ScatterAdd { axis }, &[self, &indices, src])
     }
 
     /// 2-d convolution (`[N, C, H, W]` by `[O, C/groups, kh, kw]`).
@@ -714,6 +744,14 @@ impl Tensor {
     #[track_caller]
     pub fn pool(&self, attrs: PoolAttrs) -> Result<Tensor> {
         Tensor::record(Op::Pool(attrs), &[self])
+    }
+
+    /// The input gradient of [`Tensor::pool`] on `self` given the output
+    /// gradient `grad` (one op, `Op::PoolGrad`; max pooling gives each
+    /// window's gradient to its first maximum).
+    #[track_caller]
+    pub fn pool_grad(&self, grad: &Tensor, attrs: PoolAttrs) -> Result<Tensor> {
+        Tensor::record(Op::PoolGrad(attrs), &[self, grad])
     }
 
     /// Fused scaled dot-product attention of queries `self` (`[.., t_q,
@@ -738,6 +776,26 @@ impl Tensor {
         let mut operands = vec![self, k, v, &s];
         operands.extend(mask);
         Tensor::record(op, &operands)
+    }
+}
+
+/// Indices of dim `axis` (of length `n`) in a dtype GPU kernels read (see
+/// [`Tensor::scatter_add`]); unchanged on CPU devices and for i32 and u32.
+#[track_caller]
+fn kernel_indices(indices: &Tensor, axis: usize, n: usize) -> Result<Tensor> {
+    if indices.device().kind() == BackendKind::Cpu {
+        return Ok(indices.clone());
+    }
+    match indices.dtype() {
+        DType::I8 | DType::I16 | DType::U8 | DType::U16 => indices.cast(DType::I32),
+        DType::I64 | DType::U64 => {
+            let mut dims = vec![1usize; axis + 1];
+            dims[axis] = n;
+            let positions = Tensor::iota(dims, axis, DType::I64, indices.device())?;
+            let checked = Tensor::record(Op::Gather { axis }, &[&positions, indices])?;
+            checked.reshape_to(indices.shape().clone())?.cast(DType::U32)
+        }
+        _ => Ok(indices.clone()),
     }
 }
 

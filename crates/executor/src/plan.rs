@@ -47,6 +47,9 @@ pub(crate) struct Plan {
     /// The `Fallback::<op>` counter of each node that runs on the CPU
     /// fallback (named once here, not on every execution).
     pub fallback_ops: Vec<String>,
+    /// Elements computed by one execution: the element counts of the
+    /// optimized graph's op nodes, summed (saturating). A cost estimate.
+    pub work: u64,
 }
 
 impl Plan {
@@ -149,7 +152,12 @@ impl Plan {
                 _ => ValueRef::Node(*o),
             })
             .collect();
-        Ok(Plan { hash: graph.structural_hash(), graph, optimized, segments, outputs, fallback_ops })
+        let work = optimized
+            .nodes()
+            .iter()
+            .filter(|n| !is_leaf(&n.op))
+            .fold(0u64, |w, n| w.saturating_add(n.shape.numel() as u64));
+        Ok(Plan { hash: graph.structural_hash(), graph, optimized, segments, outputs, fallback_ops, work })
     }
 
     /// Runs the plan (on the worker thread) and returns one buffer per output.

@@ -27,8 +27,8 @@ pub(crate) struct TensorInner {
     device: Device,
     ty: ValueType,
     node: Mutex<Arc<LazyNode>>,
-    /// In the device's live-tensor registry.
-    registered: bool,
+    /// The slot in the device's live-tensor registry, if registered.
+    live_slot: Option<u32>,
     /// Serializes in-place updates (`assign`, `add_` ...) so that a
     /// read-modify-write from several threads loses no update.
     update: Mutex<()>,
@@ -41,8 +41,8 @@ pub(crate) struct TensorInner {
 
 impl Drop for TensorInner {
     fn drop(&mut self) {
-        if self.registered {
-            self.device.0.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        if let Some(slot) = self.live_slot {
+            self.device.0.live.lock().unwrap_or_else(|e| e.into_inner()).remove(slot);
         }
     }
 }
@@ -81,21 +81,20 @@ impl Tensor {
     /// `x * 0.5`, so registering them would only cost time.
     fn make(device: &Device, node: Arc<LazyNode>, registered: bool) -> Tensor {
         let id = NEXT_TENSOR.fetch_add(1, Ordering::Relaxed);
-        let inner = Arc::new(TensorInner {
+        // Registered while it is made: the registry holds a weak handle,
+        // which `mark_step` cannot upgrade until the tensor exists.
+        Tensor(Arc::new_cyclic(|handle| TensorInner {
             id,
             device: device.clone(),
             ty: node.ty.clone(),
             node: Mutex::new(node),
-            registered,
+            live_slot: registered
+                .then(|| device.0.live.lock().unwrap_or_else(|e| e.into_inner()).insert(handle.clone())),
             update: Mutex::new(()),
             generation: AtomicU64::new(0),
             grad: Mutex::new(Default::default()),
             grad_tracked: std::sync::atomic::AtomicBool::new(false),
-        });
-        if registered {
-            device.0.live.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&inner));
-        }
-        Tensor(inner)
+        }))
     }
 
     /// Unique id of this tensor (shared by its clones).
@@ -322,10 +321,19 @@ impl Tensor {
                 return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });
             }
         }
-        let mut nodes: Operands = operands.iter().map(|t| t.node()).collect();
-        nodes.extend(scalar);
-        let tys: SmallVec<[ValueType; 3]> = nodes.iter().map(|n| n.ty.clone()).collect();
-        let ty = op.infer(&tys, &[], &[])?;
+        let mut nodes = Operands::new();
+        for t in operands {
+            nodes.push(t.node());
+        }
+        if let Some(s) = scalar {
+            nodes.push(s);
+        }
+        let ty = match &nodes[..] {
+            // The common arities without a vector of types.
+            [a] => op.infer(std::slice::from_ref(&a.ty), &[], &[])?,
+            [a, b] => op.infer(&[a.ty.clone(), b.ty.clone()], &[], &[])?,
+            _ => op.infer(&nodes.iter().map(|n| n.ty.clone()).collect::<SmallVec<[ValueType; 3]>>(), &[], &[])?,
+        };
         // No allocation can hold more than isize::MAX bytes: refuse such a
         // shape here rather than fail (or overflow) in a backend later.
         if ty.shape.numel().checked_mul(ty.dtype.size_bytes()).is_none_or(|b| b > isize::MAX as usize) {

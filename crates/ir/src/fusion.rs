@@ -6,16 +6,19 @@
 //!   `Expand`, `Slice`, `Concat`, `Pad`, `Where`, `Cast`, leaves) become one
 //!   [`KernelKind::Elementwise`] kernel evaluated per output element; views
 //!   are index math, never materialized.
-//! - Reductions, arg-reductions, softmax, cumulative sums, gathers and
-//!   random ops are kernel roots that inline their elementwise prologue
-//!   (operands evaluated at the operand index inside the loop). Matmul,
-//!   convolution and pooling inline only views and leaves (an inlined
-//!   elementwise prologue would be recomputed once per output column).
+//! - Reductions, arg-reductions, softmax, cumulative sums, gathers,
+//!   scatter-adds and random ops are kernel roots that inline their
+//!   elementwise prologue (operands evaluated at the operand index inside
+//!   the loop). Matmul, convolution, pooling and its gradient inline only
+//!   views and leaves (an inlined elementwise prologue would be recomputed
+//!   once per output column or window).
 //! - Graph outputs, non-elementwise roots and nodes needed by several
 //!   kernels are materialized (written to a buffer). Cheap leaves
 //!   (constants, lifted scalars, iota) are duplicated instead.
 //! - Every kernel binds at most [`FusionLimits::max_storage_buffers`]
-//!   storage buffers (inputs + outputs); a group that would exceed it is
+//!   storage buffers (inputs + outputs; a value of more than
+//!   [`FusionLimits::window_elements`] counts once per window); a group
+//!   that would exceed it is
 //!   split by materializing an intermediate node, and a `Concat` with too
 //!   many operands is written by several kernels, each covering a range of
 //!   its operands. Planning never fails.
@@ -35,12 +38,17 @@
 //!   computed there and written as an extra output (`inline_outputs`),
 //!   and reductions over the last axis may fold into the elementwise
 //!   kernel that consumes them row by row (`row_kernels`).
+//! - Opt-in ([`FusionLimits::multi_tensor`]): independent elementwise
+//!   kernels of any shapes join one multi-tensor (horizontal) kernel, one
+//!   segment per output shape, within the buffer limit (see [`multi`]).
 //!
 //! The plan is deterministic: the same graph and limits give the same plan.
 
 use crate::{Graph, NodeId, Op};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
+
+pub mod multi;
 
 /// Limits a backend imposes on one kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,6 +79,19 @@ pub struct FusionLimits {
     /// backends whose row kernels cooperate through workgroup memory
     /// turn it on.
     pub row_kernels: bool,
+    /// Join independent elementwise kernels of any shapes (no data
+    /// dependency between them) into one [`KernelKind::MultiTensor`]
+    /// kernel, as a fused multi-tensor optimizer update does, while the
+    /// joined kernel binds at most `max_storage_buffers` (windows
+    /// counted). Off by default; backends that lower multi-tensor kernels
+    /// turn it on.
+    pub multi_tensor: bool,
+    /// Most elements one storage binding covers: a materialized value of
+    /// more elements is bound as several windows of this many elements
+    /// (how a backend reaches tensors beyond its binding limit), each
+    /// counting against `max_storage_buffers`. `u64::MAX` (the default):
+    /// every value is one binding.
+    pub window_elements: u64,
 }
 
 impl Default for FusionLimits {
@@ -82,6 +103,8 @@ impl Default for FusionLimits {
             matmul_epilogue: false,
             inline_outputs: false,
             row_kernels: false,
+            multi_tensor: false,
+            window_elements: u64::MAX,
         }
     }
 }
@@ -91,6 +114,12 @@ impl Default for FusionLimits {
 pub enum KernelKind {
     /// Per-element evaluation of one or more outputs of identical shape.
     Elementwise,
+    /// Several independent elementwise kernels in one dispatch (see
+    /// [`FusionLimits::multi_tensor`]): the outputs, grouped by shape and
+    /// contiguous per shape, form segments, each evaluated like an
+    /// [`KernelKind::Elementwise`] kernel over its own shape
+    /// ([`Kernel::segments`]).
+    MultiTensor,
     /// Part of a `Concat` root: operands `start..end` of the root.
     ConcatPart {
         /// First operand index.
@@ -129,10 +158,24 @@ pub enum KernelKind {
     Conv2d,
     /// `Op::Pool`.
     Pool,
+    /// `Op::ScatterAdd`.
+    ScatterAdd,
+    /// `Op::PoolGrad`.
+    PoolGrad,
     /// `Op::Attention`: one part, or several parts over the same operands
     /// and attributes (`Out` with `LogSumExp`, `GradK` with `GradV`), one
     /// output each.
     Attention,
+}
+
+impl KernelKind {
+    /// Kernels that read indices from data and must report one out of
+    /// range: they bind one storage buffer more than their inputs and
+    /// outputs (a backend's error slot), counted by
+    /// [`Kernel::storage_buffers`].
+    pub fn checks_indices(self) -> bool {
+        matches!(self, KernelKind::Gather | KernelKind::ScatterAdd)
+    }
 }
 
 /// One kernel of a plan.
@@ -154,9 +197,10 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    /// Storage buffers bound by this kernel.
+    /// Storage buffers bound by this kernel: inputs, outputs and, for
+    /// kinds that check indices, the error slot.
     pub fn storage_buffers(&self) -> usize {
-        self.inputs.len() + self.outputs.len()
+        self.inputs.len() + self.outputs.len() + self.kind.checks_indices() as usize
     }
 
     /// The node whose shape defines the kernel's iteration (the root).
@@ -237,6 +281,8 @@ fn class(op: &Op) -> Class {
         Op::Random { .. } => Class::Root(KernelKind::Random),
         Op::Conv2d(_) => Class::Root(KernelKind::Conv2d),
         Op::Pool(_) => Class::Root(KernelKind::Pool),
+        Op::ScatterAdd { .. } => Class::Root(KernelKind::ScatterAdd),
+        Op::PoolGrad(_) => Class::Root(KernelKind::PoolGrad),
         Op::Attention { .. } => Class::Root(KernelKind::Attention),
     }
 }
@@ -248,24 +294,26 @@ fn is_view(op: &Op) -> bool {
 /// Whether a group of `kind` may inline node `op` as part of its prologue.
 fn accepts(kind: KernelKind, op: &Op) -> bool {
     match kind {
-        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool | KernelKind::Attention => is_view(op),
+        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool | KernelKind::PoolGrad | KernelKind::Attention => {
+            is_view(op)
+        }
         _ => true,
     }
 }
 
 /// Plans the kernels of `graph` under `limits`. Never fails.
 pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
-    let max = limits.max_storage_buffers.max(2);
+    let max = Budget { graph, max: limits.max_storage_buffers.max(2), window: limits.window_elements.max(1) };
     let mut forced: BTreeSet<NodeId> = BTreeSet::new();
     // Each round materializes at least one more node, so this terminates.
     loop {
         let groups = assign(graph, &forced, limits);
         let mut progressed = false;
         for g in &groups {
-            if g.kernel.storage_buffers() <= max {
+            if max.fits_kernel(&g.kernel) {
                 continue;
             }
-            if let Some(n) = split_candidate(graph, &g.kernel, max) {
+            if let Some(n) = split_candidate(graph, &g.kernel, &max) {
                 if forced.insert(n) {
                     progressed = true;
                     break;
@@ -280,6 +328,39 @@ pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
 
 struct Group {
     kernel: Kernel,
+}
+
+/// The storage bindings one kernel may use: at most `max`, a value of more
+/// than `window` elements counting once per window
+/// ([`FusionLimits::window_elements`]).
+struct Budget<'g> {
+    graph: &'g Graph,
+    max: usize,
+    window: u64,
+}
+
+impl Budget<'_> {
+    /// Bindings value `id` takes.
+    fn weight(&self, id: NodeId) -> usize {
+        let n = self.graph.node(id).shape.numel() as u64;
+        usize::try_from(n.div_ceil(self.window).max(1)).unwrap_or(usize::MAX)
+    }
+
+    /// Bindings the values `ids` take.
+    fn cost<'i>(&self, ids: impl IntoIterator<Item = &'i NodeId>) -> usize {
+        ids.into_iter().fold(0, |c, &x| c.saturating_add(self.weight(x)))
+    }
+
+    /// Whether the values `ids` fit one kernel.
+    fn fits<'i>(&self, ids: impl IntoIterator<Item = &'i NodeId>) -> bool {
+        self.cost(ids) <= self.max
+    }
+
+    /// Whether kernel `k` fits: its inputs and outputs, and the error slot
+    /// of a kind that checks indices (see [`Kernel::storage_buffers`]).
+    fn fits_kernel(&self, k: &Kernel) -> bool {
+        self.cost(k.inputs.iter().chain(&k.outputs)).saturating_add(k.kind.checks_indices() as usize) <= self.max
+    }
 }
 
 /// Assigns every live node to a group by a backward pass.
@@ -511,7 +592,7 @@ fn epilogue_group(
     Some(g)
 }
 
-fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
+fn split_candidate(graph: &Graph, k: &Kernel, max: &Budget) -> Option<NodeId> {
     let nodes = graph.nodes();
     let inl: BTreeSet<NodeId> = k.inline.iter().copied().collect();
     let inputs: BTreeSet<NodeId> = k.inputs.iter().copied().collect();
@@ -527,9 +608,12 @@ fn split_candidate(graph: &Graph, k: &Kernel, max: usize) -> Option<NodeId> {
             }
         }
         let c = class(&nodes[x.index()].op);
-        let candidate = c == Class::Fusible && !k.outputs.contains(&x) && set.len() >= 2 && set.len() < max;
-        if candidate && best.is_none_or(|(b, _)| set.len() > b) {
-            best = Some((set.len(), x));
+        // Materializing `x` trades the inputs it reaches for itself, in a
+        // kernel of its own that must fit too.
+        let (cost, own) = (max.cost(&set), max.weight(x));
+        let candidate = c == Class::Fusible && !k.outputs.contains(&x) && cost > own && cost + own <= max.max;
+        if candidate && best.is_none_or(|(b, _)| cost > b) {
+            best = Some((cost, x));
         }
         reach.insert(x, set);
     }
@@ -595,7 +679,7 @@ fn row_reduction(graph: &Graph, x: NodeId, shape: &crate::Shape) -> bool {
 /// shape (`S` with last dim 1), so each element only ever needs its own
 /// row's reductions. The result is a [`KernelKind::Rows`] kernel at `e`'s
 /// place; the joined kernels' outputs are never written.
-fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let nodes = graph.nodes();
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     // Last consumers first, so one kernel takes the whole chain.
@@ -653,7 +737,7 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Ker
         let reduction = |x: NodeId| matches!(nodes[x.index()].op, Op::Reduce { .. });
         let local =
             elementwise_dependents(graph, &order, BTreeSet::new(), reduction, |s| *s == shape || *s == row_shape);
-        if local.is_none() || inputs.len() + ke.outputs.len() > max {
+        if local.is_none() || !max.fits(inputs.iter().chain(&ke.outputs)) {
             continue;
         }
         ks[e] = Some(Kernel {
@@ -670,29 +754,32 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Ker
 }
 
 /// Splits over-wide concats, merges siblings and collects the plan.
-fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) -> FusionPlan {
+fn finish(graph: &Graph, groups: Vec<Group>, max: Budget, limits: &FusionLimits) -> FusionPlan {
     let nodes = graph.nodes();
     let mut kernels: Vec<Kernel> = Vec::new();
     for g in groups {
         let k = g.kernel;
         let root = k.root();
         let concat_root = matches!(nodes[root.index()].op, Op::Concat { .. }) && k.kind == KernelKind::Elementwise;
-        if k.storage_buffers() > max && concat_root {
-            kernels.extend(split_concat(graph, &k, max));
+        if !max.fits_kernel(&k) && concat_root {
+            kernels.extend(split_concat(graph, &k, &max));
         } else {
             kernels.push(k);
         }
     }
     if limits.merge_siblings {
-        kernels = merge_siblings(graph, kernels, max);
+        kernels = merge_siblings(graph, kernels, &max);
     }
     if limits.matmul_epilogue {
-        kernels = merge_epilogue_kernels(graph, kernels, max);
+        kernels = merge_epilogue_kernels(graph, kernels, &max);
     }
     if limits.row_kernels {
-        kernels = merge_row_kernels(graph, kernels, max);
+        kernels = merge_row_kernels(graph, kernels, &max);
     }
-    kernels = merge_attention_parts(graph, kernels, max);
+    kernels = merge_attention_parts(graph, kernels, &max);
+    if limits.multi_tensor {
+        kernels = multi::merge(graph, kernels, &max);
+    }
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();
     materialized.dedup();
@@ -707,7 +794,7 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: usize, limits: &FusionLimits) 
 /// and `h > 0`: one kernel writes both. Every node depending on the
 /// operand must be a same-shape elementwise op (the epilogue rule), and the
 /// elementwise kernel's other inputs must exist before the matmul runs.
-fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let nodes = graph.nodes();
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     for a in 0..ks.len() {
@@ -741,7 +828,7 @@ fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Ve
         }
         let mut inputs: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
         inputs.extend(kb.inputs.iter().copied().filter(|&x| x != r));
-        if inputs.len() + kb.outputs.len() > max {
+        if !max.fits(inputs.iter().chain(&kb.outputs)) {
             continue;
         }
         let mut inline: BTreeSet<NodeId> = ka.inline.iter().copied().collect();
@@ -770,7 +857,7 @@ fn attention_partners(a: crate::AttentionPart, b: crate::AttentionPart) -> bool 
 /// [`attention_partners`]) over the same operands and attributes into the
 /// earlier kernel, outputs in part order. Moving the later part earlier is
 /// valid: its operands are the earlier kernel's, so they exist there.
-fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let nodes = graph.nodes();
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     let attention = |k: &Kernel| match &nodes[k.root().index()].op {
@@ -794,15 +881,17 @@ fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec
             }
             let mut inputs: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
             inputs.extend(kb.inputs.iter().copied());
-            if inputs.len() + 2 > max {
-                continue;
-            }
-            let mut inline: BTreeSet<NodeId> = ka.inline.iter().copied().collect();
-            inline.extend(kb.inline.iter().copied());
             let mut outputs = vec![ka.root(), kb.root()];
             if part_b < part_a {
                 outputs.reverse();
             }
+            // Windows counted: a part over operands beyond one binding may
+            // fit alone where the pair does not.
+            if !max.fits(inputs.iter().chain(&outputs)) {
+                continue;
+            }
+            let mut inline: BTreeSet<NodeId> = ka.inline.iter().copied().collect();
+            inline.extend(kb.inline.iter().copied());
             ks[a] = Some(Kernel {
                 kind: KernelKind::Attention,
                 outputs,
@@ -846,7 +935,7 @@ fn sub_kernel(graph: &Graph, k: &Kernel, roots: &[NodeId]) -> (Vec<NodeId>, Vec<
     (set.into_iter().collect(), ins.into_iter().collect())
 }
 
-fn split_concat(graph: &Graph, k: &Kernel, max: usize) -> Vec<Kernel> {
+fn split_concat(graph: &Graph, k: &Kernel, max: &Budget) -> Vec<Kernel> {
     let root = k.root();
     let operands = &graph.node(root).inputs;
     let mut parts = Vec::new();
@@ -855,7 +944,7 @@ fn split_concat(graph: &Graph, k: &Kernel, max: usize) -> Vec<Kernel> {
         let mut end = start + 1;
         while end < operands.len() {
             let (_, ins) = sub_kernel(graph, k, &operands[start..end + 1]);
-            if ins.len() + 1 > max {
+            if !max.fits(ins.iter().chain([&root])) {
                 break;
             }
             end += 1;
@@ -868,7 +957,7 @@ fn split_concat(graph: &Graph, k: &Kernel, max: usize) -> Vec<Kernel> {
     parts
 }
 
-fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel> {
+fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     for a in 0..ks.len() {
         for b in a + 1..ks.len() {
@@ -881,7 +970,7 @@ fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: usize) -> Vec<Kernel
             }
             let mut ins: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
             ins.extend(kb.inputs.iter().copied());
-            if ins.len() + ka.outputs.len() + kb.outputs.len() > max {
+            if !max.fits(ins.iter().chain(&ka.outputs).chain(&kb.outputs)) {
                 continue;
             }
             // Moving `a` to position `b` is valid if no kernel in (a, b]
@@ -965,6 +1054,30 @@ mod tests {
         for lim in 3..8 {
             let p = plan(&g, &FusionLimits { max_storage_buffers: lim, ..FusionLimits::default() });
             check_limits(&g, &p, lim);
+        }
+    }
+
+    /// Values over `window_elements` count once per window: four inputs of
+    /// three windows each, summed, do not fit one kernel of 9 bindings, so
+    /// the sum is split into kernels that each fit; with windows off (the
+    /// default) the same graph is one kernel.
+    #[test]
+    fn windowed_values_count_once_per_window() {
+        let mut g = Graph::new();
+        let xs: Vec<NodeId> = (0..4).map(|_| g.param(ValueType::new([10, 10], DType::F32))).collect();
+        let mut acc = xs[0];
+        for &x in &xs[1..] {
+            acc = bin(&mut g, BinaryOp::Add, acc, x);
+        }
+        g.outputs.push(acc);
+        let unwindowed = FusionLimits { max_storage_buffers: 9, ..FusionLimits::default() };
+        assert_eq!(plan(&g, &unwindowed).kernels.len(), 1);
+        let limits = FusionLimits { window_elements: 40, ..unwindowed };
+        let p = plan(&g, &limits);
+        assert!(p.kernels.len() >= 2, "{}", p.to_text());
+        let budget = Budget { graph: &g, max: 9, window: 40 };
+        for k in &p.kernels {
+            assert!(budget.fits_kernel(k), "{}", p.to_text());
         }
     }
 

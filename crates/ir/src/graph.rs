@@ -290,10 +290,11 @@ pub fn describe(op: &Op) -> String {
         Op::Concat { axis } => format!("concat axis={axis}"),
         Op::Pad { before, after, mode } => format!("pad {mode:?} before={before:?} after={after:?}"),
         Op::Gather { axis } => format!("gather axis={axis}"),
+        Op::ScatterAdd { axis } => format!("scatter_add axis={axis}"),
         Op::Conv2d(c) => {
             format!("conv2d strides={:?} pads={:?} dilations={:?} groups={}", c.strides, c.pads, c.dilations, c.groups)
         }
-        Op::Pool(p) => format!(
+        Op::Pool(p) | Op::PoolGrad(p) => format!(
             "{} kernel={:?} strides={:?} pads={:?}/{:?}",
             op.name(),
             p.kernel,
@@ -348,6 +349,37 @@ mod tests {
         g2.outputs.push(y);
         assert_ne!(g2.structural_hash(), h1);
         assert_eq!(g.structural_hash(), h1);
+    }
+
+    /// Scatter-add and pooling-gradient attributes are part of the hash
+    /// and the dump: a different axis or pooling kind is another graph.
+    #[test]
+    fn scatter_add_and_pool_grad_hash_their_attributes() {
+        let scatter = |axis: usize| {
+            let mut g = Graph::new();
+            let b = g.param(ValueType::new([3, 3], DType::F32));
+            let i = g.param(ValueType::new([3], DType::I32));
+            let s = g.param(ValueType::new([3, 3], DType::F32));
+            let o = g.push(Op::ScatterAdd { axis }, &[b, i, s]).unwrap();
+            g.outputs.push(o);
+            g
+        };
+        let (a0, a1) = (scatter(0), scatter(1));
+        assert_ne!(a0.structural_hash(), a1.structural_hash());
+        assert_eq!(a0.structural_hash(), scatter(0).structural_hash());
+        assert!(a1.to_text().contains("scatter_add axis=1"), "{}", a1.to_text());
+        let pool_grad = |kind: crate::PoolKind| {
+            let mut g = Graph::new();
+            let x = g.param(ValueType::new([1, 1, 4, 4], DType::F32));
+            let gy = g.param(ValueType::new([1, 1, 2, 2], DType::F32));
+            let o = g.push(Op::PoolGrad(crate::PoolAttrs::new(kind, &[2, 2])), &[x, gy]).unwrap();
+            g.outputs.push(o);
+            g
+        };
+        let m = pool_grad(crate::PoolKind::Max);
+        let a = pool_grad(crate::PoolKind::Avg { count_include_pad: false });
+        assert_ne!(m.structural_hash(), a.structural_hash());
+        assert!(m.to_text().contains("max_pool_grad kernel=[2, 2]"), "{}", m.to_text());
     }
 
     #[test]

@@ -523,10 +523,25 @@ pub enum Op {
         /// The axis of `data`.
         axis: usize,
     },
+    /// `out = base` plus, for every index position `j`, `src[.., j.., ..]` added at
+    /// `out[.., indices[j], ..]` along `axis`, in index order (index_add; the transpose of
+    /// `Gather`). Operands `(base, indices, src)`: `base` numeric; indices any int dtype,
+    /// negative counts from the end, out of range is an error; `src` of `base`'s dtype with
+    /// dim `axis` replaced by the indices' dims. Result of `base`'s type.
+    ScatterAdd {
+        /// The axis of `base`.
+        axis: usize,
+    },
     /// 2-d convolution of `[N, C, H, W]` by `[O, C/g, kh, kw]`; floats.
     Conv2d(ConvAttrs),
     /// N-d max/avg pooling over the spatial dims of `[N, C, ...]`; floats (max: any numeric).
     Pool(PoolAttrs),
+    /// The input gradient of `Pool(attrs)`: operands `(x, g)`, `g` of the pool's output
+    /// type; each element of `x` gets the parts of `g` of the windows covering it (max: a
+    /// window's whole gradient goes to its first maximum in scan order, the first NaN when
+    /// there is one, never padding; avg: `g / divisor`), summed in window order. Floats;
+    /// result of `x`'s type.
+    PoolGrad(PoolAttrs),
     /// Fused scaled dot-product attention, one [`AttentionPart`] per node.
     /// Operands: `q [.., t_q, d]`, `k [.., t_k, d]`, `v [.., t_k, d_v]`, a
     /// rank-0 `scale`, then the mask if `attrs.mask` has one (broadcastable
@@ -622,6 +637,9 @@ impl Op {
             Op::Conv2d(_) => "conv2d",
             Op::Pool(PoolAttrs { kind: PoolKind::Max, .. }) => "max_pool",
             Op::Pool(PoolAttrs { kind: PoolKind::Avg { .. }, .. }) => "avg_pool",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::PoolGrad(PoolAttrs { kind: PoolKind::Max, .. }) => "max_pool_grad",
+            Op::PoolGrad(PoolAttrs { kind: PoolKind::Avg { .. }, .. }) => "avg_pool_grad",
             Op::Attention { part, .. } => match part {
                 AttentionPart::Out => "attention",
                 AttentionPart::LogSumExp => "attention_lse",
@@ -955,6 +973,33 @@ impl Op {
                 dims.extend_from_slice(&x.shape.dims()[*axis + 1..]);
                 Ok(ValueType::new(dims, x.dtype))
             }
+            Op::ScatterAdd { axis } => {
+                arity(3)?;
+                let (base, idx, src) = (&inputs[0], &inputs[1], &inputs[2]);
+                check_axis(*axis, &base.shape)?;
+                if !idx.dtype.is_int() {
+                    return Err(IrError::dtype(op, "indices must have an integer dtype", &dtypes()));
+                }
+                if base.dtype != src.dtype || !base.dtype.is_numeric() {
+                    return Err(IrError::dtype(op, "base and src must have the same numeric dtype", &dtypes()));
+                }
+                let mut want = base.shape.dims()[..*axis].to_vec();
+                want.extend_from_slice(idx.shape.dims());
+                want.extend_from_slice(&base.shape.dims()[*axis + 1..]);
+                if src.shape.dims() != want.as_slice() {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "src {} must be base {} with dim {axis} replaced by the indices' dims {} (expected {})",
+                            src.shape,
+                            base.shape,
+                            idx.shape,
+                            Shape::new(want)
+                        ),
+                    ));
+                }
+                Ok(base.clone())
+            }
             Op::Conv2d(c) => {
                 arity(2)?;
                 let (x, w) = (&inputs[0], &inputs[1]);
@@ -1003,6 +1048,24 @@ impl Op {
                     dims.push((padded - eff) / c.strides[i] + 1);
                 }
                 Ok(ValueType::new(dims, x.dtype))
+            }
+            Op::PoolGrad(p) => {
+                arity(2)?;
+                let (x, g) = (&inputs[0], &inputs[1]);
+                if !x.dtype.is_float() {
+                    return Err(IrError::dtype(op, "expected a float dtype", &dtypes()));
+                }
+                let y = Op::Pool(p.clone()).infer(std::slice::from_ref(x), params, scalars)?;
+                if *g != y {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "the gradient {}{} must have the pool's output type {}{} for input {}",
+                            g.dtype, g.shape, y.dtype, y.shape, x.shape
+                        ),
+                    ));
+                }
+                Ok(x.clone())
             }
             Op::Pool(p) => {
                 arity(1)?;
@@ -1328,6 +1391,37 @@ mod tests {
         grad.extend([vt(&[5, 4], f), vt(&[5], f), vt(&[4], f)]);
         let e = err(attn(false, AttentionMask::None, AttentionPart::GradK), &grad);
         assert!(e.contains("delta") && e.contains("[4]"), "{e}");
+    }
+
+    #[test]
+    fn scatter_add_types() {
+        let op = Op::ScatterAdd { axis: 1 };
+        let base = vt(&[2, 5, 3], DType::F32);
+        let t = op.infer(&[base.clone(), vt(&[4, 2], DType::I64), vt(&[2, 4, 2, 3], DType::F32)], &[], &[]).unwrap();
+        assert_eq!(t, base);
+        // src must be base with dim 1 replaced by the indices' dims.
+        let e = op.infer(&[base.clone(), vt(&[4], DType::I32), vt(&[2, 3, 3], DType::F32)], &[], &[]).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("scatter_add") && msg.contains("[2, 3, 3]") && msg.contains("[2, 4, 3]"), "{msg}");
+        assert!(op.infer(&[base.clone(), vt(&[4], DType::F32), vt(&[2, 4, 3], DType::F32)], &[], &[]).is_err());
+        assert!(op.infer(&[base.clone(), vt(&[4], DType::I32), vt(&[2, 4, 3], DType::I32)], &[], &[]).is_err());
+        let bad_axis = Op::ScatterAdd { axis: 3 };
+        assert!(bad_axis.infer(&[base.clone(), vt(&[4], DType::I32), vt(&[2, 4, 3], DType::F32)], &[], &[]).is_err());
+        assert!(op
+            .infer(&[vt(&[2, 5], DType::Bool), vt(&[1], DType::I32), vt(&[2, 1], DType::Bool)], &[], &[])
+            .is_err());
+    }
+
+    #[test]
+    fn pool_grad_types() {
+        let p = PoolAttrs::new(PoolKind::Max, &[2, 2]);
+        let x = vt(&[1, 2, 5, 4], DType::F32);
+        let g = vt(&[1, 2, 2, 2], DType::F32);
+        assert_eq!(Op::PoolGrad(p.clone()).infer(&[x.clone(), g], &[], &[]).unwrap(), x);
+        let e = Op::PoolGrad(p.clone()).infer(&[x.clone(), vt(&[1, 2, 3, 2], DType::F32)], &[], &[]).unwrap_err();
+        assert!(e.to_string().contains("max_pool_grad") && e.to_string().contains("[1, 2, 2, 2]"), "{e}");
+        let xi = vt(&[1, 2, 5, 4], DType::I32);
+        assert!(Op::PoolGrad(p).infer(&[xi, vt(&[1, 2, 2, 2], DType::I32)], &[], &[]).is_err());
     }
 
     #[test]

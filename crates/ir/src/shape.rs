@@ -13,8 +13,17 @@ const INLINE_DIMS: usize = 4;
 
 /// The dimensions of a tensor, outermost first. A rank-0 shape is a scalar.
 /// Hashes, compares and prints exactly as the slice of its dims.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[derive(Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Shape(SmallVec<[usize; INLINE_DIMS]>);
+
+impl Clone for Shape {
+    /// A copy of the dims in one block move (`SmallVec`'s own `Clone`
+    /// goes element by element through an iterator, which shows in
+    /// profiles of recording: a recorded op clones several shapes).
+    fn clone(&self) -> Shape {
+        Shape(SmallVec::from_slice(&self.0))
+    }
+}
 
 impl Shape {
     /// A shape from dimension sizes.
@@ -65,6 +74,14 @@ impl Shape {
 
     /// Numpy broadcasting of two shapes; `None` if they are incompatible.
     pub fn broadcast(&self, other: &Shape) -> Option<Shape> {
+        // The common cases of recording, without the loop: equal shapes,
+        // and a rank-0 operand (`x * 0.5`).
+        if self == other || other.rank() == 0 {
+            return Some(self.clone());
+        }
+        if self.rank() == 0 {
+            return Some(other.clone());
+        }
         let rank = self.rank().max(other.rank());
         let mut out: SmallVec<[usize; INLINE_DIMS]> = smallvec::smallvec![0; rank];
         for (i, slot) in out.iter_mut().enumerate() {

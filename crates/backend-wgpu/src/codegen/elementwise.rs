@@ -112,7 +112,7 @@ impl Writer<'_> {
                 continue;
             }
             let d = g.node(id).dtype;
-            let _ = writeln!(b, "        let x{} = in{slot}[j];", id.0);
+            let _ = writeln!(b, "        let x{} = {}[j];", id.0, self.input_name(slot));
             let vals = (0..lanes)
                 .map(|c| {
                     let v = if width == 4 { format!("x{}.{}", id.0, LANES[c]) } else { format!("x{}", id.0) };
@@ -144,7 +144,10 @@ impl Writer<'_> {
                 Op::Where => (format!("c: bool, a: {}, b: {}", ty(d(1)), ty(d(2))), "select(b, a, c)".to_string()),
                 _ => unreachable!("straight_line_width admits only elementwise ops"),
             };
-            let _ = writeln!(self.funcs, "fn v{}({params}) -> {} {{\n    return {expr};\n}}\n", id.0, ty(node.dtype));
+            if self.defined.insert(('v', id.0)) {
+                let _ =
+                    writeln!(self.funcs, "fn v{}({params}) -> {} {{\n    return {expr};\n}}\n", id.0, ty(node.dtype));
+            }
             let vals: Vec<String> = (0..lanes)
                 .map(|c| {
                     let args: Vec<&str> = ops.iter().map(|o| lane[o][c].as_str()).collect();
@@ -157,10 +160,11 @@ impl Writer<'_> {
         for (slot, &o) in k.outputs.iter().enumerate() {
             let d = g.node(o).dtype;
             let vals: Vec<String> = lane[&o].iter().map(|v| store(d, v)).collect();
+            let out = self.output_name(slot);
             if width == 4 {
-                let _ = writeln!(b, "        out{slot}[j] = vec4<{}>({});", storage_ty(d), vals.join(", "));
+                let _ = writeln!(b, "        {out}[j] = vec4<{}>({});", storage_ty(d), vals.join(", "));
             } else {
-                let _ = writeln!(b, "        out{slot}[j] = {};", vals[0]);
+                let _ = writeln!(b, "        {out}[j] = {};", vals[0]);
             }
         }
         b.push_str("    }\n");

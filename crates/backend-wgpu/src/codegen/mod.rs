@@ -19,9 +19,12 @@
 //!
 //! One module per kernel family: [`elementwise`], [`reduce`] (reductions,
 //! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax),
-//! [`matmul`], [`attention`] (fused attention, forward and backward);
-//! `common` holds the type, literal and index helpers and the
-//! WGSL helper functions they share.
+//! [`matmul`], [`attention`] (fused attention, forward and backward),
+//! [`index`] (gather and scatter-add, which check their indices and report
+//! one out of range through an error slot) and [`pool`] (pooling and its
+//! gradient); [`multi`] writes multi-tensor kernels from the elementwise
+//! forms; `common` holds the type, literal and index helpers and the WGSL
+//! helper functions they share.
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{BinaryOp, DType, NodeId, Op, PadMode, RandomDist, UnaryOp, VerifiedGraph};
@@ -32,7 +35,10 @@ use thiserror::Error;
 pub mod attention;
 mod common;
 pub mod elementwise;
+pub mod index;
 pub mod matmul;
+pub mod multi;
+pub mod pool;
 pub mod reduce;
 pub mod rows;
 
@@ -107,6 +113,8 @@ pub struct KernelForms {
     pub rows: RowsForm,
     /// Matmul.
     pub matmul: MatmulForm,
+    /// Scatter-add.
+    pub scatter: ScatterForm,
     /// Fused attention.
     pub attention: AttentionForm,
 }
@@ -119,6 +127,7 @@ impl KernelForms {
             reduce: ReduceForm::Cooperative,
             rows: RowsForm::Cooperative,
             matmul: MatmulForm::ByShape,
+            scatter: ScatterForm::RowOwner,
             attention: AttentionForm::Tiled,
         }
     }
@@ -130,6 +139,7 @@ impl KernelForms {
             reduce: ReduceForm::PerOutput,
             rows: RowsForm::PerRow,
             matmul: MatmulForm::RegisterBlocked,
+            scatter: ScatterForm::PerColumns,
             attention: AttentionForm::PerRow,
         }
     }
@@ -169,6 +179,20 @@ pub enum RowsForm {
     /// A group of lanes per row striding over it together; rows that fit
     /// are held in registers, so the input is read once.
     Cooperative,
+}
+
+/// How a scatter-add spreads its work (see [`index`]); both forms give
+/// each output element one owner that adds in index order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterForm {
+    /// One invocation per (output row, [`index::SCATTER_COLUMNS`]
+    /// columns), scanning the whole index list with no barrier: right for
+    /// llvmpipe.
+    PerColumns,
+    /// A workgroup per block of output rows, lanes across each row
+    /// (coalesced), the index list staged through workgroup memory a chunk
+    /// at a time and chunks with no index in the block skipped.
+    RowOwner,
 }
 
 /// The matmul form.
@@ -229,6 +253,9 @@ pub struct Wgsl {
     pub pre: Option<Box<Wgsl>>,
     /// 32-bit elements of scratch this kernel writes (a first pass), else 0.
     pub scratch: u64,
+    /// The kernel checks indices and binds an error slot after its
+    /// outputs (see [`index`]).
+    pub error_slot: bool,
 }
 
 /// Why a kernel cannot be lowered.
@@ -259,7 +286,7 @@ pub fn dtype_supported(d: DType) -> bool {
 
 /// True for the ops this generator handles (dtypes checked separately).
 pub fn op_supported(op: &Op) -> bool {
-    !matches!(op, Op::Conv2d(_) | Op::Pool(_))
+    !matches!(op, Op::Conv2d(_))
 }
 
 /// Lowers `kernel` of `graph` to WGSL.
@@ -274,6 +301,9 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         limits: *limits,
         second: None,
         decls: String::new(),
+        slots: None,
+        defined: BTreeSet::new(),
+        error_slot: false,
     };
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
@@ -283,6 +313,9 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         if n.shape.numel() as u64 > limits.max_elements {
             return Err(LowerError::TooLarge { op: n.op.name(), elements: n.shape.numel() as u64 });
         }
+    }
+    if kernel.kind == KernelKind::MultiTensor {
+        return w.multi_tensor(kernel);
     }
     let root = kernel.root();
     let concat_part_root = matches!(kernel.kind, KernelKind::ConcatPart { .. }).then_some(root);
@@ -326,10 +359,14 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         };
         let _ = writeln!(w.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
     }
+    // A kernel that checks indices runs even when its output is empty:
+    // an index out of range is an error whether or not it moves anything.
+    let checks_only =
+        kernel.kind.checks_indices() && root_numel == 0 && graph.node(graph.node(root).inputs[1]).shape.numel() > 0;
     let (body, invocations) = match width {
         // No output elements: never dispatched, and its index math would
         // divide by a zero dim, which naga rejects (reliability finding 1).
-        _ if root_numel == 0 => (String::new(), 0),
+        _ if root_numel == 0 && !checks_only => (String::new(), 0),
         Some(width) => w.straight_line(kernel, width)?,
         None if row_vec && limits.forms.rows == RowsForm::PerRow => w.softmax_rows_vec4(kernel),
         None => {
@@ -360,20 +397,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
                 if kernel.kind == KernelKind::Rows && matches!(graph.node(id).op, Op::Reduce { .. }) {
                     continue;
                 }
-                // A zero-size node is never evaluated; a stub stands in for
-                // index math that would divide by zero (finding 1).
-                let n = graph.node(id);
-                if n.shape.numel() == 0 {
-                    let _ = writeln!(
-                        w.funcs,
-                        "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n",
-                        id.0,
-                        ty(n.dtype),
-                        zero(n.dtype)
-                    );
-                    continue;
-                }
-                w.node_fn(id, None)?;
+                w.value_fn(id)?;
             }
             w.main_body(kernel)?
         }
@@ -395,6 +419,9 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
             "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;",
             kernel.inputs.len() + 1 + k
         );
+    }
+    if w.error_slot {
+        s.push_str(&index::error_slot_source(kernel.inputs.len() + kernel.outputs.len() + 1));
     }
     s.push('\n');
     for h in &w.helpers {
@@ -429,6 +456,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         workgroup_size: w.workgroup.unwrap_or(WORKGROUP_SIZE),
         pre: None,
         scratch: 0,
+        error_slot: w.error_slot,
     };
     let Some(second) = w.second.take() else { return Ok(first) };
     // Two passes: the kernel proper is the second; the first feeds it.
@@ -454,6 +482,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         workgroup_size: WORKGROUP_SIZE,
         pre: Some(Box::new(Wgsl { scratch: second.scratch, ..first })),
         scratch: 0,
+        error_slot: false,
     })
 }
 
@@ -496,6 +525,15 @@ struct Writer<'a> {
     /// Module-scope declarations (private and workgroup variables) of
     /// kernels that need them besides `red` (row kernels).
     decls: String,
+    /// Set while a segment of a multi-tensor kernel is written: the
+    /// bindings its inputs and outputs have in the whole kernel.
+    slots: Option<multi::Slots>,
+    /// Value functions written so far, by prefix and node (`('n', 7)` is
+    /// `n7`): segments of a multi-tensor kernel may share nodes, and each
+    /// function is written once.
+    defined: BTreeSet<(char, u32)>,
+    /// Set by kernels that check indices: the error slot is declared.
+    error_slot: bool,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
@@ -528,11 +566,29 @@ impl Writer<'_> {
         }
     }
 
+    /// Writes the value function `nK(i)` of inlined node `id`; for a node
+    /// of no element, which is never evaluated, a stub standing in for
+    /// index math that would divide by zero (reliability finding 1).
+    fn value_fn(&mut self, id: NodeId) -> Result<(), LowerError> {
+        let n = self.g.node(id);
+        if n.shape.numel() > 0 {
+            return self.node_fn(id, None);
+        }
+        if self.defined.insert(('n', id.0)) {
+            let _ =
+                writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {};\n}}\n", id.0, ty(n.dtype), zero(n.dtype));
+        }
+        Ok(())
+    }
+
     /// Writes the value function of inlined node `id`: `nK(i)`, or with
     /// `epi = Some((matmul, dependents))` the epilogue form `eK(i, mm)`,
     /// where the matmul's value is `mm` and dependents are evaluated at the
     /// same index (the planner guarantees they are same-shape elementwise).
     fn node_fn(&mut self, id: NodeId, epi: Option<(NodeId, &BTreeSet<NodeId>)>) -> Result<(), LowerError> {
+        if !self.defined.insert((if epi.is_some() { 'e' } else { 'n' }, id.0)) {
+            return Ok(());
+        }
         let g = self.g;
         let n = g.node(id);
         let s = &n.shape;
@@ -863,7 +919,7 @@ impl Writer<'_> {
                 invocations = rn.shape.numel() as u64;
                 for (j, &o) in k.outputs.iter().enumerate() {
                     let d = g.node(o).dtype;
-                    let _ = writeln!(b, "    out{j}[t] = {};", store(d, &format!("n{}(t)", o.0)));
+                    let _ = writeln!(b, "    {}[t] = {};", self.output_name(j), store(d, &format!("n{}(t)", o.0)));
                 }
             }
             KernelKind::ConcatPart { start, end } => {
@@ -895,26 +951,10 @@ impl Writer<'_> {
                     _ => self.matmul(k, &mut b),
                 };
             }
-            KernelKind::Gather => {
-                let Op::Gather { axis } = &rn.op else { unreachable!() };
-                let (x, ix) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
-                invocations = rn.shape.numel() as u64;
-                let inner: u64 = x.shape.dims()[axis + 1..].iter().product::<usize>() as u64;
-                let dim = x.shape.dims()[*axis] as i64;
-                let ni = (ix.shape.numel() as u64).max(1);
-                let load_idx = if ix.dtype == DType::U32 {
-                    format!("i32(min(n{}(j), {}u))", rn.inputs[1].0, dim.max(1) - 1)
-                } else {
-                    format!("n{}(j)", rn.inputs[1].0)
-                };
-                let _ = writeln!(
-                    b,
-                    "    let ii = t % {inner}u;\n    let j = (t / {inner}u) % {ni}u;\n    let o = t / {};\n    var ix = {load_idx};\n    if (ix < 0i) {{\n        ix = ix + {dim}i;\n    }}\n    ix = clamp(ix, 0i, {});\n    out0[t] = {};",
-                    (inner * ni).max(1),
-                    (dim - 1).max(0),
-                    store(rn.dtype, &format!("n{}(o * {}u + u32(ix) * {inner}u + ii)", rn.inputs[0].0, dim as u64 * inner))
-                );
-            }
+            KernelKind::Gather => invocations = self.gather_kernel(k, &mut b),
+            KernelKind::ScatterAdd => invocations = self.scatter_add_kernel(k, &mut b),
+            KernelKind::Pool => invocations = self.pool_kernel(k, &mut b),
+            KernelKind::PoolGrad => invocations = self.pool_grad_kernel(k, &mut b),
             KernelKind::Random => {
                 let Op::Random { dist, .. } = &rn.op else { unreachable!() };
                 invocations = rn.shape.numel() as u64;
@@ -934,9 +974,10 @@ impl Writer<'_> {
             }
             KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
             KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
-            KernelKind::Conv2d | KernelKind::Pool => {
+            KernelKind::Conv2d => {
                 return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
             }
+            KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),
         }
         Ok((b, invocations))
     }

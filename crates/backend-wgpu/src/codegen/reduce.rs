@@ -43,12 +43,23 @@ pub const COLUMN_TARGET_INVOCATIONS: u64 = 1 << 18;
 /// Parts each output of a reduction over strided elements is split into
 /// (1: one pass): when one invocation per output leaves a large GPU
 /// mostly idle and each output has many elements, enough parts to reach
-/// [`COLUMN_TARGET_INVOCATIONS`], each of at least 64 elements.
+/// [`COLUMN_TARGET_INVOCATIONS`], each of at least 64 elements, and
+/// enough that no part's loop exceeds half of llvmpipe's loop budget
+/// ([`LLVMPIPE_LOOP_BUDGET`]; only tensors beyond one binding have such
+/// long columns).
 pub fn column_parts(outputs: u64, len: u64) -> u64 {
     if outputs >= COLUMN_TARGET_INVOCATIONS || outputs * len < 1 << 22 || len < 128 {
         return 1;
     }
-    (COLUMN_TARGET_INVOCATIONS / outputs).clamp(2, (len / 64).min(1024))
+    (COLUMN_TARGET_INVOCATIONS / outputs).clamp(2, (len / 64).min(1024)).max(len.div_ceil(LLVMPIPE_LOOP_BUDGET / 2))
+}
+
+/// Whether a reduction of `len` elements per output, written with one
+/// workgroup per output, would loop past half of llvmpipe's loop budget
+/// ([`LLVMPIPE_LOOP_BUDGET`]) in each invocation; such reductions (of
+/// tensors beyond one binding) run in two passes in every form.
+pub fn beyond_one_workgroup(len: u64) -> bool {
+    len / (WORKGROUP_SIZE as u64 * REDUCE_UNROLL) > LLVMPIPE_LOOP_BUDGET / 2
 }
 
 /// Invocations per output in the cooperative form for rows of `len`
@@ -134,8 +145,9 @@ impl Writer<'_> {
                 "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    for (var r = p * {chunk}u; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;"
             );
             self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
-        } else if self.limits.forms.reduce == ReduceForm::Cooperative && parts > 1 {
-            // Few long reductions on a GPU: pass 1 gives every (output,
+        } else if parts > 1 && (self.limits.forms.reduce == ReduceForm::Cooperative || beyond_one_workgroup(len)) {
+            // Few long reductions on a GPU (or too long for one workgroup
+            // per output on llvmpipe): pass 1 gives every (output,
             // part) pair a workgroup that reduces one chunk of the output's
             // elements into a partial; pass 2 (a kernel of its own, see
             // `SecondPass`) reduces each output's `parts` partials with a

@@ -16,6 +16,7 @@
 //! - `reshape(reshape(x))`: one reshape; `expand(expand(x))`: one expand;
 //!   reshape or expand to the operand's shape, cast to its dtype, and a
 //!   slice with step 1 over the whole tensor: `x`.
+//! - `scatter_add(base, indices, src)` with no indices: `base`.
 //!
 //! When the surviving operand is smaller than the node (`x * ones` where
 //! the ones broadcast `x`), the replacement is `Expand(x, shape)`, never
@@ -103,6 +104,9 @@ fn rewrite(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &ValueType, opts: &Pas
             let whole = starts.iter().all(|&s| s == 0) && steps.iter().all(|&s| s == 1) && lens == dims;
             whole.then_some(inputs[0])
         }
+        // No index, nothing added (an index that exists is kept even when
+        // it moves no element: an out-of-range one must still be reported).
+        Op::ScatterAdd { .. } => (g.node(inputs[1]).shape.numel() == 0).then_some(inputs[0]),
         _ => None,
     }
 }
@@ -382,6 +386,25 @@ mod tests {
         assert_eq!(s.node(s.node(sum.inputs[1]).inputs[0]).op, Op::Parameter(1));
         assert_eq!(count_ops(&s, |op| matches!(op, Op::Slice { .. })), 1);
         assert_eq!(count_ops(&s, |op| matches!(op, Op::Cast(_))), 0);
+    }
+
+    #[test]
+    fn scatter_add_without_indices_is_its_base() {
+        let mut g = Graph::new();
+        let base = g.param(ValueType::new([3, 2], DType::F32));
+        let none = g.param(ValueType::new([0], DType::I32));
+        let src = g.param(ValueType::new([0, 2], DType::F32));
+        let s0 = g.push(Op::ScatterAdd { axis: 0 }, &[base, none, src]).unwrap();
+        // An index that moves no element (inner dim 0) stays: it may be out of range.
+        let empty = g.param(ValueType::new([3, 0], DType::F32));
+        let zero = c(&mut g, ScalarValue::Int(0), DType::I32);
+        let one = g.push(Op::Expand(Shape::new([1])), &[zero]).unwrap();
+        let src1 = g.param(ValueType::new([1, 0], DType::F32));
+        let s1 = g.push(Op::ScatterAdd { axis: 0 }, &[empty, one, src1]).unwrap();
+        g.outputs = vec![s0, s1];
+        let s = check(&g, &PassOptions::default());
+        assert_eq!(s.node(s.outputs[0]).op, Op::Parameter(0));
+        assert_eq!(count_ops(&s, |op| matches!(op, Op::ScatterAdd { .. })), 1, "{}", s.to_text());
     }
 
     #[test]

@@ -111,6 +111,25 @@ pub(crate) fn eval(g: &Graph, params: &[Value], scalars: &[f64]) -> Vec<Value> {
                     })
                     .collect()
             }
+            Op::ScatterAdd { axis } => {
+                let (base, idx, src) = (args[0], args[1], args[2]);
+                let len = base.shape[*axis];
+                let inner: usize = base.shape[axis + 1..].iter().product();
+                let outer: usize = base.shape[..*axis].iter().product();
+                let m = idx.data.len();
+                let mut out = base.data.clone();
+                for o in 0..outer {
+                    for (j, &i) in idx.data.iter().enumerate() {
+                        let r = if i < 0.0 { i + len as f64 } else { i };
+                        assert!(r >= 0.0 && r < len as f64, "test evaluator: scatter_add index {i} out of range");
+                        for c in 0..inner {
+                            let at = (o * len + r as usize) * inner + c;
+                            out[at] = fit(n.dtype, out[at] + src.data[(o * m + j) * inner + c]);
+                        }
+                    }
+                }
+                out
+            }
             other => panic!("test evaluator does not support {other:?}"),
         };
         assert_eq!(data.len(), numel, "{} produced the wrong element count", n.op.name());

@@ -1,0 +1,200 @@
+//! Multi-tensor kernels ([`KernelKind::MultiTensor`]): independent
+//! elementwise segments, one per output shape, in one dispatch.
+//!
+//! Each segment is written exactly as an elementwise kernel of its own
+//! would be (straight-line vec4 form where [`straight_line_width`] allows,
+//! else the indexed form; the GPU or software form the limits pick), as a
+//! function `sK(t)` of a segment-local invocation index, and `main` finds
+//! the segment of its global index by offset with a binary search over
+//! the segment starts. Segments start at multiples of [`SEGMENT_ALIGN`]
+//! invocations, so no subgroup of a GPU straddles two segments, and
+//! adjacent invocations of a segment touch adjacent elements, as in the
+//! single kernel. Segments of no element get no invocations and no code
+//! (their index math would divide by zero).
+//!
+//! Bindings: the kernel's inputs in order, then its outputs (segment by
+//! segment). An input read as whole vectors by some segment is bound as
+//! `vec4` and read element-wise elsewhere through `[i >> 2u][i & 3u]`.
+//! Nodes shared by segments (lifted scalars, constants) get one value
+//! function.
+
+use super::common::*;
+use super::{straight_line_width, LowerError, Wgsl, Writer, WORKGROUP_SIZE};
+use lazuli_ir::fusion::{Kernel, KernelKind};
+use lazuli_ir::{DType, NodeId};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+/// Invocations a segment's start is aligned to: a multiple of every GPU's
+/// subgroup width (32 or 64 lanes), so the branch to a segment is uniform
+/// within a subgroup.
+pub const SEGMENT_ALIGN: u64 = 64;
+
+/// The bindings of a segment inside its multi-tensor kernel.
+pub(super) struct Slots {
+    /// The binding index (`inK`) of each of the segment's inputs.
+    inputs: Vec<usize>,
+    /// The binding index (`outK`) of the segment's first output; the others
+    /// follow.
+    out_base: usize,
+}
+
+/// A segment with its form.
+struct Part {
+    kernel: Kernel,
+    /// Straight-line vector width, `None` for the indexed form.
+    width: Option<u32>,
+    numel: usize,
+    out_base: usize,
+}
+
+impl Writer<'_> {
+    /// The name of input binding `k` of the kernel being written.
+    pub(super) fn input_name(&self, k: usize) -> String {
+        match &self.slots {
+            Some(s) => format!("in{}", s.inputs[k]),
+            None => format!("in{k}"),
+        }
+    }
+
+    /// The name of output binding `j` of the kernel being written.
+    pub(super) fn output_name(&self, j: usize) -> String {
+        format!("out{}", self.slots.as_ref().map_or(0, |s| s.out_base) + j)
+    }
+
+    /// Lowers a multi-tensor kernel (see the module doc).
+    pub(super) fn multi_tensor(mut self, kernel: &Kernel) -> Result<Wgsl, LowerError> {
+        let g = self.g;
+        let generic = self.limits.generic;
+        let numel = |id: NodeId| g.node(id).shape.numel();
+        let mut parts = Vec::new();
+        let mut out_base = 0;
+        for seg in kernel.segments(g) {
+            debug_assert_eq!(seg.kind, KernelKind::Elementwise);
+            let width = straight_line_width(&seg, g).map(|w| if generic { 1 } else { w });
+            let n = numel(seg.root());
+            let outputs = seg.outputs.len();
+            parts.push(Part { kernel: seg, width, numel: n, out_base });
+            out_base += outputs;
+        }
+        debug_assert_eq!(out_base, kernel.outputs.len(), "segments hold every output once, in order");
+        let slot: HashMap<NodeId, usize> = kernel.inputs.iter().enumerate().map(|(k, &id)| (id, k)).collect();
+        // Inputs some segment loads as whole vectors, and inputs some
+        // segment reads through a value function.
+        let mut vector_in = BTreeSet::new();
+        let mut accessed = BTreeSet::new();
+        for p in parts.iter().filter(|p| p.numel > 0) {
+            for &id in &p.kernel.inputs {
+                match p.width {
+                    Some(w) if numel(id) == p.numel => {
+                        if w == 4 {
+                            vector_in.insert(id);
+                        }
+                    }
+                    _ => {
+                        accessed.insert(id);
+                    }
+                }
+            }
+        }
+        for &id in &accessed {
+            let k = slot[&id];
+            let d = g.node(id).dtype;
+            let raw = if vector_in.contains(&id) { format!("in{k}[i >> 2u][i & 3u]") } else { format!("in{k}[i]") };
+            let load = if d == DType::Bool { format!("{raw} != 0u") } else { raw };
+            self.defined.insert(('n', id.0));
+            let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(d));
+        }
+        // One function per segment with elements, and its invocations.
+        let mut segment_fns = String::new();
+        let mut starts: Vec<(u64, usize)> = Vec::new();
+        let mut total = 0u64;
+        for (s, p) in parts.iter().enumerate() {
+            if p.numel == 0 {
+                continue;
+            }
+            self.slots =
+                Some(Slots { inputs: p.kernel.inputs.iter().map(|id| slot[id]).collect(), out_base: p.out_base });
+            let (body, invocations) = match p.width {
+                Some(width) => self.straight_line(&p.kernel, width)?,
+                None => {
+                    for &id in &p.kernel.inline {
+                        self.value_fn(id)?;
+                    }
+                    self.main_body(&p.kernel)?
+                }
+            };
+            self.slots = None;
+            let start = total.next_multiple_of(SEGMENT_ALIGN);
+            total = start + invocations;
+            starts.push((start, s));
+            let _ = write!(
+                segment_fns,
+                "fn s{s}(t: u32) {{\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n\n"
+            );
+        }
+        // Assemble.
+        let mut src = String::from("// generated by lazuli-wgpu (multi-tensor)\n");
+        src.push_str(&super::params_header(g));
+        for (k, &id) in kernel.inputs.iter().enumerate() {
+            let d = storage_ty(g.node(id).dtype);
+            let elem = if vector_in.contains(&id) { format!("vec4<{d}>") } else { d.to_string() };
+            let _ = writeln!(src, "@group(0) @binding({}) var<storage, read> in{k}: array<{elem}>;", k + 1);
+        }
+        for p in &parts {
+            for (j, &id) in p.kernel.outputs.iter().enumerate() {
+                let d = storage_ty(g.node(id).dtype);
+                let elem = if p.width == Some(4) && p.numel > 0 { format!("vec4<{d}>") } else { d.to_string() };
+                let _ = writeln!(
+                    src,
+                    "@group(0) @binding({}) var<storage, read_write> out{}: array<{elem}>;",
+                    kernel.inputs.len() + 1 + p.out_base + j,
+                    p.out_base + j
+                );
+            }
+        }
+        src.push('\n');
+        for h in &self.helpers {
+            src.push_str(helper_source(h));
+            src.push('\n');
+        }
+        src.push_str(&self.funcs);
+        src.push_str(&segment_fns);
+        let _ = write!(
+            src,
+            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {total}u) {{\n        return;\n    }}\n{}}}\n",
+            dispatch_tree(&starts, 1)
+        );
+        Ok(Wgsl {
+            source: src,
+            entry: "main",
+            invocations: total,
+            inputs: kernel.inputs.len(),
+            outputs: kernel.outputs.len(),
+            workgroup_size: WORKGROUP_SIZE,
+            pre: None,
+            scratch: 0,
+            error_slot: false,
+        })
+    }
+}
+
+/// Statements calling the segment of `t` among `starts` (segment start,
+/// segment index; ascending): a binary search over the starts, so a
+/// kernel of many segments costs a few comparisons per invocation.
+fn dispatch_tree(starts: &[(u64, usize)], depth: usize) -> String {
+    let pad = "    ".repeat(depth);
+    match starts {
+        [] => String::new(),
+        [(start, s)] => format!("{pad}s{s}(t - {start}u);\n"),
+        _ => {
+            let mid = starts.len() / 2;
+            format!(
+                "{pad}if (t < {}u) {{\n{}{pad}}} else {{\n{}{pad}}}\n",
+                starts[mid].0,
+                dispatch_tree(&starts[..mid], depth + 1),
+                dispatch_tree(&starts[mid..], depth + 1)
+            )
+        }
+    }
+}
