@@ -26,9 +26,10 @@
 //!   one multi-output kernel when the buffer limit allows.
 //! - Attention parts (`Op::Attention`) are roots that inline views and
 //!   leaves only. Parts over the same operands that one loop computes
-//!   together share a kernel when the buffer limit allows: the output with
-//!   its log-sum-exp, and the key gradient with the value gradient
-//!   ([`KernelKind::Attention`]). A view read only by attention kernels
+//!   together share a kernel when the buffer limit allows (windows
+//!   counted): the output with its log-sum-exp, and the key gradient with
+//!   the value gradient ([`KernelKind::Attention`]); they never join a
+//!   multi-tensor kernel. A view read only by attention kernels
 //!   (the heads of a multi-head projection, read by the forward and the
 //!   three gradients) is inlined into each, like a cheap leaf, instead of
 //!   being written once: its index math costs less than a copy kernel.
@@ -855,8 +856,10 @@ fn attention_partners(a: crate::AttentionPart, b: crate::AttentionPart) -> bool 
 
 /// Groups attention kernels whose roots are partner parts (see
 /// [`attention_partners`]) over the same operands and attributes into the
-/// earlier kernel, outputs in part order. Moving the later part earlier is
-/// valid: its operands are the earlier kernel's, so they exist there.
+/// earlier kernel, outputs in part order, when the pair fits `max` (each
+/// window of a windowed value a binding). Moving the later part earlier is
+/// valid: its operands are the earlier kernel's, so they exist there. Runs
+/// before the multi-tensor pass, which never joins attention kernels.
 fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let nodes = graph.nodes();
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
@@ -1238,6 +1241,39 @@ mod tests {
         // Deterministic.
         assert_eq!(p, plan(&g, &FusionLimits { max_storage_buffers: 9, ..FusionLimits::default() }));
         assert_eq!(plan(&g, &wide), plan(&g, &wide));
+    }
+
+    #[test]
+    fn attention_parts_merge_within_the_window_budget() {
+        let (mut g, [o, lse, dq, dk, dv]) = attention_graph();
+        // An independent elementwise output beside them: multi-tensor
+        // kernels join elementwise kernels only, never attention parts.
+        let v = NodeId(4);
+        let twice = bin(&mut g, BinaryOp::Add, v, v);
+        g.outputs.push(twice);
+        // Windows of 100 elements: q (through its view), k and the mask
+        // take 2 bindings each, dK 2; the key/value pair would bind 13.
+        let limits = FusionLimits {
+            max_storage_buffers: 12,
+            multi_tensor: true,
+            window_elements: 100,
+            ..FusionLimits::default()
+        };
+        let p = plan(&g, &limits);
+        let budget = Budget { graph: &g, max: 12, window: 100 };
+        assert!(p.kernels.iter().all(|k| budget.fits_kernel(k)), "{}", p.to_text());
+        let att: Vec<&Kernel> = p.kernels.iter().filter(|k| k.kind == KernelKind::Attention).collect();
+        let outputs: Vec<Vec<NodeId>> = att.iter().map(|k| k.outputs.clone()).collect();
+        assert_eq!(outputs, [vec![o, lse], vec![dq], vec![dk], vec![dv]], "{}", p.to_text());
+        let attention_node = |x: &NodeId| matches!(g.node(*x).op, Op::Attention { .. });
+        for k in p.kernels.iter().filter(|k| k.kind != KernelKind::Attention) {
+            assert!(!k.outputs.iter().any(attention_node), "{}", p.to_text());
+        }
+        // Unwindowed, the same limit holds the pair: one kernel for dK and dV.
+        let p = plan(&g, &FusionLimits { window_elements: u64::MAX, ..limits });
+        let att: Vec<Vec<NodeId>> =
+            p.kernels.iter().filter(|k| k.kind == KernelKind::Attention).map(|k| k.outputs.clone()).collect();
+        assert_eq!(att, [vec![o, lse], vec![dq], vec![dk, dv]], "{}", p.to_text());
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! `merge_siblings` does for kernels of one shape); a joined kernel of a
 //! single shape stays an elementwise kernel.
 //!
-//! Other kernel kinds (reductions, matmul, row kernels, and the gathers
-//! and scatter-adds whose error slot is a binding of its own) do not join:
+//! Other kernel kinds (reductions, matmul, row kernels, attention parts,
+//! and the gathers and scatter-adds whose error slot is a binding of its
+//! own) do not join:
 //! a segment is an elementwise evaluation, one invocation range per output
 //! shape. A kind can join once its lowering can run as a function of a
 //! segment-local invocation index with no workgroup barrier (or with
