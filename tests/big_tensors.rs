@@ -580,3 +580,83 @@ fn a_gather_error_slot_and_windows_through_cached_bind_groups() {
         assert_eq!(dev.compile_counts().0, compiles + 1, "{forms}: one plan for every k");
     }
 }
+
+// Fused attention with windowed operands: its kernels read q, k, v, the
+// mask and the backward's operands only as `inK[index]` and write only
+// `outK[index] = value;`, so `window::split` rewrites them like any
+// kernel; the fusion planner counts every window when it groups parts.
+
+/// q, k, v (and the gradient of `sum(O * w)`) of one attention problem:
+/// q read through a head transpose (`[b, t_q, h, d]` permuted, the view
+/// the planner inlines into every attention kernel), an additive mask.
+fn attention_step(dev: &Device, b: usize, h: usize, tq: usize, tk: usize, d: usize, dv: usize) -> Vec<Tensor> {
+    let leaf = |dims: Vec<usize>, seed: u64| {
+        let n: usize = dims.iter().product();
+        Tensor::from_slice(&common::rand_vec(n, seed, -1.0, 1.0), dims, dev).unwrap().requires_grad_(true).unwrap()
+    };
+    let qh = leaf(vec![b, tq, h, d], 91);
+    let k = leaf(vec![b, h, tk, d], 92);
+    let v = leaf(vec![b, h, tk, dv], 93);
+    let mask = Tensor::from_slice(&common::rand_vec(tq * tk, 94, -2.0, 0.0), [tq, tk], dev).unwrap();
+    let w = Tensor::from_slice(&common::rand_vec(b * h * tq * dv, 95, -1.0, 1.0), [b, h, tq, dv], dev).unwrap();
+    let q = qh.permute(&[0, 2, 1, 3]).unwrap();
+    let o = q.attention(&k, &v, 1.0 / (d as f64).sqrt(), true, Some(&mask)).unwrap();
+    o.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    vec![o, qh.grad().unwrap(), k.grad().unwrap(), v.grad().unwrap()]
+}
+
+/// Causal attention with an additive mask, forward and gradients, with
+/// 13 KiB windows (3328 f32: not a power of two, and rows of 24 and 40
+/// cross window edges): q, k and the mask take 3 windows each, v, dO and
+/// the output 5, so every attention kernel is windowed. In the software
+/// profile the kernels are the per-row form (head + value dim of 16
+/// vec4s), in the GPU profile the tiled one; all run on the device (no
+/// fallback) and match the CPU. With 256-byte windows a single part
+/// needs more bindings than a kernel may have: `BackendError::TooLarge`
+/// naming the attention kernel, and the device stays usable.
+#[test]
+fn windowed_attention_forward_and_gradients_match_the_cpu() {
+    let _l = big();
+    let (b, h, tq, tk, d, dv) = (2, 2, 100, 90, 24, 40);
+    let cpu = Device::cpu();
+    let want: Vec<Vec<f32>> = attention_step(&cpu, b, h, tq, tk, d, dv).iter().map(|t| t.to_vec().unwrap()).collect();
+    for (forms, dev) in devices(13 << 10) {
+        let (windowed, fallbacks) = (metrics::counter("WindowedKernels"), metrics::counter("FallbackOps"));
+        let got = attention_step(&dev, b, h, tq, tk, d, dv);
+        let refs: Vec<&Tensor> = got.iter().collect();
+        let code = lazuli::debug::backend_code(&refs).unwrap();
+        let attention: Vec<&(String, String)> = code.iter().filter(|(name, _)| name.contains("Attention")).collect();
+        // The forward with its log-sum-exp, the query gradient, the key
+        // and value gradients (29 bindings in windows: within lavapipe's
+        // 31 per kernel; fewer would split them).
+        assert!(attention.len() >= 3, "{forms}: {:?}", code.iter().map(|c| &c.0).collect::<Vec<_>>());
+        for (name, src) in &attention {
+            assert!(src.contains("fn ld_in") && src.contains("st_out"), "{forms}: {name} is not windowed:\n{src}");
+            let tiled = src.contains("var<workgroup> sp");
+            assert_eq!(tiled, forms == "gpu", "{forms}: {name}: the profile's attention form");
+        }
+        lazuli::sync(&refs).unwrap();
+        for (i, (t, w)) in got.iter().zip(&want).enumerate() {
+            common::assert_close(&t.to_vec::<f32>().unwrap(), w, 2e-4, 2e-4, &format!("{forms}: value {i}"));
+        }
+        assert!(metrics::counter("WindowedKernels") >= windowed + attention.len() as u64, "{forms}: windowed");
+        assert_eq!(metrics::counter("FallbackOps"), fallbacks, "{forms}: attention ran on the device");
+    }
+    // 256-byte windows: the forward alone binds q, k, v and the output in
+    // 64 windows each.
+    for (forms, dev) in devices(256) {
+        let r = |dims: [usize; 3], seed| Tensor::from_slice(&common::rand_vec(1024, seed, -1.0, 1.0), dims, &dev);
+        let (q, k, v) = (r([1, 64, 16], 1).unwrap(), r([1, 64, 16], 2).unwrap(), r([1, 64, 16], 3).unwrap());
+        let err = q.attention(&k, &v, 0.25, false, None).unwrap().to_vec::<f32>().expect_err("too many windows");
+        match backend_error(&err) {
+            Some(BackendError::TooLarge { op, limit_name, .. }) => {
+                assert!(op.contains("attention") && op.contains("storage bindings"), "{forms}: {err}");
+                assert!(limit_name.contains("storage bindings"), "{forms}: {err}");
+            }
+            _ => panic!("{forms}: expected TooLarge, got {err:?}"),
+        }
+        let y = Tensor::from_slice(&common::rand_vec(100, 4, -1.0, 1.0), [100], &dev).unwrap();
+        let got = y.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(got, common::rand_vec(100, 4, -1.0, 1.0).iter().map(|v| v * 2.0).collect::<Vec<_>>(), "{forms}");
+    }
+}

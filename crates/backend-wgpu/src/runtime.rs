@@ -984,7 +984,10 @@ impl Backend for WgpuBackend {
         // An attention part binds all its operands but the cheap leaves;
         // one that needs more buffers than a kernel may bind (a masked
         // gradient on an adapter with WebGPU's minimum of 8) cannot be
-        // split, so it runs on the fallback.
+        // split, so it runs on the fallback. Counted without windows: a
+        // tensor's size never sends a node elsewhere, and a part whose
+        // windows exceed the limit is `BackendError::TooLarge` at compile
+        // time like any kernel's (see `WgpuBackend::window`).
         let fits = !matches!(node.op, Op::Attention { .. })
             || inputs
                 .iter()

@@ -22,7 +22,7 @@
 //! of them, and a tensor has at most `u32::MAX` elements (beyond that,
 //! lowering refuses it). Every kernel family works this way unchanged:
 //! elementwise chains, copies, reductions, softmax and norm rows, matmul
-//! operands and outputs, gathers, concats.
+//! operands and outputs, gathers, concats, fused attention.
 //!
 //! What it costs: nothing for a kernel whose tensors each fit one binding
 //! (one window is all a binding holds). Its source is not rewritten
