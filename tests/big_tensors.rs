@@ -24,6 +24,10 @@
 //!   its windows and error slot through the plan's cached bind groups, an
 //!   index out of range on a later run is the typed error, and the run
 //!   after it is right.
+//! - *Fused attention*: forward and gradients with windowed q, k, v, mask
+//!   and output gradient (13 KiB windows), the per-row and the tiled form,
+//!   against the CPU; a part whose windows exceed one kernel's bindings is
+//!   `BackendError::TooLarge`.
 //!
 //! Memory: lavapipe's device memory is host RAM. One test holds at most
 //! about 1.1 GiB (the 512 MiB test: its result on the device and on the
