@@ -4,6 +4,8 @@
 
 mod common;
 use lazuli::metrics;
+use lazuli::nn;
+use lazuli::optim::Optimizer;
 use lazuli::prelude::*;
 
 /// The wgpu devices to check: one per kernel-form profile.
@@ -138,5 +140,93 @@ fn greedy_generation_with_a_growing_context_matches_the_fixed_window() {
             assert!(growing.plans >= 10, "{growing:?}");
             assert!(growing.plans_with_new_code <= 5, "{growing:?}");
         }
+    }
+}
+
+/// A two-layer MLP on `x` with the parameters `p` (w1, b1, w2, b2).
+fn mlp(p: &[Tensor], x: &Tensor) -> lazuli::Result<Tensor> {
+    let h = x.matmul(&p[0])?.add(&p[1])?.relu()?;
+    h.matmul(&p[2])?.add(&p[3])
+}
+
+/// Parameters of [`mlp`] on `dev`, the same values on every device.
+fn mlp_params(dev: &Device) -> Vec<Tensor> {
+    let dims = [[8usize, 32], [1, 32], [32, 4], [1, 4]];
+    dims.iter()
+        .enumerate()
+        .map(|(i, &[r, c])| {
+            let data = common::rand_vec(r * c, 100 + i as u64, -0.3, 0.3);
+            Tensor::from_slice(&data, [r, c], dev).unwrap().requires_grad_(true).unwrap()
+        })
+        .collect()
+}
+
+/// Issue 13's batch targets. A training loop over 150 rows in batches of
+/// 64 ends every epoch with a partial batch of 22: that batch costs one
+/// extra plan and nothing more (later epochs compile nothing). Evaluating
+/// with batch sizes that keep changing creates no pipelines once the
+/// evaluation graph's family has seen three sizes (its first size,
+/// the first size variant in size-independent forms, and the widening
+/// that turns the batch-dependent literals into runtime values). Every
+/// loss and every evaluation matches the CPU.
+#[test]
+fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing() {
+    let _g = common::metrics_lock();
+    let cpu = Device::cpu();
+    let rows = 150;
+    let xdata = common::rand_vec(rows * 8, 41, -1.0, 1.0);
+    let labels: Vec<i32> = (0..rows as i32).map(|i| (i * 7 + 3) % 4).collect();
+    let batches: Vec<(usize, usize)> = (0..rows).step_by(64).map(|s| (s, 64.min(rows - s))).collect();
+    assert_eq!(batches.last().unwrap().1, 22);
+    for (profile, dev) in wgpu_devices() {
+        let run = |d: &Device| {
+            let p = mlp_params(d);
+            let mut opt = lazuli::optim::Sgd::new(p.clone(), 0.1).momentum(0.9);
+            let mut losses = Vec::new();
+            // Plans compiled by each step, per epoch.
+            let mut plans = Vec::new();
+            for _epoch in 0..3 {
+                let mut epoch = Vec::new();
+                for &(start, len) in &batches {
+                    let before = metrics::counter("UncachedCompile");
+                    // Each batch is uploaded from the host, as a data loader does.
+                    let xb = Tensor::from_slice(&xdata[start * 8..(start + len) * 8], [len, 8], d).unwrap();
+                    let yb = Tensor::from_slice(&labels[start..start + len], [len], d).unwrap();
+                    let loss = nn::cross_entropy(&mlp(&p, &xb).unwrap(), &yb).unwrap();
+                    loss.backward().unwrap();
+                    opt.step().unwrap();
+                    opt.zero_grad();
+                    // One sync per step: the loss is computed with the update.
+                    d.mark_step().unwrap();
+                    losses.push(loss.to_vec::<f32>().unwrap()[0]);
+                    epoch.push(metrics::counter("UncachedCompile") - before);
+                }
+                plans.push(epoch);
+            }
+            // Evaluation with batch sizes that keep changing.
+            let mut evals = Vec::new();
+            let mut pipelines = Vec::new();
+            for n in [100usize, 37, 64, 13, 150, 90, 21] {
+                let before = metrics::counter("PipelinesCreated");
+                let xb = Tensor::from_slice(&xdata[..n * 8], [n, 8], d).unwrap();
+                evals.push(mlp(&p, &xb).unwrap().softmax(-1).unwrap().to_vec::<f32>().unwrap());
+                pipelines.push(metrics::counter("PipelinesCreated") - before);
+            }
+            (losses, plans, evals, pipelines)
+        };
+        let (want_losses, _, want_evals, _) = run(&cpu);
+        let (losses, plans, evals, pipelines) = run(&dev);
+        common::assert_close(&losses, &want_losses, 1e-4, 1e-4, &format!("losses, {profile}"));
+        for (got, want) in evals.iter().zip(&want_evals) {
+            common::assert_close(got, want, 1e-4, 1e-4, &format!("evaluation, {profile}"));
+        }
+        // The first epoch compiles the full batch (twice: on the second
+        // step the parameters and momenta are device data), then the
+        // partial batch once; later epochs compile nothing.
+        assert_eq!(plans[0].iter().sum::<u64>(), 3, "{profile}: plans per step {plans:?}");
+        assert_eq!(plans[0][2], 1, "{profile}: the partial batch is one extra plan: {plans:?}");
+        assert!(plans[1..].iter().flatten().all(|&n| n == 0), "{profile}: plans per step {plans:?}");
+        // Measured on lavapipe, both profiles: 3, 3, 2, then 0 pipelines.
+        assert!(pipelines[3..].iter().all(|&n| n == 0), "{profile}: pipelines per evaluation size {pipelines:?}");
     }
 }
