@@ -21,7 +21,7 @@
 //! any other dtype (`f16`, `f64`, `i64`, the narrow integers) are reported
 //! unsupported and run on the CPU fallback.
 //!
-//! Supported ops: every op except `Conv2d` (reported unsupported). Gather
+//! Supported ops: every op (`Conv2d` in f32, [`codegen::conv`]). Gather
 //! and scatter-add check every index they read: a kernel that finds one
 //! out of range claims its error slot (a small storage binding, one per
 //! checking kernel of an execution, zeroed and read back within the

@@ -974,6 +974,9 @@ impl Backend for WgpuBackend {
                     }
                     Op::Pool(p) => codegen::pool::pool_loop_iterations(p, false) <= budget,
                     Op::PoolGrad(p) => codegen::pool::pool_loop_iterations(p, true) <= budget,
+                    Op::Conv2d(_) => inputs
+                        .get(1)
+                        .is_none_or(|w| codegen::conv::loop_iterations(self.inner.lower.forms.conv, node, w) <= budget),
                     Op::Attention { .. } => {
                         codegen::attention::within_loop_budget(node, inputs, self.inner.lower.forms.attention, budget)
                     }
@@ -994,11 +997,7 @@ impl Backend for WgpuBackend {
                 .filter(|n| !matches!(n.op, Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }))
                 .count()
                 < self.inner.fusion.max_storage_buffers;
-        within_budget
-            && fits
-            && gpu_dtype(node.dtype)
-            && inputs.iter().all(|n| gpu_dtype(n.dtype))
-            && codegen::op_supported(&node.op)
+        within_budget && fits && codegen::node_supported(node) && inputs.iter().all(|n| gpu_dtype(n.dtype))
     }
 
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {

@@ -34,6 +34,7 @@ use thiserror::Error;
 
 pub mod attention;
 mod common;
+pub mod conv;
 pub mod elementwise;
 pub mod index;
 pub mod matmul;
@@ -117,6 +118,8 @@ pub struct KernelForms {
     pub scatter: ScatterForm,
     /// Fused attention.
     pub attention: AttentionForm,
+    /// 2-d convolution.
+    pub conv: ConvForm,
 }
 
 impl KernelForms {
@@ -129,6 +132,7 @@ impl KernelForms {
             matmul: MatmulForm::ByShape,
             scatter: ScatterForm::RowOwner,
             attention: AttentionForm::Tiled,
+            conv: ConvForm::Tiled,
         }
     }
 
@@ -141,6 +145,7 @@ impl KernelForms {
             matmul: MatmulForm::RegisterBlocked,
             scatter: ScatterForm::PerColumns,
             attention: AttentionForm::PerRow,
+            conv: ConvForm::Direct,
         }
     }
 }
@@ -220,6 +225,17 @@ pub enum AttentionForm {
     Tiled,
 }
 
+/// The convolution form (see [`conv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvForm {
+    /// One invocation per output position and block of channels, three
+    /// nested loops over the taps, no barriers: right for llvmpipe.
+    Direct,
+    /// Implicit GEMM: a workgroup per tile of positions and channels, patch
+    /// and weight slices staged in workgroup memory.
+    Tiled,
+}
+
 /// Tile of the tiled matmul: a workgroup of 16 x 16 invocations computes a
 /// `4 * rows` x `4 * cols` block per invocation... see [`matmul`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -284,9 +300,10 @@ pub fn dtype_supported(d: DType) -> bool {
     matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::Bool)
 }
 
-/// True for the ops this generator handles (dtypes checked separately).
-pub fn op_supported(op: &Op) -> bool {
-    !matches!(op, Op::Conv2d(_))
+/// True for the nodes this generator handles: supported dtypes, and
+/// convolutions in f32 only (their kernels accumulate in f32).
+pub fn node_supported(node: &lazuli_ir::Node) -> bool {
+    dtype_supported(node.dtype) && (!matches!(node.op, Op::Conv2d(_)) || node.dtype == DType::F32)
 }
 
 /// Lowers `kernel` of `graph` to WGSL.
@@ -307,7 +324,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     };
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
-        if !dtype_supported(n.dtype) || !op_supported(&n.op) {
+        if !node_supported(n) {
             return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
         }
         if n.shape.numel() as u64 > limits.max_elements {
@@ -974,9 +991,7 @@ impl Writer<'_> {
             }
             KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
             KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
-            KernelKind::Conv2d => {
-                return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
-            }
+            KernelKind::Conv2d => invocations = self.conv_kernel(k, &mut b),
             KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),
         }
         Ok((b, invocations))

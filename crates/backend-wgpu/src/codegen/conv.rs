@@ -1,0 +1,291 @@
+//! 2-d convolution (`Op::Conv2d`: `x [N, C, H, W]`, `w [O, C/groups, kh,
+//! kw]` to `y [N, O, oh, ow]`; strides, asymmetric zero padding,
+//! dilation, groups), forward. The backward passes are convolutions too
+//! (the executor's autograd writes them over permuted and flipped views,
+//! which the kernel reads in place through its prologue), so these
+//! kernels carry a CNN's whole step.
+//!
+//! The convolution is a matrix product over an implicit im2col matrix:
+//! per group, `M = N * oh * ow` output positions by `Og = O / groups`
+//! output channels, reduced over `K = (C / groups) * kh * kw` taps. The
+//! patch matrix is never written: each kernel gathers its elements from
+//! `x` as it needs them (zero where a tap falls into the padding). Two
+//! forms, selected by [`ConvForm`] from the adapter type:
+//!
+//! - [`ConvForm::Tiled`] (GPUs): a workgroup of 256 lanes owns a tile of
+//!   64 positions by 16, 32 or 64 channels (the smallest that covers
+//!   `Og`, so LeNet's 16 channels waste nothing). For each slice of 16
+//!   taps the lanes stage the gathered patch slice and the weight slice in
+//!   workgroup memory, then every lane accumulates 4 positions by 1-4
+//!   channels in registers, reusing each staged value 16-64 times. Lanes
+//!   are laid out with adjacent lanes on adjacent output positions, so the
+//!   patch gathers read neighbouring input elements (`stride` apart) and
+//!   the output stores are contiguous runs of a row; the weight slice is
+//!   read along its contiguous tap axis and stored padded (row stride 17)
+//!   so that neither its stores nor its reads conflict on banks. Groups
+//!   and tiles are separate workgroups: `G * ceil(M / 64) * ceil(Og / BN)`
+//!   of them.
+//! - [`ConvForm::Direct`] (llvmpipe): one invocation per output position
+//!   and block of up to 8 output channels, walking channels, kernel rows
+//!   and kernel columns in three nested loops with no barrier: llvmpipe
+//!   runs an invocation as a CPU loop over SIMD lanes and splits a shader
+//!   at every workgroup barrier, so a tiled kernel is several times slower
+//!   there, while adjacent invocations (adjacent output columns) share
+//!   their weights, which it loads once for all lanes. Each loop's trip
+//!   count is one of `C / groups`, `kh`, `kw`, which keeps it under
+//!   llvmpipe's loop-iteration cap (see [`loop_iterations`]).
+//!
+//! Not here yet: a split-K pass for the weight gradient, whose product has
+//! few positions and a long reduction (one or two workgroups on a GPU), and
+//! a fused bias/activation epilogue.
+
+use super::common::*;
+use super::{ConvForm, Writer};
+use lazuli_ir::fusion::Kernel;
+use lazuli_ir::{ConvAttrs, Node, Op};
+use std::fmt::Write as _;
+
+/// Output positions per workgroup of the tiled form.
+const TILE_M: u64 = 64;
+/// Taps per staged slice of the tiled form.
+const TILE_K: u64 = 16;
+/// Output channels per invocation of the direct form, at most.
+const DIRECT_CHANNELS: u64 = 8;
+
+/// The sizes of one convolution.
+struct Geometry {
+    n: u64,
+    c: u64,
+    h: u64,
+    w: u64,
+    o: u64,
+    kh: u64,
+    kw: u64,
+    oh: u64,
+    ow: u64,
+    groups: u64,
+    /// Input channels per group.
+    cg: u64,
+    /// Output channels per group.
+    og: u64,
+    attrs: ConvAttrs,
+}
+
+impl Geometry {
+    fn of(node: &Node, x: &Node, w: &Node) -> Geometry {
+        let Op::Conv2d(attrs) = &node.op else { unreachable!("conv kernel of a {}", node.op.name()) };
+        let d = |n: &Node, i: usize| n.shape.dims()[i] as u64;
+        let groups = attrs.groups as u64;
+        Geometry {
+            n: d(x, 0),
+            c: d(x, 1),
+            h: d(x, 2),
+            w: d(x, 3),
+            o: d(w, 0),
+            kh: d(w, 2),
+            kw: d(w, 3),
+            oh: d(node, 2),
+            ow: d(node, 3),
+            groups,
+            cg: d(x, 1) / groups.max(1),
+            og: d(w, 0) / groups.max(1),
+            attrs: attrs.clone(),
+        }
+    }
+
+    /// Output positions per image.
+    fn plane(&self) -> u64 {
+        self.oh * self.ow
+    }
+
+    /// Taps per output channel.
+    fn taps(&self) -> u64 {
+        self.cg * self.kh * self.kw
+    }
+}
+
+/// Channels per lane of the tiled form (`BN / 16`) for `og` output
+/// channels per group.
+fn tiled_channels(og: u64) -> u64 {
+    og.div_ceil(16).next_power_of_two().clamp(1, 4)
+}
+
+/// The longest loop one invocation of a convolution of `form` runs, for
+/// llvmpipe's loop-iteration cap (`node` is the conv, `w` its weight).
+pub fn loop_iterations(form: ConvForm, node: &Node, w: &Node) -> u64 {
+    if !matches!(node.op, Op::Conv2d(_)) {
+        return 0;
+    }
+    let d = w.shape.dims();
+    let (cg, kh, kw) = (d[1] as u64, d[2] as u64, d[3] as u64);
+    match form {
+        ConvForm::Direct => cg.max(kh).max(kw),
+        ConvForm::Tiled => cg.saturating_mul(kh).saturating_mul(kw).div_ceil(TILE_K),
+    }
+}
+
+impl Writer<'_> {
+    /// A convolution kernel in the form the limits select. Appends the
+    /// statements of `main` to `b`; returns the invocation count.
+    pub(super) fn conv_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
+        let g = self.g;
+        let rn = g.node(k.root());
+        let geo = Geometry::of(rn, g.node(rn.inputs[0]), g.node(rn.inputs[1]));
+        let (x, w) = (rn.inputs[0].0, rn.inputs[1].0);
+        match self.limits.forms.conv {
+            ConvForm::Direct => self.conv_direct(&geo, x, w, b),
+            ConvForm::Tiled => self.conv_tiled(&geo, x, w, b),
+        }
+    }
+
+    /// Statements that set `iy`/`ix` (i32) to the input row/column that
+    /// tap (`ki`, `kj`) of output position (`oy`, `ox`) reads.
+    fn conv_rows(geo: &Geometry, ind: &str, axis: usize, out: &str, tap: &str, var: &str) -> String {
+        let a = &geo.attrs;
+        format!(
+            "{ind}let {var} = i32({out} * {}u + {tap} * {}u) - {};\n",
+            a.strides[axis],
+            a.dilations[axis],
+            int_lit(a.pads[axis] as i32)
+        )
+    }
+
+    /// The direct form: one invocation per output position and block of
+    /// up to [`DIRECT_CHANNELS`] channels of one group.
+    fn conv_direct(&mut self, geo: &Geometry, x: u32, w: u32, b: &mut String) -> u64 {
+        let ob = geo.og.clamp(1, DIRECT_CHANNELS);
+        let blocks = geo.og.div_ceil(ob);
+        let plane = geo.plane();
+        let invocations = geo.n * geo.groups * blocks * plane;
+        let (kh, kw, taps) = (geo.kh, geo.kw, geo.taps());
+        let _ = write!(
+            b,
+            "    let q = t % {plane}u;\n    let r = t / {plane}u;\n    let blk = r % {blocks}u;\n    let gg = (r / {blocks}u) % {}u;\n    let n = r / {}u;\n    let oy = q / {}u;\n    let ox = q % {}u;\n    let oc = blk * {ob}u;\n",
+            geo.groups,
+            blocks * geo.groups,
+            geo.ow,
+            geo.ow
+        );
+        // Weight rows of the block's channels (the last block's missing
+        // channels read the group's last row and are never stored).
+        for j in 0..ob {
+            let _ = writeln!(b, "    let w{j} = (gg * {}u + min(oc + {j}u, {}u)) * {taps}u;", geo.og, geo.og - 1);
+            let _ = writeln!(b, "    var acc{j} = 0.0;");
+        }
+        let _ = write!(
+            b,
+            "    for (var c = 0u; c < {}u; c = c + 1u) {{\n        let xc = (n * {}u + gg * {}u + c) * {}u;\n        let wc = c * {}u;\n        for (var ki = 0u; ki < {kh}u; ki = ki + 1u) {{\n{}            if (iy < 0i || iy >= {}) {{\n                continue;\n            }}\n            let xr = (xc + u32(iy)) * {}u;\n            let wr = wc + ki * {kw}u;\n            for (var kj = 0u; kj < {kw}u; kj = kj + 1u) {{\n{}                if (ix < 0i || ix >= {}) {{\n                    continue;\n                }}\n                let v = n{x}(xr + u32(ix));\n",
+            geo.cg,
+            geo.c,
+            geo.cg,
+            geo.h,
+            kh * kw,
+            Self::conv_rows(geo, "            ", 0, "oy", "ki", "iy"),
+            int_lit(geo.h as i32),
+            geo.w,
+            Self::conv_rows(geo, "                ", 1, "ox", "kj", "ix"),
+            int_lit(geo.w as i32),
+        );
+        for j in 0..ob {
+            let _ = writeln!(b, "                acc{j} = fma(v, n{w}(w{j} + wr + kj), acc{j});");
+        }
+        b.push_str("            }\n        }\n    }\n");
+        let _ = writeln!(b, "    let ob = ((n * {}u + gg * {}u + oc) * {plane}u) + q;", geo.o, geo.og);
+        for j in 0..ob {
+            let store = format!("out0[ob + {}u] = acc{j};", j * plane);
+            if geo.og % ob == 0 {
+                let _ = writeln!(b, "    {store}");
+            } else {
+                let _ = writeln!(b, "    if (oc + {j}u < {}u) {{\n        {store}\n    }}", geo.og);
+            }
+        }
+        invocations
+    }
+
+    /// The tiled form: a workgroup per 64 positions by `BN` channels of
+    /// one group, patch and weight slices staged in workgroup memory.
+    fn conv_tiled(&mut self, geo: &Geometry, x: u32, w: u32, b: &mut String) -> u64 {
+        let tn = tiled_channels(geo.og);
+        let bn = 16 * tn;
+        let (plane, m, taps) = (geo.plane(), geo.n * geo.plane(), geo.taps());
+        let (mb, nb) = (m.div_ceil(TILE_M), geo.og.div_ceil(bn));
+        let groups = geo.groups * mb * nb;
+        let lanes = super::WORKGROUP_SIZE as u64;
+        self.workgroup = Some(super::WORKGROUP_SIZE);
+        let sb_row = TILE_K + 1;
+        let _ = writeln!(
+            self.shared,
+            "var<workgroup> sa: array<f32, {}>;\nvar<workgroup> sb: array<f32, {}>;\n",
+            TILE_K * TILE_M,
+            bn * sb_row
+        );
+        let _ = writeln!(
+            b,
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let gg = gi / {}u;\n    let m0 = rb * {TILE_M}u;\n    let o0 = cb * {bn}u;\n    let lx = lid % 16u;\n    let ly = lid / 16u;",
+            // Workgroup-uniform: a return here keeps barriers uniform.
+            if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
+            (mb * nb).max(1),
+        );
+        for i in 0..4 {
+            for j in 0..tn {
+                let _ = writeln!(b, "    var acc{i}_{j} = 0.0;");
+            }
+        }
+        let ktaps = geo.kh * geo.kw;
+        let _ = write!(
+            b,
+            "    for (var k0 = 0u; k0 < {taps}u; k0 = k0 + {TILE_K}u) {{\n        // The patch slice: sa[kk * {TILE_M} + mm], adjacent lanes on adjacent positions.\n        for (var r = 0u; r < {}u; r = r + 1u) {{\n            let e = lid + r * {lanes}u;\n            let kk = e / {TILE_M}u;\n            let mm = e % {TILE_M}u;\n            let pm = m0 + mm;\n            let k = k0 + kk;\n            var v = 0.0;\n            if (pm < {m}u && k < {taps}u) {{\n                let n = pm / {plane}u;\n                let q = pm % {plane}u;\n                let oy = q / {}u;\n                let ox = q % {}u;\n                let c = k / {ktaps}u;\n                let tap = k % {ktaps}u;\n                let ki = tap / {}u;\n                let kj = tap % {}u;\n{}{}                if (iy >= 0i && iy < {} && ix >= 0i && ix < {}) {{\n                    v = n{x}(((n * {}u + gg * {}u + c) * {}u + u32(iy)) * {}u + u32(ix));\n                }}\n            }}\n            sa[e] = v;\n        }}\n",
+            TILE_K * TILE_M / lanes,
+            geo.ow,
+            geo.ow,
+            geo.kw,
+            geo.kw,
+            Self::conv_rows(geo, "                ", 0, "oy", "ki", "iy"),
+            Self::conv_rows(geo, "                ", 1, "ox", "kj", "ix"),
+            int_lit(geo.h as i32),
+            int_lit(geo.w as i32),
+            geo.c,
+            geo.cg,
+            geo.h,
+            geo.w,
+        );
+        // The weight slice, read along the contiguous tap axis and stored
+        // with row stride 17: sb[nn * 17 + kk].
+        let _ = write!(
+            b,
+            "        for (var r = 0u; r < {}u; r = r + 1u) {{\n            let e = lid + r * {lanes}u;\n            let kk = e % {TILE_K}u;\n            let nn = e / {TILE_K}u;\n            let k = k0 + kk;\n            var v = 0.0;\n            if (o0 + nn < {}u && k < {taps}u) {{\n                v = n{w}((gg * {}u + o0 + nn) * {taps}u + k);\n            }}\n            sb[nn * {sb_row}u + kk] = v;\n        }}\n        workgroupBarrier();\n        for (var kk = 0u; kk < {TILE_K}u; kk = kk + 1u) {{\n",
+            TILE_K * bn / lanes,
+            geo.og,
+            geo.og,
+        );
+        for i in 0..4 {
+            let _ = writeln!(b, "            let a{i} = sa[kk * {TILE_M}u + lx + {}u];", 16 * i);
+        }
+        for j in 0..tn {
+            let _ = writeln!(b, "            let b{j} = sb[(ly + {}u) * {sb_row}u + kk];", 16 * j);
+        }
+        for i in 0..4 {
+            for j in 0..tn {
+                let _ = writeln!(b, "            acc{i}_{j} = fma(a{i}, b{j}, acc{i}_{j});");
+            }
+        }
+        b.push_str("        }\n        workgroupBarrier();\n    }\n");
+        for i in 0..4 {
+            let _ = write!(
+                b,
+                "    let pm{i} = m0 + lx + {}u;\n    let base{i} = (pm{i} / {plane}u) * {}u * {plane}u + pm{i} % {plane}u;\n",
+                16 * i,
+                geo.o
+            );
+            for j in 0..tn {
+                let _ = writeln!(
+                    b,
+                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        out0[base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u] = acc{i}_{j};\n    }}",
+                    oj = 16 * j,
+                    og = geo.og
+                );
+            }
+        }
+        groups * lanes
+    }
+}
