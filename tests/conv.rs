@@ -4,7 +4,8 @@
 //! more, odd sizes, 1x1 kernels, kernels as large as the padded input,
 //! channel counts around the tiles' edges (1, 15, 16, 17, 33, 70), and
 //! the input and weight gradients, which the autograd writes as more
-//! convolutions over permuted and flipped views. A CNN training step runs
+//! convolutions over permuted and flipped views (weight gradients with a
+//! long reduction split into parts). A CNN training step runs
 //! with no node on the CPU fallback.
 
 mod common;
@@ -65,6 +66,10 @@ fn cases() -> Vec<Case> {
         case([2, 2, 5, 4], [3, 2, 7, 6], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         // More positions than one workgroup tile, and a long tap axis.
         case([3, 20, 12, 12], [16, 20, 5, 5], [1, 1], [2, 2, 2, 2], [1, 1], 1),
+        // Weight gradients with few positions and a long reduction over
+        // the batch: split into parts added by a second pass.
+        case([16, 2, 9, 9], [4, 2, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        case([40, 3, 10, 10], [5, 3, 2, 2], [2, 2], [0, 0, 0, 0], [1, 1], 1),
     ]
 }
 

@@ -25,19 +25,34 @@
 //!   so that neither its stores nor its reads conflict on banks. Groups
 //!   and tiles are separate workgroups: `G * ceil(M / 64) * ceil(Og / BN)`
 //!   of them.
-//! - [`ConvForm::Direct`] (llvmpipe): one invocation per output position
-//!   and block of up to 8 output channels, walking channels, kernel rows
-//!   and kernel columns in three nested loops with no barrier: llvmpipe
-//!   runs an invocation as a CPU loop over SIMD lanes and splits a shader
-//!   at every workgroup barrier, so a tiled kernel is several times slower
-//!   there, while adjacent invocations (adjacent output columns) share
-//!   their weights, which it loads once for all lanes. Each loop's trip
-//!   count is one of `C / groups`, `kh`, `kw`, which keeps it under
-//!   llvmpipe's loop-iteration cap (see [`loop_iterations`]).
+//! - [`ConvForm::Direct`] (llvmpipe): a workgroup per block of up to 8
+//!   output channels and a run of positions, each invocation computing 4
+//!   positions by those channels while it walks channels, kernel rows and
+//!   kernel columns (unrolled for kernels of up to 16 taps) with no
+//!   barrier. llvmpipe runs an invocation as a CPU loop over SIMD lanes,
+//!   splits a shader at every workgroup barrier, and loads a buffer
+//!   element per lane even where all lanes read the same one, so what
+//!   bounds a convolution there is loads per multiply-add: 12 loads feed
+//!   32 multiply-adds per tap. Each loop's trip count is one of
+//!   `C / groups`, `kh`, `kw`, under llvmpipe's loop-iteration cap (see
+//!   [`loop_iterations`]).
 //!
-//! Not here yet: a split-K pass for the weight gradient, whose product has
-//! few positions and a long reduction (one or two workgroups on a GPU), and
-//! a fused bias/activation epilogue.
+//! Both forms split the reduction when the output has too few workgroups
+//! to fill the device and the taps are many, the shape of a weight
+//! gradient (a handful of positions, a reduction over the whole batch and
+//! image): each part writes partial sums to scratch and a second pass
+//! adds them (the two-pass machinery of reductions; [`split_parts`]).
+//!
+//! Measured on llvmpipe (2 cores): the direct form runs C1 (`x [32, 32,
+//! 32, 32]`, 3x3, 64 channels, forward and backward) at about 0.4-1
+//! GFLOP/s, far below the CPU backend's im2col + gemm, because of those
+//! per-lane loads; the LeNet demo trains with no fallback at about 55 ms
+//! per step (10 ms when convolutions ran on the CPU fallback). A form for
+//! llvmpipe that reads vec4s (im2col into a buffer, then the
+//! register-blocked matmul) is the next step there. The tiled form is
+//! written for GPUs and has not been timed on one yet.
+//!
+//! Not here yet: a fused bias/activation epilogue.
 
 use super::common::*;
 use super::{ConvForm, Writer};
@@ -51,6 +66,8 @@ const TILE_M: u64 = 64;
 const TILE_K: u64 = 16;
 /// Output channels per invocation of the direct form, at most.
 const DIRECT_CHANNELS: u64 = 8;
+/// Output positions per invocation of the direct form.
+const DIRECT_POSITIONS: u64 = 4;
 
 /// The sizes of one convolution.
 struct Geometry {
@@ -124,6 +141,47 @@ pub fn loop_iterations(form: ConvForm, node: &Node, w: &Node) -> u64 {
     }
 }
 
+/// Workgroups of the direct form for one part of the reduction.
+fn direct_groups(geo: &Geometry) -> u64 {
+    let ob = geo.og.clamp(1, DIRECT_CHANNELS);
+    let m = geo.n * geo.plane();
+    let lanes = m.div_ceil(DIRECT_POSITIONS).next_power_of_two().clamp(32, super::WORKGROUP_SIZE as u64);
+    geo.groups * geo.og.div_ceil(ob) * m.div_ceil(lanes * DIRECT_POSITIONS)
+}
+
+/// Workgroups of the tiled form for one part of the reduction.
+fn tiled_groups(geo: &Geometry) -> u64 {
+    geo.groups * (geo.n * geo.plane()).div_ceil(TILE_M) * geo.og.div_ceil(16 * tiled_channels(geo.og))
+}
+
+/// Largest scratch (partial sums) of a split convolution, in elements.
+const SPLIT_SCRATCH: u64 = 1 << 22;
+
+/// Parts the reduction over taps is split into: 1, unless the output has
+/// too few workgroups to fill the device and the taps are many (the
+/// weight gradient: a handful of positions, a reduction over the whole
+/// batch and image). The direct form splits the input channels, the
+/// tiled form the tap slices; a second pass adds the parts.
+fn split_parts(form: ConvForm, geo: &Geometry) -> u64 {
+    let taps = geo.taps();
+    let numel = geo.n * geo.o * geo.plane();
+    let (groups, want, limit) = match form {
+        // llvmpipe: a few workgroups per core.
+        ConvForm::Direct => (direct_groups(geo), 16, geo.cg),
+        // About one workgroup per SM of a large GPU.
+        ConvForm::Tiled => (tiled_groups(geo), 128, taps.div_ceil(TILE_K)),
+    };
+    if groups == 0 || groups >= want || taps < 1024 || numel == 0 {
+        return 1;
+    }
+    let parts = want.div_ceil(groups).min(taps / 256).min(limit).min(64).min(SPLIT_SCRATCH / numel);
+    if parts < 2 {
+        1
+    } else {
+        parts
+    }
+}
+
 impl Writer<'_> {
     /// A convolution kernel in the form the limits select. Appends the
     /// statements of `main` to `b`; returns the invocation count.
@@ -132,10 +190,19 @@ impl Writer<'_> {
         let rn = g.node(k.root());
         let geo = Geometry::of(rn, g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let (x, w) = (rn.inputs[0].0, rn.inputs[1].0);
-        match self.limits.forms.conv {
-            ConvForm::Direct => self.conv_direct(&geo, x, w, b),
-            ConvForm::Tiled => self.conv_tiled(&geo, x, w, b),
+        let form = self.limits.forms.conv;
+        let parts = split_parts(form, &geo);
+        let invocations = match form {
+            ConvForm::Direct => self.conv_direct(&geo, x, w, parts, b),
+            ConvForm::Tiled => self.conv_tiled(&geo, x, w, parts, b),
+        };
+        if parts > 1 {
+            // This kernel wrote `parts` partial sums per output (output
+            // index major); a second pass adds them up.
+            let outputs = rn.shape.numel() as u64;
+            self.second = Some(self.second_pass(outputs, parts, "f32", "0.0", "acc + v", "acc", "f32"));
         }
+        invocations
     }
 
     /// Statements that set `iy`/`ix` (i32) to the input row/column that
@@ -150,66 +217,146 @@ impl Writer<'_> {
         )
     }
 
-    /// The direct form: one invocation per output position and block of
-    /// up to [`DIRECT_CHANNELS`] channels of one group.
-    fn conv_direct(&mut self, geo: &Geometry, x: u32, w: u32, b: &mut String) -> u64 {
+    /// The direct form: a workgroup per block of up to
+    /// [`DIRECT_CHANNELS`] output channels of one group and a run of
+    /// output positions, [`DIRECT_POSITIONS`] positions per invocation
+    /// (`lanes` apart). llvmpipe loads a buffer element per lane even
+    /// where every lane reads the same one, so what bounds this form there
+    /// is loads per multiply-add: each tap loads one input element per
+    /// position and one weight per channel, for positions x channels
+    /// multiply-adds. Input reads clamp their position and select zero in
+    /// the padding, so no load is masked.
+    fn conv_direct(&mut self, geo: &Geometry, x: u32, w: u32, parts: u64, b: &mut String) -> u64 {
         let ob = geo.og.clamp(1, DIRECT_CHANNELS);
         let blocks = geo.og.div_ceil(ob);
-        let plane = geo.plane();
-        let invocations = geo.n * geo.groups * blocks * plane;
+        let (plane, m) = (geo.plane(), geo.n * geo.plane());
+        let np = DIRECT_POSITIONS;
+        let lanes = m.div_ceil(np).next_power_of_two().clamp(32, super::WORKGROUP_SIZE as u64);
+        let mb = m.div_ceil(lanes * np);
+        let part_groups = geo.groups * blocks * mb;
+        let groups = part_groups * parts;
+        self.workgroup = Some(lanes as u32);
         let (kh, kw, taps) = (geo.kh, geo.kw, geo.taps());
+        let a = &geo.attrs;
+        let cs = geo.cg.div_ceil(parts);
         let _ = write!(
             b,
-            "    let q = t % {plane}u;\n    let r = t / {plane}u;\n    let blk = r % {blocks}u;\n    let gg = (r / {blocks}u) % {}u;\n    let n = r / {}u;\n    let oy = q / {}u;\n    let ox = q % {}u;\n    let oc = blk * {ob}u;\n",
-            geo.groups,
-            blocks * geo.groups,
-            geo.ow,
-            geo.ow
+            "    let ga = wid.x + wid.y * nwg.x;\n    let part = ga / {part_groups}u;\n    let gi = ga % {part_groups}u;\n    let t = ga * {lanes}u + lid;\n{}    let mbk = gi % {mb}u;\n    let blk = (gi / {mb}u) % {blocks}u;\n    let gg = gi / {}u;\n    let oc = blk * {ob}u;\n",
+            // Workgroup-uniform: a return here is safe.
+            if groups > 65535 { format!("    if (ga >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
+            mb * blocks,
         );
+        for p in 0..np {
+            let _ = write!(
+                b,
+                "    let pm{p} = mbk * {}u + lid + {}u;\n    let q{p} = min(pm{p}, {}u) % {plane}u;\n    let xb{p} = (min(pm{p}, {}u) / {plane}u * {}u + gg * {}u) * {}u;\n    let iy{p} = i32(q{p} / {}u * {}u) - {};\n    let ix{p} = i32(q{p} % {}u * {}u) - {};\n",
+                lanes * np,
+                p * lanes,
+                m.max(1) - 1,
+                m.max(1) - 1,
+                geo.c,
+                geo.cg,
+                geo.h * geo.w,
+                geo.ow,
+                a.strides[0],
+                int_lit(a.pads[0] as i32),
+                geo.ow,
+                a.strides[1],
+                int_lit(a.pads[1] as i32),
+            );
+        }
         // Weight rows of the block's channels (the last block's missing
         // channels read the group's last row and are never stored).
         for j in 0..ob {
             let _ = writeln!(b, "    let w{j} = (gg * {}u + min(oc + {j}u, {}u)) * {taps}u;", geo.og, geo.og - 1);
-            let _ = writeln!(b, "    var acc{j} = 0.0;");
         }
-        let _ = write!(
-            b,
-            "    for (var c = 0u; c < {}u; c = c + 1u) {{\n        let xc = (n * {}u + gg * {}u + c) * {}u;\n        let wc = c * {}u;\n        for (var ki = 0u; ki < {kh}u; ki = ki + 1u) {{\n{}            if (iy < 0i || iy >= {}) {{\n                continue;\n            }}\n            let xr = (xc + u32(iy)) * {}u;\n            let wr = wc + ki * {kw}u;\n            for (var kj = 0u; kj < {kw}u; kj = kj + 1u) {{\n{}                if (ix < 0i || ix >= {}) {{\n                    continue;\n                }}\n                let v = n{x}(xr + u32(ix));\n",
-            geo.cg,
-            geo.c,
-            geo.cg,
-            geo.h,
-            kh * kw,
-            Self::conv_rows(geo, "            ", 0, "oy", "ki", "iy"),
-            int_lit(geo.h as i32),
-            geo.w,
-            Self::conv_rows(geo, "                ", 1, "ox", "kj", "ix"),
-            int_lit(geo.w as i32),
-        );
-        for j in 0..ob {
-            let _ = writeln!(b, "                acc{j} = fma(v, n{w}(w{j} + wr + kj), acc{j});");
-        }
-        b.push_str("            }\n        }\n    }\n");
-        let _ = writeln!(b, "    let ob = ((n * {}u + gg * {}u + oc) * {plane}u) + q;", geo.o, geo.og);
-        for j in 0..ob {
-            let store = format!("out0[ob + {}u] = acc{j};", j * plane);
-            if geo.og % ob == 0 {
-                let _ = writeln!(b, "    {store}");
-            } else {
-                let _ = writeln!(b, "    if (oc + {j}u < {}u) {{\n        {store}\n    }}", geo.og);
+        for p in 0..np {
+            for j in 0..ob {
+                let _ = writeln!(b, "    var acc{p}_{j} = 0.0;");
             }
         }
-        invocations
+        let _ = writeln!(
+            b,
+            "    for (var c = part * {cs}u; c < min(part * {cs}u + {cs}u, {}u); c = c + 1u) {{\n        let xc = c * {}u;\n        let wc = c * {}u;",
+            geo.cg,
+            geo.h * geo.w,
+            kh * kw
+        );
+        // One tap: `ki`/`kj` are literals (unrolled) or loop variables.
+        let tap = |b: &mut String, ind: &str, ki: &str, kj: &str| {
+            let _ = writeln!(b, "{ind}let wt = wc + {ki} * {kw}u + {kj};");
+            for j in 0..ob {
+                let _ = writeln!(b, "{ind}let wv{j} = n{w}(w{j} + wt);");
+            }
+            for p in 0..np {
+                let _ = write!(
+                    b,
+                    "{ind}let y{p} = iy{p} + i32({ki} * {dh}u);\n{ind}let x{p} = ix{p} + i32({kj} * {dw}u);\n{ind}let xv{p} = select(0.0, n{x}(xb{p} + xc + u32(clamp(y{p}, 0i, {hm})) * {}u + u32(clamp(x{p}, 0i, {wm}))), y{p} >= 0i && y{p} < {h} && x{p} >= 0i && x{p} < {wd});\n",
+                    geo.w,
+                    dh = a.dilations[0],
+                    dw = a.dilations[1],
+                    h = int_lit(geo.h as i32),
+                    wd = int_lit(geo.w as i32),
+                    hm = int_lit(geo.h.max(1) as i32 - 1),
+                    wm = int_lit(geo.w.max(1) as i32 - 1),
+                );
+                for j in 0..ob {
+                    let _ = writeln!(b, "{ind}acc{p}_{j} = fma(xv{p}, wv{j}, acc{p}_{j});");
+                }
+            }
+        };
+        if kh * kw <= 16 {
+            for ki in 0..kh {
+                for kj in 0..kw {
+                    b.push_str("        {\n");
+                    tap(b, "            ", &format!("{ki}u"), &format!("{kj}u"));
+                    b.push_str("        }\n");
+                }
+            }
+        } else {
+            let _ = writeln!(
+                b,
+                "        for (var ki = 0u; ki < {kh}u; ki = ki + 1u) {{\n            for (var kj = 0u; kj < {kw}u; kj = kj + 1u) {{"
+            );
+            tap(b, "                ", "ki", "kj");
+            b.push_str("            }\n        }\n");
+        }
+        b.push_str("    }\n");
+        for p in 0..np {
+            let _ = writeln!(
+                b,
+                "    if (pm{p} < {m}u) {{\n        let ob = (pm{p} / {plane}u * {}u + gg * {}u + oc) * {plane}u + q{p};",
+                geo.o,
+                geo.og
+            );
+            for j in 0..ob {
+                let store = if parts > 1 {
+                    format!("out0[(ob + {}u) * {parts}u + part] = acc{p}_{j};", j * plane)
+                } else {
+                    format!("out0[ob + {}u] = acc{p}_{j};", j * plane)
+                };
+                if geo.og.is_multiple_of(ob) {
+                    let _ = writeln!(b, "        {store}");
+                } else {
+                    let _ = writeln!(b, "        if (oc + {j}u < {}u) {{\n            {store}\n        }}", geo.og);
+                }
+            }
+            b.push_str("    }\n");
+        }
+        groups * lanes
     }
 
     /// The tiled form: a workgroup per 64 positions by `BN` channels of
     /// one group, patch and weight slices staged in workgroup memory.
-    fn conv_tiled(&mut self, geo: &Geometry, x: u32, w: u32, b: &mut String) -> u64 {
+    fn conv_tiled(&mut self, geo: &Geometry, x: u32, w: u32, parts: u64, b: &mut String) -> u64 {
         let tn = tiled_channels(geo.og);
         let bn = 16 * tn;
         let (plane, m, taps) = (geo.plane(), geo.n * geo.plane(), geo.taps());
         let (mb, nb) = (m.div_ceil(TILE_M), geo.og.div_ceil(bn));
-        let groups = geo.groups * mb * nb;
+        let part_groups = geo.groups * mb * nb;
+        let groups = part_groups * parts;
+        // Tap slices per part.
+        let kchunk = taps.div_ceil(TILE_K).div_ceil(parts) * TILE_K;
         let lanes = super::WORKGROUP_SIZE as u64;
         self.workgroup = Some(super::WORKGROUP_SIZE);
         let sb_row = TILE_K + 1;
@@ -221,9 +368,9 @@ impl Writer<'_> {
         );
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let gg = gi / {}u;\n    let m0 = rb * {TILE_M}u;\n    let o0 = cb * {bn}u;\n    let lx = lid % 16u;\n    let ly = lid / 16u;",
+            "    let ga = wid.x + wid.y * nwg.x;\n    let part = ga / {part_groups}u;\n    let gi = ga % {part_groups}u;\n    let t = ga * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let gg = gi / {}u;\n    let m0 = rb * {TILE_M}u;\n    let o0 = cb * {bn}u;\n    let lx = lid % 16u;\n    let ly = lid / 16u;",
             // Workgroup-uniform: a return here keeps barriers uniform.
-            if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
+            if groups > 65535 { format!("    if (ga >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
             (mb * nb).max(1),
         );
         for i in 0..4 {
@@ -234,7 +381,7 @@ impl Writer<'_> {
         let ktaps = geo.kh * geo.kw;
         let _ = write!(
             b,
-            "    for (var k0 = 0u; k0 < {taps}u; k0 = k0 + {TILE_K}u) {{\n        // The patch slice: sa[kk * {TILE_M} + mm], adjacent lanes on adjacent positions.\n        for (var r = 0u; r < {}u; r = r + 1u) {{\n            let e = lid + r * {lanes}u;\n            let kk = e / {TILE_M}u;\n            let mm = e % {TILE_M}u;\n            let pm = m0 + mm;\n            let k = k0 + kk;\n            var v = 0.0;\n            if (pm < {m}u && k < {taps}u) {{\n                let n = pm / {plane}u;\n                let q = pm % {plane}u;\n                let oy = q / {}u;\n                let ox = q % {}u;\n                let c = k / {ktaps}u;\n                let tap = k % {ktaps}u;\n                let ki = tap / {}u;\n                let kj = tap % {}u;\n{}{}                if (iy >= 0i && iy < {} && ix >= 0i && ix < {}) {{\n                    v = n{x}(((n * {}u + gg * {}u + c) * {}u + u32(iy)) * {}u + u32(ix));\n                }}\n            }}\n            sa[e] = v;\n        }}\n",
+            "    for (var k0 = part * {kchunk}u; k0 < min(part * {kchunk}u + {kchunk}u, {taps}u); k0 = k0 + {TILE_K}u) {{\n        // The patch slice: sa[kk * {TILE_M} + mm], adjacent lanes on adjacent positions.\n        for (var r = 0u; r < {}u; r = r + 1u) {{\n            let e = lid + r * {lanes}u;\n            let kk = e / {TILE_M}u;\n            let mm = e % {TILE_M}u;\n            let pm = m0 + mm;\n            let k = k0 + kk;\n            var v = 0.0;\n            if (pm < {m}u && k < {taps}u) {{\n                let n = pm / {plane}u;\n                let q = pm % {plane}u;\n                let oy = q / {}u;\n                let ox = q % {}u;\n                let c = k / {ktaps}u;\n                let tap = k % {ktaps}u;\n                let ki = tap / {}u;\n                let kj = tap % {}u;\n{}{}                if (iy >= 0i && iy < {} && ix >= 0i && ix < {}) {{\n                    v = n{x}(((n * {}u + gg * {}u + c) * {}u + u32(iy)) * {}u + u32(ix));\n                }}\n            }}\n            sa[e] = v;\n        }}\n",
             TILE_K * TILE_M / lanes,
             geo.ow,
             geo.ow,
@@ -280,7 +427,16 @@ impl Writer<'_> {
             for j in 0..tn {
                 let _ = writeln!(
                     b,
-                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        out0[base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u] = acc{i}_{j};\n    }}",
+                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        out0[{}] = acc{i}_{j};\n    }}",
+                    if parts > 1 {
+                        format!(
+                            "(base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u) * {parts}u + part",
+                            og = geo.og,
+                            oj = 16 * j
+                        )
+                    } else {
+                        format!("base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u", og = geo.og, oj = 16 * j)
+                    },
                     oj = 16 * j,
                     og = geo.og
                 );

@@ -226,7 +226,7 @@ impl Writer<'_> {
     /// output reduce its `parts` contiguous partials (binding `in0`) and
     /// apply the final step.
     #[allow(clippy::too_many_arguments)] // the pieces of one reduction
-    fn second_pass(
+    pub(super) fn second_pass(
         &self,
         outputs: u64,
         parts: u64,
