@@ -58,19 +58,19 @@ fn cnn_demo_trains_on_cpu_with_one_graph_per_step() {
     assert_eq!(report.fallback_ops, 0);
 }
 
-/// On wgpu pooling and its gradient run natively; the report lists what
-/// still runs on the CPU fallback per op (only the convolutions, until
-/// their GPU kernel lands).
+/// On wgpu the whole CNN step runs natively: convolutions (forward and
+/// both gradients), pooling and its gradient; the report lists nothing on
+/// the CPU fallback.
 #[test]
-fn cnn_demo_trains_on_wgpu_with_pooling_on_the_gpu() {
+fn cnn_demo_trains_on_wgpu_with_no_fallback() {
     let Some(dev) = common::wgpu() else { return };
     let _lock = common::metrics_lock();
     let cfg = TrainConfig { epochs: 1, ..TrainConfig::cnn() };
     let report = train_digits(&dev, &digits(), &cfg, &mut |_| {}).unwrap();
     assert!(report.test_accuracy >= 0.7, "test accuracy {}", report.test_accuracy);
     assert_eq!(report.uncached_compiles_after_step_2, 0);
-    let ops: Vec<&str> = report.fallback_by_op.iter().map(|(k, _)| k.as_str()).collect();
-    assert!(ops.iter().all(|o| *o == "Fallback::conv2d"), "{ops:?}");
+    assert_eq!(report.fallback_ops, 0, "{:?}", report.fallback_by_op);
+    assert!(report.fallback_by_op.is_empty(), "{:?}", report.fallback_by_op);
 }
 
 /// Library use prints nothing about Wayland on a headless machine: with
