@@ -43,14 +43,15 @@
 //! image): each part writes partial sums to scratch and a second pass
 //! adds them (the two-pass machinery of reductions; [`split_parts`]).
 //!
-//! Measured on llvmpipe (2 cores): the direct form runs C1 (`x [32, 32,
-//! 32, 32]`, 3x3, 64 channels, forward and backward) at about 0.4-1
-//! GFLOP/s, far below the CPU backend's im2col + gemm, because of those
-//! per-lane loads; the LeNet demo trains with no fallback at about 55 ms
-//! per step (10 ms when convolutions ran on the CPU fallback). A form for
-//! llvmpipe that reads vec4s (im2col into a buffer, then the
-//! register-blocked matmul) is the next step there. The tiled form is
-//! written for GPUs and has not been timed on one yet.
+//! Measured on llvmpipe (2 cores; BENCHMARKS.md): the direct form runs
+//! C1 (`x [32, 32, 32, 32]`, 3x3, 64 channels, forward and backward) at
+//! about 1 GFLOP/s, far below the CPU backend's im2col + gemm, because of
+//! those per-lane loads, and the LeNet demo trains with no fallback at
+//! about 55 ms per step (17 ms on the same machine when convolutions ran
+//! on the CPU fallback). An im2col variant (patches and weights into
+//! scratch, then a product reading vec4s) measured no faster there and
+//! was dropped. The tiled form is written for GPUs and has not been timed
+//! on one yet.
 //!
 //! Not here yet: a fused bias/activation epilogue.
 
