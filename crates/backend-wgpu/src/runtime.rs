@@ -610,7 +610,9 @@ impl WgpuBackend {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get_or_insert_with(std::time::Instant::now);
-            self.inner.save_driver_cache(std::time::Duration::from_secs(2));
+            // Saved at once: a process may end without dropping its
+            // device.
+            self.inner.save_driver_cache(std::time::Duration::ZERO);
         }
         Ok(keys.iter().map(|k| found[k].clone()).collect())
     }
