@@ -133,6 +133,9 @@ struct Inner {
     /// When new pipelines were last saved in `disk` (`None`: nothing
     /// unsaved).
     driver_dirty: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Checksum of the driver cache blob last saved (an unchanged blob,
+    /// e.g. lavapipe's always-empty one, is not written again).
+    driver_saved: std::sync::atomic::AtomicU64,
 }
 
 /// Kind of the driver pipeline cache entry in the disk cache.
@@ -149,7 +152,10 @@ impl Inner {
             return;
         }
         if let Some(data) = cache.get_data() {
-            disk.put(DRIVER_CACHE, b"", &data);
+            let sum = crate::diskcache::fnv(&[&data]);
+            if self.driver_saved.swap(sum, std::sync::atomic::Ordering::Relaxed) != sum {
+                disk.put(DRIVER_CACHE, b"", &data);
+            }
         }
         *dirty = None;
     }
@@ -254,9 +260,12 @@ impl WgpuBackend {
             &format!("{adapter_id} limits {limits:?} forms {forms:?} sb {max_sb}"),
             options.cache_max_bytes,
         );
+        let mut driver_loaded = 0;
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
-                Some(crate::diskcache::driver_cache(&device, d.get(DRIVER_CACHE, b"").as_deref()))
+                let data = d.get(DRIVER_CACHE, b"");
+                driver_loaded = data.as_deref().map_or(0, |b| crate::diskcache::fnv(&[b]));
+                Some(crate::diskcache::driver_cache(&device, data.as_deref()))
             }
             _ => None,
         };
@@ -304,6 +313,7 @@ impl WgpuBackend {
                 disk,
                 driver_cache,
                 driver_dirty: std::sync::Mutex::new(None),
+                driver_saved: std::sync::atomic::AtomicU64::new(driver_loaded),
             }),
         })
     }
