@@ -42,7 +42,12 @@ commands:
   help                      this text
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_KERNEL_FORMS, LAZULI_AUTOTUNE,
-             LAZULI_CACHE_DIR, LAZULI_POOL_BYTES, LAZULI_DUMP_DIR, RUST_LOG";
+             LAZULI_CACHE_DIR, LAZULI_CACHE_MAX_BYTES, LAZULI_POOL_BYTES, LAZULI_DUMP_DIR, RUST_LOG
+
+compile cache: validated kernels and the driver's pipeline cache persist in LAZULI_CACHE_DIR
+(default $XDG_CACHE_HOME/lazuli or ~/.cache/lazuli; empty turns it off), bounded by
+LAZULI_CACHE_MAX_BYTES (default 256 MiB, least recently used entries go first); delete the
+directory to clear it";
 
 fn main() -> ExitCode {
     init_tracing();

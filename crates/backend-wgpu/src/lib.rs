@@ -80,6 +80,7 @@ pub mod autotune;
 pub mod baseline;
 pub mod binds;
 pub mod codegen;
+pub mod diskcache;
 mod fault;
 pub mod generic;
 pub mod pipeline;

@@ -9,6 +9,7 @@ use crate::adapter;
 use crate::autotune::{self, Tuner};
 use crate::binds::{self, BindCache, Binding};
 use crate::codegen::{self, KernelForms, LowerError, LowerLimits, MatmulForm, ReduceForm, RowsForm, Wgsl};
+use crate::diskcache::DiskCache;
 use crate::generic::{self, Families};
 use crate::pipeline::{PipelineCache, PipelineEntry};
 use crate::pool::{self, Pool, PoolOptions, PoolStats, WgpuStorage};
@@ -72,7 +73,12 @@ pub struct WgpuOptions {
     pub autotune: Option<bool>,
     /// Where the autotuning results persist (default
     /// [`crate::autotune::cache_dir`]; `Some(None)`: nowhere).
+    /// Also where the persistent compile cache lives (see
+    /// [`crate::diskcache`]).
     pub cache_dir: Option<Option<std::path::PathBuf>>,
+    /// Bound of the persistent compile cache in bytes (default
+    /// `LAZULI_CACHE_MAX_BYTES`, else [`crate::diskcache::DEFAULT_MAX_BYTES`]).
+    pub cache_max_bytes: Option<u64>,
     /// Whether kernels of graphs that differ only in sizes share generic
     /// pipelines (see [`crate::generic`]); default on,
     /// `LAZULI_GENERIC_SIZES=0` turns it off.
@@ -120,6 +126,45 @@ struct Inner {
     tuner: Tuner,
     /// Families of kernels generic over sizes.
     families: Families,
+    /// The persistent compile cache (see [`crate::diskcache`]).
+    disk: Option<DiskCache>,
+    /// The driver's pipeline cache, loaded from and saved to `disk`.
+    driver_cache: Option<wgpu::PipelineCache>,
+    /// When new pipelines were last saved in `disk` (`None`: nothing
+    /// unsaved).
+    driver_dirty: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Checksum of the driver cache blob last saved (an unchanged blob,
+    /// e.g. lavapipe's always-empty one, is not written again).
+    driver_saved: std::sync::atomic::AtomicU64,
+}
+
+/// Kind of the driver pipeline cache entry in the disk cache.
+const DRIVER_CACHE: &str = "pipelines";
+
+impl Inner {
+    /// Saves the driver's pipeline cache in the disk cache when new
+    /// pipelines were made (at most every `min_gap` unless forced).
+    fn save_driver_cache(&self, min_gap: std::time::Duration) {
+        let (Some(disk), Some(cache)) = (&self.disk, &self.driver_cache) else { return };
+        let mut dirty = self.driver_dirty.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(since) = *dirty else { return };
+        if since.elapsed() < min_gap {
+            return;
+        }
+        if let Some(data) = cache.get_data() {
+            let sum = crate::diskcache::fnv(&[&data]);
+            if self.driver_saved.swap(sum, std::sync::atomic::Ordering::Relaxed) != sum {
+                disk.put(DRIVER_CACHE, b"", &data);
+            }
+        }
+        *dirty = None;
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.save_driver_cache(std::time::Duration::ZERO);
+    }
 }
 
 const STORAGE: BufferUsages = BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
@@ -171,7 +216,7 @@ impl WgpuBackend {
         let limits = a.limits();
         let (device, queue) = pollster::block_on(a.request_device(&wgpu::DeviceDescriptor {
             label: Some("lazuli"),
-            required_features: a.features() & wgpu::Features::TIMESTAMP_QUERY,
+            required_features: a.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE),
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -203,6 +248,27 @@ impl WgpuBackend {
             },
         );
         let forms = kernel_forms(&options, info.device_type);
+        let adapter_id = format!(
+            "{} vendor {:x} device {:x} {:?} {} {}",
+            info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
+        );
+        let cache_dir = options.cache_dir.clone().unwrap_or_else(autotune::cache_dir);
+        // Everything that changes lowering salts the disk cache's keys
+        // besides the adapter and the build.
+        let disk = DiskCache::open(
+            cache_dir.as_deref(),
+            &format!("{adapter_id} limits {limits:?} forms {forms:?} sb {max_sb}"),
+            options.cache_max_bytes,
+        );
+        let mut driver_loaded = 0;
+        let driver_cache = match &disk {
+            Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
+                let data = d.get(DRIVER_CACHE, b"");
+                driver_loaded = data.as_deref().map_or(0, |b| crate::diskcache::fnv(&[b]));
+                Some(crate::diskcache::driver_cache(&device, data.as_deref()))
+            }
+            _ => None,
+        };
         Ok(WgpuBackend {
             inner: Arc::new(Inner {
                 device,
@@ -241,12 +307,13 @@ impl WgpuBackend {
                 families: Families::new(generic::enabled(options.generic_sizes), 4096),
                 tuner: Tuner::new(
                     autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
-                    &format!(
-                        "{} vendor {:x} device {:x} {:?} {} {}",
-                        info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
-                    ),
-                    options.cache_dir.clone().unwrap_or_else(autotune::cache_dir).as_deref(),
+                    &adapter_id,
+                    cache_dir.as_deref(),
                 ),
+                disk,
+                driver_cache,
+                driver_dirty: std::sync::Mutex::new(None),
+                driver_saved: std::sync::atomic::AtomicU64::new(driver_loaded),
             }),
         })
     }
@@ -410,8 +477,21 @@ impl WgpuBackend {
         let name = k.name.as_str();
         crate::validate::log_source(&k.source);
         let started = std::time::Instant::now();
-        validate_wgsl(&k.source)
-            .map_err(|m| BackendError::Compile { kernel: name.to_string(), message: format!("{m}\n{}", k.source) })?;
+        // A source that passed naga in an earlier process of this build
+        // (the key holds the whole source) is not validated again; wgpu
+        // still validates it when it makes the module.
+        let mark = [k.source.as_bytes(), b"\0", k.entry.as_bytes()].concat();
+        let known = self.inner.disk.as_ref().is_some_and(|d| d.get("naga", &mark).is_some());
+        if !known {
+            metrics::inc("NagaValidations", 1);
+            validate_wgsl(&k.source).map_err(|m| BackendError::Compile {
+                kernel: name.to_string(),
+                message: format!("{m}\n{}", k.source),
+            })?;
+            if let Some(d) = &self.inner.disk {
+                d.put("naga", &mark, b"valid");
+            }
+        }
         metrics::record_time("CompileNaga", started.elapsed());
         let started = std::time::Instant::now();
         let dev = &self.inner.device;
@@ -475,7 +555,7 @@ impl WgpuBackend {
                 zero_initialize_workgroup_memory: false,
                 ..Default::default()
             },
-            cache: None,
+            cache: self.inner.driver_cache.as_ref(),
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", k.source) });
@@ -533,6 +613,16 @@ impl WgpuBackend {
             let entry = Arc::new(made?);
             self.inner.pipelines.insert(keys[i], entry.clone());
             found.insert(keys[i], entry);
+        }
+        if !missing.is_empty() && self.inner.driver_cache.is_some() {
+            self.inner
+                .driver_dirty
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(std::time::Instant::now);
+            // Saved at once: a process may end without dropping its
+            // device.
+            self.inner.save_driver_cache(std::time::Duration::ZERO);
         }
         Ok(keys.iter().map(|k| found[k].clone()).collect())
     }
@@ -1092,6 +1182,7 @@ impl Backend for WgpuBackend {
                 self.tuned_limits(k, graph, &name)?
             };
             let mut wgsl = self.lower(k, graph, &limits)?;
+            metrics::inc("KernelsLowered", 1);
             let windows = self.window(k, graph, &name, &mut wgsl)?;
             if self.inner.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
                 wgsl.source = crate::fault::perturb(&wgsl.source);
