@@ -13,18 +13,6 @@ use lazuli::ir::ConvAttrs;
 use lazuli::metrics;
 use lazuli::prelude::*;
 
-/// The wgpu devices to check: one per kernel-form profile.
-fn wgpu_devices() -> Vec<(&'static str, Device)> {
-    if common::wgpu().is_none() {
-        return Vec::new();
-    }
-    let with = |forms: lazuli::KernelForms| {
-        let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
-        Device::wgpu_with(opts).expect("a wgpu device")
-    };
-    vec![("software forms", with(lazuli::KernelForms::software())), ("gpu forms", with(lazuli::KernelForms::gpu()))]
-}
-
 fn f32s(dev: &Device, dims: &[usize], seed: u64) -> Tensor {
     let n: usize = dims.iter().product();
     Tensor::from_slice(&common::rand_vec(n, seed, -1.0, 1.0), dims.to_vec(), dev).unwrap()
@@ -92,7 +80,7 @@ fn run(c: &Case, dev: &Device, seed: u64, grads: bool) -> Vec<Vec<f32>> {
 #[test]
 fn conv2d_forward_and_gradients_match_the_cpu_in_both_profiles() {
     let cpu = Device::cpu();
-    let devices = wgpu_devices();
+    let devices = common::wgpu_profiles();
     for (i, c) in cases().iter().enumerate() {
         let want = run(c, &cpu, 10 * i as u64, true);
         for (profile, dev) in &devices {
@@ -108,7 +96,7 @@ fn conv2d_forward_and_gradients_match_the_cpu_in_both_profiles() {
 #[test]
 fn conv2d_reads_views_in_place_and_handles_an_empty_batch() {
     let cpu = Device::cpu();
-    for (profile, dev) in wgpu_devices() {
+    for (profile, dev) in common::wgpu_profiles() {
         let f = |d: &Device| {
             // A permuted input (channels and batch swapped) and a flipped,
             // transposed weight: the views the gradients read.
@@ -134,7 +122,7 @@ fn conv2d_reads_views_in_place_and_handles_an_empty_batch() {
 #[test]
 fn a_cnn_training_step_runs_with_no_fallback_on_wgpu() {
     let _lock = common::metrics_lock();
-    for (profile, dev) in wgpu_devices() {
+    for (profile, dev) in common::wgpu_profiles() {
         metrics::reset();
         let x = f32s(&dev, &[8, 1, 8, 8], 1);
         let w1 = f32s(&dev, &[16, 1, 3, 3], 2).requires_grad_(true).unwrap();

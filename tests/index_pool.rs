@@ -13,18 +13,6 @@ use lazuli::metrics;
 use lazuli::prelude::*;
 use lazuli::{BackendError, ExecError};
 
-/// The wgpu devices to check: one per kernel-form profile.
-fn wgpu_devices() -> Vec<(&'static str, Device)> {
-    if common::wgpu().is_none() {
-        return Vec::new();
-    }
-    let with = |forms: lazuli::KernelForms| {
-        let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
-        Device::wgpu_with(opts).expect("a wgpu device")
-    };
-    vec![("software forms", with(lazuli::KernelForms::software())), ("gpu forms", with(lazuli::KernelForms::gpu()))]
-}
-
 fn f32s(dev: &Device, dims: &[usize], seed: u64) -> Tensor {
     let n: usize = dims.iter().product();
     let v: Vec<f32> = common::rand_vec(n, seed, -3.0, 3.0).into_iter().map(|x| (x * 8.0).round() / 8.0).collect();
@@ -208,7 +196,7 @@ fn values(t: &Tensor) -> Vec<f64> {
 
 #[test]
 fn gather_scatter_and_pooling_match_the_cpu_reference() {
-    let devs = wgpu_devices();
+    let devs = common::wgpu_profiles();
     if devs.is_empty() {
         return;
     }
@@ -273,7 +261,7 @@ fn assert_out_of_range(t: &Tensor, op: &str, index: i128, axis: usize, size: usi
 
 #[test]
 fn an_index_out_of_range_is_an_error_at_the_barrier_and_the_device_recovers() {
-    let mut devs = wgpu_devices();
+    let mut devs = common::wgpu_profiles();
     devs.push(("cpu", Device::cpu()));
     for (form, dev) in &devs {
         let x = f32s(dev, &[4, 3], 1);

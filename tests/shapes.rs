@@ -8,18 +8,6 @@ use lazuli::nn;
 use lazuli::optim::Optimizer;
 use lazuli::prelude::*;
 
-/// The wgpu devices to check: one per kernel-form profile.
-fn wgpu_devices() -> Vec<(&'static str, Device)> {
-    if common::wgpu().is_none() {
-        return Vec::new();
-    }
-    let with = |forms: lazuli::KernelForms| {
-        let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
-        Device::wgpu_with(opts).expect("a wgpu device")
-    };
-    vec![("software forms", with(lazuli::KernelForms::software())), ("gpu forms", with(lazuli::KernelForms::gpu()))]
-}
-
 /// One step of causal attention over a context of `t` tokens (as greedy
 /// generation with a growing context runs it): projections, scores with a
 /// causal mask, softmax, the weighted sum, a layer norm, and the last
@@ -46,7 +34,7 @@ fn a_growing_context_shares_pipelines_and_matches_the_cpu() {
     let cpu = Device::cpu();
     let d = 16;
     let wdata = common::rand_vec(d * d, 7, -0.5, 0.5);
-    for (profile, dev) in wgpu_devices() {
+    for (profile, dev) in common::wgpu_profiles() {
         let w_gpu = Tensor::from_slice(&wdata, [d, d], &dev).unwrap();
         let w_cpu = Tensor::from_slice(&wdata, [d, d], &cpu).unwrap();
         let p0 = metrics::counter("PipelinesCreated");
@@ -78,7 +66,7 @@ fn a_growing_context_shares_pipelines_and_matches_the_cpu() {
 fn generic_kernels_match_the_cpu_across_sizes() {
     let _g = common::metrics_lock();
     let cpu = Device::cpu();
-    for (profile, dev) in wgpu_devices() {
+    for (profile, dev) in common::wgpu_profiles() {
         // Sizes in an order that widens families several times: equal,
         // larger, smaller, multiples of 4 and not.
         for &(m, n) in &[(8usize, 12usize), (8, 12), (9, 13), (16, 20), (3, 5), (33, 64), (1, 7), (64, 33)] {
@@ -178,7 +166,7 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
     let labels: Vec<i32> = (0..rows as i32).map(|i| (i * 7 + 3) % 4).collect();
     let batches: Vec<(usize, usize)> = (0..rows).step_by(64).map(|s| (s, 64.min(rows - s))).collect();
     assert_eq!(batches.last().unwrap().1, 22);
-    for (profile, dev) in wgpu_devices() {
+    for (profile, dev) in common::wgpu_profiles() {
         let run = |d: &Device| {
             let p = mlp_params(d);
             let mut opt = lazuli::optim::Sgd::new(p.clone(), 0.1).momentum(0.9);

@@ -24,6 +24,19 @@ pub fn wgpu() -> Option<Device> {
     }
 }
 
+/// One wgpu device per kernel-form profile (software, then GPU), each
+/// named; empty when no adapter exists and none is required.
+pub fn wgpu_profiles() -> Vec<(&'static str, Device)> {
+    if wgpu().is_none() {
+        return Vec::new();
+    }
+    let with = |forms: lazuli::KernelForms| {
+        let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
+        Device::wgpu_with(opts).expect("a wgpu device")
+    };
+    vec![("software forms", with(lazuli::KernelForms::software())), ("gpu forms", with(lazuli::KernelForms::gpu()))]
+}
+
 /// The CPU device and, when available, the wgpu device.
 pub fn devices() -> Vec<Device> {
     let mut v = vec![Device::cpu()];
