@@ -16,7 +16,7 @@
 //! - *Windowed twins*: the same kernel families on small tensors with
 //!   60 KiB windows (`WgpuDeviceOptions::binding_window`; not a power of
 //!   two, as on NVIDIA), compared with the CPU reference: many shapes and
-//!   forms in milliseconds.
+//!   forms in milliseconds (convolutions included, a split one too).
 //! - *With multi-tensor kernels and cached bind groups*: windowed updates
 //!   joined with small ones in one multi-tensor kernel (or split by the
 //!   binding limit, windows counted) create no bind groups after warm-up
@@ -379,6 +379,14 @@ fn twins() -> Vec<Twin> {
         ("scatter-add", vec![f(&[300, 200]), f(&[5, 200])], |x| {
             let ids = Tensor::from_slice(&[76i32, 77, 76, 299, 0], [5], x[0].device())?;
             x[0].scatter_add(0, &ids, &x[1])
+        }),
+        ("conv2d, input and output windowed", vec![f(&[2, 3, 60, 60]), f(&[8, 3, 3, 3])], |x| {
+            x[0].conv2d(&x[1], lazuli::ir::ConvAttrs { pads: [1; 4], ..Default::default() })
+        }),
+        // Few positions and a long reduction: split into parts added by a
+        // second pass; the weight is windowed too.
+        ("conv2d, split reduction", vec![f(&[1, 32, 30, 30]), f(&[4, 32, 28, 28])], |x| {
+            x[0].conv2d(&x[1], lazuli::ir::ConvAttrs::default())
         }),
         ("max pool", vec![f(&[2, 8, 60, 60])], |x| x[0].pool(PoolAttrs::new(PoolKind::Max, &[2, 2]))),
         ("avg pool gradient", vec![f(&[2, 8, 60, 60]), f(&[2, 8, 20, 20])], |x| {
