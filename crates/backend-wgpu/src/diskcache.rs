@@ -79,18 +79,11 @@ pub enum EntryError {
     },
 }
 
-/// FNV-1a, 64 bits: the checksum of payloads and the hash of keys.
-pub fn fnv(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+/// The checksum of payloads and the hash of keys: the project's stable
+/// hash, identical across runs of one build (every key is salted with the
+/// build id, so no entry is read by another build).
+pub fn checksum(parts: &[&[u8]]) -> u64 {
+    lazuli_ir::stable_hash(&parts)
 }
 
 /// The persistent cache of one backend.
@@ -99,6 +92,11 @@ pub struct DiskCache {
     dir: PathBuf,
     salt: String,
     max_bytes: u64,
+    /// Bytes the directory's entries hold, as of the last scan plus what
+    /// this process wrote since (an overestimate where writes replaced
+    /// entries); the directory is scanned again only when it passes
+    /// `max_bytes`.
+    bytes: std::sync::atomic::AtomicU64,
 }
 
 impl DiskCache {
@@ -114,11 +112,14 @@ impl DiskCache {
         let max_bytes = max_bytes
             .or_else(|| std::env::var("LAZULI_CACHE_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()))
             .unwrap_or(DEFAULT_MAX_BYTES);
-        Some(DiskCache {
+        let cache = DiskCache {
             dir: dir.to_path_buf(),
             salt: format!("{salt} lazuli {} build {}", env!("CARGO_PKG_VERSION"), build_id()),
             max_bytes,
-        })
+            bytes: std::sync::atomic::AtomicU64::new(0),
+        };
+        cache.bytes.store(cache.entries().iter().map(|e| e.1).sum(), std::sync::atomic::Ordering::Relaxed);
+        Some(cache)
     }
 
     /// The directory.
@@ -128,7 +129,7 @@ impl DiskCache {
 
     /// The full key of `(kind, key)`: salted with adapter and build.
     fn full_key(&self, kind: &str, key: &[u8]) -> u64 {
-        fnv(&[self.salt.as_bytes(), kind.as_bytes(), key])
+        checksum(&[self.salt.as_bytes(), kind.as_bytes(), key])
     }
 
     fn path(&self, kind: &str, full: u64) -> PathBuf {
@@ -174,39 +175,47 @@ impl DiskCache {
         match write_entry(&self.dir, &path, full, data) {
             Ok(()) => {
                 metrics::inc("DiskCacheWrite", 1);
-                self.evict();
+                let written = (HEADER + data.len()) as u64;
+                if self.bytes.fetch_add(written, std::sync::atomic::Ordering::Relaxed) + written > self.max_bytes {
+                    self.evict();
+                }
             }
             Err(e) => tracing::warn!("compile cache: cannot write {}: {e}", path.display()),
         }
     }
 
-    /// Deletes the least recently used entries while the directory holds
-    /// more than the bound (down to three quarters of it).
-    fn evict(&self) {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else { return };
-        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = rd
-            .flatten()
+    /// The directory's entries: modification time, length, path.
+    fn entries(&self) -> Vec<(std::time::SystemTime, u64, PathBuf)> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        rd.flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == EXT))
             .filter_map(|e| {
                 let m = e.metadata().ok()?;
                 Some((m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len(), e.path()))
             })
-            .collect();
+            .collect()
+    }
+
+    /// Deletes the least recently used entries while the directory holds
+    /// more than the bound (down to three quarters of it), from a fresh
+    /// scan (other processes write here too).
+    fn evict(&self) {
+        let mut entries = self.entries();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
-        if total <= self.max_bytes {
-            return;
-        }
-        entries.sort();
-        let target = self.max_bytes / 4 * 3;
-        for (_, len, path) in entries {
-            if total <= target {
-                break;
+        if total > self.max_bytes {
+            entries.sort();
+            let target = self.max_bytes / 4 * 3;
+            for (_, len, path) in entries {
+                if total <= target {
+                    break;
+                }
+                if std::fs::remove_file(&path).is_ok() {
+                    metrics::inc("DiskCacheEvicted", 1);
+                }
+                total = total.saturating_sub(len);
             }
-            if std::fs::remove_file(&path).is_ok() {
-                metrics::inc("DiskCacheEvicted", 1);
-            }
-            total = total.saturating_sub(len);
         }
+        self.bytes.store(total, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -237,7 +246,7 @@ fn read_entry(path: &Path, full: u64) -> Result<Option<Vec<u8>>, EntryError> {
     if payload.len() as u64 != len {
         return bad("truncated or extended payload");
     }
-    if fnv(&[payload]) != word(24) {
+    if checksum(&[payload]) != word(24) {
         return bad("checksum mismatch");
     }
     Ok(Some(payload.to_vec()))
@@ -254,7 +263,7 @@ fn write_entry(dir: &Path, path: &Path, full: u64, data: &[u8]) -> std::io::Resu
     bytes.extend_from_slice(&FORMAT.to_le_bytes());
     bytes.extend_from_slice(&full.to_le_bytes());
     bytes.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&fnv(&[data]).to_le_bytes());
+    bytes.extend_from_slice(&checksum(&[data]).to_le_bytes());
     bytes.extend_from_slice(data);
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;

@@ -130,11 +130,9 @@ struct Inner {
     disk: Option<DiskCache>,
     /// The driver's pipeline cache, loaded from and saved to `disk`.
     driver_cache: Option<wgpu::PipelineCache>,
-    /// When new pipelines were last saved in `disk` (`None`: nothing
-    /// unsaved).
-    driver_dirty: std::sync::Mutex<Option<std::time::Instant>>,
-    /// Checksum of the driver cache blob last saved (an unchanged blob,
-    /// e.g. lavapipe's always-empty one, is not written again).
+    /// Checksum of the driver cache blob last loaded or saved (an
+    /// unchanged blob, e.g. lavapipe's always-empty one, is not written
+    /// again).
     driver_saved: std::sync::atomic::AtomicU64,
 }
 
@@ -142,28 +140,22 @@ struct Inner {
 const DRIVER_CACHE: &str = "pipelines";
 
 impl Inner {
-    /// Saves the driver's pipeline cache in the disk cache when new
-    /// pipelines were made (at most every `min_gap` unless forced).
-    fn save_driver_cache(&self, min_gap: std::time::Duration) {
+    /// Saves the driver's pipeline cache in the disk cache when its blob
+    /// changed since it was last loaded or saved.
+    fn save_driver_cache(&self) {
         let (Some(disk), Some(cache)) = (&self.disk, &self.driver_cache) else { return };
-        let mut dirty = self.driver_dirty.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(since) = *dirty else { return };
-        if since.elapsed() < min_gap {
-            return;
-        }
         if let Some(data) = cache.get_data() {
-            let sum = crate::diskcache::fnv(&[&data]);
+            let sum = crate::diskcache::checksum(&[&data]);
             if self.driver_saved.swap(sum, std::sync::atomic::Ordering::Relaxed) != sum {
                 disk.put(DRIVER_CACHE, b"", &data);
             }
         }
-        *dirty = None;
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.save_driver_cache(std::time::Duration::ZERO);
+        self.save_driver_cache();
     }
 }
 
@@ -264,7 +256,7 @@ impl WgpuBackend {
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
                 let data = d.get(DRIVER_CACHE, b"");
-                driver_loaded = data.as_deref().map_or(0, |b| crate::diskcache::fnv(&[b]));
+                driver_loaded = data.as_deref().map_or(0, |b| crate::diskcache::checksum(&[b]));
                 Some(crate::diskcache::driver_cache(&device, data.as_deref()))
             }
             _ => None,
@@ -312,7 +304,6 @@ impl WgpuBackend {
                 ),
                 disk,
                 driver_cache,
-                driver_dirty: std::sync::Mutex::new(None),
                 driver_saved: std::sync::atomic::AtomicU64::new(driver_loaded),
             }),
         })
@@ -473,14 +464,16 @@ impl WgpuBackend {
 
     /// Creates the pipeline of `k` (validated first), with bind group 1
     /// for its dynamic sizes when it is generic.
-    fn create_pipeline(&self, k: &Prepared) -> Result<PipelineEntry, BackendError> {
+    /// `key` is its [`PipelineCache::key`], which also names its naga mark
+    /// in the disk cache.
+    fn create_pipeline(&self, k: &Prepared, key: u64) -> Result<PipelineEntry, BackendError> {
         let name = k.name.as_str();
         crate::validate::log_source(&k.source);
         let started = std::time::Instant::now();
         // A source that passed naga in an earlier process of this build
-        // (the key holds the whole source) is not validated again; wgpu
-        // still validates it when it makes the module.
-        let mark = [k.source.as_bytes(), b"\0", k.entry.as_bytes()].concat();
+        // (the key hashes the source and entry point) is not validated
+        // again; wgpu still validates it when it makes the module.
+        let mark = key.to_le_bytes();
         let known = self.inner.disk.as_ref().is_some_and(|d| d.get("naga", &mark).is_some());
         if !known {
             metrics::inc("NagaValidations", 1);
@@ -585,7 +578,7 @@ impl WgpuBackend {
         }
         let threads = compile_threads().min(missing.len());
         let created: Vec<Result<PipelineEntry, BackendError>> = if threads <= 1 {
-            missing.iter().map(|&i| self.create_pipeline(&kernels[i])).collect()
+            missing.iter().map(|&i| self.create_pipeline(&kernels[i], keys[i])).collect()
         } else {
             let next = std::sync::atomic::AtomicUsize::new(0);
             let slots: Vec<std::sync::Mutex<Option<Result<PipelineEntry, BackendError>>>> =
@@ -595,7 +588,7 @@ impl WgpuBackend {
                     scope.spawn(|| loop {
                         let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(&i) = missing.get(j) else { break };
-                        let made = self.create_pipeline(&kernels[i]);
+                        let made = self.create_pipeline(&kernels[i], keys[i]);
                         *slots[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(made);
                     });
                 }
@@ -614,15 +607,10 @@ impl WgpuBackend {
             self.inner.pipelines.insert(keys[i], entry.clone());
             found.insert(keys[i], entry);
         }
-        if !missing.is_empty() && self.inner.driver_cache.is_some() {
-            self.inner
-                .driver_dirty
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(std::time::Instant::now);
+        if !missing.is_empty() {
             // Saved at once: a process may end without dropping its
             // device.
-            self.inner.save_driver_cache(std::time::Duration::ZERO);
+            self.inner.save_driver_cache();
         }
         Ok(keys.iter().map(|k| found[k].clone()).collect())
     }

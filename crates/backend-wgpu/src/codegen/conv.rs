@@ -142,17 +142,48 @@ pub fn loop_iterations(form: ConvForm, node: &Node, w: &Node) -> u64 {
     }
 }
 
-/// Workgroups of the direct form for one part of the reduction.
-fn direct_groups(geo: &Geometry) -> u64 {
-    let ob = geo.og.clamp(1, DIRECT_CHANNELS);
-    let m = geo.n * geo.plane();
-    let lanes = m.div_ceil(DIRECT_POSITIONS).next_power_of_two().clamp(32, super::WORKGROUP_SIZE as u64);
-    geo.groups * geo.og.div_ceil(ob) * m.div_ceil(lanes * DIRECT_POSITIONS)
+/// How the direct form spreads one part of the reduction: channels per
+/// invocation, channel blocks per group, lanes per workgroup, position
+/// runs per block.
+struct DirectLayout {
+    ob: u64,
+    blocks: u64,
+    lanes: u64,
+    mb: u64,
 }
 
-/// Workgroups of the tiled form for one part of the reduction.
-fn tiled_groups(geo: &Geometry) -> u64 {
-    geo.groups * (geo.n * geo.plane()).div_ceil(TILE_M) * geo.og.div_ceil(16 * tiled_channels(geo.og))
+impl DirectLayout {
+    fn of(geo: &Geometry) -> DirectLayout {
+        let ob = geo.og.clamp(1, DIRECT_CHANNELS);
+        let m = geo.n * geo.plane();
+        let lanes = m.div_ceil(DIRECT_POSITIONS).next_power_of_two().clamp(32, super::WORKGROUP_SIZE as u64);
+        DirectLayout { ob, blocks: geo.og.div_ceil(ob), lanes, mb: m.div_ceil(lanes * DIRECT_POSITIONS) }
+    }
+
+    /// Workgroups of one part.
+    fn groups(&self, geo: &Geometry) -> u64 {
+        geo.groups * self.blocks * self.mb
+    }
+}
+
+/// How the tiled form spreads one part of the reduction: channels per
+/// lane (`BN / 16`), position tiles, channel tiles per group.
+struct TiledLayout {
+    tn: u64,
+    mb: u64,
+    nb: u64,
+}
+
+impl TiledLayout {
+    fn of(geo: &Geometry) -> TiledLayout {
+        let tn = tiled_channels(geo.og);
+        TiledLayout { tn, mb: (geo.n * geo.plane()).div_ceil(TILE_M), nb: geo.og.div_ceil(16 * tn) }
+    }
+
+    /// Workgroups of one part.
+    fn groups(&self, geo: &Geometry) -> u64 {
+        geo.groups * self.mb * self.nb
+    }
 }
 
 /// Largest scratch (partial sums) of a split convolution, in elements.
@@ -168,9 +199,9 @@ fn split_parts(form: ConvForm, geo: &Geometry) -> u64 {
     let numel = geo.n * geo.o * geo.plane();
     let (groups, want, limit) = match form {
         // llvmpipe: a few workgroups per core.
-        ConvForm::Direct => (direct_groups(geo), 16, geo.cg),
+        ConvForm::Direct => (DirectLayout::of(geo).groups(geo), 16, geo.cg),
         // About one workgroup per SM of a large GPU.
-        ConvForm::Tiled => (tiled_groups(geo), 128, taps.div_ceil(TILE_K)),
+        ConvForm::Tiled => (TiledLayout::of(geo).groups(geo), 128, taps.div_ceil(TILE_K)),
     };
     if groups == 0 || groups >= want || taps < 1024 || numel == 0 {
         return 1;
@@ -228,13 +259,11 @@ impl Writer<'_> {
     /// multiply-adds. Input reads clamp their position and select zero in
     /// the padding, so no load is masked.
     fn conv_direct(&mut self, geo: &Geometry, x: u32, w: u32, parts: u64, b: &mut String) -> u64 {
-        let ob = geo.og.clamp(1, DIRECT_CHANNELS);
-        let blocks = geo.og.div_ceil(ob);
+        let layout = DirectLayout::of(geo);
+        let DirectLayout { ob, blocks, lanes, mb } = layout;
         let (plane, m) = (geo.plane(), geo.n * geo.plane());
         let np = DIRECT_POSITIONS;
-        let lanes = m.div_ceil(np).next_power_of_two().clamp(32, super::WORKGROUP_SIZE as u64);
-        let mb = m.div_ceil(lanes * np);
-        let part_groups = geo.groups * blocks * mb;
+        let part_groups = layout.groups(geo);
         let groups = part_groups * parts;
         self.workgroup = Some(lanes as u32);
         let (kh, kw, taps) = (geo.kh, geo.kw, geo.taps());
@@ -350,11 +379,11 @@ impl Writer<'_> {
     /// The tiled form: a workgroup per 64 positions by `BN` channels of
     /// one group, patch and weight slices staged in workgroup memory.
     fn conv_tiled(&mut self, geo: &Geometry, x: u32, w: u32, parts: u64, b: &mut String) -> u64 {
-        let tn = tiled_channels(geo.og);
+        let layout = TiledLayout::of(geo);
+        let TiledLayout { tn, mb, nb } = layout;
         let bn = 16 * tn;
         let (plane, m, taps) = (geo.plane(), geo.n * geo.plane(), geo.taps());
-        let (mb, nb) = (m.div_ceil(TILE_M), geo.og.div_ceil(bn));
-        let part_groups = geo.groups * mb * nb;
+        let part_groups = layout.groups(geo);
         let groups = part_groups * parts;
         // Tap slices per part.
         let kchunk = taps.div_ceil(TILE_K).div_ceil(parts) * TILE_K;
