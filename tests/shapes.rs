@@ -123,10 +123,12 @@ fn greedy_generation_with_a_growing_context_matches_the_fixed_window() {
         assert_eq!(fixed.plans, 1, "the fixed window is one graph on {}", dev.name());
         if dev.kind() == lazuli::BackendKind::Wgpu {
             // 10 lengths (3..=12), then the full window: new kernel code at
-            // the first length, the first size variant and a few widenings,
-            // not at every length.
+            // the first length (static), the first size variant (generic
+            // over every literal that differs from the first length) and
+            // the full window, where the position slice covers its whole
+            // table and is optimized away (measured: 3), not at every length.
             assert!(growing.plans >= 10, "{growing:?}");
-            assert!(growing.plans_with_new_code <= 5, "{growing:?}");
+            assert!(growing.plans_with_new_code <= 3, "{growing:?}");
         }
     }
 }
@@ -214,7 +216,9 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
         assert_eq!(plans[0].iter().sum::<u64>(), 3, "{profile}: plans per step {plans:?}");
         assert_eq!(plans[0][2], 1, "{profile}: the partial batch is one extra plan: {plans:?}");
         assert!(plans[1..].iter().flatten().all(|&n| n == 0), "{profile}: plans per step {plans:?}");
-        // Measured on lavapipe, both profiles: 3, 3, 2, then 0 pipelines.
-        assert!(pipelines[3..].iter().all(|&n| n == 0), "{profile}: pipelines per evaluation size {pipelines:?}");
+        // Measured on lavapipe, both profiles: 3, 3, then 0 pipelines: the
+        // first size compiles static kernels, the second generic ones, and
+        // no later size compiles.
+        assert!(pipelines[2..].iter().all(|&n| n == 0), "{profile}: pipelines per evaluation size {pipelines:?}");
     }
 }

@@ -10,6 +10,12 @@
 //! outside the places WGSL requires a constant (array sizes, attributes,
 //! `const` declarations, `case` selectors, comments).
 //!
+//! Sources are first put in a canonical form: the names codegen derives
+//! from node ids (`n144`, `e37`, `x9`) are renumbered in order of first
+//! appearance, so kernels that differ only in node numbering (the same
+//! layer twice in one model; a graph where a node upstream was optimized
+//! away at one size) are one source and one pipeline.
+//!
 //! The first source of a family compiles as it is. When a later member
 //! differs in some literal values, those positions become *dynamic*: the
 //! kernel is compiled once more with them read from a small buffer
@@ -20,7 +26,14 @@
 //! buffers that bound loops (Mesa's uniform inlining), which would compile
 //! the kernel again for every size, at run time. A member that differs in a
 //! literal still baked widens the family again, so positions only ever
-//! turn dynamic and a family stabilizes after a few members. A growing
+//! turn dynamic and a family stabilizes after a few members. To make that
+//! one widening, the runtime lowers the previous graph of the same
+//! structure too and records its sources with [`Families::observe`]
+//! before the first size variant compiles, so every literal that differs
+//! between the two sizes turns dynamic at once; and codegen writes values
+//! derived from sizes in generic kernels as expressions of the sizes
+//! (`((13u + 15u) / 16u)`, not `1u`), so a quotient that happens to be
+//! equal for the first two sizes cannot widen the family later. A growing
 //! sequence length or a partial last batch compiles a handful of
 //! pipelines instead of one set per size, while sizes that never change
 //! stay constants.
@@ -45,7 +58,7 @@ pub const DIMS_VAR: &str = "LZD";
 /// A replaceable integer literal of a source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Literal {
-    /// Byte range in the source.
+    /// Byte range in the canonical source.
     start: usize,
     end: usize,
     /// Its bits (i32 literals as two's complement).
@@ -54,12 +67,19 @@ struct Literal {
     signed: bool,
 }
 
-/// A source split into its skeleton and replaceable literals.
+/// A source in canonical form, split into its skeleton and replaceable
+/// literals.
 #[derive(Clone, Debug)]
 pub struct Scanned {
+    /// The source with its node names renumbered (see [`scan`]).
+    canonical: String,
     skeleton: String,
     literals: Vec<Literal>,
 }
+
+/// Prefixes of the names codegen derives from graph node ids (`n12`,
+/// `e12`, `x12`): [`scan`] renumbers them.
+const NODE_NAME_PREFIXES: &[u8] = b"nex";
 
 fn is_ident(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
@@ -105,11 +125,28 @@ fn int_literal(token: &str) -> Option<(u32, bool)> {
     Some((value, signed))
 }
 
-/// Splits `source` into its skeleton and replaceable literals.
+/// Whether `name` is a node-derived name: a prefix of
+/// [`NODE_NAME_PREFIXES`] and decimal digits.
+fn is_node_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() > 1 && NODE_NAME_PREFIXES.contains(&b[0]) && b[1..].iter().all(u8::is_ascii_digit)
+}
+
+/// Scans `source`: its canonical form, skeleton and replaceable literals.
+///
+/// The canonical form renames the node-derived names (`n144`, `e37`,
+/// `x9`) to `n0`, `n1`, ... per prefix in order of first appearance. The
+/// renaming is a bijection over all names of that form, so the canonical
+/// source computes exactly what the source does; it makes the kernels of
+/// two graphs that differ only in node numbering (a node removed upstream
+/// at one size: a slice that covers its whole operand) one family.
 pub fn scan(source: &str) -> Scanned {
     let bytes = source.as_bytes();
+    let mut canonical = String::with_capacity(source.len());
     let mut skeleton = String::with_capacity(source.len());
     let mut literals = Vec::new();
+    let mut names: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let mut counts = [0usize; NODE_NAME_PREFIXES.len()];
     let mut copied = 0usize;
     let mut i = 0usize;
     while i < bytes.len() {
@@ -128,11 +165,24 @@ pub fn scan(source: &str) -> Scanned {
             while i < bytes.len() && is_ident(bytes[i]) {
                 i += 1;
             }
-            match &source[start..i] {
+            let name = &source[start..i];
+            match name {
                 // Array sizes are constants.
                 "array" if bytes.get(i) == Some(&b'<') => i = matching(bytes, i),
                 "const" => i = through(bytes, i, b';'),
                 "case" => i = through(bytes, i, b':'),
+                _ if is_node_name(name) => {
+                    let renamed = names.entry(name).or_insert_with(|| {
+                        let p = NODE_NAME_PREFIXES.iter().position(|&c| c == bytes[start]).expect("a prefix");
+                        counts[p] += 1;
+                        format!("{}{}", bytes[start] as char, counts[p] - 1)
+                    });
+                    canonical.push_str(&source[copied..start]);
+                    skeleton.push_str(&source[copied..start]);
+                    canonical.push_str(renamed);
+                    skeleton.push_str(renamed);
+                    copied = i;
+                }
                 _ => {}
             }
         } else if b.is_ascii_digit() {
@@ -148,17 +198,21 @@ pub fn scan(source: &str) -> Scanned {
                 }
             }
             if let Some((value, signed)) = int_literal(&source[start..i]) {
+                canonical.push_str(&source[copied..start]);
                 skeleton.push_str(&source[copied..start]);
+                let at = canonical.len();
+                canonical.push_str(&source[start..i]);
                 skeleton.push_str(if signed { "\u{1}i" } else { "\u{1}u" });
                 copied = i;
-                literals.push(Literal { start, end: i, value, signed });
+                literals.push(Literal { start: at, end: canonical.len(), value, signed });
             }
         } else {
             i += 1;
         }
     }
+    canonical.push_str(&source[copied..]);
     skeleton.push_str(&source[copied..]);
-    Scanned { skeleton, literals }
+    Scanned { canonical, skeleton, literals }
 }
 
 impl Scanned {
@@ -172,10 +226,11 @@ impl Scanned {
         lazuli_ir::stable_hash(&(&self.skeleton, entry))
     }
 
-    /// `source` (which this scan was made from) with each literal that has
-    /// a slot (`slots[k]`) read from that slot of [`DIMS_VAR`];
-    /// also returns the slot values.
-    fn generic(&self, source: &str, slots: &[Option<usize>]) -> (String, Vec<u32>) {
+    /// The canonical source with each literal that has a slot
+    /// (`slots[k]`) read from that slot of [`DIMS_VAR`]; also returns the
+    /// slot values.
+    fn generic(&self, slots: &[Option<usize>]) -> (String, Vec<u32>) {
+        let source = &self.canonical;
         let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
         let mut out = format!("@group(1) @binding(0) var<storage, read> {DIMS_VAR}: array<u32>;\n\n");
         let mut values = vec![0; count];
@@ -200,8 +255,8 @@ impl Scanned {
 /// What [`Families::specialize`] did with a source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// The source compiles as it is (first of its family, a member equal
-    /// to it, or generic sizes turned off).
+    /// The source compiles as it is, in canonical form (first of its
+    /// family, a member equal to it, or generic sizes turned off).
     Static,
     /// A member of a generic family: runs its pipeline with its own values.
     Reused,
@@ -259,16 +314,8 @@ impl Family {
     }
 
     /// Re-slots after a member that did not fit: positions that changed
-    /// turn dynamic; slots split by the member's values. With
-    /// `all_dynamic` every position gets a slot of its own, so no later
-    /// member can widen the family again (positions that hold equal
-    /// values today, such as a sequence length's power-of-two bucket and
-    /// a head width, may part tomorrow).
-    fn widen(&mut self, values: &[u32], all_dynamic: bool) {
-        if all_dynamic {
-            self.slots = (0..values.len()).map(Some).collect();
-            return;
-        }
+    /// turn dynamic; slots split by the member's values.
+    fn widen(&mut self, values: &[u32]) {
         let mut ids: std::collections::HashMap<(usize, u32, u32), usize> = std::collections::HashMap::new();
         for ((slot, &old), &new) in self.slots.iter_mut().zip(&self.values).zip(values) {
             let key = match *slot {
@@ -305,38 +352,72 @@ impl Families {
         self.enabled
     }
 
-    /// The source to compile for `source` (entry point `entry`) and its
-    /// dynamic values; see the module documentation. With `all_dynamic`
-    /// (sizes are known to vary) every literal of the family turns
-    /// dynamic at once, each in a slot of its own, so later sizes never
-    /// widen it again. Counted as
-    /// `GenericKernelReuse` and `GenericKernelWidened`.
-    pub fn specialize(&self, source: &str, entry: &str, all_dynamic: bool) -> Specialized {
-        let fixed = || Specialized { source: source.to_string(), dims: Vec::new(), outcome: Outcome::Static };
+    /// The family of `source` (entry point `entry`), created with it as
+    /// first member when new; `None` when generic sizes are off, the source
+    /// has no replaceable literal, or a hash collision.
+    fn family<'a>(map: &'a mut lru::LruCache<u64, Family>, scanned: &Scanned, entry: &str) -> Option<&'a mut Family> {
+        let key = scanned.family_key(entry);
+        if !map.contains(&key) {
+            let values = scanned.values();
+            let slots = vec![None; values.len()];
+            map.put(key, Family { skeleton: scanned.skeleton.clone(), values, slots });
+        }
+        let family = map.get_mut(&key).expect("present");
+        // A hash collision: leave the family alone.
+        (family.skeleton == scanned.skeleton && family.values.len() == scanned.literals.len()).then_some(family)
+    }
+
+    /// Records `source` as a member of its family without compiling it:
+    /// the same kernel lowered for other sizes (an earlier graph of the
+    /// same structure), so that the next [`Families::specialize`] of the
+    /// family turns every position that differs dynamic at once instead of
+    /// compiling the new member as a static first one and widening later.
+    pub fn observe(&self, source: &str, entry: &str) {
         if !self.enabled {
-            return fixed();
+            return;
         }
         let scanned = scan(source);
         if scanned.literals.is_empty() {
-            return fixed();
+            return;
         }
-        let key = scanned.family_key(entry);
         let values = scanned.values();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let family = match map.get_mut(&key) {
-            Some(f) => f,
-            None => {
-                let slots = vec![None; values.len()];
-                map.put(key, Family { skeleton: scanned.skeleton.clone(), values: values.clone(), slots });
-                map.get_mut(&key).expect("just inserted")
+        if let Some(family) = Self::family(&mut map, &scanned, entry) {
+            if !family.fits(&values) {
+                family.widen(&values);
             }
-        };
-        if family.skeleton != scanned.skeleton || family.values.len() != values.len() {
-            // A hash collision: compile as it is, leave the family alone.
+        }
+    }
+
+    /// The source to compile for `source` (entry point `entry`) and its
+    /// dynamic values; see the module documentation. Counted as
+    /// `GenericKernelReuse` and `GenericKernelWidened`.
+    pub fn specialize(&self, source: &str, entry: &str) -> Specialized {
+        let scanned = scan(source);
+        let fixed = || Specialized { source: scanned.canonical.clone(), dims: Vec::new(), outcome: Outcome::Static };
+        if !self.enabled || scanned.literals.is_empty() {
             return fixed();
         }
-        let widened = if (all_dynamic && family.slots.iter().any(Option::is_none)) || !family.fits(&values) {
-            family.widen(&values, all_dynamic);
+        let values = scanned.values();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(family) = Self::family(&mut map, &scanned, entry) else { return fixed() };
+        let widened = if !family.fits(&values) {
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                for (k, lit) in scanned.literals.iter().enumerate() {
+                    if family.slots[k].is_none() && family.values[k] != lit.value {
+                        let text = &scanned.canonical;
+                        let context = &text[lit.start.saturating_sub(40)..(lit.end + 10).min(text.len())];
+                        tracing::debug!(
+                            entry,
+                            was = family.values[k],
+                            now = lit.value,
+                            context,
+                            "generic kernel widens"
+                        );
+                    }
+                }
+            }
+            family.widen(&values);
             true
         } else {
             false
@@ -344,7 +425,7 @@ impl Families {
         if family.slots.iter().all(Option::is_none) {
             return fixed();
         }
-        let (source, dims) = scanned.generic(source, &family.slots);
+        let (source, dims) = scanned.generic(&family.slots);
         let outcome = if widened { Outcome::Widened } else { Outcome::Reused };
         metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
         Specialized { source, dims, outcome }
@@ -380,25 +461,25 @@ mod tests {
     #[test]
     fn members_share_a_generic_source_after_one_widening() {
         let fam = Families::new(true, 16);
-        let first = fam.specialize(A, "main", false);
+        let first = fam.specialize(A, "main");
         assert_eq!((first.outcome, first.source.as_str()), (Outcome::Static, A));
         // The same source again stays static.
-        assert_eq!(fam.specialize(A, "main", false).outcome, Outcome::Static);
+        assert_eq!(fam.specialize(A, "main").outcome, Outcome::Static);
         let b = A.replace("48u", "52u").replace("12u", "13u");
-        let second = fam.specialize(&b, "main", false);
+        let second = fam.specialize(&b, "main");
         assert_eq!(second.outcome, Outcome::Widened);
         assert_eq!(second.dims, [52, 13]);
         assert!(second.source.contains("if (t >= LZD[0u])") && second.source.contains("(t % LZD[1u])"));
         let c = A.replace("48u", "60u").replace("12u", "15u");
-        let third = fam.specialize(&c, "main", false);
+        let third = fam.specialize(&c, "main");
         assert_eq!(third.outcome, Outcome::Reused);
         assert_eq!(third.source, second.source);
         assert_eq!(third.dims, [60, 15]);
         // The first member, seen again, now runs generic too.
-        assert_eq!(fam.specialize(A, "main", false).dims, [48, 12]);
+        assert_eq!(fam.specialize(A, "main").dims, [48, 12]);
         // A baked literal that differs widens again.
         let d = c.replace("(-3i)", "(-4i)");
-        let fourth = fam.specialize(&d, "main", false);
+        let fourth = fam.specialize(&d, "main");
         assert_eq!((fourth.outcome, fourth.dims.as_slice()), (Outcome::Widened, &[60, 15, 4][..]));
         assert!(fourth.source.contains("(-bitcast<i32>(LZD[2u]))"));
         crate::validate::validate_wgsl(&fourth.source).unwrap();
@@ -407,56 +488,76 @@ mod tests {
     #[test]
     fn different_structure_is_another_family_and_off_means_static() {
         let fam = Families::new(true, 16);
-        fam.specialize(A, "main", false);
+        fam.specialize(A, "main");
         let other = A.replace("t % 12u", "t / 12u % 5u");
-        assert_eq!(fam.specialize(&other, "main", false).outcome, Outcome::Static);
+        assert_eq!(fam.specialize(&other, "main").outcome, Outcome::Static);
         assert_eq!(fam.len(), 2);
         let off = Families::new(false, 16);
-        off.specialize(A, "main", false);
+        off.specialize(A, "main");
         let b = A.replace("48u", "52u");
         assert_eq!(
-            off.specialize(&b, "main", false),
+            off.specialize(&b, "main"),
             Specialized { source: b.clone(), dims: vec![], outcome: Outcome::Static }
         );
-    }
-
-    #[test]
-    fn all_dynamic_makes_every_literal_dynamic_at_once() {
-        let fam = Families::new(true, 16);
-        let first = fam.specialize(A, "main", true);
-        assert_eq!((first.outcome, first.dims.as_slice()), (Outcome::Widened, &[48, 12, 1065353216, 3, 16][..]));
-        // One slot per position.
-        crate::validate::validate_wgsl(&first.source).unwrap();
-        let b = A.replace("48u", "52u").replace("(-3i)", "(-9i)");
-        let second = fam.specialize(&b, "main", false);
-        assert_eq!(second.outcome, Outcome::Reused);
-        assert_eq!(second.source, first.source);
-        assert_eq!(second.dims, [52, 12, 1065353216, 9, 16]);
-        // Equal values still get slots of their own: parting never widens.
-        let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 12u + 7u;\n}\n";
-        let fam = Families::new(true, 16);
-        let a = fam.specialize(src, "f", true);
-        assert!(a.source.contains("(i / LZD[0u]) % LZD[1u] + LZD[2u]"), "{}", a.source);
-        let b = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f", false);
-        assert_eq!((b.outcome, b.dims.as_slice()), (Outcome::Reused, &[4, 6, 7][..]));
     }
 
     #[test]
     fn equal_sizes_share_a_slot_until_they_differ() {
         let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 12u + 7u;\n}\n";
         let fam = Families::new(true, 16);
-        fam.specialize(src, "f", false);
-        let b = fam.specialize(&src.replace("12u", "13u"), "f", false);
+        fam.specialize(src, "f");
+        let b = fam.specialize(&src.replace("12u", "13u"), "f");
         assert_eq!(b.outcome, Outcome::Widened);
         assert!(b.source.contains("(i / LZD[0u]) % LZD[0u] + 7u"), "{}", b.source);
         assert_eq!(b.dims, [13]);
-        let c = fam.specialize(&src.replace("12u", "20u"), "f", false);
+        let c = fam.specialize(&src.replace("12u", "20u"), "f");
         assert_eq!((c.outcome, c.dims.as_slice()), (Outcome::Reused, &[20][..]));
         // The two sizes part ways: the slot splits.
-        let d = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f", false);
+        let d = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f");
         assert_eq!(d.outcome, Outcome::Widened);
         assert!(d.source.contains("(i / LZD[0u]) % LZD[1u] + 7u"), "{}", d.source);
         assert_eq!(d.dims, [4, 6]);
+    }
+
+    #[test]
+    fn node_names_are_renumbered_so_renumbered_kernels_share_a_source() {
+        let a = "fn n7(i: u32) -> f32 {\n    return in0[i];\n}\n\nfn e12(i: u32, mm: f32) -> f32 {\n    let x3 = n7(i);\n    return x3 + mm * f32(i % 12u);\n}\n\nfn main() {\n    let v = e12(0u, 1.0) + n7(1u) + exp2(1.0);\n}\n";
+        let b = a.replace("n7", "n6").replace("e12", "e11").replace("x3", "x2");
+        let (sa, sb) = (scan(a), scan(&b));
+        assert_eq!(sa.canonical, sb.canonical);
+        assert!(sa.canonical.contains("fn n0(i: u32)") && sa.canonical.contains("fn e0(i: u32, mm: f32)"));
+        assert!(sa.canonical.contains("let x0 = n0(i);") && sa.canonical.contains("exp2(1.0)"));
+        assert_eq!(sa.family_key("main"), sb.family_key("main"));
+        crate::validate::validate_wgsl(&sa.canonical.replace("in0[i]", "f32(i)")).unwrap();
+        // A renumbered member at other sizes reuses the generic source.
+        let fam = Families::new(true, 16);
+        let first = fam.specialize(a, "main");
+        assert_eq!((first.outcome, first.source.as_str()), (Outcome::Static, sa.canonical.as_str()));
+        let wide = fam.specialize(&a.replace("12u", "13u"), "main");
+        assert_eq!(wide.outcome, Outcome::Widened);
+        let again = fam.specialize(&b.replace("12u", "14u"), "main");
+        assert_eq!((again.outcome, again.dims.as_slice()), (Outcome::Reused, &[14][..]));
+        assert_eq!(again.source, wide.source);
+    }
+
+    #[test]
+    fn an_observed_earlier_size_makes_the_first_variant_generic_in_every_differing_literal() {
+        let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 3u + 7u;\n}\n";
+        let fam = Families::new(true, 16);
+        fam.observe(src, "f");
+        // Observing compiles nothing and counts nothing as a member.
+        let b = fam.specialize(&src.replace("12u", "13u"), "f");
+        assert_eq!((b.outcome, b.dims.as_slice()), (Outcome::Widened, &[13][..]));
+        assert!(b.source.contains("(i / LZD[0u]) % 3u + 7u"), "{}", b.source);
+        // Without the observation the same source is a static first member.
+        let fresh = Families::new(true, 16);
+        assert_eq!(fresh.specialize(&src.replace("12u", "13u"), "f").outcome, Outcome::Static);
+        // Observing a source that fits changes nothing; off observes nothing.
+        fam.observe(&src.replace("12u", "20u"), "f");
+        assert_eq!(fam.specialize(&src.replace("12u", "21u"), "f").source, b.source);
+        let off = Families::new(false, 16);
+        off.observe(src, "f");
+        assert!(off.is_empty());
     }
 
     #[test]

@@ -126,6 +126,9 @@ struct Inner {
     tuner: Tuner,
     /// Families of kernels generic over sizes.
     families: Families,
+    /// The last graph compiled per structure (`Graph::shape_free_hash`):
+    /// the other sizes a size variant's kernels are compared against.
+    earlier_sizes: std::sync::Mutex<lru::LruCache<u64, VerifiedGraph>>,
     /// The persistent compile cache (see [`crate::diskcache`]).
     disk: Option<DiskCache>,
     /// The driver's pipeline cache, loaded from and saved to `disk`.
@@ -135,6 +138,10 @@ struct Inner {
     /// again).
     driver_saved: std::sync::atomic::AtomicU64,
 }
+
+/// Structures whose last compiled graph the backend keeps (see
+/// `Inner::earlier_sizes`).
+const EARLIER_SIZES: usize = 64;
 
 /// Kind of the driver pipeline cache entry in the disk cache.
 const DRIVER_CACHE: &str = "pipelines";
@@ -297,6 +304,9 @@ impl WgpuBackend {
                 profile: std::sync::Mutex::new(None),
                 fault_kernel: options.fault_kernel.clone(),
                 families: Families::new(generic::enabled(options.generic_sizes), 4096),
+                earlier_sizes: std::sync::Mutex::new(lru::LruCache::new(
+                    std::num::NonZeroUsize::new(EARLIER_SIZES).expect("non-zero"),
+                )),
                 tuner: Tuner::new(
                     autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
                     &adapter_id,
@@ -670,6 +680,37 @@ impl WgpuBackend {
                 limit_name: "what kernels index with u32 element indices".into(),
             },
         })
+    }
+
+    /// The graph last compiled with the structure of `graph` but other
+    /// sizes, if any; remembers `graph` as the structure's last.
+    fn earlier_sizes(&self, graph: &VerifiedGraph) -> Option<VerifiedGraph> {
+        let mut seen = self.inner.earlier_sizes.lock().unwrap_or_else(|e| e.into_inner());
+        let before = seen.put(graph.shape_free_hash(), graph.clone());
+        before.filter(|b| **b != **graph)
+    }
+
+    /// Lowers `earlier` (a graph of the structure about to compile, at
+    /// other sizes) in the size-independent forms and records its sources
+    /// in their families without compiling them (`Families::observe`):
+    /// the new size's kernels then turn every literal that differs between
+    /// the two sizes dynamic in one widening, rather than compiling as
+    /// static first members of new families and widening at the next size.
+    /// A kernel that does not lower, or whose tensors need windows, is
+    /// skipped; the real compile reports its own errors.
+    fn observe_sizes(&self, earlier: &VerifiedGraph) {
+        let plan = fusion::plan(earlier, &self.inner.fusion);
+        let limits = LowerLimits { generic: true, ..self.inner.lower };
+        for k in &plan.kernels {
+            let Ok(wgsl) = self.lower(k, earlier, &limits) else { continue };
+            if KernelWindows::of(k, earlier, &wgsl, &self.inner.windows).is_windowed() {
+                continue; // its source would be rewritten; leave it static
+            }
+            self.inner.families.observe(&wgsl.source, wgsl.entry);
+            if let Some(pre) = &wgsl.pre {
+                self.inner.families.observe(&pre.source, pre.entry);
+            }
+        }
     }
 
     /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
@@ -1159,6 +1200,13 @@ impl Backend for WgpuBackend {
     fn compile_with(&self, graph: &VerifiedGraph, hints: CompileHints) -> Result<Arc<dyn Executable>, BackendError> {
         let started = std::time::Instant::now();
         let generic = hints.sizes_vary && self.inner.families.enabled();
+
+        if self.inner.families.enabled() {
+            let earlier = self.earlier_sizes(graph);
+            if let Some(earlier) = earlier.filter(|_| generic) {
+                self.observe_sizes(&earlier);
+            }
+        }
         let plan = fusion::plan(graph, &self.inner.fusion);
         let mut lowered = Vec::with_capacity(plan.kernels.len());
         for (i, k) in plan.kernels.iter().enumerate() {
@@ -1184,7 +1232,7 @@ impl Backend for WgpuBackend {
             for (name, w) in
                 std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
             {
-                let s = self.inner.families.specialize(&w.source, w.entry, false);
+                let s = self.inner.families.specialize(&w.source, w.entry);
                 prepared.push(Prepared {
                     name,
                     source: s.source,

@@ -2,7 +2,7 @@
 //! workgroup-memory form and the barrier-free register-blocked form.
 
 use super::common::*;
-use super::{LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
+use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, Shape, VerifiedGraph};
 use std::fmt::Write as _;
@@ -239,6 +239,8 @@ impl Writer<'_> {
         let (bm, bnn, bk) = (tile.bm as u64, tile.bn as u64, MATMUL_TILE_K);
         let (rm, rnb) = (bm / 64, bnn / 64);
         let (mb, nb) = (m.div_ceil(bm), nn.div_ceil(bnn));
+        let (mbs, nbs) = (ceil_div(m, bm, self.limits.generic), ceil_div(nn, bnn, self.limits.generic));
+        let groups_per_batch = per_batch(mb, nb, &mbs, &nbs, self.limits.generic);
         let groups = batch.numel() as u64 * mb * nb;
         let lanes = WORKGROUP_SIZE as u64;
         self.workgroup = Some(WORKGROUP_SIZE);
@@ -255,10 +257,9 @@ impl Writer<'_> {
         let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let bi = gi / {}u;\n    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {groups_per_batch};\n    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
             // Workgroup-uniform: a return here keeps barriers uniform.
             if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
-            (mb * nb).max(1),
             m * kk,
             kk * nn,
         );
@@ -340,11 +341,11 @@ impl Writer<'_> {
                 }
             }
         }
-        let ntiles = kk.div_ceil(bk);
+        let ntiles = ceil_div(kk, bk, self.limits.generic);
         let fma = rn.dtype == DType::F32;
         // Prologue: slice 0 into buffer 0.
         let _ = writeln!(b, "    {{\n        let k0 = 0u;\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
-        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}u; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles}u;\n        if (more) {{\n            let k0 = (kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
+        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = (kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
         for q in 0..bk {
             let _ = writeln!(
                 b,
@@ -458,6 +459,8 @@ impl Writer<'_> {
         let lc = lanes / lr;
         let cols = 4 * vecs;
         let (mb, nb) = (m.div_ceil(rows * lr), nn.div_ceil(lc * cols));
+        let (mbs, nbs) = (ceil_div(m, rows * lr, self.limits.generic), ceil_div(nn, lc * cols, self.limits.generic));
+        let groups_per_batch = per_batch(mb, nb, &mbs, &nbs, self.limits.generic);
         let groups = batch.numel() as u64 * mb * nb;
         self.workgroup = Some(lanes as u32);
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
@@ -466,12 +469,11 @@ impl Writer<'_> {
         let fma = rn.dtype == DType::F32;
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nb}u;\n    let rb = (gi / {nb}u) % {mb}u;\n    let bi = gi / {}u;\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {groups_per_batch};\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
             // Only a 2-D dispatch has padding groups. Lanes past the last
             // column stay (no divergent return): their loads are clamped
             // and their stores skipped, and llvmpipe keeps loads unmasked.
             if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
-            (mb * nb).max(1),
             lc * cols,
             m * kk,
             kk * nn
@@ -672,5 +674,16 @@ impl SliceCode {
                 }
             }
         }
+    }
+}
+
+/// Workgroups per batch entry (at least 1) as WGSL, from the row and
+/// column block counts `mb`, `nb` and their WGSL spellings (see
+/// [`ceil_div`]).
+fn per_batch(mb: u64, nb: u64, mbs: &str, nbs: &str, generic: bool) -> String {
+    if generic {
+        format!("max({mbs} * {nbs}, 1u)")
+    } else {
+        format!("{}u", (mb * nb).max(1))
     }
 }

@@ -503,6 +503,20 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     })
 }
 
+/// `n.div_ceil(d)` as a WGSL `u32` expression. A kernel generic over
+/// sizes spells it out from `n` (`((13u + 15u) / 16u)`), so the literal
+/// that varies is the size itself, which `crate::generic` turns dynamic at
+/// the first size that differs; a baked quotient would stay equal across
+/// nearby sizes (1 for 12 and 13 rows of 16) and compile the kernel again
+/// at the first size where it moves.
+pub(super) fn ceil_div(n: u64, d: u64, generic: bool) -> String {
+    if generic {
+        format!("(({n}u + {}u) / {d}u)", d - 1)
+    } else {
+        format!("{}u", n.div_ceil(d))
+    }
+}
+
 /// The uniform of lifted scalars (`P.z`, always 0, then `P.sK`) and its
 /// binding, shared by every kernel of a graph.
 fn params_header(graph: &VerifiedGraph) -> String {

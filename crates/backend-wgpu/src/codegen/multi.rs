@@ -10,7 +10,9 @@
 //! invocations, so no subgroup of a GPU straddles two segments, and
 //! adjacent invocations of a segment touch adjacent elements, as in the
 //! single kernel. Segments of no element get no invocations and no code
-//! (their index math would divide by zero).
+//! (their index math would divide by zero). In a kernel generic over
+//! sizes the starts are `let`s computed from the segment sizes in `main`,
+//! so a size that changes moves them without compiling again.
 //!
 //! Bindings: the kernel's inputs in order, then its outputs (segment by
 //! segment). An input read as whole vectors by some segment is bound as
@@ -107,7 +109,12 @@ impl Writer<'_> {
         }
         // One function per segment with elements, and its invocations.
         let mut segment_fns = String::new();
-        let mut starts: Vec<(u64, usize)> = Vec::new();
+        // Segment starts as WGSL (`64u`; in a kernel generic over sizes a
+        // `let` computed from the previous segment's size, so the sizes
+        // are the literals that vary, not their aligned sums).
+        let mut starts: Vec<(String, usize)> = Vec::new();
+        let mut start_lets = String::new();
+        let mut last: Option<(String, u64)> = None;
         let mut total = 0u64;
         for (s, p) in parts.iter().enumerate() {
             if p.numel == 0 {
@@ -127,7 +134,20 @@ impl Writer<'_> {
             self.slots = None;
             let start = total.next_multiple_of(SEGMENT_ALIGN);
             total = start + invocations;
-            starts.push((start, s));
+            let at = if generic {
+                let expr = match &last {
+                    None => "0u".to_string(),
+                    Some((prev, n)) => {
+                        format!("({prev} + {n}u + {}u) / {SEGMENT_ALIGN}u * {SEGMENT_ALIGN}u", SEGMENT_ALIGN - 1)
+                    }
+                };
+                let _ = writeln!(start_lets, "    let b{s} = {expr};");
+                format!("b{s}")
+            } else {
+                format!("{start}u")
+            };
+            last = Some((at.clone(), invocations));
+            starts.push((at, s));
             let _ = write!(
                 segment_fns,
                 "fn s{s}(t: u32) {{\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n\n"
@@ -162,7 +182,11 @@ impl Writer<'_> {
         src.push_str(&segment_fns);
         let _ = write!(
             src,
-            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {total}u) {{\n        return;\n    }}\n{}}}\n",
+            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n{start_lets}    if (t >= {}) {{\n        return;\n    }}\n{}}}\n",
+            match &last {
+                Some((at, n)) if generic => format!("{at} + {n}u"),
+                _ => format!("{total}u"),
+            },
             dispatch_tree(&starts, 1)
         );
         Ok(Wgsl {
@@ -182,15 +206,15 @@ impl Writer<'_> {
 /// Statements calling the segment of `t` among `starts` (segment start,
 /// segment index; ascending): a binary search over the starts, so a
 /// kernel of many segments costs a few comparisons per invocation.
-fn dispatch_tree(starts: &[(u64, usize)], depth: usize) -> String {
+fn dispatch_tree(starts: &[(String, usize)], depth: usize) -> String {
     let pad = "    ".repeat(depth);
     match starts {
         [] => String::new(),
-        [(start, s)] => format!("{pad}s{s}(t - {start}u);\n"),
+        [(start, s)] => format!("{pad}s{s}(t - {start});\n"),
         _ => {
             let mid = starts.len() / 2;
             format!(
-                "{pad}if (t < {}u) {{\n{}{pad}}} else {{\n{}{pad}}}\n",
+                "{pad}if (t < {}) {{\n{}{pad}}} else {{\n{}{pad}}}\n",
                 starts[mid].0,
                 dispatch_tree(&starts[..mid], depth + 1),
                 dispatch_tree(&starts[mid..], depth + 1)
