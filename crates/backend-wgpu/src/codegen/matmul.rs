@@ -7,8 +7,20 @@ use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, Shape, VerifiedGraph};
 use std::fmt::Write as _;
 
-/// Most output rows one matmul invocation computes (register blocking).
+/// Most output rows one matmul invocation computes (register blocking),
+/// for outputs of at least [`MATMUL_LARGE_M`] rows.
 pub const MATMUL_ROWS: u64 = 16;
+
+/// Most output rows per invocation below [`MATMUL_LARGE_M`] rows and in
+/// kernels generic over sizes. Half the register block of large outputs:
+/// small products have little work to amortize a block of 16 rows over,
+/// more invocations suit GPUs there (occupancy, parallelism), and the
+/// code is far cheaper to compile (llvmpipe JITs a 16-row block of the
+/// small GPT's matmuls in 0.3-2.0 s, an 8-row block in 0.25-0.65 s).
+pub const MATMUL_SMALL_ROWS: u64 = 8;
+
+/// Output rows from which the register block takes [`MATMUL_ROWS`].
+pub const MATMUL_LARGE_M: u64 = 128;
 
 /// The largest output tile (square) of one workgroup of the tiled (GPU)
 /// matmul; each of its 256 invocations then computes 8 x 8 outputs.
@@ -154,15 +166,16 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatM
     // their loads and skip their stores), so that sizes in one bucket
     // share a generic kernel (see `crate::generic`).
     // Generic kernels (sizes that vary) take the layout of the largest
-    // small bucket: at least 64 columns and MATMUL_ROWS rows.
+    // small bucket: at least 64 columns and MATMUL_SMALL_ROWS rows.
     let (mq, nq) = if generic {
-        (m.next_power_of_two().max(MATMUL_ROWS), n.next_power_of_two().max(64))
+        (m.next_power_of_two().max(MATMUL_SMALL_ROWS), n.next_power_of_two().max(64))
     } else {
         (m.next_power_of_two(), n.next_power_of_two())
     };
+    let row_cap = if !generic && mq >= MATMUL_LARGE_M { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
     let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
         let vecs = 2;
-        (mq.clamp(1, MATMUL_ROWS), vecs, nq.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
+        (mq.clamp(1, row_cap), vecs, nq.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
     } else {
         let vecs = if nq <= 12 { nq.div_ceil(4).max(1) } else { 2 };
         let col_lanes = nq.div_ceil(4 * vecs).max(1);
