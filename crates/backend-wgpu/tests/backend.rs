@@ -922,6 +922,50 @@ fn row_kernels_layer_norm_and_handwritten_softmax() {
     }
 }
 
+/// Row kernels (GPU profile): the layer-norm input gradient as autograd
+/// writes it, two row sums where the second reads the first through an
+/// expand along the row, is one kernel and matches a float64 reference.
+#[test]
+fn row_kernels_fold_row_sums_broadcast_by_expand() {
+    let _s = serial();
+    let Some(b) = backend_forms(|f| *f = KernelForms::gpu()) else { return };
+    for (rows, len) in [(37usize, 1000usize), (5, 3), (300, 64)] {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([rows, len], DType::F32));
+        let dy = g.param(ValueType::new([rows, len], DType::F32));
+        let rstd = g.param(ValueType::new([rows, 1], DType::F32));
+        let sum = |g: &mut Graph, v| push(g, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: true }, &[v]);
+        let expand = |g: &mut Graph, v| push(g, Op::Expand(lazuli_ir::Shape::new([rows, len])), &[v]);
+        let dyx = bin(&mut g, BinaryOp::Mul, dy, x);
+        let s1 = sum(&mut g, dyx);
+        let t = bin(&mut g, BinaryOp::Mul, s1, rstd);
+        let te = expand(&mut g, t);
+        let a = bin(&mut g, BinaryOp::Mul, dy, rstd);
+        let c = bin(&mut g, BinaryOp::Mul, te, x);
+        let y = bin(&mut g, BinaryOp::Add, a, c);
+        let ny = push(&mut g, Op::Unary(UnaryOp::Neg), &[y]);
+        let s2 = sum(&mut g, ny);
+        let s2e = expand(&mut g, s2);
+        let out = bin(&mut g, BinaryOp::Add, y, s2e);
+        g.outputs.push(out);
+        let exe = b.compile(&g.clone().verify().unwrap()).unwrap();
+        assert_eq!(exe.kernel_count(), 1, "{rows}x{len}: {:?}", exe.kernel_sources());
+        let xs: Vec<f32> = (0..rows * len).map(|i| ((i * 37 % 101) as f32) / 40.0 - 1.25).collect();
+        let dys: Vec<f32> = (0..rows * len).map(|i| ((i * 13 % 29) as f32) / 10.0 - 1.4).collect();
+        let rs: Vec<f32> = (0..rows).map(|r| 0.5 + (r % 7) as f32 * 0.125).collect();
+        let got = run_on(&b, g, &[Data::F(xs.clone()), Data::F(dys.clone()), Data::F(rs.clone())], &[]);
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let (xr, dr, rr) = (&xs[r * len..(r + 1) * len], &dys[r * len..(r + 1) * len], rs[r] as f64);
+            let s1: f64 = xr.iter().zip(dr).map(|(&x, &d)| x as f64 * d as f64).sum();
+            let y: Vec<f64> = xr.iter().zip(dr).map(|(&x, &d)| d as f64 * rr + s1 * rr * x as f64).collect();
+            let s2: f64 = -y.iter().sum::<f64>();
+            want.extend(y.iter().map(|v| (v + s2) as f32));
+        }
+        close(&f32s(&got[0]), &want, 1e-3);
+    }
+}
+
 /// The GPU gather kernel (which the executor does not select yet: it
 /// cannot report an out-of-range index) reads an embedding table bound in
 /// windows (`WgpuOptions::binding_window`, see `lazuli_wgpu::window`), as

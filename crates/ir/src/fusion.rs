@@ -635,21 +635,23 @@ fn split_candidate(graph: &Graph, k: &Kernel, max: &Budget) -> Option<NodeId> {
 
 /// The nodes of `order` (topologically sorted) that depend on `dep`'s
 /// nodes, added to `dep`, when every one of them is an elementwise op
-/// whose shape `shape_ok` accepts; `None` as soon as one is not. Nodes
-/// for which `seed` holds join unchecked (the values others depend on).
+/// whose shape `shape_ok` accepts, or a node `other_ok` accepts; `None` as
+/// soon as one is not. Nodes for which `seed` holds join unchecked (the
+/// values others depend on).
 fn elementwise_dependents(
     graph: &Graph,
     order: &[NodeId],
     mut dep: BTreeSet<NodeId>,
     seed: impl Fn(NodeId) -> bool,
     shape_ok: impl Fn(&crate::Shape) -> bool,
+    other_ok: impl Fn(&crate::Node) -> bool,
 ) -> Option<BTreeSet<NodeId>> {
     for &x in order {
         let n = graph.node(x);
         if seed(x) {
             dep.insert(x);
         } else if n.inputs.iter().any(|o| dep.contains(o)) {
-            if !n.op.is_elementwise() || !shape_ok(&n.shape) {
+            if !(n.op.is_elementwise() && shape_ok(&n.shape) || other_ok(n)) {
                 return None;
             }
             dep.insert(x);
@@ -677,8 +679,8 @@ fn row_reduction(graph: &Graph, x: NodeId, shape: &crate::Shape) -> bool {
 /// what they write is read by no other kernel and is no graph output. At
 /// least one reduction must join, and every node that depends on a
 /// joined reduction must be an elementwise op of shape `S` or of the row
-/// shape (`S` with last dim 1), so each element only ever needs its own
-/// row's reductions. The result is a [`KernelKind::Rows`] kernel at `e`'s
+/// shape (`S` with last dim 1), or an expand of a row-shape value to `S`,
+/// so each element only ever needs its own row's reductions. The result is a [`KernelKind::Rows`] kernel at `e`'s
 /// place; the joined kernels' outputs are never written.
 fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let nodes = graph.nodes();
@@ -733,11 +735,21 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
             inline.extend(k.inline.iter().copied());
         }
         // Row-locality: whatever depends on a joined reduction is an
-        // elementwise op of the output or row shape.
+        // elementwise op of the output or row shape, or the broadcast of a
+        // row value along its row (autograd's expand of a keepdim sum).
         let order: Vec<NodeId> = inline.iter().copied().collect();
         let reduction = |x: NodeId| matches!(nodes[x.index()].op, Op::Reduce { .. });
-        let local =
-            elementwise_dependents(graph, &order, BTreeSet::new(), reduction, |s| *s == shape || *s == row_shape);
+        let row_broadcast = |n: &crate::Node| {
+            matches!(n.op, Op::Expand(_)) && n.shape == shape && nodes[n.inputs[0].index()].shape == row_shape
+        };
+        let local = elementwise_dependents(
+            graph,
+            &order,
+            BTreeSet::new(),
+            reduction,
+            |s| *s == shape || *s == row_shape,
+            row_broadcast,
+        );
         if local.is_none() || !max.fits(inputs.iter().chain(&ke.outputs)) {
             continue;
         }
@@ -823,7 +835,7 @@ fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> 
             continue;
         }
         // Nodes of kb depending on r: same-shape elementwise only.
-        let dep = elementwise_dependents(graph, &kb.inline, BTreeSet::from([r]), |_| false, |s| s == shape);
+        let dep = elementwise_dependents(graph, &kb.inline, BTreeSet::from([r]), |_| false, |s| s == shape, |_| false);
         if !dep.is_some_and(|dep| kb.outputs.iter().all(|o| dep.contains(o))) {
             continue;
         }
@@ -1139,6 +1151,53 @@ mod tests {
         assert_eq!(p.kernels.len(), 2, "{}", p.to_text());
         assert_eq!(p.kernels[1].kind, KernelKind::Rows);
         check_limits(&g, &p, 8);
+    }
+
+    #[test]
+    fn layer_norm_backward_row_sums_broadcast_by_expand_fold_into_one_row_kernel() {
+        // The shape of autograd's layer-norm input gradient: two row sums,
+        // the second over a value that uses the first through an expand.
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([6, 10], DType::F32));
+        let dy = g.param(ValueType::new([6, 10], DType::F32));
+        let rstd = g.param(ValueType::new([6, 1], DType::F32));
+        let sum =
+            |g: &mut Graph, v| g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: true }, &[v]).unwrap();
+        let expand = |g: &mut Graph, v| g.push(Op::Expand(crate::Shape::new([6, 10])), &[v]).unwrap();
+        let dyx = bin(&mut g, BinaryOp::Mul, dy, x);
+        let s1 = sum(&mut g, dyx);
+        let t = bin(&mut g, BinaryOp::Mul, s1, rstd);
+        let te = expand(&mut g, t);
+        let a = bin(&mut g, BinaryOp::Mul, dy, rstd);
+        let b = bin(&mut g, BinaryOp::Mul, te, x);
+        let y = bin(&mut g, BinaryOp::Add, a, b);
+        let ny = g.push(Op::Unary(UnaryOp::Neg), &[y]).unwrap();
+        let s2 = sum(&mut g, ny);
+        let s2e = expand(&mut g, s2);
+        let out = bin(&mut g, BinaryOp::Add, y, s2e);
+        g.outputs.push(out);
+        let rows = FusionLimits { row_kernels: true, ..FusionLimits::default() };
+        let p = plan(&g, &rows);
+        assert_eq!(p.kernels.len(), 1, "{}", p.to_text());
+        assert_eq!(p.kernels[0].kind, KernelKind::Rows);
+        check_limits(&g, &p, 8);
+        assert_eq!(
+            plan(&g, &FusionLimits::default()).kernels.len(),
+            4,
+            "{}",
+            plan(&g, &FusionLimits::default()).to_text()
+        );
+        // An expand that reaches across rows (a column value broadcast)
+        // keeps the reductions apart.
+        let mut g2 = g.clone();
+        g2.outputs.clear();
+        let col = g2.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: true }, &[y]).unwrap();
+        let cole = g2.push(Op::Expand(crate::Shape::new([6, 10])), &[col]).unwrap();
+        let out2 = bin(&mut g2, BinaryOp::Add, out, cole);
+        g2.outputs.push(out2);
+        let p2 = plan(&g2, &rows);
+        assert!(p2.kernels.len() > 1, "{}", p2.to_text());
+        check_limits(&g2, &p2, 8);
     }
 
     #[test]
