@@ -676,7 +676,9 @@ fn row_reduction(graph: &Graph, x: NodeId, shape: &crate::Shape) -> bool {
 /// kernels over the last axis of a value of shape `S` (keepdim, f32) or
 /// elementwise kernels of shape `S` (recomputed per element, as layer
 /// norm's centred value, read by both the variance and the output), and
-/// what they write is read by no other kernel and is no graph output. At
+/// what they write is read by no other kernel and is no graph output (a
+/// kernel whose outputs another kernel reads stays apart, and so do the
+/// kernels only it needed). At
 /// least one reduction must join, and every node that depends on a
 /// joined reduction must be an elementwise op of shape `S` or of the row
 /// shape (`S` with last dim 1), or an expand of a row-shape value to `S`,
@@ -716,18 +718,28 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
             frontier.extend(kc.inputs.iter().copied());
         }
         let kernel = |c: usize, ks: &[Option<Kernel>]| ks[c].clone().expect("folded kernel");
+        // Nobody else may read what the folded kernels write: a kernel
+        // whose outputs another kernel reads stays as it is (its outputs
+        // become inputs here), and so, in turn, do the kernels it alone
+        // needed.
+        loop {
+            let mine = |c: usize, folded: &[usize]| c == e || folded.contains(&c);
+            let shared = folded.iter().position(|&c| {
+                kernel(c, &ks).outputs.iter().any(|r| {
+                    (0..ks.len()).any(|d| !mine(d, &folded) && ks[d].as_ref().is_some_and(|k| k.inputs.contains(r)))
+                })
+            });
+            match shared {
+                Some(i) => {
+                    folded.remove(i);
+                }
+                None => break,
+            }
+        }
         if !folded.iter().any(|&c| kernel(c, &ks).kind == KernelKind::Reduce) {
             continue;
         }
-        // Nobody else may read what the folded kernels write.
-        let mine = |c: usize| c == e || folded.contains(&c);
         let written: BTreeSet<NodeId> = folded.iter().flat_map(|&c| kernel(c, &ks).outputs).collect();
-        let private = written
-            .iter()
-            .all(|r| (0..ks.len()).all(|d| mine(d) || !ks[d].as_ref().is_some_and(|k| k.inputs.contains(r))));
-        if !private {
-            continue;
-        }
         let mut inputs: BTreeSet<NodeId> = BTreeSet::new();
         let mut inline: BTreeSet<NodeId> = written.clone();
         for k in folded.iter().map(|&c| kernel(c, &ks)).chain([ke.clone()]) {
@@ -1198,6 +1210,27 @@ mod tests {
         let p2 = plan(&g2, &rows);
         assert!(p2.kernels.len() > 1, "{}", p2.to_text());
         check_limits(&g2, &p2, 8);
+        // An operand computed by a kernel others read too (the forward's
+        // centred value, which the backward reads in several places)
+        // stays that kernel's output; the rest still folds.
+        let mut g3 = Graph::new();
+        let x0 = g3.param(ValueType::new([6, 10], DType::F32));
+        let dy = g3.param(ValueType::new([6, 10], DType::F32));
+        let rstd = g3.param(ValueType::new([6, 1], DType::F32));
+        let two = g3.push(Op::Constant(ScalarValue::Float(2.0), DType::F32), &[]).unwrap();
+        let x = bin(&mut g3, BinaryOp::Mul, x0, two);
+        let col = g3.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[x]).unwrap();
+        let dyx = bin(&mut g3, BinaryOp::Mul, dy, x);
+        let s1 = sum(&mut g3, dyx);
+        let t = bin(&mut g3, BinaryOp::Mul, s1, rstd);
+        let te = expand(&mut g3, t);
+        let c = bin(&mut g3, BinaryOp::Mul, te, x);
+        let y = bin(&mut g3, BinaryOp::Add, dy, c);
+        g3.outputs.extend([y, col]);
+        let p3 = plan(&g3, &rows);
+        assert_eq!(p3.kernels.iter().filter(|k| k.kind == KernelKind::Rows).count(), 1, "{}", p3.to_text());
+        assert_eq!(p3.kernels.len(), 3, "x, its column sum, the row kernel: {}", p3.to_text());
+        check_limits(&g3, &p3, 8);
     }
 
     #[test]
