@@ -966,6 +966,59 @@ fn row_kernels_fold_row_sums_broadcast_by_expand() {
     }
 }
 
+/// Row kernels (GPU profile): a layer norm whose centred value and
+/// inverse deviation later kernels read (as training keeps them for the
+/// backward) is one row kernel writing them too, the deviation once per
+/// row; what the later kernels compute from them matches float64.
+#[test]
+fn row_kernels_write_values_later_kernels_read() {
+    let _s = serial();
+    let Some(b) = backend_forms(|f| *f = KernelForms::gpu()) else { return };
+    for (rows, len) in [(37usize, 1000usize), (5, 3), (300, 64)] {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([rows, len], DType::F32));
+        let w = g.param(ValueType::new([len], DType::F32));
+        let mean = |g: &mut Graph, v| push(g, Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keepdim: true }, &[v]);
+        let col = |g: &mut Graph, v| push(g, Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[v]);
+        let mu = mean(&mut g, x);
+        let xc = bin(&mut g, BinaryOp::Sub, x, mu);
+        let sq = bin(&mut g, BinaryOp::Mul, xc, xc);
+        let var = mean(&mut g, sq);
+        let eps = push(&mut g, Op::Constant(ScalarValue::Float(1e-5), DType::F32), &[]);
+        let ve = bin(&mut g, BinaryOp::Add, var, eps);
+        let rstd = push(&mut g, Op::Unary(UnaryOp::Rsqrt), &[ve]);
+        let xhat = bin(&mut g, BinaryOp::Mul, xc, rstd);
+        let y = bin(&mut g, BinaryOp::Mul, xhat, w);
+        let p = bin(&mut g, BinaryOp::Mul, y, xc);
+        let s0 = col(&mut g, p);
+        let q = bin(&mut g, BinaryOp::Mul, y, rstd);
+        let r0 = col(&mut g, q);
+        g.outputs.extend([s0, r0]);
+        let exe = b.compile(&g.clone().verify().unwrap()).unwrap();
+        let names: Vec<String> = exe.kernel_sources().iter().map(|k| k.0.clone()).collect();
+        assert_eq!(names.iter().filter(|n| n.contains("Rows")).count(), 1, "{rows}x{len}: {names:?}");
+        assert!(!names.iter().any(|n| n.contains("reduce_mean")), "{rows}x{len}: {names:?}");
+        let xs: Vec<f32> = (0..rows * len).map(|i| ((i * 37 % 101) as f32) / 20.0 - 2.5).collect();
+        let ws: Vec<f32> = (0..len).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let got = run_on(&b, g, &[Data::F(xs.clone()), Data::F(ws.clone())], &[]);
+        let (mut want_s, mut want_r) = (vec![0f64; len], vec![0f64; len]);
+        for r in 0..rows {
+            let row: Vec<f64> = xs[r * len..(r + 1) * len].iter().map(|&v| v as f64).collect();
+            let m = row.iter().sum::<f64>() / len as f64;
+            let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / len as f64;
+            let inv = 1.0 / (var + 1e-5).sqrt();
+            for j in 0..len {
+                let y = (row[j] - m) * inv * ws[j] as f64;
+                want_s[j] += y * (row[j] - m);
+                want_r[j] += y * inv;
+            }
+        }
+        let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        close(&f32s(&got[0]), &f(want_s), 1e-3);
+        close(&f32s(&got[1]), &f(want_r), 1e-3);
+    }
+}
+
 /// The GPU gather kernel (which the executor does not select yet: it
 /// cannot report an out-of-range index) reads an embedding table bound in
 /// windows (`WgpuOptions::binding_window`, see `lazuli_wgpu::window`), as

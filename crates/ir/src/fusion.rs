@@ -710,7 +710,10 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
             let Some(kc) = ks[c].as_ref() else { continue };
             let reduce = kc.kind == KernelKind::Reduce && row_reduction(graph, x, &shape);
             let elementwise = matches!(kc.kind, KernelKind::Elementwise | KernelKind::Rows)
-                && kc.outputs.iter().all(|o| nodes[o.index()].shape == shape && !graph.outputs.contains(o));
+                && kc.outputs.iter().all(|o| {
+                    let s = &nodes[o.index()].shape;
+                    (*s == shape || *s == row_shape) && !graph.outputs.contains(o)
+                });
             if folded.contains(&c) || graph.outputs.contains(&x) || !(reduce || elementwise) {
                 continue;
             }
@@ -718,18 +721,38 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
             frontier.extend(kc.inputs.iter().copied());
         }
         let kernel = |c: usize, ks: &[Option<Kernel>]| ks[c].clone().expect("folded kernel");
-        // Nobody else may read what the folded kernels write: a kernel
-        // whose outputs another kernel reads stays as it is (its outputs
-        // become inputs here), and so, in turn, do the kernels it alone
-        // needed.
+        // What the folded kernels write that other kernels read: kept as
+        // an output of the row kernel when every such reader runs after
+        // it (the forward's centred value and inverse deviation, saved for
+        // the backward), written per element or, for a row-shape value,
+        // once per row. A folded kernel read earlier, or a reduction read
+        // elsewhere, stays as it is (its outputs become inputs here), and
+        // so, in turn, do the kernels only it needed.
+        let mut extra: BTreeSet<NodeId>;
         loop {
             let mine = |c: usize, folded: &[usize]| c == e || folded.contains(&c);
-            let shared = folded.iter().position(|&c| {
-                kernel(c, &ks).outputs.iter().any(|r| {
-                    (0..ks.len()).any(|d| !mine(d, &folded) && ks[d].as_ref().is_some_and(|k| k.inputs.contains(r)))
-                })
-            });
-            match shared {
+            extra = BTreeSet::new();
+            let mut apart = None;
+            for (i, &c) in folded.iter().enumerate() {
+                let kc = kernel(c, &ks);
+                for &r in &kc.outputs {
+                    let readers: Vec<usize> = (0..ks.len())
+                        .filter(|&d| !mine(d, &folded) && ks[d].as_ref().is_some_and(|k| k.inputs.contains(&r)))
+                        .collect();
+                    if readers.is_empty() {
+                        continue;
+                    }
+                    if kc.kind == KernelKind::Reduce || readers.iter().any(|&d| d < e) {
+                        apart = Some(i);
+                    } else {
+                        extra.insert(r);
+                    }
+                }
+                if apart.is_some() {
+                    break;
+                }
+            }
+            match apart {
                 Some(i) => {
                     folded.remove(i);
                 }
@@ -765,9 +788,13 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
         if local.is_none() || !max.fits(inputs.iter().chain(&ke.outputs)) {
             continue;
         }
+        let outputs: Vec<NodeId> = ke.outputs.iter().copied().chain(extra).collect();
+        if !max.fits(inputs.iter().chain(&outputs)) {
+            continue;
+        }
         ks[e] = Some(Kernel {
             kind: KernelKind::Rows,
-            outputs: ke.outputs.clone(),
+            outputs,
             inputs: inputs.into_iter().collect(),
             inline: inline.into_iter().collect(),
         });
@@ -1231,6 +1258,42 @@ mod tests {
         assert_eq!(p3.kernels.iter().filter(|k| k.kind == KernelKind::Rows).count(), 1, "{}", p3.to_text());
         assert_eq!(p3.kernels.len(), 3, "x, its column sum, the row kernel: {}", p3.to_text());
         check_limits(&g3, &p3, 8);
+    }
+
+    #[test]
+    fn layer_norm_keeping_values_for_later_kernels_is_one_row_kernel() {
+        // Training keeps the centred value and the inverse deviation for
+        // the backward: the row kernel writes them besides its output.
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([6, 10], DType::F32));
+        let w = g.param(ValueType::new([10], DType::F32));
+        let mean =
+            |g: &mut Graph, v| g.push(Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keepdim: true }, &[v]).unwrap();
+        let mu = mean(&mut g, x);
+        let xc = bin(&mut g, BinaryOp::Sub, x, mu);
+        let sq = bin(&mut g, BinaryOp::Mul, xc, xc);
+        let var = mean(&mut g, sq);
+        let eps = g.push(Op::Constant(ScalarValue::Float(1e-5), DType::F32), &[]).unwrap();
+        let ve = bin(&mut g, BinaryOp::Add, var, eps);
+        let rstd = g.push(Op::Unary(UnaryOp::Rsqrt), &[ve]).unwrap();
+        let xhat = bin(&mut g, BinaryOp::Mul, xc, rstd);
+        let y = bin(&mut g, BinaryOp::Mul, xhat, w);
+        let col =
+            |g: &mut Graph, v| g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[v]).unwrap();
+        let p = bin(&mut g, BinaryOp::Mul, y, xc);
+        let s0 = col(&mut g, p);
+        let q = bin(&mut g, BinaryOp::Mul, y, rstd);
+        let r0 = col(&mut g, q);
+        g.outputs.extend([s0, r0]);
+        let rows = FusionLimits { row_kernels: true, ..FusionLimits::default() };
+        let plan_rows = plan(&g, &rows);
+        let row_kernels: Vec<&Kernel> = plan_rows.kernels.iter().filter(|k| k.kind == KernelKind::Rows).collect();
+        assert_eq!(row_kernels.len(), 1, "{}", plan_rows.to_text());
+        let mut written = row_kernels[0].outputs.clone();
+        written.sort();
+        assert_eq!(written, [xc, rstd, y], "{}", plan_rows.to_text());
+        assert_eq!(plan_rows.kernels.len(), 3, "the row kernel and two column sums: {}", plan_rows.to_text());
+        check_limits(&g, &plan_rows, 8);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use super::common::*;
 use super::{ReduceForm, SecondPass, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape};
+use lazuli_ir::{ArgReduceOp, DType, NodeId, Op, ReduceOp, Shape};
 use std::fmt::Write as _;
 
 /// Reductions at least this long with at most
@@ -252,7 +252,8 @@ impl Writer<'_> {
     /// its operand's row (adjacent lanes on adjacent elements), combines
     /// in a tree and leaves its value in workgroup memory (`rvK[lrow]`),
     /// where the value function of the reduction node reads it; then the
-    /// outputs are written along the row. The operand of a later
+    /// outputs are written along the row (an output of the row shape once
+    /// per row). The operand of a later
     /// reduction may use an earlier one (layer norm's variance its mean).
     /// A row re-read by several phases comes from cache, not memory.
     pub(super) fn rows_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
@@ -283,15 +284,27 @@ impl Writer<'_> {
             );
             slot += 1;
         }
+        // Outputs of the row's shape along the row; outputs of the row
+        // shape (one value per row: the planner keeps them when later
+        // kernels read them) once, by the row's first lane.
+        let per_row = |id: &NodeId| g.node(*id).shape.numel() as u64 == rows && len != 1;
         let _ = writeln!(b, "    if (valid) {{\n        for (var j = tid; j < {len}u; j = j + {lanes}u) {{");
-        for (o, &id) in k.outputs.iter().enumerate() {
+        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
             let _ = writeln!(
                 b,
                 "            out{o}[base + j] = {};",
                 store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
             );
         }
-        b.push_str("        }\n    }\n");
+        b.push_str("        }\n");
+        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| per_row(id)) {
+            let _ = writeln!(
+                b,
+                "        if (tid == 0u) {{\n            out{o}[t] = {};\n        }}",
+                store(g.node(id).dtype, &format!("n{}(t)", id.0))
+            );
+        }
+        b.push_str("    }\n");
         rows.div_ceil(per_group) * WORKGROUP_SIZE as u64
     }
 
