@@ -11,8 +11,8 @@ use std::fmt::Write as _;
 /// for outputs of at least [`MATMUL_LARGE_M`] rows.
 pub const MATMUL_ROWS: u64 = 16;
 
-/// Most output rows per invocation below [`MATMUL_LARGE_M`] rows and in
-/// kernels generic over sizes. Half the register block of large outputs:
+/// Most output rows per invocation below [`MATMUL_LARGE_M`] rows and
+/// [`MATMUL_LARGE_WORK`] multiply-adds, and in kernels generic over sizes. Half the register block of large outputs:
 /// small products have little work to amortize a block of 16 rows over,
 /// more invocations suit GPUs there (occupancy, parallelism), and the
 /// code is far cheaper to compile (llvmpipe JITs a 16-row block of the
@@ -21,6 +21,11 @@ pub const MATMUL_SMALL_ROWS: u64 = 8;
 
 /// Output rows from which the register block takes [`MATMUL_ROWS`].
 pub const MATMUL_LARGE_M: u64 = 128;
+
+/// Multiply-adds (per batch entry) from which the register block takes
+/// [`MATMUL_ROWS`] whatever M: a weight gradient (`[64, 1024] x
+/// [1024, 64]`) has work enough to amortize the bigger block.
+pub const MATMUL_LARGE_WORK: u64 = 1 << 22;
 
 /// The largest output tile (square) of one workgroup of the tiled (GPU)
 /// matmul; each of its 256 invocations then computes 8 x 8 outputs.
@@ -172,7 +177,8 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatM
     } else {
         (m.next_power_of_two(), n.next_power_of_two())
     };
-    let row_cap = if !generic && mq >= MATMUL_LARGE_M { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
+    let large = mq >= MATMUL_LARGE_M || m.saturating_mul(n).saturating_mul(kk) >= MATMUL_LARGE_WORK;
+    let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
     let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
         let vecs = 2;
         (mq.clamp(1, row_cap), vecs, nq.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
