@@ -222,3 +222,44 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
         assert!(pipelines[2..].iter().all(|&n| n == 0), "{profile}: pipelines per evaluation size {pipelines:?}");
     }
 }
+
+/// `narrow_at` takes its start as run-time data: a window moving over a
+/// fixed buffer records one graph for every start (nothing compiles after
+/// the first), reads the rows `narrow` would, on every device and in both
+/// wgpu kernel profiles, and its gradient lands on those rows; a range
+/// outside the axis is an error when recorded.
+#[test]
+fn narrow_at_moves_its_start_without_recompiling() {
+    let _g = common::metrics_lock();
+    let (rows, cols, len) = (8usize, 6usize, 2usize);
+    let data: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let mut devices = vec![Device::cpu()];
+    devices.extend(common::wgpu_profiles().into_iter().map(|(_, d)| d));
+    for dev in devices {
+        let x = Tensor::from_slice(&data, [rows, cols], &dev).unwrap();
+        let mut compiled_after_first = None;
+        for start in [0i64, 3, 6, 1, -2, 5] {
+            let first = if start < 0 { (start + rows as i64) as usize } else { start as usize };
+            let got = x.narrow_at(0, start, len).unwrap().mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap();
+            let want: Vec<f32> = data[first * cols..(first + len) * cols].iter().map(|v| v * 2.0).collect();
+            assert_eq!(got, want, "start {start} on {}", dev.name());
+            let compiled = metrics::counter("UncachedCompile");
+            assert_eq!(
+                *compiled_after_first.get_or_insert(compiled),
+                compiled,
+                "start {start} compiled on {}",
+                dev.name()
+            );
+        }
+        // The gradient: ones on the picked rows, zeros elsewhere.
+        let xg = Tensor::from_slice(&data, [rows, cols], &dev).unwrap().requires_grad_(true).unwrap();
+        xg.narrow_at(0, 4, len).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        let grad = xg.grad().unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f32> =
+            (0..rows * cols).map(|i| if (4..4 + len).contains(&(i / cols)) { 1.0 } else { 0.0 }).collect();
+        assert_eq!(grad, want, "gradient on {}", dev.name());
+        for (start, l) in [(7i64, 2usize), (-9, 1), (0, 9)] {
+            assert!(x.narrow_at(0, start, l).is_err(), "start {start} len {l} on {}", dev.name());
+        }
+    }
+}

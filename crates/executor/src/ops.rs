@@ -648,6 +648,38 @@ impl Tensor {
         Tensor::record(Op::Slice { starts, steps, lens }, &[self])
     }
 
+    /// [`Tensor::narrow`] with the start as run-time data: `len` elements
+    /// of `axis` from `start` (negative: counted from the end), read by a
+    /// gather at `iota(len) + start` where `start` travels as a lifted
+    /// scalar. Calls with different starts record the same graph and run
+    /// one compiled plan (the position pick of generation, a window moving
+    /// over a fixed buffer), where `narrow` bakes the start into the graph
+    /// and compiles a plan per start. The range is checked here, as
+    /// `narrow` checks it; the gradient is the gather's (a scatter-add).
+    #[track_caller]
+    pub fn narrow_at(&self, axis: isize, start: impl TensorIndex, len: impl TensorIndex) -> Result<Tensor> {
+        let ax = self.axis("narrow_at", axis)?;
+        let n = self.dims()[ax] as i128;
+        let (s, l) = (start.to_i128(), len.to_i128());
+        let s = if s < 0 { s + n } else { s };
+        if s < 0 || l < 0 || s + l > n || n > i32::MAX as i128 {
+            return Err(ExecError::Ir(IrError::Shape {
+                op: "narrow_at".into(),
+                detail: format!(
+                    "a slice of {l} elements from {} is out of range for axis {axis} (size {n}, at most {} for \
+                     32-bit run-time indices) of {}",
+                    start.to_i128(),
+                    i32::MAX,
+                    self.shape()
+                ),
+            }));
+        }
+        let device = self.device();
+        let offset = Tensor::lifted_scalar(ScalarValue::Int(s as i64), DType::I32, device);
+        let indices = Tensor::iota([l as usize], 0, DType::I32, device)?.add(&offset)?;
+        self.gather(axis, &indices)
+    }
+
     /// Joins tensors along `axis`.
     #[track_caller]
     pub fn concat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
