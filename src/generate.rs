@@ -3,8 +3,8 @@
 //!
 //! Two programs produce the same tokens. *Growing* feeds the context as it
 //! is (lengths 1..=`context`, then the last `context` tokens) and picks the
-//! last position with `narrow` at a start that moves every step: every
-//! length is a new graph. *Fixed* feeds a zero-padded window of `context`
+//! last position with `narrow_at`, whose start is run-time data: every
+//! length is a new graph (the start alone would not be). *Fixed* feeds a zero-padded window of `context`
 //! tokens and picks the last position with a one-hot row mask: one graph
 //! for the whole run. [`run`] measures either, with the compile counters,
 //! so the cost of new sizes is visible (`lazuli generate`).
@@ -211,7 +211,7 @@ impl Gpt {
         match window {
             Window::Growing => {
                 let tokens = Tensor::from_slice(context, [n], device)?;
-                self.logits(&tokens)?.narrow(0, n - 1, 1)?.argmax(-1, false)?.to_vec::<i32>().map(|v| v[0])
+                self.logits(&tokens)?.narrow_at(0, n - 1, 1)?.argmax(-1, false)?.to_vec::<i32>().map(|v| v[0])
             }
             Window::Fixed => {
                 let w = self.cfg.context;
