@@ -6,7 +6,9 @@
 //! run on the wgpu device and on the CPU reference device, outputs
 //! compared. Cases alternate between the wgpu kernel forms of software
 //! adapters and those of GPUs (forced with `KernelForms`), so every form
-//! is fuzzed on any adapter.
+//! is fuzzed on any adapter. A third property runs each program at three
+//! base shapes, so graphs that differ only in sizes go through the
+//! kernels generic over sizes (size variants, widenings, reuse).
 //!
 //! A program is a *choice sequence* (Hypothesis-style): a base shape, a
 //! data seed and a list of steps of four small numbers. An interpreter
@@ -871,6 +873,24 @@ fn windowed_program() -> impl Strategy<Value = Program> {
         .prop_map(|(dims, seed, steps)| Program { dims, seed, steps })
 }
 
+/// A program to run at three base shapes of one rank: dims of at least 2,
+/// so that the size-1 pattern of the broadcast input (set by the seed) and
+/// with it the graph's structure stay the same across the three.
+fn sized_program() -> impl Strategy<Value = (Program, [Vec<usize>; 2])> {
+    let dim = || prop_oneof![Just(2usize), Just(3usize), Just(5usize), Just(7usize), Just(12usize), Just(17usize)];
+    let step = (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(op, a, b, c)| Step { op, a, b, c });
+    (1..=3usize).prop_flat_map(move |rank| {
+        (
+            prop::collection::vec(dim(), rank),
+            prop::collection::vec(dim(), rank),
+            prop::collection::vec(dim(), rank),
+            any::<u64>(),
+            prop::collection::vec(step.clone(), 10..=40),
+        )
+            .prop_map(|(a, b, c, seed, steps)| (Program { dims: a, seed, steps }, [b, c]))
+    })
+}
+
 fn cases() -> u32 {
     std::env::var("LAZULI_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(500)
 }
@@ -939,5 +959,30 @@ fn reduction_over_only_empty_axes_compiles() {
         assert_eq!(x.sum(&[], false).unwrap().item::<i32>().unwrap(), 0, "on {}", d.name());
         let y = Tensor::from_slice::<f32>(&[], [2, 0, 0], &d).unwrap().abs().unwrap();
         assert_eq!(y.sum(&[1, 2], true).unwrap().to_vec::<f32>().unwrap(), vec![0.0, 0.0]);
+    }
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: (cases() / 10).max(1),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        max_shrink_iters: 500,
+        ..Config::default()
+    })]
+
+    /// Symbolic sizes: the same program at three base shapes on the same
+    /// devices. Where the graphs differ only in sizes, the second compiles
+    /// as a size variant of the first (kernels generic over sizes, see
+    /// `lazuli_wgpu::generic`) and the third reuses those kernels with its
+    /// own sizes; every size matches the CPU reference.
+    #[test]
+    fn random_graphs_at_several_sizes_match_the_cpu_reference((p, others) in sized_program()) {
+        let [b, c] = others;
+        for dims in [p.dims.clone(), b, c] {
+            let sized = Program { dims: dims.clone(), ..p.clone() };
+            if let Err(e) = run(&sized) {
+                prop_assert!(false, "at base shape {dims:?}: {}", e);
+            }
+        }
     }
 }
