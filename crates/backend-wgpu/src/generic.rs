@@ -352,9 +352,9 @@ impl Families {
         self.enabled
     }
 
-    /// The family of `source` (entry point `entry`), created with it as
-    /// first member when new; `None` when generic sizes are off, the source
-    /// has no replaceable literal, or a hash collision.
+    /// The family of the scanned source (entry point `entry`), created
+    /// with it as first member when new; `None` on a hash collision (a
+    /// family of another skeleton under the same key).
     fn family<'a>(map: &'a mut lru::LruCache<u64, Family>, scanned: &Scanned, entry: &str) -> Option<&'a mut Family> {
         let key = scanned.family_key(entry);
         if !map.contains(&key) {

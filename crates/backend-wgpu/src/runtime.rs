@@ -1200,7 +1200,6 @@ impl Backend for WgpuBackend {
     fn compile_with(&self, graph: &VerifiedGraph, hints: CompileHints) -> Result<Arc<dyn Executable>, BackendError> {
         let started = std::time::Instant::now();
         let generic = hints.sizes_vary && self.inner.families.enabled();
-
         if self.inner.families.enabled() {
             let earlier = self.earlier_sizes(graph);
             if let Some(earlier) = earlier.filter(|_| generic) {

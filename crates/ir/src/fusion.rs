@@ -674,16 +674,21 @@ fn row_reduction(graph: &Graph, x: NodeId, shape: &crate::Shape) -> bool {
 /// kernel `e` of output shape `S` (last dim at least 2), the kernels
 /// producing its inputs join it, transitively, when they are `Reduce`
 /// kernels over the last axis of a value of shape `S` (keepdim, f32) or
-/// elementwise kernels of shape `S` (recomputed per element, as layer
-/// norm's centred value, read by both the variance and the output), and
-/// what they write is read by no other kernel and is no graph output (a
-/// kernel whose outputs another kernel reads stays apart, and so do the
-/// kernels only it needed). At
-/// least one reduction must join, and every node that depends on a
-/// joined reduction must be an elementwise op of shape `S` or of the row
-/// shape (`S` with last dim 1), or an expand of a row-shape value to `S`,
-/// so each element only ever needs its own row's reductions. The result is a [`KernelKind::Rows`] kernel at `e`'s
-/// place; the joined kernels' outputs are never written.
+/// elementwise kernels whose outputs have shape `S` or the row shape (`S`
+/// with last dim 1), recomputed per element (as layer norm's centred
+/// value, read by both the variance and the output), and none of their
+/// outputs is a graph output. What a joined kernel writes that other
+/// kernels read stays written, by the row kernel, when all those readers
+/// run after `e` (training's centred value and inverse deviation, saved
+/// for the backward); otherwise that kernel stays apart, and so, in turn,
+/// do the kernels only it needed (a reduction read elsewhere always
+/// does). At least one reduction must join, and every node that depends on
+/// a joined reduction must be an elementwise op of shape `S` or of the row
+/// shape, or an expand of a row-shape value to `S`, so each element only
+/// ever needs its own row's reductions. The result is a
+/// [`KernelKind::Rows`] kernel at `e`'s place writing `e`'s outputs and
+/// the values kept for later readers; the joined kernels' other outputs
+/// are never written.
 fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
     let nodes = graph.nodes();
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
@@ -785,11 +790,8 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
             |s| *s == shape || *s == row_shape,
             row_broadcast,
         );
-        if local.is_none() || !max.fits(inputs.iter().chain(&ke.outputs)) {
-            continue;
-        }
         let outputs: Vec<NodeId> = ke.outputs.iter().copied().chain(extra).collect();
-        if !max.fits(inputs.iter().chain(&outputs)) {
+        if local.is_none() || !max.fits(inputs.iter().chain(&outputs)) {
             continue;
         }
         ks[e] = Some(Kernel {
