@@ -126,9 +126,10 @@ struct Inner {
     tuner: Tuner,
     /// Families of kernels generic over sizes.
     families: Families,
-    /// The last graph compiled per structure (`Graph::shape_free_hash`):
-    /// the other sizes a size variant's kernels are compared against.
-    earlier_sizes: std::sync::Mutex<lru::LruCache<u64, VerifiedGraph>>,
+    /// The last graph compiled per structure (`Graph::shape_free_hash`),
+    /// and whether it compiled generic: the other sizes a size variant's
+    /// kernels are compared against.
+    earlier_sizes: std::sync::Mutex<lru::LruCache<u64, (VerifiedGraph, bool)>>,
     /// The persistent compile cache (see [`crate::diskcache`]).
     disk: Option<DiskCache>,
     /// The driver's pipeline cache, loaded from and saved to `disk`.
@@ -683,11 +684,13 @@ impl WgpuBackend {
     }
 
     /// The graph last compiled with the structure of `graph` but other
-    /// sizes, if any; remembers `graph` as the structure's last.
-    fn earlier_sizes(&self, graph: &VerifiedGraph) -> Option<VerifiedGraph> {
+    /// sizes, when it compiled static (a generic one's sources are already
+    /// members of their families); remembers `graph` as the structure's
+    /// last, compiled generic or not.
+    fn earlier_sizes(&self, graph: &VerifiedGraph, generic: bool) -> Option<VerifiedGraph> {
         let mut seen = self.inner.earlier_sizes.lock().unwrap_or_else(|e| e.into_inner());
-        let before = seen.put(graph.shape_free_hash(), graph.clone());
-        before.filter(|b| **b != **graph)
+        let before = seen.put(graph.shape_free_hash(), (graph.clone(), generic));
+        before.filter(|(b, was_generic)| !was_generic && **b != **graph).map(|(b, _)| b)
     }
 
     /// Lowers `earlier` (a graph of the structure about to compile, at
@@ -1201,7 +1204,7 @@ impl Backend for WgpuBackend {
         let started = std::time::Instant::now();
         let generic = hints.sizes_vary && self.inner.families.enabled();
         if self.inner.families.enabled() {
-            let earlier = self.earlier_sizes(graph);
+            let earlier = self.earlier_sizes(graph, generic);
             if let Some(earlier) = earlier.filter(|_| generic) {
                 self.observe_sizes(&earlier);
             }
