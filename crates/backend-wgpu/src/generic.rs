@@ -373,19 +373,10 @@ impl Families {
     /// family turns every position that differs dynamic at once instead of
     /// compiling the new member as a static first one and widening later.
     pub fn observe(&self, source: &str, entry: &str) {
-        if !self.enabled {
-            return;
-        }
         let scanned = scan(source);
-        if scanned.literals.is_empty() {
-            return;
-        }
-        let values = scanned.values();
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(family) = Self::family(&mut map, &scanned, entry) {
-            if !family.fits(&values) {
-                family.widen(&values);
-            }
+        if self.enabled && !scanned.literals.is_empty() {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            Self::admit(&mut map, &scanned, entry);
         }
     }
 
@@ -398,30 +389,8 @@ impl Families {
         if !self.enabled || scanned.literals.is_empty() {
             return fixed();
         }
-        let values = scanned.values();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(family) = Self::family(&mut map, &scanned, entry) else { return fixed() };
-        let widened = if !family.fits(&values) {
-            if tracing::enabled!(tracing::Level::DEBUG) {
-                for (k, lit) in scanned.literals.iter().enumerate() {
-                    if family.slots[k].is_none() && family.values[k] != lit.value {
-                        let text = &scanned.canonical;
-                        let context = &text[lit.start.saturating_sub(40)..(lit.end + 10).min(text.len())];
-                        tracing::debug!(
-                            entry,
-                            was = family.values[k],
-                            now = lit.value,
-                            context,
-                            "generic kernel widens"
-                        );
-                    }
-                }
-            }
-            family.widen(&values);
-            true
-        } else {
-            false
-        };
+        let Some((family, widened)) = Self::admit(&mut map, &scanned, entry) else { return fixed() };
         if family.slots.iter().all(Option::is_none) {
             return fixed();
         }
@@ -429,6 +398,32 @@ impl Families {
         let outcome = if widened { Outcome::Widened } else { Outcome::Reused };
         metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
         Specialized { source, dims, outcome }
+    }
+
+    /// Makes the scanned source a member of its family (see
+    /// [`Families::family`]), widening the family where its literals do
+    /// not fit; the family and whether it widened.
+    fn admit<'a>(
+        map: &'a mut lru::LruCache<u64, Family>,
+        scanned: &Scanned,
+        entry: &str,
+    ) -> Option<(&'a mut Family, bool)> {
+        let family = Self::family(map, scanned, entry)?;
+        let values = scanned.values();
+        if family.fits(&values) {
+            return Some((family, false));
+        }
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            for (k, lit) in scanned.literals.iter().enumerate() {
+                if family.slots[k].is_none() && family.values[k] != lit.value {
+                    let text = &scanned.canonical;
+                    let context = &text[lit.start.saturating_sub(40)..(lit.end + 10).min(text.len())];
+                    tracing::debug!(entry, was = family.values[k], now = lit.value, context, "generic kernel widens");
+                }
+            }
+        }
+        family.widen(&values);
+        Some((family, true))
     }
 
     /// Number of families held.

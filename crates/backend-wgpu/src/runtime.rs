@@ -1204,8 +1204,7 @@ impl Backend for WgpuBackend {
         let started = std::time::Instant::now();
         let generic = hints.sizes_vary && self.inner.families.enabled();
         if self.inner.families.enabled() {
-            let earlier = self.earlier_sizes(graph, generic);
-            if let Some(earlier) = earlier.filter(|_| generic) {
+            if let Some(earlier) = self.earlier_sizes(graph, generic).filter(|_| generic) {
                 self.observe_sizes(&earlier);
             }
         }

@@ -617,26 +617,42 @@ impl Tensor {
         Tensor::record(Op::Slice { starts, steps, lens }, &[self])
     }
 
-    /// `len` elements of `axis` from `start` (negative: counted from the
-    /// end, as in [`Tensor::slice`]); no clamping: the range must lie
-    /// inside the axis.
-    #[track_caller]
-    pub fn narrow(&self, axis: isize, start: impl TensorIndex, len: impl TensorIndex) -> Result<Tensor> {
-        let ax = self.axis("narrow", axis)?;
+    /// The axis, start (negative counted from the end) and length of a
+    /// `narrow` of `op`, checked: the range lies inside the axis, whose
+    /// size is at most `max_size`.
+    fn narrow_range(
+        &self,
+        op: &str,
+        axis: isize,
+        start: impl TensorIndex,
+        len: impl TensorIndex,
+        max_size: i128,
+    ) -> Result<(usize, i64, usize)> {
+        let ax = self.axis(op, axis)?;
         let n = self.dims()[ax] as i128;
         let (s, l) = (start.to_i128(), len.to_i128());
         let s = if s < 0 { s + n } else { s };
-        if s < 0 || l < 0 || s + l > n {
+        if s < 0 || l < 0 || s + l > n || n > max_size {
+            let limit =
+                if max_size < i128::MAX { format!(", at most {max_size} for run-time indices") } else { String::new() };
             return Err(ExecError::Ir(IrError::Shape {
-                op: "narrow".into(),
+                op: op.into(),
                 detail: format!(
-                    "a slice of {l} elements from {} is out of range for axis {axis} (size {n}) of {}",
+                    "a slice of {l} elements from {} is out of range for axis {axis} (size {n}{limit}) of {}",
                     start.to_i128(),
                     self.shape()
                 ),
             }));
         }
-        let (start, len) = (s as i64, l as usize);
+        Ok((ax, s as i64, l as usize))
+    }
+
+    /// `len` elements of `axis` from `start` (negative: counted from the
+    /// end, as in [`Tensor::slice`]); no clamping: the range must lie
+    /// inside the axis.
+    #[track_caller]
+    pub fn narrow(&self, axis: isize, start: impl TensorIndex, len: impl TensorIndex) -> Result<Tensor> {
+        let (ax, start, len) = self.narrow_range("narrow", axis, start, len, i128::MAX)?;
         let mut starts = vec![0i64; self.rank()];
         let steps = vec![1i64; self.rank()];
         let mut lens = self.dims().to_vec();
@@ -658,26 +674,11 @@ impl Tensor {
     /// `narrow` checks it; the gradient is the gather's (a scatter-add).
     #[track_caller]
     pub fn narrow_at(&self, axis: isize, start: impl TensorIndex, len: impl TensorIndex) -> Result<Tensor> {
-        let ax = self.axis("narrow_at", axis)?;
-        let n = self.dims()[ax] as i128;
-        let (s, l) = (start.to_i128(), len.to_i128());
-        let s = if s < 0 { s + n } else { s };
-        if s < 0 || l < 0 || s + l > n || n > i32::MAX as i128 {
-            return Err(ExecError::Ir(IrError::Shape {
-                op: "narrow_at".into(),
-                detail: format!(
-                    "a slice of {l} elements from {} is out of range for axis {axis} (size {n}, at most {} for \
-                     32-bit run-time indices) of {}",
-                    start.to_i128(),
-                    i32::MAX,
-                    self.shape()
-                ),
-            }));
-        }
+        let (ax, start, len) = self.narrow_range("narrow_at", axis, start, len, i32::MAX as i128)?;
         let device = self.device();
-        let offset = Tensor::lifted_scalar(ScalarValue::Int(s as i64), DType::I32, device);
-        let indices = Tensor::iota([l as usize], 0, DType::I32, device)?.add(&offset)?;
-        self.gather(axis, &indices)
+        let offset = Tensor::lifted_scalar(ScalarValue::Int(start), DType::I32, device);
+        let indices = Tensor::iota([len], 0, DType::I32, device)?.add(&offset)?;
+        self.gather(ax as isize, &indices)
     }
 
     /// Joins tensors along `axis`.

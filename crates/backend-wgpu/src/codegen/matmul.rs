@@ -12,8 +12,9 @@ use std::fmt::Write as _;
 pub const MATMUL_ROWS: u64 = 16;
 
 /// Most output rows per invocation below [`MATMUL_LARGE_M`] rows and
-/// [`MATMUL_LARGE_WORK`] multiply-adds, and in kernels generic over sizes. Half the register block of large outputs:
-/// small products have little work to amortize a block of 16 rows over,
+/// [`MATMUL_LARGE_WORK`] multiply-adds, and in kernels generic over
+/// sizes. Half the register block of large outputs: small products have
+/// little work to amortize a block of 16 rows over,
 /// more invocations suit GPUs there (occupancy, parallelism), and the
 /// code is far cheaper to compile (llvmpipe JITs a 16-row block of the
 /// small GPT's matmuls in 0.3-2.0 s, an 8-row block in 0.25-0.65 s).
@@ -257,9 +258,7 @@ impl Writer<'_> {
         let bi = bcast_index("bi", &batch, &Shape::new(&bn_.shape.dims()[..bn_.shape.rank() - 2]));
         let (bm, bnn, bk) = (tile.bm as u64, tile.bn as u64, MATMUL_TILE_K);
         let (rm, rnb) = (bm / 64, bnn / 64);
-        let (mb, nb) = (m.div_ceil(bm), nn.div_ceil(bnn));
-        let (mbs, nbs) = (ceil_div(m, bm, self.limits.generic), ceil_div(nn, bnn, self.limits.generic));
-        let groups_per_batch = per_batch(mb, nb, &mbs, &nbs, self.limits.generic);
+        let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, bm, bnn, self.limits.generic);
         let groups = batch.numel() as u64 * mb * nb;
         let lanes = WORKGROUP_SIZE as u64;
         self.workgroup = Some(WORKGROUP_SIZE);
@@ -276,7 +275,7 @@ impl Writer<'_> {
         let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {groups_per_batch};\n    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {per_batch};\n    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
             // Workgroup-uniform: a return here keeps barriers uniform.
             if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
             m * kk,
@@ -477,9 +476,7 @@ impl Writer<'_> {
         let (rows, vecs, lanes, lr) = (p.rows, p.vecs, p.lanes, p.row_lanes);
         let lc = lanes / lr;
         let cols = 4 * vecs;
-        let (mb, nb) = (m.div_ceil(rows * lr), nn.div_ceil(lc * cols));
-        let (mbs, nbs) = (ceil_div(m, rows * lr, self.limits.generic), ceil_div(nn, lc * cols, self.limits.generic));
-        let groups_per_batch = per_batch(mb, nb, &mbs, &nbs, self.limits.generic);
+        let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, rows * lr, lc * cols, self.limits.generic);
         let groups = batch.numel() as u64 * mb * nb;
         self.workgroup = Some(lanes as u32);
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
@@ -488,7 +485,7 @@ impl Writer<'_> {
         let fma = rn.dtype == DType::F32;
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {groups_per_batch};\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {per_batch};\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
             // Only a 2-D dispatch has padding groups. Lanes past the last
             // column stay (no divergent return): their loads are clamped
             // and their stores skipped, and llvmpipe keeps loads unmasked.
@@ -696,13 +693,25 @@ impl SliceCode {
     }
 }
 
-/// Workgroups per batch entry (at least 1) as WGSL, from the row and
-/// column block counts `mb`, `nb` and their WGSL spellings (see
-/// [`ceil_div`]).
-fn per_batch(mb: u64, nb: u64, mbs: &str, nbs: &str, generic: bool) -> String {
-    if generic {
-        format!("max({mbs} * {nbs}, 1u)")
-    } else {
-        format!("{}u", (mb * nb).max(1))
+/// The workgroup grid of a matmul kernel: blocks of `bm` x `bn` outputs
+/// over an `m` x `n` output, as numbers (the dispatch) and as WGSL (see
+/// [`ceil_div`]: expressions of the sizes in a generic kernel).
+struct Grid {
+    /// Row and column blocks.
+    mb: u64,
+    nb: u64,
+    /// The same in WGSL.
+    mbs: String,
+    nbs: String,
+    /// Workgroups per batch entry (at least 1) in WGSL.
+    per_batch: String,
+}
+
+impl Grid {
+    fn of(m: u64, n: u64, bm: u64, bn: u64, generic: bool) -> Grid {
+        let (mb, nb) = (m.div_ceil(bm), n.div_ceil(bn));
+        let (mbs, nbs) = (ceil_div(m, bm, generic), ceil_div(n, bn, generic));
+        let per_batch = if generic { format!("max({mbs} * {nbs}, 1u)") } else { format!("{}u", (mb * nb).max(1)) };
+        Grid { mb, nb, mbs, nbs, per_batch }
     }
 }
