@@ -21,8 +21,13 @@
 //! version and the kernel's source, so a stale entry can never apply to
 //! another kernel or adapter.
 
-use crate::codegen::{MatmulForm, MatmulTile};
-use lazuli_executor::metrics;
+use crate::codegen::{self, LowerLimits, MatmulForm, MatmulTile, Wgsl};
+use crate::context::{dispatch_size, Context, READBACK, STORAGE};
+use crate::pipeline::{PipelineEntry, Pipelines};
+use crate::profile::read_timestamps;
+use lazuli_executor::{metrics, BackendError};
+use lazuli_ir::fusion::{Kernel, KernelKind};
+use lazuli_ir::VerifiedGraph;
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -143,6 +148,159 @@ impl Tuner {
     pub fn spend(&self, spent: Duration) {
         self.lock().spent += spent;
     }
+}
+
+/// Kernel `k` of `graph` (named `name`) lowered in the form the tuner
+/// picks where tuning applies (see [`tunable`]), else with `base`:
+/// `lower` lowers it with given limits. A remembered winner is used as
+/// it is; a new kernel has its candidate forms timed on the adapter, each
+/// lowered once, and the fastest one's source is returned (so the kernel
+/// is not lowered again to run).
+pub(crate) fn lower_tuned(
+    ctx: &Context,
+    tuner: &Tuner,
+    pipelines: &Pipelines,
+    base: LowerLimits,
+    (k, graph, name): (&Kernel, &VerifiedGraph, &str),
+    lower: impl Fn(&LowerLimits) -> Result<Wgsl, BackendError>,
+) -> Result<Wgsl, BackendError> {
+    if !tunable(ctx, tuner, &base, k, graph) {
+        return lower(&base);
+    }
+    let with = |form: MatmulForm| {
+        let mut l = base;
+        l.forms.matmul = form;
+        l
+    };
+    // The key is the static form's source, so a remembered winner costs
+    // a second lowering; a new kernel's winner is lowered once.
+    let static_wgsl = lower(&base)?;
+    let key = tuner.key("matmul", &static_wgsl.source);
+    if let Some(form) = tuner.known(key) {
+        return lower(&with(form));
+    }
+    if !tuner.budget_left() {
+        return Ok(static_wgsl);
+    }
+    let start = std::time::Instant::now();
+    let mut measuring = std::time::Duration::ZERO;
+    let mut best: Option<(f64, MatmulForm, Option<Wgsl>)> = None;
+    for form in codegen::matmul::candidates(k, graph) {
+        if best.is_some() && measuring >= KEY_BUDGET {
+            break;
+        }
+        let limits = with(form);
+        if codegen::matmul::resolve_form(k, graph, &limits) != form {
+            continue; // not available on this adapter (workgroup memory)
+        }
+        let wgsl = lower(&limits)?;
+        let pipeline = pipelines.fixed(ctx, &format!("{name} tune {form:?}"), &wgsl)?;
+        let t = std::time::Instant::now();
+        let ms = time_kernel(ctx, k, graph, &wgsl, &pipeline);
+        measuring += t.elapsed();
+        metrics::inc("AutotuneRuns", 1);
+        match ms {
+            Ok(ms) => {
+                tracing::debug!(kernel = name, ?form, ms, "autotune candidate");
+                if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
+                    best = Some((ms, form, Some(wgsl)));
+                }
+            }
+            Err(e) => tracing::warn!(kernel = name, ?form, "autotune candidate failed: {e}"),
+        }
+    }
+    match best {
+        Some((_, form, wgsl)) => {
+            tuner.record(key, form, start.elapsed());
+            match wgsl {
+                Some(w) => Ok(w),
+                None => lower(&with(form)),
+            }
+        }
+        None => {
+            tuner.spend(start.elapsed());
+            Ok(static_wgsl)
+        }
+    }
+}
+
+/// Whether kernel `k` is one the tuner times: a matmul whose form the
+/// profile leaves to the shape, tuning on, and every tensor on
+/// whole-buffer bindings (candidates are timed so; a kernel with windowed
+/// tensors keeps the form its shape asks for).
+fn tunable(ctx: &Context, tuner: &Tuner, base: &LowerLimits, k: &Kernel, graph: &VerifiedGraph) -> bool {
+    k.kind == KernelKind::MatMul
+        && tuner.enabled()
+        && base.forms.matmul == MatmulForm::ByShape
+        && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
+}
+
+/// The GPU time in ms of one run of kernel `k` lowered as `wgsl`, on
+/// scratch buffers (contents irrelevant to a matmul's speed): the fastest
+/// of [`RUNS`] runs after a warm-up, from timestamp queries where the
+/// adapter has them, else wall time to a device wait.
+fn time_kernel(
+    ctx: &Context,
+    k: &Kernel,
+    graph: &VerifiedGraph,
+    wgsl: &Wgsl,
+    pipeline: &PipelineEntry,
+) -> Result<f64, BackendError> {
+    let dev = &ctx.device;
+    let uniform = ctx.uniform(&graph.scalars, None)?;
+    let mut scratch = Vec::new();
+    for &id in k.inputs.iter().chain(&k.outputs) {
+        let bytes = (graph.node(id).shape.numel() as u64 * 4).max(4);
+        scratch.push(ctx.pool.acquire(bytes, STORAGE)?);
+    }
+    let mut bufs = vec![uniform.buffer()];
+    bufs.extend(scratch.iter().map(|b| b.buffer()));
+    let bg = ctx.bind_group(&pipeline.layout, &bufs);
+    let (x, y) = dispatch_size(wgsl.invocations, wgsl.workgroup_size);
+    let runs = RUNS + 1;
+    let dispatch = |pass: &mut wgpu::ComputePass| {
+        pass.set_pipeline(&pipeline.pipeline);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(x, y, 1);
+    };
+    if !ctx.timestamps {
+        let mut best = f64::INFINITY;
+        for r in 0..runs {
+            let t = std::time::Instant::now();
+            let mut enc = dev.create_command_encoder(&Default::default());
+            dispatch(&mut enc.begin_compute_pass(&Default::default()));
+            ctx.queue.submit([enc.finish()]);
+            ctx.wait()?;
+            if r > 0 {
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        return Ok(best);
+    }
+    let n = 2 * runs as u32;
+    let set = dev.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("lazuli autotune"),
+        ty: wgpu::QueryType::Timestamp,
+        count: n,
+    });
+    let resolve = ctx.pool.acquire(n as u64 * 8, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC)?;
+    let read = ctx.pool.acquire(n as u64 * 8, READBACK)?;
+    let mut enc = dev.create_command_encoder(&Default::default());
+    for r in 0..runs as u32 {
+        dispatch(&mut enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &set,
+                beginning_of_pass_write_index: Some(2 * r),
+                end_of_pass_write_index: Some(2 * r + 1),
+            }),
+        }));
+    }
+    enc.resolve_query_set(&set, 0..n, resolve.buffer(), 0);
+    enc.copy_buffer_to_buffer(resolve.buffer(), 0, read.buffer(), 0, n as u64 * 8);
+    ctx.queue.submit([enc.finish()]);
+    // Run 0 is the warm-up.
+    Ok(read_timestamps(ctx, read.buffer(), runs)?.into_iter().skip(1).fold(f64::INFINITY, f64::min))
 }
 
 /// The text of a form in the cache file.

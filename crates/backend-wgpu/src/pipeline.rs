@@ -1,9 +1,20 @@
-//! The pipeline cache: compute pipelines keyed by the hash of the whole
-//! WGSL source and entry point (the bind group layout follows from the
-//! source), bounded LRU.
+//! Pipelines: creation (naga validation first, then the shader module,
+//! bind group layouts and compute pipeline, with the driver's pipeline
+//! cache), the pipeline cache keyed by the hash of the whole WGSL source
+//! and entry point (the bind group layout follows from the source,
+//! bounded LRU), and the persistent side of both: naga marks and the
+//! driver cache blob in the disk cache ([`crate::diskcache`]).
+//!
+//! The missing pipelines of a plan are created on several threads at
+//! once (`LAZULI_COMPILE_THREADS`, default the machine's cores, at most 8).
 
-use lazuli_executor::metrics;
+use crate::context::Context;
+use crate::diskcache::{self, DiskCache};
+use crate::validate::validate_wgsl;
+use lazuli_executor::{metrics, BackendError};
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A compute pipeline with its bind group layout.
@@ -55,4 +66,270 @@ impl PipelineCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A kernel ready for pipeline creation: the source to compile (generic
+/// over sizes or not) and the values of its dynamic sizes.
+pub(crate) struct Prepared {
+    pub name: String,
+    pub source: String,
+    pub entry: &'static str,
+    pub inputs: usize,
+    pub outputs: usize,
+    /// Binds an error slot after its outputs.
+    pub error_slot: bool,
+    /// Values of the sizes buffer `LZD` (empty: a static kernel).
+    pub dims: Vec<u32>,
+}
+
+impl Prepared {
+    /// `wgsl` as it is.
+    pub fn fixed(name: String, wgsl: &crate::codegen::Wgsl) -> Prepared {
+        Prepared {
+            name,
+            source: wgsl.source.clone(),
+            entry: wgsl.entry,
+            inputs: wgsl.inputs,
+            outputs: wgsl.outputs,
+            error_slot: wgsl.error_slot,
+            dims: Vec::new(),
+        }
+    }
+}
+
+/// Kind of the driver pipeline cache entry in the disk cache.
+const DRIVER_CACHE: &str = "pipelines";
+
+/// The pipelines of a backend: the in-memory cache, and the persistent
+/// compile cache with the driver's pipeline cache it loads and saves.
+pub(crate) struct Pipelines {
+    cache: PipelineCache,
+    /// The persistent compile cache (see [`crate::diskcache`]).
+    disk: Option<Arc<DiskCache>>,
+    /// The driver's pipeline cache, loaded from and saved to `disk`.
+    driver_cache: Option<wgpu::PipelineCache>,
+    /// Checksum of the driver cache blob last loaded or saved (an
+    /// unchanged blob, e.g. lavapipe's always-empty one, is not written
+    /// again).
+    driver_saved: AtomicU64,
+}
+
+impl Pipelines {
+    /// Pipelines of `device`, at most `cap` cached in memory, the driver
+    /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
+    pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>) -> Pipelines {
+        let mut loaded = 0;
+        let driver_cache = match &disk {
+            Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
+                let data = d.get(DRIVER_CACHE, b"");
+                loaded = data.as_deref().map_or(0, |b| diskcache::checksum(&[b]));
+                Some(diskcache::driver_cache(device, data.as_deref()))
+            }
+            _ => None,
+        };
+        Pipelines { cache: PipelineCache::new(cap), disk, driver_cache, driver_saved: AtomicU64::new(loaded) }
+    }
+
+    /// Number of cached pipelines.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Saves the driver's pipeline cache in the disk cache when its blob
+    /// changed since it was last loaded or saved.
+    fn save_driver_cache(&self) {
+        let (Some(disk), Some(cache)) = (&self.disk, &self.driver_cache) else { return };
+        if let Some(data) = cache.get_data() {
+            let sum = diskcache::checksum(&[&data]);
+            if self.driver_saved.swap(sum, Ordering::Relaxed) != sum {
+                disk.put(DRIVER_CACHE, b"", &data);
+            }
+        }
+    }
+
+    /// Pipelines for `kernels`, from the cache or created (validated
+    /// first), the missing ones on several threads at once.
+    pub fn get_or_create(&self, ctx: &Context, kernels: &[Prepared]) -> Result<Vec<Arc<PipelineEntry>>, BackendError> {
+        let keys: Vec<u64> = kernels.iter().map(|k| PipelineCache::key(&k.source, k.entry)).collect();
+        let mut found: HashMap<u64, Arc<PipelineEntry>> = HashMap::new();
+        // One creation per distinct missing source.
+        let mut missing: Vec<usize> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, &key) in keys.iter().enumerate() {
+            if !seen.insert(key) {
+                continue;
+            }
+            match self.cache.get(key) {
+                Some(p) => {
+                    found.insert(key, p);
+                }
+                None => missing.push(i),
+            }
+        }
+        let threads = compile_threads().min(missing.len());
+        let created: Vec<Result<PipelineEntry, BackendError>> = if threads <= 1 {
+            missing.iter().map(|&i| self.create(ctx, &kernels[i], keys[i])).collect()
+        } else {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let slots: Vec<Mutex<Option<Result<PipelineEntry, BackendError>>>> =
+                missing.iter().map(|_| Mutex::new(None)).collect();
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(|| loop {
+                        let j = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&i) = missing.get(j) else { break };
+                        let made = self.create(ctx, &kernels[i], keys[i]);
+                        *slots[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(made);
+                    });
+                }
+            });
+            slots
+                .into_iter()
+                .map(|s| {
+                    s.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| {
+                        Err(BackendError::Execution("a pipeline-creation thread stopped early".into()))
+                    })
+                })
+                .collect()
+        };
+        for (&i, made) in missing.iter().zip(created) {
+            let entry = Arc::new(made?);
+            self.cache.insert(keys[i], entry.clone());
+            found.insert(keys[i], entry);
+        }
+        if !missing.is_empty() {
+            // Saved at once: a process may end without dropping its
+            // device.
+            self.save_driver_cache();
+        }
+        Ok(keys.iter().map(|k| found[k].clone()).collect())
+    }
+
+    /// A validated pipeline for `wgsl` as it is (no generic sizes), from
+    /// the cache or created.
+    pub fn fixed(
+        &self,
+        ctx: &Context,
+        name: &str,
+        wgsl: &crate::codegen::Wgsl,
+    ) -> Result<Arc<PipelineEntry>, BackendError> {
+        let k = Prepared::fixed(name.to_string(), wgsl);
+        Ok(self.get_or_create(ctx, std::slice::from_ref(&k))?.remove(0))
+    }
+
+    /// Creates the pipeline of `k` (validated first), with bind group 1
+    /// for its dynamic sizes when it is generic. `key` is its
+    /// [`PipelineCache::key`], which also names its naga mark in the disk
+    /// cache.
+    fn create(&self, ctx: &Context, k: &Prepared, key: u64) -> Result<PipelineEntry, BackendError> {
+        let name = k.name.as_str();
+        crate::validate::log_source(&k.source);
+        let started = std::time::Instant::now();
+        // A source that passed naga in an earlier process of this build
+        // (the key hashes the source and entry point) is not validated
+        // again; wgpu still validates it when it makes the module.
+        let mark = key.to_le_bytes();
+        let known = self.disk.as_ref().is_some_and(|d| d.get("naga", &mark).is_some());
+        if !known {
+            metrics::inc("NagaValidations", 1);
+            validate_wgsl(&k.source).map_err(|m| BackendError::Compile {
+                kernel: name.to_string(),
+                message: format!("{m}\n{}", k.source),
+            })?;
+            if let Some(d) = &self.disk {
+                d.put("naga", &mark, b"valid");
+            }
+        }
+        metrics::record_time("CompileNaga", started.elapsed());
+        let started = std::time::Instant::now();
+        let dev = &ctx.device;
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(k.source.as_str().into()),
+        });
+        let (layout, dims_layout) = layouts(dev, k);
+        let pl = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(name),
+            bind_group_layouts: &[Some(&layout), dims_layout.as_ref()],
+            immediate_size: 0,
+        });
+        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(k.entry),
+            // Every generated kernel writes its workgroup memory before it
+            // reads it (tree buffers, matmul tiles), so the zero-fill wgpu
+            // inserts by default is pure cost.
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: false,
+                ..Default::default()
+            },
+            cache: self.driver_cache.as_ref(),
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", k.source) });
+        }
+        metrics::record_time("CompilePipeline", started.elapsed());
+        Ok(PipelineEntry { pipeline, layout, dims_layout })
+    }
+}
+
+impl Drop for Pipelines {
+    fn drop(&mut self) {
+        self.save_driver_cache();
+    }
+}
+
+/// The bind group layouts of kernel `k`: group 0 (the uniform, its inputs
+/// read-only, its outputs, its error slot), and group 1 (its sizes) when
+/// it is generic.
+fn layouts(dev: &wgpu::Device, k: &Prepared) -> (wgpu::BindGroupLayout, Option<wgpu::BindGroupLayout>) {
+    let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let uniform = wgpu::BindGroupLayoutEntry {
+        binding: 0,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let mut entries = vec![uniform];
+    for i in 0..k.inputs {
+        entries.push(storage(1 + i as u32, true));
+    }
+    for i in 0..k.outputs {
+        entries.push(storage((1 + k.inputs + i) as u32, false));
+    }
+    if k.error_slot {
+        entries.push(storage((1 + k.inputs + k.outputs) as u32, false));
+    }
+    let name = Some(k.name.as_str());
+    let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: name, entries: &entries });
+    let dims_layout = (!k.dims.is_empty()).then(|| {
+        dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: name, entries: &[storage(0, true)] })
+    });
+    (layout, dims_layout)
+}
+
+/// Threads creating the pipelines of one plan: the machine's cores, at
+/// most 8, or `LAZULI_COMPILE_THREADS`.
+fn compile_threads() -> usize {
+    std::env::var("LAZULI_COMPILE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8))
+        .max(1)
 }

@@ -1,0 +1,383 @@
+//! Compilation glue: from a verified graph to a [`WgpuExecutable`]. The
+//! fusion planner cuts the graph into kernels; each is lowered to WGSL
+//! (in the form the autotuner picked where it tunes, size-independent
+//! forms for a graph seen at other sizes), windowed for tensors beyond
+//! one binding ([`crate::window`]), made generic over sizes where its
+//! family has seen other sizes ([`crate::generic`]), and given a pipeline
+//! ([`crate::pipeline`]). The compile-side caches (pipelines, the
+//! autotuner's winners, size families, the earlier graph of each
+//! structure) live here, apart from the device context.
+
+use crate::autotune::{self, Tuner};
+use crate::binds::BindCache;
+use crate::codegen::{self, LowerError, LowerLimits, Wgsl};
+use crate::context::Context;
+use crate::generic::Families;
+use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
+use crate::window::{self, KernelWindows};
+use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo};
+use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
+use lazuli_ir::{Node, NodeId, Op, VerifiedGraph};
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+/// Structures whose last compiled graph the compiler keeps (see
+/// `Compiler::earlier_sizes`).
+const EARLIER_SIZES: usize = 64;
+
+/// The compile side of a backend: limits, forms and caches.
+pub(crate) struct Compiler {
+    /// What the fusion planner may do on this adapter.
+    pub fusion: FusionLimits,
+    /// What lowering may do: the kernel forms, workgroup memory.
+    pub lower: LowerLimits,
+    pub pipelines: Pipelines,
+    /// Bounded autotuning of kernel forms.
+    pub tuner: Tuner,
+    /// Families of kernels generic over sizes.
+    pub families: Families,
+    /// The last graph compiled per structure (`Graph::shape_free_hash`),
+    /// and whether it compiled generic: the other sizes a size variant's
+    /// kernels are compared against.
+    earlier_sizes: Mutex<lru::LruCache<u64, (VerifiedGraph, bool)>>,
+    /// Fault injection (tests): kernels whose name contains it compute a
+    /// wrong value.
+    fault_kernel: Option<String>,
+}
+
+impl Compiler {
+    /// A compiler with these limits and caches.
+    pub fn new(
+        fusion: FusionLimits,
+        lower: LowerLimits,
+        pipelines: Pipelines,
+        tuner: Tuner,
+        families: Families,
+        fault_kernel: Option<String>,
+    ) -> Compiler {
+        Compiler {
+            fusion,
+            lower,
+            pipelines,
+            tuner,
+            families,
+            earlier_sizes: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(EARLIER_SIZES).expect("non-zero"),
+            )),
+            fault_kernel,
+        }
+    }
+
+    /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
+    /// every kernel is lowered in size-independent forms and compiled
+    /// generic over all its sizes at once (see [`crate::generic`]).
+    pub fn compile(
+        &self,
+        ctx: &Context,
+        graph: &VerifiedGraph,
+        hints: CompileHints,
+    ) -> Result<WgpuExecutable, BackendError> {
+        let started = std::time::Instant::now();
+        let generic = hints.sizes_vary && self.families.enabled();
+        if self.families.enabled() {
+            if let Some(earlier) = self.earlier_sizes(graph, generic).filter(|_| generic) {
+                self.observe_sizes(ctx, &earlier);
+            }
+        }
+        let plan = fusion::plan(graph, &self.fusion);
+        let mut lowered = Vec::with_capacity(plan.kernels.len());
+        for (i, k) in plan.kernels.iter().enumerate() {
+            let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
+            let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
+            let mut wgsl = if generic {
+                // Tuning a form per size would defeat sharing it.
+                lower(&LowerLimits { generic: true, ..self.lower })?
+            } else {
+                autotune::lower_tuned(ctx, &self.tuner, &self.pipelines, self.lower, (k, graph, &name), lower)?
+            };
+            metrics::inc("KernelsLowered", 1);
+            let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
+            if self.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
+                wgsl.source = crate::fault::perturb(&wgsl.source);
+            }
+            lowered.push((name, wgsl, windows));
+        }
+        let prepared = self.prepare(&lowered);
+        metrics::record_time("CompileLower", started.elapsed());
+        let pipelines = self.pipelines.get_or_create(ctx, &prepared)?;
+        let mut compiled = prepared.iter().zip(pipelines).map(|(p, pipeline)| {
+            let dims = pipeline.dims_layout.as_ref().map(|layout| ctx.dims_group(layout, &p.dims));
+            (pipeline, dims)
+        });
+        let mut kernels = Vec::with_capacity(lowered.len());
+        for (name, wgsl, windows) in lowered {
+            let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
+            let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
+            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
+        }
+        Ok(WgpuExecutable::new(graph, plan, kernels))
+    }
+
+    /// Each lowered source (and first pass) ready for pipeline creation:
+    /// generic over sizes where its family has seen other sizes.
+    fn prepare(&self, lowered: &[(String, Wgsl, KernelWindows)]) -> Vec<Prepared> {
+        let mut prepared = Vec::new();
+        for (name, wgsl, _) in lowered {
+            for (name, w) in
+                std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
+            {
+                let s = self.families.specialize(&w.source, w.entry);
+                prepared.push(Prepared {
+                    name,
+                    source: s.source,
+                    entry: w.entry,
+                    inputs: w.inputs,
+                    outputs: w.outputs,
+                    error_slot: w.error_slot,
+                    dims: s.dims,
+                });
+            }
+        }
+        prepared
+    }
+
+    /// Kernel `k` of `graph` as WGSL with `limits`; lowering errors become
+    /// the backend's typed errors.
+    fn lower_kernel(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        limits: &LowerLimits,
+    ) -> Result<Wgsl, BackendError> {
+        codegen::lower(k, graph, limits).map_err(|e| match e {
+            LowerError::Unsupported { op, dtype } => BackendError::Unsupported { backend: ctx.name.clone(), op, dtype },
+            LowerError::TooLarge { op, elements } => BackendError::TooLarge {
+                op,
+                bytes: elements.saturating_mul(4),
+                limit: limits.max_elements * 4,
+                limit_name: "what kernels index with u32 element indices".into(),
+            },
+        })
+    }
+
+    /// The graph last compiled with the structure of `graph` but other
+    /// sizes, when it compiled static (a generic one's sources are already
+    /// members of their families); remembers `graph` as the structure's
+    /// last, compiled generic or not.
+    fn earlier_sizes(&self, graph: &VerifiedGraph, generic: bool) -> Option<VerifiedGraph> {
+        let mut seen = self.earlier_sizes.lock().unwrap_or_else(|e| e.into_inner());
+        let before = seen.put(graph.shape_free_hash(), (graph.clone(), generic));
+        before.filter(|(b, was_generic)| !was_generic && **b != **graph).map(|(b, _)| b)
+    }
+
+    /// Lowers `earlier` (a graph of the structure about to compile, at
+    /// other sizes) in the size-independent forms and records its sources
+    /// in their families without compiling them (`Families::observe`):
+    /// the new size's kernels then turn every literal that differs between
+    /// the two sizes dynamic in one widening, rather than compiling as
+    /// static first members of new families and widening at the next size.
+    /// A kernel that does not lower, or whose tensors need windows, is
+    /// skipped; the real compile reports its own errors.
+    fn observe_sizes(&self, ctx: &Context, earlier: &VerifiedGraph) {
+        let plan = fusion::plan(earlier, &self.fusion);
+        let limits = LowerLimits { generic: true, ..self.lower };
+        for k in &plan.kernels {
+            let Ok(wgsl) = self.lower_kernel(ctx, k, earlier, &limits) else { continue };
+            if KernelWindows::of(k, earlier, &wgsl, &ctx.windows).is_windowed() {
+                continue; // its source would be rewritten; leave it static
+            }
+            self.families.observe(&wgsl.source, wgsl.entry);
+            if let Some(pre) = &wgsl.pre {
+                self.families.observe(&pre.source, pre.entry);
+            }
+        }
+    }
+
+    /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
+    /// tensors beyond one binding (see [`crate::window`]): rewrites the
+    /// source and binding counts where needed. A kernel needing more
+    /// storage bindings than the adapter allows, or whose source cannot
+    /// be windowed, is `BackendError::TooLarge` naming its op, its bytes
+    /// and the limit.
+    fn window(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        name: &str,
+        wgsl: &mut Wgsl,
+    ) -> Result<KernelWindows, BackendError> {
+        let w = ctx.windows;
+        let kw = KernelWindows::of(k, graph, wgsl, &w);
+        if !kw.is_windowed() {
+            return Ok(kw);
+        }
+        let ids = k.inputs.iter().chain(&k.outputs);
+        let bytes: u64 = ids.clone().map(|id| graph.node(*id).shape.numel() as u64 * 4).sum();
+        let largest = ids.max_by_key(|id| graph.node(**id).shape.numel()).expect("a kernel has an output");
+        let op = format!("{} (kernel {name})", graph.node(*largest).op.name());
+        let max = self.fusion.max_storage_buffers;
+        // The error slot of a kernel that checks indices is a binding too.
+        let bindings = kw.bindings() + wgsl.error_slot as usize;
+        if bindings > max {
+            return Err(BackendError::TooLarge {
+                op: format!("{op}, {bindings} storage bindings in windows of {} bytes", w.bytes()),
+                bytes,
+                limit: max as u64 * w.bytes(),
+                limit_name: format!("what one kernel can bind ({max} storage bindings)"),
+            });
+        }
+        window::apply(wgsl, &kw, &w).map_err(|e| BackendError::TooLarge {
+            op: format!("{op}: this kernel cannot be windowed ({e})"),
+            bytes,
+            limit: w.bytes(),
+            limit_name: "one storage binding".into(),
+        })?;
+        metrics::inc("WindowedKernels", 1);
+        Ok(kw)
+    }
+
+    /// Whether `node` (with operands `inputs`) can run as a kernel on
+    /// this adapter (see `Backend::supports`).
+    pub fn supports(&self, ctx: &Context, node: &Node, inputs: &[&Node]) -> bool {
+        // An attention part binds all its operands but the cheap leaves;
+        // one that needs more buffers than a kernel may bind (a masked
+        // gradient on an adapter with WebGPU's minimum of 8) cannot be
+        // split, so it runs on the fallback. Counted without windows: a
+        // tensor's size never sends a node elsewhere, and a part whose
+        // windows exceed the limit is `BackendError::TooLarge` at compile
+        // time like any kernel's (see `Compiler::window`).
+        let fits = !matches!(node.op, Op::Attention { .. })
+            || inputs
+                .iter()
+                .filter(|n| !matches!(n.op, Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }))
+                .count()
+                < self.fusion.max_storage_buffers;
+        self.within_loop_budget(ctx, node, inputs)
+            && fits
+            && codegen::node_supported(node)
+            && inputs.iter().all(|n| codegen::dtype_supported(n.dtype))
+    }
+
+    /// On a software adapter that silently caps loop iterations, kernels
+    /// that walk one line per invocation would return wrong values for
+    /// lines longer than the cap: such nodes run on the CPU fallback.
+    fn within_loop_budget(&self, ctx: &Context, node: &Node, inputs: &[&Node]) -> bool {
+        let Some(budget) = ctx.loop_budget else { return true };
+        let forms = &self.lower.forms;
+        let along = |axis: usize| inputs.first().map_or(0, |x| x.shape.dims()[axis] as u64);
+        match &node.op {
+            Op::ArgReduce { axis, .. } | Op::CumSum { axis, .. } | Op::Softmax { axis, .. } => along(*axis) <= budget,
+            Op::MatMul => inputs.first().and_then(|a| a.shape.dims().last()).is_none_or(|&k| k as u64 <= budget),
+            Op::ScatterAdd { axis } => {
+                let m = inputs.get(1).map_or(0, |i| i.shape.numel() as u64);
+                let inner = node.shape.dims()[axis + 1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
+                codegen::index::scatter_loop_iterations(forms.scatter, m, inner) <= budget
+            }
+            Op::Pool(p) => codegen::pool::pool_loop_iterations(p, false) <= budget,
+            Op::PoolGrad(p) => codegen::pool::pool_loop_iterations(p, true) <= budget,
+            Op::Conv2d(_) => {
+                inputs.get(1).is_none_or(|w| codegen::conv::loop_iterations(forms.conv, node, w) <= budget)
+            }
+            Op::Attention { .. } => codegen::attention::within_loop_budget(node, inputs, forms.attention, budget),
+            _ => true,
+        }
+    }
+}
+
+/// A compiled plan: the graph, its kernels and their pipelines.
+pub struct WgpuExecutable {
+    pub(crate) graph: VerifiedGraph,
+    pub(crate) plan: FusionPlan,
+    pub(crate) kernels: Vec<CompiledKernel>,
+    /// The buffers of an execution, in order: parameters, then every
+    /// materialized node.
+    pub(crate) buffers: Vec<Bound>,
+    /// Per node, its index in `buffers` (`u32::MAX`: none).
+    pub(crate) slot: Vec<u32>,
+    /// Bind groups and buffer history, reused across executions.
+    pub(crate) binds: Mutex<BindCache>,
+}
+
+/// Where a buffer of an execution comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bound {
+    /// Input (graph parameter) `i`.
+    Input(usize),
+    /// A node the plan materializes, in a buffer from the pool.
+    Node(NodeId),
+}
+
+/// A kernel of a compiled plan.
+pub(crate) struct CompiledKernel {
+    pub name: String,
+    pub wgsl: Wgsl,
+    pub pipeline: Arc<PipelineEntry>,
+    /// Bind group 1 of a generic pipeline: this kernel's sizes.
+    pub dims: Option<wgpu::BindGroup>,
+    /// The pipeline of `wgsl.pre`, the first pass, if any, and its sizes.
+    pub pre: Option<(Arc<PipelineEntry>, Option<wgpu::BindGroup>)>,
+    /// Windows of each storage buffer of both passes (see
+    /// [`crate::window`]).
+    pub windows: KernelWindows,
+}
+
+impl WgpuExecutable {
+    /// The plan of `graph` with its compiled `kernels`: the buffers of an
+    /// execution are the parameters, then each node the plan materializes.
+    fn new(graph: &VerifiedGraph, plan: FusionPlan, kernels: Vec<CompiledKernel>) -> WgpuExecutable {
+        let mut buffers = Vec::new();
+        let mut slot = vec![u32::MAX; graph.len()];
+        for id in graph.ids() {
+            if let Op::Parameter(i) = graph.node(id).op {
+                slot[id.index()] = buffers.len() as u32;
+                buffers.push(Bound::Input(i as usize));
+            }
+        }
+        for &m in &plan.materialized {
+            if slot[m.index()] == u32::MAX {
+                slot[m.index()] = buffers.len() as u32;
+                buffers.push(Bound::Node(m));
+            }
+        }
+        let binds = Mutex::new(BindCache::default());
+        WgpuExecutable { graph: graph.clone(), plan, kernels, buffers, slot, binds }
+    }
+
+    /// The fusion plan.
+    pub fn plan(&self) -> &FusionPlan {
+        &self.plan
+    }
+}
+
+impl Executable for WgpuExecutable {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn kernel_count(&self) -> usize {
+        self.kernels.iter().filter(|k| k.wgsl.invocations > 0).count()
+    }
+    fn kernel_sources(&self) -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        for k in &self.kernels {
+            if let Some(p) = &k.wgsl.pre {
+                v.push((format!("{}_pass1", k.name), p.source.clone()));
+            }
+            v.push((k.name.clone(), k.wgsl.source.clone()));
+        }
+        v
+    }
+    fn kernels(&self) -> Vec<KernelInfo> {
+        self.kernels
+            .iter()
+            .zip(&self.plan.kernels)
+            .map(|(c, k)| {
+                let mut nodes: Vec<NodeId> = k.inline.iter().chain(&k.outputs).copied().collect();
+                nodes.sort();
+                nodes.dedup();
+                KernelInfo { name: c.name.clone(), source: c.wgsl.source.clone(), nodes, outputs: k.outputs.clone() }
+            })
+            .collect()
+    }
+}

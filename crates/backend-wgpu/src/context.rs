@@ -1,0 +1,259 @@
+//! The device context: the adapter and device opened for a backend, its
+//! queue, the buffer pool and the limits every other part reads (binding
+//! windows, error-slot stride, largest buffer, llvmpipe's loop budget,
+//! timestamp support), with the small device-side helpers they share:
+//! waiting, pool buffers for values and uniforms, and bind groups.
+//!
+//! Nothing here compiles or caches kernels (see [`crate::compile`]); the
+//! context is what both compiling and executing stand on.
+
+use crate::binds::{self, Binding};
+use crate::options::WgpuOptions;
+use crate::pool::{self, Pool, PoolOptions, WgpuStorage};
+use crate::window::Windows;
+use crate::{adapter, codegen};
+use lazuli_executor::{BackendError, BackendKind, Buffer};
+use lazuli_ir::{DType, ScalarValue, ValueType};
+use std::sync::Arc;
+use wgpu::BufferUsages;
+
+/// Usage of every value buffer: bound as storage, copied from and to.
+pub(crate) const STORAGE: BufferUsages =
+    BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
+/// Usage of the uniform buffer of lifted scalars.
+pub(crate) const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
+/// Usage of a readback (staging) buffer.
+pub(crate) const READBACK: BufferUsages = BufferUsages::MAP_READ.union(BufferUsages::COPY_DST);
+
+/// Bytes of one error slot: the claim flag and the index's bits (see
+/// `codegen::index`).
+pub(crate) const ERROR_SLOT_BYTES: u64 = 8;
+
+/// The device of a backend and the limits derived from its adapter.
+pub(crate) struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// `wgpu: <adapter> (<backend>, <type>)`, as errors name the device.
+    pub name: String,
+    pub pool: Arc<Pool>,
+    /// Bytes between the error slots of one execution (the adapter's
+    /// `min_storage_buffer_offset_alignment`, at least a slot's size).
+    pub slot_stride: u64,
+    /// How tensors beyond one binding are bound.
+    pub windows: Windows,
+    /// The largest buffer (`max_buffer_size`, a multiple of 4).
+    pub max_buffer: u64,
+    /// Loop iterations one invocation may run, where the adapter caps them
+    /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
+    pub loop_budget: Option<u64>,
+    /// The device has `TIMESTAMP_QUERY` (per-kernel GPU times).
+    pub timestamps: bool,
+}
+
+/// What opening a device tells the compile side about the adapter.
+pub(crate) struct Opened {
+    pub context: Context,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    /// Storage buffers one kernel may bind (the adapter's limit, one
+    /// binding kept for the uniform, clamped by the options).
+    pub max_storage_buffers: usize,
+}
+
+/// A `BackendError::Device` of device `name`.
+pub(crate) fn device_err(name: &str, message: impl ToString) -> BackendError {
+    BackendError::Device { device: name.to_string(), message: message.to_string() }
+}
+
+impl Context {
+    /// Opens an adapter and device for `options`. Fails with
+    /// `BackendError::Device` when no adapter matches.
+    pub fn open(options: &WgpuOptions) -> Result<Opened, BackendError> {
+        let inst = adapter::instance();
+        let a = adapter::select(&inst, options.adapter_name.as_deref())
+            .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
+        let info = a.get_info();
+        let name = format!("wgpu: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+        let limits = a.limits();
+        let (device, queue) = pollster::block_on(a.request_device(&wgpu::DeviceDescriptor {
+            label: Some("lazuli"),
+            required_features: a.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| device_err(&name, e))?;
+        let log_name = name.clone();
+        device.on_uncaptured_error(Arc::new(move |e| {
+            tracing::error!(device = %log_name, "uncaptured wgpu error: {e}");
+        }));
+        // Every binding of a kernel sits in one bind group: the uniform of
+        // lifted scalars beside the storage buffers.
+        let mut max_sb = (limits.max_storage_buffers_per_shader_stage as usize)
+            .min((limits.max_bindings_per_bind_group as usize).saturating_sub(1));
+        if let Some(m) = options.max_storage_buffers {
+            max_sb = max_sb.min(m as usize);
+        }
+        let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let windows = Windows::new(max_binding, limits.min_storage_buffer_offset_alignment, options.binding_window);
+        let pool = Pool::new(
+            device.clone(),
+            PoolOptions {
+                max_idle_bytes: options
+                    .pool_max_free_bytes
+                    .or_else(|| pool::env_bytes("LAZULI_POOL_BYTES"))
+                    .unwrap_or_else(|| pool::default_max_idle_bytes(info.device_type, limits.max_buffer_size)),
+                memory_budget: options.memory_budget.or_else(|| pool::env_bytes("LAZULI_DEVICE_MEMORY_BYTES")),
+                max_buffer_size: limits.max_buffer_size,
+                max_storage_binding: max_binding,
+                device_name: name.clone(),
+            },
+        );
+        let context = Context {
+            device,
+            queue,
+            name,
+            pool,
+            slot_stride: (limits.min_storage_buffer_offset_alignment as u64).max(ERROR_SLOT_BYTES),
+            windows,
+            max_buffer: limits.max_buffer_size & !3,
+            loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
+            timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
+        Ok(Opened { context, info, limits, max_storage_buffers: max_sb })
+    }
+
+    /// Waits until the device has finished all submitted work.
+    pub fn wait(&self) -> Result<(), BackendError> {
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| device_err(&self.name, e))
+    }
+
+    /// The wgpu storage of `b`, which must be this backend's.
+    pub fn storage<'b>(&self, b: &'b Buffer) -> Result<&'b WgpuStorage, BackendError> {
+        b.storage
+            .as_any()
+            .downcast_ref::<WgpuStorage>()
+            .ok_or_else(|| BackendError::Execution(format!("buffer of {} is not a wgpu buffer", b.kind)))
+    }
+
+    /// A pool buffer for a value of type `ty`, preferring the buffers of
+    /// ids `prefer` (see [`Pool::acquire_preferring`]); `what` names the
+    /// value in errors (made only then: this runs for every node of every
+    /// execution).
+    pub fn new_buffer(
+        &self,
+        ty: &ValueType,
+        prefer: &[u64],
+        what: impl FnOnce() -> String,
+    ) -> Result<Buffer, BackendError> {
+        let bytes = (ty.shape.numel() as u64).saturating_mul(4).max(4);
+        if bytes > self.max_buffer {
+            return Err(BackendError::TooLarge {
+                op: what(),
+                bytes,
+                limit: self.max_buffer,
+                limit_name: "the device's largest buffer (max_buffer_size)".into(),
+            });
+        }
+        let st = self.pool.acquire_preferring(bytes, STORAGE, prefer)?;
+        Ok(Buffer { storage: Arc::new(st), ty: ty.clone(), kind: BackendKind::Wgpu })
+    }
+
+    /// An empty host vector with room for `n` elements (upload and
+    /// readback staging on the host side); a refused allocation is
+    /// `OutOfMemory`, never an abort.
+    pub fn host_vec<T>(&self, n: usize, what: &str) -> Result<Vec<T>, BackendError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| BackendError::OutOfMemory {
+            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+            in_use: self.pool.stats().in_use_bytes,
+            device: format!("{}: the host allocator refused the {what} staging vector", self.name),
+        })?;
+        Ok(v)
+    }
+
+    /// The uniform buffer of a launch: `P.z` (0), then one 32-bit word per
+    /// lifted scalar of `dtypes` (`values`, or zeros when `None`), padded
+    /// to 16 bytes.
+    pub fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
+        let words = uniform_words(dtypes, values);
+        let uniform = self.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
+        self.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        Ok(uniform)
+    }
+
+    /// A bind group of `layout` binding `bufs` whole, in binding order.
+    pub fn bind_group(&self, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        binds::create_whole(&self.device, layout, bufs)
+    }
+
+    /// The bindings of bind group 0 of a launch: the uniform, then each
+    /// storage buffer of `storage` whole or, where `windows` says so, as
+    /// that many windows (see [`crate::window`]), then the error slot at
+    /// byte `offset` of a buffer, if any.
+    pub fn bindings<'b>(
+        &self,
+        uniform: &'b WgpuStorage,
+        storage: &[&'b WgpuStorage],
+        windows: &[u32],
+        slot: Option<(&'b WgpuStorage, u64)>,
+    ) -> Vec<Binding<'b>> {
+        debug_assert_eq!(storage.len(), windows.len());
+        let mut out = Vec::with_capacity(storage.len() + 2);
+        out.push(Binding::whole(uniform));
+        for (&b, &w) in storage.iter().zip(windows) {
+            if w <= 1 {
+                out.push(Binding::whole(b));
+                continue;
+            }
+            for (offset, size) in self.windows.ranges(b.buffer().size(), w) {
+                out.push(Binding { storage: b, offset, size });
+            }
+        }
+        if let Some((storage, offset)) = slot {
+            out.push(Binding { storage, offset, size: ERROR_SLOT_BYTES });
+        }
+        out
+    }
+
+    /// Bind group 1 of a generic kernel: a small storage buffer holding
+    /// its dynamic sizes `dims`, made once per compiled kernel.
+    pub fn dims_group(&self, layout: &wgpu::BindGroupLayout, dims: &[u32]) -> wgpu::BindGroup {
+        use wgpu::util::DeviceExt as _;
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("lazuli sizes"),
+            contents: bytemuck::cast_slice(dims),
+            usage: BufferUsages::STORAGE,
+        });
+        self.bind_group(layout, &[&buffer])
+    }
+}
+
+/// The words of a uniform buffer of lifted scalars: `P.z` (0), then one
+/// 32-bit word per lifted scalar of `dtypes` (`values`, or zeros when
+/// `None`), padded to 16 bytes.
+pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) -> Vec<u32> {
+    let mut words: Vec<u32> = Vec::with_capacity(dtypes.len() + 4);
+    words.push(0);
+    for (k, d) in dtypes.iter().enumerate() {
+        words.push(values.map_or(0, |vs| match d {
+            DType::F32 => (vs[k].as_f64() as f32).to_bits(),
+            DType::I32 => vs[k].as_i64() as i32 as u32,
+            DType::Bool => vs[k].as_bool() as u32,
+            _ => vs[k].as_u64() as u32,
+        }));
+    }
+    while !words.len().is_multiple_of(4) {
+        words.push(0);
+    }
+    words
+}
+
+/// The 2-D dispatch size for `invocations` in workgroups of `size`.
+pub(crate) fn dispatch_size(invocations: u64, size: u32) -> (u32, u32) {
+    let groups = invocations.div_ceil(size.max(1) as u64);
+    let (x, y) = if groups > 65535 { (65535, groups.div_ceil(65535)) } else { (groups, 1) };
+    (x as u32, y as u32)
+}

@@ -1,0 +1,460 @@
+//! Execution of a compiled plan: the execution's buffers (parameters, the
+//! pool buffers of materialized nodes, the uniform of lifted scalars,
+//! scratch of two-pass kernels, error slots of index-checking kernels),
+//! its bind groups (cached per plan while its buffers recur, see
+//! [`crate::binds`]), the encoding of every launch into one compute pass
+//! (one pass per launch with timestamps while profiling), one submission
+//! and one wait, then the errors the device or a kernel reported.
+//!
+//! Error slots are zeroed first in the submission and copied to a
+//! readback buffer at its end, mapped by the same wait: a bad index costs
+//! no extra round trip (see `codegen::index`).
+
+use crate::binds::{self, BindCache, Binding};
+use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
+use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
+use crate::pool::WgpuStorage;
+use crate::profile::Profiler;
+use lazuli_executor::{metrics, BackendError, Buffer, IndexError};
+use lazuli_ir::fusion::Kernel;
+use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
+use std::sync::MutexGuard;
+
+/// Runs `exe` on `inputs` (its parameters) with the lifted `scalars`;
+/// returns its outputs, or the first error of the execution.
+pub(crate) fn execute(
+    ctx: &Context,
+    profiler: &Profiler,
+    exe: &WgpuExecutable,
+    inputs: Vec<Buffer>,
+    scalars: &[ScalarValue],
+) -> Result<Vec<Buffer>, BackendError> {
+    let g = &exe.graph;
+    if inputs.len() != g.params.len() || scalars.len() != g.scalars.len() {
+        return Err(BackendError::Execution(format!(
+            "expected {} inputs and {} scalars, got {} and {}",
+            g.params.len(),
+            g.scalars.len(),
+            inputs.len(),
+            scalars.len()
+        )));
+    }
+    // The plan's cached bind groups and allocation history; while another
+    // thread executes the same plan and holds them, this execution binds
+    // afresh.
+    let mut cache = exe.binds.try_lock().ok();
+    let (uniform, values) = allocate(ctx, exe, &mut cache, &inputs, scalars)?;
+    let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));
+    let dev = &ctx.device;
+    let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
+    let slots = ErrorSlots::new(ctx, exe, &mut cache, &mut enc)?;
+    // Scratch buffers of two-pass kernels live until the wait below.
+    let mut scratch = Vec::new();
+    let work = launches(ctx, exe, &mut cache, &uniform, &value, &slots, &mut scratch)?;
+    let queries = (ctx.timestamps && profiler.on() && !work.is_empty()).then(|| Queries::new(dev, work.len()));
+    let launched = encode(&mut enc, &work, queries.as_ref());
+    if let Some(q) = &queries {
+        q.resolve(&mut enc);
+    }
+    slots.copy_back(&mut enc);
+    drop(cache);
+    ctx.queue.submit([enc.finish()]);
+    let rx = slots.map();
+    let waited = ctx.wait();
+    // The first claimed slot, in kernel order, as (kernel, index bits).
+    let claimed = match rx {
+        Some(rx) if waited.is_ok() => slots.claimed(ctx, rx)?,
+        _ => None,
+    };
+    let val_err = pollster::block_on(val.pop());
+    let oom_err = pollster::block_on(oom.pop());
+    metrics::inc("KernelLaunches", launched);
+    if let Some(e) = oom_err {
+        // Give the cache back so that the next execution can succeed.
+        ctx.pool.release_idle();
+        return Err(BackendError::OutOfMemory {
+            bytes: 0,
+            in_use: ctx.pool.stats().in_use_bytes,
+            device: format!("{}: {e}", ctx.name),
+        });
+    }
+    if let Some(e) = val_err {
+        return Err(BackendError::Execution(e.to_string()));
+    }
+    waited?;
+    if let Some(q) = &queries {
+        let names: Vec<String> = work.iter().map(Launch::name).collect();
+        profiler.record(ctx, &q.read, &names)?;
+    }
+    drop(work);
+    drop(uniform);
+    scratch.into_iter().rev().for_each(drop);
+    drop(slots);
+    let outputs = match claimed {
+        Some((kernel, bits)) => Err(index_error(g, &exe.plan.kernels[kernel], bits)),
+        None => g
+            .outputs
+            .iter()
+            .map(|o| value(*o).cloned().ok_or_else(|| BackendError::Execution(format!("output {o} was not computed"))))
+            .collect(),
+    };
+    values.into_iter().rev().for_each(drop);
+    outputs
+}
+
+/// The plan's bind cache, when this execution holds it.
+type Cache<'e> = Option<MutexGuard<'e, BindCache>>;
+
+/// The pool buffer for allocation `slot` of the plan's history (see
+/// [`BindCache::preferred`]): the one it had last time where it is idle.
+fn acquire(
+    ctx: &Context,
+    cache: &mut Cache,
+    slot: usize,
+    bytes: u64,
+    usage: wgpu::BufferUsages,
+) -> Result<WgpuStorage, BackendError> {
+    let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(slot));
+    let buf = ctx.pool.acquire_preferring(bytes, usage, prefer)?;
+    if let Some(c) = cache.as_mut() {
+        c.record(slot, buf.id());
+    }
+    Ok(buf)
+}
+
+/// The uniform of lifted scalars (written before the submission that
+/// reads it: `queue.write_buffer` is ordered before the next submit) and
+/// the execution's buffers: parameters, then every materialized node in
+/// order, each node asking for the buffers it had before. The
+/// intermediates go back to the pool in reverse order at the end, so even
+/// without that history the pool (last in, first out) would hand the same
+/// buffers to the same nodes next time.
+fn allocate(
+    ctx: &Context,
+    exe: &WgpuExecutable,
+    cache: &mut Cache,
+    inputs: &[Buffer],
+    scalars: &[ScalarValue],
+) -> Result<(WgpuStorage, Vec<Buffer>), BackendError> {
+    let g = &exe.graph;
+    let words = uniform_words(&g.scalars, Some(scalars));
+    let uniform = acquire(ctx, cache, exe.buffers.len(), words.len() as u64 * 4, UNIFORM)?;
+    ctx.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+    let mut values: Vec<Buffer> = Vec::with_capacity(exe.buffers.len());
+    for (slot, b) in exe.buffers.iter().enumerate() {
+        values.push(match *b {
+            Bound::Input(i) => inputs[i].clone(),
+            Bound::Node(m) => {
+                let prefer = cache.as_ref().map_or(&[][..], |c| c.preferred(slot));
+                let buf = ctx.new_buffer(&g.node(m).ty(), prefer, || g.node(m).op.name())?;
+                if let Some(c) = cache.as_mut() {
+                    c.record(slot, ctx.storage(&buf)?.id());
+                }
+                buf
+            }
+        });
+    }
+    Ok((uniform, values))
+}
+
+/// The error slots of an execution's index-checking kernels, one each.
+struct ErrorSlots {
+    /// Kernel indices of the checking kernels, ascending.
+    checking: Vec<usize>,
+    stride: u64,
+    /// The bound slots buffer and its readback copy; none when no kernel
+    /// checks.
+    buffers: Option<(WgpuStorage, WgpuStorage)>,
+}
+
+impl ErrorSlots {
+    /// Slots for the checking kernels of `exe`, zeroed first in `enc`.
+    fn new(
+        ctx: &Context,
+        exe: &WgpuExecutable,
+        cache: &mut Cache,
+        enc: &mut wgpu::CommandEncoder,
+    ) -> Result<ErrorSlots, BackendError> {
+        let checking: Vec<usize> = (0..exe.kernels.len())
+            .filter(|&i| exe.kernels[i].wgsl.error_slot && exe.kernels[i].wgsl.invocations > 0)
+            .collect();
+        let stride = ctx.slot_stride;
+        let bytes = checking.len() as u64 * stride;
+        let buffers = if checking.is_empty() {
+            None
+        } else {
+            // The slots buffer is bound, so it comes through the plan's
+            // allocation history like every buffer it binds (after the
+            // scratch of each kernel): a steady loop gets it back, and with
+            // it the bind groups of its checking kernels.
+            let device_slots = acquire(ctx, cache, exe.buffers.len() + 1 + exe.kernels.len(), bytes, STORAGE)?;
+            // Never bound: any idle readback buffer will do.
+            let read = ctx.pool.acquire(bytes, READBACK)?;
+            enc.clear_buffer(device_slots.buffer(), 0, Some(bytes));
+            Some((device_slots, read))
+        };
+        Ok(ErrorSlots { checking, stride, buffers })
+    }
+
+    fn bytes(&self) -> u64 {
+        self.checking.len() as u64 * self.stride
+    }
+
+    /// The slot of kernel `ki`, if it checks indices: a buffer and offset.
+    fn of(&self, ki: usize) -> Option<(&WgpuStorage, u64)> {
+        match (&self.buffers, self.checking.binary_search(&ki)) {
+            (Some((device_slots, _)), Ok(j)) => Some((device_slots, j as u64 * self.stride)),
+            _ => None,
+        }
+    }
+
+    /// Copies the slots to the readback buffer at the end of `enc`.
+    fn copy_back(&self, enc: &mut wgpu::CommandEncoder) {
+        if let Some((device_slots, read)) = &self.buffers {
+            enc.copy_buffer_to_buffer(device_slots.buffer(), 0, read.buffer(), 0, self.bytes());
+        }
+    }
+
+    /// Maps the readback buffer after the submission (the wait completes
+    /// it); the receiver gets the mapping's result.
+    fn map(&self) -> Option<std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>> {
+        let (_, read) = self.buffers.as_ref()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        read.buffer().map_async(wgpu::MapMode::Read, 0..self.bytes(), move |r| {
+            let _ = tx.send(r);
+        });
+        Some(rx)
+    }
+
+    /// The first claimed slot, in kernel order, as (kernel, index bits),
+    /// after the wait; the readback buffer is unmapped before it returns.
+    fn claimed(
+        &self,
+        ctx: &Context,
+        rx: std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
+    ) -> Result<Option<(usize, u32)>, BackendError> {
+        let Some((_, read)) = &self.buffers else { return Ok(None) };
+        let mapped = rx.recv().map_err(|e| device_err(&ctx.name, e))?.map_err(|e| device_err(&ctx.name, e));
+        let found = mapped.and_then(|()| {
+            let view = read.buffer().get_mapped_range(0..self.bytes()).map_err(|e| device_err(&ctx.name, e))?;
+            let words: &[u32] = bytemuck::cast_slice(&view);
+            let step = (self.stride / 4) as usize;
+            Ok((0..self.checking.len())
+                .find(|&j| words[j * step] != 0)
+                .map(|j| (self.checking[j], words[j * step + 1])))
+        });
+        read.buffer().unmap();
+        found
+    }
+}
+
+/// One dispatch of an execution.
+struct Launch<'a> {
+    kernel: &'a CompiledKernel,
+    /// The first pass of a two-pass kernel.
+    first_pass: bool,
+    pipeline: &'a wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    /// Bind group 1 of a generic pipeline.
+    dims: Option<&'a wgpu::BindGroup>,
+    groups: (u32, u32),
+}
+
+impl Launch<'_> {
+    /// The launch's name in profiles.
+    fn name(&self) -> String {
+        if self.first_pass {
+            format!("{}_pass1", self.kernel.name)
+        } else {
+            self.kernel.name.clone()
+        }
+    }
+}
+
+/// Bind group 0 of launch `launch` (a kernel's first pass is launch
+/// `2 * ki`, the kernel proper `2 * ki + 1`): from the plan's cache, keyed
+/// by every range bound, or made afresh without it.
+fn bind(
+    ctx: &Context,
+    cache: &mut Cache,
+    launch: usize,
+    layout: &wgpu::BindGroupLayout,
+    bindings: &[Binding],
+) -> wgpu::BindGroup {
+    match cache {
+        Some(c) => c.get(launch, &ctx.device, layout, bindings),
+        None => binds::create(&ctx.device, layout, bindings),
+    }
+}
+
+/// The launches of `exe` in order, with their bind groups; scratch
+/// buffers of two-pass kernels are pushed to `scratch`.
+fn launches<'a, 'v>(
+    ctx: &Context,
+    exe: &'a WgpuExecutable,
+    cache: &mut Cache,
+    uniform: &WgpuStorage,
+    value: &dyn Fn(NodeId) -> Option<&'v Buffer>,
+    slots: &ErrorSlots,
+    scratch: &mut Vec<WgpuStorage>,
+) -> Result<Vec<Launch<'a>>, BackendError> {
+    let mut work: Vec<Launch> = Vec::with_capacity(exe.kernels.len());
+    for (ki, (k, kernel)) in exe.kernels.iter().zip(&exe.plan.kernels).enumerate() {
+        if k.wgsl.invocations == 0 {
+            continue;
+        }
+        let buffer = |id: &NodeId| -> Result<&WgpuStorage, BackendError> {
+            let b = value(*id)
+                .ok_or_else(|| BackendError::Execution(format!("no buffer for node {id} needed by {}", k.name)))?;
+            ctx.storage(b)
+        };
+        let main = |bind_group: wgpu::BindGroup| Launch {
+            kernel: k,
+            first_pass: false,
+            pipeline: &k.pipeline.pipeline,
+            bind_group,
+            dims: k.dims.as_ref(),
+            groups: dispatch_size(k.wgsl.invocations, k.wgsl.workgroup_size),
+        };
+        match (&k.wgsl.pre, &k.pre) {
+            (Some(pre), Some((pre_pipeline, pre_dims))) => {
+                // Pass 1 reads the inputs into scratch; pass 2 reads the
+                // scratch and writes the outputs.
+                debug_assert!(slots.of(ki).is_none(), "two-pass kernels check no indices");
+                // Scratch allocations come after the buffers in the plan's
+                // allocation history.
+                let s = acquire(ctx, cache, exe.buffers.len() + 1 + ki, pre.scratch.max(1) * 4, STORAGE)?;
+                let mut first: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + 1);
+                for id in &kernel.inputs {
+                    first.push(buffer(id)?);
+                }
+                first.push(&s);
+                let bindings = ctx.bindings(uniform, &first, &k.windows.pre, None);
+                work.push(Launch {
+                    kernel: k,
+                    first_pass: true,
+                    pipeline: &pre_pipeline.pipeline,
+                    bind_group: bind(ctx, cache, 2 * ki, &pre_pipeline.layout, &bindings),
+                    dims: pre_dims.as_ref(),
+                    groups: dispatch_size(pre.invocations, pre.workgroup_size),
+                });
+                let mut second: Vec<&WgpuStorage> = Vec::with_capacity(kernel.outputs.len() + 1);
+                second.push(&s);
+                for id in &kernel.outputs {
+                    second.push(buffer(id)?);
+                }
+                let bindings = ctx.bindings(uniform, &second, &k.windows.main, None);
+                work.push(main(bind(ctx, cache, 2 * ki + 1, &k.pipeline.layout, &bindings)));
+                scratch.push(s);
+            }
+            _ => {
+                let mut bufs: Vec<&WgpuStorage> = Vec::with_capacity(kernel.inputs.len() + kernel.outputs.len());
+                for id in kernel.inputs.iter().chain(&kernel.outputs) {
+                    bufs.push(buffer(id)?);
+                }
+                let bindings = ctx.bindings(uniform, &bufs, &k.windows.main, slots.of(ki));
+                work.push(main(bind(ctx, cache, 2 * ki + 1, &k.pipeline.layout, &bindings)));
+            }
+        }
+    }
+    Ok(work)
+}
+
+/// The timestamp queries of a profiled execution: a begin and an end per
+/// launch, resolved and copied to a readback buffer.
+struct Queries {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    count: u32,
+}
+
+impl Queries {
+    fn new(dev: &wgpu::Device, launches: usize) -> Queries {
+        let n = 2 * launches as u64;
+        let set = dev.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("lazuli profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: n as u32,
+        });
+        let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lazuli profile resolve"),
+            size: n * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let read = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lazuli profile read"),
+            size: n * 8,
+            usage: READBACK,
+            mapped_at_creation: false,
+        });
+        Queries { set, resolve, read, count: n as u32 }
+    }
+
+    fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.resolve_query_set(&self.set, 0..self.count, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, self.count as u64 * 8);
+    }
+}
+
+/// Encodes `work` into `enc`: one compute pass for all launches, or one
+/// pass per launch with timestamps when `queries` is given. Returns the
+/// number of launches.
+fn encode(enc: &mut wgpu::CommandEncoder, work: &[Launch], queries: Option<&Queries>) -> u64 {
+    let dispatch = |pass: &mut wgpu::ComputePass, l: &Launch| {
+        pass.set_pipeline(l.pipeline);
+        pass.set_bind_group(0, &l.bind_group, &[]);
+        if let Some(dims) = l.dims {
+            pass.set_bind_group(1, dims, &[]);
+        }
+        pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
+    };
+    match queries {
+        Some(q) => {
+            for (i, l) in work.iter().enumerate() {
+                let name = l.name();
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(&name),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &q.set,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    }),
+                });
+                dispatch(&mut pass, l);
+            }
+        }
+        None => {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            for l in work {
+                dispatch(&mut pass, l);
+            }
+        }
+    }
+    work.len() as u64
+}
+
+/// The error of an index out of range that kernel `k` (a gather or a
+/// scatter-add) reported: `bits` are the index as its kernel read it.
+fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
+    let root = g.node(k.root());
+    let axis = match root.op {
+        Op::Gather { axis } | Op::ScatterAdd { axis } => axis,
+        _ => unreachable!("only gathers and scatter-adds check indices"),
+    };
+    let data = g.node(root.inputs[0]);
+    let index = match g.node(root.inputs[1]).dtype {
+        DType::I32 => bits as i32 as i128,
+        _ => bits as i128,
+    };
+    BackendError::IndexOutOfRange(Box::new(IndexError {
+        op: root.op.name(),
+        index,
+        axis,
+        size: data.shape.dims()[axis],
+        shape: data.shape.clone(),
+    }))
+}

@@ -1,0 +1,72 @@
+//! Per-kernel GPU times from timestamp queries: the profiler a backend
+//! collects into while profiling is on (every kernel then runs in a
+//! compute pass of its own with begin and end timestamps), and the
+//! readback of resolved timestamp pairs that the profiler and the
+//! autotuner share.
+
+use crate::context::{device_err, Context};
+use lazuli_executor::BackendError;
+use std::sync::Mutex;
+
+/// Collected per-kernel times `(kernel, ms)`, `None` while not profiling.
+#[derive(Default)]
+pub(crate) struct Profiler {
+    times: Mutex<Option<Vec<(String, f64)>>>,
+}
+
+impl Profiler {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<(String, f64)>>> {
+        self.times.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts (`on` and the adapter can time kernels) or stops collecting;
+    /// returns whether it collects now.
+    pub fn set(&self, on: bool, timestamps: bool) -> bool {
+        let mut p = self.lock();
+        *p = (on && timestamps).then(Vec::new);
+        p.is_some()
+    }
+
+    /// Whether it collects.
+    pub fn on(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// The times collected since the last call, in launch order.
+    pub fn take(&self) -> Vec<(String, f64)> {
+        self.lock().as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Adds the times of `names` (one launch each, in order) from the
+    /// resolved timestamps in `read`, after the device is done.
+    pub fn record(&self, ctx: &Context, read: &wgpu::Buffer, names: &[String]) -> Result<(), BackendError> {
+        let times = read_timestamps(ctx, read, names.len())?;
+        if let Some(p) = self.lock().as_mut() {
+            p.extend(names.iter().cloned().zip(times));
+        }
+        Ok(())
+    }
+}
+
+/// Maps the first `pairs` resolved timestamp pairs (begin and end of a
+/// pass) of `read` after the device is done and returns each pair's time
+/// in ms.
+pub(crate) fn read_timestamps(ctx: &Context, read: &wgpu::Buffer, pairs: usize) -> Result<Vec<f64>, BackendError> {
+    let bytes = pairs as u64 * 16;
+    let (tx, rx) = std::sync::mpsc::channel();
+    read.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.wait()?;
+    rx.recv().map_err(|e| device_err(&ctx.name, e))?.map_err(|e| device_err(&ctx.name, e))?;
+    let period = ctx.queue.get_timestamp_period() as f64;
+    let times: Vec<f64> = {
+        let view = read.get_mapped_range(0..bytes).map_err(|e| device_err(&ctx.name, e))?;
+        bytemuck::cast_slice::<u8, u64>(&view)
+            .chunks_exact(2)
+            .map(|t| t[1].saturating_sub(t[0]) as f64 * period / 1e6)
+            .collect()
+    };
+    read.unmap();
+    Ok(times)
+}

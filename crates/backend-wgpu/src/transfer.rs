@@ -1,0 +1,87 @@
+//! Transfers between the host and the device in the canonical host byte
+//! format: uploads and readbacks in chunks of at most [`TRANSFER_CHUNK`]
+//! bytes, so staging memory stays bounded for tensors of any size; bools
+//! are one byte on the host and one `u32` on the device.
+
+use crate::context::{device_err, Context, READBACK};
+use lazuli_executor::{BackendError, Buffer};
+use lazuli_ir::{DType, ValueType};
+
+/// Bytes one step of an upload or readback moves: bounds the staging
+/// memory of a transfer (host-visible memory; on lavapipe, host RAM) to
+/// one chunk, whatever the tensor's size.
+pub(crate) const TRANSFER_CHUNK: u64 = 64 << 20;
+
+impl Context {
+    /// A new device buffer holding `bytes`, a value of type `ty` in the
+    /// host format (the dtype must be one the device stores).
+    pub fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
+        let n = ty.shape.numel();
+        debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
+        let buf = self.new_buffer(ty, &[], || "upload".into())?;
+        let st = self.storage(&buf)?;
+        // In chunks, each written and submitted before the next, so the
+        // staging copy wgpu makes stays one chunk.
+        let step = TRANSFER_CHUNK as usize / 4;
+        let chunks = n.div_ceil(step);
+        for c in 0..chunks {
+            let (lo, hi) = (c * step, ((c + 1) * step).min(n));
+            let offset = lo as u64 * 4;
+            if ty.dtype == DType::Bool {
+                let mut words = self.host_vec::<u32>(hi - lo, "upload")?;
+                words.extend(bytes[lo..hi].iter().map(|&b| (b != 0) as u32));
+                self.queue.write_buffer(st.buffer(), offset, bytemuck::cast_slice(&words));
+            } else {
+                self.queue.write_buffer(st.buffer(), offset, &bytes[lo * 4..hi * 4]);
+            }
+            if chunks > 1 {
+                self.queue.submit([]);
+                self.wait()?;
+            }
+        }
+        Ok(buf)
+    }
+
+    /// The value of `buffer` in the host format, read back after all
+    /// submitted work.
+    pub fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
+        let n = buffer.ty.shape.numel();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let st = self.storage(buffer)?;
+        let bytes = n as u64 * 4;
+        // The host copy first: if the host cannot hold it, no device work
+        // is wasted.
+        let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
+        // Through one staging buffer of at most `TRANSFER_CHUNK` bytes,
+        // a chunk at a time.
+        let chunk = bytes.min(TRANSFER_CHUNK);
+        let staging = self.pool.acquire(chunk, READBACK)?;
+        let mut offset = 0;
+        while offset < bytes {
+            let len = chunk.min(bytes - offset);
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
+            self.queue.submit([enc.finish()]);
+            let (tx, rx) = std::sync::mpsc::channel();
+            staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait()?;
+            rx.recv().map_err(|e| device_err(&self.name, e))?.map_err(|e| device_err(&self.name, e))?;
+            {
+                let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.name, e))?;
+                if buffer.ty.dtype == DType::Bool {
+                    let words: &[u32] = bytemuck::cast_slice(&view);
+                    out.extend(words.iter().map(|&w| (w != 0) as u8));
+                } else {
+                    out.extend_from_slice(&view);
+                }
+            }
+            staging.buffer().unmap();
+            offset += len;
+        }
+        Ok(out)
+    }
+}
