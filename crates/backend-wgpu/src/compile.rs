@@ -5,8 +5,9 @@
 //! one binding ([`crate::window`]), made generic over sizes where its
 //! family has seen other sizes ([`crate::generic`]), and given a pipeline
 //! ([`crate::pipeline`]). The compile-side caches (pipelines, the
-//! autotuner's winners, size families, the earlier graph of each
-//! structure) live here, apart from the device context.
+//! autotuner's winners, size families) live here, apart from the device
+//! context; which graph was compiled before at other sizes is the
+//! executor's to remember (`CompileHints::earlier`).
 
 use crate::autotune::{self, Tuner};
 use crate::binds::BindCache;
@@ -21,10 +22,6 @@ use lazuli_ir::{Node, NodeId, Op, VerifiedGraph};
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-/// Structures whose last compiled graph the compiler keeps (see
-/// `Compiler::earlier_sizes`).
-const EARLIER_SIZES: usize = 64;
-
 /// The compile side of a backend: limits, forms and caches.
 pub(crate) struct Compiler {
     /// What the fusion planner may do on this adapter.
@@ -36,10 +33,6 @@ pub(crate) struct Compiler {
     pub tuner: Tuner,
     /// Families of kernels generic over sizes.
     pub families: Families,
-    /// The last graph compiled per structure (`Graph::shape_free_hash`),
-    /// and whether it compiled generic: the other sizes a size variant's
-    /// kernels are compared against.
-    earlier_sizes: Mutex<lru::LruCache<u64, (VerifiedGraph, bool)>>,
     /// Fault injection (tests): kernels whose name contains it compute a
     /// wrong value.
     fault_kernel: Option<String>,
@@ -55,33 +48,28 @@ impl Compiler {
         families: Families,
         fault_kernel: Option<String>,
     ) -> Compiler {
-        Compiler {
-            fusion,
-            lower,
-            pipelines,
-            tuner,
-            families,
-            earlier_sizes: Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new(EARLIER_SIZES).expect("non-zero"),
-            )),
-            fault_kernel,
-        }
+        Compiler { fusion, lower, pipelines, tuner, families, fault_kernel }
     }
 
     /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
     /// every kernel is lowered in size-independent forms and compiled
-    /// generic over all its sizes at once (see [`crate::generic`]).
+    /// generic over all its sizes at once (see [`crate::generic`]). The
+    /// executable compiled last at other sizes (`hints.earlier`), when it
+    /// compiled static, has its kernels observed by their families first.
     pub fn compile(
         &self,
         ctx: &Context,
         graph: &VerifiedGraph,
-        hints: CompileHints,
+        hints: CompileHints<'_>,
     ) -> Result<WgpuExecutable, BackendError> {
         let started = std::time::Instant::now();
         let generic = hints.sizes_vary && self.families.enabled();
-        if self.families.enabled() {
-            if let Some(earlier) = self.earlier_sizes(graph, generic).filter(|_| generic) {
-                self.observe_sizes(ctx, &earlier);
+        if generic {
+            // A generic earlier executable's sources are members of their
+            // families already.
+            let earlier = hints.earlier.and_then(|e| e.as_any().downcast_ref::<WgpuExecutable>());
+            if let Some(earlier) = earlier.filter(|e| !e.generic && *e.graph != **graph) {
+                self.observe_sizes(ctx, earlier);
             }
         }
         let plan = fusion::plan(graph, &self.fusion);
@@ -115,7 +103,7 @@ impl Compiler {
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
             kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
         }
-        Ok(WgpuExecutable::new(graph, plan, kernels))
+        Ok(WgpuExecutable::new(graph, plan, kernels, generic))
     }
 
     /// Each lowered source (and first pass) ready for pipeline creation:
@@ -161,30 +149,21 @@ impl Compiler {
         })
     }
 
-    /// The graph last compiled with the structure of `graph` but other
-    /// sizes, when it compiled static (a generic one's sources are already
-    /// members of their families); remembers `graph` as the structure's
-    /// last, compiled generic or not.
-    fn earlier_sizes(&self, graph: &VerifiedGraph, generic: bool) -> Option<VerifiedGraph> {
-        let mut seen = self.earlier_sizes.lock().unwrap_or_else(|e| e.into_inner());
-        let before = seen.put(graph.shape_free_hash(), (graph.clone(), generic));
-        before.filter(|(b, was_generic)| !was_generic && **b != **graph).map(|(b, _)| b)
-    }
-
-    /// Lowers `earlier` (a graph of the structure about to compile, at
-    /// other sizes) in the size-independent forms and records its sources
-    /// in their families without compiling them (`Families::observe`):
+    /// Lowers the kernels of `earlier` (the executable of the structure
+    /// about to compile, at other sizes, whose fusion plan is reused) in
+    /// the size-independent forms and records their sources in their
+    /// families without compiling them (`Families::observe`):
     /// the new size's kernels then turn every literal that differs between
     /// the two sizes dynamic in one widening, rather than compiling as
     /// static first members of new families and widening at the next size.
     /// A kernel that does not lower, or whose tensors need windows, is
     /// skipped; the real compile reports its own errors.
-    fn observe_sizes(&self, ctx: &Context, earlier: &VerifiedGraph) {
-        let plan = fusion::plan(earlier, &self.fusion);
+    fn observe_sizes(&self, ctx: &Context, earlier: &WgpuExecutable) {
+        let graph = &earlier.graph;
         let limits = LowerLimits { generic: true, ..self.lower };
-        for k in &plan.kernels {
-            let Ok(wgsl) = self.lower_kernel(ctx, k, earlier, &limits) else { continue };
-            if KernelWindows::of(k, earlier, &wgsl, &ctx.windows).is_windowed() {
+        for k in &earlier.plan.kernels {
+            let Ok(wgsl) = self.lower_kernel(ctx, k, graph, &limits) else { continue };
+            if KernelWindows::of(k, graph, &wgsl, &ctx.windows).is_windowed() {
                 continue; // its source would be rewritten; leave it static
             }
             self.families.observe(&wgsl.source, wgsl.entry);
@@ -298,6 +277,8 @@ pub struct WgpuExecutable {
     pub(crate) slot: Vec<u32>,
     /// Bind groups and buffer history, reused across executions.
     pub(crate) binds: Mutex<BindCache>,
+    /// Compiled generic over sizes (a size variant's kernels).
+    pub(crate) generic: bool,
 }
 
 /// Where a buffer of an execution comes from.
@@ -326,7 +307,7 @@ pub(crate) struct CompiledKernel {
 impl WgpuExecutable {
     /// The plan of `graph` with its compiled `kernels`: the buffers of an
     /// execution are the parameters, then each node the plan materializes.
-    fn new(graph: &VerifiedGraph, plan: FusionPlan, kernels: Vec<CompiledKernel>) -> WgpuExecutable {
+    fn new(graph: &VerifiedGraph, plan: FusionPlan, kernels: Vec<CompiledKernel>, generic: bool) -> WgpuExecutable {
         let mut buffers = Vec::new();
         let mut slot = vec![u32::MAX; graph.len()];
         for id in graph.ids() {
@@ -342,7 +323,7 @@ impl WgpuExecutable {
             }
         }
         let binds = Mutex::new(BindCache::default());
-        WgpuExecutable { graph: graph.clone(), plan, kernels, buffers, slot, binds }
+        WgpuExecutable { graph: graph.clone(), plan, kernels, buffers, slot, binds, generic }
     }
 
     /// The fusion plan.

@@ -178,7 +178,11 @@ impl Backend for WgpuBackend {
     /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
     /// every kernel is lowered in size-independent forms and compiled
     /// generic over all its sizes at once (see [`crate::generic`]).
-    fn compile_with(&self, graph: &VerifiedGraph, hints: CompileHints) -> Result<Arc<dyn Executable>, BackendError> {
+    fn compile_with(
+        &self,
+        graph: &VerifiedGraph,
+        hints: CompileHints<'_>,
+    ) -> Result<Arc<dyn Executable>, BackendError> {
         Ok(Arc::new(self.inner.compiler.compile(&self.inner.ctx, graph, hints)?))
     }
 

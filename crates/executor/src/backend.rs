@@ -189,13 +189,27 @@ pub struct IndexError {
 
 /// What the executor knows about a graph it hands to
 /// [`Backend::compile_with`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CompileHints {
+#[derive(Clone, Copy, Default)]
+pub struct CompileHints<'a> {
     /// A graph of the same structure was compiled before with other sizes
     /// (same [`lazuli_ir::Graph::shape_free_hash`]): sizes vary from call to
     /// call, so kernels should not depend on them (see the wgpu backend's
     /// generic kernels).
     pub sizes_vary: bool,
+    /// The executable this backend compiled last for the same segment
+    /// structure at other sizes, when `sizes_vary` (the executor's compile
+    /// cache is the one place that remembers it): a backend may read how
+    /// it compiled that one instead of keeping a map of its own.
+    pub earlier: Option<&'a dyn Executable>,
+}
+
+impl std::fmt::Debug for CompileHints<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompileHints")
+            .field("sizes_vary", &self.sizes_vary)
+            .field("earlier", &self.earlier.map(|e| e.kernel_count()))
+            .finish()
+    }
 }
 
 /// A device backend. Object safe: the executor holds `Arc<dyn Backend>`.
@@ -222,7 +236,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// [`Backend::compile`] with what the executor knows about the graph
     /// (by default ignored).
-    fn compile_with(&self, graph: &VerifiedGraph, hints: CompileHints) -> Result<Arc<dyn Executable>, BackendError> {
+    fn compile_with(
+        &self,
+        graph: &VerifiedGraph,
+        hints: CompileHints<'_>,
+    ) -> Result<Arc<dyn Executable>, BackendError> {
         let _ = hints;
         self.compile(graph)
     }

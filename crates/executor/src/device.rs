@@ -11,14 +11,14 @@
 //! [`ExecError::Poisoned`] (which names the earlier failure as such), and
 //! the other roots of the same sync run normally.
 
+use crate::compile_cache::CompileCache;
 use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
 use crate::tensor::TensorInner;
 use crate::trace::{replay, roots_key, trace, Traced};
-use crate::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, ExecError, Result};
+use crate::{metrics, Backend, BackendError, BackendKind, Buffer, ExecError, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use lazuli_ir::{Graph, ScalarValue};
-use lru::LruCache;
+use lazuli_ir::ScalarValue;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::num::NonZeroUsize;
@@ -42,10 +42,6 @@ const MAX_UNREPORTED: usize = 16;
 /// reader again (tens of microseconds), so handing it over gains nothing.
 pub const INLINE_MAX_WORK: u64 = 1 << 18;
 
-/// Plans remembered by the structure of their syncs' pending graphs, for
-/// replaying the trace (see `trace::replay`).
-const REPLAY_PLANS: usize = 64;
-
 /// A compute device: cheap to clone, shared by every tensor on it.
 #[derive(Clone)]
 pub struct Device(pub(crate) Arc<DeviceInner>);
@@ -56,21 +52,14 @@ pub(crate) struct DeviceInner {
     pub cpu: Arc<dyn Backend>,
     /// Every registered tensor handle (this set changes on every op).
     pub live: Mutex<LiveSet>,
-    cache: Mutex<LruCache<u64, Arc<Plan>>>,
-    /// The plans of recent syncs by the structure of their pending graphs
-    /// (`trace::roots_key`): a sync of the same structure replays the
-    /// trace against the plan's graph instead of tracing, hashing and
-    /// comparing a new one. Cleared with `cache`.
-    replays: Mutex<LruCache<u64, Arc<Plan>>>,
+    /// Compiled plans by graph, by sync structure (trace replay) and by
+    /// shape-free structure (size variants).
+    cache: Mutex<CompileCache>,
     tx: Option<Sender<Job>>,
     shared: Arc<Shared>,
     pub rng: Mutex<RngState>,
     force_fallback: RwLock<BTreeSet<String>>,
     explainer: Mutex<crate::explain::Explainer>,
-    /// Shape-free hash -> exact hash of recently compiled graphs: a miss
-    /// whose structure was compiled with other sizes is compiled with
-    /// `CompileHints::sizes_vary`.
-    structures: Mutex<LruCache<u64, u64>>,
     /// This device's share of the UncachedCompile / CachedCompile counters.
     uncached: AtomicU64,
     cached: AtomicU64,
@@ -187,14 +176,12 @@ impl Device {
             main,
             cpu,
             live: Mutex::new(LiveSet::default()),
-            cache: Mutex::new(LruCache::new(cache_size)),
-            replays: Mutex::new(LruCache::new(NonZeroUsize::new(REPLAY_PLANS).expect("non-zero"))),
+            cache: Mutex::new(CompileCache::new(cache_size)),
             tx: Some(tx),
             shared,
             rng: Mutex::new(RngState::default()),
             force_fallback: RwLock::new(force),
             explainer: Mutex::new(Default::default()),
-            structures: Mutex::new(LruCache::new(NonZeroUsize::new(1024).expect("non-zero"))),
             uncached: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
@@ -256,7 +243,6 @@ impl Device {
     pub fn set_force_fallback(&self, ops: &[&str]) {
         *self.0.force_fallback.write().unwrap_or_else(|e| e.into_inner()) = ops.iter().map(|s| s.to_string()).collect();
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.0.replays.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// Fault injection (tests): the next `n` executions on this device fail
@@ -413,7 +399,7 @@ impl Device {
         // (which proves the graphs equal) instead of tracing anew.
         let key = roots_key(&roots);
         let replayed = {
-            let recent = self.0.replays.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+            let recent = self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).replay(key);
             recent.and_then(|plan| replay(&roots, &plan.graph).map(|t| (t, plan)))
         };
         let (traced, replayed) = match replayed {
@@ -442,7 +428,7 @@ impl Device {
             }
             None => {
                 let plan = self.lookup_or_compile(&traced, trigger)?;
-                self.0.replays.lock().unwrap_or_else(|e| e.into_inner()).put(key, plan.clone());
+                self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).remember_replay(key, plan.clone());
                 plan
             }
         };
@@ -549,12 +535,10 @@ impl Device {
     fn lookup_or_compile(&self, traced: &Traced, trigger: &str) -> Result<Arc<Plan>> {
         let hash = traced.graph.structural_hash();
         {
-            let mut cache = self.0.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(plan) = cache.get(&hash) {
-                if plan.graph == traced.graph {
-                    self.cache_hit();
-                    return Ok(plan.clone());
-                }
+            let cached = self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash, &traced.graph);
+            if let Some(plan) = cached {
+                self.cache_hit();
+                return Ok(plan);
             }
         }
         metrics::inc("UncachedCompile", 1);
@@ -564,15 +548,16 @@ impl Device {
         self.0.explainer.lock().unwrap_or_else(|e| e.into_inner()).on_miss(&traced.graph, &traced.locations, trigger);
         let started = Instant::now();
         let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let hints = CompileHints { sizes_vary: self.sizes_vary(&traced.graph, hash) };
-        if hints.sizes_vary {
+        let earlier = self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).earlier_sizes(&traced.graph, hash);
+        if earlier.is_some() {
             metrics::inc("SizeVariantCompile", 1);
         }
-        let plan = Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force, hints)
-            .map_err(|source| ExecError::Backend {
-                context: format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len()),
-                source,
-            })?;
+        let plan =
+            Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force, earlier.as_deref())
+                .map_err(|source| ExecError::Backend {
+                    context: format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len()),
+                    source,
+                })?;
         metrics::record_time("Compile", started.elapsed());
         let plan = Arc::new(plan);
         if let Ok(dir) = std::env::var("LAZULI_DUMP_DIR") {
@@ -580,7 +565,7 @@ impl Device {
                 tracing::warn!(dir, error = %e, "LAZULI_DUMP_DIR: could not write the dump");
             }
         }
-        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).put(hash, plan.clone());
+        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(plan.clone());
         Ok(plan)
     }
 
@@ -588,14 +573,6 @@ impl Device {
     fn cache_hit(&self) {
         metrics::inc("CachedCompile", 1);
         self.0.cached.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Whether a graph of the same structure as `graph` (exact hash `hash`)
-    /// was compiled before with other sizes; remembers this one.
-    fn sizes_vary(&self, graph: &Graph, hash: u64) -> bool {
-        let mut seen = self.0.structures.lock().unwrap_or_else(|e| e.into_inner());
-        let before = seen.put(graph.shape_free_hash(), hash);
-        before.is_some_and(|h| h != hash)
     }
 
     /// Resolves a ready cell to its buffer (barrier), uploading host data;

@@ -15,6 +15,7 @@
 
 pub mod autograd;
 pub mod backend;
+mod compile_cache;
 pub mod debug;
 mod device;
 mod element;

@@ -27,6 +27,9 @@ pub(crate) struct Segment {
     pub outputs: Vec<NodeId>,
     /// The segment's own graph (for dumps).
     pub graph: Graph,
+    /// The shape-free hash of `graph`: a size variant's segment finds the
+    /// earlier segment of its structure by it.
+    pub structure: u64,
     /// For each node of `graph`, the node of the optimized graph it copies
     /// (shadow validation maps kernels back to source locations with it).
     pub origin: Vec<NodeId>,
@@ -63,13 +66,16 @@ impl Plan {
         self.segments.iter().flat_map(|s| s.exe.kernel_sources()).collect()
     }
 
-    /// Optimizes, partitions and compiles `graph`.
+    /// Optimizes, partitions and compiles `graph`; `earlier` is the last
+    /// plan of the same structure at other sizes, if any (a size variant:
+    /// each segment's backend is handed the earlier executable of the
+    /// segment of its structure, see [`CompileHints`]).
     pub fn compile(
         graph: Graph,
         main: &dyn Backend,
         cpu: &dyn Backend,
         force_fallback: &BTreeSet<String>,
-        hints: CompileHints,
+        earlier: Option<&Plan>,
     ) -> Result<Plan, BackendError> {
         let optimized = crate::optimize::optimize(&graph);
         let n = optimized.len();
@@ -132,13 +138,25 @@ impl Plan {
                     kernel: format!("segment {k}"),
                     message: format!("segment graph failed verification (a bug): {e}"),
                 })?;
+                let structure = sg.shape_free_hash();
+                let on_cpu = k % 2 == 1;
+                let hints = CompileHints {
+                    sizes_vary: earlier.is_some(),
+                    earlier: earlier.and_then(|p| {
+                        p.segments
+                            .iter()
+                            .find(|s| s.on_cpu == on_cpu && s.structure == structure)
+                            .map(|s| s.exe.as_ref())
+                    }),
+                };
                 let exe = backend.compile_with(&verified, hints)?;
                 segments.push(Segment {
-                    on_cpu: k % 2 == 1,
+                    on_cpu,
                     exe,
                     inputs,
                     outputs: outs,
                     graph: sg,
+                    structure,
                     origin,
                     shadow: Default::default(),
                 });
