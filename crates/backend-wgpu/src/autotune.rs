@@ -13,25 +13,27 @@
 //! adapters (`LAZULI_AUTOTUNE=1` or `WgpuOptions::autotune` turns it on
 //! anywhere; `LAZULI_AUTOTUNE=0` turns it off).
 //!
-//! The disk cache is one text file per format version, `autotune-v1.txt`,
-//! a line per key (`<key hex> <form>`), appended with one write per line
-//! so concurrent processes do not interleave partial lines. Lines that do
-//! not parse (a truncated or corrupt file) are ignored with a warning;
-//! keys cover the adapter (name, vendor, device, driver), the Lazuli
-//! version and the kernel's source, so a stale entry can never apply to
-//! another kernel or adapter.
+//! Winners persist in the compile cache ([`crate::diskcache`]), entries
+//! of kind `autotune` holding the form's name ([`form_name`]): one
+//! format, one directory, one size bound and eviction with the other
+//! compile-cache entries. Keys cover the adapter (name, vendor, device,
+//! driver), the Lazuli version and the kernel's source, and the disk
+//! cache salts them again with the adapter, limits, forms and build, so a
+//! stale entry can never apply to another kernel or adapter; an entry
+//! whose payload does not parse is ignored with a warning
+//! (`AutotuneCacheBad`).
 
 use crate::codegen::{self, LowerLimits, MatmulForm, MatmulTile, Wgsl};
 use crate::context::{dispatch_size, Context, READBACK, STORAGE};
+use crate::diskcache::DiskCache;
 use crate::pipeline::{PipelineEntry, Pipelines};
 use crate::profile::read_timestamps;
 use lazuli_executor::{metrics, BackendError};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::VerifiedGraph;
 use std::collections::HashMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Timed-run budget of one kernel key.
@@ -43,18 +45,19 @@ pub const PROCESS_BUDGET: Duration = Duration::from_secs(3);
 /// Timed runs of each candidate (after one untimed warm-up run).
 pub const RUNS: usize = 3;
 
-/// File name of the on-disk cache.
-pub const CACHE_FILE: &str = "autotune-v1.txt";
-
 /// The tuner of one backend.
 #[derive(Debug)]
 pub struct Tuner {
     enabled: bool,
     /// What the keys are salted with: adapter identity and version.
     salt: String,
-    file: Option<PathBuf>,
+    /// Where winners persist, if anywhere.
+    disk: Option<Arc<DiskCache>>,
     state: Mutex<State>,
 }
+
+/// Kind of the autotuning entries in the disk cache.
+const DISK_KIND: &str = "autotune";
 
 #[derive(Debug, Default)]
 struct State {
@@ -87,17 +90,10 @@ pub fn enabled(option: Option<bool>, software: bool) -> bool {
 
 impl Tuner {
     /// A tuner for the adapter described by `adapter` (name, vendor,
-    /// device, driver), caching on disk under `dir` if given.
-    pub fn new(enabled: bool, adapter: &str, dir: Option<&Path>) -> Tuner {
+    /// device, driver), keeping its winners in `disk` if given.
+    pub fn new(enabled: bool, adapter: &str, disk: Option<Arc<DiskCache>>) -> Tuner {
         let salt = format!("{adapter} lazuli {}", env!("CARGO_PKG_VERSION"));
-        let file = dir.map(|d| d.join(CACHE_FILE));
-        let mut state = State::default();
-        if enabled {
-            if let Some(f) = &file {
-                state.known = load(f);
-            }
-        }
-        Tuner { enabled, salt, file, state: Mutex::new(state) }
+        Tuner { enabled, salt, disk, state: Mutex::new(State::default()) }
     }
 
     /// Whether tuning is on.
@@ -114,13 +110,31 @@ impl Tuner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The remembered winner for `key` (counted as `AutotuneHits`).
+    /// The remembered winner for `key`, from memory or the disk cache
+    /// (counted as `AutotuneHits`).
     pub fn known(&self, key: u64) -> Option<MatmulForm> {
-        let f = self.lock().known.get(&key).copied();
+        let mut f = self.lock().known.get(&key).copied();
+        if f.is_none() {
+            f = self.load(key);
+            if let Some(form) = f {
+                self.lock().known.insert(key, form);
+            }
+        }
         if f.is_some() {
             metrics::inc("AutotuneHits", 1);
         }
         f
+    }
+
+    /// The winner of `key` in the disk cache, if a readable one is there.
+    fn load(&self, key: u64) -> Option<MatmulForm> {
+        let data = self.disk.as_ref()?.get(DISK_KIND, &key.to_le_bytes())?;
+        let form = std::str::from_utf8(&data).ok().and_then(parse_form);
+        if form.is_none() {
+            tracing::warn!(key = format_args!("{key:016x}"), "autotune cache: ignoring an unreadable winner");
+            metrics::inc("AutotuneCacheBad", 1);
+        }
+        form
     }
 
     /// Whether the process budget has room for another key.
@@ -129,7 +143,8 @@ impl Tuner {
     }
 
     /// Records the winner of `key` after `spent` of tuning, in memory and
-    /// on disk (a failed write is a warning: the cache is an optimization).
+    /// in the disk cache (a failed write is a warning there: the cache is
+    /// an optimization).
     pub fn record(&self, key: u64, form: MatmulForm, spent: Duration) {
         metrics::inc("AutotuneKeys", 1);
         {
@@ -137,10 +152,8 @@ impl Tuner {
             st.known.insert(key, form);
             st.spent += spent;
         }
-        if let Some(f) = &self.file {
-            if let Err(e) = append(f, key, form) {
-                tracing::warn!("autotune cache {}: {e}", f.display());
-            }
+        if let Some(d) = &self.disk {
+            d.put(DISK_KIND, &key.to_le_bytes(), form_name(form).as_bytes());
         }
     }
 
@@ -323,45 +336,12 @@ pub fn parse_form(s: &str) -> Option<MatmulForm> {
     (ok(bm) && ok(bn)).then_some(MatmulForm::Tiled(MatmulTile { bm, bn }))
 }
 
-fn load(file: &Path) -> HashMap<u64, MatmulForm> {
-    let Ok(bytes) = std::fs::read(file) else { return HashMap::new() };
-    // Invalid UTF-8 (a corrupt file) only spoils the lines it is in.
-    let text = String::from_utf8_lossy(&bytes);
-    let mut known = HashMap::new();
-    let mut bad = 0usize;
-    for line in text.lines() {
-        let parsed =
-            line.split_once(' ').and_then(|(k, f)| Some((u64::from_str_radix(k, 16).ok()?, parse_form(f.trim())?)));
-        match parsed {
-            Some((k, f)) => {
-                known.insert(k, f);
-            }
-            None if line.trim().is_empty() => {}
-            None => bad += 1,
-        }
-    }
-    if bad > 0 {
-        tracing::warn!("autotune cache {}: ignored {bad} unreadable line(s)", file.display());
-        metrics::inc("AutotuneCacheBadLines", bad as u64);
-    }
-    known
-}
-
-fn append(file: &Path, key: u64, form: MatmulForm) -> std::io::Result<()> {
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(file)?;
-    // One write per line: appends of this size are not interleaved.
-    f.write_all(format!("{key:016x} {}\n", form_name(form)).as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn forms_round_trip_and_bad_lines_are_ignored() {
+    fn forms_round_trip_and_winners_persist_in_the_disk_cache() {
         for f in [
             MatmulForm::RegisterBlocked,
             MatmulForm::Tiled(MatmulTile { bm: 128, bn: 64 }),
@@ -373,16 +353,17 @@ mod tests {
         assert_eq!(parse_form("shape"), None);
         let dir = std::env::temp_dir().join(format!("lazuli-autotune-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let t = Tuner::new(true, "adapter", Some(&dir));
+        let disk = || DiskCache::open(Some(&dir), "adapter", None).map(Arc::new);
+        let t = Tuner::new(true, "adapter", disk());
         t.record(7, MatmulForm::Tiled(MatmulTile { bm: 128, bn: 128 }), Duration::from_millis(1));
-        // A corrupt tail (a truncated line, garbage) is skipped.
-        let file = dir.join(CACHE_FILE);
-        let mut text = std::fs::read_to_string(&file).unwrap();
-        text.push_str("00000000000000ff t128\nnot a line\n");
-        std::fs::write(&file, text).unwrap();
-        let t2 = Tuner::new(true, "adapter", Some(&dir));
+        // A payload that is no form (written by something else) is skipped.
+        disk().unwrap().put(DISK_KIND, &0xffu64.to_le_bytes(), b"t128");
+        let t2 = Tuner::new(true, "adapter", disk());
         assert_eq!(t2.known(7), Some(MatmulForm::Tiled(MatmulTile { bm: 128, bn: 128 })));
+        let bad = metrics::counter("AutotuneCacheBad");
         assert_eq!(t2.known(0xff), None);
+        assert_eq!(metrics::counter("AutotuneCacheBad"), bad + 1);
+        assert_eq!(Tuner::new(true, "adapter", None).known(7), None, "no disk: nothing remembered");
         assert_ne!(t2.key("matmul", "src"), Tuner::new(true, "other adapter", None).key("matmul", "src"));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -72,15 +72,16 @@ impl WgpuBackend {
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             ..LowerLimits::default()
         };
+        let tuner = Tuner::new(
+            autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
+            &adapter_id,
+            disk.clone(),
+        );
         let compiler = Compiler::new(
             fusion,
             lower,
             Pipelines::new(&ctx.device, options.pipeline_cache_size.unwrap_or(1024), disk),
-            Tuner::new(
-                autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
-                &adapter_id,
-                cache_dir.as_deref(),
-            ),
+            tuner,
             Families::new(generic::enabled(options.generic_sizes), 4096),
             options.fault_kernel.clone(),
         );
