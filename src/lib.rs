@@ -33,8 +33,8 @@ pub use device::{
 };
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
-    debug, metrics, sync, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError, Result, Tensor,
-    TensorState,
+    debug, metrics, sync, timeline, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError, Result,
+    Tensor, TensorState,
 };
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;

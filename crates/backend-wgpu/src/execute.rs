@@ -14,8 +14,8 @@ use crate::binds::{self, BindCache, Binding};
 use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
 use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
 use crate::pool::WgpuStorage;
-use crate::profile::Profiler;
-use lazuli_executor::{metrics, BackendError, Buffer, IndexError};
+use crate::profile::{place_on_timeline, read_intervals, Profiler};
+use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
 use std::sync::MutexGuard;
@@ -43,26 +43,38 @@ pub(crate) fn execute(
     // thread executes the same plan and holds them, this execution binds
     // afresh.
     let mut cache = exe.binds.try_lock().ok();
+    let allocating = timeline::span("Allocate");
     let (uniform, values) = allocate(ctx, exe, &mut cache, &inputs, scalars)?;
+    drop(allocating);
     let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));
     let dev = &ctx.device;
     let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
     let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+    let encoding = timeline::span("Encode");
     let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
     let slots = ErrorSlots::new(ctx, exe, &mut cache, &mut enc)?;
     // Scratch buffers of two-pass kernels live until the wait below.
     let mut scratch = Vec::new();
     let work = launches(ctx, exe, &mut cache, &uniform, &value, &slots, &mut scratch)?;
-    let queries = (ctx.timestamps && profiler.on() && !work.is_empty()).then(|| Queries::new(dev, work.len()));
+    // Timestamps per launch while profiling or recording the timeline.
+    let timed = profiler.on() || timeline::enabled();
+    let queries = (ctx.timestamps && timed && !work.is_empty()).then(|| Queries::new(dev, work.len()));
     let launched = encode(&mut enc, &work, queries.as_ref());
     if let Some(q) = &queries {
         q.resolve(&mut enc);
     }
     slots.copy_back(&mut enc);
     drop(cache);
-    ctx.queue.submit([enc.finish()]);
+    let commands = enc.finish();
+    drop(encoding);
+    let submitting = timeline::span("QueueSubmit");
+    ctx.queue.submit([commands]);
     let rx = slots.map();
+    drop(submitting);
+    let waiting = timeline::span("Wait");
     let waited = ctx.wait();
+    let done = std::time::Instant::now();
+    drop(waiting);
     // The first claimed slot, in kernel order, as (kernel, index bits).
     let claimed = match rx {
         Some(rx) if waited.is_ok() => slots.claimed(ctx, rx)?,
@@ -86,7 +98,9 @@ pub(crate) fn execute(
     waited?;
     if let Some(q) = &queries {
         let names: Vec<String> = work.iter().map(Launch::name).collect();
-        profiler.record(ctx, &q.read, &names)?;
+        let intervals = read_intervals(ctx, &q.read, names.len())?;
+        profiler.record(&names, &intervals);
+        place_on_timeline(&names, &intervals, done);
     }
     drop(work);
     drop(uniform);

@@ -398,6 +398,7 @@ impl Pool {
     /// Creates a buffer, reporting the device's out-of-memory, validation
     /// or internal error instead of leaving an invalid buffer behind.
     fn create(&self, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, wgpu::Error> {
+        let _span = lazuli_executor::timeline::span("PoolCreateBuffer");
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);

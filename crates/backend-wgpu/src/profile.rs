@@ -1,11 +1,12 @@
 //! Per-kernel GPU times from timestamp queries: the profiler a backend
 //! collects into while profiling is on (every kernel then runs in a
-//! compute pass of its own with begin and end timestamps), and the
-//! readback of resolved timestamp pairs that the profiler and the
-//! autotuner share.
+//! compute pass of its own with begin and end timestamps, as it does
+//! while the timeline records), the readback of resolved timestamp pairs
+//! that the profiler, the timeline and the autotuner share, and the
+//! placement of an execution's kernels on the timeline's clock.
 
 use crate::context::{device_err, Context};
-use lazuli_executor::BackendError;
+use lazuli_executor::{timeline, BackendError};
 use std::sync::Mutex;
 
 /// Collected per-kernel times `(kernel, ms)`, `None` while not profiling.
@@ -37,14 +38,12 @@ impl Profiler {
         self.lock().as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Adds the times of `names` (one launch each, in order) from the
-    /// resolved timestamps in `read`, after the device is done.
-    pub fn record(&self, ctx: &Context, read: &wgpu::Buffer, names: &[String]) -> Result<(), BackendError> {
-        let times = read_timestamps(ctx, read, names.len())?;
+    /// Adds the times of `names` (one launch each, in order), from their
+    /// GPU `intervals` in µs, while collecting.
+    pub fn record(&self, names: &[String], intervals: &[(f64, f64)]) {
         if let Some(p) = self.lock().as_mut() {
-            p.extend(names.iter().cloned().zip(times));
+            p.extend(names.iter().cloned().zip(intervals.iter().map(|(begin, end)| (end - begin) / 1e3)));
         }
-        Ok(())
     }
 }
 
@@ -52,6 +51,28 @@ impl Profiler {
 /// pass) of `read` after the device is done and returns each pair's time
 /// in ms.
 pub(crate) fn read_timestamps(ctx: &Context, read: &wgpu::Buffer, pairs: usize) -> Result<Vec<f64>, BackendError> {
+    Ok(read_intervals(ctx, read, pairs)?.into_iter().map(|(begin, end)| (end - begin) / 1e3).collect())
+}
+
+/// Places the GPU intervals of one execution's launches `names` on the
+/// timeline (see [`lazuli_executor::timeline`]): `intervals` are their
+/// begin and end in µs of GPU time; the last end is placed at `done`, the
+/// moment the execution's wait returned.
+pub(crate) fn place_on_timeline(names: &[String], intervals: &[(f64, f64)], done: std::time::Instant) {
+    let Some(last) = intervals.iter().map(|i| i.1).reduce(f64::max) else { return };
+    let end = timeline::micros(done);
+    for (name, &(begin, stop)) in names.iter().zip(intervals) {
+        timeline::gpu_interval(name.clone(), end - (last - begin), stop - begin);
+    }
+}
+
+/// Maps the first `pairs` resolved timestamp pairs of `read` after the
+/// device is done and returns each pair's begin and end in µs of GPU time.
+pub(crate) fn read_intervals(
+    ctx: &Context,
+    read: &wgpu::Buffer,
+    pairs: usize,
+) -> Result<Vec<(f64, f64)>, BackendError> {
     let bytes = pairs as u64 * 16;
     let (tx, rx) = std::sync::mpsc::channel();
     read.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
@@ -59,12 +80,13 @@ pub(crate) fn read_timestamps(ctx: &Context, read: &wgpu::Buffer, pairs: usize) 
     });
     ctx.wait()?;
     rx.recv().map_err(|e| device_err(&ctx.name, e))?.map_err(|e| device_err(&ctx.name, e))?;
+    // Nanoseconds per tick.
     let period = ctx.queue.get_timestamp_period() as f64;
-    let times: Vec<f64> = {
+    let times: Vec<(f64, f64)> = {
         let view = read.get_mapped_range(0..bytes).map_err(|e| device_err(&ctx.name, e))?;
         bytemuck::cast_slice::<u8, u64>(&view)
             .chunks_exact(2)
-            .map(|t| t[1].saturating_sub(t[0]) as f64 * period / 1e6)
+            .map(|t| (t[0] as f64 * period / 1e3, t[1].max(t[0]) as f64 * period / 1e3))
             .collect()
     };
     read.unmap();

@@ -4,7 +4,7 @@
 //! are one byte on the host and one `u32` on the device.
 
 use crate::context::{device_err, Context, READBACK};
-use lazuli_executor::{BackendError, Buffer};
+use lazuli_executor::{timeline, BackendError, Buffer};
 use lazuli_ir::{DType, ValueType};
 
 /// Bytes one step of an upload or readback moves: bounds the staging
@@ -16,6 +16,7 @@ impl Context {
     /// A new device buffer holding `bytes`, a value of type `ty` in the
     /// host format (the dtype must be one the device stores).
     pub fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
+        let _span = timeline::span("Upload");
         let n = ty.shape.numel();
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
         let buf = self.new_buffer(ty, &[], || "upload".into())?;
@@ -45,6 +46,7 @@ impl Context {
     /// The value of `buffer` in the host format, read back after all
     /// submitted work.
     pub fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
+        let _span = timeline::span("Readback");
         let n = buffer.ty.shape.numel();
         if n == 0 {
             return Ok(Vec::new());

@@ -153,6 +153,7 @@ impl Device {
     /// `main` does not support (pass the same CPU backend twice for a CPU
     /// device).
     pub fn new(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>) -> Device {
+        crate::timeline::start_from_env();
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
         shared.validate.store(std::env::var("LAZULI_VALIDATE").is_ok_and(|v| v == "cpu"), Ordering::Relaxed);
@@ -365,8 +366,12 @@ impl Device {
     /// materialized cell; a tensor whose value another thread replaced in
     /// the meantime keeps the newer value (compare-and-swap).
     pub(crate) fn sync_nodes(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
+        crate::timeline::between_syncs();
+        let _span = crate::timeline::span("Sync");
         let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.sync_locked(pairs, trigger)
+        let synced = self.sync_locked(pairs, trigger);
+        crate::timeline::sync_ended();
+        synced
     }
 
     /// [`Device::sync_nodes`] under the sync lock.
@@ -626,6 +631,9 @@ impl Drop for DeviceInner {
         self.tx.take();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
+        }
+        if let Err(e) = crate::timeline::flush() {
+            tracing::warn!("LAZULI_TRACE: could not write the timeline: {e}");
         }
     }
 }

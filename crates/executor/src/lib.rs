@@ -29,6 +29,7 @@ mod optimize;
 mod plan;
 mod random;
 mod tensor;
+pub mod timeline;
 mod trace;
 mod validate;
 

@@ -100,6 +100,7 @@ pub fn value(name: &str) -> Option<Stat> {
 
 /// Records a duration sample of timer `name`.
 pub fn record_time(name: &str, d: Duration) {
+    crate::timeline::host_span(name, d);
     let ms = d.as_secs_f64() * 1e3;
     with(|r| match r.timers.get_mut(name) {
         Some(s) => s.add(ms),

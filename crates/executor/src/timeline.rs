@@ -1,0 +1,215 @@
+//! The timeline: host spans and GPU kernel intervals on one clock, written
+//! as a Chrome trace (the JSON "trace event" format that Perfetto,
+//! `chrome://tracing` and every browser's profiler open), so one run shows
+//! where a step's wall time goes.
+//!
+//! Off by default. `LAZULI_TRACE=path.json` (read when the first device is
+//! made) or [`start`] turns it on; [`flush`] writes the file (devices
+//! flush when they are dropped, so a program that drops its devices needs
+//! no call). While off, every entry point costs one relaxed atomic load.
+//!
+//! What it records:
+//! - each sync (`Sync`) and, before it, the time since the thread's last
+//!   sync (`Record`: the program's own work, recording its ops included);
+//! - every timer of [`crate::metrics`] (`record_time`) as a host span on
+//!   the calling thread: tracing, lookup, each compile phase, pipeline
+//!   creation, segment execution, barrier waits, and what backends time
+//!   (the wgpu backend adds spans of its own: `Allocate`, `Encode`,
+//!   `QueueSubmit`, `Wait`, `Upload`, `Readback`, `PoolCreateBuffer`);
+//! - GPU intervals from timestamp queries, placed on the host clock by
+//!   the backend ([`gpu_interval`]): the wgpu backend anchors the end of
+//!   an execution's last kernel at the moment its wait returned, so GPU
+//!   intervals are exact relative to each other and placed within the
+//!   wait's polling latency on the host clock.
+//!
+//! At most [`MAX_EVENTS`] events are kept; later ones are counted as
+//! `TimelineDropped` and the file says how many were dropped.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Most events kept in memory.
+pub const MAX_EVENTS: usize = 4 << 20;
+
+/// The thread id of the GPU track in the trace.
+const GPU_TRACK: u64 = 1 << 20;
+
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// A complete event ("ph":"X"): a named interval on one track.
+struct Event {
+    name: String,
+    cat: &'static str,
+    /// Microseconds since [`epoch`].
+    ts: f64,
+    dur: f64,
+    tid: u64,
+}
+
+#[derive(Default)]
+struct Recorder {
+    path: Option<PathBuf>,
+    events: Vec<Event>,
+    dropped: u64,
+    /// Host threads in order of their first event (their track ids).
+    threads: Vec<(std::thread::ThreadId, String)>,
+}
+
+fn recorder() -> &'static Mutex<Recorder> {
+    static R: OnceLock<Mutex<Recorder>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// The clock's origin: the first time the timeline was asked for it.
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+/// Whether the timeline records.
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Starts recording; [`flush`] writes to `path`. Events recorded before
+/// (none while off) are kept.
+pub fn start(path: impl Into<PathBuf>) {
+    epoch();
+    recorder().lock().unwrap_or_else(|e| e.into_inner()).path = Some(path.into());
+    ON.store(true, Ordering::Relaxed);
+}
+
+/// Starts recording when `LAZULI_TRACE` names a file and nothing started
+/// it yet (called when a device is made).
+pub(crate) fn start_from_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Some(path) = std::env::var_os("LAZULI_TRACE").filter(|p| !p.is_empty()) {
+            if !enabled() {
+                start(PathBuf::from(path));
+            }
+        }
+    });
+}
+
+/// Microseconds on the timeline's clock at `t`.
+pub fn micros(t: Instant) -> f64 {
+    t.saturating_duration_since(epoch()).as_secs_f64() * 1e6
+}
+
+fn push(name: String, cat: &'static str, ts: f64, dur: f64, tid: Option<u64>) {
+    let mut r = recorder().lock().unwrap_or_else(|e| e.into_inner());
+    if r.events.len() >= MAX_EVENTS {
+        r.dropped += 1;
+        drop(r);
+        crate::metrics::inc("TimelineDropped", 1);
+        return;
+    }
+    let tid = tid.unwrap_or_else(|| {
+        let me = std::thread::current();
+        match r.threads.iter().position(|(id, _)| *id == me.id()) {
+            Some(i) => i as u64 + 1,
+            None => {
+                r.threads.push((me.id(), me.name().unwrap_or("thread").to_string()));
+                r.threads.len() as u64
+            }
+        }
+    });
+    r.events.push(Event { name, cat, ts, dur, tid });
+}
+
+/// Records a host span `name` on this thread that ended now and took `d`.
+pub fn host_span(name: &str, d: Duration) {
+    if !enabled() {
+        return;
+    }
+    let end = micros(Instant::now());
+    let dur = d.as_secs_f64() * 1e6;
+    push(name.to_string(), "host", (end - dur).max(0.0), dur, None);
+}
+
+thread_local! {
+    /// When this thread's last sync ended (see [`between_syncs`]).
+    static LAST_SYNC: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Records the time since this thread's last sync as a `Record` span:
+/// the program's own work between syncs, recording its ops included.
+pub(crate) fn between_syncs() {
+    if enabled() {
+        if let Some(last) = LAST_SYNC.with(|l| l.get()) {
+            host_span("Record", last.elapsed());
+        }
+    }
+}
+
+/// Notes the end of a sync on this thread (see [`between_syncs`]).
+pub(crate) fn sync_ended() {
+    if enabled() {
+        LAST_SYNC.with(|l| l.set(Some(Instant::now())));
+    }
+}
+
+/// A host span that records itself when dropped (see [`span`]).
+pub struct Span {
+    name: &'static str,
+    start: Instant,
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        host_span(self.name, self.start.elapsed());
+    }
+}
+
+/// A span from now until the returned guard drops; `None` (nothing to
+/// drop) while the timeline is off.
+pub fn span(name: &'static str) -> Option<Span> {
+    enabled().then(|| Span { name, start: Instant::now() })
+}
+
+/// Records a GPU interval `name` from `start` for `dur` microseconds of
+/// the timeline's clock (see [`micros`]) on the GPU track.
+pub fn gpu_interval(name: String, start: f64, dur: f64) {
+    if enabled() {
+        push(name, "gpu", start.max(0.0), dur.max(0.0), Some(GPU_TRACK));
+    }
+}
+
+/// Writes everything recorded so far to the file given at [`start`]
+/// (`LAZULI_TRACE`); does nothing while off. The file is rewritten whole
+/// each time, so the last flush has everything.
+pub fn flush() -> std::io::Result<()> {
+    if !enabled() {
+        return Ok(());
+    }
+    let r = recorder().lock().unwrap_or_else(|e| e.into_inner());
+    let Some(path) = r.path.clone() else { return Ok(()) };
+    write(&r, &path)
+}
+
+fn write(r: &Recorder, path: &Path) -> std::io::Result<()> {
+    use serde_json::json;
+    let mut events = Vec::with_capacity(r.events.len() + r.threads.len() + 2);
+    events.push(json!({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "lazuli"}}));
+    for (i, (_, name)) in r.threads.iter().enumerate() {
+        events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": i + 1, "args": {"name": name}}));
+    }
+    events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": GPU_TRACK, "args": {"name": "GPU"}}));
+    for e in &r.events {
+        events.push(json!({"name": e.name, "cat": e.cat, "ph": "X", "ts": e.ts, "dur": e.dur, "pid": 1, "tid": e.tid}));
+    }
+    let doc = json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"dropped_events": r.dropped},
+    });
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&doc).map_err(std::io::Error::other)?)?;
+    std::fs::rename(&tmp, path)
+}

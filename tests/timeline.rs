@@ -1,0 +1,77 @@
+//! The timeline (`LAZULI_TRACE`): a run of the `lazuli` demo writes a
+//! Chrome trace whose host spans cover the phases of a sync and, on a wgpu
+//! adapter with timestamp queries, whose GPU track holds every launched
+//! kernel, placed inside the execution's wait.
+
+use serde_json::Value;
+
+mod common;
+
+/// The `ph: X` events of the trace `lazuli demo --device <device>` wrote.
+fn demo_trace(device: &str) -> Vec<Value> {
+    let dir = std::env::temp_dir().join(format!("lazuli-timeline-{}-{device}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("trace.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli"))
+        .args(["demo", "--device", device, "--epochs", "1"])
+        .env("LAZULI_TRACE", &path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&path).expect("the trace file")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(doc["otherData"]["dropped_events"], 0);
+    doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").cloned().collect()
+}
+
+fn names<'a>(events: &'a [Value], cat: &str) -> std::collections::BTreeSet<&'a str> {
+    events.iter().filter(|e| e["cat"] == cat).map(|e| e["name"].as_str().unwrap()).collect()
+}
+
+fn check_well_formed(events: &[Value]) {
+    for e in events {
+        let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+        assert!(ts >= 0.0 && dur >= 0.0 && dur.is_finite(), "{e}");
+    }
+}
+
+#[test]
+fn the_demo_on_the_cpu_writes_host_spans() {
+    let events = demo_trace("cpu");
+    check_well_formed(&events);
+    let host = names(&events, "host");
+    for want in ["Sync", "Record", "Trace", "Lookup", "Compile", "Submit", "BarrierWait"] {
+        assert!(host.contains(want), "no {want} span in {host:?}");
+    }
+    assert!(names(&events, "gpu").is_empty());
+}
+
+#[test]
+fn the_demo_on_wgpu_writes_host_spans_and_gpu_kernels() {
+    if common::wgpu().is_none() {
+        return;
+    }
+    let events = demo_trace("wgpu");
+    check_well_formed(&events);
+    let host = names(&events, "host");
+    for want in ["Sync", "Compile", "CompileLower", "CompilePipeline", "Allocate", "Encode", "QueueSubmit", "Wait"] {
+        assert!(host.contains(want), "no {want} span in {host:?}");
+    }
+    let timestamps = lazuli_wgpu::WgpuBackend::new(Default::default()).unwrap().supports_profiling();
+    let gpu: Vec<&Value> = events.iter().filter(|e| e["cat"] == "gpu").collect();
+    if !timestamps {
+        assert!(gpu.is_empty());
+        return;
+    }
+    assert!(!gpu.is_empty(), "no kernel on the GPU track");
+    // Each kernel ends within some wait of the host (its execution's).
+    let waits: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| e["name"] == "Wait")
+        .map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap()))
+        .collect();
+    for k in &gpu {
+        let end = k["ts"].as_f64().unwrap() + k["dur"].as_f64().unwrap();
+        assert!(waits.iter().any(|&(a, b)| end >= a - 1.0 && end <= b + 1000.0), "{k} ends outside every wait");
+    }
+}
