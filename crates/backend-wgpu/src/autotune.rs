@@ -1,9 +1,22 @@
 //! Bounded autotuning of kernel forms. Where no static rule is sure to
 //! pick the fastest form (matmul tile shapes: the best one depends on the
 //! GPU's SM count, registers and driver), the backend times the candidate
-//! forms of a kernel on the adapter itself the first time it sees the
-//! kernel, and keeps the winner: in memory for the process and on disk
-//! (`LAZULI_CACHE_DIR`) for the next one.
+//! forms of a kernel on the adapter itself and keeps the winner: in
+//! memory for the process and on disk (`LAZULI_CACHE_DIR`) for the next
+//! one, which never times that kernel again.
+//!
+//! Tuning pays for itself or does not happen:
+//! - only products of at least [`MIN_FLOPS`] are tuned
+//!   (`WgpuOptions::autotune_min_flops`): a matmul that takes
+//!   microseconds never is;
+//! - never on the first execution's path: a compile only looks winners
+//!   up ([`lookup`]); a kernel without one runs in the rule's form, and
+//!   is measured ([`measure`]) just before its plan's second execution
+//!   (a plan run once, such as an odd evaluation batch, is never tuned),
+//!   when nothing else of the backend runs; the winner replaces the
+//!   kernel at that plan boundary, one kernel per execution, so no step
+//!   waits for more than one key's measurements;
+//! - the candidates' pipelines are created together, on several threads.
 //!
 //! Bounds: each kernel key gets at most [`KEY_BUDGET`] of timed runs (the
 //! static choice is timed first, so a budget that runs out leaves a
@@ -26,7 +39,7 @@
 use crate::codegen::{self, LowerLimits, MatmulForm, MatmulTile, Wgsl};
 use crate::context::{dispatch_size, Context, READBACK, STORAGE};
 use crate::diskcache::DiskCache;
-use crate::pipeline::{PipelineEntry, Pipelines};
+use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::profile::read_timestamps;
 use lazuli_executor::{metrics, BackendError};
 use lazuli_ir::fusion::{Kernel, KernelKind};
@@ -42,6 +55,11 @@ pub const KEY_BUDGET: Duration = Duration::from_millis(50);
 /// Tuning budget of one process (pipeline creation included).
 pub const PROCESS_BUDGET: Duration = Duration::from_secs(3);
 
+/// Least work of a product the tuner times by default (a 1024³ matmul:
+/// about 0.1 ms on a GPU at 20 TFLOP/s, so its candidates take about a
+/// millisecond to time); smaller ones keep the rule's form.
+pub const MIN_FLOPS: u64 = 2 << 30;
+
 /// Timed runs of each candidate (after one untimed warm-up run).
 pub const RUNS: usize = 3;
 
@@ -49,6 +67,8 @@ pub const RUNS: usize = 3;
 #[derive(Debug)]
 pub struct Tuner {
     enabled: bool,
+    /// Least work (floating-point operations) of a product worth tuning.
+    pub min_flops: u64,
     /// What the keys are salted with: adapter identity and version.
     salt: String,
     /// Where winners persist, if anywhere.
@@ -93,7 +113,7 @@ impl Tuner {
     /// device, driver), keeping its winners in `disk` if given.
     pub fn new(enabled: bool, adapter: &str, disk: Option<Arc<DiskCache>>) -> Tuner {
         let salt = format!("{adapter} lazuli {}", env!("CARGO_PKG_VERSION"));
-        Tuner { enabled, salt, disk, state: Mutex::new(State::default()) }
+        Tuner { enabled, min_flops: MIN_FLOPS, salt, disk, state: Mutex::new(State::default()) }
     }
 
     /// Whether tuning is on.
@@ -163,89 +183,135 @@ impl Tuner {
     }
 }
 
-/// Kernel `k` of `graph` (named `name`) lowered in the form the tuner
-/// picks where tuning applies (see [`tunable`]), else with `base`:
-/// `lower` lowers it with given limits. A remembered winner is used as
-/// it is; a new kernel has its candidate forms timed on the adapter, each
-/// lowered once, and the fastest one's source is returned (so the kernel
-/// is not lowered again to run).
-pub(crate) fn lower_tuned(
+/// What compiling a kernel learned from the tuner.
+pub(crate) enum Tuning {
+    /// Not a kernel the tuner times (see [`tunable`]).
+    Untuned,
+    /// A remembered winner (this process or an earlier one's).
+    Known(MatmulForm),
+    /// A tunable kernel with no winner yet: it runs in the rule's form,
+    /// and is tuned before its plan's second execution.
+    Pending,
+}
+
+/// Whether and how kernel `k` of `graph` is tuned, for a compile with
+/// `base` limits: `lower` lowers it with given limits (for the key, the
+/// static form's source). Nothing is timed here: a compile never waits
+/// for measurements.
+pub(crate) fn lookup(
+    ctx: &Context,
+    tuner: &Tuner,
+    base: &LowerLimits,
+    (k, graph): (&Kernel, &VerifiedGraph),
+    lower: impl Fn(&LowerLimits) -> Result<Wgsl, BackendError>,
+) -> Result<(Tuning, Option<Wgsl>), BackendError> {
+    if !tunable(ctx, tuner, base, k, graph) {
+        return Ok((Tuning::Untuned, None));
+    }
+    let static_wgsl = lower(base)?;
+    let key = tuner.key("matmul", &static_wgsl.source);
+    Ok(match tuner.known(key) {
+        Some(form) => (Tuning::Known(form), None),
+        None => (Tuning::Pending, Some(static_wgsl)),
+    })
+}
+
+/// Measures the candidate forms of kernel `k` of `graph` (named `name`),
+/// whose static form lowers to `static_wgsl`, and returns the winner with
+/// its source, recorded in the tuner (memory and disk); `None` when the
+/// process budget is spent or every candidate failed. The candidates'
+/// pipelines are created together (on several threads), then timed one
+/// after another, the rule's choice first, within [`KEY_BUDGET`]. Called
+/// between executions, when nothing else of this backend runs.
+pub(crate) fn measure(
     ctx: &Context,
     tuner: &Tuner,
     pipelines: &Pipelines,
     base: LowerLimits,
     (k, graph, name): (&Kernel, &VerifiedGraph, &str),
     lower: impl Fn(&LowerLimits) -> Result<Wgsl, BackendError>,
-) -> Result<Wgsl, BackendError> {
-    if !tunable(ctx, tuner, &base, k, graph) {
-        return lower(&base);
-    }
-    let with = |form: MatmulForm| {
-        let mut l = base;
-        l.forms.matmul = form;
-        l
-    };
-    // The key is the static form's source, so a remembered winner costs
-    // a second lowering; a new kernel's winner is lowered once.
-    let static_wgsl = lower(&base)?;
-    let key = tuner.key("matmul", &static_wgsl.source);
+) -> Result<Option<(MatmulForm, Wgsl)>, BackendError> {
+    let key = tuner.key("matmul", &lower(&base)?.source);
     if let Some(form) = tuner.known(key) {
-        return lower(&with(form));
+        return Ok(Some((form, lower(&with_form(base, form))?)));
     }
     if !tuner.budget_left() {
-        return Ok(static_wgsl);
+        return Ok(None);
     }
     let start = std::time::Instant::now();
-    let mut measuring = std::time::Duration::ZERO;
-    let mut best: Option<(f64, MatmulForm, Option<Wgsl>)> = None;
+    let mut candidates = Vec::new();
     for form in codegen::matmul::candidates(k, graph) {
-        if best.is_some() && measuring >= KEY_BUDGET {
-            break;
-        }
-        let limits = with(form);
+        let limits = with_form(base, form);
         if codegen::matmul::resolve_form(k, graph, &limits) != form {
             continue; // not available on this adapter (workgroup memory)
         }
-        let wgsl = lower(&limits)?;
-        let pipeline = pipelines.fixed(ctx, &format!("{name} tune {form:?}"), &wgsl)?;
+        candidates.push((form, lower(&limits)?));
+    }
+    let prepared: Vec<Prepared> =
+        candidates.iter().map(|(form, wgsl)| Prepared::fixed(format!("{name} tune {form:?}"), wgsl)).collect();
+    let made = pipelines.get_or_create(ctx, &prepared)?;
+    let mut measuring = std::time::Duration::ZERO;
+    let mut best: Option<(f64, usize)> = None;
+    for (i, ((form, wgsl), pipeline)) in candidates.iter().zip(&made).enumerate() {
+        if best.is_some() && measuring >= KEY_BUDGET {
+            break;
+        }
         let t = std::time::Instant::now();
-        let ms = time_kernel(ctx, k, graph, &wgsl, &pipeline);
+        let ms = time_kernel(ctx, k, graph, wgsl, pipeline);
         measuring += t.elapsed();
         metrics::inc("AutotuneRuns", 1);
         match ms {
             Ok(ms) => {
                 tracing::debug!(kernel = name, ?form, ms, "autotune candidate");
-                if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
-                    best = Some((ms, form, Some(wgsl)));
+                if best.is_none_or(|(b, _)| ms < b) {
+                    best = Some((ms, i));
                 }
             }
             Err(e) => tracing::warn!(kernel = name, ?form, "autotune candidate failed: {e}"),
         }
     }
+    metrics::record_time("Autotune", start.elapsed());
     match best {
-        Some((_, form, wgsl)) => {
+        Some((_, i)) => {
+            let (form, wgsl) = candidates.swap_remove(i);
             tuner.record(key, form, start.elapsed());
-            match wgsl {
-                Some(w) => Ok(w),
-                None => lower(&with(form)),
-            }
+            Ok(Some((form, wgsl)))
         }
         None => {
             tuner.spend(start.elapsed());
-            Ok(static_wgsl)
+            Ok(None)
         }
     }
 }
 
+/// `base` with the matmul form `form`.
+pub(crate) fn with_form(base: LowerLimits, form: MatmulForm) -> LowerLimits {
+    let mut l = base;
+    l.forms.matmul = form;
+    l
+}
+
 /// Whether kernel `k` is one the tuner times: a matmul whose form the
-/// profile leaves to the shape, tuning on, and every tensor on
-/// whole-buffer bindings (candidates are timed so; a kernel with windowed
-/// tensors keeps the form its shape asks for).
+/// profile leaves to the shape, tuning on, at least the tuner's minimum
+/// work ([`Tuner::min_flops`]: a product that takes microseconds is never
+/// worth tuning), and every tensor on whole-buffer bindings (candidates
+/// are timed so; a kernel with windowed tensors keeps the form its shape
+/// asks for).
 fn tunable(ctx: &Context, tuner: &Tuner, base: &LowerLimits, k: &Kernel, graph: &VerifiedGraph) -> bool {
     k.kind == KernelKind::MatMul
         && tuner.enabled()
         && base.forms.matmul == MatmulForm::ByShape
+        && matmul_flops(k, graph) >= tuner.min_flops
         && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
+}
+
+/// Floating-point operations of the product a matmul kernel computes:
+/// `2 * (output elements) * K`.
+fn matmul_flops(k: &Kernel, graph: &VerifiedGraph) -> u64 {
+    let product = k.outputs.iter().chain(&k.inline).map(|id| graph.node(*id)).find(|n| n.op == lazuli_ir::Op::MatMul);
+    let Some(mm) = product else { return 0 };
+    let inner = graph.node(mm.inputs[0]).shape.dims().last().copied().unwrap_or(1) as u64;
+    2u64.saturating_mul(mm.shape.numel() as u64).saturating_mul(inner)
 }
 
 /// The GPU time in ms of one run of kernel `k` lowered as `wgsl`, on

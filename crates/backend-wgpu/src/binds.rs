@@ -77,6 +77,13 @@ impl BindCache {
         self.history.get(slot).map_or(&[], |h| &h[..])
     }
 
+    /// Drops the bind groups of launch `launch` (its pipeline changed).
+    pub fn forget_launch(&mut self, launch: usize) {
+        if let Some(groups) = self.launches.get_mut(launch) {
+            groups.clear();
+        }
+    }
+
     /// Notes that allocation `slot` got buffer `id` this time.
     pub fn record(&mut self, slot: usize, id: u64) {
         if self.history.len() <= slot {

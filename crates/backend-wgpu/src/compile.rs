@@ -9,7 +9,7 @@
 //! context; which graph was compiled before at other sizes is the
 //! executor's to remember (`CompileHints::earlier`).
 
-use crate::autotune::{self, Tuner};
+use crate::autotune::{self, Tuner, Tuning};
 use crate::binds::BindCache;
 use crate::codegen::{self, LowerError, LowerLimits, Wgsl};
 use crate::context::Context;
@@ -74,24 +74,84 @@ impl Compiler {
         }
         let plan = fusion::plan(graph, &self.fusion);
         let mut lowered = Vec::with_capacity(plan.kernels.len());
+        let mut untuned = Vec::new();
         for (i, k) in plan.kernels.iter().enumerate() {
             let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
             let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
-            let mut wgsl = if generic {
+            let wgsl = if generic {
                 // Tuning a form per size would defeat sharing it.
                 lower(&LowerLimits { generic: true, ..self.lower })?
             } else {
-                autotune::lower_tuned(ctx, &self.tuner, &self.pipelines, self.lower, (k, graph, &name), lower)?
+                match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
+                    (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
+                    (Tuning::Pending, Some(wgsl)) => {
+                        untuned.push(i);
+                        wgsl
+                    }
+                    (Tuning::Pending | Tuning::Untuned, _) => lower(&self.lower)?,
+                }
             };
             metrics::inc("KernelsLowered", 1);
-            let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
-            if self.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
-                wgsl.source = crate::fault::perturb(&wgsl.source);
-            }
-            lowered.push((name, wgsl, windows));
+            lowered.push(self.finish(ctx, k, graph, name, wgsl)?);
         }
-        let prepared = self.prepare(&lowered);
         metrics::record_time("CompileLower", started.elapsed());
+        let kernels = self.build(ctx, lowered)?;
+        Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
+    }
+
+    /// Before an execution of `exe`: from its second execution on (a plan
+    /// that repeats), measures one kernel still waiting for the tuner and,
+    /// where another form won, replaces it (see [`crate::autotune`]). A
+    /// failure to tune is a warning: the kernel keeps its form.
+    pub fn tune_pending(&self, ctx: &Context, exe: &WgpuExecutable) {
+        if exe.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Some(ki) = exe.untuned.lock().unwrap_or_else(|e| e.into_inner()).pop() else { return };
+        let (k, graph) = (&exe.plan.kernels[ki], &exe.graph);
+        let name = exe.current_kernels()[ki].name.clone();
+        let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
+        let tuned = autotune::measure(ctx, &self.tuner, &self.pipelines, self.lower, (k, graph, &name), lower)
+            .and_then(|won| match won {
+                Some((form, wgsl)) if form != codegen::matmul::resolve_form(k, graph, &self.lower) => {
+                    let kernel = self.finish(ctx, k, graph, name.clone(), wgsl)?;
+                    Ok(self.build(ctx, vec![kernel])?.pop())
+                }
+                _ => Ok(None),
+            });
+        match tuned {
+            Ok(Some(kernel)) => exe.replace_kernel(ki, kernel),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(kernel = name, "autotuning failed, the kernel keeps its form: {e}"),
+        }
+    }
+
+    /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:
+    /// windowed for tensors beyond one binding, and fault-injected where a
+    /// test asks for it.
+    fn finish(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        name: String,
+        mut wgsl: Wgsl,
+    ) -> Result<(String, Wgsl, KernelWindows), BackendError> {
+        let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
+        if self.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
+            wgsl.source = crate::fault::perturb(&wgsl.source);
+        }
+        Ok((name, wgsl, windows))
+    }
+
+    /// Compiled kernels for finished sources: generic over sizes where
+    /// their families vary, with their pipelines and size bind groups.
+    fn build(
+        &self,
+        ctx: &Context,
+        lowered: Vec<(String, Wgsl, KernelWindows)>,
+    ) -> Result<Vec<CompiledKernel>, BackendError> {
+        let prepared = self.prepare(&lowered);
         let pipelines = self.pipelines.get_or_create(ctx, &prepared)?;
         let mut compiled = prepared.iter().zip(pipelines).map(|(p, pipeline)| {
             let dims = pipeline.dims_layout.as_ref().map(|layout| ctx.dims_group(layout, &p.dims));
@@ -103,7 +163,7 @@ impl Compiler {
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
             kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
         }
-        Ok(WgpuExecutable::new(graph, plan, kernels, generic))
+        Ok(kernels)
     }
 
     /// Each lowered source (and first pass) ready for pipeline creation:
@@ -269,7 +329,14 @@ impl Compiler {
 pub struct WgpuExecutable {
     pub(crate) graph: VerifiedGraph,
     pub(crate) plan: FusionPlan,
-    pub(crate) kernels: Vec<CompiledKernel>,
+    /// The compiled kernels, one per kernel of `plan`; a kernel the tuner
+    /// replaces is swapped between executions (see
+    /// [`Compiler::tune_pending`]).
+    kernels: std::sync::RwLock<Arc<[CompiledKernel]>>,
+    /// Kernels still waiting for the tuner (indices into `kernels`).
+    untuned: Mutex<Vec<usize>>,
+    /// Executions started.
+    runs: std::sync::atomic::AtomicU64,
     /// The buffers of an execution, in order: parameters, then every
     /// materialized node.
     pub(crate) buffers: Vec<Bound>,
@@ -291,6 +358,7 @@ pub(crate) enum Bound {
 }
 
 /// A kernel of a compiled plan.
+#[derive(Clone)]
 pub(crate) struct CompiledKernel {
     pub name: String,
     pub wgsl: Wgsl,
@@ -307,7 +375,13 @@ pub(crate) struct CompiledKernel {
 impl WgpuExecutable {
     /// The plan of `graph` with its compiled `kernels`: the buffers of an
     /// execution are the parameters, then each node the plan materializes.
-    fn new(graph: &VerifiedGraph, plan: FusionPlan, kernels: Vec<CompiledKernel>, generic: bool) -> WgpuExecutable {
+    fn new(
+        graph: &VerifiedGraph,
+        plan: FusionPlan,
+        kernels: Vec<CompiledKernel>,
+        generic: bool,
+        untuned: Vec<usize>,
+    ) -> WgpuExecutable {
         let mut buffers = Vec::new();
         let mut slot = vec![u32::MAX; graph.len()];
         for id in graph.ids() {
@@ -323,7 +397,36 @@ impl WgpuExecutable {
             }
         }
         let binds = Mutex::new(BindCache::default());
-        WgpuExecutable { graph: graph.clone(), plan, kernels, buffers, slot, binds, generic }
+        WgpuExecutable {
+            graph: graph.clone(),
+            plan,
+            kernels: std::sync::RwLock::new(kernels.into()),
+            untuned: Mutex::new(untuned),
+            runs: Default::default(),
+            buffers,
+            slot,
+            binds,
+            generic,
+        }
+    }
+
+    /// The compiled kernels as they are now (an execution holds on to
+    /// them, so a kernel replaced meanwhile takes effect at the next one).
+    pub(crate) fn current_kernels(&self) -> Arc<[CompiledKernel]> {
+        self.kernels.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces kernel `ki` (a tuned form), dropping the bind groups made
+    /// for the old one's layout.
+    fn replace_kernel(&self, ki: usize, kernel: CompiledKernel) {
+        let mut guard = self.kernels.write().unwrap_or_else(|e| e.into_inner());
+        let mut kernels = guard.to_vec();
+        kernels[ki] = kernel;
+        *guard = kernels.into();
+        let mut binds = self.binds.lock().unwrap_or_else(|e| e.into_inner());
+        binds.forget_launch(2 * ki);
+        binds.forget_launch(2 * ki + 1);
+        metrics::inc("AutotuneSwaps", 1);
     }
 
     /// The fusion plan.
@@ -337,11 +440,11 @@ impl Executable for WgpuExecutable {
         self
     }
     fn kernel_count(&self) -> usize {
-        self.kernels.iter().filter(|k| k.wgsl.invocations > 0).count()
+        self.current_kernels().iter().filter(|k| k.wgsl.invocations > 0).count()
     }
     fn kernel_sources(&self) -> Vec<(String, String)> {
         let mut v = Vec::new();
-        for k in &self.kernels {
+        for k in self.current_kernels().iter() {
             if let Some(p) = &k.wgsl.pre {
                 v.push((format!("{}_pass1", k.name), p.source.clone()));
             }
@@ -350,7 +453,7 @@ impl Executable for WgpuExecutable {
         v
     }
     fn kernels(&self) -> Vec<KernelInfo> {
-        self.kernels
+        self.current_kernels()
             .iter()
             .zip(&self.plan.kernels)
             .map(|(c, k)| {

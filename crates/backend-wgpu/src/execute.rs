@@ -42,6 +42,7 @@ pub(crate) fn execute(
     // The plan's cached bind groups and allocation history; while another
     // thread executes the same plan and holds them, this execution binds
     // afresh.
+    let kernels = exe.current_kernels();
     let mut cache = exe.binds.try_lock().ok();
     let allocating = timeline::span("Allocate");
     let (uniform, values) = allocate(ctx, exe, &mut cache, &inputs, scalars)?;
@@ -52,10 +53,10 @@ pub(crate) fn execute(
     let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
     let encoding = timeline::span("Encode");
     let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
-    let slots = ErrorSlots::new(ctx, exe, &mut cache, &mut enc)?;
+    let slots = ErrorSlots::new(ctx, exe, &kernels, &mut cache, &mut enc)?;
     // Scratch buffers of two-pass kernels live until the wait below.
     let mut scratch = Vec::new();
-    let work = launches(ctx, exe, &mut cache, &uniform, &value, &slots, &mut scratch)?;
+    let work = launches(ctx, exe, &kernels, &mut cache, &uniform, &value, &slots, &mut scratch)?;
     // Timestamps per launch while profiling or recording the timeline.
     let timed = profiler.on() || timeline::enabled();
     let queries = (ctx.timestamps && timed && !work.is_empty()).then(|| Queries::new(dev, work.len()));
@@ -188,12 +189,12 @@ impl ErrorSlots {
     fn new(
         ctx: &Context,
         exe: &WgpuExecutable,
+        kernels: &[CompiledKernel],
         cache: &mut Cache,
         enc: &mut wgpu::CommandEncoder,
     ) -> Result<ErrorSlots, BackendError> {
-        let checking: Vec<usize> = (0..exe.kernels.len())
-            .filter(|&i| exe.kernels[i].wgsl.error_slot && exe.kernels[i].wgsl.invocations > 0)
-            .collect();
+        let checking: Vec<usize> =
+            (0..kernels.len()).filter(|&i| kernels[i].wgsl.error_slot && kernels[i].wgsl.invocations > 0).collect();
         let stride = ctx.slot_stride;
         let bytes = checking.len() as u64 * stride;
         let buffers = if checking.is_empty() {
@@ -203,7 +204,7 @@ impl ErrorSlots {
             // allocation history like every buffer it binds (after the
             // scratch of each kernel): a steady loop gets it back, and with
             // it the bind groups of its checking kernels.
-            let device_slots = acquire(ctx, cache, exe.buffers.len() + 1 + exe.kernels.len(), bytes, STORAGE)?;
+            let device_slots = acquire(ctx, cache, exe.buffers.len() + 1 + kernels.len(), bytes, STORAGE)?;
             // Never bound: any idle readback buffer will do.
             let read = ctx.pool.acquire(bytes, READBACK)?;
             enc.clear_buffer(device_slots.buffer(), 0, Some(bytes));
@@ -305,17 +306,19 @@ fn bind(
 
 /// The launches of `exe` in order, with their bind groups; scratch
 /// buffers of two-pass kernels are pushed to `scratch`.
+#[allow(clippy::too_many_arguments)] // One execution's state, passed explicitly rather than bundled for one call.
 fn launches<'a, 'v>(
     ctx: &Context,
-    exe: &'a WgpuExecutable,
+    exe: &WgpuExecutable,
+    kernels: &'a [CompiledKernel],
     cache: &mut Cache,
     uniform: &WgpuStorage,
     value: &dyn Fn(NodeId) -> Option<&'v Buffer>,
     slots: &ErrorSlots,
     scratch: &mut Vec<WgpuStorage>,
 ) -> Result<Vec<Launch<'a>>, BackendError> {
-    let mut work: Vec<Launch> = Vec::with_capacity(exe.kernels.len());
-    for (ki, (k, kernel)) in exe.kernels.iter().zip(&exe.plan.kernels).enumerate() {
+    let mut work: Vec<Launch> = Vec::with_capacity(kernels.len());
+    for (ki, (k, kernel)) in kernels.iter().zip(&exe.plan.kernels).enumerate() {
         if k.wgsl.invocations == 0 {
             continue;
         }

@@ -49,10 +49,15 @@ pub struct WgpuOptions {
     /// the barrier-free register-blocked one (false), on top of the
     /// profile.
     pub tiled_matmul: Option<bool>,
-    /// Whether to time candidate kernel forms on the adapter the first
-    /// time a kernel is seen (see [`crate::autotune`]); default: on for
-    /// GPUs, off for software adapters, `LAZULI_AUTOTUNE` overrides.
+    /// Whether to time candidate kernel forms on the adapter (before the
+    /// second execution of a plan with a large enough matmul, see
+    /// [`crate::autotune`]); default: on for GPUs, off for software
+    /// adapters, `LAZULI_AUTOTUNE` overrides.
     pub autotune: Option<bool>,
+    /// Least work (floating-point operations, `2 * M * N * K`) of a
+    /// matmul worth tuning (default [`crate::autotune::MIN_FLOPS`]; tests
+    /// lower it to tune small products).
+    pub autotune_min_flops: Option<u64>,
     /// Where the autotuning results persist (default
     /// [`crate::autotune::cache_dir`]; `Some(None)`: nowhere).
     /// Also where the persistent compile cache lives (see

@@ -205,18 +205,6 @@ impl Pipelines {
         Ok(keys.iter().map(|k| found[k].clone()).collect())
     }
 
-    /// A validated pipeline for `wgsl` as it is (no generic sizes), from
-    /// the cache or created.
-    pub fn fixed(
-        &self,
-        ctx: &Context,
-        name: &str,
-        wgsl: &crate::codegen::Wgsl,
-    ) -> Result<Arc<PipelineEntry>, BackendError> {
-        let k = Prepared::fixed(name.to_string(), wgsl);
-        Ok(self.get_or_create(ctx, std::slice::from_ref(&k))?.remove(0))
-    }
-
     /// Creates the pipeline of `k` (validated first), with bind group 1
     /// for its dynamic sizes when it is generic. `key` is its
     /// [`PipelineCache::key`], which also names its naga mark in the disk

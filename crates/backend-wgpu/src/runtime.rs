@@ -72,11 +72,12 @@ impl WgpuBackend {
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             ..LowerLimits::default()
         };
-        let tuner = Tuner::new(
+        let mut tuner = Tuner::new(
             autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
             &adapter_id,
             disk.clone(),
         );
+        tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
         let compiler = Compiler::new(
             fusion,
             lower,
@@ -197,6 +198,9 @@ impl Backend for WgpuBackend {
             .as_any()
             .downcast_ref::<WgpuExecutable>()
             .ok_or_else(|| BackendError::Execution("executable of another backend".into()))?;
+        // A plan boundary: a kernel waiting for the tuner may be replaced
+        // before this execution (see `crate::autotune`).
+        self.inner.compiler.tune_pending(&self.inner.ctx, exe);
         crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
     }
 

@@ -1,8 +1,11 @@
 //! Autotuning of matmul forms, forced on whatever adapter is present
-//! (lavapipe in CI): the first compile of a matmul times its candidate
-//! forms and records the winner on disk; a second backend with the same
-//! cache directory reuses it without timing anything; every chosen form
-//! computes the right product; corrupt cache entries are ignored.
+//! (lavapipe in CI): a plan's first execution runs the rule's form and
+//! times nothing; before its second one the tuner times the candidate
+//! forms and records the winner on disk; a later compile, or a second
+//! backend with the same cache directory, reuses it without timing
+//! anything; products below the tuner's minimum are never timed; every
+//! chosen form computes the right product; corrupt cache entries are
+//! ignored.
 
 use lazuli_executor::{metrics, Backend};
 use lazuli_ir::{DType, Graph, Op, ValueType};
@@ -14,9 +17,16 @@ use std::sync::Mutex;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn backend(dir: &Path) -> Option<WgpuBackend> {
+    backend_with(dir, Some(0))
+}
+
+/// A backend tuning products of at least `min_flops` (`None`: the
+/// default minimum).
+fn backend_with(dir: &Path, min_flops: Option<u64>) -> Option<WgpuBackend> {
     let opts = WgpuOptions {
         kernel_forms: Some(KernelForms::gpu()),
         autotune: Some(true),
+        autotune_min_flops: min_flops,
         cache_dir: Some(Some(dir.to_path_buf())),
         ..Default::default()
     };
@@ -32,8 +42,9 @@ fn backend(dir: &Path) -> Option<WgpuBackend> {
     }
 }
 
-/// Runs `a [m, k] @ b [k, n]` and checks it against a host product.
-fn check_matmul(b: &WgpuBackend, m: usize, k: usize, n: usize) {
+/// Compiles `a [m, k] @ b [k, n]`, runs it `runs` times and checks each
+/// result against a host product.
+fn check_matmul(b: &WgpuBackend, m: usize, k: usize, n: usize, runs: usize) {
     let mut g = Graph::new();
     let x = g.param(ValueType::new([m, k], DType::F32));
     let w = g.param(ValueType::new([k, n], DType::F32));
@@ -46,13 +57,15 @@ fn check_matmul(b: &WgpuBackend, m: usize, k: usize, n: usize) {
     let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let bx = b.upload(&bytes(&xs), &ValueType::new([m, k], DType::F32)).unwrap();
     let bw = b.upload(&bytes(&ws), &ValueType::new([k, n], DType::F32)).unwrap();
-    let out = b.execute(exe.as_ref(), vec![bx, bw], &[]).unwrap();
-    let got: Vec<f32> =
-        b.download(&out[0]).unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    for i in 0..m {
-        for j in 0..n {
-            let want: f32 = (0..k).map(|q| xs[i * k + q] * ws[q * n + j]).sum();
-            assert_eq!(got[i * n + j], want, "({i}, {j}) of {m}x{k}x{n}");
+    for run in 0..runs {
+        let out = b.execute(exe.as_ref(), vec![bx.clone(), bw.clone()], &[]).unwrap();
+        let got: Vec<f32> =
+            b.download(&out[0]).unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = (0..k).map(|q| xs[i * k + q] * ws[q * n + j]).sum();
+                assert_eq!(got[i * n + j], want, "({i}, {j}) of {m}x{k}x{n}, run {run}");
+            }
         }
     }
 }
@@ -70,22 +83,24 @@ fn tunes_once_then_reuses_the_disk_cache() {
     let Some(b) = backend(&dir) else { return };
     let (runs, keys, hits) =
         (metrics::counter("AutotuneRuns"), metrics::counter("AutotuneKeys"), metrics::counter("AutotuneHits"));
-    check_matmul(&b, 96, 64, 80);
-    assert!(metrics::counter("AutotuneRuns") > runs, "the first compile times candidates");
+    check_matmul(&b, 96, 64, 80, 1);
+    assert_eq!(metrics::counter("AutotuneRuns"), runs, "a first execution times nothing");
+    check_matmul(&b, 96, 64, 80, 3);
+    assert!(metrics::counter("AutotuneRuns") > runs, "the second execution of a plan times candidates");
     assert_eq!(metrics::counter("AutotuneKeys"), keys + 1);
     assert_eq!(autotune_entries(&dir).len(), 1, "one winner in the compile cache");
     // Same process, same backend: the in-memory winner.
     let runs = metrics::counter("AutotuneRuns");
-    check_matmul(&b, 96, 64, 80);
+    check_matmul(&b, 96, 64, 80, 3);
     assert_eq!(metrics::counter("AutotuneRuns"), runs);
     // A new backend (as a new process would) reads the winner from disk.
     drop(b);
     let b2 = backend(&dir).unwrap();
-    check_matmul(&b2, 96, 64, 80);
+    check_matmul(&b2, 96, 64, 80, 3);
     assert_eq!(metrics::counter("AutotuneRuns"), runs, "no timing with a warm disk cache");
     assert!(metrics::counter("AutotuneHits") >= hits + 2);
     // A different shape is a different key.
-    check_matmul(&b2, 40, 24, 72);
+    check_matmul(&b2, 40, 24, 72, 2);
     assert!(metrics::counter("AutotuneRuns") > runs);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -107,7 +122,7 @@ fn corrupt_cache_entries_are_ignored() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir("corrupt");
     let Some(b) = backend(&dir) else { return };
-    check_matmul(&b, 64, 32, 64);
+    check_matmul(&b, 64, 32, 64, 2);
     drop(b);
     let entries = autotune_entries(&dir);
     assert_eq!(entries.len(), 1);
@@ -119,8 +134,21 @@ fn corrupt_cache_entries_are_ignored() {
     std::fs::write(&entries[0], bytes).unwrap();
     let (bad, runs) = (metrics::counter("DiskCacheBad"), metrics::counter("AutotuneRuns"));
     let b2 = backend(&dir).unwrap();
-    check_matmul(&b2, 64, 32, 64);
+    check_matmul(&b2, 64, 32, 64, 2);
     assert!(metrics::counter("DiskCacheBad") > bad, "the corrupt entry is counted");
     assert!(metrics::counter("AutotuneRuns") > runs, "tuned again");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn small_products_are_never_tuned() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("small");
+    // The default minimum: a 96x64x80 product (about 1 MFLOP) is far below.
+    let Some(b) = backend_with(&dir, None) else { return };
+    let runs = metrics::counter("AutotuneRuns");
+    check_matmul(&b, 96, 64, 80, 4);
+    assert_eq!(metrics::counter("AutotuneRuns"), runs);
+    assert!(autotune_entries(&dir).is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
