@@ -112,7 +112,18 @@ pub(crate) struct Pipelines {
     /// unchanged blob, e.g. lavapipe's always-empty one, is not written
     /// again).
     driver_saved: AtomicU64,
+    /// When the driver cache was last saved (or loaded), while pipelines
+    /// made since are not saved yet: `None` when nothing is pending.
+    unsaved_since: Mutex<Option<std::time::Instant>>,
+    /// When the driver cache was last saved or loaded.
+    last_save: Mutex<std::time::Instant>,
 }
+
+/// Least time between two saves of the driver cache while pipelines keep
+/// being made (each save fetches, checksums and writes the whole blob);
+/// what is left unsaved is saved at the next batch after it, at
+/// [`Pipelines::flush`], or when the backend is dropped.
+pub const DRIVER_SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Pipelines {
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
@@ -127,7 +138,14 @@ impl Pipelines {
             }
             _ => None,
         };
-        Pipelines { cache: PipelineCache::new(cap), disk, driver_cache, driver_saved: AtomicU64::new(loaded) }
+        Pipelines {
+            cache: PipelineCache::new(cap),
+            disk,
+            driver_cache,
+            driver_saved: AtomicU64::new(loaded),
+            unsaved_since: Mutex::new(None),
+            last_save: Mutex::new(std::time::Instant::now()),
+        }
     }
 
     /// Number of cached pipelines.
@@ -135,9 +153,33 @@ impl Pipelines {
         self.cache.len()
     }
 
+    /// Saves the driver cache now if new pipelines are not saved yet.
+    pub fn flush(&self) {
+        if self.unsaved_since.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
+            self.save_driver_cache();
+        }
+    }
+
+    /// Notes new pipelines: the driver cache is saved at once when the
+    /// last save is [`DRIVER_SAVE_INTERVAL`] old (the first batch of a
+    /// process: its device creation), else later.
+    fn created(&self) {
+        if self.driver_cache.is_none() {
+            return;
+        }
+        self.unsaved_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(std::time::Instant::now);
+        let due = self.last_save.lock().unwrap_or_else(|e| e.into_inner()).elapsed() >= DRIVER_SAVE_INTERVAL
+            || self.driver_saved.load(Ordering::Relaxed) == 0;
+        if due {
+            self.flush();
+        }
+    }
+
     /// Saves the driver's pipeline cache in the disk cache when its blob
     /// changed since it was last loaded or saved.
     fn save_driver_cache(&self) {
+        *self.last_save.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+        let _span = lazuli_executor::timeline::span("SaveDriverCache");
         let (Some(disk), Some(cache)) = (&self.disk, &self.driver_cache) else { return };
         if let Some(data) = cache.get_data() {
             let sum = diskcache::checksum(&[&data]);
@@ -198,9 +240,7 @@ impl Pipelines {
             found.insert(keys[i], entry);
         }
         if !missing.is_empty() {
-            // Saved at once: a process may end without dropping its
-            // device.
-            self.save_driver_cache();
+            self.created();
         }
         Ok(keys.iter().map(|k| found[k].clone()).collect())
     }
@@ -266,7 +306,7 @@ impl Pipelines {
 
 impl Drop for Pipelines {
     fn drop(&mut self) {
-        self.save_driver_cache();
+        self.flush();
     }
 }
 

@@ -204,6 +204,10 @@ impl Backend for WgpuBackend {
         crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
     }
 
+    fn persist_caches(&self) {
+        self.inner.compiler.pipelines.flush();
+    }
+
     fn pool_bytes(&self) -> u64 {
         self.inner.ctx.pool.bytes()
     }

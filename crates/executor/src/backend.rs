@@ -245,6 +245,11 @@ pub trait Backend: Send + Sync + 'static {
         self.compile(graph)
     }
 
+    /// Writes what the backend caches across processes (a driver's
+    /// pipeline cache, say) that is not written yet; called when a device
+    /// on it is dropped, off the hot path. By default nothing.
+    fn persist_caches(&self) {}
+
     /// Runs `exe` on `inputs` (one per graph parameter, in order) and the
     /// lifted `scalars` (one per scalar slot, already cast to its dtype).
     /// Returns one buffer per graph output, in order, once the device has

@@ -632,6 +632,7 @@ impl Drop for DeviceInner {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+        self.main.persist_caches();
         if let Err(e) = crate::timeline::flush() {
             tracing::warn!("LAZULI_TRACE: could not write the timeline: {e}");
         }
