@@ -2,19 +2,25 @@
 //! contains [`crate::WgpuOptions::fault_kernel`] get a deliberately wrong
 //! store (element 0 of their first output is perturbed), so a test can
 //! prove that `LAZULI_VALIDATE=cpu` catches a wrong kernel and names it.
-//! Never set outside tests.
+//! Never set outside tests. The output's declaration is found by the
+//! shared parser of generated WGSL ([`crate::wgsl_text`]).
 
-/// Appends a perturbation of `out0[0]` to the end of the entry point.
+use crate::wgsl_text;
+
+/// Appends a perturbation of `out0[0]` to the end of the entry point (the
+/// last function of a generated source). A source whose first output is
+/// not one whole `read_write` array binding `out0` (a windowed one is
+/// `out0_w0`, ...) is returned unchanged.
 pub(crate) fn perturb(source: &str) -> String {
-    let decl = "var<storage, read_write> out0: array<";
-    let Some(start) = source.find(decl).map(|i| i + decl.len()) else { return source.to_string() };
-    let elem = &source[start..source[start..].find('>').map_or(start, |e| start + e)];
+    let decls = wgsl_text::storage_decls(source);
+    let out0 = decls.iter().flatten().find(|d| d.name == "out0" && d.access == "read_write");
+    let Some(elem) = out0.and_then(|d| d.elem()) else { return source.to_string() };
     let change = match elem {
         "f32" => "out0[0] = out0[0] + 1.0;",
         "i32" => "out0[0] = out0[0] + 1i;",
-        "vec4<f32" => "out0[0] = out0[0] + vec4<f32>(1.0);",
-        "vec4<i32" => "out0[0] = out0[0] + vec4<i32>(1i);",
-        "vec4<u32" => "out0[0] = out0[0] ^ vec4<u32>(1u);",
+        "vec4<f32>" => "out0[0] = out0[0] + vec4<f32>(1.0);",
+        "vec4<i32>" => "out0[0] = out0[0] + vec4<i32>(1i);",
+        "vec4<u32>" => "out0[0] = out0[0] ^ vec4<u32>(1u);",
         _ => "out0[0] = out0[0] ^ 1u;",
     };
     let Some(end) = source.trim_end().strip_suffix('}') else { return source.to_string() };

@@ -87,6 +87,7 @@ pub mod pipeline;
 pub mod pool;
 pub mod runtime;
 pub mod validate;
+mod wgsl_text;
 pub mod window;
 
 pub use adapter::list_adapters;
