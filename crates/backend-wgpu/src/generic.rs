@@ -379,7 +379,7 @@ impl Families {
             for (k, lit) in scanned.literals.iter().enumerate() {
                 if family.slots[k].is_none() && family.values[k] != lit.value {
                     let text = &scanned.canonical;
-                    let context = &text[lit.start.saturating_sub(40)..(lit.end + 10).min(text.len())];
+                    let context = wgsl_text::excerpt(text, lit.start..lit.end, 40, 10);
                     tracing::debug!(entry, was = family.values[k], now = lit.value, context, "generic kernel widens");
                 }
             }

@@ -117,6 +117,7 @@ pub(crate) fn is_ident(b: u8) -> bool {
 /// `[` the two kinds nest together (`a[f(i)]`), for `<` only angle
 /// brackets count (`array<vec4<f32>, 4u>`). `None` when it never closes.
 pub(crate) fn group_end(b: &[u8], open: usize) -> Option<usize> {
+    debug_assert!(matches!(b[open], b'(' | b'[' | b'<'), "a group opens with a bracket");
     let angle = b[open] == b'<';
     let mut depth = 0usize;
     for (k, &c) in b.iter().enumerate().skip(open) {
@@ -174,6 +175,20 @@ pub(crate) fn compound_assignment_at(b: &[u8], mut at: usize) -> bool {
     [&b"+="[..], b"-=", b"*=", b"/=", b"%=", b"&=", b"|=", b"^=", b"<<=", b">>=", b"++", b"--"]
         .iter()
         .any(|p| rest.starts_with(p))
+}
+
+/// The text around `range` of `text` (up to `before` bytes before it and
+/// `after` after it, widened to whole characters), for messages.
+pub(crate) fn excerpt(text: &str, range: Range<usize>, before: usize, after: usize) -> &str {
+    let mut start = range.start.saturating_sub(before);
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = range.end.saturating_add(after).min(text.len());
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    &text[start..end]
 }
 
 /// The prefix of every storage declaration codegen writes.
@@ -303,6 +318,9 @@ mod tests {
         assert!(compound_assignment_at(b"x  <<= 1", 1) && !compound_assignment_at(b"x <= 1", 1));
         assert_eq!(through(b, 0, b';'), 21);
         assert_eq!(through(b, 21, b';'), b.len());
+        assert_eq!(excerpt("abcdef", 2..3, 1, 2), "bcde");
+        assert_eq!(excerpt("abcdef", 0..6, 10, 10), "abcdef");
+        assert_eq!(excerpt("→x→", 3..4, 1, 1), "→x→", "whole characters");
     }
 
     #[test]

@@ -342,7 +342,7 @@ fn rewrite(text: &str, split_of: &BTreeMap<&str, Split>) -> Result<String, Split
         }
         let access = || SplitError::Access {
             name: name.to_string(),
-            context: text[i.saturating_sub(40)..(j + 40).min(b.len())].to_string(),
+            context: wgsl_text::excerpt(text, i..j, 40, 40).to_string(),
         };
         if b.get(j) != Some(&b'[') {
             return Err(access());
