@@ -7,12 +7,12 @@
 //! node-derived names renumbered, integer literals read from a sizes
 //! buffer) and fault injection in tests ([`crate::fault`]: a wrong store
 //! appended to the entry point). They share this module's [`Lexer`]
-//! (comments, identifiers, numbers, everything else byte by byte), its
-//! bracket matching ([`group_end`], [`statement_end`]) and its parser of
-//! storage declarations ([`StorageDecl`]), so the lexical rules are
-//! written once: a comment hides what it contains from every pass, a
-//! number such as `1e-5` or `0x1fu` is one token in every pass, and a
-//! declaration has one syntax.
+//! (comments, identifiers, numbers, whitespace, any other character
+//! alone), its bracket matching ([`group_end`], [`statement_end`]) and
+//! its parser of storage declarations ([`StorageDecl`]), so the lexical
+//! rules are written once: a comment hides what it contains from every
+//! pass, a number such as `1e-5` or `0x1fu` is one token in every pass,
+//! and a declaration has one syntax.
 //!
 //! The input is always codegen's own output, never user text: the lexer
 //! knows the subset of WGSL codegen writes (ASCII code, `//` comments
@@ -305,6 +305,20 @@ mod tests {
         assert_eq!(lx.next().map(|t| t.end), Some(5));
         lx.seek(group_end(b"array<vec4<f32>, 4u> x", 5).unwrap());
         assert_eq!(lx.map(|t| t.kind).collect::<Vec<_>>(), [Space, Ident]);
+    }
+
+    #[test]
+    fn tokens_tile_the_text() {
+        let texts =
+            ["", "//", "fn f() {\n    // é and 0x1p4\n    return 1.5e+3f * x[2u] - -4i;\n}", "a→1e- @ \t\r\n0Xffu_z"];
+        for text in texts {
+            let mut at = 0;
+            for t in Lexer::new(text) {
+                assert!(t.start == at && t.end > t.start, "{text:?}: {t:?} after {at}");
+                at = t.end;
+            }
+            assert_eq!(at, text.len(), "{text:?}");
+        }
     }
 
     #[test]
