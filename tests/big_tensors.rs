@@ -29,6 +29,11 @@
 //!   against the CPU; a part whose windows exceed one kernel's bindings is
 //!   `BackendError::TooLarge`.
 //!
+//! Every device is clamped to lavapipe's limits (its 128 MiB binding for
+//! the real sizes, its 32 storage buffers per stage everywhere), so each
+//! test splits kernels and refuses too many windows on any adapter as it
+//! does on lavapipe.
+//!
 //! Memory: lavapipe's device memory is host RAM. One test holds at most
 //! about 1.1 GiB (the 512 MiB test: its result on the device and on the
 //! host); a lock runs the tests of this file one at a time, and the
@@ -44,6 +49,13 @@ use std::sync::{Mutex, MutexGuard};
 /// lavapipe's storage binding limit, the window of the real-size tests.
 const WINDOW: u64 = 128 << 20;
 
+/// lavapipe's storage buffers per shader stage (kernels bind one fewer:
+/// one is kept for the sizes of generic kernels). Every device of this
+/// file is clamped to it, so kernels split, and refuse to run for too
+/// many windows, on any adapter exactly as on lavapipe (a GPU allows far
+/// more bindings).
+const STORAGE_BUFFERS: u32 = 32;
+
 const F: DType = DType::F32;
 
 /// Serializes the tests of this file (peak memory), and the metrics
@@ -54,8 +66,8 @@ fn big() -> (MutexGuard<'static, ()>, MutexGuard<'static, ()>) {
 }
 
 /// A wgpu device per kernel-form profile, binding at most `window` bytes
-/// per storage binding and keeping no idle buffers; empty without an
-/// adapter (unless one is required).
+/// per storage binding and [`STORAGE_BUFFERS`] per stage, keeping no idle
+/// buffers; empty without an adapter (unless one is required).
 fn devices(window: u64) -> Vec<(&'static str, Device)> {
     if common::wgpu().is_none() {
         return Vec::new();
@@ -66,6 +78,7 @@ fn devices(window: u64) -> Vec<(&'static str, Device)> {
             let opts = WgpuDeviceOptions {
                 kernel_forms: Some(forms),
                 binding_window: Some(window),
+                max_storage_buffers: Some(STORAGE_BUFFERS),
                 pool_max_free_bytes: Some(0),
                 ..Default::default()
             };
@@ -305,8 +318,8 @@ fn backend_error(e: &ExecError) -> Option<&BackendError> {
 fn a_kernel_needing_more_bindings_than_the_adapter_has_is_a_typed_error() {
     let _l = big();
     // 256-byte windows: a [4096] f32 tensor is 64 windows, and `exp` binds
-    // it twice (input and output): more bindings than any adapter allows
-    // one kernel, and nothing to split.
+    // it twice (input and output): more bindings than the devices' 31 per
+    // kernel (lavapipe's, forced on any adapter), and nothing to split.
     for (forms, dev) in devices(256) {
         let x = Tensor::from_slice(&common::rand_vec(4096, 3, -1.0, 1.0), [4096], &dev).unwrap();
         let err = x.exp().unwrap().to_vec::<f32>().expect_err("too many windows");
@@ -439,7 +452,7 @@ fn windowed_twins_of_every_kernel_family_match_the_cpu() {
 
 /// A wgpu device per kernel-form profile with 60 KiB windows and the
 /// default buffer pool; `max_storage_buffers` clamps the bindings of one
-/// kernel.
+/// kernel ([`STORAGE_BUFFERS`] without it).
 fn cached_devices(max_storage_buffers: Option<u32>) -> Vec<(&'static str, Device)> {
     if common::wgpu().is_none() {
         return Vec::new();
@@ -450,7 +463,7 @@ fn cached_devices(max_storage_buffers: Option<u32>) -> Vec<(&'static str, Device
             let opts = WgpuDeviceOptions {
                 kernel_forms: Some(forms),
                 binding_window: Some(60 << 10),
-                max_storage_buffers,
+                max_storage_buffers: Some(max_storage_buffers.unwrap_or(STORAGE_BUFFERS)),
                 ..Default::default()
             };
             (name, Device::wgpu_with(opts).expect("a second device on the adapter"))
@@ -639,8 +652,9 @@ fn windowed_attention_forward_and_gradients_match_the_cpu() {
         let code = lazuli::debug::backend_code(&refs).unwrap();
         let attention: Vec<&(String, String)> = code.iter().filter(|(name, _)| name.contains("Attention")).collect();
         // The forward with its log-sum-exp, the query gradient, the key
-        // and value gradients (29 bindings in windows: within lavapipe's
-        // 31 per kernel; fewer would split them).
+        // and value gradients (29 bindings in windows: within the 31 per
+        // kernel of lavapipe that the devices force; fewer would split
+        // them).
         assert!(attention.len() >= 3, "{forms}: {:?}", code.iter().map(|c| &c.0).collect::<Vec<_>>());
         for (name, src) in &attention {
             assert!(src.contains("fn ld_in") && src.contains("st_out"), "{forms}: {name} is not windowed:\n{src}");
@@ -655,7 +669,8 @@ fn windowed_attention_forward_and_gradients_match_the_cpu() {
         assert_eq!(metrics::counter("FallbackOps"), fallbacks, "{forms}: attention ran on the device");
     }
     // 256-byte windows: the forward alone binds q, k, v and the output in
-    // 64 windows each.
+    // 16 windows each, more than the 31 bindings per kernel the devices
+    // force.
     for (forms, dev) in devices(256) {
         let r = |dims: [usize; 3], seed| Tensor::from_slice(&common::rand_vec(1024, seed, -1.0, 1.0), dims, &dev);
         let (q, k, v) = (r([1, 64, 16], 1).unwrap(), r([1, 64, 16], 2).unwrap(), r([1, 64, 16], 3).unwrap());

@@ -74,13 +74,23 @@ fn dim(k: i16) -> usize {
 /// The binding window of the fuzzer's windowed wgpu device.
 const WINDOW: u64 = 64 << 10;
 
+/// lavapipe's storage buffers per shader stage (31 per kernel: one is kept
+/// for generic sizes), forced on the windowed device so the kernels near
+/// the limit are within and over it on any adapter.
+const STORAGE_BUFFERS: u32 = 32;
+
 /// A wgpu device binding at most [`WINDOW`] bytes per storage binding (see
-/// `lazuli_wgpu::window`), made once (pipelines stay cached).
+/// `lazuli_wgpu::window`) and [`STORAGE_BUFFERS`] per stage, made once
+/// (pipelines stay cached).
 fn windowed() -> Option<Device> {
     static DEV: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
     DEV.get_or_init(|| {
         common::wgpu()?;
-        let opts = lazuli::WgpuDeviceOptions { binding_window: Some(WINDOW), ..Default::default() };
+        let opts = lazuli::WgpuDeviceOptions {
+            binding_window: Some(WINDOW),
+            max_storage_buffers: Some(STORAGE_BUFFERS),
+            ..Default::default()
+        };
         Some(Device::wgpu_with(opts).expect("a second device on the adapter"))
     })
     .clone()
@@ -104,7 +114,7 @@ fn huge_len(k: u8, dev: &Device) -> usize {
         4 => BUDGET / 4 + 1,
         // On the windowed device: one f32 over a window, and an
         // elementwise kernel (input and output) just within and just over
-        // lavapipe's 31 storage bindings per kernel.
+        // the device's 31 storage bindings per kernel (lavapipe's, forced).
         _ if windowed().is_some_and(|w| w.same(dev)) => [window + 1, 15 * window, 16 * window][(k / 6 % 3) as usize],
         // One f32 beyond u32 element indexing: refused when compiling.
         _ if dev.kind() == lazuli::BackendKind::Wgpu => (1 << 32) + 1,

@@ -32,7 +32,8 @@
 //! (`WgpuDeviceOptions::binding_window`, see `lazuli_wgpu::window`), as
 //! tensors beyond the adapter's binding limit always are: most values
 //! then span several windows. A program one of whose kernels would need
-//! more storage bindings than the adapter has is refused with
+//! more storage bindings than the devices have (lavapipe's limit, forced
+//! on any adapter) is refused with
 //! `BackendError::TooLarge` (a typed error, allowed) and discarded;
 //! proptest fails if it discards too many.
 //!
@@ -752,7 +753,9 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
 }
 
 /// The devices of the windowed property: the CPU reference and two wgpu
-/// devices binding 8 KiB windows, one per kernel-form profile.
+/// devices binding 8 KiB windows, one per kernel-form profile, with
+/// lavapipe's 32 storage buffers per stage on any adapter (so the same
+/// programs split or are refused everywhere).
 fn windowed_devices() -> Option<&'static (Device, Device, Device)> {
     static DEVS: OnceLock<Option<(Device, Device, Device)>> = OnceLock::new();
     DEVS.get_or_init(|| {
@@ -760,6 +763,7 @@ fn windowed_devices() -> Option<&'static (Device, Device, Device)> {
             let opts = lazuli::WgpuDeviceOptions {
                 kernel_forms: Some(forms),
                 binding_window: Some(8 << 10),
+                max_storage_buffers: Some(32),
                 ..Default::default()
             };
             Device::wgpu_with(opts).ok()

@@ -8,7 +8,9 @@
 //! same *skeleton*: the source with every replaceable integer literal
 //! blanked. Replaceable means a suffixed (`u` or `i`) integer literal
 //! outside the places WGSL requires a constant (array sizes, attributes,
-//! `const` declarations, `case` selectors, comments).
+//! `const` declarations, `case` selectors, comments). Tokens are those of
+//! the crate's one tokenizer of generated WGSL (the private `wgsl_text`
+//! module, shared with windows and fault injection).
 //!
 //! Sources are first put in a canonical form: the names codegen derives
 //! from node ids (`n144`, `e37`, `x9`) are renumbered in order of first
@@ -48,6 +50,7 @@
 //! llvmpipe's loop splitting) change the skeleton, so they start their own
 //! family: the forms stay what the sizes ask for.
 
+use crate::wgsl_text::{self, Kind, Lexer};
 use lazuli_executor::metrics;
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
@@ -80,32 +83,6 @@ pub struct Scanned {
 /// Prefixes of the names codegen derives from graph node ids (`n12`,
 /// `e12`, `x12`): [`scan`] renumbers them.
 const NODE_NAME_PREFIXES: &[u8] = b"nex";
-
-fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
-
-/// End (exclusive) of the bracketed group opening at `open` (`<` or `(`).
-fn matching(bytes: &[u8], open: usize) -> usize {
-    let (o, c) = (bytes[open], if bytes[open] == b'<' { b'>' } else { b')' });
-    let mut depth = 0usize;
-    for (k, &b) in bytes.iter().enumerate().skip(open) {
-        if b == o {
-            depth += 1;
-        } else if b == c {
-            depth -= 1;
-            if depth == 0 {
-                return k + 1;
-            }
-        }
-    }
-    bytes.len()
-}
-
-/// End (exclusive) of the text from `from` through the next `stop` byte.
-fn through(bytes: &[u8], from: usize, stop: u8) -> usize {
-    bytes[from..].iter().position(|&b| b == stop).map_or(bytes.len(), |p| from + p + 1)
-}
 
 /// Parses an integer literal token (`12u`, `0x1fu`, `7i`); `None` for
 /// floats, abstract integers and anything else.
@@ -148,31 +125,27 @@ pub fn scan(source: &str) -> Scanned {
     let mut names: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     let mut counts = [0usize; NODE_NAME_PREFIXES.len()];
     let mut copied = 0usize;
-    let mut i = 0usize;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == b'/' && bytes.get(i + 1) == Some(&b'/') {
-            i = through(bytes, i, b'\n');
-        } else if b == b'@' {
-            // An attribute: its arguments must be constants.
-            let mut j = i + 1;
-            while j < bytes.len() && is_ident(bytes[j]) {
-                j += 1;
+    let mut lexer = Lexer::new(source);
+    while let Some(tok) = lexer.next() {
+        let (start, end) = (tok.start, tok.end);
+        let text = &source[start..end];
+        match tok.kind {
+            Kind::Punct if text == "@" => {
+                // An attribute: its arguments must be constants.
+                let Some(name) = lexer.next() else { break };
+                if name.kind == Kind::Ident && bytes.get(name.end) == Some(&b'(') {
+                    lexer.seek(wgsl_text::group_end(bytes, name.end).unwrap_or(bytes.len()));
+                }
             }
-            i = if bytes.get(j) == Some(&b'(') { matching(bytes, j) } else { j };
-        } else if b.is_ascii_alphabetic() || b == b'_' {
-            let start = i;
-            while i < bytes.len() && is_ident(bytes[i]) {
-                i += 1;
-            }
-            let name = &source[start..i];
-            match name {
+            Kind::Ident => match text {
                 // Array sizes are constants.
-                "array" if bytes.get(i) == Some(&b'<') => i = matching(bytes, i),
-                "const" => i = through(bytes, i, b';'),
-                "case" => i = through(bytes, i, b':'),
-                _ if is_node_name(name) => {
-                    let renamed = names.entry(name).or_insert_with(|| {
+                "array" if bytes.get(end) == Some(&b'<') => {
+                    lexer.seek(wgsl_text::group_end(bytes, end).unwrap_or(bytes.len()))
+                }
+                "const" => lexer.seek(wgsl_text::through(bytes, end, b';')),
+                "case" => lexer.seek(wgsl_text::through(bytes, end, b':')),
+                _ if is_node_name(text) => {
+                    let renamed = names.entry(text).or_insert_with(|| {
                         let p = NODE_NAME_PREFIXES.iter().position(|&c| c == bytes[start]).expect("a prefix");
                         counts[p] += 1;
                         format!("{}{}", bytes[start] as char, counts[p] - 1)
@@ -181,33 +154,22 @@ pub fn scan(source: &str) -> Scanned {
                     skeleton.push_str(&source[copied..start]);
                     canonical.push_str(renamed);
                     skeleton.push_str(renamed);
-                    copied = i;
+                    copied = end;
                 }
                 _ => {}
-            }
-        } else if b.is_ascii_digit() {
-            let start = i;
-            while i < bytes.len() {
-                let c = bytes[i];
-                let exponent_sign =
-                    (c == b'+' || c == b'-') && matches!(bytes[i - 1], b'e' | b'E') && !source[start..i].contains('x');
-                if is_ident(c) || c == b'.' || exponent_sign {
-                    i += 1;
-                } else {
-                    break;
+            },
+            Kind::Number => {
+                if let Some((value, signed)) = int_literal(text) {
+                    canonical.push_str(&source[copied..start]);
+                    skeleton.push_str(&source[copied..start]);
+                    let at = canonical.len();
+                    canonical.push_str(text);
+                    skeleton.push_str(if signed { "\u{1}i" } else { "\u{1}u" });
+                    copied = end;
+                    literals.push(Literal { start: at, end: canonical.len(), value, signed });
                 }
             }
-            if let Some((value, signed)) = int_literal(&source[start..i]) {
-                canonical.push_str(&source[copied..start]);
-                skeleton.push_str(&source[copied..start]);
-                let at = canonical.len();
-                canonical.push_str(&source[start..i]);
-                skeleton.push_str(if signed { "\u{1}i" } else { "\u{1}u" });
-                copied = i;
-                literals.push(Literal { start: at, end: canonical.len(), value, signed });
-            }
-        } else {
-            i += 1;
+            Kind::Comment | Kind::Space | Kind::Punct => {}
         }
     }
     canonical.push_str(&source[copied..]);
@@ -417,7 +379,7 @@ impl Families {
             for (k, lit) in scanned.literals.iter().enumerate() {
                 if family.slots[k].is_none() && family.values[k] != lit.value {
                     let text = &scanned.canonical;
-                    let context = &text[lit.start.saturating_sub(40)..(lit.end + 10).min(text.len())];
+                    let context = wgsl_text::excerpt(text, lit.start..lit.end, 40, 10);
                     tracing::debug!(entry, was = family.values[k], now = lit.value, context, "generic kernel widens");
                 }
             }

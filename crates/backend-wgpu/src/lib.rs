@@ -93,6 +93,7 @@ mod profile;
 pub mod runtime;
 mod transfer;
 pub mod validate;
+mod wgsl_text;
 pub mod window;
 
 pub use adapter::list_adapters;

@@ -12,7 +12,9 @@
 //! binding of its own at an aligned offset ([`Windows::ranges`]).
 //!
 //! Kernels reach the windows through a source rewrite ([`split`]) applied
-//! after lowering, so the code generators never see windows: a windowed
+//! after lowering (on the crate's one tokenizer of generated WGSL, the
+//! private `wgsl_text` module, which the size families and fault
+//! injection use too), so the code generators never see windows: a windowed
 //! binding `in0` becomes `in0_w0`, `in0_w1`, ... (bindings renumbered), a
 //! read `in0[e]` becomes `ld_in0(e)` and a write `out0[e] = v;` becomes
 //! `st_out0(e, v);`, where `ld_`/`st_` pick the window by dividing the
@@ -69,6 +71,7 @@ use std::fmt::Write as _;
 use thiserror::Error;
 
 use crate::codegen::Wgsl;
+use crate::wgsl_text::{self, Kind, Lexer, StorageDecl};
 
 /// The smallest window: also the smallest size class of the pool, so
 /// window offsets are multiples of every offset alignment wgpu allows.
@@ -222,29 +225,6 @@ pub enum SplitError {
     },
 }
 
-/// One storage declaration of a source.
-struct Decl {
-    /// Byte range of its line, newline included.
-    line: std::ops::Range<usize>,
-    access: String,
-    name: String,
-    /// The element type of an `array<T>` binding; `None` for any other
-    /// type (an error slot).
-    elem: Option<String>,
-    /// The declared type.
-    ty: String,
-}
-
-/// Parses `@group(0) @binding(N) var<storage, ACCESS> NAME: TYPE;`.
-fn parse_decl(line: &str) -> Option<(u32, String, String, String)> {
-    let rest = line.strip_prefix("@group(0) @binding(")?;
-    let (n, rest) = rest.split_once(") var<storage, ")?;
-    let (access, rest) = rest.split_once("> ")?;
-    let (name, ty) = rest.split_once(": ")?;
-    let ty = ty.strip_suffix(';')?;
-    Some((n.parse().ok()?, access.to_string(), name.to_string(), ty.to_string()))
-}
-
 /// Bytes of one element of a binding's array type, for 32-bit scalars and
 /// vectors.
 fn elem_bytes(elem: &str) -> Option<u64> {
@@ -278,26 +258,21 @@ pub fn split(source: &str, windows: &[u32], window_bytes: u64) -> Result<String,
     let layout = || SplitError::Layout { expected: windows.len() };
     // Every storage declaration, bindings 1, 2, ... in order: the arrays
     // the counts are for, then any others (an error slot).
-    let mut decls: Vec<Decl> = Vec::new();
-    let mut at = 0;
-    for line in source.split_inclusive('\n') {
-        if line.starts_with("@group(0) @binding(") && line.contains("var<storage") {
-            let (n, access, name, ty) = parse_decl(line.trim_end()).ok_or_else(layout)?;
-            let elem = ty.strip_prefix("array<").and_then(|t| t.strip_suffix('>')).map(str::to_string);
-            let arrays_done = decls.last().is_some_and(|d: &Decl| d.elem.is_none());
-            if n as usize != decls.len() + 1 || (elem.is_some() && arrays_done) {
-                return Err(layout());
-            }
-            decls.push(Decl { line: at..at + line.len(), access, name, elem, ty });
+    let mut decls: Vec<StorageDecl> = Vec::new();
+    for decl in wgsl_text::storage_decls(source) {
+        let d = decl.map_err(|_| layout())?;
+        let arrays_done = decls.last().is_some_and(|last| last.elem().is_none());
+        if d.binding as usize != decls.len() + 1 || (d.elem().is_some() && arrays_done) {
+            return Err(layout());
         }
-        at += line.len();
+        decls.push(d);
     }
-    if decls.iter().filter(|d| d.elem.is_some()).count() != windows.len() {
+    if decls.iter().filter(|d| d.elem().is_some()).count() != windows.len() {
         return Err(layout());
     }
     let mut split_of: BTreeMap<&str, Split> = BTreeMap::new();
     for (d, &w) in decls.iter().zip(windows) {
-        let elem = d.elem.as_deref().expect("arrays come first");
+        let elem = d.elem().expect("arrays come first");
         if w > 1 {
             let eb = elem_bytes(elem).ok_or_else(|| SplitError::Element { name: d.name.clone(), elem: elem.into() })?;
             split_of.insert(&d.name, Split { windows: w, per: window_bytes / eb });
@@ -313,16 +288,15 @@ pub fn split(source: &str, windows: &[u32], window_bytes: u64) -> Result<String,
         out.push_str(&rewrite(&source[pos..d.line.start], &split_of)?);
         pos = d.line.end;
         let Some(s) = split_of.get(d.name.as_str()) else {
-            let _ = writeln!(out, "@group(0) @binding({binding}) var<storage, {}> {}: {};", d.access, d.name, d.ty);
+            out.push_str(&d.render(binding, &d.name));
             binding += 1;
             continue;
         };
         for k in 0..s.windows {
-            let _ =
-                writeln!(out, "@group(0) @binding({binding}) var<storage, {}> {}_w{k}: {};", d.access, d.name, d.ty);
+            out.push_str(&d.render(binding, &format!("{}_w{k}", d.name)));
             binding += 1;
         }
-        let elem = d.elem.as_deref().expect("windowed bindings are arrays");
+        let elem = d.elem().expect("windowed bindings are arrays");
         helpers.extend(window_fns(&d.name, elem, s, d.access == "read_write"));
     }
     out.push('\n');
@@ -353,121 +327,53 @@ fn window_fns(name: &str, elem: &str, s: &Split, writable: bool) -> Vec<String> 
     fns
 }
 
-fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
-
-/// Index one past the bracket closing the one opening at `open`
-/// (`[` or `(`), counting both kinds; `None` when unbalanced.
-fn close_of(b: &[u8], open: usize) -> Option<usize> {
-    let mut depth = 0i32;
-    for (k, &c) in b.iter().enumerate().skip(open) {
-        match c {
-            b'[' | b'(' => depth += 1,
-            b']' | b')' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(k + 1);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Whether `b[at..]` (after spaces) is an assignment `=` (not `==`).
-fn assignment_at(b: &[u8], mut at: usize) -> Option<usize> {
-    while at < b.len() && b[at] == b' ' {
-        at += 1;
-    }
-    (b.get(at) == Some(&b'=') && b.get(at + 1) != Some(&b'=')).then_some(at)
-}
-
 /// Rewrites the accesses of windowed bindings in `text` (code between
-/// declarations); line comments are copied as they are.
+/// declarations); comments are copied as they are.
 fn rewrite(text: &str, split_of: &BTreeMap<&str, Split>) -> Result<String, SplitError> {
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len());
-    let mut i = 0;
     let mut copied = 0;
-    while i < b.len() {
-        if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
-            i = text[i..].find('\n').map_or(b.len(), |n| i + n);
-            continue;
-        }
-        if !(b[i].is_ascii_alphabetic() || b[i] == b'_') || (i > 0 && is_ident(b[i - 1])) {
-            i += 1;
-            continue;
-        }
-        let mut j = i;
-        while j < b.len() && is_ident(b[j]) {
-            j += 1;
-        }
+    let mut lexer = Lexer::new(text);
+    while let Some(tok) = lexer.next() {
+        let (i, j) = (tok.start, tok.end);
         let name = &text[i..j];
-        if !split_of.contains_key(name) {
-            i = j;
+        if tok.kind != Kind::Ident || !split_of.contains_key(name) {
             continue;
         }
         let access = || SplitError::Access {
             name: name.to_string(),
-            context: text[i.saturating_sub(40)..(j + 40).min(b.len())].to_string(),
+            context: wgsl_text::excerpt(text, i..j, 40, 40).to_string(),
         };
         if b.get(j) != Some(&b'[') {
             return Err(access());
         }
-        let close = close_of(b, j).ok_or_else(access)?;
+        let close = wgsl_text::group_end(b, j).ok_or_else(access)?;
         let index = rewrite(&text[j + 1..close - 1], split_of)?;
         out.push_str(&text[copied..i]);
-        if let Some(eq) = assignment_at(b, close) {
+        let resume = if let Some(eq) = wgsl_text::assignment_at(b, close) {
             // A store: `NAME[index] = value;`.
-            let semi = statement_end(b, eq + 1).ok_or_else(access)?;
+            let semi = wgsl_text::statement_end(b, eq + 1).ok_or_else(access)?;
             let value = rewrite(text[eq + 1..semi].trim(), split_of)?;
             let _ = write!(out, "st_{name}({index}, {value})");
-            i = semi;
+            semi
         } else {
             // A load; what follows must not make it an assignment target
             // (`NAME[i].x = v`, `NAME[i] += v`).
             let mut k = close;
-            while k < b.len() && (b[k] == b'.' || b[k] == b'[' || is_ident(b[k])) {
-                k = if b[k] == b'[' { close_of(b, k).ok_or_else(access)? } else { k + 1 };
+            while k < b.len() && (b[k] == b'.' || b[k] == b'[' || wgsl_text::is_ident(b[k])) {
+                k = if b[k] == b'[' { wgsl_text::group_end(b, k).ok_or_else(access)? } else { k + 1 };
             }
-            let mut op = k;
-            while op < b.len() && b[op] == b' ' {
-                op += 1;
-            }
-            let rest = &b[op..];
-            let compound =
-                [b"+=", b"-=", b"*=", b"/=", b"%=", b"&=", b"|=", b"^="].iter().any(|p| rest.starts_with(*p))
-                    || rest.starts_with(b"<<=")
-                    || rest.starts_with(b">>=")
-                    || rest.starts_with(b"++")
-                    || rest.starts_with(b"--");
-            if assignment_at(b, k).is_some() || compound {
+            if wgsl_text::assignment_at(b, k).is_some() || wgsl_text::compound_assignment_at(b, k) {
                 return Err(access());
             }
             let _ = write!(out, "ld_{name}({index})");
-            i = close;
-        }
-        copied = i;
+            close
+        };
+        lexer.seek(resume);
+        copied = resume;
     }
     out.push_str(&text[copied..]);
     Ok(out)
-}
-
-/// Index of the `;` ending the statement whose value starts at `from`
-/// (outside brackets).
-fn statement_end(b: &[u8], from: usize) -> Option<usize> {
-    let mut depth = 0i32;
-    for (k, &c) in b.iter().enumerate().skip(from) {
-        match c {
-            b'[' | b'(' => depth += 1,
-            b']' | b')' => depth -= 1,
-            b';' if depth == 0 => return Some(k),
-            _ => {}
-        }
-    }
-    None
 }
 
 #[cfg(test)]

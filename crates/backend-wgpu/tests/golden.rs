@@ -3,7 +3,11 @@
 //! [`LowerLimits::gpu`]) and the sources are compared with the files in
 //! `tests/golden/`. A change to code generation therefore shows up in
 //! review as a diff of these files, and a refactor that must not change
-//! generated code is proven not to.
+//! generated code is proven not to. Besides the plain sources, the files
+//! pin the two rewrites applied after lowering: `windowed_*` kernels bind
+//! tensors as several windows (`window::apply`), `generic_*` kernels are
+//! the members of a size family whose literals were read from the sizes
+//! buffer (`Families::specialize` after `Families::observe`).
 //!
 //! Lowering is pure (no device), so these tests run everywhere. After an
 //! intended change, regenerate with `LAZULI_BLESS=1 cargo test -p
@@ -11,10 +15,12 @@
 
 use lazuli_ir::fusion::{self, FusionLimits};
 use lazuli_ir::{
-    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, DType, Graph, NodeId, Op, PoolAttrs, PoolKind,
-    RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
+    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, Graph, NodeId, Op,
+    PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
-use lazuli_wgpu::codegen::{lower, LowerLimits};
+use lazuli_wgpu::codegen::{lower, LowerLimits, Wgsl};
+use lazuli_wgpu::generic::Families;
+use lazuli_wgpu::window::{self, KernelWindows, Windows};
 use std::path::PathBuf;
 
 fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
@@ -285,7 +291,96 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         out.push(("multi_tensor", g));
     }
     out.push(("attention_train", attention_graph(AttentionMask::Additive, true)));
+    // A grouped, strided, padded convolution with a bias and relu
+    // epilogue (a ResNet-like layer).
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[2, 8, 15, 15]);
+        let w = f32p(&mut g, &[12, 4, 3, 3]);
+        let attrs = ConvAttrs { strides: [2, 2], pads: [1, 1, 1, 1], dilations: [1, 1], groups: 2 };
+        let y = push(&mut g, Op::Conv2d(attrs), &[x, w]);
+        let bias = f32p(&mut g, &[12, 1, 1]);
+        let y = bin(&mut g, BinaryOp::Add, y, bias);
+        let y = un(&mut g, UnaryOp::Relu, y);
+        g.outputs.push(y);
+        out.push(("conv_bias_relu", g));
+    }
     out
+}
+
+/// Graphs whose tensors are bound as several windows: (name, graph, bytes
+/// of one window). Each kernel kind's accesses go through the window
+/// rewrite: vec4 and scalar elementwise accesses (a multi-tensor kernel),
+/// a reduction (two passes on GPUs), a checked gather with an error slot,
+/// matmul operands.
+fn windowed_graphs() -> Vec<(&'static str, Graph, u64)> {
+    let mut out = Vec::new();
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[64, 48]);
+        let r = f32p(&mut g, &[64]);
+        let t = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+        let y = bin(&mut g, BinaryOp::Add, t, r);
+        let y = un(&mut g, UnaryOp::Exp, y);
+        g.outputs.push(y);
+        let s = un(&mut g, UnaryOp::Tanh, x);
+        g.outputs.push(s);
+        out.push(("elementwise", g, 2048));
+    }
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[(1 << 20) - 5]);
+        let y = reduce(&mut g, ReduceOp::Sum, x, &[0], false);
+        g.outputs.push(y);
+        out.push(("reduce_full", g, 1 << 20));
+    }
+    {
+        let mut g = Graph::new();
+        let table = f32p(&mut g, &[100, 16]);
+        let ids = g.param(ValueType::new([4, 8], DType::I32));
+        let e = push(&mut g, Op::Gather { axis: 0 }, &[table, ids]);
+        g.outputs.push(e);
+        out.push(("gather", g, 2048));
+    }
+    {
+        let mut g = Graph::new();
+        let a = f32p(&mut g, &[37, 29]);
+        let b = f32p(&mut g, &[29, 53]);
+        let m = push(&mut g, Op::MatMul, &[a, b]);
+        g.outputs.push(m);
+        out.push(("matmul", g, 2048));
+    }
+    out
+}
+
+/// Size families: (name, the graph at an earlier size, at a later one).
+/// The later graph's kernels are lowered in generic mode after the
+/// earlier's are observed, so every literal that differs is read from the
+/// sizes buffer.
+fn generic_graphs() -> Vec<(&'static str, Graph, Graph)> {
+    let softmax = |rows: usize, cols: usize| {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[rows, cols]);
+        let s = g.scalar(DType::F32);
+        let xs = bin(&mut g, BinaryOp::Mul, x, s);
+        let y = push(&mut g, Op::Softmax { axis: 1, log: true }, &[xs]);
+        g.outputs.push(y);
+        g
+    };
+    let linear = |batch: usize| {
+        let mut g = Graph::new();
+        let a = f32p(&mut g, &[batch, 64]);
+        let w = f32p(&mut g, &[64, 96]);
+        let bias = f32p(&mut g, &[96]);
+        let m = push(&mut g, Op::MatMul, &[a, w]);
+        let y = bin(&mut g, BinaryOp::Add, m, bias);
+        let y = un(&mut g, UnaryOp::Relu, y);
+        let r = reduce(&mut g, ReduceOp::Sum, y, &[0], false);
+        g.outputs.push(y);
+        g.outputs.push(r);
+        g
+    };
+    vec![("log_softmax", softmax(33, 10), softmax(40, 10)), ("linear", linear(24), linear(29))]
 }
 
 /// Fused attention's training graph (as autograd records it): the output
@@ -363,20 +458,36 @@ fn profiles() -> Vec<(&'static str, LowerLimits)> {
     vec![("software", LowerLimits::software()), ("gpu", LowerLimits::gpu())]
 }
 
-/// The plan and every kernel's WGSL of `g` under `limits`, as one text.
-fn render(g: Graph, limits: &LowerLimits) -> String {
-    let v = g.verify().expect("valid graph");
-    let fl = FusionLimits {
+/// The fusion limits the snapshots plan under (those of the runtime).
+fn fusion_limits(limits: &LowerLimits) -> FusionLimits {
+    FusionLimits {
         matmul_epilogue: true,
         inline_outputs: true,
         row_kernels: limits.forms.reduce == lazuli_wgpu::codegen::ReduceForm::Cooperative,
         multi_tensor: true,
         ..FusionLimits::default()
-    };
-    let plan = fusion::plan(&v, &fl);
+    }
+}
+
+/// The plan and every kernel's WGSL of `g` under `limits`, as one text.
+fn render(g: Graph, limits: &LowerLimits) -> String {
+    render_with(g, limits, &fusion_limits(limits), |_, _, _| {})
+}
+
+/// The plan and every kernel's WGSL of `g` under `limits` and `fl`, each
+/// kernel passed through `post` (with its index) after lowering.
+fn render_with(
+    g: Graph,
+    limits: &LowerLimits,
+    fl: &FusionLimits,
+    mut post: impl FnMut(usize, &fusion::Kernel, &mut Wgsl),
+) -> String {
+    let v = g.verify().expect("valid graph");
+    let plan = fusion::plan(&v, fl);
     let mut s = format!("// plan\n{}", plan.to_text().lines().map(|l| format!("// {l}\n")).collect::<String>());
     for (i, k) in plan.kernels.iter().enumerate() {
-        let w = lower(k, &v, limits).unwrap_or_else(|e| panic!("kernel {i}: {e}"));
+        let mut w = lower(k, &v, limits).unwrap_or_else(|e| panic!("kernel {i}: {e}"));
+        post(i, k, &mut w);
         if let Some(p) = &w.pre {
             lazuli_wgpu::validate_wgsl(&p.source).unwrap_or_else(|e| panic!("kernel {i} pass 1: {e}\n{}", p.source));
             s.push_str(&format!(
@@ -393,24 +504,86 @@ fn render(g: Graph, limits: &LowerLimits) -> String {
     s
 }
 
+/// The windowed form of `g`: planned with windows of `window_bytes`
+/// counted, each kernel rewritten by `window::apply` as the runtime does,
+/// with its window counts in a header.
+fn render_windowed(g: Graph, window_bytes: u64, limits: &LowerLimits) -> String {
+    let windows = Windows::new(128 << 20, 16, Some(window_bytes));
+    let fl = FusionLimits { max_storage_buffers: 30, window_elements: windows.elements(), ..fusion_limits(limits) };
+    let v = g.clone().verify().expect("valid graph");
+    let mut counts = Vec::new();
+    let mut windowed = false;
+    let text = render_with(g, limits, &fl, |i, k, w| {
+        let kw = KernelWindows::of(k, &v, w, &windows);
+        assert!(kw.bindings() <= fl.max_storage_buffers, "kernel {i}: {kw:?}");
+        window::apply(w, &kw, &windows).unwrap_or_else(|e| panic!("kernel {i}: {e}"));
+        windowed |= kw.is_windowed();
+        counts.push(format!("// kernel {i} windows: main {:?}, first pass {:?}\n", kw.main, kw.pre));
+    });
+    assert!(windowed, "nothing windowed:\n{text}");
+    format!("{}{text}", counts.concat())
+}
+
+/// The generic form of a family: `earlier`'s kernels observed, then
+/// `later`'s specialized, each source (and first pass) with its sizes.
+fn render_generic(earlier: Graph, later: Graph, limits: &LowerLimits) -> String {
+    let limits = LowerLimits { generic: true, ..*limits };
+    let fl = fusion_limits(&limits);
+    let families = Families::new(true, 64);
+    let e = earlier.verify().expect("valid graph");
+    for k in &fusion::plan(&e, &fl).kernels {
+        let w = lower(k, &e, &limits).unwrap();
+        for pass in std::iter::once(&w).chain(w.pre.as_deref()) {
+            families.observe(&pass.source, pass.entry);
+        }
+    }
+    let mut dims = Vec::new();
+    let text = render_with(later, &limits, &fl, |i, _, w| {
+        if let Some(p) = w.pre.as_deref_mut() {
+            let s = families.specialize(&p.source, p.entry);
+            dims.push(format!("// kernel {i} pass 1: {:?}, sizes {:?}\n", s.outcome, s.dims));
+            p.source = s.source;
+        }
+        let s = families.specialize(&w.source, w.entry);
+        dims.push(format!("// kernel {i}: {:?}, sizes {:?}\n", s.outcome, s.dims));
+        w.source = s.source;
+    });
+    assert!(dims.iter().any(|d| d.contains("Widened")), "nothing generic:\n{text}");
+    format!("{}{text}", dims.concat())
+}
+
+/// Every snapshot: (file stem, text).
+fn snapshots() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (pname, limits) in profiles() {
+        for (gname, g) in graphs() {
+            out.push((format!("{gname}.{pname}"), render(g, &limits)));
+        }
+        for (gname, g, window_bytes) in windowed_graphs() {
+            out.push((format!("windowed_{gname}.{pname}"), render_windowed(g, window_bytes, &limits)));
+        }
+        for (gname, earlier, later) in generic_graphs() {
+            out.push((format!("generic_{gname}.{pname}"), render_generic(earlier, later, &limits)));
+        }
+    }
+    out
+}
+
 #[test]
 fn generated_wgsl_matches_golden_files() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let bless = std::env::var("LAZULI_BLESS").is_ok_and(|v| v == "1");
     let mut mismatches = Vec::new();
-    for (pname, limits) in profiles() {
-        for (gname, g) in graphs() {
-            let text = render(g, &limits);
-            let path = dir.join(format!("{gname}.{pname}.wgsl"));
-            if bless {
-                std::fs::write(&path, &text).unwrap();
-                continue;
-            }
-            let want = std::fs::read_to_string(&path).unwrap_or_default();
-            if want != text {
-                let line = want.lines().zip(text.lines()).position(|(a, b)| a != b).unwrap_or(0) + 1;
-                mismatches.push(format!("{} (first difference at line {line})", path.display()));
-            }
+    for (stem, text) in snapshots() {
+        let path = dir.join(format!("{stem}.wgsl"));
+        if bless {
+            std::fs::write(&path, &text).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        if want != text {
+            let line = want.lines().zip(text.lines()).position(|(a, b)| a != b).unwrap_or(0) + 1;
+            mismatches.push(format!("{} (first difference at line {line})", path.display()));
         }
     }
     assert!(
