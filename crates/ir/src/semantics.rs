@@ -91,7 +91,9 @@ pub fn uint_unary(op: UnaryOp, x: u64) -> Option<u64> {
 }
 
 /// The meaning of an arithmetic `op` on floats (`None` for the
-/// comparisons and logical ops, whose results are bool).
+/// comparisons and logical ops, whose results are bool). Inlined, so that
+/// a caller naming the op gets the function itself.
+#[inline]
 pub fn float_binary(op: BinaryOp) -> Option<fn(f64, f64) -> f64> {
     use BinaryOp::*;
     Some(match op {
