@@ -36,10 +36,10 @@ pub use lazuli_executor::{
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;
 pub use lazuli_ir::{DType, ScalarValue, Shape};
-pub use lazuli_wgpu::validate_wgsl;
 /// The kernel forms (`KernelForms` and one enum per kernel family), whole,
 /// so that a new form needs no change here.
 pub use lazuli_wgpu::codegen::forms::*;
+pub use lazuli_wgpu::validate_wgsl;
 
 /// The names most programs need: `use lazuli::prelude::*;`.
 pub mod prelude {

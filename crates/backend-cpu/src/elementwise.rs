@@ -24,7 +24,7 @@ use crate::elem::{CastVal, Elem, Float, Num};
 use crate::fastmath;
 use bytemuck::Pod;
 use half::f16;
-use lazuli_ir::{BinaryOp, DType, Op, UnaryOp};
+use lazuli_ir::{semantics, BinaryOp, DType, Op, UnaryOp};
 
 /// One operand of a block kernel, as the bytes of its element type.
 #[derive(Clone, Copy, Debug)]
@@ -337,6 +337,12 @@ fn binary(op: BinaryOp, dt: DType) -> BlockFn {
         Minimum => arith!(minimum),
         Mod => arith!(modulo),
         Rem => arith!(rem),
+        LogAddExp => {
+            let f = semantics::float_binary(op).expect("logaddexp is arithmetic");
+            float_t!(dt, T => Box::new(move |a, d| {
+                map2::<T, T, T>(a[0], a[1], d, |p, q| T::from_f64(f(Float::to_f64(p), Float::to_f64(q))))
+            }))
+        }
     }
 }
 

@@ -716,6 +716,8 @@ fn binary_grad(
         Mod => (only(need_a, &|| Ok(g.clone()))?, only(need_b, &|| g.mul(&a.div(bb)?.floor()?)?.neg())?),
         // rem(a, b) = a - trunc(a / b) * b.
         Rem => (only(need_a, &|| Ok(g.clone()))?, only(need_b, &|| g.mul(&trunc(a.div(bb)?)?)?.neg())?),
+        // d/da log(e^a + e^b) = e^a / (e^a + e^b) = e^(a - out); likewise b.
+        LogAddExp => (only(need_a, &|| g.mul(&a.sub(y)?.exp()?))?, only(need_b, &|| g.mul(&bb.sub(y)?.exp()?))?),
         Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => unreachable!("bool results are never tracked"),
     })
 }

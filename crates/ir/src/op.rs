@@ -183,6 +183,10 @@ pub enum BinaryOp {
     Or,
     /// Logical xor; bool only.
     Xor,
+    /// `log(e^a + e^b)`, computed as `max(a, b) + log1p(e^-|a - b|)` (no
+    /// overflow); equal infinities give themselves, NaN propagates (as
+    /// `torch.logaddexp`); floats.
+    LogAddExp,
 }
 }
 
@@ -208,6 +212,7 @@ impl BinaryOp {
             BinaryOp::And => "logical_and",
             BinaryOp::Or => "logical_or",
             BinaryOp::Xor => "logical_xor",
+            BinaryOp::LogAddExp => "logaddexp",
         }
     }
 
@@ -222,6 +227,9 @@ impl BinaryOp {
     }
 
     fn result_dtype(self, x: DType) -> Result<DType, &'static str> {
+        if self == BinaryOp::LogAddExp {
+            return if x.is_float() { Ok(x) } else { Err("float operands") };
+        }
         if self.is_logical() {
             return if x == DType::Bool { Ok(DType::Bool) } else { Err("bool operands") };
         }
@@ -1385,6 +1393,15 @@ mod tests {
 
     fn vt(dims: &[usize], d: DType) -> ValueType {
         ValueType::new(dims, d)
+    }
+
+    #[test]
+    fn logaddexp_takes_floats_and_broadcasts() {
+        let op = Op::Binary(BinaryOp::LogAddExp);
+        let t = op.infer(&[vt(&[2, 3], DType::F32), vt(&[3], DType::F32)], &[], &[]).unwrap();
+        assert_eq!(t, vt(&[2, 3], DType::F32));
+        let e = op.infer(&[vt(&[2], DType::I32), vt(&[2], DType::I32)], &[], &[]).unwrap_err();
+        assert!(e.to_string().contains("logaddexp"), "{e}");
     }
 
     #[test]

@@ -117,6 +117,7 @@ pub fn float_binary(op: BinaryOp) -> Option<fn(f64, f64) -> f64> {
             }
         },
         Rem => |p, q| p % q,
+        LogAddExp => logaddexp,
         Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => return None,
     })
 }
@@ -140,7 +141,7 @@ pub fn int_binary(op: BinaryOp, p: i64, q: i64) -> Option<i64> {
             let r = p.wrapping_rem(q);
             Some(if r != 0 && (r < 0) != (q < 0) { r.wrapping_add(q) } else { r })
         }
-        Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => None,
+        LogAddExp | Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => None,
     }
 }
 
@@ -159,8 +160,21 @@ pub fn uint_binary(op: BinaryOp, p: u64, q: u64) -> Option<u64> {
         Minimum => Some(p.min(q)),
         Rem | Mod if q == 0 => None,
         Rem | Mod => Some(p % q),
-        Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => None,
+        LogAddExp | Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => None,
     }
+}
+
+/// `log(e^a + e^b)` without overflow: `max(a, b) + log1p(e^-|a - b|)`.
+/// Equal infinities give themselves (`a - b` would be NaN there) and a
+/// NaN operand gives NaN, as `torch.logaddexp`.
+pub fn logaddexp(a: f64, b: f64) -> f64 {
+    if a.is_infinite() && a == b {
+        return a;
+    }
+    if a.is_nan() || b.is_nan() {
+        return f64::NAN;
+    }
+    a.max(b) + (-(a - b).abs()).exp().ln_1p()
 }
 
 /// A comparison given how its operands order (`None`: a NaN operand,
@@ -175,7 +189,7 @@ pub fn compare(op: BinaryOp, ord: Option<Ordering>) -> Option<bool> {
         Le => Some(ord.is_some_and(Ordering::is_le)),
         Gt => Some(ord.is_some_and(Ordering::is_gt)),
         Ge => Some(ord.is_some_and(Ordering::is_ge)),
-        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Mod | Rem | And | Or | Xor => None,
+        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Mod | Rem | LogAddExp | And | Or | Xor => None,
     }
 }
 
@@ -186,7 +200,7 @@ pub fn logical(op: BinaryOp, p: bool, q: bool) -> Option<bool> {
         And => Some(p && q),
         Or => Some(p || q),
         Xor => Some(p != q),
-        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Mod | Rem | Eq | Ne | Lt | Le | Gt | Ge => None,
+        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Mod | Rem | LogAddExp | Eq | Ne | Lt | Le | Gt | Ge => None,
     }
 }
 
@@ -297,5 +311,27 @@ mod tests {
         assert_eq!(compare(BinaryOp::Ne, None), Some(true));
         assert_eq!(compare(BinaryOp::Le, None), Some(false));
         assert_eq!(logical(BinaryOp::Xor, true, true), Some(false));
+    }
+
+    #[test]
+    fn logaddexp_is_stable_and_handles_infinities_like_torch() {
+        let f = float_binary(BinaryOp::LogAddExp).unwrap();
+        assert!((f(0.0, 0.0) - std::f64::consts::LN_2).abs() < 1e-15);
+        assert!((f(1.0, 2.0) - (1f64.exp() + 2f64.exp()).ln()).abs() < 1e-14);
+        // No overflow where exp would overflow, no underflow to -inf.
+        assert!((f(1000.0, 1000.0) - (1000.0 + std::f64::consts::LN_2)).abs() < 1e-12);
+        assert!((f(-1000.0, -1000.0) - (-1000.0 + std::f64::consts::LN_2)).abs() < 1e-12);
+        // Tiny corrections keep their relative precision (log1p).
+        let t = f(0.0, -40.0);
+        assert!((t - (-40f64).exp()).abs() < 1e-30, "{t}");
+        assert_eq!(f(f64::INFINITY, f64::INFINITY), f64::INFINITY);
+        assert_eq!(f(f64::NEG_INFINITY, f64::NEG_INFINITY), f64::NEG_INFINITY);
+        assert_eq!(f(f64::INFINITY, f64::NEG_INFINITY), f64::INFINITY);
+        assert_eq!(f(f64::NEG_INFINITY, 3.0), 3.0);
+        assert_eq!(f(2.0, f64::INFINITY), f64::INFINITY);
+        assert!(f(f64::NAN, 1.0).is_nan());
+        assert!(f(1.0, f64::NAN).is_nan());
+        assert!(f(f64::NAN, f64::INFINITY).is_nan());
+        assert_eq!(eval_binary(BinaryOp::LogAddExp, ScalarValue::Int(1), ScalarValue::Int(2), DType::I32), None);
     }
 }

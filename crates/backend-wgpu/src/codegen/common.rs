@@ -218,6 +218,8 @@ pub(super) enum Helper {
     Philox,
     /// `random_u(key, i)`: uniform f32 in [0, 1) of counter `i`.
     RandomU,
+    /// `logaddexp_f(a, b)`: f32 `log(e^a + e^b)` without overflow.
+    LogAddExpF,
 }
 
 /// Helpers are written in the order of their names, the order of the
@@ -260,6 +262,7 @@ impl Helper {
         Helper::CastF2U,
         Helper::Philox,
         Helper::RandomU,
+        Helper::LogAddExpF,
     ];
 
     /// The name of the (first) WGSL function the helper defines.
@@ -286,6 +289,7 @@ impl Helper {
             Helper::CastF2U => "cast_f2u",
             Helper::Philox => "philox",
             Helper::RandomU => "random_u",
+            Helper::LogAddExpF => "logaddexp_f",
         }
     }
 
@@ -301,6 +305,7 @@ impl Helper {
             Helper::CastF2I => &[Helper::IsNanF],
             Helper::CastF2U => &[Helper::IsNanF],
             Helper::RandomU => &[Helper::Philox],
+            Helper::LogAddExpF => &[Helper::IsNanF, Helper::IsInfF],
             Helper::IsNanF
             | Helper::IsInfF
             | Helper::IsNegInfF
@@ -423,6 +428,20 @@ impl Helper {
                 "    let o = philox(vec4<u32>(i / 4u, 0u, 0u, 0u), key);\n",
                 "    let bits = o[i % 4u];\n",
                 "    return f32(bits >> 8u) * (1.0 / 16777216.0);\n",
+                "}\n"
+            ),
+            // log1p(x) for x = e^-|a - b| in [0, 1] without cancellation
+            // (Goldberg's `log(u) * x / (u - 1)`, exact where `1 + x` rounds
+            // to 1); equal infinities give themselves and NaN propagates,
+            // tested through the bit patterns (drivers may assume no NaN).
+            Helper::LogAddExpF => concat!(
+                "fn logaddexp_f(a: f32, b: f32) -> f32 {\n",
+                "    if (isnan_f(a) || isnan_f(b)) {\n        return a + b;\n    }\n",
+                "    if (isinf_f(a) && a == b) {\n        return a;\n    }\n",
+                "    let x = exp(-abs(a - b));\n",
+                "    let u = 1.0 + x;\n",
+                "    let l = select(log(u) * (x / (u - 1.0)), x, u == 1.0);\n",
+                "    return max(a, b) + l;\n",
                 "}\n"
             ),
         }

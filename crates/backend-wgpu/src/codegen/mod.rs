@@ -777,6 +777,11 @@ impl Writer<'_> {
             And => "a && b".into(),
             Or => "a || b".into(),
             Xor => "a != b".into(),
+            // Float only (`Op::infer` rejects other dtypes).
+            LogAddExp => {
+                self.use_helper(Helper::LogAddExpF);
+                "logaddexp_f(a, b)".into()
+            }
         })
     }
 
