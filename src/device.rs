@@ -102,7 +102,4 @@ pub fn adapters() -> Vec<String> {
 }
 
 pub use lazuli_cpu::CpuOptions as CpuDeviceOptions;
-pub use lazuli_wgpu::codegen::{
-    ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm, ScatterForm,
-};
 pub use lazuli_wgpu::WgpuOptions as WgpuDeviceOptions;

@@ -27,10 +27,7 @@ pub mod optim;
 pub mod serialize;
 pub mod train;
 
-pub use device::{
-    adapters, CpuDeviceOptions, DeviceExt, DeviceKind, ElementwiseForm, KernelForms, MatmulForm, MatmulTile,
-    ReduceForm, RowsForm, ScatterForm, WgpuDeviceOptions,
-};
+pub use device::{adapters, CpuDeviceOptions, DeviceExt, DeviceKind, WgpuDeviceOptions};
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
     debug, metrics, sync, timeline, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError, Result,
@@ -39,6 +36,9 @@ pub use lazuli_executor::{
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;
 pub use lazuli_ir::{DType, ScalarValue, Shape};
+/// The kernel forms (`KernelForms` and one enum per kernel family), whole,
+/// so that a new form needs no change here.
+pub use lazuli_wgpu::codegen::forms::*;
 pub use lazuli_wgpu::validate_wgsl;
 
 /// The names most programs need: `use lazuli::prelude::*;`.

@@ -97,6 +97,19 @@ fn cases() -> Vec<Case> {
         case("logical_and", &[(&[31], B), (&[31], B)], |x| x[0].logical_and(&x[1])),
         case("logical_or", &[(&[4, 31], B), (&[31], B)], |x| x[0].logical_or(&x[1])),
         case("binary_zero_size", &[(&[0], F), (&[1], F)], |x| x[0].add(&x[1])),
+        // Operands up to 30 apart (e^-30 corrections) and a scalar partner.
+        case("logaddexp", &[(&[9, 33], F), (&[33], F)], |x| x[0].mul_scalar(5.0)?.logaddexp(&x[1].mul_scalar(-5.0)?)),
+        case("logaddexp_scalar", &[(&[65], F)], |x| x[0].mul_scalar(10.0)?.logaddexp_scalar(1.5)),
+        case("logaddexp_specials", &[(&[1], F)], |x| {
+            let (inf, nan) = (f32::INFINITY, f32::NAN);
+            let a = [inf, -inf, inf, -inf, nan, 1.0, 1000.0, -1000.0, 0.0, 88.0, -100.0];
+            let b = [inf, -inf, -inf, 3.0, 1.0, nan, 1000.0, -1000.0, -40.0, 89.0, -100.5];
+            let a = Tensor::from_slice(&a, [a.len()], x[0].device())?;
+            let b = Tensor::from_slice(&b, [b.len()], x[0].device())?;
+            a.logaddexp(&b)
+        }),
+        case("softplus", &[(&[5, 40], F)], |x| x[0].mul_scalar(8.0)?.softplus(1.0, 20.0)),
+        case("softplus_beta", &[(&[5, 40], F)], |x| x[0].mul_scalar(4.0)?.softplus(2.0, 5.0)),
         case("where", &[(&[6, 1], B), (&[6, 5], F), (&[5], F)], |x| x[0].where_(&x[1], &x[2])),
         case("cast_f32_i32", &[(&[100], F)], |x| x[0].mul_scalar(10.0)?.cast(DType::I32)),
         case("cast_i32_f32", &[(&[100], I)], |x| x[0].cast(DType::F32)),

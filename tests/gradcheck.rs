@@ -6,7 +6,7 @@
 
 mod common;
 
-use lazuli::ir::{ConvAttrs, PadMode, PoolAttrs, PoolKind};
+use lazuli::ir::{BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, UnaryOp};
 use lazuli::prelude::*;
 use lazuli::{nn, no_grad, Result};
 
@@ -147,6 +147,78 @@ fn grad_piecewise_constant_ops_are_zero() {
     let t = leaf(&dev, &x, true);
     assert!(!t.gt_scalar(0.0).unwrap().requires_grad());
     assert!(!t.argmax(0, false).unwrap().requires_grad());
+}
+
+/// Inputs on which `op`'s gradient is checked, or `None` for the ops
+/// autograd declares non-differentiable (`NON_DIFFERENTIABLE_UNARY`). An
+/// exhaustive match: a new op does not compile here until it has a domain.
+fn unary_domain(op: UnaryOp) -> Option<Input> {
+    use UnaryOp::*;
+    let smooth = |lo: f32, hi: f32| Some(inp(vals(12, 1, lo, hi), &[3, 4]));
+    match op {
+        Neg | Exp | Tanh | Erf => smooth(-2.0, 2.0),
+        Log | Sqrt | Rsqrt => smooth(0.2, 3.0),
+        Reciprocal => smooth(0.3, 3.0),
+        Sigmoid | Gelu | GeluTanh | Sin | Cos => smooth(-3.0, 3.0),
+        // Kinks at 0 and steps at integers: distinct values away from them.
+        Abs | Relu => Some(inp(distinct(12, 2), &[3, 4])),
+        Floor | Ceil | Round | Sign => Some(inp(vec![-1.3, -0.6, 0.2, 0.7, 1.4, 2.6], &[6])),
+        Not | IsNan | IsInf => None,
+    }
+}
+
+/// Inputs on which `op`'s gradient is checked (broadcasting), or `None`
+/// for the ops autograd declares non-differentiable.
+fn binary_domain(op: BinaryOp) -> Option<Vec<Input>> {
+    use BinaryOp::*;
+    match op {
+        Add | Sub | Mul | LogAddExp => Some(bin_inputs(-2.0, 2.0)),
+        Div | Pow => Some(bin_inputs(0.5, 2.0)),
+        Maximum | Minimum => {
+            Some(vec![inp(distinct(12, 11), &[3, 4]), inp(distinct(4, 12).iter().map(|v| v + 0.1).collect(), &[1, 4])])
+        }
+        Mod | Rem => Some(vec![
+            inp(vec![5.3, -5.3, 2.2, -7.9, 3.7, -1.1], &[6]),
+            inp(vec![2.1, 2.1, -1.5, 2.5, -1.6, 0.7], &[6]),
+        ]),
+        Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => None,
+    }
+}
+
+/// Every elementwise op of the IR's `ALL` lists is gradient-checked, or is
+/// one autograd declares non-differentiable: the list here is derived from
+/// `ALL` and checked against autograd's.
+#[test]
+fn every_differentiable_elementwise_op_is_gradchecked() {
+    use lazuli::autograd::{NON_DIFFERENTIABLE_BINARY, NON_DIFFERENTIABLE_UNARY};
+    for &op in UnaryOp::ALL {
+        let Some(x) = unary_domain(op) else {
+            assert!(NON_DIFFERENTIABLE_UNARY.contains(&op), "{op:?}: no domain, yet differentiable");
+            continue;
+        };
+        assert!(!NON_DIFFERENTIABLE_UNARY.contains(&op), "{op:?}: declared non-differentiable, yet checked");
+        check(op.name(), &[x], |_, x| Tensor::record(Op::Unary(op), &[&x[0]]));
+    }
+    for &op in BinaryOp::ALL {
+        let Some(ins) = binary_domain(op) else {
+            assert!(NON_DIFFERENTIABLE_BINARY.contains(&op), "{op:?}: no domain, yet differentiable");
+            continue;
+        };
+        assert!(!NON_DIFFERENTIABLE_BINARY.contains(&op), "{op:?}: declared non-differentiable, yet checked");
+        check(op.name(), &ins, |_, x| Tensor::record(Op::Binary(op), &[&x[0], &x[1]]));
+    }
+}
+
+#[test]
+fn grad_logaddexp_and_softplus() {
+    check("logaddexp", &bin_inputs(-2.0, 2.0), |_, x| x[0].logaddexp(&x[1]));
+    // Far apart operands: one gradient is ~1, the other ~e^-30.
+    let far = [inp(vec![30.0, -30.0, 0.5], &[3]), inp(vec![0.0, 0.0, 0.5], &[3])];
+    check("logaddexp far apart", &far, |_, x| x[0].logaddexp(&x[1]));
+    // Both sides of the threshold (beta x > threshold is linear).
+    let x = inp(vec![-25.0, -3.0, -0.5, 0.25, 2.0, 9.0, 11.0], &[7]);
+    check("softplus", std::slice::from_ref(&x), |_, x| x[0].softplus(1.0, 20.0));
+    check("softplus beta 2 threshold 10", &[x], |_, x| x[0].softplus(2.0, 10.0));
 }
 
 // ---- binary elementwise with broadcasting ----

@@ -6,9 +6,11 @@
 //! `modulo` is floored (sign of the divisor) and `rem` truncated (sign of the
 //! dividend); integer `pow` with a negative exponent is 0 except for bases
 //! 1 and -1. Float `maximum`/`minimum` propagate NaN. Float sums and
-//! products accumulate in `f64`.
+//! products accumulate in `f64`. Float `pow`, `modulo` and `rem` are the
+//! `f64` reference ([`lazuli_ir::semantics`]) rounded to the element type.
 
 use half::f16;
+use lazuli_ir::{semantics, BinaryOp};
 use std::fmt::Debug;
 
 /// A scalar in transit between dtypes: cast semantics are defined by
@@ -393,24 +395,15 @@ macro_rules! float_num {
             }
             #[inline]
             fn pow(a: $t, b: $t) -> $t {
-                <$t as Float>::from_f64(Float::to_f64(a).powf(Float::to_f64(b)))
+                reference(BinaryOp::Pow, a, b)
             }
             #[inline]
             fn modulo(a: $t, b: $t) -> $t {
-                let (x, y) = (Float::to_f64(a), Float::to_f64(b));
-                let r = x % y;
-                let r = if r == 0.0 {
-                    0.0f64.copysign(y)
-                } else if (r < 0.0) != (y < 0.0) {
-                    r + y
-                } else {
-                    r
-                };
-                <$t as Float>::from_f64(r)
+                reference(BinaryOp::Mod, a, b)
             }
             #[inline]
             fn rem(a: $t, b: $t) -> $t {
-                <$t as Float>::from_f64(Float::to_f64(a) % Float::to_f64(b))
+                reference(BinaryOp::Rem, a, b)
             }
             #[inline]
             fn is_nan(self) -> bool {
@@ -436,6 +429,13 @@ macro_rules! float_num {
             }
         }
     };
+}
+
+/// A float binary function by its `f64` reference ([`semantics`]).
+#[inline]
+fn reference<T: Float>(op: BinaryOp, a: T, b: T) -> T {
+    let f = semantics::float_binary(op).expect("an arithmetic op");
+    T::from_f64(f(a.to_f64(), b.to_f64()))
 }
 
 float_num!(f32, 0.0, 1.0, f32::NEG_INFINITY, f32::INFINITY);

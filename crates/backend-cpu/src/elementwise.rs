@@ -12,8 +12,8 @@
 //! time for AVX2 and picks that copy at run time (no FMA, so both copies
 //! round identically).
 //!
-//! Float transcendental functions are evaluated in `f64` and rounded to the
-//! element type, except f32 `exp`, `tanh` and `sigmoid`, which use the
+//! Float transcendental functions are evaluated in `f64` by the reference
+//! semantics ([`lazuli_ir::semantics`]) and rounded to the element type, except f32 `exp`, `tanh` and `sigmoid`, which use the
 //! vectorized f32 code of [`crate::fastmath`] (a few ulp). f32 `sqrt`,
 //! `reciprocal`, `floor`, `ceil` and `round` run in f32 directly, which
 //! rounds identically to the `f64` definition. Basic float arithmetic
@@ -24,7 +24,7 @@ use crate::elem::{CastVal, Elem, Float, Num};
 use crate::fastmath;
 use bytemuck::Pod;
 use half::f16;
-use lazuli_ir::{BinaryOp, DType, Op, UnaryOp};
+use lazuli_ir::{semantics, BinaryOp, DType, Op, UnaryOp};
 
 /// One operand of a block kernel, as the bytes of its element type.
 #[derive(Clone, Copy, Debug)]
@@ -248,9 +248,15 @@ fn unary(op: UnaryOp, dt: DType) -> BlockFn {
         Abs => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, Num::abs))),
         Sign => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, Num::sign))),
         Relu => any_t!(dt, T => Box::new(|a, d| map1::<T, T>(a[0], d, |e| Num::maximum(e, T::ZERO)))),
-        _ if dt == DType::F32 => unary_f32(op),
-        _ => {
-            let f = float_fn(op);
+        Exp | Log | Sqrt | Rsqrt | Reciprocal | Sigmoid | Tanh | Gelu | GeluTanh | Erf | Sin | Cos | Floor | Ceil
+        | Round
+            if dt == DType::F32 =>
+        {
+            unary_f32(op)
+        }
+        Exp | Log | Sqrt | Rsqrt | Reciprocal | Sigmoid | Tanh | Gelu | GeluTanh | Erf | Sin | Cos | Floor | Ceil
+        | Round => {
+            let f = fastmath::reference(op);
             float_t!(dt, T => Box::new(move |a, d| map1::<T, T>(a[0], d, |e| T::from_f64(f(Float::to_f64(e))))))
         }
     }
@@ -282,38 +288,11 @@ fn unary_f32(op: UnaryOp) -> BlockFn {
         Ceil => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::ceil)),
         Round => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::round_ties_even)),
         Rsqrt => Box::new(|a, d| map1::<f32, f32>(a[0], d, |x| (1.0 / (x as f64).sqrt()) as f32)),
-        _ => {
-            let f = float_fn(op);
+        Log | Gelu | GeluTanh | Erf | Sin | Cos => {
+            let f = fastmath::reference(op);
             Box::new(move |a, d| map1::<f32, f32>(a[0], d, |e| f(e as f64) as f32))
         }
-    }
-}
-
-/// The `f64` definition of a float unary function.
-fn float_fn(op: UnaryOp) -> fn(f64) -> f64 {
-    use UnaryOp::*;
-    match op {
-        Exp => f64::exp,
-        Log => f64::ln,
-        Sqrt => f64::sqrt,
-        Rsqrt => |x| 1.0 / x.sqrt(),
-        Reciprocal => |x| 1.0 / x,
-        Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
-        Tanh => f64::tanh,
-        // 0.5 x erfc(-x / sqrt 2) equals x Phi(x) without cancellation for
-        // large negative x.
-        Gelu => |x| 0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2),
-        GeluTanh => |x| {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-        },
-        Erf => libm::erf,
-        Sin => f64::sin,
-        Cos => f64::cos,
-        Floor => f64::floor,
-        Ceil => f64::ceil,
-        Round => f64::round_ties_even,
-        Neg | Abs | Relu | Sign | Not | IsNan | IsInf => unreachable!("handled by unary()"),
+        Neg | Abs | Relu | Sign | Not | IsNan | IsInf => unreachable!("{op:?} is handled by unary()"),
     }
 }
 
@@ -358,6 +337,12 @@ fn binary(op: BinaryOp, dt: DType) -> BlockFn {
         Minimum => arith!(minimum),
         Mod => arith!(modulo),
         Rem => arith!(rem),
+        LogAddExp => {
+            let f = semantics::float_binary(op).expect("logaddexp is arithmetic");
+            float_t!(dt, T => Box::new(move |a, d| {
+                map2::<T, T, T>(a[0], a[1], d, |p, q| T::from_f64(f(Float::to_f64(p), Float::to_f64(q))))
+            }))
+        }
     }
 }
 

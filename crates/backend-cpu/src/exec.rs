@@ -168,6 +168,9 @@ impl Program {
                     }
                     b.attention(outs);
                 }
+                // Every other kind is its root node interpreted after its
+                // prologue (`eval_node` matches every op): a new kind is
+                // correct here, just not specialized.
                 _ => {
                     let root = k.root();
                     b.prologue(root, &k.inline);

@@ -5,13 +5,25 @@
 //! Each function first computes every element with the fast formula on a
 //! clamped input, then fixes up the rare elements outside the formula's
 //! range (NaN, overflow, denormal results) with the `f64` reference
-//! definition, so edge cases match the reference exactly. Inside the range
+//! definition ([`lazuli_ir::semantics`]), so edge cases match the
+//! reference exactly. Inside the range
 //! the results are within a few ulp of the correctly rounded value
 //! (checked against `f64` in the tests below).
 //!
 //! Rejected alternative: evaluating in `f64` through libm, as the
 //! reference did. It is exact but costs a scalar call per element, which
 //! made transcendental chains compute-bound instead of memory-bound.
+
+use lazuli_ir::semantics::{float_unary, FloatUnary};
+use lazuli_ir::UnaryOp;
+
+/// The `f64` reference of a float function ([`lazuli_ir::semantics`]).
+pub(crate) fn reference(op: UnaryOp) -> fn(f64) -> f64 {
+    match float_unary(op) {
+        Some(FloatUnary::Map(f)) => f,
+        other => unreachable!("{op:?} has no float reference: {other:?}"),
+    }
+}
 
 /// `exp` is evaluated by the fast path for inputs in this range.
 const EXP_LO: f32 = -87.0;
@@ -88,7 +100,7 @@ fn exp_generic(x: &[f32], out: &mut [f32]) {
         *o = exp_core(v.clamp(EXP_LO, EXP_HI));
     }
     if outside {
-        fix(x, out, |v| !(EXP_LO..=EXP_HI).contains(&v), |v| v.exp());
+        fix(x, out, |v| !(EXP_LO..=EXP_HI).contains(&v), reference(UnaryOp::Exp));
     }
 }
 
@@ -98,7 +110,7 @@ fn tanh_generic(x: &[f32], out: &mut [f32]) {
         *o = tanh_core(v);
     }
     if x.iter().fold(false, |a, v| a | v.is_nan()) {
-        fix(x, out, f32::is_nan, f64::tanh);
+        fix(x, out, f32::is_nan, reference(UnaryOp::Tanh));
     }
 }
 
@@ -138,7 +150,7 @@ fn sigmoid_generic(x: &[f32], out: &mut [f32]) {
         *o = 1.0 / (1.0 + exp_core(m.clamp(EXP_LO, EXP_HI)));
     }
     if outside {
-        fix(x, out, |v| !(EXP_LO..=EXP_HI).contains(&-v), |v| 1.0 / (1.0 + (-v).exp()));
+        fix(x, out, |v| !(EXP_LO..=EXP_HI).contains(&-v), reference(UnaryOp::Sigmoid));
     }
 }
 
@@ -187,16 +199,16 @@ mod tests {
 
     #[test]
     fn exp_is_accurate() {
-        check("exp", exp, f64::exp, 4e-7);
+        check("exp", exp, reference(UnaryOp::Exp), 4e-7);
     }
 
     #[test]
     fn tanh_is_accurate() {
-        check("tanh", tanh, f64::tanh, 1e-6);
+        check("tanh", tanh, reference(UnaryOp::Tanh), 1e-6);
     }
 
     #[test]
     fn sigmoid_is_accurate() {
-        check("sigmoid", sigmoid, |v| 1.0 / (1.0 + (-v).exp()), 4e-7);
+        check("sigmoid", sigmoid, reference(UnaryOp::Sigmoid), 4e-7);
     }
 }

@@ -574,6 +574,8 @@ impl Builder<'_> {
                 self.insts.push(Inst::Compute { f: elementwise::build(&node.op, &dts), args, dst });
                 Val::Slot(dst)
             }
+            // Everything else (a new op included) is left to the
+            // interpreter, whose match over `Op` is exhaustive: never wrong.
             _ => return None,
         })
     }

@@ -45,6 +45,24 @@ thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
 }
 
+/// The elementwise ops with no gradient rule: their results are bool, so
+/// recording them ends the graph. Every other [`UnaryOp`] and
+/// [`BinaryOp`] has a rule (the coverage test checks both halves).
+pub const NON_DIFFERENTIABLE_UNARY: &[UnaryOp] = &[UnaryOp::Not, UnaryOp::IsNan, UnaryOp::IsInf];
+
+/// See [`NON_DIFFERENTIABLE_UNARY`].
+pub const NON_DIFFERENTIABLE_BINARY: &[BinaryOp] = &[
+    BinaryOp::Eq,
+    BinaryOp::Ne,
+    BinaryOp::Lt,
+    BinaryOp::Le,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+    BinaryOp::And,
+    BinaryOp::Or,
+    BinaryOp::Xor,
+];
+
 /// True unless the current thread is inside a [`no_grad`] scope.
 pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(Cell::get)
@@ -673,6 +691,7 @@ fn unary_grad(u: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> 
         Sin => g.mul(&x.cos()?)?,
         Cos => g.mul(&x.sin()?.neg()?)?,
         Floor | Ceil | Round | Sign => Tensor::zeros(x.shape().clone(), x.dtype(), x.device())?,
+        // `NON_DIFFERENTIABLE_UNARY`.
         Not | IsNan | IsInf => unreachable!("bool results are never tracked"),
     })
 }
@@ -716,6 +735,9 @@ fn binary_grad(
         Mod => (only(need_a, &|| Ok(g.clone()))?, only(need_b, &|| g.mul(&a.div(bb)?.floor()?)?.neg())?),
         // rem(a, b) = a - trunc(a / b) * b.
         Rem => (only(need_a, &|| Ok(g.clone()))?, only(need_b, &|| g.mul(&trunc(a.div(bb)?)?)?.neg())?),
+        // d/da log(e^a + e^b) = e^a / (e^a + e^b) = e^(a - out); likewise b.
+        LogAddExp => (only(need_a, &|| g.mul(&a.sub(y)?.exp()?))?, only(need_b, &|| g.mul(&bb.sub(y)?.exp()?))?),
+        // `NON_DIFFERENTIABLE_BINARY`.
         Eq | Ne | Lt | Le | Gt | Ge | And | Or | Xor => unreachable!("bool results are never tracked"),
     })
 }

@@ -256,6 +256,21 @@ impl Tensor {
         logical_or, logical_or_scalar => Or,
         /// Logical xor.
         logical_xor, logical_xor_scalar => Xor,
+        /// `log(e^a + e^b)` without overflow, with broadcasting; floats
+        /// (`torch.logaddexp`).
+        logaddexp, logaddexp_scalar => LogAddExp,
+    }
+
+    /// `log(1 + e^(beta x)) / beta`, and `x` itself where `beta x >
+    /// threshold` (PyTorch's `softplus`; its defaults are `beta = 1`,
+    /// `threshold = 20`); floats. Written with [`Tensor::logaddexp`], so it
+    /// neither overflows for large `x` nor loses `e^(beta x)` for very
+    /// negative `x`.
+    #[track_caller]
+    pub fn softplus(&self, beta: f64, threshold: f64) -> Result<Tensor> {
+        let z = self.mul_scalar(beta)?;
+        let smooth = z.logaddexp_scalar(0.0)?.div_scalar(beta)?;
+        z.gt_scalar(threshold)?.where_(self, &smooth)
     }
 
     /// `cond ? a : b` elementwise with broadcasting (`self` is the condition).

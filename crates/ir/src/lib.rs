@@ -16,6 +16,7 @@ mod hash;
 mod op;
 pub mod passes;
 pub mod philox;
+pub mod semantics;
 mod shape;
 
 pub use dtype::{DType, ScalarValue};
@@ -23,7 +24,7 @@ pub use error::IrError;
 pub use graph::{describe, Graph, Node, NodeId, VerifiedGraph};
 pub use hash::{stable_hash, StableHasher};
 pub use op::{
-    reduced_shape, ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, Op, PadMode,
+    reduced_shape, ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, Op, OpKind, PadMode,
     PoolAttrs, PoolKind, RandomDist, ReduceOp, UnaryOp, ValueType,
 };
 pub use shape::Shape;

@@ -22,6 +22,30 @@ impl ValueType {
     }
 }
 
+/// Declares a closed, field-less enum together with `ALL`, every variant in
+/// declaration order, written from the same list so that it cannot miss one:
+/// adding a variant adds it to `ALL`, and every list derived from `ALL`
+/// (the fuzzer's, gradcheck's, the coverage test's) follows.
+macro_rules! closed_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+        }
+    };
+}
+
+closed_enum! {
 /// Unary elementwise functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
@@ -70,6 +94,7 @@ pub enum UnaryOp {
     /// `|x| == inf`; floats -> bool.
     IsInf,
 }
+}
 
 impl UnaryOp {
     /// Lowercase name used in dumps and errors.
@@ -117,6 +142,7 @@ impl UnaryOp {
     }
 }
 
+closed_enum! {
 /// Binary elementwise functions; operands broadcast (numpy rules) and must
 /// have the same dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -157,6 +183,11 @@ pub enum BinaryOp {
     Or,
     /// Logical xor; bool only.
     Xor,
+    /// `log(e^a + e^b)`, computed as `max(a, b) + log1p(e^-|a - b|)` (no
+    /// overflow); equal infinities give themselves, NaN propagates (as
+    /// `torch.logaddexp`); floats.
+    LogAddExp,
+}
 }
 
 impl BinaryOp {
@@ -181,6 +212,7 @@ impl BinaryOp {
             BinaryOp::And => "logical_and",
             BinaryOp::Or => "logical_or",
             BinaryOp::Xor => "logical_xor",
+            BinaryOp::LogAddExp => "logaddexp",
         }
     }
 
@@ -195,6 +227,9 @@ impl BinaryOp {
     }
 
     fn result_dtype(self, x: DType) -> Result<DType, &'static str> {
+        if self == BinaryOp::LogAddExp {
+            return if x.is_float() { Ok(x) } else { Err("float operands") };
+        }
         if self.is_logical() {
             return if x == DType::Bool { Ok(DType::Bool) } else { Err("bool operands") };
         }
@@ -208,6 +243,7 @@ impl BinaryOp {
     }
 }
 
+closed_enum! {
 /// Reductions over a set of axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
@@ -221,6 +257,7 @@ pub enum ReduceOp {
     Min,
     /// Product; numeric. The empty product is 1.
     Prod,
+}
 }
 
 impl ReduceOp {
@@ -236,6 +273,7 @@ impl ReduceOp {
     }
 }
 
+closed_enum! {
 /// Index-of-extremum reductions along one axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ArgReduceOp {
@@ -244,7 +282,9 @@ pub enum ArgReduceOp {
     /// Index of the minimum.
     ArgMin,
 }
+}
 
+closed_enum! {
 /// The distribution of a random op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RandomDist {
@@ -252,6 +292,68 @@ pub enum RandomDist {
     Uniform,
     /// Standard normal (Box-Muller over two uniforms).
     Normal,
+}
+}
+
+closed_enum! {
+/// The variant of an [`Op`] without its attributes ([`Op::kind`]): what
+/// lists of ops (the coverage test, the fuzzer's menu) enumerate through
+/// [`OpKind::ALL`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// [`Op::Parameter`].
+    Parameter,
+    /// [`Op::Constant`].
+    Constant,
+    /// [`Op::ScalarParam`].
+    ScalarParam,
+    /// [`Op::Iota`].
+    Iota,
+    /// [`Op::Random`].
+    Random,
+    /// [`Op::Unary`].
+    Unary,
+    /// [`Op::Binary`].
+    Binary,
+    /// [`Op::Where`].
+    Where,
+    /// [`Op::Cast`].
+    Cast,
+    /// [`Op::Reduce`].
+    Reduce,
+    /// [`Op::ArgReduce`].
+    ArgReduce,
+    /// [`Op::CumSum`].
+    CumSum,
+    /// [`Op::Softmax`].
+    Softmax,
+    /// [`Op::MatMul`].
+    MatMul,
+    /// [`Op::Reshape`].
+    Reshape,
+    /// [`Op::Permute`].
+    Permute,
+    /// [`Op::Expand`].
+    Expand,
+    /// [`Op::Slice`].
+    Slice,
+    /// [`Op::Concat`].
+    Concat,
+    /// [`Op::Pad`].
+    Pad,
+    /// [`Op::Gather`].
+    Gather,
+    /// [`Op::ScatterAdd`].
+    ScatterAdd,
+    /// [`Op::Conv2d`].
+    Conv2d,
+    /// [`Op::Pool`].
+    Pool,
+    /// [`Op::PoolGrad`].
+    PoolGrad,
+    /// [`Op::Attention`].
+    Attention,
+}
 }
 
 /// The kind of a pooling window reduction.
@@ -352,6 +454,7 @@ impl Default for ConvAttrs {
     }
 }
 
+closed_enum! {
 /// Which value of scaled dot-product attention an [`Op::Attention`] node
 /// computes. Attention is several single-output nodes over the same
 /// operands rather than one node with a stacked output (see
@@ -371,6 +474,7 @@ pub enum AttentionPart {
     GradK,
     /// The gradient of the values, `[.., t_k, d_v]` (batch dims of the output).
     GradV,
+}
 }
 
 impl AttentionPart {
@@ -596,6 +700,38 @@ pub enum PadMode {
 }
 
 impl Op {
+    /// The variant without its attributes.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Parameter(_) => OpKind::Parameter,
+            Op::Constant(..) => OpKind::Constant,
+            Op::ScalarParam(_) => OpKind::ScalarParam,
+            Op::Iota { .. } => OpKind::Iota,
+            Op::Random { .. } => OpKind::Random,
+            Op::Unary(_) => OpKind::Unary,
+            Op::Binary(_) => OpKind::Binary,
+            Op::Where => OpKind::Where,
+            Op::Cast(_) => OpKind::Cast,
+            Op::Reduce { .. } => OpKind::Reduce,
+            Op::ArgReduce { .. } => OpKind::ArgReduce,
+            Op::CumSum { .. } => OpKind::CumSum,
+            Op::Softmax { .. } => OpKind::Softmax,
+            Op::MatMul => OpKind::MatMul,
+            Op::Reshape(_) => OpKind::Reshape,
+            Op::Permute(_) => OpKind::Permute,
+            Op::Expand(_) => OpKind::Expand,
+            Op::Slice { .. } => OpKind::Slice,
+            Op::Concat { .. } => OpKind::Concat,
+            Op::Pad { .. } => OpKind::Pad,
+            Op::Gather { .. } => OpKind::Gather,
+            Op::ScatterAdd { .. } => OpKind::ScatterAdd,
+            Op::Conv2d(_) => OpKind::Conv2d,
+            Op::Pool(_) => OpKind::Pool,
+            Op::PoolGrad(_) => OpKind::PoolGrad,
+            Op::Attention { .. } => OpKind::Attention,
+        }
+    }
+
     /// A short name for dumps and error messages.
     pub fn name(&self) -> String {
         self.label().to_string()
@@ -1257,6 +1393,15 @@ mod tests {
 
     fn vt(dims: &[usize], d: DType) -> ValueType {
         ValueType::new(dims, d)
+    }
+
+    #[test]
+    fn logaddexp_takes_floats_and_broadcasts() {
+        let op = Op::Binary(BinaryOp::LogAddExp);
+        let t = op.infer(&[vt(&[2, 3], DType::F32), vt(&[3], DType::F32)], &[], &[]).unwrap();
+        assert_eq!(t, vt(&[2, 3], DType::F32));
+        let e = op.infer(&[vt(&[2], DType::I32), vt(&[2], DType::I32)], &[], &[]).unwrap_err();
+        assert!(e.to_string().contains("logaddexp"), "{e}");
     }
 
     #[test]

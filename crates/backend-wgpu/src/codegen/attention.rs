@@ -267,7 +267,8 @@ impl Attn {
         let at = format!("n{}(mb + ({i}) * {}u + ({j}) * {}u)", m.0, self.m_rs, self.m_cs);
         match self.mask_kind {
             AttentionMask::Keep => format!("select(-inf_f(), {x} * sc, {at})"),
-            _ => format!("{x} * sc + {at}"),
+            AttentionMask::Additive => format!("{x} * sc + {at}"),
+            AttentionMask::None => unreachable!("a mask operand with no mask kind"),
         }
     }
 }
@@ -292,9 +293,9 @@ impl Writer<'_> {
     /// count.
     pub(super) fn attention_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
         let a = Attn::new(k, self.g);
-        self.use_helper("inf_f");
-        self.use_helper("nan_f");
-        self.use_helper("max_nan");
+        self.use_helper(Helper::InfF);
+        self.use_helper(Helper::NanF);
+        self.use_helper(Helper::MaxNan);
         match (self.limits.forms.attention, choose_tile(&self.limits)) {
             (AttentionForm::Tiled, Some(tile)) => self.attention_tiled(&a, tile, b),
             // Rows too wide for registers: the tiled kernel is also the
@@ -304,7 +305,7 @@ impl Writer<'_> {
             (AttentionForm::PerRow, Some(tile)) if !per_row_in_registers(a.d, a.dv) => {
                 self.attention_tiled(&a, tile, b)
             }
-            _ => self.attention_per_row(&a, b),
+            (AttentionForm::Tiled, None) | (AttentionForm::PerRow, _) => self.attention_per_row(&a, b),
         }
     }
 
@@ -340,7 +341,7 @@ impl Writer<'_> {
         );
         b.push_str(&a.bases(ind));
         let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
-        self.use_helper("isninf_f");
+        self.use_helper(Helper::IsNegInfF);
         self.row_loader(a.q, d);
         self.row_loader(a.k, d);
         self.row_loader(a.v, dv);
@@ -525,8 +526,8 @@ impl Writer<'_> {
         let nrb = rows.div_ceil(br);
         let groups = a.nb * nrb;
         self.workgroup = Some(lanes as u32);
-        self.use_helper("isninf_f");
-        self.use_helper("isninf4");
+        self.use_helper(Helper::IsNegInfF);
+        self.use_helper(Helper::IsNegInf4);
         let _ = writeln!(
             self.shared,
             "var<workgroup> sh: array<vec4<f32>, {}>;\nvar<workgroup> sp: array<vec4<f32>, {}>;\n",
@@ -554,7 +555,7 @@ impl Writer<'_> {
         // Output column chunks of width bc: accumulators acc{r}_{c}.
         let width = |part: AttentionPart| match part {
             AttentionPart::Out | AttentionPart::GradV => dv,
-            _ => d,
+            AttentionPart::LogSumExp | AttentionPart::GradQ | AttentionPart::GradK => d,
         };
         let acc_parts: Vec<AttentionPart> = match a.pass {
             Pass::Forward => a.slot(AttentionPart::Out).map(|_| AttentionPart::Out).into_iter().collect(),

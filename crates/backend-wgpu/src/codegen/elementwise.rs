@@ -4,7 +4,7 @@
 //! is `Writer::main_body`'s `KernelKind::Elementwise` arm.
 
 use super::common::*;
-use super::{ElementwiseForm, LowerError, Writer, WORKGROUP_SIZE};
+use super::{LowerError, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{DType, NodeId, Op, VerifiedGraph};
 use std::collections::HashMap;
@@ -76,7 +76,7 @@ impl Writer<'_> {
         let n = g.node(k.root()).shape.numel();
         let full = |id: NodeId| g.node(id).shape.numel() == n;
         let vectors = n as u64 / width as u64;
-        let grid_stride = self.limits.forms.elementwise == ElementwiseForm::GridStride;
+        let grid_stride = self.limits.forms.elementwise.grid_stride();
         let steps = match grid_stride {
             true if vectors >= GRID_STRIDE_STEPS * WORKGROUP_SIZE as u64 * GRID_STRIDE_MIN_GROUPS => GRID_STRIDE_STEPS,
             false if vectors >= STRAIGHT_LINE_STEPS * WORKGROUP_SIZE as u64 * 16 => STRAIGHT_LINE_STEPS,
@@ -142,7 +142,26 @@ impl Writer<'_> {
                 Op::Cast(to) => (format!("x: {}", ty(d(0))), self.cast(d(0), *to)),
                 Op::Binary(op) => (format!("a: {}, b: {}", ty(d(0)), ty(d(1))), self.binary(*op, d(0))?),
                 Op::Where => (format!("c: bool, a: {}, b: {}", ty(d(1)), ty(d(2))), "select(b, a, c)".to_string()),
-                _ => unreachable!("straight_line_width admits only elementwise ops"),
+                Op::Parameter(_)
+                | Op::Constant(..)
+                | Op::ScalarParam(_)
+                | Op::Iota { .. }
+                | Op::Random { .. }
+                | Op::Reduce { .. }
+                | Op::ArgReduce { .. }
+                | Op::CumSum { .. }
+                | Op::Softmax { .. }
+                | Op::MatMul
+                | Op::Permute(_)
+                | Op::Slice { .. }
+                | Op::Concat { .. }
+                | Op::Pad { .. }
+                | Op::Gather { .. }
+                | Op::ScatterAdd { .. }
+                | Op::Conv2d(_)
+                | Op::Pool(_)
+                | Op::PoolGrad(_)
+                | Op::Attention { .. } => unreachable!("straight_line_width admits only elementwise ops"),
             };
             if self.defined.insert(('v', id.0)) {
                 let _ =

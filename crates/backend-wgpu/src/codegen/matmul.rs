@@ -52,13 +52,14 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
     let form = match limits.forms.matmul {
         MatmulForm::ByShape if limits.generic => choose_generic_form(k, g),
         MatmulForm::ByShape => choose_form(k, g),
-        f => f,
+        f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_)) => f,
     };
     match form {
         MatmulForm::Tiled(t) if tiled_workgroup_bytes(t) > limits.workgroup_storage as u64 => {
             MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
         }
-        f => f,
+        f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_)) => f,
+        MatmulForm::ByShape => unreachable!("the rules above choose a concrete form"),
     }
 }
 
@@ -104,13 +105,7 @@ pub fn choose_generic_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
 /// first).
 pub fn candidates(k: &Kernel, g: &VerifiedGraph) -> Vec<MatmulForm> {
     let mut v = vec![choose_form(k, g)];
-    for f in [
-        MatmulForm::Tiled(MatmulTile { bm: 128, bn: 128 }),
-        MatmulForm::Tiled(MatmulTile { bm: 128, bn: 64 }),
-        MatmulForm::Tiled(MatmulTile { bm: 64, bn: 128 }),
-        MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }),
-        MatmulForm::RegisterBlocked,
-    ] {
+    for &f in MatmulForm::CANDIDATES {
         if !v.contains(&f) {
             v.push(f);
         }

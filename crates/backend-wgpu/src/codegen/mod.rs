@@ -36,6 +36,7 @@ pub mod attention;
 mod common;
 pub mod conv;
 pub mod elementwise;
+pub mod forms;
 pub mod index;
 pub mod matmul;
 pub mod multi;
@@ -46,6 +47,9 @@ pub mod rows;
 pub use common::LLVMPIPE_LOOP_BUDGET;
 use common::*;
 pub use elementwise::{straight_line_width, STRAIGHT_LINE_STEPS};
+pub use forms::{
+    AttentionForm, ConvForm, ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm, ScatterForm,
+};
 use matmul::matmul_shape;
 pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
 pub use reduce::{reduce_lanes, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
@@ -94,156 +98,6 @@ impl LowerLimits {
     pub fn software() -> LowerLimits {
         LowerLimits { forms: KernelForms::software(), ..LowerLimits::gpu() }
     }
-}
-
-/// The form of each kernel family. Adapters differ: llvmpipe runs each
-/// invocation as a CPU loop over SIMD lanes and splits every workgroup
-/// barrier into coroutine steps, so it wants long straight-line
-/// invocations and no barriers; a GPU wants adjacent lanes on adjacent
-/// addresses, many independent workgroups and reuse through workgroup
-/// memory and registers. [`KernelForms::gpu`] and
-/// [`KernelForms::software`] are the two profiles; the backend picks one
-/// from the adapter type, and tests force either on any adapter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct KernelForms {
-    /// Straight-line elementwise kernels.
-    pub elementwise: ElementwiseForm,
-    /// Reductions (`Op::Reduce`).
-    pub reduce: ReduceForm,
-    /// Softmax and log-softmax rows.
-    pub rows: RowsForm,
-    /// Matmul.
-    pub matmul: MatmulForm,
-    /// Scatter-add.
-    pub scatter: ScatterForm,
-    /// Fused attention.
-    pub attention: AttentionForm,
-    /// 2-d convolution.
-    pub conv: ConvForm,
-}
-
-impl KernelForms {
-    /// The GPU profile.
-    pub fn gpu() -> KernelForms {
-        KernelForms {
-            elementwise: ElementwiseForm::GridStride,
-            reduce: ReduceForm::Cooperative,
-            rows: RowsForm::Cooperative,
-            matmul: MatmulForm::ByShape,
-            scatter: ScatterForm::RowOwner,
-            attention: AttentionForm::Tiled,
-            conv: ConvForm::Tiled,
-        }
-    }
-
-    /// The software-adapter profile.
-    pub fn software() -> KernelForms {
-        KernelForms {
-            elementwise: ElementwiseForm::Consecutive,
-            reduce: ReduceForm::PerOutput,
-            rows: RowsForm::PerRow,
-            matmul: MatmulForm::RegisterBlocked,
-            scatter: ScatterForm::PerColumns,
-            attention: AttentionForm::PerRow,
-            conv: ConvForm::Direct,
-        }
-    }
-}
-
-/// How a straight-line elementwise kernel spreads vectors over invocations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ElementwiseForm {
-    /// Each invocation takes consecutive vectors (up to
-    /// [`STRAIGHT_LINE_STEPS`]): long invocations, right for llvmpipe,
-    /// uncoalesced on a GPU (neighbouring lanes 256 bytes apart).
-    Consecutive,
-    /// Grid-stride: in every step adjacent lanes take adjacent vec4s, so a
-    /// subgroup reads one contiguous block per instruction.
-    GridStride,
-}
-
-/// How reductions spread their work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReduceForm {
-    /// One invocation per output (few long reductions get a workgroup per
-    /// output): no barriers, right for llvmpipe.
-    PerOutput,
-    /// Outputs whose reduced elements are contiguous get a group of lanes
-    /// each, striding over the row together (coalesced) and combining
-    /// through a tree in workgroup memory; reductions over leading axes
-    /// put adjacent lanes on adjacent outputs and split the reduced range
-    /// over lane slices.
-    Cooperative,
-}
-
-/// How softmax rows are computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RowsForm {
-    /// One invocation per row (online max and sum, vec4 where aligned).
-    PerRow,
-    /// A group of lanes per row striding over it together; rows that fit
-    /// are held in registers, so the input is read once.
-    Cooperative,
-}
-
-/// How a scatter-add spreads its work (see [`index`]); both forms give
-/// each output element one owner that adds in index order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScatterForm {
-    /// One invocation per (output row, [`index::SCATTER_COLUMNS`]
-    /// columns), scanning the whole index list with no barrier: right for
-    /// llvmpipe.
-    PerColumns,
-    /// A workgroup per block of output rows, lanes across each row
-    /// (coalesced), the index list staged through workgroup memory a chunk
-    /// at a time and chunks with no index in the block skipped.
-    RowOwner,
-}
-
-/// The matmul form.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MatmulForm {
-    /// Barrier-free register blocks with workgroup-uniform rows of A
-    /// (llvmpipe's form; also a candidate on GPUs).
-    RegisterBlocked,
-    /// Operand tiles double-buffered in workgroup memory.
-    Tiled(MatmulTile),
-    /// Chosen from the shape by [`matmul::choose_form`].
-    ByShape,
-}
-
-/// The fused attention form (see [`attention`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AttentionForm {
-    /// One invocation per row (query, or key for the key and value
-    /// gradients) walking the other side with the row in registers: no
-    /// barriers, right for llvmpipe.
-    PerRow,
-    /// A workgroup per block of rows; score tiles in registers, operand
-    /// slices and probabilities in workgroup memory (the tile fitted to
-    /// the adapter's limit; per-row when none fits).
-    Tiled,
-}
-
-/// The convolution form (see [`conv`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ConvForm {
-    /// One invocation per output position and block of channels, three
-    /// nested loops over the taps, no barriers: right for llvmpipe.
-    Direct,
-    /// Implicit GEMM: a workgroup per tile of positions and channels, patch
-    /// and weight slices staged in workgroup memory.
-    Tiled,
-}
-
-/// Tile of the tiled matmul: a workgroup of 16 x 16 invocations computes a
-/// `4 * rows` x `4 * cols` block per invocation... see [`matmul`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MatmulTile {
-    /// Output rows of the workgroup tile (64 or 128).
-    pub bm: u32,
-    /// Output columns of the workgroup tile (64 or 128).
-    pub bn: u32,
 }
 
 /// A lowered kernel.
@@ -385,7 +239,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         // divide by a zero dim, which naga rejects (reliability finding 1).
         _ if root_numel == 0 && !checks_only => (String::new(), 0),
         Some(width) => w.straight_line(kernel, width)?,
-        None if row_vec && limits.forms.rows == RowsForm::PerRow => w.softmax_rows_vec4(kernel),
+        None if row_vec && limits.forms.rows.per_row() => w.softmax_rows_vec4(kernel),
         None => {
             // A matmul epilogue: nodes depending on the matmul become
             // `eK(i, mm)` functions of the output index and accumulator.
@@ -442,7 +296,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     }
     s.push('\n');
     for h in &w.helpers {
-        s.push_str(helper_source(h));
+        s.push_str(h.source());
         s.push('\n');
     }
     s.push_str(&w.decls);
@@ -486,7 +340,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         second.acc, second.out
     );
     for h in &w.helpers {
-        s.push_str(helper_source(h));
+        s.push_str(h.source());
         s.push('\n');
     }
     s.push_str(&cooperative_main(second.acc, &second.body));
@@ -539,7 +393,7 @@ fn cooperative_main(shared: &str, body: &str) -> String {
 
 struct Writer<'a> {
     g: &'a VerifiedGraph,
-    helpers: BTreeSet<&'static str>,
+    helpers: BTreeSet<Helper>,
     funcs: String,
     /// Set by cooperative kernels: the element type of the workgroup
     /// array `red`; `main` then has no early return.
@@ -579,21 +433,12 @@ struct SecondPass {
 }
 
 impl Writer<'_> {
-    fn use_helper(&mut self, h: &'static str) {
-        self.helpers.insert(h);
-        // Dependencies between helpers.
-        match h {
-            "max_nan" | "min_nan" | "tanh_f" | "relu_f" | "sign_f" | "cast_f2i" | "cast_f2u" => {
-                self.helpers.insert("isnan_f");
+    /// Writes helper `h`, and the helpers it calls, into the kernel.
+    fn use_helper(&mut self, h: Helper) {
+        if self.helpers.insert(h) {
+            for &n in h.needs() {
+                self.use_helper(n);
             }
-            "pow_f" => {
-                self.helpers.insert("nan_f");
-                self.helpers.insert("inf_f");
-            }
-            "random_u" => {
-                self.helpers.insert("philox");
-            }
-            _ => {}
         }
     }
 
@@ -634,7 +479,7 @@ impl Writer<'_> {
             Op::Constant(v, d) => {
                 let c = constant(*v, *d);
                 if c.contains("_f()") {
-                    self.use_helper(if c.contains("nan") { "nan_f" } else { "inf_f" });
+                    self.use_helper(if c.contains("nan") { Helper::NanF } else { Helper::InfF });
                 }
                 format!("return {c};")
             }
@@ -726,7 +571,20 @@ impl Writer<'_> {
                 let _ = write!(b, "return {};", call(0, &sum(terms)));
                 b
             }
-            other => {
+            // Ops with kernels of their own: never inlined as a value
+            // function (the planner makes them kernel roots or inputs).
+            other @ (Op::Random { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::CumSum { .. }
+            | Op::Softmax { .. }
+            | Op::MatMul
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Conv2d(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::Attention { .. }) => {
                 return Err(LowerError::Unsupported { op: other.name(), dtype: n.dtype });
             }
         };
@@ -787,58 +645,64 @@ impl Writer<'_> {
         let f = d == DType::F32;
         let unsupported = || LowerError::Unsupported { op: u.name().into(), dtype: d };
         Ok(match u {
+            // Float functions on another dtype (which `Op::infer` rejects).
+            Exp | Log | Sqrt | Rsqrt | Reciprocal | Sigmoid | Tanh | Gelu | GeluTanh | Erf | Sin | Cos | Floor
+            | Ceil | Round | IsNan | IsInf
+                if !f =>
+            {
+                return Err(unsupported())
+            }
             Neg => "-x".into(),
             Abs if d == DType::U32 => "x".into(),
             Abs => "abs(x)".into(),
-            Exp if f => "exp(x)".into(),
-            Log if f => "log(x)".into(),
-            Sqrt if f => "sqrt(x)".into(),
-            Rsqrt if f => "inverseSqrt(x)".into(),
-            Reciprocal if f => "1.0 / x".into(),
+            Exp => "exp(x)".into(),
+            Log => "log(x)".into(),
+            Sqrt => "sqrt(x)".into(),
+            Rsqrt => "inverseSqrt(x)".into(),
+            Reciprocal => "1.0 / x".into(),
             Relu if f => {
-                self.use_helper("relu_f");
+                self.use_helper(Helper::ReluF);
                 "relu_f(x)".into()
             }
             Relu if d == DType::I32 => "max(x, 0i)".into(),
             Relu => "x".into(),
-            Sigmoid if f => "1.0 / (1.0 + exp(-x))".into(),
-            Tanh if f => {
-                self.use_helper("tanh_f");
+            Sigmoid => "1.0 / (1.0 + exp(-x))".into(),
+            Tanh => {
+                self.use_helper(Helper::TanhF);
                 "tanh_f(x)".into()
             }
-            Gelu if f => {
-                self.use_helper("erf_f");
+            Gelu => {
+                self.use_helper(Helper::ErfF);
                 "0.5 * x * (1.0 + erf_f(x * 0.70710678118654752))".into()
             }
-            GeluTanh if f => {
-                self.use_helper("tanh_f");
+            GeluTanh => {
+                self.use_helper(Helper::TanhF);
                 "0.5 * x * (1.0 + tanh_f(0.79788456080286536 * (x + 0.044715 * x * x * x)))".into()
             }
-            Erf if f => {
-                self.use_helper("erf_f");
+            Erf => {
+                self.use_helper(Helper::ErfF);
                 "erf_f(x)".into()
             }
-            Sin if f => "sin(x)".into(),
-            Cos if f => "cos(x)".into(),
-            Floor if f => "floor(x)".into(),
-            Ceil if f => "ceil(x)".into(),
-            Round if f => "round(x)".into(),
+            Sin => "sin(x)".into(),
+            Cos => "cos(x)".into(),
+            Floor => "floor(x)".into(),
+            Ceil => "ceil(x)".into(),
+            Round => "round(x)".into(),
             Sign if f => {
-                self.use_helper("sign_f");
+                self.use_helper(Helper::SignF);
                 "sign_f(x)".into()
             }
             Sign if d == DType::I32 => "sign(x)".into(),
             Sign => "select(0u, 1u, x != 0u)".into(),
             Not => "!x".into(),
-            IsNan if f => {
-                self.use_helper("isnan_f");
+            IsNan => {
+                self.use_helper(Helper::IsNanF);
                 "isnan_f(x)".into()
             }
-            IsInf if f => {
-                self.use_helper("isinf_f");
+            IsInf => {
+                self.use_helper(Helper::IsInfF);
                 "isinf_f(x)".into()
             }
-            _ => return Err(unsupported()),
         })
     }
 
@@ -852,7 +716,7 @@ impl Writer<'_> {
         // ordered comparisons and `==` are false with a NaN operand, `!=`
         // is true.
         if f && b.is_comparison() {
-            self.use_helper("isnan_f");
+            self.use_helper(Helper::IsNanF);
         }
         let ordered = |op: &str| {
             if d == DType::Bool {
@@ -870,36 +734,37 @@ impl Writer<'_> {
             Div if f => "a / b".into(),
             Div => format!("select(a / b, {z}, b == {z})"),
             Pow if f => {
-                self.use_helper("pow_f");
+                self.use_helper(Helper::PowF);
                 "pow_f(a, b)".into()
             }
             Pow if d == DType::I32 => {
-                self.use_helper("pow_i");
+                self.use_helper(Helper::PowI);
                 "pow_i(a, b)".into()
             }
             Pow => {
-                self.use_helper("pow_u");
+                self.use_helper(Helper::PowU);
                 "pow_u(a, b)".into()
             }
             Maximum if f => {
-                self.use_helper("max_nan");
+                self.use_helper(Helper::MaxNan);
                 "max_nan(a, b)".into()
             }
             Minimum if f => {
-                self.use_helper("min_nan");
+                self.use_helper(Helper::MinNan);
                 "min_nan(a, b)".into()
             }
             Maximum => "max(a, b)".into(),
             Minimum => "min(a, b)".into(),
             Mod if f => {
-                self.use_helper("mod_f");
+                self.use_helper(Helper::ModF);
                 "mod_f(a, b)".into()
             }
-            Mod if d == DType::I32 => {
-                self.use_helper("mod_i");
+            Mod | Rem if d == DType::U32 => "select(a % b, 0u, b == 0u)".into(),
+            // I32, the one dtype left (`Op::infer` rejects bool).
+            Mod => {
+                self.use_helper(Helper::ModI);
                 "mod_i(a, b)".into()
             }
-            Mod | Rem if d == DType::U32 => "select(a % b, 0u, b == 0u)".into(),
             Rem if f => "a % b".into(),
             Rem => "select(a % b, 0i, b == 0i)".into(),
             Eq => ordered("=="),
@@ -912,7 +777,11 @@ impl Writer<'_> {
             And => "a && b".into(),
             Or => "a || b".into(),
             Xor => "a != b".into(),
-            _ => return Err(LowerError::Unsupported { op: b.name().into(), dtype: d }),
+            // Float only (`Op::infer` rejects other dtypes).
+            LogAddExp => {
+                self.use_helper(Helper::LogAddExpF);
+                "logaddexp_f(a, b)".into()
+            }
         })
     }
 
@@ -924,11 +793,11 @@ impl Writer<'_> {
             (DType::Bool, t) => format!("select({}, {}, x)", zero(t), one(t)),
             (f, DType::Bool) => format!("x != {}", zero(f)),
             (DType::F32, DType::I32) => {
-                self.use_helper("cast_f2i");
+                self.use_helper(Helper::CastF2I);
                 "cast_f2i(x)".into()
             }
             (DType::F32, DType::U32) => {
-                self.use_helper("cast_f2u");
+                self.use_helper(Helper::CastF2U);
                 "cast_f2u(x)".into()
             }
             (DType::I32, DType::U32) => "bitcast<u32>(x)".into(),
@@ -979,7 +848,8 @@ impl Writer<'_> {
             KernelKind::MatMul => {
                 invocations = match matmul::resolve_form(k, g, &self.limits) {
                     MatmulForm::Tiled(tile) => self.matmul_tiled(k, tile, &mut b),
-                    _ => self.matmul(k, &mut b),
+                    MatmulForm::RegisterBlocked => self.matmul(k, &mut b),
+                    MatmulForm::ByShape => unreachable!("resolve_form returns a concrete form"),
                 };
             }
             KernelKind::Gather => invocations = self.gather_kernel(k, &mut b),
@@ -989,7 +859,7 @@ impl Writer<'_> {
             KernelKind::Random => {
                 let Op::Random { dist, .. } = &rn.op else { unreachable!() };
                 invocations = rn.shape.numel() as u64;
-                self.use_helper("random_u");
+                self.use_helper(Helper::RandomU);
                 let key = format!("vec2<u32>(n{}(0u), n{}(0u))", rn.inputs[0].0, rn.inputs[1].0);
                 match dist {
                     RandomDist::Uniform => {

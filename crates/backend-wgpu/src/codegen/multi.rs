@@ -175,7 +175,7 @@ impl Writer<'_> {
         }
         src.push('\n');
         for h in &self.helpers {
-            src.push_str(helper_source(h));
+            src.push_str(h.source());
             src.push('\n');
         }
         src.push_str(&self.funcs);

@@ -104,8 +104,8 @@ impl Writer<'_> {
         }
         let (init, combine) = match (p.kind, d) {
             (PoolKind::Max, DType::F32) => {
-                self.use_helper("max_nan");
-                self.use_helper("inf_f");
+                self.use_helper(Helper::MaxNan);
+                self.use_helper(Helper::InfF);
                 ("(-inf_f())".to_string(), "max_nan(acc, v)")
             }
             (PoolKind::Max, DType::I32) => (int_lit(i32::MIN), "max(acc, v)"),
@@ -136,7 +136,7 @@ impl Writer<'_> {
         match p.kind {
             PoolKind::Max => b.push_str("    out0[t] = acc;\n"),
             PoolKind::Avg { count_include_pad } => {
-                self.use_helper("nan_f");
+                self.use_helper(Helper::NanF);
                 let div = if count_include_pad { "padded" } else { "count" };
                 let _ = writeln!(b, "    out0[t] = select(acc / f32({div}), nan_f(), {div} == 0u);");
             }
@@ -188,7 +188,7 @@ impl Writer<'_> {
         let _ = writeln!(b, "            let gv = n{}(plane * {}u + {gi});", gr.0, w.out_plane);
         match p.kind {
             PoolKind::Max => {
-                self.use_helper("isnan_f");
+                self.use_helper(Helper::IsNanF);
                 let _ = write!(
                     b,
                     "            var first = 0u;\n            var best = 0.0;\n            var found = false;\n            for (var kk = 0u; kk < {taps}u; kk = kk + 1u) {{\n{}",

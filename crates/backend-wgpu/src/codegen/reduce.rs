@@ -1,7 +1,7 @@
 //! Reductions (`Op::Reduce`), arg-reductions and cumulative sums.
 
 use super::common::*;
-use super::{ReduceForm, SecondPass, Writer, WORKGROUP_SIZE};
+use super::{SecondPass, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{ArgReduceOp, DType, NodeId, Op, ReduceOp, Shape};
 use std::fmt::Write as _;
@@ -131,7 +131,7 @@ impl Writer<'_> {
             || len / u > LLVMPIPE_LOOP_BUDGET / 2;
         let parts = two_pass_parts(outputs, len);
         let column_parts = column_parts(outputs, len);
-        if self.limits.forms.reduce == ReduceForm::Cooperative && !trailing && column_parts > 1 {
+        if self.limits.forms.reduce.cooperative() && !trailing && column_parts > 1 {
             // Many outputs over strided elements (sums over leading axes,
             // such as bias gradients): one invocation per (output, part),
             // adjacent lanes on adjacent outputs (coalesced), each summing
@@ -145,7 +145,7 @@ impl Writer<'_> {
                 "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    for (var r = p * {chunk}u; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;"
             );
             self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
-        } else if parts > 1 && (self.limits.forms.reduce == ReduceForm::Cooperative || beyond_one_workgroup(len)) {
+        } else if parts > 1 && (self.limits.forms.reduce.cooperative() || beyond_one_workgroup(len)) {
             // Few long reductions on a GPU (or too long for one workgroup
             // per output on llvmpipe): pass 1 gives every (output,
             // part) pair a workgroup that reduces one chunk of the output's
@@ -162,7 +162,7 @@ impl Writer<'_> {
                 lane_tree("    ", wg / 2, "lid", &combine)
             );
             self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
-        } else if self.limits.forms.reduce == ReduceForm::Cooperative && trailing && len > 1 {
+        } else if self.limits.forms.reduce.cooperative() && trailing && len > 1 {
             // Contiguous rows on a GPU: `lanes` invocations per output
             // stride over its row together (adjacent lanes, adjacent
             // addresses), `256 / lanes` outputs per workgroup, then a tree
@@ -326,7 +326,7 @@ impl Writer<'_> {
             better = format!("{better} || v == best");
         }
         if f {
-            self.use_helper("isnan_f");
+            self.use_helper(Helper::IsNanF);
             better = if *select_last {
                 format!("isnan_f(v) || (!isnan_f(best) && ({better}))")
             } else {
@@ -397,11 +397,11 @@ impl Writer<'_> {
                 let is_max = op == ReduceOp::Max;
                 let init = match (d, is_max) {
                     (DType::F32, true) => {
-                        self.use_helper("inf_f");
+                        self.use_helper(Helper::InfF);
                         "-inf_f()".to_string()
                     }
                     (DType::F32, false) => {
-                        self.use_helper("inf_f");
+                        self.use_helper(Helper::InfF);
                         "inf_f()".to_string()
                     }
                     (DType::I32, true) => int_lit(i32::MIN),
@@ -410,9 +410,9 @@ impl Writer<'_> {
                     (_, false) => "4294967295u".into(),
                 };
                 let comb = if f {
-                    let h = if is_max { "max_nan" } else { "min_nan" };
+                    let h = if is_max { Helper::MaxNan } else { Helper::MinNan };
                     self.use_helper(h);
-                    format!("{h}(acc, v)")
+                    format!("{}(acc, v)", h.name())
                 } else if is_max {
                     "max(acc, v)".into()
                 } else {

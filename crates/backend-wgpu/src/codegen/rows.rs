@@ -1,7 +1,7 @@
 //! Row kernels: softmax and log-softmax along one axis.
 
 use super::common::*;
-use super::{LowerLimits, RowsForm, Writer, WORKGROUP_SIZE};
+use super::{LowerLimits, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{Op, VerifiedGraph};
 use std::fmt::Write as _;
@@ -24,7 +24,7 @@ pub(super) fn vector_rows(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -
     let x = &g.node(rn.inputs[0]).shape;
     k.kind == KernelKind::Softmax
         && !limits.generic
-        && (limits.forms.rows == RowsForm::Cooperative || (x.dims()[axis] as u64) / 2 <= LLVMPIPE_LOOP_BUDGET)
+        && (!limits.forms.rows.per_row() || (x.dims()[axis] as u64) / 2 <= LLVMPIPE_LOOP_BUDGET)
         && axis + 1 == x.rank()
         && x.dims()[axis].is_multiple_of(4)
         && x.dims()[axis] > 0
@@ -50,8 +50,8 @@ impl Writer<'_> {
         let x = &g.node(rn.inputs[0]).shape;
         let len4 = x.dims()[axis] as u64 / 4;
         let rows = (x.numel() as u64).checked_div(len4 * 4).unwrap_or(0);
-        self.use_helper("max_nan");
-        self.use_helper("inf_f");
+        self.use_helper(Helper::MaxNan);
+        self.use_helper(Helper::InfF);
         let out = if log { "(v - vec4<f32>(m)) - vec4<f32>(ls)" } else { "exp(v - vec4<f32>(m)) * r" };
         let fin = if log { "let ls = log(s);" } else { "let r = 1.0 / s;" };
         // Pass 1 keeps a running max and a sum rescaled whenever the max
@@ -77,11 +77,11 @@ impl Writer<'_> {
         // One invocation per row runs three passes of `len`
         // iterations; longer rows go cooperative even on llvmpipe
         // (its loop budget, `LLVMPIPE_LOOP_BUDGET`).
-        if self.limits.forms.rows == RowsForm::PerRow && 3 * len <= LLVMPIPE_LOOP_BUDGET {
+        if self.limits.forms.rows.per_row() && 3 * len <= LLVMPIPE_LOOP_BUDGET {
             let invocations = rows;
             let (base, stride, _) = line(&x.shape, *axis);
-            self.use_helper("max_nan");
-            self.use_helper("inf_f");
+            self.use_helper(Helper::MaxNan);
+            self.use_helper(Helper::InfF);
             let xi = x_id(rn);
             // Softmax stores exp(v - m) in the second pass and
             // scales it in the third (one exp per element).
@@ -102,7 +102,7 @@ impl Writer<'_> {
         self.softmax_cooperative(k, vec, b)
     }
 
-    /// The cooperative softmax (see [`RowsForm::Cooperative`]): `P` lanes
+    /// The cooperative softmax (see [`super::RowsForm::Cooperative`]): `P` lanes
     /// per row ([`row_lanes`]), `256 / P` rows per workgroup; lane `i` of a
     /// row takes units `i, i + P, ...`, so the lanes of a subgroup read
     /// one contiguous block per step. Rows of at most `P` x
@@ -124,8 +124,8 @@ impl Writer<'_> {
         let per_lane = units.div_ceil(lanes);
         let cached = per_lane <= ROW_MAX_CACHED;
         self.cooperative = Some(if cached { "f32" } else { "vec2<f32>" });
-        self.use_helper("max_nan");
-        self.use_helper("inf_f");
+        self.use_helper(Helper::MaxNan);
+        self.use_helper(Helper::InfF);
         let xi = x_id(rn);
         let (base, stride, _) = line(&x.shape, axis);
         // Unit `j` of row `t`: its load, its max and exp-sum terms, and

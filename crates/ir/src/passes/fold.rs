@@ -1,13 +1,13 @@
 //! Constant folding: an elementwise node whose operands are all rank-0
 //! `Op::Constant`s becomes one `Op::Constant`.
 //!
-//! Values are computed at full width with the semantics on each op's doc
-//! line: floats in `f64` (then rounded to the node dtype), signed integers
-//! in wrapping `i64`, unsigned in wrapping `u64`, so that the final
-//! [`ScalarValue::cast`] to the node dtype wraps exactly as the narrow
-//! type would. Where the op docs leave a result unspecified (integer `%`
-//! by zero, a negative integer power) or no exact host function exists
-//! (`erf`, exact GELU), the node is left alone rather than guessed.
+//! Values are computed at full width by the reference semantics
+//! ([`crate::semantics`], which the CPU backend uses too): floats in `f64`
+//! (then rounded to the node dtype), signed integers in wrapping `i64`,
+//! unsigned in wrapping `u64`, so that the final [`ScalarValue::cast`] to
+//! the node dtype wraps exactly as the narrow type would. Where the op
+//! docs leave a result unspecified (integer `%` by zero, a negative
+//! integer power), the node is left alone rather than guessed.
 //!
 //! Views of constants (`Expand`, `Reshape`) are not folded: the constant
 //! stays rank-0 and the view stays, which is what code generation wants.
@@ -17,7 +17,7 @@
 //! already baked into the graph, so it is part of the graph's hash anyway.
 
 use super::{empty_like, remap};
-use crate::{BinaryOp, DType, Graph, Node, Op, ScalarValue, UnaryOp};
+use crate::{semantics, DType, Graph, Node, Op, ScalarValue};
 
 /// Replaces elementwise nodes of constant operands by their value.
 pub fn fold(graph: &Graph) -> Graph {
@@ -62,8 +62,8 @@ fn constant(n: &Node) -> Option<(ScalarValue, DType)> {
 /// is not folded. The result is not yet cast to the node dtype.
 fn eval(op: &Op, args: &[(ScalarValue, DType)]) -> Option<ScalarValue> {
     match (op, args) {
-        (Op::Unary(u), &[(x, d)]) => unary(*u, x, d),
-        (Op::Binary(b), &[(x, d), (y, _)]) => binary(*b, x, y, d),
+        (Op::Unary(u), &[(x, d)]) => semantics::eval_unary(*u, x, d),
+        (Op::Binary(b), &[(x, d), (y, _)]) => semantics::eval_binary(*b, x, y, d),
         (Op::Where, &[(c, _), (a, _), (b, _)]) => Some(if c.as_bool() { a } else { b }),
         (Op::Cast(to), &[(x, from)]) => Some(cast(x, from, *to)),
         _ => None,
@@ -90,180 +90,11 @@ fn cast(x: ScalarValue, from: DType, to: DType) -> ScalarValue {
     }
 }
 
-fn unary(u: UnaryOp, x: ScalarValue, d: DType) -> Option<ScalarValue> {
-    use UnaryOp::*;
-    if d == DType::Bool {
-        return match u {
-            Not => Some(ScalarValue::Bool(!x.as_bool())),
-            _ => None,
-        };
-    }
-    if d.is_float() {
-        let v = x.as_f64();
-        let r = match u {
-            Neg => -v,
-            Abs => v.abs(),
-            Exp => v.exp(),
-            Log => v.ln(),
-            Sqrt => v.sqrt(),
-            Rsqrt => 1.0 / v.sqrt(),
-            Reciprocal => 1.0 / v,
-            Relu => {
-                if v < 0.0 {
-                    0.0
-                } else {
-                    v
-                }
-            }
-            Sigmoid => 1.0 / (1.0 + (-v).exp()),
-            Tanh => v.tanh(),
-            GeluTanh => {
-                let k = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * v * (1.0 + (k * (v + 0.044715 * v * v * v)).tanh())
-            }
-            Sin => v.sin(),
-            Cos => v.cos(),
-            Floor => v.floor(),
-            Ceil => v.ceil(),
-            Round => v.round_ties_even(),
-            Sign => {
-                if v.is_nan() || v == 0.0 {
-                    v
-                } else {
-                    v.signum()
-                }
-            }
-            IsNan => return Some(ScalarValue::Bool(v.is_nan())),
-            IsInf => return Some(ScalarValue::Bool(v.is_infinite())),
-            Gelu | Erf | Not => return None,
-        };
-        return Some(ScalarValue::Float(r));
-    }
-    if d.is_signed_int() {
-        let v = x.as_i64();
-        let r = match u {
-            Neg => v.wrapping_neg(),
-            Abs => v.wrapping_abs(),
-            Relu => v.max(0),
-            Sign => v.signum(),
-            _ => return None,
-        };
-        return Some(ScalarValue::Int(r));
-    }
-    let v = x.as_u64();
-    let r = match u {
-        Abs | Relu => v,
-        Sign => v.min(1),
-        _ => return None,
-    };
-    Some(ScalarValue::UInt(r))
-}
-
-fn binary(b: BinaryOp, x: ScalarValue, y: ScalarValue, d: DType) -> Option<ScalarValue> {
-    use BinaryOp::*;
-    if b.is_comparison() {
-        let ord = if d.is_float() {
-            x.as_f64().partial_cmp(&y.as_f64())
-        } else if d.is_signed_int() {
-            Some(x.as_i64().cmp(&y.as_i64()))
-        } else if d == DType::Bool {
-            Some(x.as_bool().cmp(&y.as_bool()))
-        } else {
-            Some(x.as_u64().cmp(&y.as_u64()))
-        };
-        // `None` (a NaN operand) is unequal and unordered.
-        let r = match b {
-            Eq => ord.is_some_and(|o| o.is_eq()),
-            Ne => !ord.is_some_and(|o| o.is_eq()),
-            Lt => ord.is_some_and(|o| o.is_lt()),
-            Le => ord.is_some_and(|o| o.is_le()),
-            Gt => ord.is_some_and(|o| o.is_gt()),
-            _ => ord.is_some_and(|o| o.is_ge()),
-        };
-        return Some(ScalarValue::Bool(r));
-    }
-    if b.is_logical() {
-        let (p, q) = (x.as_bool(), y.as_bool());
-        let r = match b {
-            And => p && q,
-            Or => p || q,
-            _ => p != q,
-        };
-        return Some(ScalarValue::Bool(r));
-    }
-    if d.is_float() {
-        let (p, q) = (x.as_f64(), y.as_f64());
-        let r = match b {
-            Add => p + q,
-            Sub => p - q,
-            Mul => p * q,
-            Div => p / q,
-            Pow => p.powf(q),
-            Maximum | Minimum if p.is_nan() || q.is_nan() => f64::NAN,
-            Maximum => p.max(q),
-            Minimum => p.min(q),
-            Rem => p % q,
-            Mod => {
-                let r = p % q;
-                if r != 0.0 && (r < 0.0) != (q < 0.0) {
-                    r + q
-                } else {
-                    r
-                }
-            }
-            _ => return None,
-        };
-        return Some(ScalarValue::Float(r));
-    }
-    if d.is_signed_int() {
-        let (p, q) = (x.as_i64(), y.as_i64());
-        let r = match b {
-            Add => p.wrapping_add(q),
-            Sub => p.wrapping_sub(q),
-            Mul => p.wrapping_mul(q),
-            Div if q == 0 => 0,
-            Div => p.wrapping_div(q),
-            Pow => p.wrapping_pow(u32::try_from(q).ok()?),
-            Maximum => p.max(q),
-            Minimum => p.min(q),
-            Rem | Mod if q == 0 => return None,
-            Rem => p.wrapping_rem(q),
-            Mod => {
-                let r = p.wrapping_rem(q);
-                if r != 0 && (r < 0) != (q < 0) {
-                    r.wrapping_add(q)
-                } else {
-                    r
-                }
-            }
-            _ => return None,
-        };
-        return Some(ScalarValue::Int(r));
-    }
-    if d.is_unsigned_int() {
-        let (p, q) = (x.as_u64(), y.as_u64());
-        let r = match b {
-            Add => p.wrapping_add(q),
-            Sub => p.wrapping_sub(q),
-            Mul => p.wrapping_mul(q),
-            Div if q == 0 => 0,
-            Div => p / q,
-            Pow => p.wrapping_pow(u32::try_from(q).ok()?),
-            Maximum => p.max(q),
-            Minimum => p.min(q),
-            Rem | Mod if q == 0 => return None,
-            Rem | Mod => p % q,
-            _ => return None,
-        };
-        return Some(ScalarValue::UInt(r));
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::passes::test_eval::{assert_same_results, count_ops};
+    use crate::{BinaryOp, UnaryOp};
     use crate::{NodeId, Shape, ValueType};
 
     fn c(g: &mut Graph, v: ScalarValue, d: DType) -> NodeId {
@@ -354,6 +185,20 @@ mod tests {
             [ScalarValue::Int(i32::MAX as i64), ScalarValue::Int(0), ScalarValue::Int(-2), ScalarValue::Bool(true)];
         assert_eq!(got, want);
         assert_same_results(&g, &f);
+    }
+
+    #[test]
+    fn folds_gelu_and_erf_with_the_reference() {
+        let mut g = Graph::new();
+        let one = c(&mut g, ScalarValue::Float(1.0), DType::F32);
+        let gelu = g.push(Op::Unary(UnaryOp::Gelu), &[one]).unwrap();
+        let erf = g.push(Op::Unary(UnaryOp::Erf), &[one]).unwrap();
+        g.outputs = vec![gelu, erf];
+        let (f, n) = run(&g);
+        assert_eq!(n, 2);
+        let got: Vec<ScalarValue> = f.outputs.iter().map(|&o| constant_of(&f, o)).collect();
+        let want = [0.841_344_746_068_542_9f64 as f32 as f64, 0.842_700_792_949_714_9f64 as f32 as f64];
+        assert_eq!(got, want.map(ScalarValue::Float));
     }
 
     #[test]
