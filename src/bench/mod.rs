@@ -1,4 +1,4 @@
-//! The benchmark workloads behind `lazuli bench` and the criterion benches:
+//! The benchmark harness behind `lazuli bench` and the criterion benches:
 //! the workloads of `WORKLOADS.md` on a device — the small set W1–W6 (with
 //! H1), sized for a 2-core box, and the GPU-scale set G1–G8 (`--scale gpu`)
 //! — and the baselines they are judged against, measured in the same

@@ -11,7 +11,7 @@
 //! - `conformance`: the ONNX conformance cases and their per-op table;
 //! - `dump`: the IR, DOT and WGSL of the demo's graph.
 //!
-//! `lazuli help` (or `--help` after any command) prints [`USAGE`], which
+//! `lazuli help` (or `--help` after any command) prints `USAGE`, which
 //! lists each command with the options its parser accepts.
 
 mod bench;
