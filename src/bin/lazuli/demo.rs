@@ -120,6 +120,8 @@ pub(crate) fn demo_graph(dev: &Device) -> lazuli::Result<(Tensor, Tensor)> {
     Ok((y, row_sums))
 }
 
+/// `lazuli demo --fused`: runs the demo graph once on `dev` (compile
+/// included) and prints its values, kernels, WGSL and counters.
 fn fused_demo(dev: &Device) -> Result<(), String> {
     let err = |e: lazuli::ExecError| e.to_string();
     println!("device: {}", dev.name());

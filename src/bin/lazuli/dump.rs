@@ -10,6 +10,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     crate::device_arg(args).and_then(|d| dump(&d))
 }
 
+/// Prints the dumps of the demo graph recorded on `dev`.
 fn dump(dev: &Device) -> Result<(), String> {
     let err = |e: lazuli::ExecError| e.to_string();
     let (y, row_sums) = demo_graph(dev).map_err(err)?;
