@@ -1,79 +1,63 @@
-//! The `lazuli bench` harness without timing anything large: argument
-//! parsing (`--scale`, `--size`, workload names, iteration defaults), the
-//! GPU-scale workloads G1–G8 run at tiny sizes on the CPU device through the
-//! same code as the full-size run, G8's host/device split, H1's phase rows,
-//! a workload that fails becoming an error row instead of ending the run,
-//! and the C1 and A1 workloads beside their baselines.
+//! `lazuli bench` without timing anything large: the `lazuli` binary run
+//! end to end (a bad option, `--help`, one small workload as JSON), the
+//! GPU-scale workloads G1–G8 run at tiny sizes on the CPU device through
+//! the same code as the full-size run, their row names, G8's host/device
+//! split and H1's phase rows. Argument parsing, iteration defaults, the
+//! table and the ratios live with the command line: the unit tests of
+//! `src/bin/lazuli/bench.rs` (`cargo test -p lazuli --bin lazuli`).
 
-use lazuli::bench::{
-    conv_gemm_baseline, gpu_row_name, host_split, ratios, run_gpu_workload, run_workload, BenchArgs, BenchConfig,
-    BenchDevice, ConvSizes, ConvStep, GptSizes, GpuSizes, Workload, GPU_SCALE_CPU_ITERATIONS,
-    GPU_SCALE_SOFTWARE_ITERATIONS,
-};
+use lazuli::bench::{gpu_row_name, host_split, run_gpu_workload, BenchConfig, BenchDevice, GpuSizes, Workload};
+use std::process::{Command, Output};
 
-fn args(s: &str) -> Vec<String> {
-    s.split_whitespace().map(str::to_string).collect()
-}
-
-fn parse(s: &str) -> Result<BenchArgs, String> {
-    BenchArgs::parse(&args(s))
-}
-
-#[test]
-fn scale_selects_the_workload_set() {
-    assert_eq!(parse("").unwrap().workloads, Workload::SMALL.to_vec());
-    assert_eq!(parse("--scale small").unwrap().workloads, Workload::SMALL.to_vec());
-    let gpu = parse("--scale gpu --device cpu --json --profile --iterations 2").unwrap();
-    assert_eq!(gpu.workloads, Workload::GPU.to_vec());
-    assert!(gpu.cpu && !gpu.wgpu && gpu.json && gpu.profile);
-    assert_eq!(gpu.iterations, Some(2));
-    // Named workloads win over the set.
-    assert_eq!(parse("--scale gpu W3").unwrap().workloads, vec![Workload::W3]);
+/// Runs the `lazuli` binary with `args` (the compile cache off, as under
+/// cargo).
+fn lazuli(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lazuli"))
+        .args(args)
+        .env("LAZULI_CACHE_DIR", "")
+        .output()
+        .expect("the lazuli binary runs")
 }
 
 #[test]
-fn g_workloads_parse_by_name() {
-    let all = parse("G1 g2 G3 G4 G5 G6 G7 G8").unwrap();
-    assert_eq!(all.workloads, Workload::GPU.to_vec());
-    assert!(Workload::GPU.iter().all(|w| w.is_gpu_scale()));
-    assert!(Workload::SMALL.iter().all(|w| !w.is_gpu_scale()));
-    assert_eq!(parse("h1").unwrap().workloads, vec![Workload::H1]);
-    assert!(parse("G9").unwrap_err().contains("unknown workload"));
+fn the_binary_rejects_a_bad_option_with_its_message() {
+    let out = lazuli(&["bench", "--scale", "huge"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("lazuli: --scale takes small or gpu"), "{stderr}");
+    let out = lazuli(&["bench", "W9"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload or option \"W9\""));
 }
 
 #[test]
-fn size_selects_the_g_workload_sizes() {
-    assert_eq!(parse("G8").unwrap().sizes, GpuSizes::default());
-    assert_eq!(parse("G8 --size small").unwrap().sizes, GpuSizes::small());
-    assert_eq!(parse("G8 --size small --size full").unwrap().sizes, GpuSizes::default());
-    assert!(parse("--size huge").unwrap_err().contains("--size takes full or small"));
-    // Small sizes take the ordinary iteration count everywhere.
-    let small = parse("G8 --size small").unwrap();
-    assert_eq!(small.config(Workload::G8, "wgpu (software)").iterations, 10);
-    assert_eq!(small.config(Workload::G8, "cpu").iterations, 10);
-    assert_eq!(GpuSizes::small().gpt.parameter_tensors(), 28);
-    assert_eq!(GptSizes::G8.parameter_tensors(), 52);
+fn help_after_a_command_prints_the_usage() {
+    let help = lazuli(&["help"]);
+    assert!(help.status.success());
+    let usage = String::from_utf8_lossy(&help.stdout).into_owned();
+    for command in ["info", "demo", "dump", "conformance", "bench", "generate"] {
+        assert!(usage.contains(&format!("\n  {command} ")), "{command} missing from:\n{usage}");
+    }
+    let bench = lazuli(&["bench", "--help"]);
+    assert!(bench.status.success());
+    assert_eq!(String::from_utf8_lossy(&bench.stdout), usage);
+    // An unknown command is still an error, --help or not.
+    assert!(!lazuli(&["frobnicate", "--help"]).status.success());
 }
 
+/// One small workload on the CPU device through the binary: the memcpy
+/// baseline row and the workload's row, as a JSON array on stdout.
 #[test]
-fn bad_scale_is_rejected() {
-    assert!(parse("--scale huge").unwrap_err().contains("--scale takes small or gpu"));
-    assert!(parse("--scale").is_err());
-    assert!(parse("--iterations 0").is_err());
-}
-
-#[test]
-fn iteration_defaults_are_small_for_g_on_cpu() {
-    let a = parse("--scale gpu").unwrap();
-    assert_eq!(a.config(Workload::G3, "cpu").iterations, GPU_SCALE_CPU_ITERATIONS);
-    assert_eq!(a.config(Workload::G3, "wgpu").iterations, 10);
-    assert_eq!(a.config(Workload::G3, "wgpu (software)").iterations, GPU_SCALE_SOFTWARE_ITERATIONS);
-    assert_eq!(a.config(Workload::W1, "wgpu (software)").iterations, 10);
-    assert_eq!(a.config(Workload::W2, "cpu").iterations, 10);
-    assert_eq!(a.config(Workload::G3, "cpu").warmup, 3);
-    let n = parse("--scale gpu --iterations 1").unwrap();
-    assert_eq!(n.config(Workload::G3, "cpu").iterations, 1);
-    assert_eq!(n.config(Workload::G3, "wgpu").iterations, 1);
+fn bench_prints_its_rows_as_json() {
+    let out = lazuli(&["bench", "W5", "--device", "cpu", "--iterations", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let rows = rows.as_array().expect("a JSON array");
+    let names: Vec<(&str, &str)> =
+        rows.iter().map(|r| (r["workload"].as_str().unwrap(), r["device"].as_str().unwrap())).collect();
+    assert_eq!(names, [("memcpy 64 MiB", "host"), ("W5", "cpu")]);
+    assert!(rows[1]["median_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{rows:?}");
+    assert!(rows[1]["note"].as_str().is_some_and(|n| n.ends_with("µs per op")), "{rows:?}");
 }
 
 #[test]
@@ -135,76 +119,4 @@ fn h1_splits_the_host_cost_by_phase() {
     let median = |i: usize| rows[i].median_ms;
     assert!(median(4) >= median(0), "{rows:?}");
     assert!(median(1) > 0.0 && median(2) > 0.0 && median(3) > 0.0, "{rows:?}");
-}
-
-#[test]
-fn a_failing_workload_is_an_error_row_and_the_run_goes_on() {
-    let bd = BenchDevice::cpu();
-    let cfg = BenchConfig { warmup: 1, iterations: 1 };
-    let sizes = GpuSizes::tiny();
-    bd.device.fail_next_executions(1);
-    let failed = run_gpu_workload(Workload::G5, &bd, &cfg, &sizes);
-    assert!(failed.median_ms.is_nan() && failed.gbps.is_none());
-    assert!(failed.error.as_deref().is_some_and(|e| e.contains("injected")), "{failed:?}");
-    let json = failed.to_json();
-    assert!(json["error"].as_str().is_some_and(|e| e.contains("injected")));
-    assert!(json["median_ms"].is_null());
-    assert!(lazuli::bench::table(std::slice::from_ref(&failed)).contains("error: "));
-    // The same device runs the next workload.
-    let next = run_gpu_workload(Workload::G1, &bd, &cfg, &sizes);
-    assert_eq!(next.error, None);
-    assert!(next.median_ms.is_finite());
-}
-
-/// C1 parses by name (outside both sets), runs at a tiny size through the
-/// same step, and its ratio to the gemm baseline is printed.
-#[test]
-fn c1_conv_workload_and_its_gemm_baseline() {
-    assert_eq!(parse("c1").unwrap().workloads, vec![Workload::C1]);
-    assert!(!Workload::SMALL.contains(&Workload::C1) && !Workload::GPU.contains(&Workload::C1));
-    let tiny = ConvSizes { batch: 2, channels: 3, size: 6, out_channels: 4, kernel: 3 };
-    assert_eq!(tiny.gemm_dims(), (4, 27, 72));
-    assert_eq!(tiny.flops(), 6.0 * 4.0 * 27.0 * 72.0);
-    let dev = BenchDevice::cpu().device;
-    let mut step = ConvStep::new(&dev, tiny).unwrap();
-    step.step().unwrap();
-    step.step().unwrap();
-    let cfg = BenchConfig { warmup: 1, iterations: 2 };
-    let base = conv_gemm_baseline(&cfg, tiny);
-    assert_eq!((base.workload.as_str(), base.device.as_str()), ("C1 gemm baseline", "host"));
-    assert!(base.gflops.is_some_and(|g| g > 0.0), "{base:?}");
-    let mut c1 = base.clone();
-    (c1.workload, c1.device, c1.gflops) = ("C1".into(), "cpu".into(), base.gflops.map(|g| g / 2.0));
-    assert!(ratios(&[base, c1]).contains("C1 cpu / gemm baseline           0.50x"));
-}
-
-/// A1 parses by name (outside both sets), runs at the tiny size on the
-/// CPU (the fused op and the composition, forward and forward +
-/// backward), and prints the unfused / fused ratios.
-#[test]
-fn a1_attention_workload_fused_beside_unfused() {
-    assert_eq!(parse("a1").unwrap().workloads, vec![Workload::A1]);
-    assert!(!Workload::SMALL.contains(&Workload::A1) && !Workload::GPU.contains(&Workload::A1));
-    let sizes = GpuSizes::tiny();
-    let bd = BenchDevice::cpu();
-    let cfg = BenchConfig { warmup: 1, iterations: 2 };
-    let rows = run_workload(Workload::A1, &bd, &cfg, &sizes).unwrap();
-    let names: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "A1 attention forward fused",
-            "A1 attention forward unfused",
-            "A1 attention forward+backward fused",
-            "A1 attention forward+backward unfused"
-        ]
-    );
-    assert!(rows.iter().all(|r| r.median_ms.is_finite() && r.gflops.is_some_and(|g| g > 0.0)), "{rows:?}");
-    assert!(rows[0].note.as_deref() == Some("[B1 H2 T24 D8] causal"), "{rows:?}");
-    let mut fused = rows[0].clone();
-    let mut unfused = rows[1].clone();
-    (fused.median_ms, unfused.median_ms) = (1.0, 2.5);
-    fused.device = "wgpu".into();
-    unfused.device = "wgpu".into();
-    assert!(ratios(&[fused, unfused]).contains("A1 wgpu forward: unfused / fused 2.50x"), "{}", ratios(&rows));
 }

@@ -1,0 +1,452 @@
+//! `lazuli bench`: the command line over the library's workloads
+//! (`lazuli::bench`): the options ([`BenchArgs`], with the `--scale` sets
+//! and the iteration defaults of large workloads on slow devices), the run
+//! over the chosen devices with a progress bar on stderr, and the output:
+//! a text [`table`] with the [`ratios`] the targets are stated in, or a
+//! JSON array, and with `--profile` the per-kernel GPU times.
+
+use lazuli::bench::{
+    conv_gemm_baseline, matmul_naive_baseline, memcpy, profile, run_workload, w1_vec4_baseline, BenchConfig,
+    BenchDevice, BenchResult, ConvSizes, GpuSizes, Workload,
+};
+
+/// Which set of workloads `lazuli bench` runs when none is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Scale {
+    /// W1–W6 and H1, sized for a 2-core box.
+    #[default]
+    Small,
+    /// G1–G8, sized for a GPU.
+    Gpu,
+}
+
+impl Scale {
+    /// Parses "small" or "gpu".
+    pub fn parse(s: &str) -> Option<Scale> {
+        match s {
+            "small" => Some(Scale::Small),
+            "gpu" => Some(Scale::Gpu),
+            _ => None,
+        }
+    }
+
+    /// The workloads of the set, in order.
+    pub fn workloads(self) -> Vec<Workload> {
+        match self {
+            Scale::Small => Workload::SMALL.to_vec(),
+            Scale::Gpu => Workload::GPU.to_vec(),
+        }
+    }
+}
+
+/// Timed iterations of a G workload on the CPU device when `--iterations`
+/// is not given: a 4096³ matmul takes about a second there.
+pub const GPU_SCALE_CPU_ITERATIONS: usize = 3;
+
+/// Timed iterations of a G workload on a software adapter (lavapipe) when
+/// `--iterations` is not given: a G3 or G7 iteration takes about 22 s there.
+pub const GPU_SCALE_SOFTWARE_ITERATIONS: usize = 1;
+
+/// The options of `lazuli bench`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BenchArgs {
+    /// The workloads to run, in order: those named, or else the `--scale`
+    /// set.
+    pub workloads: Vec<Workload>,
+    /// Run on the CPU device.
+    pub cpu: bool,
+    /// Run on a wgpu device.
+    pub wgpu: bool,
+    /// Print a JSON array instead of the table.
+    pub json: bool,
+    /// Add per-kernel GPU times on wgpu.
+    pub profile: bool,
+    /// `--iterations N`, if given.
+    pub iterations: Option<usize>,
+    /// The sizes of the G workloads: `WORKLOADS.md`'s, or with `--size
+    /// small` [`GpuSizes::small`].
+    pub sizes: GpuSizes,
+}
+
+impl BenchArgs {
+    /// Parses `[W1 ... G1 ...] [--scale small|gpu] [--size full|small]
+    /// [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]`.
+    pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
+        let mut workloads = Vec::new();
+        let mut scale = Scale::default();
+        let (mut cpu, mut wgpu) = (true, true);
+        let (mut json, mut profile) = (false, false);
+        let mut iterations = None;
+        let mut sizes = GpuSizes::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--device" => match it.next().map(String::as_str) {
+                    Some("cpu") => (cpu, wgpu) = (true, false),
+                    Some("wgpu") => (cpu, wgpu) = (false, true),
+                    Some("all") => (cpu, wgpu) = (true, true),
+                    other => return Err(format!("--device takes cpu, wgpu or all, got {other:?}")),
+                },
+                "--scale" => {
+                    let v = it.next().map(String::as_str);
+                    scale = v.and_then(Scale::parse).ok_or_else(|| format!("--scale takes small or gpu, got {v:?}"))?;
+                }
+                "--size" => match it.next().map(String::as_str) {
+                    Some("full") => sizes = GpuSizes::default(),
+                    Some("small") => sizes = GpuSizes::small(),
+                    other => return Err(format!("--size takes full or small, got {other:?}")),
+                },
+                "--json" => json = true,
+                "--profile" => profile = true,
+                "--iterations" => {
+                    iterations = Some(
+                        it.next()
+                            .and_then(|n| n.parse().ok())
+                            .filter(|&n| n >= 1)
+                            .ok_or("--iterations takes a positive number")?,
+                    );
+                }
+                w => workloads.push(Workload::parse(w).ok_or_else(|| format!("unknown workload or option {w:?}"))?),
+            }
+        }
+        if workloads.is_empty() {
+            workloads = scale.workloads();
+        }
+        Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations, sizes })
+    }
+
+    /// The iterations of workload `w` on the device labelled `device`
+    /// ("cpu", "wgpu" or "wgpu (software)"): `--iterations` if given, else
+    /// 10, except for G workloads at full size on the CPU device
+    /// ([`GPU_SCALE_CPU_ITERATIONS`]) and on software adapters
+    /// ([`GPU_SCALE_SOFTWARE_ITERATIONS`]).
+    pub fn config(&self, w: Workload, device: &str) -> BenchConfig {
+        let default = BenchConfig::default();
+        let fallback = match device {
+            _ if !(w.is_gpu_scale() || w == Workload::A1) || self.sizes == GpuSizes::small() => default.iterations,
+            "cpu" => GPU_SCALE_CPU_ITERATIONS,
+            "wgpu (software)" => GPU_SCALE_SOFTWARE_ITERATIONS,
+            _ => default.iterations,
+        };
+        BenchConfig { iterations: self.iterations.unwrap_or(fallback), ..default }
+    }
+}
+
+/// `lazuli bench [W1 ... G1 ...] [--scale small|gpu] [--size full|small]
+/// [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]`: runs the
+/// workloads (the `--scale` set by default: W1–W6 and H1, or G1–G8 with
+/// `--scale gpu`; G workloads at `--size`) and
+/// the baselines on the chosen devices (default all), with a progress bar
+/// on stderr, and prints a table, or a JSON array with `--json`.
+/// `--profile` adds the per-kernel GPU times of each workload on wgpu
+/// (timestamp queries).
+pub fn run(args: &[String]) -> Result<(), String> {
+    let args = BenchArgs::parse(args)?;
+    let workloads = &args.workloads;
+    let cfg = BenchConfig {
+        iterations: args.iterations.unwrap_or(BenchConfig::default().iterations),
+        ..BenchConfig::default()
+    };
+    let mut devices = Vec::new();
+    if args.cpu {
+        devices.push(BenchDevice::cpu());
+    }
+    if args.wgpu {
+        match BenchDevice::wgpu() {
+            Ok(d) => devices.push(d),
+            Err(e) if args.cpu => eprintln!("lazuli bench: no wgpu device ({e}); CPU only"),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let has = |w: Workload| workloads.contains(&w);
+    let wgpu_dev = devices.iter().find_map(|d| d.wgpu.clone());
+    let steps = 1
+        + has(Workload::C1) as usize
+        + workloads.len() * devices.len()
+        + wgpu_dev.as_ref().map_or(0, |_| has(Workload::W1) as usize + has(Workload::W2) as usize);
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    bar.set_message("memcpy");
+    rows.push(memcpy(&cfg));
+    bar.inc(1);
+    if has(Workload::C1) {
+        bar.set_message("C1 gemm baseline");
+        rows.push(conv_gemm_baseline(&cfg, ConvSizes::C1));
+        bar.inc(1);
+    }
+    if let Some(b) = &wgpu_dev {
+        if has(Workload::W1) {
+            bar.set_message("W1 vec4 baseline (wgpu)");
+            rows.push(w1_vec4_baseline(b, &cfg).map_err(|e| e.to_string())?);
+            bar.inc(1);
+        }
+        if has(Workload::W2) {
+            bar.set_message("W2 naive baseline (wgpu)");
+            rows.push(matmul_naive_baseline(b, &cfg).map_err(|e| e.to_string())?);
+            bar.inc(1);
+        }
+    }
+    let mut profiles = Vec::new();
+    for d in &devices {
+        for &w in workloads {
+            bar.set_message(format!("{} ({})", w.name(), d.label));
+            let kind = if d.wgpu.as_ref().is_some_and(|b| b.is_software()) { "wgpu (software)" } else { d.label };
+            let measured = run_workload(w, d, &args.config(w, kind), &args.sizes)
+                .map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
+            let ran = measured.iter().all(|r| r.error.is_none());
+            rows.extend(measured);
+            if args.profile && d.wgpu.is_some() && w != Workload::W6 {
+                if !w.is_gpu_scale() {
+                    profiles.push((w, Ok(profile(w, d, &args.sizes, 3).map_err(|e| e.to_string())?)));
+                } else if !ran {
+                    profiles.push((w, Err("not profiled: the workload did not run".to_string())));
+                } else {
+                    let p = profile(w, d, &args.sizes, 3).map_err(|e| e.to_string());
+                    if p.is_err() {
+                        let _ = d.device.wait();
+                    }
+                    profiles.push((w, p));
+                }
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    if args.json {
+        let arr: Vec<serde_json::Value> = rows.iter().map(BenchResult::to_json).collect();
+        println!("{}", serde_json::Value::Array(arr));
+    } else {
+        if let Some(b) = &wgpu_dev {
+            println!("wgpu adapter: {}", lazuli_executor::Backend::name(b.as_ref()));
+        }
+        print!("{}", table(&rows));
+        print!("{}", ratios(&rows));
+    }
+    if args.profile {
+        if profiles.is_empty() && wgpu_dev.is_none() {
+            println!("profile: no wgpu device");
+        }
+        for (w, p) in profiles {
+            match p {
+                Err(e) => println!("profile {}: {e}", w.name()),
+                Ok(None) => println!("profile {}: timestamp queries not supported by this adapter", w.name()),
+                Ok(Some(k)) => {
+                    println!("profile {} (GPU time over 3 iterations):", w.name());
+                    for (name, ms, share) in k {
+                        println!("  {:>9.3} ms {:>5.1}%  {name}", ms, share * 100.0);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rows as an aligned text table (the workload column at least 20
+/// wide; a row that could not run shows its error as the note).
+pub fn table(rows: &[BenchResult]) -> String {
+    let width = rows.iter().map(|r| r.workload.chars().count()).max().unwrap_or(0).max(20);
+    let mut s = format!(
+        "{:<width$} {:<6} {:>11} {:>11} {:>11} {:>16} {:>8}  {}\n",
+        "workload", "device", "median ms", "min ms", "max ms", "throughput", "kernels", "note"
+    );
+    for r in rows {
+        let tp = match (r.gbps, r.gflops) {
+            (Some(g), _) => format!("{g:.2} GB/s"),
+            (_, Some(f)) => format!("{f:.2} GFLOP/s"),
+            _ => String::new(),
+        };
+        let k = r.kernels.map(|k| format!("{k:.1}")).unwrap_or_default();
+        let note = match &r.error {
+            Some(e) => format!("error: {e}"),
+            None => r.note.clone().unwrap_or_default(),
+        };
+        s.push_str(&format!(
+            "{:<width$} {:<6} {:>11.3} {:>11.3} {:>11.3} {:>16} {:>8}  {}\n",
+            r.workload, r.device, r.median_ms, r.min_ms, r.max_ms, tp, k, note
+        ));
+    }
+    s
+}
+
+/// The ratios the targets are stated in, for the rows present.
+pub fn ratios(rows: &[BenchResult]) -> String {
+    let find = |w: &str, d: &str| rows.iter().find(|r| r.workload == w && r.device == d);
+    let mut s = String::new();
+    let mut line = |name: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            s.push_str(&format!("{name:<32} {v:.2}x\n"));
+        }
+    };
+    let memcpy = find("memcpy 64 MiB", "host").and_then(|r| r.gbps);
+    for d in ["wgpu", "cpu"] {
+        let w1 = find("W1", d).and_then(|r| r.gbps);
+        line(&format!("W1 {d} / memcpy"), w1.zip(memcpy).map(|(a, b)| a / b));
+        let w3 = find("W3", d).and_then(|r| r.gbps);
+        line(&format!("W3 {d} / W1 {d} (GB/s)"), w3.zip(w1).map(|(a, b)| a / b));
+    }
+    let vec4 = find("W1 vec4 baseline", "wgpu").and_then(|r| r.gbps);
+    line("W1 wgpu / vec4 baseline", find("W1", "wgpu").and_then(|r| r.gbps).zip(vec4).map(|(a, b)| a / b));
+    let gemm = find("C1 gemm baseline", "host").and_then(|r| r.gflops);
+    for d in ["cpu", "wgpu"] {
+        line(&format!("C1 {d} / gemm baseline"), find("C1", d).and_then(|r| r.gflops).zip(gemm).map(|(a, b)| a / b));
+    }
+    for d in ["cpu", "wgpu"] {
+        for what in ["forward", "forward+backward"] {
+            let ms = |kind: &str| find(&format!("A1 attention {what} {kind}"), d).map(|r| r.median_ms);
+            line(&format!("A1 {d} {what}: unfused / fused"), ms("unfused").zip(ms("fused")).map(|(u, f)| u / f));
+        }
+    }
+    let naive = find("W2 naive baseline", "wgpu").and_then(|r| r.gflops);
+    line("W2 wgpu / naive baseline", find("W2", "wgpu").and_then(|r| r.gflops).zip(naive).map(|(a, b)| a / b));
+    s
+}
+
+/// Argument parsing, iteration defaults, the table and the ratios, with
+/// the workloads they report run at tiny sizes on the CPU device.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lazuli::bench::{run_gpu_workload, ConvStep, GptSizes};
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    fn parse(s: &str) -> Result<BenchArgs, String> {
+        BenchArgs::parse(&args(s))
+    }
+
+    #[test]
+    fn scale_selects_the_workload_set() {
+        assert_eq!(parse("").unwrap().workloads, Workload::SMALL.to_vec());
+        assert_eq!(parse("--scale small").unwrap().workloads, Workload::SMALL.to_vec());
+        let gpu = parse("--scale gpu --device cpu --json --profile --iterations 2").unwrap();
+        assert_eq!(gpu.workloads, Workload::GPU.to_vec());
+        assert!(gpu.cpu && !gpu.wgpu && gpu.json && gpu.profile);
+        assert_eq!(gpu.iterations, Some(2));
+        // Named workloads win over the set.
+        assert_eq!(parse("--scale gpu W3").unwrap().workloads, vec![Workload::W3]);
+    }
+
+    #[test]
+    fn g_workloads_parse_by_name() {
+        let all = parse("G1 g2 G3 G4 G5 G6 G7 G8").unwrap();
+        assert_eq!(all.workloads, Workload::GPU.to_vec());
+        assert!(Workload::GPU.iter().all(|w| w.is_gpu_scale()));
+        assert!(Workload::SMALL.iter().all(|w| !w.is_gpu_scale()));
+        assert_eq!(parse("h1").unwrap().workloads, vec![Workload::H1]);
+        assert!(parse("G9").unwrap_err().contains("unknown workload"));
+    }
+
+    #[test]
+    fn size_selects_the_g_workload_sizes() {
+        assert_eq!(parse("G8").unwrap().sizes, GpuSizes::default());
+        assert_eq!(parse("G8 --size small").unwrap().sizes, GpuSizes::small());
+        assert_eq!(parse("G8 --size small --size full").unwrap().sizes, GpuSizes::default());
+        assert!(parse("--size huge").unwrap_err().contains("--size takes full or small"));
+        // Small sizes take the ordinary iteration count everywhere.
+        let small = parse("G8 --size small").unwrap();
+        assert_eq!(small.config(Workload::G8, "wgpu (software)").iterations, 10);
+        assert_eq!(small.config(Workload::G8, "cpu").iterations, 10);
+        assert_eq!(GpuSizes::small().gpt.parameter_tensors(), 28);
+        assert_eq!(GptSizes::G8.parameter_tensors(), 52);
+    }
+
+    #[test]
+    fn bad_scale_is_rejected() {
+        assert!(parse("--scale huge").unwrap_err().contains("--scale takes small or gpu"));
+        assert!(parse("--scale").is_err());
+        assert!(parse("--iterations 0").is_err());
+    }
+
+    #[test]
+    fn iteration_defaults_are_small_for_g_on_cpu() {
+        let a = parse("--scale gpu").unwrap();
+        assert_eq!(a.config(Workload::G3, "cpu").iterations, GPU_SCALE_CPU_ITERATIONS);
+        assert_eq!(a.config(Workload::G3, "wgpu").iterations, 10);
+        assert_eq!(a.config(Workload::G3, "wgpu (software)").iterations, GPU_SCALE_SOFTWARE_ITERATIONS);
+        assert_eq!(a.config(Workload::W1, "wgpu (software)").iterations, 10);
+        assert_eq!(a.config(Workload::W2, "cpu").iterations, 10);
+        assert_eq!(a.config(Workload::G3, "cpu").warmup, 3);
+        let n = parse("--scale gpu --iterations 1").unwrap();
+        assert_eq!(n.config(Workload::G3, "cpu").iterations, 1);
+        assert_eq!(n.config(Workload::G3, "wgpu").iterations, 1);
+    }
+
+    #[test]
+    fn a_failing_workload_is_an_error_row_and_the_run_goes_on() {
+        let bd = BenchDevice::cpu();
+        let cfg = BenchConfig { warmup: 1, iterations: 1 };
+        let sizes = GpuSizes::tiny();
+        bd.device.fail_next_executions(1);
+        let failed = run_gpu_workload(Workload::G5, &bd, &cfg, &sizes);
+        assert!(failed.median_ms.is_nan() && failed.gbps.is_none());
+        assert!(failed.error.as_deref().is_some_and(|e| e.contains("injected")), "{failed:?}");
+        let json = failed.to_json();
+        assert!(json["error"].as_str().is_some_and(|e| e.contains("injected")));
+        assert!(json["median_ms"].is_null());
+        assert!(table(std::slice::from_ref(&failed)).contains("error: "));
+        // The same device runs the next workload.
+        let next = run_gpu_workload(Workload::G1, &bd, &cfg, &sizes);
+        assert_eq!(next.error, None);
+        assert!(next.median_ms.is_finite());
+    }
+
+    /// C1 parses by name (outside both sets), runs at a tiny size through the
+    /// same step, and its ratio to the gemm baseline is printed.
+    #[test]
+    fn c1_conv_workload_and_its_gemm_baseline() {
+        assert_eq!(parse("c1").unwrap().workloads, vec![Workload::C1]);
+        assert!(!Workload::SMALL.contains(&Workload::C1) && !Workload::GPU.contains(&Workload::C1));
+        let tiny = ConvSizes { batch: 2, channels: 3, size: 6, out_channels: 4, kernel: 3 };
+        assert_eq!(tiny.gemm_dims(), (4, 27, 72));
+        assert_eq!(tiny.flops(), 6.0 * 4.0 * 27.0 * 72.0);
+        let dev = BenchDevice::cpu().device;
+        let mut step = ConvStep::new(&dev, tiny).unwrap();
+        step.step().unwrap();
+        step.step().unwrap();
+        let cfg = BenchConfig { warmup: 1, iterations: 2 };
+        let base = conv_gemm_baseline(&cfg, tiny);
+        assert_eq!((base.workload.as_str(), base.device.as_str()), ("C1 gemm baseline", "host"));
+        assert!(base.gflops.is_some_and(|g| g > 0.0), "{base:?}");
+        let mut c1 = base.clone();
+        (c1.workload, c1.device, c1.gflops) = ("C1".into(), "cpu".into(), base.gflops.map(|g| g / 2.0));
+        assert!(ratios(&[base, c1]).contains("C1 cpu / gemm baseline           0.50x"));
+    }
+
+    /// A1 parses by name (outside both sets), runs at the tiny size on the
+    /// CPU (the fused op and the composition, forward and forward +
+    /// backward), and prints the unfused / fused ratios.
+    #[test]
+    fn a1_attention_workload_fused_beside_unfused() {
+        assert_eq!(parse("a1").unwrap().workloads, vec![Workload::A1]);
+        assert!(!Workload::SMALL.contains(&Workload::A1) && !Workload::GPU.contains(&Workload::A1));
+        let sizes = GpuSizes::tiny();
+        let bd = BenchDevice::cpu();
+        let cfg = BenchConfig { warmup: 1, iterations: 2 };
+        let rows = run_workload(Workload::A1, &bd, &cfg, &sizes).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "A1 attention forward fused",
+                "A1 attention forward unfused",
+                "A1 attention forward+backward fused",
+                "A1 attention forward+backward unfused"
+            ]
+        );
+        assert!(rows.iter().all(|r| r.median_ms.is_finite() && r.gflops.is_some_and(|g| g > 0.0)), "{rows:?}");
+        assert!(rows[0].note.as_deref() == Some("[B1 H2 T24 D8] causal"), "{rows:?}");
+        let mut fused = rows[0].clone();
+        let mut unfused = rows[1].clone();
+        (fused.median_ms, unfused.median_ms) = (1.0, 2.5);
+        fused.device = "wgpu".into();
+        unfused.device = "wgpu".into();
+        assert!(ratios(&[fused, unfused]).contains("A1 wgpu forward: unfused / fused 2.50x"), "{}", ratios(&rows));
+    }
+}

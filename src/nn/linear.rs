@@ -1,0 +1,65 @@
+//! The fully connected layer, [`Linear`]: `y = x W^T + b` over the last
+//! dim, with PyTorch's weight layout and default initialization.
+
+use super::init::{parameter, Init};
+use super::Module;
+use crate::{Device, Result, Tensor};
+
+/// `y = x W^T + b` over the last dim of `x`; `weight` is `[out, in]`
+/// (PyTorch's layout), `bias` is `[out]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[out_features, in_features]`.
+    pub weight: Tensor,
+    /// `[out_features]`.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer with Kaiming-uniform weights and `U(+-1/sqrt(in))` biases.
+    pub fn new(in_features: usize, out_features: usize, device: &Device) -> Result<Linear> {
+        Linear::with_init(in_features, out_features, true, Init::KaimingUniform, Init::LecunUniform, device)
+    }
+
+    /// A layer with the given initializations (`bias_init` is ignored
+    /// without a bias).
+    pub fn with_init(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        weight_init: Init,
+        bias_init: Init,
+        device: &Device,
+    ) -> Result<Linear> {
+        let weight = parameter(weight_init, &[out_features, in_features], in_features, out_features, device)?;
+        let bias =
+            if bias { Some(parameter(bias_init, &[out_features], in_features, out_features, device)?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> usize {
+        self.weight.dims()[1]
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> usize {
+        self.weight.dims()[0]
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+}

@@ -1,0 +1,211 @@
+//! Neural-network building blocks over lazy tensors: the [`Module`] trait
+//! (nested parameter names, buffers, train/eval mode, state dicts over
+//! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
+//! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`],
+//! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Sequential`]),
+//! attention ([`scaled_dot_product_attention`], its unfused reference
+//! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
+//! ([`cross_entropy`], [`cross_entropy_with`], [`mse`]) and seeded
+//! initialization ([`Init`]).
+//!
+//! Everything here composes executor ops, so gradients come from
+//! `lazuli_executor::autograd` and a whole training step stays one lazy
+//! graph. Parameters are leaves created with `requires_grad_(true)`;
+//! optimizers ([`crate::optim`]) update them in place with
+//! [`Tensor::assign`], and so does [`BatchNorm2d`] its running statistics.
+//! Initialization draws from the device RNG
+//! ([`Device::manual_seed`](crate::Device::manual_seed) makes it
+//! reproducible).
+//!
+//! Attention records the fused op ([`Tensor::attention`]: the scores are
+//! never materialized); its unfused composition (two matmuls around a
+//! softmax) stays available as the reference,
+//! [`scaled_dot_product_attention_unfused`].
+//!
+//! One file per layer family: `init`, `linear`, `activation`, `loss`,
+//! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention` and
+//! `sequential`; everything public is re-exported here, so every path is
+//! `lazuli::nn::Name`. This file holds the [`Module`] trait and the
+//! train/eval flag the layers with a mode share.
+
+mod activation;
+mod attention;
+mod conv;
+mod dropout;
+mod embedding;
+mod init;
+mod linear;
+mod loss;
+mod norm;
+mod pool;
+mod sequential;
+
+pub use activation::{gelu, leaky_relu, log_softmax, relu, sigmoid, silu, softmax, tanh, Activation};
+pub use attention::{
+    causal_mask, scaled_dot_product_attention, scaled_dot_product_attention_unfused, AttentionOptions,
+    MultiheadAttention,
+};
+pub use conv::{Conv2d, Conv2dBuilder, Size2};
+pub use dropout::{dropout, Dropout};
+pub use embedding::{one_hot, Embedding};
+pub use init::Init;
+pub use linear::Linear;
+pub use loss::{cross_entropy, cross_entropy_with, mse, CrossEntropyOptions, Reduction};
+pub use norm::{group_norm, layer_norm, BatchNorm2d, GroupNorm, LayerNorm};
+pub use pool::{AvgPool2d, MaxPool2d};
+pub use sequential::{Flatten, Sequential};
+
+use crate::{ExecError, Result, Tensor};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A layer or model: a forward function, named parameters and buffers,
+/// and a training/evaluation mode.
+///
+/// A module lists its own tensors ([`Module::own_parameters`],
+/// [`Module::own_buffers`]) and its sub-modules ([`Module::children`]);
+/// the provided methods walk the tree and join names with dots
+/// (`"features.0.weight"`), PyTorch's convention, so a model built from
+/// layers gets nested names without writing them by hand.
+pub trait Module {
+    /// Applies the module to `x`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// This module's own trainable tensors with short names ("weight"),
+    /// not those of its children. None by default.
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// This module's own state that is not trained (running statistics),
+    /// with short names. None by default.
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// The direct sub-modules with their names. None by default.
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        Vec::new()
+    }
+
+    /// Own parameters that weight decay should skip (short names). By
+    /// default those of rank 0 or 1: biases and the scales of norms.
+    fn own_no_weight_decay(&self) -> Vec<String> {
+        self.own_parameters().into_iter().filter(|(_, t)| t.rank() <= 1).map(|(n, _)| n).collect()
+    }
+
+    /// Switches this module's own mode (dropout active, batch statistics)
+    /// without touching children; [`Module::set_training`] walks the tree.
+    /// Modules without a mode ignore it.
+    fn set_own_training(&self, _training: bool) {}
+
+    /// Every trainable tensor of the tree with its dotted name
+    /// ("0.weight", "fc1.bias"), own parameters first, then each child's
+    /// in order.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.own_parameters();
+        for (name, child) in self.children() {
+            v.extend(child.named_parameters().into_iter().map(|(n, t)| (format!("{name}.{n}"), t)));
+        }
+        v
+    }
+
+    /// The trainable tensors, in [`Module::named_parameters`] order.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// Every buffer of the tree with its dotted name.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.own_buffers();
+        for (name, child) in self.children() {
+            v.extend(child.named_buffers().into_iter().map(|(n, t)| (format!("{name}.{n}"), t)));
+        }
+        v
+    }
+
+    /// Dotted names of the parameters that weight decay should skip:
+    /// biases, norm scales and shifts, embeddings (see
+    /// [`crate::optim::decay_groups`]).
+    fn no_weight_decay(&self) -> Vec<String> {
+        let mut v = self.own_no_weight_decay();
+        for (name, child) in self.children() {
+            v.extend(child.no_weight_decay().into_iter().map(|n| format!("{name}.{n}")));
+        }
+        v
+    }
+
+    /// Sets training (`true`) or evaluation mode on the whole tree.
+    fn set_training(&self, training: bool) {
+        self.set_own_training(training);
+        for (_, child) in self.children() {
+            child.set_training(training);
+        }
+    }
+
+    /// Training mode: dropout drops, batch norm uses and updates batch statistics.
+    fn train(&self) {
+        self.set_training(true)
+    }
+
+    /// Evaluation mode: dropout passes through, batch norm uses its running statistics.
+    fn eval(&self) {
+        self.set_training(false)
+    }
+
+    /// Parameters and buffers by dotted name: what a checkpoint holds.
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.named_parameters();
+        v.extend(self.named_buffers());
+        v
+    }
+
+    /// Writes [`Module::state_dict`] to `path` as safetensors (a barrier).
+    fn save_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        Ok(crate::serialize::save(path, &self.state_dict())?)
+    }
+
+    /// Loads a safetensors file written by [`Module::save_state_dict`] (or
+    /// by PyTorch with the same names) into this module's tensors in place:
+    /// every entry of the state dict must be in the file with the same
+    /// shape and dtype, and the file may hold nothing else. Parameters keep
+    /// their identity, so optimizers keep working on them.
+    fn load_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        Ok(crate::serialize::load_state_dict(path, &self.state_dict())?)
+    }
+}
+
+/// A train/eval flag that modules flip through `&self` (modules are
+/// shared, e.g. inside a [`Sequential`], and their mode changes rarely).
+#[derive(Debug)]
+struct Mode(AtomicBool);
+
+impl Mode {
+    fn new(training: bool) -> Mode {
+        Mode(AtomicBool::new(training))
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, training: bool) {
+        self.0.store(training, Ordering::Relaxed)
+    }
+}
+
+impl Clone for Mode {
+    fn clone(&self) -> Mode {
+        Mode::new(self.get())
+    }
+}
+
+fn invalid(op: &str, detail: String) -> ExecError {
+    ExecError::Invalid { op: op.into(), detail }
+}

@@ -1,0 +1,252 @@
+//! Normalization layers: [`LayerNorm`] (and the functional
+//! [`layer_norm`]), [`BatchNorm2d`] with its running statistics updated in
+//! place, and [`GroupNorm`] (and [`group_norm`]).
+
+use super::init::{parameter, Init};
+use super::{invalid, Mode, Module};
+use crate::{DType, Device, ExecError, Result, Tensor};
+
+/// Layer normalization over the last `normalized_dims` dims of `x`, with
+/// optional elementwise affine `weight` and `bias` (shape of those dims).
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_dims: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    if normalized_dims == 0 || normalized_dims > x.rank() {
+        return Err(ExecError::Invalid {
+            op: "layer_norm".into(),
+            detail: format!("cannot normalize the last {normalized_dims} dims of {}", x.shape()),
+        });
+    }
+    let axes: Vec<isize> = (x.rank() - normalized_dims..x.rank()).map(|a| a as isize).collect();
+    let mu = x.mean(&axes, true)?;
+    let xc = x.sub(&mu)?;
+    let var = xc.mul(&xc)?.mean(&axes, true)?;
+    let mut y = xc.mul(&var.add(&Tensor::scalar(eps, x.dtype(), x.device()))?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(w)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(b)?;
+    }
+    Ok(y)
+}
+
+/// Layer normalization with a learned scale (ones) and shift (zeros).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    /// Scale, of the normalized shape.
+    pub weight: Tensor,
+    /// Shift, of the normalized shape.
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// Normalizes over trailing dims of shape `normalized_shape`.
+    pub fn new(normalized_shape: &[usize], device: &Device) -> Result<LayerNorm> {
+        let n: usize = normalized_shape.iter().product();
+        Ok(LayerNorm {
+            weight: parameter(Init::Constant(1.0), normalized_shape, n, n, device)?,
+            bias: parameter(Init::Constant(0.0), normalized_shape, n, n, device)?,
+            eps: 1e-5,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        layer_norm(x, self.weight.rank(), Some(&self.weight), Some(&self.bias), self.eps)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]
+    }
+
+    fn own_no_weight_decay(&self) -> Vec<String> {
+        vec!["weight".into(), "bias".into()]
+    }
+}
+
+/// `[1, C, 1, ...]`: a per-channel vector shaped to broadcast over `x`
+/// (`[N, C, ...]`).
+fn per_channel(v: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let mut dims = vec![1usize; x.rank()];
+    dims[1] = v.numel();
+    v.reshape(dims)
+}
+
+/// Batch normalization over the channels of `[N, C, H, W]`, PyTorch's
+/// `nn.BatchNorm2d`. In training mode it normalizes with the batch's
+/// mean and (biased) variance over `N, H, W` and updates the running
+/// statistics in place, `running = (1 - momentum) * running + momentum *
+/// batch` (the unbiased variance, as PyTorch); in evaluation mode it uses
+/// the running statistics. Learned scale `weight` (ones) and shift `bias`
+/// (zeros).
+#[derive(Clone, Debug)]
+pub struct BatchNorm2d {
+    /// Scale, `[C]`.
+    pub weight: Tensor,
+    /// Shift, `[C]`.
+    pub bias: Tensor,
+    /// Running mean, `[C]` (a buffer).
+    pub running_mean: Tensor,
+    /// Running variance, `[C]` (a buffer).
+    pub running_var: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+    /// Weight of the batch statistics in the running ones.
+    pub momentum: f64,
+    training: Mode,
+}
+
+impl BatchNorm2d {
+    /// Batch norm over `channels`, eps 1e-5, momentum 0.1, training mode.
+    pub fn new(channels: usize, device: &Device) -> Result<BatchNorm2d> {
+        Ok(BatchNorm2d {
+            weight: parameter(Init::Constant(1.0), &[channels], channels, channels, device)?,
+            bias: parameter(Init::Constant(0.0), &[channels], channels, channels, device)?,
+            running_mean: Tensor::zeros([channels], DType::F32, device)?,
+            running_var: Tensor::ones([channels], DType::F32, device)?,
+            eps: 1e-5,
+            momentum: 0.1,
+            training: Mode::new(true),
+        })
+    }
+
+    /// True in training mode.
+    pub fn is_training(&self) -> bool {
+        self.training.get()
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        if x.rank() != 4 || x.dims()[1] != c {
+            return Err(invalid("BatchNorm2d", format!("expected an [N, {c}, H, W] input, got {}", x.shape())));
+        }
+        let (dt, dev) = (x.dtype(), x.device());
+        let s = |v: f64| Tensor::scalar(v, dt, dev);
+        let (mean, var) = if self.training.get() {
+            let n = x.dims()[0] * x.dims()[2] * x.dims()[3];
+            if n < 2 {
+                return Err(invalid(
+                    "BatchNorm2d",
+                    format!("training needs more than one value per channel, got input {}", x.shape()),
+                ));
+            }
+            let mean = x.mean(&[0, 2, 3], false)?;
+            let xc = x.sub(&per_channel(&mean, x)?)?;
+            let var = xc.mul(&xc)?.mean(&[0, 2, 3], false)?;
+            crate::no_grad(|| -> Result<()> {
+                let m = self.momentum;
+                let update = |running: &Tensor, batch: &Tensor| -> Result<()> {
+                    let batch = batch.detach().cast(running.dtype())?;
+                    let keep = Tensor::scalar(1.0 - m, running.dtype(), dev);
+                    let take = Tensor::scalar(m, running.dtype(), dev);
+                    running.assign(&running.mul(&keep)?.add(&batch.mul(&take)?)?)
+                };
+                update(&self.running_mean, &mean)?;
+                update(&self.running_var, &var.mul(&s(n as f64 / (n - 1) as f64))?)
+            })?;
+            (mean, var)
+        } else {
+            (self.running_mean.cast(dt)?, self.running_var.cast(dt)?)
+        };
+        let inv = var.add(&s(self.eps))?.rsqrt()?;
+        let scale = inv.mul(&self.weight.cast(dt)?)?;
+        let shift = self.bias.cast(dt)?.sub(&mean.mul(&scale)?)?;
+        x.mul(&per_channel(&scale, x)?)?.add(&per_channel(&shift, x)?)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]
+    }
+
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        vec![("running_mean".into(), self.running_mean.clone()), ("running_var".into(), self.running_var.clone())]
+    }
+
+    fn set_own_training(&self, training: bool) {
+        self.training.set(training)
+    }
+}
+
+/// Group normalization (Wu & He), PyTorch's `nn.GroupNorm`: the channels
+/// of `[N, C, ...]` split into `groups` groups, each normalized with its
+/// own mean and variance over its channels and the spatial dims, then a
+/// per-channel scale (ones) and shift (zeros). The same in training and
+/// evaluation.
+#[derive(Clone, Debug)]
+pub struct GroupNorm {
+    /// Number of groups (divides the channels).
+    pub groups: usize,
+    /// Scale, `[C]`.
+    pub weight: Tensor,
+    /// Shift, `[C]`.
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl GroupNorm {
+    /// `groups` groups over `channels` channels, eps 1e-5.
+    pub fn new(groups: usize, channels: usize, device: &Device) -> Result<GroupNorm> {
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            return Err(invalid("GroupNorm", format!("{channels} channels do not split into {groups} groups")));
+        }
+        Ok(GroupNorm {
+            groups,
+            weight: parameter(Init::Constant(1.0), &[channels], channels, channels, device)?,
+            bias: parameter(Init::Constant(0.0), &[channels], channels, channels, device)?,
+            eps: 1e-5,
+        })
+    }
+}
+
+/// Group normalization of `x` (`[N, C, ...]`) with optional per-channel
+/// `weight` and `bias` (`[C]`); see [`GroupNorm`].
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    if x.rank() < 2 || groups == 0 || !x.dims()[1].is_multiple_of(groups) {
+        return Err(invalid(
+            "group_norm",
+            format!("expected an [N, C, ...] input with C a multiple of {groups}, got {}", x.shape()),
+        ));
+    }
+    let n = x.dims()[0];
+    let g = x.reshape([n, groups, x.numel() / n.max(1) / groups])?;
+    let y = layer_norm(&g, 1, None, None, eps)?.reshape(x.shape())?;
+    let mut y = y;
+    if let Some(w) = weight {
+        y = y.mul(&per_channel(w, x)?)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(&per_channel(b, x)?)?;
+    }
+    Ok(y)
+}
+
+impl Module for GroupNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        if x.rank() < 2 || x.dims()[1] != c {
+            return Err(invalid("GroupNorm", format!("expected an [N, {c}, ...] input, got {}", x.shape())));
+        }
+        group_norm(x, self.groups, Some(&self.weight), Some(&self.bias), self.eps)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]
+    }
+}
