@@ -252,6 +252,9 @@ pub(crate) fn measure(
     let made = pipelines.get_or_create(ctx, &prepared)?;
     let mut measuring = std::time::Duration::ZERO;
     let mut best: Option<(f64, usize)> = None;
+    // The rule's choice is the first candidate: what tuning buys is
+    // measured against it.
+    let mut rule_ms = None;
     for (i, ((form, wgsl), pipeline)) in candidates.iter().zip(&made).enumerate() {
         if best.is_some() && measuring >= KEY_BUDGET {
             break;
@@ -263,6 +266,9 @@ pub(crate) fn measure(
         match ms {
             Ok(ms) => {
                 tracing::debug!(kernel = name, ?form, ms, "autotune candidate");
+                if i == 0 {
+                    rule_ms = Some(ms);
+                }
                 if best.is_none_or(|(b, _)| ms < b) {
                     best = Some((ms, i));
                 }
@@ -272,9 +278,16 @@ pub(crate) fn measure(
     }
     metrics::record_time("Autotune", start.elapsed());
     match best {
-        Some((_, i)) => {
+        Some((ms, i)) => {
             let (form, wgsl) = candidates.swap_remove(i);
             tuner.record(key, form, start.elapsed());
+            if let Some(rule) = rule_ms {
+                metrics::note(format!(
+                    "autotuned {name}: {} at {ms:.3} ms against the rule's choice at {rule:.3} ms, after {:.1} ms of tuning",
+                    form_name(form),
+                    start.elapsed().as_secs_f64() * 1e3
+                ));
+            }
             Ok(Some((form, wgsl)))
         }
         None => {
