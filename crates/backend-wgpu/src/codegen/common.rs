@@ -146,7 +146,7 @@ pub(super) fn zero(d: DType) -> &'static str {
 /// and silently leaves the loop after 65535 (measured: two loops of 40000
 /// ran 65534 in all; a sum over 16M elements summed 65535 of them). Loops
 /// whose trip count could exceed it are unrolled or spread over more
-/// invocations; see [`REDUCE_UNROLL`].
+/// invocations; see [`super::REDUCE_UNROLL`].
 pub const LLVMPIPE_LOOP_BUDGET: u64 = 65535;
 
 pub(super) fn one(d: DType) -> &'static str {
