@@ -282,6 +282,56 @@ fn float_ops_follow_the_reference() {
     }
 }
 
+/// Integer elementwise ops agree with the wrapping `i64` / `u64`
+/// reference wherever it defines a result (narrow types wrap like it).
+#[test]
+fn integer_ops_follow_the_reference() {
+    use lazuli_ir::semantics::{int_binary, int_unary, uint_binary, uint_unary};
+    let xs: Vec<i32> = vec![i32::MIN, -300, -7, -2, -1, 0, 1, 2, 3, 7, 255, i32::MAX];
+    let ys: Vec<i32> = xs.iter().rev().copied().collect();
+    let n = xs.len();
+    let ints = |d: &CpuData| -> Vec<i64> {
+        match d {
+            CpuData::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            CpuData::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            other => panic!("not an integer: {other:?}"),
+        }
+    };
+    for &op in BinaryOp::ALL {
+        // Arithmetic ops only (comparisons and logical ops give bools).
+        if int_binary(op, 1, 1).is_none() {
+            continue;
+        }
+        let got = ints(&bin(op, i32s(&xs), &[n], i32s(&ys), &[n]));
+        let (a, b): (Vec<u8>, Vec<u8>) = xs.iter().zip(&ys).map(|(&x, &y)| (x as u8, y as u8)).unzip();
+        let got8 = ints(&bin(op, CpuData::U8(a.clone()), &[n], CpuData::U8(b.clone()), &[n]));
+        for k in 0..n {
+            if let Some(want) = int_binary(op, xs[k] as i64, ys[k] as i64) {
+                assert_eq!(got[k], want as i32 as i64, "{op:?}({}, {})", xs[k], ys[k]);
+            }
+            if let Some(want) = uint_binary(op, a[k] as u64, b[k] as u64) {
+                assert_eq!(got8[k], want as u8 as i64, "u8 {op:?}({}, {})", a[k], b[k]);
+            }
+        }
+    }
+    for &op in UnaryOp::ALL {
+        if int_unary(op, 1).is_none() {
+            continue;
+        }
+        let got = ints(&un(op, i32s(&xs)));
+        for k in 0..n {
+            assert_eq!(got[k], int_unary(op, xs[k] as i64).unwrap() as i32 as i64, "{op:?}({})", xs[k]);
+        }
+        if uint_unary(op, 1).is_some() {
+            let a: Vec<u8> = xs.iter().map(|&x| x as u8).collect();
+            let got = ints(&un(op, CpuData::U8(a.clone())));
+            for k in 0..n {
+                assert_eq!(got[k], uint_unary(op, a[k] as u64).unwrap() as u8 as i64, "u8 {op:?}({})", a[k]);
+            }
+        }
+    }
+}
+
 #[test]
 fn casts() {
     let cast = |d: CpuData, dt: DType| {

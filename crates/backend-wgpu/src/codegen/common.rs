@@ -146,7 +146,7 @@ pub(super) fn zero(d: DType) -> &'static str {
 /// and silently leaves the loop after 65535 (measured: two loops of 40000
 /// ran 65534 in all; a sum over 16M elements summed 65535 of them). Loops
 /// whose trip count could exceed it are unrolled or spread over more
-/// invocations; see [`REDUCE_UNROLL`].
+/// invocations; see [`super::REDUCE_UNROLL`].
 pub const LLVMPIPE_LOOP_BUDGET: u64 = 65535;
 
 pub(super) fn one(d: DType) -> &'static str {
@@ -451,6 +451,43 @@ impl Helper {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Helper::ALL` holds every helper: the match is exhaustive, so a new
+    /// helper fails to compile here until it is numbered, and the count
+    /// must then equal `ALL`'s length.
+    #[test]
+    fn helper_list_is_complete() {
+        let index = |h: Helper| -> usize {
+            match h {
+                Helper::IsNanF => 0,
+                Helper::IsInfF => 1,
+                Helper::IsNegInfF => 2,
+                Helper::IsNegInf4 => 3,
+                Helper::NanF => 4,
+                Helper::InfF => 5,
+                Helper::MaxNan => 6,
+                Helper::MinNan => 7,
+                Helper::ReluF => 8,
+                Helper::SignF => 9,
+                Helper::TanhF => 10,
+                Helper::ErfF => 11,
+                Helper::PowF => 12,
+                Helper::PowI => 13,
+                Helper::PowU => 14,
+                Helper::ModF => 15,
+                Helper::ModI => 16,
+                Helper::CastF2I => 17,
+                Helper::CastF2U => 18,
+                Helper::Philox => 19,
+                Helper::RandomU => 20,
+                Helper::LogAddExpF => 21,
+            }
+        };
+        assert_eq!(Helper::ALL.len(), 22);
+        for (k, &h) in Helper::ALL.iter().enumerate() {
+            assert_eq!(index(h), k, "{h:?}");
+        }
+    }
 
     #[test]
     fn every_helper_defines_its_name_and_needs_exist() {

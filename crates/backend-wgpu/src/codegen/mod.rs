@@ -24,7 +24,8 @@
 //! one out of range through an error slot) and [`pool`] (pooling and its
 //! gradient); [`multi`] writes multi-tensor kernels from the elementwise
 //! forms; `common` holds the type, literal and index helpers and the WGSL
-//! helper functions they share.
+//! helper functions they share (a typed `Helper` each). [`forms`] holds
+//! the kernel forms each family can be written in ([`KernelForms`]).
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{BinaryOp, DType, NodeId, Op, PadMode, RandomDist, UnaryOp, VerifiedGraph};
