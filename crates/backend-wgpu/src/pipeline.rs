@@ -112,12 +112,18 @@ pub(crate) struct Pipelines {
     /// unchanged blob, e.g. lavapipe's always-empty one, is not written
     /// again).
     driver_saved: AtomicU64,
+    /// Threads creating the pipelines of one plan.
+    threads: usize,
 }
 
 impl Pipelines {
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
-    pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>) -> Pipelines {
+    /// Creates pipelines on up to `threads` threads (`None`: the machine's
+    /// cores, at most 8).
+    pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>, threads: Option<usize>) -> Pipelines {
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)).max(1);
         let mut loaded = 0;
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
@@ -127,7 +133,12 @@ impl Pipelines {
             }
             _ => None,
         };
-        Pipelines { cache: PipelineCache::new(cap), disk, driver_cache, driver_saved: AtomicU64::new(loaded) }
+        Pipelines { cache: PipelineCache::new(cap), disk, driver_cache, driver_saved: AtomicU64::new(loaded), threads }
+    }
+
+    /// Threads creating the pipelines of one plan.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// Number of cached pipelines.
@@ -166,7 +177,7 @@ impl Pipelines {
                 None => missing.push(i),
             }
         }
-        let threads = compile_threads().min(missing.len());
+        let threads = self.threads.min(missing.len());
         let created: Vec<Result<PipelineEntry, BackendError>> = if threads <= 1 {
             missing.iter().map(|&i| self.create(ctx, &kernels[i], keys[i])).collect()
         } else {
@@ -322,14 +333,4 @@ fn layouts(dev: &wgpu::Device, k: &Prepared) -> (wgpu::BindGroupLayout, Option<w
         dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: name, entries: &[storage(0, true)] })
     });
     (layout, dims_layout)
-}
-
-/// Threads creating the pipelines of one plan: the machine's cores, at
-/// most 8, or `LAZULI_COMPILE_THREADS`.
-fn compile_threads() -> usize {
-    std::env::var("LAZULI_COMPILE_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8))
-        .max(1)
 }
