@@ -7,7 +7,8 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: lazuli <command> [options]
 
 commands:
-  info                      list wgpu adapters and the device Device::default() picks
+  info                      list wgpu adapters, the device Device::default() picks and the
+                            effective configuration (each variable's value and source)
   demo [--model mlp|cnn] [--device cpu|wgpu] [--epochs N] [--seed N] [--data DIR] [--json]
                             train on the 8x8 digits dataset: an MLP (64 -> 256 -> 10, the
                             default) or a LeNet-style CNN (conv 3x3 1->16, ReLU, max-pool 2,
@@ -158,7 +159,9 @@ fn info() -> Result<(), String> {
     }
     let dev = Device::default();
     println!("default device: {}", dev.name());
-    Ok(())
+    let config = dev.configuration();
+    println!("{config}");
+    config.check().map_err(|e| e.to_string())
 }
 
 /// The demo computation: W1's elementwise chain over a 1024 x 1024 input,
