@@ -3,6 +3,8 @@
 //! types), an unknown name is reported, and `lazuli info` prints every
 //! variable's effective value and its source.
 
+mod common;
+
 use lazuli::prelude::*;
 use lazuli::{Backend, CpuDeviceOptions, ExecError, WgpuDeviceOptions};
 use lazuli_cpu::CpuBackend;
@@ -150,4 +152,32 @@ fn options_fail_on_malformed_values_naming_them() {
     let bad_threads = |name: &str| (name == "LAZULI_COMPILE_THREADS").then(|| "many".to_string());
     let e = WgpuDeviceOptions::default().resolve(&bad_threads).unwrap_err();
     assert_eq!(e.variable, "LAZULI_COMPILE_THREADS");
+}
+
+#[test]
+fn a_wgpu_device_reports_its_effective_values_and_code_settings() {
+    if common::wgpu().is_none() {
+        return;
+    }
+    let options = WgpuDeviceOptions {
+        autotune: Some(true),
+        multi_tensor: Some(false),
+        cache_dir: Some(None),
+        tiled_matmul: Some(false),
+        ..Default::default()
+    };
+    let dev = Device::wgpu_with(options).unwrap();
+    let report = dev.configuration();
+    let row = |name: &str| {
+        let s = report.settings.iter().find(|s| s.variable == name).unwrap_or_else(|| panic!("{name}: {report}"));
+        (s.value.as_str(), s.source)
+    };
+    assert_eq!(row("LAZULI_AUTOTUNE"), ("on", Source::Code), "{report}");
+    assert_eq!(row("LAZULI_MULTI_TENSOR"), ("off", Source::Code), "{report}");
+    assert_eq!(row("LAZULI_CACHE_DIR"), ("off", Source::Code), "{report}");
+    assert_eq!(row("LAZULI_KERNEL_FORMS").1, Source::Code, "{report}");
+    let threads: usize = row("LAZULI_COMPILE_THREADS").0.parse().expect("a resolved thread count");
+    assert!(threads >= 1);
+    let idle: u64 = row("LAZULI_POOL_BYTES").0.split(' ').next().unwrap().parse().expect("a resolved byte count");
+    assert!(idle > 0, "{report}");
 }

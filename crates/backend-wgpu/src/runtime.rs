@@ -176,8 +176,18 @@ fn effective_settings(
         _ => value,
     };
     let pool = ctx.pool.options();
+    // Forcing one form from code (`cooperative_rows`, `tiled_matmul`)
+    // changes the profile too.
+    let forms_source = match options.cooperative_rows.or(options.tiled_matmul) {
+        Some(_) => Source::Code,
+        None => source("LAZULI_KERNEL_FORMS"),
+    };
+    let profile = match forms_source {
+        Source::Default => format!("{profile} ({adapter})"),
+        _ => profile,
+    };
     vec![
-        Setting::new("LAZULI_KERNEL_FORMS", by_default(profile, "LAZULI_KERNEL_FORMS"), source("LAZULI_KERNEL_FORMS")),
+        Setting::new("LAZULI_KERNEL_FORMS", profile, forms_source),
         Setting::new(
             "LAZULI_AUTOTUNE",
             by_default(on_off(compiler.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
