@@ -181,3 +181,24 @@ fn a_wgpu_device_reports_its_effective_values_and_code_settings() {
     let idle: u64 = row("LAZULI_POOL_BYTES").0.split(' ').next().unwrap().parse().expect("a resolved byte count");
     assert!(idle > 0, "{report}");
 }
+
+#[test]
+fn device_settings_come_from_the_environment_or_fail_naming_the_variable() {
+    use lazuli_executor::DeviceSettings;
+    let env = |name: &str| match name {
+        "LAZULI_VALIDATE" => Some("CPU".to_string()),
+        "LAZULI_COMPILE_CACHE_SIZE" => Some("16".to_string()),
+        "LAZULI_FORCE_FALLBACK" => Some(" exp, matmul ,".to_string()),
+        "LAZULI_DUMP_DIR" => Some("/tmp/dump".to_string()),
+        _ => None,
+    };
+    let s = DeviceSettings::from_env(&env).unwrap();
+    assert!(s.validate);
+    assert_eq!(s.compile_cache_size.get(), 16);
+    assert_eq!(s.force_fallback.iter().map(String::as_str).collect::<Vec<_>>(), vec!["exp", "matmul"]);
+    assert_eq!(s.dump_dir.as_deref(), Some(std::path::Path::new("/tmp/dump")));
+    assert_eq!(DeviceSettings::from_env(&|_: &str| None).unwrap(), DeviceSettings::default());
+    let bad = |name: &str| (name == "LAZULI_VALIDATE").then(|| "yes".to_string());
+    let e = DeviceSettings::from_env(&bad).unwrap_err();
+    assert_eq!((e.variable.as_str(), e.expected.as_str()), ("LAZULI_VALIDATE", "one of cpu, off"));
+}
