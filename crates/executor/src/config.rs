@@ -10,7 +10,8 @@
 //! and what was expected, never a silent default: [`crate::Device::new`]
 //! checks every library variable ([`check`]) and a device created with a
 //! malformed one fails each compilation with [`crate::ExecError::Config`];
-//! backends fail their creation with `BackendError::Config`.
+//! `WgpuBackend::new` and `CpuBackend::try_with_options` fail with
+//! `BackendError::Config`.
 //!
 //! Parsing takes a lookup function (`&dyn Fn(&str) -> Option<String>`), so
 //! it is tested without touching the process environment; [`process`] is
