@@ -3,7 +3,7 @@
 //! the CPU backend, and says which.
 
 use lazuli_cpu::{CpuBackend, CpuOptions};
-use lazuli_executor::{Backend, BackendError, Device};
+use lazuli_executor::{config, Backend, BackendError, Device};
 use lazuli_wgpu::{WgpuBackend, WgpuOptions};
 use std::sync::{Arc, OnceLock};
 
@@ -32,7 +32,16 @@ pub trait DeviceExt: Sized {
     /// A wgpu device if an adapter exists, else the CPU backend. Set
     /// `LAZULI_DEVICE=cpu|wgpu` to choose. The choice is logged, and printed
     /// to stderr when falling back to the CPU.
+    ///
+    /// A malformed configuration variable (`LAZULI_DEVICE=gpu`, or one the
+    /// wgpu backend reads) is printed to stderr and gives a CPU device
+    /// that fails every compilation with [`lazuli_executor::ExecError::Config`]
+    /// naming the variable (see [`Device::new`]); [`DeviceExt::try_default`]
+    /// returns it instead.
     fn default() -> Self;
+    /// [`DeviceExt::default`], failing with `BackendError::Config` on a
+    /// malformed configuration variable instead of deferring the error.
+    fn try_default() -> Result<Self, BackendError>;
     /// A device on the CPU reference backend (shared by all such devices,
     /// and the fallback of wgpu devices).
     fn cpu() -> Self;
@@ -49,23 +58,31 @@ pub trait DeviceExt: Sized {
 
 impl DeviceExt for Device {
     fn default() -> Device {
-        match std::env::var("LAZULI_DEVICE").as_deref() {
-            Ok("cpu") => return Device::cpu(),
-            Ok("wgpu") => {
+        Device::try_default().unwrap_or_else(|e| {
+            eprintln!("lazuli: {e}");
+            Device::cpu()
+        })
+    }
+
+    fn try_default() -> Result<Device, BackendError> {
+        config::check(&config::process)?;
+        match config::choice(&config::process, "LAZULI_DEVICE")? {
+            Some("cpu") => return Ok(Device::cpu()),
+            Some(_) => {
                 if let Ok(d) = Device::wgpu() {
-                    return d;
+                    return Ok(d);
                 }
             }
-            _ => {}
+            None => {}
         }
         match Device::wgpu() {
             Ok(d) => {
                 tracing::info!(device = %d.name(), "using the wgpu backend");
-                d
+                Ok(d)
             }
             Err(e) => {
                 eprintln!("lazuli: no usable wgpu adapter ({e}); using the CPU backend");
-                Device::cpu()
+                Ok(Device::cpu())
             }
         }
     }

@@ -81,10 +81,8 @@ impl Counts {
 /// The conformance folder: `LAZULI_CONFORMANCE_DIR` when set, else
 /// `shared/conformance/onnx` beside the repository.
 pub fn default_dir() -> PathBuf {
-    match std::env::var_os("LAZULI_CONFORMANCE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/onnx"),
-    }
+    let config = lazuli_executor::config::path(&lazuli_executor::config::process, "LAZULI_CONFORMANCE_DIR");
+    config.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/onnx"))
 }
 
 /// `(rtol, atol)` for an output of `dtype` of the ONNX operator `op`

@@ -42,6 +42,7 @@ pub use exec::CpuExecutable;
 pub use matmul::sgemm;
 pub use storage::{CpuData, CpuStorage};
 
+use lazuli_executor::config::{self, Setting, Source};
 use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, Executable};
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
 use std::sync::Arc;
@@ -50,18 +51,37 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Default)]
 pub struct CpuOptions {
     /// Most bytes of live tensor storage; a computation needing more fails
-    /// with [`BackendError::OutOfMemory`]. `None`: `LAZULI_CPU_MEMORY_BYTES`,
-    /// else the host's physical memory plus swap. `Some(u64::MAX)`: no
-    /// budget (the host allocator alone refuses).
+    /// with [`BackendError::OutOfMemory`]. `None`: `LAZULI_CPU_MEMORY_BYTES`
+    /// (a decimal byte count), else the host's physical memory plus swap.
+    /// `Some(u64::MAX)`: no budget (the host allocator alone refuses).
     pub memory_budget: Option<u64>,
 }
 
+impl CpuOptions {
+    /// These options with the environment's fallbacks applied (the one
+    /// place this backend reads its variables), and where the budget came
+    /// from; a malformed value is the error.
+    pub fn resolve(&self, lookup: config::Lookup<'_>) -> Result<(CpuOptions, Source), config::ConfigError> {
+        let env = config::bytes(lookup, "LAZULI_CPU_MEMORY_BYTES")?;
+        let source = Source::of(self.memory_budget.is_some(), env.is_some());
+        Ok((CpuOptions { memory_budget: self.memory_budget.or(env) }, source))
+    }
+}
+
 /// The CPU reference backend.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CpuBackend {
     /// Budget, bytes in use, and large freed outputs reused by later
     /// executions.
     memory: Arc<memory::Memory>,
+    /// Where the memory budget came from.
+    budget_source: Source,
+}
+
+impl Default for CpuBackend {
+    fn default() -> CpuBackend {
+        CpuBackend::with_options(CpuOptions::default())
+    }
 }
 
 impl CpuBackend {
@@ -70,9 +90,28 @@ impl CpuBackend {
         CpuBackend::default()
     }
 
-    /// A CPU backend with `options`.
+    /// A CPU backend with `options`, its fallbacks from the environment.
+    /// A malformed `LAZULI_CPU_MEMORY_BYTES` is logged as an error and left
+    /// out here; a device built on this backend (`Device::new` checks every
+    /// variable) then fails every compilation naming it. Use
+    /// [`CpuBackend::try_with_options`] to fail at once.
     pub fn with_options(options: CpuOptions) -> CpuBackend {
-        CpuBackend { memory: Arc::new(memory::Memory::new(options.memory_budget)) }
+        CpuBackend::try_with_options(options.clone()).unwrap_or_else(|e| {
+            tracing::error!("{e}");
+            CpuBackend::build(options, Source::Code)
+        })
+    }
+
+    /// A CPU backend with `options`, its fallbacks from the environment; a
+    /// malformed value is `BackendError::Config` naming the variable.
+    pub fn try_with_options(options: CpuOptions) -> Result<CpuBackend, BackendError> {
+        let (options, source) = options.resolve(&config::process)?;
+        Ok(CpuBackend::build(options, source))
+    }
+
+    fn build(options: CpuOptions, budget_source: Source) -> CpuBackend {
+        let source = if options.memory_budget.is_some() { budget_source } else { Source::Default };
+        CpuBackend { memory: Arc::new(memory::Memory::new(options.memory_budget)), budget_source: source }
     }
 
     /// The memory budget in bytes (`u64::MAX`: none).
@@ -107,6 +146,15 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> String {
         "cpu".into()
+    }
+
+    fn settings(&self) -> Vec<Setting> {
+        let budget = match (self.memory.budget(), self.budget_source) {
+            (u64::MAX, _) => "none".to_string(),
+            (b, Source::Default) => format!("{b} (physical memory plus swap)"),
+            (b, _) => b.to_string(),
+        };
+        vec![Setting::new("LAZULI_CPU_MEMORY_BYTES", budget, self.budget_source)]
     }
 
     fn supports(&self, _node: &Node, _inputs: &[&Node]) -> bool {

@@ -6,9 +6,9 @@
 //! asked, the bytes in use and the device, in two ways:
 //!
 //! - *Budget*: the bytes of live tensor storage plus the request would
-//!   exceed the memory budget ([`crate::CpuOptions::memory_budget`], else
-//!   `LAZULI_CPU_MEMORY_BYTES`, else the host's physical memory plus swap:
-//!   what could ever be committed). The pool of freed vectors is released
+//!   exceed the memory budget ([`crate::CpuOptions::memory_budget`], which
+//!   falls back to `LAZULI_CPU_MEMORY_BYTES`, else the host's physical
+//!   memory plus swap: what could ever be committed). The pool of freed vectors is released
 //!   first, so the budget counts only what is in use.
 //! - *Allocator*: the host allocator refused the request (`try_reserve`
 //!   or a fallible zeroed allocation), as it does for sizes beyond the
@@ -60,11 +60,12 @@ impl Memory {
     /// Most bytes kept in the pool.
     const POOL_MAX_BYTES: usize = 512 << 20;
 
-    /// Host memory with `budget` bytes for live storage; `None` takes
-    /// `LAZULI_CPU_MEMORY_BYTES`, else the host's physical memory plus swap
-    /// (unlimited where that is unknown).
+    /// Host memory with `budget` bytes for live storage; `None` takes the
+    /// host's physical memory plus swap (unlimited where that is unknown).
+    /// The environment's fallback is applied before, by
+    /// [`crate::CpuOptions::resolve`].
     pub(crate) fn new(budget: Option<u64>) -> Memory {
-        let (budget, limited_by) = match budget.or_else(|| env_bytes("LAZULI_CPU_MEMORY_BYTES")) {
+        let (budget, limited_by) = match budget {
             Some(b) => (b, format!("a memory budget of {b} bytes")),
             None => match physical_bytes() {
                 Some(b) => (b, format!("{b} bytes of physical memory and swap")),
@@ -243,19 +244,6 @@ fn bytes_of<T>(n: usize) -> u64 {
 
 fn byte_len(d: &CpuData) -> usize {
     d.len() * d.dtype().size_bytes()
-}
-
-/// A byte count from environment variable `name`; unset gives `None`, and
-/// so does a value that is not a decimal integer (with a warning).
-fn env_bytes(name: &str) -> Option<u64> {
-    let raw = std::env::var(name).ok()?;
-    match raw.trim().parse::<u64>() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!("ignoring {name}={raw:?}: not a byte count ({e})");
-            None
-        }
-    }
 }
 
 /// Physical memory plus swap in bytes (`MemTotal + SwapTotal` of

@@ -85,27 +85,21 @@ struct State {
     spent: Duration,
 }
 
-/// The cache directory: `LAZULI_CACHE_DIR` when set (empty: no disk
-/// cache), else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`.
+/// The default cache directory, when neither code nor `LAZULI_CACHE_DIR`
+/// names one (see `WgpuOptions::resolve`): `$XDG_CACHE_HOME/lazuli`, else
+/// `$HOME/.cache/lazuli`.
 pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os("LAZULI_CACHE_DIR") {
-        Some(d) if d.is_empty() => None,
-        Some(d) => Some(PathBuf::from(d)),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .filter(|d| !d.is_empty())
-            .map(|d| PathBuf::from(d).join("lazuli"))
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("lazuli"))),
-    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join("lazuli"))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("lazuli")))
 }
 
-/// Whether tuning is on: `option` if given, else `LAZULI_AUTOTUNE`
-/// (`1`/`on`, `0`/`off`), else on for GPUs and off for software adapters.
+/// Whether tuning is on: `option` if given (code, else `LAZULI_AUTOTUNE`,
+/// resolved by `WgpuOptions::resolve`), else on for GPUs and off for
+/// software adapters.
 pub fn enabled(option: Option<bool>, software: bool) -> bool {
-    option.unwrap_or_else(|| match std::env::var("LAZULI_AUTOTUNE").as_deref() {
-        Ok("1") | Ok("on") => true,
-        Ok("0") | Ok("off") => false,
-        _ => !software,
-    })
+    option.unwrap_or(!software)
 }
 
 impl Tuner {

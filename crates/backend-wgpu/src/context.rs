@@ -66,7 +66,8 @@ pub(crate) fn device_err(name: &str, message: impl ToString) -> BackendError {
 }
 
 impl Context {
-    /// Opens an adapter and device for `options`. Fails with
+    /// Opens an adapter and device for `options` (resolved against the
+    /// environment: see [`WgpuOptions::resolve`]). Fails with
     /// `BackendError::Device` when no adapter matches.
     pub fn open(options: &WgpuOptions) -> Result<Opened, BackendError> {
         let inst = adapter::instance();
@@ -100,9 +101,8 @@ impl Context {
             PoolOptions {
                 max_idle_bytes: options
                     .pool_max_free_bytes
-                    .or_else(|| pool::env_bytes("LAZULI_POOL_BYTES"))
                     .unwrap_or_else(|| pool::default_max_idle_bytes(info.device_type, limits.max_buffer_size)),
-                memory_budget: options.memory_budget.or_else(|| pool::env_bytes("LAZULI_DEVICE_MEMORY_BYTES")),
+                memory_budget: options.memory_budget,
                 max_buffer_size: limits.max_buffer_size,
                 max_storage_binding: max_binding,
                 device_name: name.clone(),

@@ -109,9 +109,7 @@ impl DiskCache {
             tracing::warn!("compile cache off: cannot create {}: {e}", dir.display());
             return None;
         }
-        let max_bytes = max_bytes
-            .or_else(|| std::env::var("LAZULI_CACHE_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(DEFAULT_MAX_BYTES);
+        let max_bytes = max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
         let cache = DiskCache {
             dir: dir.to_path_buf(),
             salt: format!("{salt} lazuli {} build {}", env!("CARGO_PKG_VERSION"), build_id()),

@@ -297,10 +297,11 @@ pub struct Families {
     map: Mutex<lru::LruCache<u64, Family>>,
 }
 
-/// Whether generic sizes are on: `LAZULI_GENERIC_SIZES=0` turns them off
-/// (every size compiles its own kernels, as before), an option overrides.
+/// Whether generic sizes are on: `option` if given (code, else
+/// `LAZULI_GENERIC_SIZES`, resolved by `WgpuOptions::resolve`), else on;
+/// off, every size compiles its own kernels.
 pub fn enabled(option: Option<bool>) -> bool {
-    option.unwrap_or_else(|| !matches!(std::env::var("LAZULI_GENERIC_SIZES").as_deref(), Ok("0" | "false" | "off")))
+    option.unwrap_or(true)
 }
 
 impl Families {

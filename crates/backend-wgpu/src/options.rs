@@ -1,9 +1,11 @@
 //! The options of the wgpu backend ([`WgpuOptions`]) and how they
-//! resolve against the adapter: the kernel-form profile
-//! ([`kernel_forms`]) and the switches that fall back to `LAZULI_*`
-//! environment variables when code leaves them unset.
+//! resolve: against the environment ([`WgpuOptions::resolve`], the one
+//! place this backend reads its `LAZULI_*` variables, through
+//! `lazuli_executor::config`) and against the adapter (the kernel-form
+//! profile, [`kernel_forms`]).
 
 use crate::codegen::{KernelForms, MatmulForm, ReduceForm, RowsForm};
+use lazuli_executor::config::{self, ConfigError, Lookup, Source};
 
 /// Options of [`crate::WgpuBackend::new`].
 #[derive(Clone, Debug, Default)]
@@ -21,14 +23,15 @@ pub struct WgpuOptions {
     /// else the best adapter by type).
     pub adapter_name: Option<String>,
     /// Most bytes of freed buffers the buffer pool keeps for reuse. Else
-    /// `LAZULI_POOL_BYTES` (a byte count; an invalid value is ignored with
-    /// a warning), else derived from the adapter by
+    /// `LAZULI_POOL_BYTES` (a decimal byte count; a malformed value fails
+    /// [`crate::WgpuBackend::new`]), else derived from the adapter by
     /// [`pool::default_max_idle_bytes`]: 256 MiB on a software adapter,
     /// `4 x max_buffer_size` clamped to 8..128 GiB on a GPU, where the
     /// cache is released when an allocation fails instead.
     pub pool_max_free_bytes: Option<u64>,
     /// Most bytes of device buffers this backend holds at once (in use
-    /// plus cached). Else `LAZULI_DEVICE_MEMORY_BYTES`, else no cap but the
+    /// plus cached). Else `LAZULI_DEVICE_MEMORY_BYTES` (a decimal byte
+    /// count), else no cap but the
     /// device's. An allocation over it releases cached buffers; if that is
     /// not enough it fails with `BackendError::OutOfMemory`.
     pub memory_budget: Option<u64>,
@@ -38,7 +41,8 @@ pub struct WgpuOptions {
     /// `Some(KernelForms::software())` (or any mix) forces it on any
     /// adapter; by default the adapter type picks (software adapters the
     /// software profile, others the GPU one), and the environment variable
-    /// `LAZULI_KERNEL_FORMS=gpu|software` overrides that default. Tests use
+    /// `LAZULI_KERNEL_FORMS=gpu|software` overrides that default (any
+    /// other value fails [`crate::WgpuBackend::new`]). Tests use
     /// it to prove every form on lavapipe.
     pub kernel_forms: Option<KernelForms>,
     /// Forces row-wise kernels (softmax, and reductions) to split rows
@@ -52,44 +56,96 @@ pub struct WgpuOptions {
     /// Whether to time candidate kernel forms on the adapter (before the
     /// second execution of a plan with a large enough matmul, see
     /// [`crate::autotune`]); default: on for GPUs, off for software
-    /// adapters, `LAZULI_AUTOTUNE` overrides.
+    /// adapters, `LAZULI_AUTOTUNE` (a flag: `1`, `0`, `true`, `false`,
+    /// `on`, `off`) overrides.
     pub autotune: Option<bool>,
     /// Least work (floating-point operations, `2 * M * N * K`) of a
     /// matmul worth tuning (default [`crate::autotune::MIN_FLOPS`]; tests
     /// lower it to tune small products).
     pub autotune_min_flops: Option<u64>,
-    /// Where the autotuning results persist (default
-    /// [`crate::autotune::cache_dir`]; `Some(None)`: nowhere).
+    /// Where the autotuning results persist (else `LAZULI_CACHE_DIR`, empty
+    /// meaning nowhere, else [`crate::autotune::cache_dir`]; `Some(None)`:
+    /// nowhere).
     /// Also where the persistent compile cache lives (see
     /// [`crate::diskcache`]).
     pub cache_dir: Option<Option<std::path::PathBuf>>,
-    /// Bound of the persistent compile cache in bytes (default
-    /// `LAZULI_CACHE_MAX_BYTES`, else [`crate::diskcache::DEFAULT_MAX_BYTES`]).
+    /// Bound of the persistent compile cache in bytes (else
+    /// `LAZULI_CACHE_MAX_BYTES`, a decimal byte count, else
+    /// [`crate::diskcache::DEFAULT_MAX_BYTES`]).
     pub cache_max_bytes: Option<u64>,
     /// Whether kernels of graphs that differ only in sizes share generic
-    /// pipelines (see [`crate::generic`]); default on,
-    /// `LAZULI_GENERIC_SIZES=0` turns it off.
+    /// pipelines (see [`crate::generic`]); default on, the flag
+    /// `LAZULI_GENERIC_SIZES` overrides.
     pub generic_sizes: Option<bool>,
     /// Whether independent elementwise kernels of different shapes share
     /// one multi-tensor dispatch (see `lazuli_ir::fusion::multi`); default
-    /// on, `LAZULI_MULTI_TENSOR=0` turns it off.
+    /// on, the flag `LAZULI_MULTI_TENSOR` overrides.
     pub multi_tensor: Option<bool>,
+    /// Threads creating the pipelines of one plan (else
+    /// `LAZULI_COMPILE_THREADS`, a positive integer, else the machine's
+    /// cores, at most 8).
+    pub compile_threads: Option<usize>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
     pub fault_kernel: Option<String>,
 }
 
-/// The kernel forms for `options` on an adapter of type `device_type`
-/// (see [`WgpuOptions::kernel_forms`]).
+/// Where each option with an environment fallback got its value: from
+/// code, the environment or (left unset) the default, by variable.
+pub type Sources = Vec<(&'static str, Source)>;
+
+impl WgpuOptions {
+    /// These options with every unset one that has an environment
+    /// fallback filled from `lookup`, and where each came from. A
+    /// malformed value is the error, naming the variable.
+    pub fn resolve(&self, lookup: Lookup<'_>) -> Result<(WgpuOptions, Sources), ConfigError> {
+        let mut out = self.clone();
+        let mut sources = Sources::new();
+        let mut note = |name, code: bool, env: bool| sources.push((name, Source::of(code, env)));
+        let forms = config::choice(lookup, "LAZULI_KERNEL_FORMS")?.map(|f| {
+            if f == "software" {
+                KernelForms::software()
+            } else {
+                KernelForms::gpu()
+            }
+        });
+        note("LAZULI_KERNEL_FORMS", self.kernel_forms.is_some(), forms.is_some());
+        out.kernel_forms = self.kernel_forms.or(forms);
+        let autotune = config::flag(lookup, "LAZULI_AUTOTUNE")?;
+        note("LAZULI_AUTOTUNE", self.autotune.is_some(), autotune.is_some());
+        out.autotune = self.autotune.or(autotune);
+        let cache_dir = config::dir_or_off(lookup, "LAZULI_CACHE_DIR");
+        note("LAZULI_CACHE_DIR", self.cache_dir.is_some(), cache_dir.is_some());
+        out.cache_dir = self.cache_dir.clone().or(cache_dir);
+        let bytes = |name| config::bytes(lookup, name);
+        let cache_max = bytes("LAZULI_CACHE_MAX_BYTES")?;
+        note("LAZULI_CACHE_MAX_BYTES", self.cache_max_bytes.is_some(), cache_max.is_some());
+        out.cache_max_bytes = self.cache_max_bytes.or(cache_max);
+        let pool = bytes("LAZULI_POOL_BYTES")?;
+        note("LAZULI_POOL_BYTES", self.pool_max_free_bytes.is_some(), pool.is_some());
+        out.pool_max_free_bytes = self.pool_max_free_bytes.or(pool);
+        let budget = bytes("LAZULI_DEVICE_MEMORY_BYTES")?;
+        note("LAZULI_DEVICE_MEMORY_BYTES", self.memory_budget.is_some(), budget.is_some());
+        out.memory_budget = self.memory_budget.or(budget);
+        let multi = config::flag(lookup, "LAZULI_MULTI_TENSOR")?;
+        note("LAZULI_MULTI_TENSOR", self.multi_tensor.is_some(), multi.is_some());
+        out.multi_tensor = self.multi_tensor.or(multi);
+        let generic = config::flag(lookup, "LAZULI_GENERIC_SIZES")?;
+        note("LAZULI_GENERIC_SIZES", self.generic_sizes.is_some(), generic.is_some());
+        out.generic_sizes = self.generic_sizes.or(generic);
+        let threads = config::count(lookup, "LAZULI_COMPILE_THREADS")?;
+        note("LAZULI_COMPILE_THREADS", self.compile_threads.is_some(), threads.is_some());
+        out.compile_threads = self.compile_threads.or(threads);
+        Ok((out, sources))
+    }
+}
+
+/// The kernel forms for `options` (resolved: see [`WgpuOptions::resolve`])
+/// on an adapter of type `device_type` (see [`WgpuOptions::kernel_forms`]).
 pub fn kernel_forms(options: &WgpuOptions, device_type: wgpu::DeviceType) -> KernelForms {
     let software = device_type == wgpu::DeviceType::Cpu;
-    let mut forms = options.kernel_forms.unwrap_or_else(|| match std::env::var("LAZULI_KERNEL_FORMS").as_deref() {
-        Ok("gpu") => KernelForms::gpu(),
-        Ok("software") => KernelForms::software(),
-        _ if software => KernelForms::software(),
-        _ => KernelForms::gpu(),
-    });
+    let mut forms = options.kernel_forms.unwrap_or(if software { KernelForms::software() } else { KernelForms::gpu() });
     if let Some(c) = options.cooperative_rows {
         forms.rows = if c { RowsForm::Cooperative } else { RowsForm::PerRow };
         forms.reduce = if c { ReduceForm::Cooperative } else { ReduceForm::PerOutput };

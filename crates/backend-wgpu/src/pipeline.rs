@@ -117,6 +117,8 @@ pub(crate) struct Pipelines {
     unsaved_since: Mutex<Option<std::time::Instant>>,
     /// When the driver cache was last saved or loaded.
     last_save: Mutex<std::time::Instant>,
+    /// Threads creating the pipelines of one plan.
+    threads: usize,
 }
 
 /// Least time between two saves of the driver cache while pipelines keep
@@ -128,7 +130,11 @@ pub const DRIVER_SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_
 impl Pipelines {
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
-    pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>) -> Pipelines {
+    /// Creates pipelines on up to `threads` threads (`None`: the machine's
+    /// cores, at most 8).
+    pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>, threads: Option<usize>) -> Pipelines {
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)).max(1);
         let mut loaded = 0;
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
@@ -145,7 +151,13 @@ impl Pipelines {
             driver_saved: AtomicU64::new(loaded),
             unsaved_since: Mutex::new(None),
             last_save: Mutex::new(std::time::Instant::now()),
+            threads,
         }
+    }
+
+    /// Threads creating the pipelines of one plan.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// Number of cached pipelines.
@@ -208,7 +220,7 @@ impl Pipelines {
                 None => missing.push(i),
             }
         }
-        let threads = compile_threads().min(missing.len());
+        let threads = self.threads.min(missing.len());
         let created: Vec<Result<PipelineEntry, BackendError>> = if threads <= 1 {
             missing.iter().map(|&i| self.create(ctx, &kernels[i], keys[i])).collect()
         } else {
@@ -350,14 +362,4 @@ fn layouts(dev: &wgpu::Device, k: &Prepared) -> (wgpu::BindGroupLayout, Option<w
         dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: name, entries: &[storage(0, true)] })
     });
     (layout, dims_layout)
-}
-
-/// Threads creating the pipelines of one plan: the machine's cores, at
-/// most 8, or `LAZULI_COMPILE_THREADS`.
-fn compile_threads() -> usize {
-    std::env::var("LAZULI_COMPILE_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8))
-        .max(1)
 }

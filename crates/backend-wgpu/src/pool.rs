@@ -113,25 +113,6 @@ pub fn default_max_idle_bytes(device_type: wgpu::DeviceType, max_buffer_size: u6
     }
 }
 
-/// A byte count from environment variable `name`: a plain decimal integer.
-/// Unset gives `None`; anything else that does not parse is ignored with a
-/// warning.
-pub fn env_bytes(name: &str) -> Option<u64> {
-    parse_bytes(name, &std::env::var(name).ok()?)
-}
-
-/// `raw`, the value of variable `name`, as a byte count; `None` with a
-/// warning when it is not one.
-fn parse_bytes(name: &str, raw: &str) -> Option<u64> {
-    match raw.trim().parse::<u64>() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!("ignoring {name}={raw:?}: not a byte count ({e})");
-            None
-        }
-    }
-}
-
 /// What a [`Pool`] is allowed to hold and create.
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
@@ -551,15 +532,6 @@ mod tests {
         assert_eq!(reuse_limit(1), MIN_CLASS);
         assert_eq!(reuse_limit(1000), 2000);
         assert_eq!(reuse_limit(3 << 20), 6 << 20);
-    }
-
-    #[test]
-    fn byte_counts_parse_and_invalid_ones_are_ignored() {
-        assert_eq!(parse_bytes("X", "1073741824"), Some(1 << 30));
-        assert_eq!(parse_bytes("X", " 0 "), Some(0));
-        assert_eq!(parse_bytes("X", "8GiB"), None);
-        assert_eq!(parse_bytes("X", "-1"), None);
-        assert_eq!(parse_bytes("X", ""), None);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! ([`crate::profile`]) together behind `lazuli_executor::Backend`.
 
 use crate::autotune::{self, Tuner};
-use crate::codegen::{LowerLimits, ReduceForm};
+use crate::codegen::{KernelForms, LowerLimits, ReduceForm};
 use crate::compile::{Compiler, WgpuExecutable};
 use crate::context::Context;
 use crate::diskcache::DiskCache;
@@ -13,6 +13,7 @@ use crate::options::{kernel_forms, WgpuOptions};
 use crate::pipeline::Pipelines;
 use crate::pool::{Pool, PoolStats};
 use crate::profile::Profiler;
+use lazuli_executor::config::{self, Setting, Source};
 use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::fusion::FusionLimits;
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
@@ -28,16 +29,22 @@ struct Inner {
     ctx: Context,
     compiler: Compiler,
     profiler: Profiler,
+    /// The effective values of this backend's configuration variables.
+    settings: Vec<Setting>,
 }
 
 impl WgpuBackend {
     /// Opens an adapter and device. Fails with `BackendError::Device` when
-    /// no adapter matches.
+    /// no adapter matches, and with `BackendError::Config` naming the
+    /// variable when a `LAZULI_*` variable an unset option falls back to
+    /// is malformed (see [`WgpuOptions::resolve`]).
     pub fn new(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
+        let (options, sources) = options.resolve(&config::process)?;
         let opened = Context::open(&options)?;
         let (ctx, info, limits) = (opened.context, opened.info, opened.limits);
         let max_sb = opened.max_storage_buffers;
         let forms = kernel_forms(&options, info.device_type);
+        let software = info.device_type == wgpu::DeviceType::Cpu;
         let adapter_id = format!(
             "{} vendor {:x} device {:x} {:?} {} {}",
             info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
@@ -61,9 +68,7 @@ impl WgpuBackend {
             // of reductions.
             row_kernels: forms.reduce == ReduceForm::Cooperative,
             // Independent elementwise kernels share a dispatch.
-            multi_tensor: options
-                .multi_tensor
-                .unwrap_or_else(|| std::env::var("LAZULI_MULTI_TENSOR").map_or(true, |v| v != "0")),
+            multi_tensor: options.multi_tensor.unwrap_or(true),
             window_elements: ctx.windows.elements(),
             ..FusionLimits::default()
         };
@@ -72,21 +77,18 @@ impl WgpuBackend {
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             ..LowerLimits::default()
         };
-        let mut tuner = Tuner::new(
-            autotune::enabled(options.autotune, info.device_type == wgpu::DeviceType::Cpu),
-            &adapter_id,
-            disk.clone(),
-        );
+        let mut tuner = Tuner::new(autotune::enabled(options.autotune, software), &adapter_id, disk.clone());
         tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
         let compiler = Compiler::new(
             fusion,
             lower,
-            Pipelines::new(&ctx.device, options.pipeline_cache_size.unwrap_or(1024), disk),
+            Pipelines::new(&ctx.device, options.pipeline_cache_size.unwrap_or(1024), disk, options.compile_threads),
             tuner,
             Families::new(generic::enabled(options.generic_sizes), 4096),
             options.fault_kernel.clone(),
         );
-        Ok(WgpuBackend { inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default() }) })
+        let settings = effective_settings(&options, &sources, &ctx, &compiler, software, cache_dir.as_deref());
+        Ok(WgpuBackend { inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default(), settings }) })
     }
 
     /// The fusion limits this backend plans with.
@@ -149,6 +151,76 @@ impl WgpuBackend {
     }
 }
 
+/// The effective values of the backend's configuration variables, with
+/// their sources (`sources` from [`WgpuOptions::resolve`]; a value left to
+/// the default says what chose it).
+fn effective_settings(
+    options: &WgpuOptions,
+    sources: &[(&'static str, Source)],
+    ctx: &Context,
+    compiler: &Compiler,
+    software: bool,
+    cache_dir: Option<&std::path::Path>,
+) -> Vec<Setting> {
+    let source = |name| sources.iter().find(|(n, _)| *n == name).map_or(Source::Default, |s| s.1);
+    let on_off = |b: bool| if b { "on" } else { "off" };
+    let adapter = if software { "software adapter" } else { "GPU" };
+    let forms = compiler.lower.forms;
+    let profile = if forms == KernelForms::gpu() {
+        "gpu".to_string()
+    } else if forms == KernelForms::software() {
+        "software".to_string()
+    } else {
+        format!("{forms:?}")
+    };
+    let by_default = |value: String, name| match source(name) {
+        Source::Default => format!("{value} ({adapter})"),
+        _ => value,
+    };
+    let pool = ctx.pool.options();
+    // Forcing one form from code (`cooperative_rows`, `tiled_matmul`)
+    // changes the profile too.
+    let forms_source = match options.cooperative_rows.or(options.tiled_matmul) {
+        Some(_) => Source::Code,
+        None => source("LAZULI_KERNEL_FORMS"),
+    };
+    let profile = match forms_source {
+        Source::Default => format!("{profile} ({adapter})"),
+        _ => profile,
+    };
+    vec![
+        Setting::new("LAZULI_KERNEL_FORMS", profile, forms_source),
+        Setting::new(
+            "LAZULI_AUTOTUNE",
+            by_default(on_off(compiler.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
+            source("LAZULI_AUTOTUNE"),
+        ),
+        Setting::new(
+            "LAZULI_CACHE_DIR",
+            cache_dir.map_or("off".to_string(), |d| d.display().to_string()),
+            source("LAZULI_CACHE_DIR"),
+        ),
+        Setting::new(
+            "LAZULI_CACHE_MAX_BYTES",
+            options.cache_max_bytes.unwrap_or(crate::diskcache::DEFAULT_MAX_BYTES),
+            source("LAZULI_CACHE_MAX_BYTES"),
+        ),
+        Setting::new(
+            "LAZULI_POOL_BYTES",
+            by_default(pool.max_idle_bytes.to_string(), "LAZULI_POOL_BYTES"),
+            source("LAZULI_POOL_BYTES"),
+        ),
+        Setting::new(
+            "LAZULI_DEVICE_MEMORY_BYTES",
+            pool.memory_budget.map_or("none".to_string(), |b| b.to_string()),
+            source("LAZULI_DEVICE_MEMORY_BYTES"),
+        ),
+        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
+        Setting::new("LAZULI_COMPILE_THREADS", compiler.pipelines.threads(), source("LAZULI_COMPILE_THREADS")),
+    ]
+}
+
 impl Backend for WgpuBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Wgpu
@@ -156,6 +228,10 @@ impl Backend for WgpuBackend {
 
     fn name(&self) -> String {
         self.inner.ctx.name.clone()
+    }
+
+    fn settings(&self) -> Vec<Setting> {
+        self.inner.settings.clone()
     }
 
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {

@@ -18,8 +18,10 @@ pub fn validate_wgsl(source: &str) -> Result<(), String> {
 /// as `<hash>.wgsl` (before validation), so a test run can prove that every
 /// source it produced validates (see `tests/naga_log.rs`).
 pub fn log_source(source: &str) {
-    let Ok(dir) = std::env::var("LAZULI_WGSL_LOG_DIR") else { return };
-    let dir = std::path::Path::new(&dir);
+    let Some(dir) = lazuli_executor::config::path(&lazuli_executor::config::process, "LAZULI_WGSL_LOG_DIR") else {
+        return;
+    };
+    let dir = dir.as_path();
     let hash = lazuli_ir::stable_hash(source);
     let path = dir.join(format!("{hash:016x}.wgsl"));
     if path.exists() {

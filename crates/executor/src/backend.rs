@@ -103,6 +103,10 @@ pub struct KernelInfo {
 /// Errors a backend reports: only what a caller cannot foresee.
 #[derive(Debug, Clone, Error)]
 pub enum BackendError {
+    /// A malformed `LAZULI_*` configuration value met while creating the
+    /// backend (see [`crate::config`]).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// The device (or its configured memory budget) had no room for an
     /// allocation, even after the backend released its cached buffers.
     #[error("out of memory allocating {bytes} bytes on {device} ({in_use} bytes in use)")]
@@ -270,4 +274,11 @@ pub trait Backend: Send + Sync + 'static {
     /// freed or returned to a pool): the figure an
     /// [`BackendError::OutOfMemory`] reports as in use.
     fn bytes_in_use(&self) -> u64;
+
+    /// The effective values of the configuration variables this backend
+    /// reads, with their sources (see [`crate::config::Report`]); none by
+    /// default.
+    fn settings(&self) -> Vec<crate::config::Setting> {
+        Vec::new()
+    }
 }

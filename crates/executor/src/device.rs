@@ -12,6 +12,7 @@
 //! the other roots of the same sync run normally.
 
 use crate::compile_cache::CompileCache;
+use crate::config::{self, ConfigError, Lookup, Setting, Source};
 use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
 use crate::tensor::TensorInner;
@@ -22,6 +23,7 @@ use lazuli_ir::ScalarValue;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
@@ -41,6 +43,55 @@ const MAX_UNREPORTED: usize = 16;
 /// about as long as handing it to the worker thread and waking the
 /// reader again (tens of microseconds), so handing it over gains nothing.
 pub const INLINE_MAX_WORK: u64 = 1 << 18;
+
+/// The settings of a device that the environment gives (see
+/// [`crate::config`]): each field's doc names its variable and default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSettings {
+    /// Shadow validation against the CPU backend (`LAZULI_VALIDATE=cpu`;
+    /// default off; [`Device::set_validate`] changes it later).
+    pub validate: bool,
+    /// Compiled plans the device keeps (`LAZULI_COMPILE_CACHE_SIZE`;
+    /// default 1024).
+    pub compile_cache_size: NonZeroUsize,
+    /// Ops forced onto the CPU fallback (`LAZULI_FORCE_FALLBACK`, comma
+    /// separated; default none; [`Device::set_force_fallback`] changes it
+    /// later).
+    pub force_fallback: BTreeSet<String>,
+    /// Where every compiled graph and plan is written (`LAZULI_DUMP_DIR`;
+    /// default nowhere).
+    pub dump_dir: Option<PathBuf>,
+}
+
+impl Default for DeviceSettings {
+    fn default() -> DeviceSettings {
+        DeviceSettings {
+            validate: false,
+            compile_cache_size: NonZeroUsize::new(1024).expect("non-zero"),
+            force_fallback: BTreeSet::new(),
+            dump_dir: None,
+        }
+    }
+}
+
+impl DeviceSettings {
+    /// The defaults with every variable set in `lookup` applied; a
+    /// malformed value is the error.
+    pub fn from_env(lookup: Lookup<'_>) -> std::result::Result<DeviceSettings, ConfigError> {
+        let mut s = DeviceSettings::default();
+        if let Some(v) = config::choice(lookup, "LAZULI_VALIDATE")? {
+            s.validate = v == "cpu";
+        }
+        if let Some(n) = config::count(lookup, "LAZULI_COMPILE_CACHE_SIZE")?.and_then(NonZeroUsize::new) {
+            s.compile_cache_size = n;
+        }
+        if let Some(ops) = config::text(lookup, "LAZULI_FORCE_FALLBACK") {
+            s.force_fallback = ops.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect();
+        }
+        s.dump_dir = config::path(lookup, "LAZULI_DUMP_DIR");
+        Ok(s)
+    }
+}
 
 /// A compute device: cheap to clone, shared by every tensor on it.
 #[derive(Clone)]
@@ -65,6 +116,13 @@ pub(crate) struct DeviceInner {
     cached: AtomicU64,
     /// Serializes syncs so plans reach the worker in trace order.
     sync_lock: Mutex<()>,
+    /// Where compiled graphs and plans are dumped (`LAZULI_DUMP_DIR`).
+    dump_dir: Option<PathBuf>,
+    /// The configuration lookup the device was created with.
+    lookup: fn(&str) -> Option<String>,
+    /// A malformed configuration value found at creation: every
+    /// compilation fails with it.
+    config_error: Option<ConfigError>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -151,12 +209,35 @@ struct Job {
 impl Device {
     /// A device running on `main`, with `cpu` as the fallback for nodes
     /// `main` does not support (pass the same CPU backend twice for a CPU
-    /// device).
+    /// device), configured by the process environment
+    /// ([`DeviceSettings::from_env`]).
+    ///
+    /// Every library `LAZULI_*` variable is checked here
+    /// ([`config::check`]): with a malformed one the device is created
+    /// (this constructor cannot fail) but every compilation on it fails
+    /// with [`ExecError::Config`] naming the variable, so the value is
+    /// never silently replaced by a default. Unknown `LAZULI_*` names are
+    /// warned about once per process.
     pub fn new(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>) -> Device {
-        crate::timeline::start_from_env();
+        config::warn_unknown_once();
+        Device::with_env(main, cpu, config::process)
+    }
+
+    /// [`Device::new`] with the configuration read from `lookup` instead
+    /// of the process environment (tests; the backends read their own
+    /// variables when they are created).
+    pub fn with_env(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>, lookup: fn(&str) -> Option<String>) -> Device {
+        let (settings, config_error) = match config::check(&lookup).and_then(|()| DeviceSettings::from_env(&lookup)) {
+            Ok(settings) => (settings, None),
+            Err(e) => {
+                tracing::error!("{e}; every compilation on this device fails with it");
+                (DeviceSettings::default(), Some(e))
+            }
+        };
+        crate::timeline::start_from_env(&lookup);
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
-        shared.validate.store(std::env::var("LAZULI_VALIDATE").is_ok_and(|v| v == "cpu"), Ordering::Relaxed);
+        shared.validate.store(settings.validate, Ordering::Relaxed);
         let worker = {
             let (main, cpu, shared) = (main.clone(), cpu.clone(), shared.clone());
             std::thread::Builder::new()
@@ -164,30 +245,53 @@ impl Device {
                 .spawn(move || worker_loop(rx, main, cpu, shared))
                 .expect("spawning the device worker thread")
         };
-        let cache_size = std::env::var("LAZULI_COMPILE_CACHE_SIZE")
-            .ok()
-            .and_then(|s| s.parse::<usize>().ok())
-            .and_then(NonZeroUsize::new)
-            .unwrap_or(NonZeroUsize::new(1024).expect("non-zero"));
-        let force = std::env::var("LAZULI_FORCE_FALLBACK")
-            .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
-            .unwrap_or_default();
         Device(Arc::new(DeviceInner {
             id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             main,
             cpu,
             live: Mutex::new(LiveSet::default()),
-            cache: Mutex::new(CompileCache::new(cache_size)),
+            cache: Mutex::new(CompileCache::new(settings.compile_cache_size)),
             tx: Some(tx),
             shared,
             rng: Mutex::new(RngState::default()),
-            force_fallback: RwLock::new(force),
+            force_fallback: RwLock::new(settings.force_fallback),
             explainer: Mutex::new(Default::default()),
             uncached: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
+            dump_dir: settings.dump_dir,
+            lookup,
+            config_error,
             worker: Some(worker),
         }))
+    }
+
+    /// The effective configuration of this device: every library
+    /// variable's value and source, the executor's own settings as they
+    /// are now (a setting changed by [`Device::set_validate`] or
+    /// [`Device::set_force_fallback`] has source code), the backends'
+    /// effective values ([`Backend::settings`]), malformed values and
+    /// unknown `LAZULI_*` names. `lazuli info` prints it.
+    pub fn configuration(&self) -> config::Report {
+        let lookup = self.0.lookup;
+        let mut report = config::report(&lookup, config::process_names());
+        let env = DeviceSettings::from_env(&lookup).unwrap_or_default();
+        let source = |code: bool, name| Source::of(code, config::text(&lookup, name).is_some());
+        let validate = self.validating();
+        let force = self.force_fallback();
+        let listed =
+            if force.is_empty() { "none".to_string() } else { force.iter().cloned().collect::<Vec<_>>().join(",") };
+        report.apply([
+            Setting::new(
+                "LAZULI_VALIDATE",
+                if validate { "cpu" } else { "off" },
+                source(validate != env.validate, "LAZULI_VALIDATE"),
+            ),
+            Setting::new("LAZULI_FORCE_FALLBACK", listed, source(force != env.force_fallback, "LAZULI_FORCE_FALLBACK")),
+        ]);
+        report.apply(self.0.cpu.settings());
+        report.apply(self.0.main.settings());
+        report
     }
 
     /// The device's name, e.g. "cpu" or "wgpu: llvmpipe (Vulkan, Cpu)".
@@ -538,6 +642,9 @@ impl Device {
     }
 
     fn lookup_or_compile(&self, traced: &Traced, trigger: &str) -> Result<Arc<Plan>> {
+        if let Some(e) = &self.0.config_error {
+            return Err(ExecError::Config(e.clone()));
+        }
         let hash = traced.graph.structural_hash();
         {
             let cached = self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash, &traced.graph);
@@ -565,9 +672,9 @@ impl Device {
                 })?;
         metrics::record_time("Compile", started.elapsed());
         let plan = Arc::new(plan);
-        if let Ok(dir) = std::env::var("LAZULI_DUMP_DIR") {
-            if let Err(e) = dump_plan(std::path::Path::new(&dir), hash, traced, &plan) {
-                tracing::warn!(dir, error = %e, "LAZULI_DUMP_DIR: could not write the dump");
+        if let Some(dir) = &self.0.dump_dir {
+            if let Err(e) = dump_plan(dir, hash, traced, &plan) {
+                tracing::warn!(dir = %dir.display(), error = %e, "LAZULI_DUMP_DIR: could not write the dump");
             }
         }
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(plan.clone());

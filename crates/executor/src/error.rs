@@ -92,6 +92,10 @@ pub enum ExecError {
         /// locations, and its generated source.
         report: String,
     },
+    /// A malformed `LAZULI_*` configuration value (see [`crate::config`]):
+    /// a device created with one fails every compilation with it.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// A failure outside the engine met by a library helper built on it
     /// (reading or writing a file, a malformed file), kept with its cause.
     #[error("{op}: {source}")]

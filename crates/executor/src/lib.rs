@@ -16,6 +16,7 @@
 pub mod autograd;
 pub mod backend;
 mod compile_cache;
+pub mod config;
 pub mod debug;
 mod device;
 mod element;
@@ -37,7 +38,7 @@ pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
 };
-pub use device::Device;
+pub use device::{Device, DeviceSettings};
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
 pub use error::{ExecError, Result};
 pub use explain::CompileEntry;

@@ -58,9 +58,15 @@ pub enum TensorState {
     HostData,
 }
 
+/// The pending-graph size at which recording syncs (`LAZULI_MAX_GRAPH_NODES`,
+/// default 4096), read once per process. A malformed value takes the
+/// default here, which is safe: `Device::new` reports it, and every
+/// compilation on a device created with it fails naming the variable.
 fn max_graph_nodes() -> usize {
     static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| std::env::var("LAZULI_MAX_GRAPH_NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(4096))
+    *LIMIT.get_or_init(|| {
+        crate::config::count(&crate::config::process, "LAZULI_MAX_GRAPH_NODES").ok().flatten().unwrap_or(4096)
+    })
 }
 
 impl Tensor {

@@ -81,14 +81,14 @@ pub fn start(path: impl Into<PathBuf>) {
     ON.store(true, Ordering::Relaxed);
 }
 
-/// Starts recording when `LAZULI_TRACE` names a file and nothing started
-/// it yet (called when a device is made).
-pub(crate) fn start_from_env() {
+/// Starts recording when `LAZULI_TRACE` (read through `lookup`) names a
+/// file and nothing started it yet (called when a device is made).
+pub(crate) fn start_from_env(lookup: crate::config::Lookup<'_>) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Some(path) = std::env::var_os("LAZULI_TRACE").filter(|p| !p.is_empty()) {
+        if let Some(path) = crate::config::path(lookup, "LAZULI_TRACE") {
             if !enabled() {
-                start(PathBuf::from(path));
+                start(path);
             }
         }
     });

@@ -1,9 +1,11 @@
-//! `lazuli info`: the wgpu adapters this machine offers and the device
-//! `Device::default()` picks.
+//! `lazuli info`: the wgpu adapters this machine offers, the device
+//! `Device::default()` picks and the effective configuration (each
+//! `LAZULI_*` variable's value and where it came from).
 
 use lazuli::prelude::*;
 
-/// Lists the adapters and names the default device.
+/// Lists the adapters, names the default device and prints the
+/// configuration; a malformed variable is the error.
 pub fn run() -> Result<(), String> {
     let adapters = lazuli::adapters();
     println!("wgpu adapters ({}):", adapters.len());
@@ -12,5 +14,7 @@ pub fn run() -> Result<(), String> {
     }
     let dev = Device::default();
     println!("default device: {}", dev.name());
-    Ok(())
+    let config = dev.configuration();
+    println!("{config}");
+    config.check().map_err(|e| e.to_string())
 }

@@ -32,7 +32,8 @@ const COMMANDS: [&str; 6] = ["info", "demo", "dump", "conformance", "bench", "ge
 const USAGE: &str = "usage: lazuli <command> [options]
 
 commands:
-  info                      list wgpu adapters and the device Device::default() picks
+  info                      list wgpu adapters, the device Device::default() picks and the
+                            effective configuration (each variable's value and source)
   demo [--model mlp|cnn] [--device cpu|wgpu] [--epochs N] [--seed N] [--data DIR] [--json]
                             train on the 8x8 digits dataset: an MLP (64 -> 256 -> 10, the
                             default) or a LeNet-style CNN (conv 3x3 1->16, ReLU, max-pool 2,

@@ -1,0 +1,204 @@
+//! One configuration step: a malformed `LAZULI_*` value is an error naming
+//! the variable (from the `lazuli` binary, from a device, from the options
+//! types), an unknown name is reported, and `lazuli info` prints every
+//! variable's effective value and its source.
+
+mod common;
+
+use lazuli::prelude::*;
+use lazuli::{Backend, CpuDeviceOptions, ExecError, WgpuDeviceOptions};
+use lazuli_cpu::CpuBackend;
+use lazuli_executor::config::{self, Source};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+/// Runs `lazuli info` with the `LAZULI_*` variables of this process
+/// removed and `vars` set.
+fn lazuli_info(vars: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lazuli"));
+    cmd.arg("info");
+    for name in config::process_names() {
+        cmd.env_remove(name);
+    }
+    // No disk cache: the test must not write outside the target folder.
+    cmd.env("LAZULI_CACHE_DIR", "");
+    cmd.envs(vars.iter().copied());
+    cmd.output().expect("running the lazuli binary")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_malformed_flag_fails_the_cli_naming_the_variable() {
+    let out = lazuli_info(&[("LAZULI_AUTOTUNE", "maybe"), ("LAZULI_DEVICE", "cpu")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stderr.contains("LAZULI_AUTOTUNE=\"maybe\" is not valid: expected 1, 0, true, false, on or off"),
+        "stderr:\n{stderr}"
+    );
+}
+
+#[test]
+fn a_malformed_byte_count_fails_the_cli_naming_the_variable() {
+    let out = lazuli_info(&[("LAZULI_POOL_BYTES", "lots")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("LAZULI_POOL_BYTES=\"lots\" is not valid: expected a byte count"), "stderr:\n{stderr}");
+    assert!(stdout.contains("error: configuration: LAZULI_POOL_BYTES"), "the report shows it too:\n{stdout}");
+}
+
+#[test]
+fn info_prints_each_variable_with_its_source_and_unknown_names() {
+    let out = lazuli_info(&[("LAZULI_DEVICE", "cpu"), ("LAZULI_FINITE_MATH", "on"), ("LAZULI_AUTOTUN", "1")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name}:\n{stdout}"))
+    };
+    assert!(row("LAZULI_DEVICE").ends_with("= cpu [environment]"), "{stdout}");
+    assert!(row("LAZULI_FINITE_MATH").ends_with("= on [environment]"), "{stdout}");
+    assert!(row("LAZULI_COMPILE_CACHE_SIZE").ends_with("= 1024 [default]"), "{stdout}");
+    assert!(row("LAZULI_CACHE_DIR").ends_with("[environment]"), "{stdout}");
+    assert!(row("LAZULI_CPU_MEMORY_BYTES").ends_with("[default]"), "{stdout}");
+    let library = config::VARS.iter().filter(|v| v.scope == config::Scope::Library);
+    for v in library {
+        row(v.name);
+    }
+    assert!(stdout.contains("unknown variable LAZULI_AUTOTUN (did you mean LAZULI_AUTOTUNE?)"), "{stdout}");
+    assert!(stderr.contains("unknown configuration variable LAZULI_AUTOTUN"), "warned at device creation:\n{stderr}");
+}
+
+fn cpu() -> Arc<dyn Backend> {
+    Arc::new(CpuBackend::new())
+}
+
+#[test]
+fn a_device_with_a_malformed_value_fails_every_compilation_naming_it() {
+    fn lookup(name: &str) -> Option<String> {
+        (name == "LAZULI_COMPILE_CACHE_SIZE").then(|| "0".to_string())
+    }
+    let dev = Device::with_env(cpu(), cpu(), lookup);
+    let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
+    for _ in 0..2 {
+        let err = (&x * 2.0).unwrap().to_vec::<f32>().unwrap_err();
+        let ExecError::Config(e) = &err else { panic!("{err:?}") };
+        assert_eq!((e.variable.as_str(), e.value.as_str()), ("LAZULI_COMPILE_CACHE_SIZE", "0"));
+        assert!(err.to_string().contains("LAZULI_COMPILE_CACHE_SIZE=\"0\""), "{err}");
+    }
+    assert!(dev.configuration().check().is_err());
+}
+
+#[test]
+fn a_device_reports_code_settings_as_code() {
+    fn lookup(name: &str) -> Option<String> {
+        (name == "LAZULI_FORCE_FALLBACK").then(|| "exp".to_string())
+    }
+    let dev = Device::with_env(cpu(), cpu(), lookup);
+    let setting = |dev: &Device, name: &str| {
+        dev.configuration().settings.into_iter().find(|s| s.variable == name).expect("a row per library variable")
+    };
+    assert_eq!(setting(&dev, "LAZULI_VALIDATE").source, Source::Default);
+    let forced = setting(&dev, "LAZULI_FORCE_FALLBACK");
+    assert_eq!((forced.value.as_str(), forced.source), ("exp", Source::Environment));
+    dev.set_validate(true);
+    dev.set_force_fallback(&["matmul"]);
+    let validate = setting(&dev, "LAZULI_VALIDATE");
+    assert_eq!((validate.value.as_str(), validate.source), ("cpu", Source::Code));
+    assert_eq!(setting(&dev, "LAZULI_FORCE_FALLBACK").source, Source::Code);
+    let x = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev).unwrap();
+    assert_eq!((&x * 2.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0], "a well-formed device computes");
+}
+
+#[test]
+fn options_take_code_over_environment_over_default() {
+    let env = |name: &str| match name {
+        "LAZULI_CPU_MEMORY_BYTES" => Some("4096".to_string()),
+        "LAZULI_AUTOTUNE" => Some("OFF".to_string()),
+        "LAZULI_POOL_BYTES" => Some("1024".to_string()),
+        _ => None,
+    };
+    let (cpu, source) = CpuDeviceOptions::default().resolve(&env).unwrap();
+    assert_eq!((cpu.memory_budget, source), (Some(4096), Source::Environment));
+    let (cpu, source) = CpuDeviceOptions { memory_budget: Some(8) }.resolve(&env).unwrap();
+    assert_eq!((cpu.memory_budget, source), (Some(8), Source::Code));
+    let (cpu, source) = CpuDeviceOptions::default().resolve(&|_: &str| None).unwrap();
+    assert_eq!((cpu.memory_budget, source), (None, Source::Default));
+
+    let code = WgpuDeviceOptions { pool_max_free_bytes: Some(7), ..Default::default() };
+    let (wgpu, sources) = code.resolve(&env).unwrap();
+    assert_eq!(wgpu.autotune, Some(false));
+    assert_eq!(wgpu.pool_max_free_bytes, Some(7));
+    assert_eq!(wgpu.multi_tensor, None);
+    let source = |name| sources.iter().find(|(n, _)| *n == name).unwrap().1;
+    assert_eq!(source("LAZULI_AUTOTUNE"), Source::Environment);
+    assert_eq!(source("LAZULI_POOL_BYTES"), Source::Code);
+    assert_eq!(source("LAZULI_MULTI_TENSOR"), Source::Default);
+}
+
+#[test]
+fn options_fail_on_malformed_values_naming_them() {
+    let bad_cpu = |_: &str| Some("12 GB".to_string());
+    let e = CpuDeviceOptions::default().resolve(&bad_cpu).unwrap_err();
+    assert_eq!(e.variable, "LAZULI_CPU_MEMORY_BYTES");
+    let bad_forms = |name: &str| (name == "LAZULI_KERNEL_FORMS").then(|| "fast".to_string());
+    let e = WgpuDeviceOptions::default().resolve(&bad_forms).unwrap_err();
+    assert_eq!((e.variable.as_str(), e.expected.as_str()), ("LAZULI_KERNEL_FORMS", "one of gpu, software"));
+    let bad_threads = |name: &str| (name == "LAZULI_COMPILE_THREADS").then(|| "many".to_string());
+    let e = WgpuDeviceOptions::default().resolve(&bad_threads).unwrap_err();
+    assert_eq!(e.variable, "LAZULI_COMPILE_THREADS");
+}
+
+#[test]
+fn a_wgpu_device_reports_its_effective_values_and_code_settings() {
+    if common::wgpu().is_none() {
+        return;
+    }
+    let options = WgpuDeviceOptions {
+        autotune: Some(true),
+        multi_tensor: Some(false),
+        cache_dir: Some(None),
+        tiled_matmul: Some(false),
+        ..Default::default()
+    };
+    let dev = Device::wgpu_with(options).unwrap();
+    let report = dev.configuration();
+    let row = |name: &str| {
+        let s = report.settings.iter().find(|s| s.variable == name).unwrap_or_else(|| panic!("{name}: {report}"));
+        (s.value.as_str(), s.source)
+    };
+    assert_eq!(row("LAZULI_AUTOTUNE"), ("on", Source::Code), "{report}");
+    assert_eq!(row("LAZULI_MULTI_TENSOR"), ("off", Source::Code), "{report}");
+    assert_eq!(row("LAZULI_CACHE_DIR"), ("off", Source::Code), "{report}");
+    assert_eq!(row("LAZULI_KERNEL_FORMS").1, Source::Code, "{report}");
+    let threads: usize = row("LAZULI_COMPILE_THREADS").0.parse().expect("a resolved thread count");
+    assert!(threads >= 1);
+    let idle: u64 = row("LAZULI_POOL_BYTES").0.split(' ').next().unwrap().parse().expect("a resolved byte count");
+    assert!(idle > 0, "{report}");
+}
+
+#[test]
+fn device_settings_come_from_the_environment_or_fail_naming_the_variable() {
+    use lazuli_executor::DeviceSettings;
+    let env = |name: &str| match name {
+        "LAZULI_VALIDATE" => Some("CPU".to_string()),
+        "LAZULI_COMPILE_CACHE_SIZE" => Some("16".to_string()),
+        "LAZULI_FORCE_FALLBACK" => Some(" exp, matmul ,".to_string()),
+        "LAZULI_DUMP_DIR" => Some("/tmp/dump".to_string()),
+        _ => None,
+    };
+    let s = DeviceSettings::from_env(&env).unwrap();
+    assert!(s.validate);
+    assert_eq!(s.compile_cache_size.get(), 16);
+    assert_eq!(s.force_fallback.iter().map(String::as_str).collect::<Vec<_>>(), vec!["exp", "matmul"]);
+    assert_eq!(s.dump_dir.as_deref(), Some(std::path::Path::new("/tmp/dump")));
+    assert_eq!(DeviceSettings::from_env(&|_: &str| None).unwrap(), DeviceSettings::default());
+    let bad = |name: &str| (name == "LAZULI_VALIDATE").then(|| "yes".to_string());
+    let e = DeviceSettings::from_env(&bad).unwrap_err();
+    assert_eq!((e.variable.as_str(), e.expected.as_str()), ("LAZULI_VALIDATE", "one of cpu, off"));
+}
