@@ -98,6 +98,17 @@ impl Val {
 
 /// Fraction bits of a result, if it is still exact: it must fit in f32's
 /// 24-bit significand with one bit to spare.
+/// The rounded depth an inexact reduction of `n` terms adds: 1, plus one
+/// per doubling past 256 terms. Backends accumulate in different orders
+/// (the CPU's gemm in blocks, a GPU form in a few long running sums), and
+/// the difference of two orders grows with the length: a dot product of
+/// 35937 equal-sized f32 terms differed by 7e-5 relative between them,
+/// within the worst-case bound of about `n * 2^-24` but past a tolerance
+/// that ignores `n`.
+fn reduction_depth(n: usize) -> u32 {
+    1 + (n / 256).checked_ilog2().unwrap_or(0)
+}
+
 fn exact_frac(frac: Option<u32>, bound: f64) -> Option<u32> {
     let f = frac?;
     let int_bits = (bound + 1.0).log2().ceil();
@@ -401,7 +412,7 @@ impl Interp {
                     _ => (x.bound, x.frac, false),
                 };
                 let frac = if x.dtype() == DType::I32 { Some(0) } else { frac };
-                let depth = x.depth + (rounded || exact_frac(frac, bound).is_none()) as u32;
+                let depth = x.depth + (rounded || exact_frac(frac, bound).is_none()) as u32 * reduction_depth(n);
                 let t = self.apply(&format!("reduce_{}", op.name()), &[&x], |v| v[0].reduce_axes(op, &axes, keep));
                 self.push(t, bound, frac, depth);
             }
@@ -471,15 +482,19 @@ impl Interp {
                                 v[0].t()?.matmul(v[0])
                             }
                         });
-                        let n =
-                            if left { k } else { x.dims().get(x.dims().len().wrapping_sub(2)).copied().unwrap_or(1) };
+                        // The summed length: k for x x^T; for x^T x the
+                        // rows, except that a vector's transpose is itself
+                        // (a dot product over all of it).
+                        let rows = x.dims().len().checked_sub(2).map(|i| x.dims()[i]);
+                        let n = if left { k } else { rows.unwrap_or(k) };
                         (t.map(|t| (t, x.frac, x.bound, x.depth)), n)
                     }
                 };
                 let Some((t, yfrac, ybound, ydepth)) = t else { return };
                 let bound = x.bound * ybound * n.max(1) as f64;
                 let frac = if x.dtype() == DType::I32 { Some(0) } else { x.frac.zip(yfrac).map(|(p, q)| p + q) };
-                let depth = x.depth.max(ydepth) + exact_frac(frac, bound).is_none() as u32;
+                let inexact = exact_frac(frac, bound).is_none();
+                let depth = x.depth.max(ydepth) + inexact as u32 * reduction_depth(n);
                 self.push(Some(t), bound, frac, depth);
             }
             // Reshape: flatten, split or merge.
@@ -657,7 +672,7 @@ impl Interp {
                 let (excl, rev) = (s.b & 1 != 0, s.b & 2 != 0);
                 let t = self.apply("cumsum", &[&x], |v| v[0].cumsum(axis, excl, rev));
                 let bound = x.bound * n.max(1) as f64;
-                let depth = x.depth + exact_frac(x.frac, bound).is_none() as u32;
+                let depth = x.depth + exact_frac(x.frac, bound).is_none() as u32 * reduction_depth(n);
                 self.push(t, bound, x.frac, depth);
             }
             // Integer arithmetic on exact values: div, rem, modulo by a nonzero divisor.

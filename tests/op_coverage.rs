@@ -495,3 +495,39 @@ fn softplus_and_logaddexp_gradients() {
         assert!((ga[k] + gb[k] - 1.0).abs() < 1e-6, "{ga:?} {gb:?}");
     }
 }
+
+/// Whether `op` on operands of dtype `d` passes type inference.
+fn infers(op: Op, arity: usize, d: DType) -> bool {
+    let mut g = Graph::new();
+    let inputs: Vec<NodeId> = (0..arity).map(|_| g.param(ValueType::new([2], d))).collect();
+    g.push(op, &inputs).is_ok()
+}
+
+/// The dtype rule of every elementwise op agrees with its reference
+/// semantics (`ir::semantics`): an op the reference defines on integers
+/// is accepted on integer operands, and one it leaves undefined there (a
+/// float-only function) is refused by type inference, so no backend is
+/// ever asked to compute it. Forgetting the dtype rule of a new op fails
+/// here.
+#[test]
+fn every_elementwise_dtype_rule_agrees_with_the_reference() {
+    use lazuli::ir::semantics;
+    for op in UnaryOp::ALL.iter().copied() {
+        let floats = semantics::float_unary(op).is_some();
+        assert_eq!(infers(Op::Unary(op), 1, DType::F32), floats, "{op:?} on f32");
+        let ints = semantics::int_unary(op, 3).is_some();
+        // `not` is defined on bools only; the integer reference is silent.
+        if op != UnaryOp::Not {
+            assert_eq!(infers(Op::Unary(op), 1, DType::I32), ints, "{op:?} on i32: reference defines it: {ints}");
+        }
+    }
+    for op in BinaryOp::ALL.iter().copied() {
+        if op.is_comparison() || op.is_logical() {
+            continue; // Bool results, checked by `compare` and `logical`.
+        }
+        let floats = semantics::float_binary(op).is_some();
+        assert_eq!(infers(Op::Binary(op), 2, DType::F32), floats, "{op:?} on f32");
+        let ints = semantics::int_binary(op, 7, 2).is_some();
+        assert_eq!(infers(Op::Binary(op), 2, DType::I32), ints, "{op:?} on i32: reference defines it: {ints}");
+    }
+}
