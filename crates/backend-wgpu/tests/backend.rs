@@ -793,49 +793,80 @@ fn split_k_matmul_matches_the_cpu() {
     for &(bt, kk, m, n, epi) in
         &[(1, 2048, 64, 64, false), (1, 1100, 64, 96, true), (2, 1024, 40, 64, true), (1, 4096, 36, 33, false)]
     {
-        let mut g = Graph::new();
-        let x = g.param(ValueType::new([bt, kk, m], DType::F32));
-        let dy = g.param(ValueType::new([bt, kk, n], DType::F32));
-        let bias = g.param(ValueType::new([n], DType::F32));
-        let prev = g.param(ValueType::new([bt, m, n], DType::F32));
-        let xt = push(&mut g, Op::Permute(vec![0, 2, 1]), &[x]);
-        let mut y = push(&mut g, Op::MatMul, &[xt, dy]);
-        if epi {
-            let be = push(&mut g, Op::Expand(vec![bt, m, n].into()), &[bias]);
-            y = bin(&mut g, BinaryOp::Add, y, be);
-            y = push(&mut g, Op::Unary(UnaryOp::Tanh), &[y]);
-            y = bin(&mut g, BinaryOp::Add, y, prev);
-        }
-        g.outputs.push(y);
-        let v = g.clone().verify().unwrap();
-        let exe = b.compile(&v).unwrap();
-        let names: Vec<String> = exe.kernel_sources().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(exe.kernel_count(), 1, "{names:?}");
+        let names = split_case(&b, bt, kk, m, n, epi);
         assert!(names[0].ends_with("_pass1"), "not split: {names:?}");
-        let xd: Vec<f32> = (0..bt * kk * m).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
-        let dyd: Vec<f32> = (0..bt * kk * n).map(|i| ((i * 5) % 11) as f32 * 0.0625 - 0.3).collect();
-        let biasd: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
-        let prevd: Vec<f32> = (0..bt * m * n).map(|i| (i % 7) as f32 * 0.25).collect();
-        let inputs = [Data::F(xd.clone()), Data::F(dyd.clone()), Data::F(biasd.clone()), Data::F(prevd.clone())];
-        let out = f32s(&run_on(&b, g, &inputs, &[])[0]);
-        let mut want = vec![0.0f32; bt * m * n];
-        for p in 0..bt {
-            for i in 0..m {
-                for j in 0..n {
-                    let mut s = 0.0f64;
-                    for q in 0..kk {
-                        s += xd[(p * kk + q) * m + i] as f64 * dyd[(p * kk + q) * n + j] as f64;
-                    }
-                    let mut s = s as f32;
-                    if epi {
-                        s = (s + biasd[j]).tanh() + prevd[(p * m + i) * n + j];
-                    }
-                    want[(p * m + i) * n + j] = s;
+    }
+}
+
+/// Split-K where tensors are bound in windows (both passes rewritten),
+/// and where the second pass's extra scratch binding would exceed the
+/// adapter's storage bindings: then the product runs in one pass.
+#[test]
+fn split_k_matmul_windowed_and_at_the_binding_limit() {
+    let _s = serial();
+    let windowed =
+        WgpuOptions { kernel_forms: Some(KernelForms::gpu()), binding_window: Some(64 << 10), ..Default::default() };
+    let Some(b) = backend_with(windowed) else { return };
+    let before = metrics::counter("WindowedKernels");
+    let names = split_case(&b, 1, 1024, 64, 64, true);
+    assert!(names[0].ends_with("_pass1"), "not split: {names:?}");
+    assert!(metrics::counter("WindowedKernels") > before, "nothing windowed");
+    // Four inputs and one output where kernels bind five (the device's
+    // six less the one the planner keeps free): a sixth, the scratch, is
+    // one too many.
+    let tight =
+        WgpuOptions { kernel_forms: Some(KernelForms::gpu()), max_storage_buffers: Some(6), ..Default::default() };
+    let Some(b) = backend_with(tight) else { return };
+    let names = split_case(&b, 1, 2048, 64, 64, true);
+    assert_eq!(names.len(), 1, "split past the binding limit: {names:?}");
+}
+
+/// Runs the weight gradient `x^T dy` (x [bt, kk, m], dy [bt, kk,
+/// n]) on `b`, with `epi`: `tanh(. + bias) + prev`; checks it against a
+/// reference computed here and returns the kernel names.
+fn split_case(b: &WgpuBackend, bt: usize, kk: usize, m: usize, n: usize, epi: bool) -> Vec<String> {
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([bt, kk, m], DType::F32));
+    let dy = g.param(ValueType::new([bt, kk, n], DType::F32));
+    let bias = g.param(ValueType::new([n], DType::F32));
+    let prev = g.param(ValueType::new([bt, m, n], DType::F32));
+    let xt = push(&mut g, Op::Permute(vec![0, 2, 1]), &[x]);
+    let mut y = push(&mut g, Op::MatMul, &[xt, dy]);
+    if epi {
+        let be = push(&mut g, Op::Expand(vec![bt, m, n].into()), &[bias]);
+        y = bin(&mut g, BinaryOp::Add, y, be);
+        y = push(&mut g, Op::Unary(UnaryOp::Tanh), &[y]);
+        y = bin(&mut g, BinaryOp::Add, y, prev);
+    }
+    g.outputs.push(y);
+    let v = g.clone().verify().unwrap();
+    let exe = b.compile(&v).unwrap();
+    let names: Vec<String> = exe.kernel_sources().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(exe.kernel_count(), 1, "{names:?}");
+    let xd: Vec<f32> = (0..bt * kk * m).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
+    let dyd: Vec<f32> = (0..bt * kk * n).map(|i| ((i * 5) % 11) as f32 * 0.0625 - 0.3).collect();
+    let biasd: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+    let prevd: Vec<f32> = (0..bt * m * n).map(|i| (i % 7) as f32 * 0.25).collect();
+    let inputs = [Data::F(xd.clone()), Data::F(dyd.clone()), Data::F(biasd.clone()), Data::F(prevd.clone())];
+    let out = f32s(&run_on(b, g, &inputs, &[])[0]);
+    let mut want = vec![0.0f32; bt * m * n];
+    for p in 0..bt {
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for q in 0..kk {
+                    s += xd[(p * kk + q) * m + i] as f64 * dyd[(p * kk + q) * n + j] as f64;
                 }
+                let mut s = s as f32;
+                if epi {
+                    s = (s + biasd[j]).tanh() + prevd[(p * m + i) * n + j];
+                }
+                want[(p * m + i) * n + j] = s;
             }
         }
-        close(&out, &want, 1e-4);
     }
+    close(&out, &want, 1e-4);
+    names
 }
 
 /// Long reductions in both forms (one workgroup per output with a tree,
