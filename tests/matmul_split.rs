@@ -11,14 +11,15 @@ fn f32s(dev: &Device, dims: &[usize], seed: u64) -> Tensor {
     Tensor::from_slice(&common::rand_vec(n, seed, -1.0, 1.0), dims.to_vec(), dev).unwrap()
 }
 
-/// `relu(x w + b)` over `tokens` rows, a squared loss, backward: the
-/// weight gradient `x^T dy` has K = `tokens`. Returns the loss and the
+/// `relu(x w^T + b)` over `tokens` rows (as `nn::Linear` records it,
+/// `w` of [out, in]), a squared loss, backward: the weight gradient
+/// `(x^T dy)^T` has K = `tokens`. Returns the loss and the
 /// gradients of `w`, `b` and `x`, and the kernel names of the gradients.
 fn linear_step(dev: &Device, tokens: usize, d_in: usize, d_out: usize) -> (Vec<Vec<f32>>, Vec<String>) {
     let x = f32s(dev, &[tokens, d_in], 1).requires_grad_(true).unwrap();
-    let w = f32s(dev, &[d_in, d_out], 2).requires_grad_(true).unwrap();
+    let w = f32s(dev, &[d_out, d_in], 2).requires_grad_(true).unwrap();
     let b = f32s(dev, &[d_out], 3).requires_grad_(true).unwrap();
-    let y = x.matmul(&w).unwrap().add(&b).unwrap().relu().unwrap();
+    let y = x.matmul(&w.t().unwrap()).unwrap().add(&b).unwrap().relu().unwrap();
     let loss = y.mul(&y).unwrap().sum(&[], false).unwrap();
     loss.backward().unwrap();
     let (gw, gb, gx) = (w.grad().unwrap(), b.grad().unwrap(), x.grad().unwrap());

@@ -821,6 +821,44 @@ fn split_k_matmul_windowed_and_at_the_binding_limit() {
     assert_eq!(names.len(), 1, "split past the binding limit: {names:?}");
 }
 
+/// A split-K product that is an output itself besides an epilogue of it
+/// (the planner decides which kernels store which).
+#[test]
+fn split_k_product_as_an_output_and_into_an_epilogue() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { kernel_forms: Some(KernelForms::gpu()), ..Default::default() }) else {
+        return;
+    };
+    let (kk, m, n) = (2048, 64, 36);
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([kk, m], DType::F32));
+    let dy = g.param(ValueType::new([kk, n], DType::F32));
+    let bias = g.param(ValueType::new([n], DType::F32));
+    let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+    let mm = push(&mut g, Op::MatMul, &[xt, dy]);
+    let y = bin(&mut g, BinaryOp::Add, mm, bias);
+    let y = push(&mut g, Op::Unary(UnaryOp::Relu), &[y]);
+    g.outputs.push(mm);
+    g.outputs.push(y);
+    let v = g.clone().verify().unwrap();
+    let names: Vec<String> = b.compile(&v).unwrap().kernel_sources().into_iter().map(|(n, _)| n).collect();
+    // The planner may store the product from its own kernel; it is split.
+    assert!(names[0].ends_with("_pass1"), "{names:?}");
+    let xd: Vec<f32> = (0..kk * m).map(|i| ((i * 3) % 17) as f32 * 0.125 - 1.0).collect();
+    let dyd: Vec<f32> = (0..kk * n).map(|i| ((i * 7) % 5) as f32 * 0.25 - 0.5).collect();
+    let biasd: Vec<f32> = (0..n).map(|i| i as f32 - 18.0).collect();
+    let outs = run_on(&b, g, &[Data::F(xd.clone()), Data::F(dyd.clone()), Data::F(biasd.clone())], &[]);
+    let mut want_mm = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want_mm[i * n + j] = (0..kk).map(|q| xd[q * m + i] as f64 * dyd[q * n + j] as f64).sum::<f64>() as f32;
+        }
+    }
+    let want_y: Vec<f32> = want_mm.iter().enumerate().map(|(e, v)| (v + biasd[e % n]).max(0.0)).collect();
+    close(&f32s(&outs[0]), &want_mm, 1e-4);
+    close(&f32s(&outs[1]), &want_y, 1e-4);
+}
+
 /// Runs the weight gradient `x^T dy` (x [bt, kk, m], dy [bt, kk,
 /// n]) on `b`, with `epi`: `tanh(. + bias) + prev`; checks it against a
 /// reference computed here and returns the kernel names.
