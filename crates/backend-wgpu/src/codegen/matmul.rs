@@ -1,5 +1,8 @@
 //! Matmul kernels, batched, with a fused elementwise epilogue: the tiled
-//! workgroup-memory form and the barrier-free register-blocked form.
+//! workgroup-memory form, its split-K variant (two passes: partial
+//! products over ranges of K into scratch, then their sum through the
+//! epilogue, for products with too few output tiles to fill a GPU) and
+//! the barrier-free register-blocked form.
 
 use super::common::*;
 use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};

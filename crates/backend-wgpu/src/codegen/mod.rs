@@ -117,9 +117,11 @@ pub struct Wgsl {
     /// the kernel is written per workgroup).
     pub workgroup_size: u32,
     /// A first pass run before this kernel (long reductions with few
-    /// outputs, see [`reduce`]): it reads the kernel's inputs and writes
-    /// `scratch` 32-bit partial results to a scratch buffer, which this
-    /// kernel then reads as its only input (binding 1).
+    /// outputs, see [`reduce`]; split-K matmuls, see [`matmul`]): it
+    /// reads the kernel's inputs and writes `scratch` 32-bit partial
+    /// results to a scratch buffer, which this kernel then reads as its
+    /// only input (binding 1), or after the kernel's inputs where
+    /// [`Wgsl::binds_inputs`].
     pub pre: Option<Box<Wgsl>>,
     /// 32-bit elements of scratch this kernel writes (a first pass), else 0.
     pub scratch: u64,
