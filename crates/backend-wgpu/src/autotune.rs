@@ -303,11 +303,13 @@ pub(crate) fn with_form(base: LowerLimits, form: MatmulForm) -> LowerLimits {
 /// work ([`Tuner::min_flops`]: a product that takes microseconds is never
 /// worth tuning), and every tensor on whole-buffer bindings (candidates
 /// are timed so; a kernel with windowed tensors keeps the form its shape
-/// asks for).
+/// asks for). A kernel the rule splits over K keeps its split: the tuner
+/// times one pass, and a split kernel has two.
 fn tunable(ctx: &Context, tuner: &Tuner, base: &LowerLimits, k: &Kernel, graph: &VerifiedGraph) -> bool {
     k.kind == KernelKind::MatMul
         && tuner.enabled()
         && base.forms.matmul == MatmulForm::ByShape
+        && !matches!(codegen::matmul::resolve_form(k, graph, base), MatmulForm::SplitK { .. })
         && matmul_flops(k, graph) >= tuner.min_flops
         && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
 }
@@ -394,6 +396,7 @@ pub fn form_name(f: MatmulForm) -> String {
     match f {
         MatmulForm::RegisterBlocked => "rb".into(),
         MatmulForm::Tiled(t) => format!("t{}x{}", t.bm, t.bn),
+        MatmulForm::SplitK { tile, parts } => format!("s{}x{}k{parts}", tile.bm, tile.bn),
         MatmulForm::ByShape => "shape".into(),
     }
 }
@@ -403,9 +406,15 @@ pub fn parse_form(s: &str) -> Option<MatmulForm> {
     if s == "rb" {
         return Some(MatmulForm::RegisterBlocked);
     }
+    let ok = |v: u32| v == 64 || v == 128;
+    if let Some(rest) = s.strip_prefix('s') {
+        let (bm, rest) = rest.split_once('x')?;
+        let (bn, parts) = rest.split_once('k')?;
+        let (bm, bn, parts) = (bm.parse().ok()?, bn.parse().ok()?, parts.parse().ok()?);
+        return (ok(bm) && ok(bn) && parts > 1).then_some(MatmulForm::SplitK { tile: MatmulTile { bm, bn }, parts });
+    }
     let (bm, bn) = s.strip_prefix('t')?.split_once('x')?;
     let (bm, bn) = (bm.parse().ok()?, bn.parse().ok()?);
-    let ok = |v: u32| v == 64 || v == 128;
     (ok(bm) && ok(bn)).then_some(MatmulForm::Tiled(MatmulTile { bm, bn }))
 }
 
@@ -419,6 +428,7 @@ mod tests {
             MatmulForm::RegisterBlocked,
             MatmulForm::Tiled(MatmulTile { bm: 128, bn: 64 }),
             MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }),
+            MatmulForm::SplitK { tile: MatmulTile { bm: 64, bn: 64 }, parts: 17 },
         ] {
             assert_eq!(parse_form(&form_name(f)), Some(f));
         }

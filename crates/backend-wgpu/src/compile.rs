@@ -11,7 +11,7 @@
 
 use crate::autotune::{self, Tuner, Tuning};
 use crate::binds::BindCache;
-use crate::codegen::{self, LowerError, LowerLimits, Wgsl};
+use crate::codegen::{self, LowerError, LowerLimits, MatmulForm, Wgsl};
 use crate::context::Context;
 use crate::generic::Families;
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
@@ -192,6 +192,27 @@ impl Compiler {
     /// Kernel `k` of `graph` as WGSL with `limits`; lowering errors become
     /// the backend's typed errors.
     fn lower_kernel(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        limits: &LowerLimits,
+    ) -> Result<Wgsl, BackendError> {
+        let wgsl = self.lower_once(ctx, k, graph, limits)?;
+        // A split-K matmul's second pass binds the scratch besides the
+        // kernel's inputs and outputs: where that (windowed) is more than
+        // a kernel may bind, the product runs in one pass.
+        if wgsl.binds_inputs
+            && KernelWindows::of(k, graph, &wgsl, &ctx.windows).bindings() > self.fusion.max_storage_buffers
+        {
+            if let MatmulForm::SplitK { tile, .. } = codegen::matmul::resolve_form(k, graph, limits) {
+                return self.lower_once(ctx, k, graph, &autotune::with_form(*limits, MatmulForm::Tiled(tile)));
+            }
+        }
+        Ok(wgsl)
+    }
+
+    fn lower_once(
         &self,
         ctx: &Context,
         k: &Kernel,

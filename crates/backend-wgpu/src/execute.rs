@@ -338,7 +338,8 @@ fn launches<'a, 'v>(
         match (&k.wgsl.pre, &k.pre) {
             (Some(pre), Some((pre_pipeline, pre_dims))) => {
                 // Pass 1 reads the inputs into scratch; pass 2 reads the
-                // scratch and writes the outputs.
+                // scratch (after the inputs, see `Wgsl::binds_inputs`) and
+                // writes the outputs.
                 debug_assert!(slots.of(ki).is_none(), "two-pass kernels check no indices");
                 // Scratch allocations come after the buffers in the plan's
                 // allocation history.
@@ -358,6 +359,13 @@ fn launches<'a, 'v>(
                     groups: dispatch_size(pre.invocations, pre.workgroup_size),
                 });
                 let mut second: Vec<&WgpuStorage> = Vec::with_capacity(kernel.outputs.len() + 1);
+                if k.wgsl.binds_inputs {
+                    // Split-K: the epilogue reads inputs; they keep their
+                    // bindings and the scratch follows them.
+                    for id in &kernel.inputs {
+                        second.push(buffer(id)?);
+                    }
+                }
                 second.push(&s);
                 for id in &kernel.outputs {
                     second.push(buffer(id)?);

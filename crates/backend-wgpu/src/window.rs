@@ -145,14 +145,19 @@ pub struct KernelWindows {
 impl KernelWindows {
     /// The windows of `kernel` of `graph`, lowered as `wgsl`. A two-pass
     /// kernel's first pass binds the inputs and the scratch partials, its
-    /// second the scratch and the outputs; scratch holds at most a few
-    /// partials per output and is never windowed.
+    /// second the scratch and the outputs (the inputs, then the scratch,
+    /// then the outputs where `Wgsl::binds_inputs`); scratch holds at most
+    /// a few partials per output and is never windowed.
     pub fn of(kernel: &Kernel, graph: &VerifiedGraph, wgsl: &Wgsl, windows: &Windows) -> KernelWindows {
         let count = |id: &lazuli_ir::NodeId| windows.count(graph.node(*id).shape.numel() as u64);
         let inputs = kernel.inputs.iter().map(count);
         let outputs = kernel.outputs.iter().map(count);
         match &wgsl.pre {
             None => KernelWindows { main: inputs.chain(outputs).collect(), pre: Vec::new() },
+            Some(_) if wgsl.binds_inputs => KernelWindows {
+                main: inputs.clone().chain(std::iter::once(1)).chain(outputs).collect(),
+                pre: inputs.chain(std::iter::once(1)).collect(),
+            },
             Some(_) => KernelWindows {
                 main: std::iter::once(1).chain(outputs).collect(),
                 pre: inputs.chain(std::iter::once(1)).collect(),

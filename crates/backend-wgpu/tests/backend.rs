@@ -36,10 +36,22 @@ fn backend_forms(f: impl FnOnce(&mut KernelForms)) -> Option<WgpuBackend> {
     backend_with(WgpuOptions { kernel_forms: Some(forms), ..Default::default() })
 }
 
-/// Every matmul form, forced in turn.
+/// Every matmul form, forced in turn; split-K forced with part counts
+/// that divide some K and not others (recounted in k-slices of 8; a
+/// short K keeps one pass).
 fn matmul_forms() -> Vec<MatmulForm> {
     let t = |bm, bn| MatmulForm::Tiled(MatmulTile { bm, bn });
-    vec![MatmulForm::RegisterBlocked, t(64, 64), t(128, 128), t(128, 64), t(64, 128), MatmulForm::ByShape]
+    let split = |bm, bn, parts| MatmulForm::SplitK { tile: MatmulTile { bm, bn }, parts };
+    vec![
+        MatmulForm::RegisterBlocked,
+        t(64, 64),
+        t(128, 128),
+        t(128, 64),
+        t(64, 128),
+        split(64, 64, 2),
+        split(128, 64, 5),
+        MatmulForm::ByShape,
+    ]
 }
 
 fn backend() -> Option<WgpuBackend> {
@@ -729,8 +741,11 @@ fn matmul_layouts_on(b: &WgpuBackend, form: MatmulForm) {
             let exe = b.compile(&v).unwrap();
             assert_eq!(exe.kernel_count(), 1, "{bt}x{m}x{k}x{n} {ta} {tb} {epi}");
             if form != MatmulForm::ByShape {
-                let tiled = matches!(form, MatmulForm::Tiled(_));
+                let tiled = matches!(form, MatmulForm::Tiled(_) | MatmulForm::SplitK { .. });
                 assert_eq!(exe.kernel_sources()[0].1.contains("workgroupBarrier"), tiled, "{form:?}");
+                // Split where K holds more than one k-slice of 8.
+                let split = matches!(form, MatmulForm::SplitK { .. }) && k > 8;
+                assert_eq!(exe.kernel_sources().len(), 1 + split as usize, "{form:?} {bt}x{m}x{k}x{n}");
             }
             let adata: Vec<f32> = (0..bt * m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
             let bdata: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 9) as f32 * 0.5 - 2.0).collect();
@@ -760,6 +775,136 @@ fn matmul_layouts_on(b: &WgpuBackend, form: MatmulForm) {
             close(&out, &want, 1e-3);
         }
     }
+}
+
+/// The GPU profile's split-K matmul, forced on this adapter by the
+/// profile's rule: weight gradients `x^T dy` as autograd records them
+/// (one of G8's shapes scaled to 64 x 64 over 2048 tokens), K not
+/// divisible by the part count, a batched product, and a fused epilogue
+/// reading inputs (a bias row and an earlier gradient) with an
+/// activation; each against a reference computed here.
+#[test]
+fn split_k_matmul_matches_the_cpu() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { kernel_forms: Some(KernelForms::gpu()), ..Default::default() }) else {
+        return;
+    };
+    // (batch, tokens K, m, n, epilogue)
+    for &(bt, kk, m, n, epi) in
+        &[(1, 2048, 64, 64, false), (1, 1100, 64, 96, true), (2, 1024, 40, 64, true), (1, 4096, 36, 33, false)]
+    {
+        let names = split_case(&b, bt, kk, m, n, epi);
+        assert!(names[0].ends_with("_pass1"), "not split: {names:?}");
+    }
+}
+
+/// Split-K where tensors are bound in windows (both passes rewritten),
+/// and where the second pass's extra scratch binding would exceed the
+/// adapter's storage bindings: then the product runs in one pass.
+#[test]
+fn split_k_matmul_windowed_and_at_the_binding_limit() {
+    let _s = serial();
+    let windowed =
+        WgpuOptions { kernel_forms: Some(KernelForms::gpu()), binding_window: Some(64 << 10), ..Default::default() };
+    let Some(b) = backend_with(windowed) else { return };
+    let before = metrics::counter("WindowedKernels");
+    let names = split_case(&b, 1, 1024, 64, 64, true);
+    assert!(names[0].ends_with("_pass1"), "not split: {names:?}");
+    assert!(metrics::counter("WindowedKernels") > before, "nothing windowed");
+    // Four inputs and one output where kernels bind five (the device's
+    // six less the one the planner keeps free): a sixth, the scratch, is
+    // one too many.
+    let tight =
+        WgpuOptions { kernel_forms: Some(KernelForms::gpu()), max_storage_buffers: Some(6), ..Default::default() };
+    let Some(b) = backend_with(tight) else { return };
+    let names = split_case(&b, 1, 2048, 64, 64, true);
+    assert_eq!(names.len(), 1, "split past the binding limit: {names:?}");
+}
+
+/// A split-K product that is an output itself besides an epilogue of it
+/// (the planner decides which kernels store which).
+#[test]
+fn split_k_product_as_an_output_and_into_an_epilogue() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { kernel_forms: Some(KernelForms::gpu()), ..Default::default() }) else {
+        return;
+    };
+    let (kk, m, n) = (2048, 64, 36);
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([kk, m], DType::F32));
+    let dy = g.param(ValueType::new([kk, n], DType::F32));
+    let bias = g.param(ValueType::new([n], DType::F32));
+    let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+    let mm = push(&mut g, Op::MatMul, &[xt, dy]);
+    let y = bin(&mut g, BinaryOp::Add, mm, bias);
+    let y = push(&mut g, Op::Unary(UnaryOp::Relu), &[y]);
+    g.outputs.push(mm);
+    g.outputs.push(y);
+    let v = g.clone().verify().unwrap();
+    let names: Vec<String> = b.compile(&v).unwrap().kernel_sources().into_iter().map(|(n, _)| n).collect();
+    // The planner may store the product from its own kernel; it is split.
+    assert!(names[0].ends_with("_pass1"), "{names:?}");
+    let xd: Vec<f32> = (0..kk * m).map(|i| ((i * 3) % 17) as f32 * 0.125 - 1.0).collect();
+    let dyd: Vec<f32> = (0..kk * n).map(|i| ((i * 7) % 5) as f32 * 0.25 - 0.5).collect();
+    let biasd: Vec<f32> = (0..n).map(|i| i as f32 - 18.0).collect();
+    let outs = run_on(&b, g, &[Data::F(xd.clone()), Data::F(dyd.clone()), Data::F(biasd.clone())], &[]);
+    let mut want_mm = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want_mm[i * n + j] = (0..kk).map(|q| xd[q * m + i] as f64 * dyd[q * n + j] as f64).sum::<f64>() as f32;
+        }
+    }
+    let want_y: Vec<f32> = want_mm.iter().enumerate().map(|(e, v)| (v + biasd[e % n]).max(0.0)).collect();
+    close(&f32s(&outs[0]), &want_mm, 1e-4);
+    close(&f32s(&outs[1]), &want_y, 1e-4);
+}
+
+/// Runs the weight gradient `x^T dy` (x [bt, kk, m], dy [bt, kk,
+/// n]) on `b`, with `epi`: `tanh(. + bias) + prev`; checks it against a
+/// reference computed here and returns the kernel names.
+fn split_case(b: &WgpuBackend, bt: usize, kk: usize, m: usize, n: usize, epi: bool) -> Vec<String> {
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([bt, kk, m], DType::F32));
+    let dy = g.param(ValueType::new([bt, kk, n], DType::F32));
+    let bias = g.param(ValueType::new([n], DType::F32));
+    let prev = g.param(ValueType::new([bt, m, n], DType::F32));
+    let xt = push(&mut g, Op::Permute(vec![0, 2, 1]), &[x]);
+    let mut y = push(&mut g, Op::MatMul, &[xt, dy]);
+    if epi {
+        let be = push(&mut g, Op::Expand(vec![bt, m, n].into()), &[bias]);
+        y = bin(&mut g, BinaryOp::Add, y, be);
+        y = push(&mut g, Op::Unary(UnaryOp::Tanh), &[y]);
+        y = bin(&mut g, BinaryOp::Add, y, prev);
+    }
+    g.outputs.push(y);
+    let v = g.clone().verify().unwrap();
+    let exe = b.compile(&v).unwrap();
+    let names: Vec<String> = exe.kernel_sources().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(exe.kernel_count(), 1, "{names:?}");
+    let xd: Vec<f32> = (0..bt * kk * m).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
+    let dyd: Vec<f32> = (0..bt * kk * n).map(|i| ((i * 5) % 11) as f32 * 0.0625 - 0.3).collect();
+    let biasd: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+    let prevd: Vec<f32> = (0..bt * m * n).map(|i| (i % 7) as f32 * 0.25).collect();
+    let inputs = [Data::F(xd.clone()), Data::F(dyd.clone()), Data::F(biasd.clone()), Data::F(prevd.clone())];
+    let out = f32s(&run_on(b, g, &inputs, &[])[0]);
+    let mut want = vec![0.0f32; bt * m * n];
+    for p in 0..bt {
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for q in 0..kk {
+                    s += xd[(p * kk + q) * m + i] as f64 * dyd[(p * kk + q) * n + j] as f64;
+                }
+                let mut s = s as f32;
+                if epi {
+                    s = (s + biasd[j]).tanh() + prevd[(p * m + i) * n + j];
+                }
+                want[(p * m + i) * n + j] = s;
+            }
+        }
+    }
+    close(&out, &want, 1e-4);
+    names
 }
 
 /// Long reductions in both forms (one workgroup per output with a tree,

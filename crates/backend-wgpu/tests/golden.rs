@@ -206,6 +206,22 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(m);
         out.push(("matmul_odd", g));
     }
+    // A weight gradient of G8 (x^T dy over 4096 tokens, 256 x 256 out):
+    // split over K on GPUs, the epilogue (scaling and accumulation into an
+    // earlier gradient, an input) in the second pass.
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[4096, 256]);
+        let dy = f32p(&mut g, &[4096, 256]);
+        let prev = f32p(&mut g, &[256, 256]);
+        let s = g.scalar(DType::F32);
+        let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+        let gw = push(&mut g, Op::MatMul, &[xt, dy]);
+        let gw = bin(&mut g, BinaryOp::Mul, gw, s);
+        let gw = bin(&mut g, BinaryOp::Add, gw, prev);
+        g.outputs.push(gw);
+        out.push(("matmul_split_k", g));
+    }
     // Transposed operands (the backward of a Linear) and a batched matmul.
     {
         let mut g = Graph::new();
@@ -349,6 +365,19 @@ fn windowed_graphs() -> Vec<(&'static str, Graph, u64)> {
         let m = push(&mut g, Op::MatMul, &[a, b]);
         g.outputs.push(m);
         out.push(("matmul", g, 2048));
+    }
+    {
+        // Split over K on GPUs: operands windowed in the first pass, the
+        // epilogue's input in the second.
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[1024, 64]);
+        let dy = f32p(&mut g, &[1024, 64]);
+        let prev = f32p(&mut g, &[64, 64]);
+        let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x]);
+        let gw = push(&mut g, Op::MatMul, &[xt, dy]);
+        let gw = bin(&mut g, BinaryOp::Add, gw, prev);
+        g.outputs.push(gw);
+        out.push(("matmul_split_k", g, 65536));
     }
     out
 }

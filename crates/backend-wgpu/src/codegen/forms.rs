@@ -165,6 +165,19 @@ pub enum MatmulForm {
     RegisterBlocked,
     /// Operand tiles double-buffered in workgroup memory.
     Tiled(MatmulTile),
+    /// The tiled form with K split into `parts` ranges, each computed by
+    /// its own workgroups into a scratch buffer; a second pass sums the
+    /// partials and applies the epilogue (see
+    /// [`super::matmul::split_parts`]). Its part count depends on the
+    /// shape, so it is no member of [`MatmulForm::CANDIDATES`]: only the
+    /// GPU rule chooses it.
+    SplitK {
+        /// The workgroup tile of the first pass.
+        tile: MatmulTile,
+        /// Ranges of K, each at least [`super::matmul::MATMUL_SPLIT_MIN_DEPTH`]
+        /// deep.
+        parts: u32,
+    },
     /// Chosen from the shape by [`super::matmul::choose_form`].
     ByShape,
 }
@@ -307,6 +320,7 @@ mod tests {
             match f {
                 MatmulForm::Tiled(t) => assert!(MatmulTile::ALL.contains(t)),
                 MatmulForm::RegisterBlocked => {}
+                MatmulForm::SplitK { .. } => panic!("SplitK depends on the shape: no static candidate"),
                 MatmulForm::ByShape => panic!("ByShape is no candidate"),
             }
         }

@@ -1,5 +1,8 @@
 //! Matmul kernels, batched, with a fused elementwise epilogue: the tiled
-//! workgroup-memory form and the barrier-free register-blocked form.
+//! workgroup-memory form, its split-K variant (two passes: partial
+//! products over ranges of K into scratch, then their sum through the
+//! epilogue, for products with too few output tiles to fill a GPU) and
+//! the barrier-free register-blocked form.
 
 use super::common::*;
 use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
@@ -39,6 +42,49 @@ pub const MATMUL_TILE_K: u64 = 8;
 /// chosen (about one wave on a large GPU: 132 SMs on an H100).
 pub const MATMUL_MIN_TILES: u64 = 120;
 
+/// Workgroups a split-K matmul aims for: about two waves of an H100
+/// (132 SMs), so that every SM has a second workgroup to switch to.
+pub const MATMUL_SPLIT_TARGET: u64 = 264;
+
+/// Least depth of K one part of a split-K matmul walks: below it the
+/// second pass (reading every partial) costs more than the parallelism
+/// gains.
+pub const MATMUL_SPLIT_MIN_DEPTH: u64 = 128;
+
+/// Least K a matmul splits: shorter products are cheap per output, and
+/// a second pass over their partials would cost about what it saves.
+pub const MATMUL_SPLIT_MIN_K: u64 = 1024;
+
+/// Most 32-bit partials a split-K matmul writes (128 MiB, WebGPU's
+/// default storage binding limit: scratch is never windowed).
+pub const MATMUL_SPLIT_MAX_SCRATCH: u64 = 1 << 25;
+
+/// The K ranges of an f32 tiled matmul of `tiles` workgroup tiles (all
+/// batch entries) and `outputs` elements over depth `kk`: 1 (no split)
+/// unless the tiles are under one wave ([`MATMUL_MIN_TILES`]) and K is
+/// at least [`MATMUL_SPLIT_MIN_K`]; then as many as bring the workgroups
+/// to [`MATMUL_SPLIT_TARGET`], each at least [`MATMUL_SPLIT_MIN_DEPTH`]
+/// deep. Every part but the last walks [`split_chunk`] of K; the last
+/// the rest.
+pub fn split_parts(tiles: u64, outputs: u64, kk: u64) -> u64 {
+    if tiles == 0 || tiles >= MATMUL_MIN_TILES || kk < MATMUL_SPLIT_MIN_K {
+        return 1;
+    }
+    let want = MATMUL_SPLIT_TARGET.div_ceil(tiles).min(kk / MATMUL_SPLIT_MIN_DEPTH);
+    let want = want.min(MATMUL_SPLIT_MAX_SCRATCH / outputs.max(1));
+    if want < 2 {
+        return 1;
+    }
+    // Ranges are whole k-slices: rounding the range up may need fewer.
+    kk.div_ceil(split_chunk(kk, want))
+}
+
+/// Depth of K of each part (but the last) when `kk` is split in `parts`:
+/// a multiple of [`MATMUL_TILE_K`].
+pub fn split_chunk(kk: u64, parts: u64) -> u64 {
+    kk.div_ceil(parts.max(1)).next_multiple_of(MATMUL_TILE_K)
+}
+
 /// Bytes of workgroup memory the tiled matmul declares for `tile`
 /// (two buffers of A and B slices).
 pub fn tiled_workgroup_bytes(tile: MatmulTile) -> u64 {
@@ -46,19 +92,41 @@ pub fn tiled_workgroup_bytes(tile: MatmulTile) -> u64 {
 }
 
 /// The concrete form of matmul kernel `k` under `limits`: `ByShape`
-/// resolved by [`choose_form`], and a tile that needs more workgroup
-/// memory than the adapter has replaced by the 64 x 64 one.
+/// resolved by [`choose_form`] (by [`choose_generic_form`] in kernels
+/// generic over sizes, which never split K), a split-K form's parts
+/// recounted in whole k-slices (the tiled form where that leaves one
+/// part, or where the product is not f32 at fixed sizes), and a tile that
+/// needs more workgroup memory than the adapter has replaced by the
+/// 64 x 64 one.
 pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
     let form = match limits.forms.matmul {
         MatmulForm::ByShape if limits.generic => choose_generic_form(k, g),
         MatmulForm::ByShape => choose_form(k, g),
-        f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_)) => f,
+        f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_) | MatmulForm::SplitK { .. }) => f,
+    };
+    const SMALL: MatmulTile = MatmulTile { bm: 64, bn: 64 };
+    // A split (forced, or from the rule) only of f32 at fixed sizes, into
+    // ranges of whole k-slices that each hold some of K.
+    let form = match form {
+        MatmulForm::SplitK { tile, parts } => {
+            let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+            let a = g.node(rn.inputs[0]);
+            let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+            let parts = if kk == 0 { 1 } else { kk.div_ceil(split_chunk(kk, parts as u64)) };
+            if parts > 1 && rn.dtype == DType::F32 && !limits.generic {
+                MatmulForm::SplitK { tile, parts: parts as u32 }
+            } else {
+                MatmulForm::Tiled(tile)
+            }
+        }
+        f => f,
     };
     match form {
-        MatmulForm::Tiled(t) if tiled_workgroup_bytes(t) > limits.workgroup_storage as u64 => {
-            MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
+        MatmulForm::Tiled(t) if tiled_workgroup_bytes(t) > limits.workgroup_storage as u64 => MatmulForm::Tiled(SMALL),
+        MatmulForm::SplitK { tile, parts } if tiled_workgroup_bytes(tile) > limits.workgroup_storage as u64 => {
+            MatmulForm::SplitK { tile: SMALL, parts }
         }
-        f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_)) => f,
+        f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_) | MatmulForm::SplitK { .. }) => f,
         MatmulForm::ByShape => unreachable!("the rules above choose a concrete form"),
     }
 }
@@ -67,8 +135,11 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
 /// register-blocked form, where a 64-wide tile would mostly idle; others
 /// the largest tile (128, then 128 x 64 or 64 x 128, then 64) that still
 /// gives [`MATMUL_MIN_TILES`] workgroups, so small matmuls keep every SM
-/// busy and large ones get 8 x 8 register blocks. Autotuning, where
-/// enabled, measures these candidates instead ([`candidates`]).
+/// busy and large ones get 8 x 8 register blocks. An f32 product whose
+/// tiles stay under [`MATMUL_SPLIT_TARGET`] workgroups and whose K is long
+/// (a weight gradient `x^T dy` over thousands of tokens) splits K
+/// ([`split_parts`]). Autotuning, where enabled, measures the one-pass
+/// candidates instead ([`candidates`]).
 pub fn choose_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
     let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
     let r = rn.shape.rank();
@@ -78,12 +149,39 @@ pub fn choose_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
         return MatmulForm::RegisterBlocked;
     }
     let tiles = |bm: u64, bn: u64| batch * m.div_ceil(bm) * n.div_ceil(bn);
-    for (bm, bn) in [(128, 128), (128, 64), (64, 128)] {
-        if tiles(bm, bn) >= MATMUL_MIN_TILES {
-            return MatmulForm::Tiled(MatmulTile { bm: bm as u32, bn: bn as u32 });
-        }
+    let tile = MatmulTile::ALL[..3]
+        .iter()
+        .copied()
+        .find(|t| tiles(t.bm as u64, t.bn as u64) >= MATMUL_MIN_TILES)
+        .unwrap_or(MatmulTile::ALL[3]);
+    let a = g.node(rn.inputs[0]);
+    let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+    let parts = if rn.dtype == DType::F32 {
+        split_parts(tiles(tile.bm as u64, tile.bn as u64), rn.shape.numel() as u64, kk)
+    } else {
+        1
+    };
+    if parts > 1 {
+        MatmulForm::SplitK { tile, parts: parts as u32 }
+    } else {
+        MatmulForm::Tiled(tile)
     }
-    MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
+}
+
+/// Workgroups the first (or only) pass of matmul kernel `k` launches in
+/// the tiled forms, and `None` in the register-blocked form; for
+/// plans and tests.
+pub fn tiled_workgroups(k: &Kernel, g: &VerifiedGraph, form: MatmulForm) -> Option<u64> {
+    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+    let r = rn.shape.rank();
+    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>() as u64;
+    let tiles = |t: MatmulTile| batch * m.div_ceil(t.bm as u64) * n.div_ceil(t.bn as u64);
+    match form {
+        MatmulForm::Tiled(t) => Some(tiles(t)),
+        MatmulForm::SplitK { tile, parts } => Some(tiles(tile) * parts as u64),
+        MatmulForm::RegisterBlocked | MatmulForm::ByShape => None,
+    }
 }
 
 /// The rule for kernels generic over sizes: the register-blocked form
@@ -102,9 +200,11 @@ pub fn choose_generic_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
 }
 
 /// The forms autotuning times for matmul kernel `k` (the static choice
-/// first).
+/// first). A split-K choice is no candidate: the tuner times one pass,
+/// and kernels the rule splits are not tuned (`autotune::tunable`).
 pub fn candidates(k: &Kernel, g: &VerifiedGraph) -> Vec<MatmulForm> {
-    let mut v = vec![choose_form(k, g)];
+    let mut v: Vec<MatmulForm> =
+        Some(choose_form(k, g)).filter(|f| !matches!(f, MatmulForm::SplitK { .. })).into_iter().collect();
     for &f in MatmulForm::CANDIDATES {
         if !v.contains(&f) {
             v.push(f);
@@ -240,9 +340,16 @@ impl Writer<'_> {
     /// tiles). Out-of-range k loads as zero; out-of-range rows and columns
     /// load clamped and are not stored. The epilogue, if any, is applied at
     /// the store. Returns the invocation count.
-    pub(super) fn matmul_tiled(&mut self, k: &Kernel, tile: MatmulTile, b: &mut String) -> u64 {
+    ///
+    /// With `parts` > 1 (split-K) this is the first pass: workgroup `gi`
+    /// walks the `gi / (tiles of all batch entries)`-th range of K
+    /// ([`split_chunk`] deep) and stores its raw partial products to
+    /// scratch laid out `[parts, batch, M, N]` (f32, as `out0`); the
+    /// second pass ([`Writer::matmul_split_sum`]) sums them.
+    pub(super) fn matmul_tiled(&mut self, k: &Kernel, tile: MatmulTile, parts: u64, b: &mut String) -> u64 {
         let g = self.g;
-        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+        let rn_id = k.matmul_node(g).expect("matmul kernel");
+        let rn = g.node(rn_id);
         let p = matmul_shape(k, g, self.limits.generic);
         let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let r = rn.shape.rank();
@@ -254,8 +361,21 @@ impl Writer<'_> {
         let (bm, bnn, bk) = (tile.bm as u64, tile.bn as u64, MATMUL_TILE_K);
         let (rm, rnb) = (bm / 64, bnn / 64);
         let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, bm, bnn, self.limits.generic);
-        let groups = batch.numel() as u64 * mb * nb;
+        debug_assert!(parts == 1 || (!self.limits.generic && rn.dtype == DType::F32), "split-K: fixed sizes, f32");
+        let split = parts > 1;
+        let groups = parts * batch.numel() as u64 * mb * nb;
         let lanes = WORKGROUP_SIZE as u64;
+        // Split-K: the batch index wraps, the part is the slowest index.
+        let (bi_expr, kbase) = if split {
+            let chunk = split_chunk(kk, parts);
+            let nbatch = batch.numel() as u64;
+            (
+                format!("(gi / {per_batch}) % {nbatch}u"),
+                format!("    let kbase = (gi / {}u) * {chunk}u;\n    let ntiles = (min(kbase + {chunk}u, {kk}u) - kbase + {}u) / {bk}u;\n", (mb * nb).max(1) * nbatch, bk - 1),
+            )
+        } else {
+            (format!("gi / {per_batch}"), String::new())
+        };
         self.workgroup = Some(WORKGROUP_SIZE);
         let t_ty = ty(rn.dtype);
         let v_ty = format!("vec4<{t_ty}>");
@@ -270,7 +390,7 @@ impl Writer<'_> {
         let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
         let _ = writeln!(
             b,
-            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {per_batch};\n    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
+            "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = {bi_expr};\n{kbase}    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
             // Workgroup-uniform: a return here keeps barriers uniform.
             if groups > 65535 { format!("    if (gi >= {groups}u) {{\n        return;\n    }}\n") } else { String::new() },
             m * kk,
@@ -354,11 +474,13 @@ impl Writer<'_> {
                 }
             }
         }
-        let ntiles = ceil_div(kk, bk, self.limits.generic);
+        let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, self.limits.generic) };
+        let k_first = if split { "kbase" } else { "0u" };
+        let k_next = if split { "kbase + " } else { "" };
         let fma = rn.dtype == DType::F32;
         // Prologue: slice 0 into buffer 0.
-        let _ = writeln!(b, "    {{\n        let k0 = 0u;\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
-        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = (kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
+        let _ = writeln!(b, "    {{\n        let k0 = {k_first};\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
+        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = {k_next}(kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
         for q in 0..bk {
             let _ = writeln!(
                 b,
@@ -386,7 +508,14 @@ impl Writer<'_> {
             b.push_str("        }\n");
         }
         let _ = writeln!(b, "        if (more) {{\n            let nb0 = {bk}u - cur;\n{}        }}\n        workgroupBarrier();\n    }}", indent(&stores, 4));
-        let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
+        if split {
+            // Partials of range `gi / tiles` of batch entry `bi`.
+            let _ = writeln!(b, "    let obase = (gi / {}u) * {}u;", (mb * nb).max(1), m * nn);
+        } else {
+            let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
+        }
+        // Pass 1 of split-K stores raw partials to its one output.
+        let outputs: &[NodeId] = if split { &[rn_id] } else { &k.outputs };
         let value = |o: NodeId, idx: String, acc: String| {
             let od = g.node(o).dtype;
             if g.node(o).op == Op::MatMul {
@@ -405,7 +534,7 @@ impl Writer<'_> {
                     if p.out_vec {
                         let idx = format!("obase + ({row}) * {nn}u + {col}");
                         let _ = writeln!(b, "    if ({row} < {m}u && {col} < {nn}u) {{");
-                        for (sl, &o) in k.outputs.iter().enumerate() {
+                        for (sl, &o) in outputs.iter().enumerate() {
                             let vals: Vec<String> = LANE
                                 .iter()
                                 .enumerate()
@@ -423,7 +552,7 @@ impl Writer<'_> {
                         for (c, lane) in LANE.iter().enumerate() {
                             let idx = format!("obase + ({row}) * {nn}u + {col} + {c}u");
                             let _ = writeln!(b, "    if ({row} < {m}u && {col} + {c}u < {nn}u) {{");
-                            for (sl, &o) in k.outputs.iter().enumerate() {
+                            for (sl, &o) in outputs.iter().enumerate() {
                                 let _ = writeln!(
                                     b,
                                     "        out{sl}[{idx}] = {};",
@@ -437,6 +566,48 @@ impl Writer<'_> {
             }
         }
         groups * lanes
+    }
+
+    /// The second pass of a split-K matmul (see [`Writer::matmul_tiled`]):
+    /// invocation `t` sums the `parts` partials of its output element
+    /// (a vec4 of them where N is divisible by 4) from the scratch `scr`
+    /// in range order, then stores every output through the epilogue as
+    /// the one-pass kernel does. Returns the body, its invocation count,
+    /// the scratch elements (f32) and whether scratch is read as vec4.
+    pub(super) fn matmul_split_sum(&mut self, k: &Kernel, parts: u64) -> SplitSum {
+        const LANE: [&str; 4] = ["x", "y", "z", "w"];
+        let g = self.g;
+        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
+        let p = matmul_shape(k, g, self.limits.generic);
+        let total = rn.shape.numel() as u64;
+        let value = |o: NodeId, idx: String, acc: String| {
+            let od = g.node(o).dtype;
+            if g.node(o).op == Op::MatMul {
+                store(od, &acc)
+            } else {
+                store(od, &format!("e{}({idx}, {acc})", o.0))
+            }
+        };
+        let mut b = String::new();
+        let (invocations, acc0) = if p.out_vec { (total / 4, "vec4<f32>(0.0)") } else { (total, "0.0") };
+        let _ = writeln!(
+            b,
+            "    var acc = {acc0};\n    for (var s = 0u; s < {parts}u; s = s + 1u) {{\n        acc = acc + scr[s * {invocations}u + t];\n    }}"
+        );
+        for (sl, &o) in k.outputs.iter().enumerate() {
+            let od = g.node(o).dtype;
+            if p.out_vec {
+                let vals: Vec<String> = LANE
+                    .iter()
+                    .enumerate()
+                    .map(|(c, lane)| value(o, format!("t * 4u + {c}u"), format!("acc.{lane}")))
+                    .collect();
+                let _ = writeln!(b, "    out{sl}[t] = vec4<{}>({});", storage_ty(od), vals.join(", "));
+            } else {
+                let _ = writeln!(b, "    out{sl}[t] = {};", value(o, "t".into(), "acc".into()));
+            }
+        }
+        SplitSum { body: b, invocations, scratch: parts * total, vec: p.out_vec }
     }
 
     /// Matmul, written per workgroup (see [`matmul_shape`]): register
@@ -614,6 +785,19 @@ impl Writer<'_> {
         }
         groups * lanes
     }
+}
+
+/// The second pass of a split-K matmul, written by
+/// [`Writer::matmul_split_sum`].
+pub(super) struct SplitSum {
+    /// Statements of `main`, with `t` the invocation.
+    pub(super) body: String,
+    /// Invocations: one per output element, or per vec4 of them.
+    pub(super) invocations: u64,
+    /// f32 partials the first pass writes: parts x outputs.
+    pub(super) scratch: u64,
+    /// Scratch and outputs are read and written as vec4.
+    pub(super) vec: bool,
 }
 
 /// `s` with every line indented by `n` more spaces.

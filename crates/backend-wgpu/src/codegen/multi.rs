@@ -199,6 +199,7 @@ impl Writer<'_> {
             pre: None,
             scratch: 0,
             error_slot: false,
+            binds_inputs: false,
         })
     }
 }
