@@ -386,8 +386,6 @@ impl Writer<'_> {
             self.shared,
             "var<workgroup> sa: array<{v_ty}, {sa_len}>;\nvar<workgroup> sb: array<{v_ty}, {sb_len}>;\n"
         );
-        let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
-        let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
         let _ = writeln!(
             b,
             "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = {bi_expr};\n{kbase}    let row0 = rb * {bm}u;\n    let col0 = cb * {bnn}u;\n    let tr = lid / 16u;\n    let tc = lid % 16u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
@@ -396,8 +394,75 @@ impl Writer<'_> {
             m * kk,
             kk * nn,
         );
-        // Loads of one k-slice `k0` into registers (`pa*`, `pb*`), and
-        // stores of those registers into buffer `nb0` (see `SliceCode`).
+        let (bm4, bn4) = (bm / 4, bnn / 4);
+        let lay = TileLayout { m, nn, kk, bm, bnn, bk, t_ty, v_ty: v_ty.clone(), z, zv: zv.clone() };
+        let slice = self.tile_slices(k, &p, &lay);
+        let SliceCode { decl, load, stores } = slice;
+        b.push_str(&decl);
+        for q in 0..rm {
+            for i in 0..4 {
+                for pp in 0..rnb {
+                    let _ = writeln!(b, "    var c{q}_{i}_{pp} = {zv};");
+                }
+            }
+        }
+        let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, self.limits.generic) };
+        let k_first = if split { "kbase" } else { "0u" };
+        let k_next = if split { "kbase + " } else { "" };
+        let fma = rn.dtype == DType::F32;
+        // Prologue: slice 0 into buffer 0.
+        let _ = writeln!(b, "    {{\n        let k0 = {k_first};\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
+        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = {k_next}(kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
+        for q in 0..bk {
+            let _ = writeln!(
+                b,
+                "        {{\n            let ka = (cur + {q}u) * {bm4}u;\n            let kb = (cur + {q}u) * {bn4}u;"
+            );
+            for qq in 0..rm {
+                let _ = writeln!(b, "            let a{qq} = sa[ka + {}u + tr];", qq * 16);
+            }
+            for pp in 0..rnb {
+                let _ = writeln!(b, "            let b{pp} = sb[kb + {}u + tc];", pp * 16);
+            }
+            for qq in 0..rm {
+                for i in 0..4 {
+                    for pp in 0..rnb {
+                        let c = format!("c{qq}_{i}_{pp}");
+                        let lane = ["x", "y", "z", "w"][i as usize];
+                        if fma {
+                            let _ = writeln!(b, "            {c} = fma(vec4<f32>(a{qq}.{lane}), b{pp}, {c});");
+                        } else {
+                            let _ = writeln!(b, "            {c} = {c} + {v_ty}(a{qq}.{lane}) * b{pp};");
+                        }
+                    }
+                }
+            }
+            b.push_str("        }\n");
+        }
+        let _ = writeln!(b, "        if (more) {{\n            let nb0 = {bk}u - cur;\n{}        }}\n        workgroupBarrier();\n    }}", indent(&stores, 4));
+        if split {
+            // Partials of range `gi / tiles` of batch entry `bi`.
+            let _ = writeln!(b, "    let obase = (gi / {}u) * {}u;", (mb * nb).max(1), m * nn);
+        } else {
+            let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
+        }
+        // Pass 1 of split-K stores raw partials to its one output.
+        let outputs: &[NodeId] = if split { &[rn_id] } else { &k.outputs };
+        self.tile_stores(outputs, p.out_vec, (rm, rnb), (m, nn), b);
+        groups * lanes
+    }
+
+    /// The loads of one k-slice `k0` of both operands of the tiled matmul
+    /// into registers (`pa*`, `pb*`), and the stores of those registers
+    /// into buffer `nb0` of workgroup memory (see [`SliceCode`]): A as
+    /// `sa[(buf * BK + k) * bm/4 + m/4][m % 4]`, B as
+    /// `sb[(buf * BK + k) * bn/4 + n/4][n % 4]`, each read as vectors where
+    /// its layout allows (straight or transposed).
+    fn tile_slices(&self, k: &Kernel, p: &MatMulShape, lay: &TileLayout) -> SliceCode {
+        let rn = self.g.node(k.matmul_node(self.g).expect("matmul kernel"));
+        let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
+        let TileLayout { m, nn, kk, bm, bnn, bk, t_ty, ref v_ty, z, ref zv } = *lay;
+        let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
         let mut slice = SliceCode::default();
         let (bm4, bn4) = (bm / 4, bnn / 4);
         // A: sa[(buf * BK + k) * bm/4 + m/4][m % 4].
@@ -465,57 +530,23 @@ impl Writer<'_> {
                 &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u][bn % 4u] = {{reg}};"),
             );
         }
-        let SliceCode { decl, load, stores } = slice;
-        b.push_str(&decl);
-        for q in 0..rm {
-            for i in 0..4 {
-                for pp in 0..rnb {
-                    let _ = writeln!(b, "    var c{q}_{i}_{pp} = {zv};");
-                }
-            }
-        }
-        let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, self.limits.generic) };
-        let k_first = if split { "kbase" } else { "0u" };
-        let k_next = if split { "kbase + " } else { "" };
-        let fma = rn.dtype == DType::F32;
-        // Prologue: slice 0 into buffer 0.
-        let _ = writeln!(b, "    {{\n        let k0 = {k_first};\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
-        let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = {k_next}(kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
-        for q in 0..bk {
-            let _ = writeln!(
-                b,
-                "        {{\n            let ka = (cur + {q}u) * {bm4}u;\n            let kb = (cur + {q}u) * {bn4}u;"
-            );
-            for qq in 0..rm {
-                let _ = writeln!(b, "            let a{qq} = sa[ka + {}u + tr];", qq * 16);
-            }
-            for pp in 0..rnb {
-                let _ = writeln!(b, "            let b{pp} = sb[kb + {}u + tc];", pp * 16);
-            }
-            for qq in 0..rm {
-                for i in 0..4 {
-                    for pp in 0..rnb {
-                        let c = format!("c{qq}_{i}_{pp}");
-                        let lane = ["x", "y", "z", "w"][i as usize];
-                        if fma {
-                            let _ = writeln!(b, "            {c} = fma(vec4<f32>(a{qq}.{lane}), b{pp}, {c});");
-                        } else {
-                            let _ = writeln!(b, "            {c} = {c} + {v_ty}(a{qq}.{lane}) * b{pp};");
-                        }
-                    }
-                }
-            }
-            b.push_str("        }\n");
-        }
-        let _ = writeln!(b, "        if (more) {{\n            let nb0 = {bk}u - cur;\n{}        }}\n        workgroupBarrier();\n    }}", indent(&stores, 4));
-        if split {
-            // Partials of range `gi / tiles` of batch entry `bi`.
-            let _ = writeln!(b, "    let obase = (gi / {}u) * {}u;", (mb * nb).max(1), m * nn);
-        } else {
-            let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
-        }
-        // Pass 1 of split-K stores raw partials to its one output.
-        let outputs: &[NodeId] = if split { &[rn_id] } else { &k.outputs };
+        slice
+    }
+
+    /// The stores of the tiled matmul's register block to `outputs`
+    /// (through each output's epilogue function `eK`, the product itself
+    /// as it is): `blocks` is the block's (row, column) count of 4x4
+    /// vec4 groups, `(m, n)` the product's shape; `out_vec` stores whole
+    /// vec4s where N allows.
+    fn tile_stores(
+        &self,
+        outputs: &[NodeId],
+        out_vec: bool,
+        (rm, rnb): (u64, u64),
+        (m, nn): (u64, u64),
+        b: &mut String,
+    ) {
+        let g = self.g;
         let value = |o: NodeId, idx: String, acc: String| {
             let od = g.node(o).dtype;
             if g.node(o).op == Op::MatMul {
@@ -531,7 +562,7 @@ impl Writer<'_> {
                 for pp in 0..rnb {
                     let col = format!("col0 + {}u + tc * 4u", pp * 64);
                     let acc = format!("c{q}_{i}_{pp}");
-                    if p.out_vec {
+                    if out_vec {
                         let idx = format!("obase + ({row}) * {nn}u + {col}");
                         let _ = writeln!(b, "    if ({row} < {m}u && {col} < {nn}u) {{");
                         for (sl, &o) in outputs.iter().enumerate() {
@@ -565,7 +596,6 @@ impl Writer<'_> {
                 }
             }
         }
-        groups * lanes
     }
 
     /// The second pass of a split-K matmul (see [`Writer::matmul_tiled`]):
@@ -804,6 +834,21 @@ pub(super) struct SplitSum {
 fn indent(s: &str, n: usize) -> String {
     let pad = " ".repeat(n);
     s.lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("{pad}{l}\n") }).collect()
+}
+
+/// The tile geometry and types the tiled matmul's slice code is written
+/// for (see [`Writer::tile_slices`]).
+struct TileLayout {
+    m: u64,
+    nn: u64,
+    kk: u64,
+    bm: u64,
+    bnn: u64,
+    bk: u64,
+    t_ty: &'static str,
+    v_ty: String,
+    z: &'static str,
+    zv: String,
 }
 
 /// The code moving one operand's k-slice into workgroup memory in the
