@@ -653,15 +653,6 @@ impl Writer<'_> {
         let g = self.g;
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
         let p = matmul_shape(k, g, self.limits.generic);
-        // With an epilogue each output `o` stores `eO(index, accumulator)`.
-        let value = |o: NodeId, idx: String, acc: String| {
-            let od = g.node(o).dtype;
-            if g.node(o).op == Op::MatMul {
-                store(od, &acc)
-            } else {
-                store(od, &format!("e{}({idx}, {acc})", o.0))
-            }
-        };
         let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let r = rn.shape.rank();
         let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
@@ -777,12 +768,40 @@ impl Writer<'_> {
         }
         let _ = writeln!(b, "    }}");
         let _ = writeln!(b, "    let obase = bi * {}u;", m * nn);
+        self.register_block_stores(&k.outputs, p.out_vec, (rows, vecs), (m, nn), b);
+        groups * lanes
+    }
+
+    /// The stores of the register-blocked matmul's accumulators
+    /// `c{row}_{vec}` to `outputs` through each output's epilogue function
+    /// (the product itself as it is): `block` is (rows, vec4 columns) per
+    /// invocation, `(m, n)` the product's shape; `out_vec` stores whole
+    /// vec4s where N allows.
+    fn register_block_stores(
+        &self,
+        outputs: &[NodeId],
+        out_vec: bool,
+        (rows, vecs): (u64, u64),
+        (m, nn): (u64, u64),
+        b: &mut String,
+    ) {
+        const LANE: [&str; 4] = ["x", "y", "z", "w"];
+        let g = self.g;
+        // With an epilogue each output `o` stores `eO(index, accumulator)`.
+        let value = |o: NodeId, idx: String, acc: String| {
+            let od = g.node(o).dtype;
+            if g.node(o).op == Op::MatMul {
+                store(od, &acc)
+            } else {
+                store(od, &format!("e{}({idx}, {acc})", o.0))
+            }
+        };
         for i in 0..rows {
             for v in 0..vecs {
-                if p.out_vec {
+                if out_vec {
                     let idx = format!("obase + (r0 + {i}u) * {nn}u + col0 + {}u", 4 * v);
                     let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 / 4u + {v}u < {}u) {{", nn / 4);
-                    for (slot, &o) in k.outputs.iter().enumerate() {
+                    for (slot, &o) in outputs.iter().enumerate() {
                         let vals: Vec<String> = LANE
                             .iter()
                             .enumerate()
@@ -801,7 +820,7 @@ impl Writer<'_> {
                         let col = 4 * v + c as u64;
                         let idx = format!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u");
                         let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 + {col}u < {nn}u) {{");
-                        for (slot, &o) in k.outputs.iter().enumerate() {
+                        for (slot, &o) in outputs.iter().enumerate() {
                             let _ = writeln!(
                                 b,
                                 "        out{slot}[{idx}] = {};",
@@ -813,7 +832,6 @@ impl Writer<'_> {
                 }
             }
         }
-        groups * lanes
     }
 }
 
