@@ -348,26 +348,7 @@ impl Writer<'_> {
         if let Some(go) = a.go {
             self.row_loader(go, dv);
         }
-        // `n` statements, one per chunk.
-        let each = |ind: &str, n: u64, f: &dyn Fn(u64) -> String| -> String {
-            (0..n).map(|c| format!("{ind}{}\n", f(c))).collect()
-        };
-        // Stores of chunks `{name}{c}` (through `value`) to output `slot`,
-        // `w` wide.
-        let store = |ind: &str, slot: usize, name: &str, w: u64, value: &dyn Fn(String) -> String| -> String {
-            let mut s = format!("{ind}if (live) {{\n");
-            for c in 0..w.div_ceil(4) {
-                for (e, comp) in LANE.iter().enumerate() {
-                    let col = 4 * c + e as u64;
-                    if col < w {
-                        let _ =
-                            writeln!(s, "{ind}out{slot}[t * {w}u + {col}u] = {};", value(format!("{name}{c}.{comp}")));
-                    }
-                }
-            }
-            let _ = writeln!(s, "{ind}}}");
-            s
-        };
+        let (each, store) = (per_row_each, per_row_store);
         let (nq, nk, nv) = (a.q.0, a.k.0, a.v.0);
         let dot = "dot(x4, vec4<f32>(1.0))";
         match a.pass {
@@ -987,4 +968,26 @@ pub fn within_loop_budget(
             .unwrap_or(0),
     };
     trips <= budget
+}
+
+/// `n` statements of the per-row attention form, one per chunk `c`, each
+/// `f(c)` at indent `ind`.
+fn per_row_each(ind: &str, n: u64, f: &dyn Fn(u64) -> String) -> String {
+    (0..n).map(|c| format!("{ind}{}\n", f(c))).collect()
+}
+
+/// The per-row form's stores of chunks `{name}{c}` (through `value`) to
+/// output `slot`, `w` wide, for a live row.
+fn per_row_store(ind: &str, slot: usize, name: &str, w: u64, value: &dyn Fn(String) -> String) -> String {
+    let mut s = format!("{ind}if (live) {{\n");
+    for c in 0..w.div_ceil(4) {
+        for (e, comp) in LANE.iter().enumerate() {
+            let col = 4 * c + e as u64;
+            if col < w {
+                let _ = writeln!(s, "{ind}out{slot}[t * {w}u + {col}u] = {};", value(format!("{name}{c}.{comp}")));
+            }
+        }
+    }
+    let _ = writeln!(s, "{ind}}}");
+    s
 }
