@@ -597,35 +597,7 @@ impl Writer<'_> {
             };
             self.attn_dot(b, tile, "dp", own, other, dv, own_rows, walk_rows);
         }
-        // Scores: scaled and masked; `ok`: inside the problem and not
-        // causally removed. (i, j) = (row, column) or (column, row).
-        for r in 0..4 {
-            // (query, key) of lane `c` of this row's columns.
-            let kv = a.pass == Pass::GradKv;
-            let at = |c: &str| {
-                if kv {
-                    (format!("cc.{c}"), format!("rc{r}"))
-                } else {
-                    (format!("rc{r}"), format!("cc.{c}"))
-                }
-            };
-            let causal =
-                if kv { format!(" & (vec4<u32>(ri{r}) <= cv)") } else { format!(" & (cv <= vec4<u32>(ri{r}))") };
-            let causal = if a.causal { causal } else { String::new() };
-            let valid = format!("(cv < vec4<u32>({walk}u)){causal}");
-            let sc: Vec<String> = LANE
-                .iter()
-                .map(|c| {
-                    let (i, j) = at(c);
-                    a.score(&format!("s{r}.{c}"), &i, &j)
-                })
-                .collect();
-            let _ = writeln!(
-                b,
-                "{i2}let ok{r} = {valid};\n{i2}let x{r} = select(vec4<f32>(-inf_f()), vec4<f32>({}), ok{r});",
-                sc.join(", ")
-            );
-        }
+        attn_masked_scores(a, walk, b);
         match a.pass {
             Pass::Forward => self.attn_forward_tile(a, tile, b),
             _ => self.attn_grad_tile(a, tile, b),
@@ -990,4 +962,40 @@ fn per_row_store(ind: &str, slot: usize, name: &str, w: u64, value: &dyn Fn(Stri
     }
     let _ = writeln!(s, "{ind}}}");
     s
+}
+
+/// The tiled attention's scores of one tile, scaled and masked (`x{r}`),
+/// and `ok{r}`: inside the problem and not causally removed; `walk` is the
+/// length of the walked side. (i, j) = (row, column), or (column, row)
+/// for the key and value gradients.
+fn attn_masked_scores(a: &Attn, walk: u64, b: &mut String) {
+    let i2 = "        ";
+    // Scores: scaled and masked; `ok`: inside the problem and not
+    // causally removed. (i, j) = (row, column) or (column, row).
+    for r in 0..4 {
+        // (query, key) of lane `c` of this row's columns.
+        let kv = a.pass == Pass::GradKv;
+        let at = |c: &str| {
+            if kv {
+                (format!("cc.{c}"), format!("rc{r}"))
+            } else {
+                (format!("rc{r}"), format!("cc.{c}"))
+            }
+        };
+        let causal = if kv { format!(" & (vec4<u32>(ri{r}) <= cv)") } else { format!(" & (cv <= vec4<u32>(ri{r}))") };
+        let causal = if a.causal { causal } else { String::new() };
+        let valid = format!("(cv < vec4<u32>({walk}u)){causal}");
+        let sc: Vec<String> = LANE
+            .iter()
+            .map(|c| {
+                let (i, j) = at(c);
+                a.score(&format!("s{r}.{c}"), &i, &j)
+            })
+            .collect();
+        let _ = writeln!(
+            b,
+            "{i2}let ok{r} = {valid};\n{i2}let x{r} = select(vec4<f32>(-inf_f()), vec4<f32>({}), ok{r});",
+            sc.join(", ")
+        );
+    }
 }

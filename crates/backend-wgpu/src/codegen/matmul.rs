@@ -472,7 +472,7 @@ impl Writer<'_> {
             slice.add(
                 "pa",
                 bm * bk / 4,
-                &v_ty,
+                v_ty,
                 &format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;", bk / 4, bk / 4),
                 &format!("select({zv}, in{src}[(abase + min(row0 + am, {}u) * {kk}u + k0 + ak) / 4u], k0 + ak < {kk}u)", m - 1),
                 &format!("let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {{reg}}.x;\n                sa[ai + {bm4}u][am % 4u] = {{reg}}.y;\n                sa[ai + {}u][am % 4u] = {{reg}}.z;\n                sa[ai + {}u][am % 4u] = {{reg}}.w;", 2 * bm4, 3 * bm4),
@@ -483,7 +483,7 @@ impl Writer<'_> {
             slice.add(
                 "pa",
                 bm * bk / 4,
-                &v_ty,
+                v_ty,
                 &format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;"),
                 &format!("select({zv}, in{src}[(abase + min(k0 + ak, {}u) * {m}u + min(row0 + am, {}u)) / 4u], k0 + ak < {kk}u)", kk.max(1) - 1, m - 4),
                 &format!("sa[(nb0 + ak) * {bm4}u + am / 4u] = {{reg}};"),
@@ -504,7 +504,7 @@ impl Writer<'_> {
             slice.add(
                 "pb",
                 bnn * bk / 4,
-                &v_ty,
+                v_ty,
                 &format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;"),
                 &format!("select({zv}, in{src}[(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)) / 4u], k0 + bk < {kk}u)", kk.max(1) - 1, nn - 4),
                 &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u] = {{reg}};"),
@@ -515,7 +515,7 @@ impl Writer<'_> {
             slice.add(
                 "pb",
                 bnn * bk / 4,
-                &v_ty,
+                v_ty,
                 &format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;", bk / 4, bk / 4),
                 &format!("select({zv}, in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + k0 + bk) / 4u], k0 + bk < {kk}u)", nn - 1),
                 &format!("let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {{reg}}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {{reg}}.y;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.z;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.w;", 2 * bn4, 3 * bn4),
