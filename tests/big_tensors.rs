@@ -13,6 +13,10 @@
 //!   are exact, and checked against a host computation: every element
 //!   where that is cheap, else rows and columns on both sides of every
 //!   window boundary.
+//! - *Beyond one dispatch dimension*: elementwise chains of more vectors
+//!   than 65535 workgroups hold, one vec4 (or, at an odd count, one
+//!   element) per invocation in the GPU form, so dispatched in two
+//!   dimensions, checked on every element.
 //! - *Windowed twins*: the same kernel families on small tensors with
 //!   60 KiB windows (`WgpuDeviceOptions::binding_window`; not a power of
 //!   two, as on NVIDIA), compared with the CPU reference: many shapes and
@@ -302,6 +306,52 @@ fn upload_and_readback_of_160_mib() {
         let b = Tensor::from_slice(&flags, [n], &dev).unwrap();
         let nb = b.logical_not().unwrap().to_vec::<bool>().unwrap();
         assert!(nb.iter().zip(&flags).all(|(a, b)| *a != *b), "{forms}: bools");
+    }
+}
+
+/// Elementwise kernels whose one-vector-per-invocation grid needs more
+/// workgroups than one dispatch dimension holds (65535 of 256
+/// invocations): the GPU form dispatches them in two dimensions
+/// (`lazuli_wgpu::codegen::elementwise::gpu_steps`), the software form
+/// strides over consecutive vectors; both match the host on every
+/// element. A 256 MiB vec4 kernel of 16387 x 4096 elements (16780288
+/// vectors, 65548 workgroups: a full row and a partial second, windowed)
+/// and a 64 MiB scalar-width one of 65535 * 256 + 3 elements (65536
+/// workgroups, one invocation in the second row).
+#[test]
+fn elementwise_kernels_beyond_one_dispatch_dimension_match_the_host() {
+    let _l = big();
+    let lanes = 65535 * 256;
+    for (forms, dev) in devices(WINDOW) {
+        let dims = [16387usize, 4096];
+        assert!(dims[0] * dims[1] / 4 > lanes);
+        let x = pattern(&dev, dims, 1, 3, 61, 0.25);
+        x.sync().unwrap();
+        let fallbacks = metrics::counter("FallbackOps");
+        let y = x.mul_scalar(2.0).unwrap().add_scalar(1.0).unwrap().abs().unwrap();
+        y.sync().unwrap();
+        drop(x);
+        let bytes = y.to_bytes().unwrap();
+        drop(y);
+        assert_eq!(bytes.len(), 4 * dims[0] * dims[1]);
+        for (e, b) in bytes.chunks_exact(4).enumerate() {
+            let got = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+            let want = (pattern_at(e / dims[1], e % dims[1], 1, 3, 61, 0.25) * 2.0 + 1.0).abs();
+            assert!(got == want, "{forms}: vec4 y[{e}] = {got}, want {want}");
+        }
+        drop(bytes);
+        // An odd count: scalar width, one element per invocation.
+        let n = lanes + 3;
+        let x = Tensor::iota([n], 0, DType::I32, &dev).unwrap().rem_scalar(1001).unwrap().cast(F).unwrap();
+        x.sync().unwrap();
+        let y = x.mul_scalar(-0.5).unwrap().add_scalar(3.0).unwrap().to_vec::<f32>().unwrap();
+        drop(x);
+        assert_eq!(y.len(), n);
+        for (e, &got) in y.iter().enumerate() {
+            let want = (e % 1001) as f32 * -0.5 + 3.0;
+            assert!(got == want, "{forms}: scalar y[{e}] = {got}, want {want}");
+        }
+        assert_eq!(metrics::counter("FallbackOps"), fallbacks, "{forms}: both chains ran on the device");
     }
 }
 

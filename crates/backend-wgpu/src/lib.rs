@@ -37,7 +37,8 @@
 //! (forced with `WgpuOptions::kernel_forms` or `LAZULI_KERNEL_FORMS`, so
 //! tests prove both on lavapipe). GPU forms put adjacent lanes on adjacent
 //! addresses and reuse data in workgroup memory and registers:
-//! grid-stride vec4 elementwise code; reductions over contiguous rows by a
+//! one vec4 per invocation for elementwise code (a 2-D dispatch past
+//! 65535 workgroups; grid-stride only past that grid); reductions over contiguous rows by a
 //! group of lanes per row with a tree in workgroup memory; softmax rows
 //! held in registers by a group of lanes (read once, written once), long
 //! rows online in two passes; row kernels (layer norm and hand-written

@@ -1,6 +1,10 @@
 //! Elementwise kernels in straight-line form: vec4 loads and stores, one
 //! value function per node applied per lane (see [`straight_line_width`]).
-//! The indexed form (one invocation per output index, views as index math)
+//! The GPU form gives each invocation one vector, adjacent lanes on
+//! adjacent 16-byte addresses, over a 1-D or 2-D dispatch, and strides
+//! over the grid only where that grid would not fit (see [`gpu_steps`]);
+//! the software form gives each invocation consecutive vectors. The
+//! indexed form (one invocation per output index, views as index math)
 //! is `Writer::main_body`'s `KernelKind::Elementwise` arm.
 
 use super::common::*;
@@ -15,14 +19,34 @@ use std::fmt::Write as _;
 /// beat one vector per invocation).
 pub const STRAIGHT_LINE_STEPS: u64 = 16;
 
-/// Vectors each invocation of a large grid-stride elementwise kernel
-/// handles (the GPU form): enough to amortize the index math and keep
-/// the dispatch one-dimensional, while at least
-/// [`GRID_STRIDE_MIN_GROUPS`] workgroups keep every SM busy.
-pub const GRID_STRIDE_STEPS: u64 = 4;
+/// Workgroups a dispatch may have in each dimension: WebGPU's default
+/// `maxComputeWorkgroupsPerDimension`, which every adapter meets and
+/// `crate::context::dispatch_size` spreads workgroups over (x up to it,
+/// then rows of y).
+pub const MAX_GROUPS_PER_DIMENSION: u64 = 65535;
 
-/// See [`GRID_STRIDE_STEPS`].
-pub const GRID_STRIDE_MIN_GROUPS: u64 = 2048;
+/// Vectors each invocation of the GPU form handles, for `vectors` vectors
+/// and at most `max_groups` workgroups per dimension: 1 (one vector per
+/// invocation) while that grid fits, else the fewest grid-stride steps
+/// that make it fit. A grid fits when its workgroups of
+/// [`WORKGROUP_SIZE`] fill a 1-D dispatch of up to `max_groups`, or a 2-D
+/// one of `max_groups` columns and up to `max_groups` rows, and every
+/// invocation it launches has a u32 index (`main` computes
+/// `t = gid.x + gid.y * nwg.x * WORKGROUP_SIZE`, so the launched
+/// invocations, the last row counted whole, must not pass 2^32). With
+/// the real limit ([`MAX_GROUPS_PER_DIMENSION`]) that is 65535 x 256
+/// workgroups, 4294901760 invocations: every vec4 kernel (at most 2^30
+/// vectors) takes one vector per invocation, and only a scalar-width
+/// kernel of more elements strides. A pure function of its arguments, so
+/// its boundary is testable with a small `max_groups`.
+pub fn gpu_steps(vectors: u64, max_groups: u64) -> u64 {
+    let size = WORKGROUP_SIZE as u64;
+    // Workgroups whose launched invocations all have a u32 index.
+    let indexable = (1u64 << 32) / size;
+    let max_groups = max_groups.max(1);
+    let groups = if max_groups >= indexable { indexable } else { max_groups * max_groups.min(indexable / max_groups) };
+    vectors.div_ceil(groups * size).max(1)
+}
 
 /// Whether elementwise kernel `k` can be written in straight-line form, and
 /// with which vector width (4 when the element count allows, else 1): every
@@ -63,12 +87,13 @@ pub fn straight_line_width(k: &Kernel, g: &VerifiedGraph) -> Option<u32> {
 
 impl Writer<'_> {
     /// Straight-line form of an elementwise kernel (see
-    /// [`straight_line_width`]): every invocation handles up to
-    /// [`STRAIGHT_LINE_STEPS`] consecutive vectors of `width` elements;
-    /// full-size inputs are loaded once per vector, each node is one call
+    /// [`straight_line_width`]): in the GPU form every invocation handles
+    /// one vector of `width` elements (a grid-stride loop of
+    /// [`gpu_steps`] steps beyond the largest grid), in the software form
+    /// up to [`STRAIGHT_LINE_STEPS`] consecutive vectors; full-size inputs are loaded once per vector, each node is one call
     /// of a value function per lane (`vK(operands) -> T`, the same
     /// expressions as the indexed form, so semantics are shared), and
-    /// single-element nodes are evaluated once, before the loop. Returns
+    /// single-element nodes are evaluated once, before any loop. Returns
     /// the statements of `main` and the invocation count.
     pub(super) fn straight_line(&mut self, k: &Kernel, width: u32) -> Result<(String, u64), LowerError> {
         const LANES: [&str; 4] = ["x", "y", "z", "w"];
@@ -78,15 +103,20 @@ impl Writer<'_> {
         let vectors = n as u64 / width as u64;
         let grid_stride = self.limits.forms.elementwise.grid_stride();
         let steps = match grid_stride {
-            true if vectors >= GRID_STRIDE_STEPS * WORKGROUP_SIZE as u64 * GRID_STRIDE_MIN_GROUPS => GRID_STRIDE_STEPS,
+            true => gpu_steps(vectors, MAX_GROUPS_PER_DIMENSION),
             false if vectors >= STRAIGHT_LINE_STEPS * WORKGROUP_SIZE as u64 * 16 => STRAIGHT_LINE_STEPS,
-            _ => 1,
+            false => 1,
         };
         let invocations = vectors.div_ceil(steps);
-        // Consecutive: invocation `t` takes vectors `t * steps + q`.
-        // Grid-stride: step `q` of every invocation covers one contiguous
+        // The GPU form with one vector per invocation has no loop: vector
+        // `t`, adjacent lanes on adjacent vectors (`main` has returned
+        // for `t` past the last). Otherwise a loop of `steps`:
+        // consecutive, invocation `t` takes vectors `t * steps + q`;
+        // grid-stride, step `q` of every invocation covers one contiguous
         // block, adjacent lanes on adjacent vectors.
+        let looped = !grid_stride || steps > 1;
         let index = if grid_stride { format!("t + q * {invocations}u") } else { format!("t * {steps}u + q") };
+        let ind = if looped { "        " } else { "    " };
         let lanes = width as usize;
         // Lane expressions of every value available in the loop body.
         let mut lane: HashMap<NodeId, Vec<String>> = HashMap::new();
@@ -103,16 +133,20 @@ impl Writer<'_> {
                 lane.insert(id, vec![format!("h{}", id.0); lanes]);
             }
         }
-        let _ = writeln!(
-            b,
-            "    for (var q = 0u; q < {steps}u; q = q + 1u) {{\n        let j = {index};\n        if (j >= {vectors}u) {{\n            break;\n        }}"
-        );
+        if looped {
+            let _ = writeln!(
+                b,
+                "    for (var q = 0u; q < {steps}u; q = q + 1u) {{\n        let j = {index};\n        if (j >= {vectors}u) {{\n            break;\n        }}"
+            );
+        } else {
+            b.push_str("    let j = t;\n");
+        }
         for (slot, &id) in k.inputs.iter().enumerate() {
             if !full(id) {
                 continue;
             }
             let d = g.node(id).dtype;
-            let _ = writeln!(b, "        let x{} = {}[j];", id.0, self.input_name(slot));
+            let _ = writeln!(b, "{ind}let x{} = {}[j];", id.0, self.input_name(slot));
             let vals = (0..lanes)
                 .map(|c| {
                     let v = if width == 4 { format!("x{}.{}", id.0, LANES[c]) } else { format!("x{}", id.0) };
@@ -170,7 +204,7 @@ impl Writer<'_> {
             let vals: Vec<String> = (0..lanes)
                 .map(|c| {
                     let args: Vec<&str> = ops.iter().map(|o| lane[o][c].as_str()).collect();
-                    let _ = writeln!(b, "        let r{0}_{c} = v{0}({1});", id.0, args.join(", "));
+                    let _ = writeln!(b, "{ind}let r{0}_{c} = v{0}({1});", id.0, args.join(", "));
                     format!("r{}_{c}", id.0)
                 })
                 .collect();
@@ -181,12 +215,73 @@ impl Writer<'_> {
             let vals: Vec<String> = lane[&o].iter().map(|v| store(d, v)).collect();
             let out = self.output_name(slot);
             if width == 4 {
-                let _ = writeln!(b, "        {out}[j] = vec4<{}>({});", storage_ty(d), vals.join(", "));
+                let _ = writeln!(b, "{ind}{out}[j] = vec4<{}>({});", storage_ty(d), vals.join(", "));
             } else {
-                let _ = writeln!(b, "        {out}[j] = {};", vals[0]);
+                let _ = writeln!(b, "{ind}{out}[j] = {};", vals[0]);
             }
         }
-        b.push_str("    }\n");
+        if looped {
+            b.push_str("    }\n");
+        }
         Ok((b, invocations))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the real limit, every vec4 kernel takes one vector per
+    /// invocation, in one dimension up to 65535 workgroups and in two
+    /// beyond; only past 65535 x 256 workgroups (the u32 invocation index)
+    /// does a scalar-width kernel stride.
+    #[test]
+    fn gpu_form_takes_one_vector_per_invocation_while_the_grid_fits() {
+        let m = MAX_GROUPS_PER_DIMENSION;
+        let lanes = WORKGROUP_SIZE as u64;
+        // W1: 4096 x 4096 f32, 2^22 vectors, 16384 workgroups in one row.
+        assert_eq!(gpu_steps(1 << 22, m), 1);
+        // 64M elements: one row of 65535 workgroups is just too small.
+        assert_eq!(gpu_steps(m * lanes, m), 1);
+        assert_eq!(gpu_steps(m * lanes + 1, m), 1);
+        // The largest vec4 kernel (2^32 elements).
+        assert_eq!(gpu_steps(1 << 30, m), 1);
+        // Scalar width: 256 rows of 65535 workgroups fill the u32 index.
+        let fit = m * lanes * 256;
+        assert_eq!(fit, 4_294_901_760);
+        assert_eq!(gpu_steps(fit, m), 1);
+        assert_eq!(gpu_steps(fit + 1, m), 2);
+        assert_eq!(gpu_steps(u32::MAX as u64, m), 2);
+        assert_eq!(gpu_steps(1, m), 1);
+        assert_eq!(gpu_steps(0, m), 1);
+    }
+
+    /// At a small limit the boundary is where the grid stops fitting: `m`
+    /// workgroups per dimension hold `m * m` workgroups of invocations,
+    /// one vector each; one vector more needs two steps, and the steps
+    /// grow with the vectors so that `ceil(vectors / steps)` invocations
+    /// always fit.
+    #[test]
+    fn gpu_form_strides_only_beyond_the_grid() {
+        let lanes = WORKGROUP_SIZE as u64;
+        for m in [1u64, 2, 3, 7, 64] {
+            let cap = m * m * lanes;
+            assert_eq!(gpu_steps(cap, m), 1, "m = {m}");
+            assert_eq!(gpu_steps(cap + 1, m), 2, "m = {m}");
+            assert_eq!(gpu_steps(2 * cap, m), 2, "m = {m}");
+            assert_eq!(gpu_steps(2 * cap + 1, m), 3, "m = {m}");
+            for vectors in [1, cap - 1, cap + 1, 5 * cap + 3, 1000 * cap] {
+                let steps = gpu_steps(vectors, m);
+                let groups = vectors.div_ceil(steps).div_ceil(lanes);
+                assert!(groups <= m * m, "m = {m}, {vectors} vectors: {groups} workgroups");
+                // The fewest steps: one fewer would not fit.
+                if steps > 1 {
+                    assert!(vectors.div_ceil(steps - 1).div_ceil(lanes) > m * m, "m = {m}, {vectors} vectors");
+                }
+            }
+        }
+        // A limit at or beyond the u32 index's 2^24 workgroups: one row.
+        assert_eq!(gpu_steps(1 << 32, 1 << 24), 1);
+        assert_eq!(gpu_steps((1 << 32) + 1, 1 << 30), 2);
     }
 }

@@ -66,8 +66,12 @@ pub enum ElementwiseForm {
     /// [`super::STRAIGHT_LINE_STEPS`]): long invocations, right for llvmpipe,
     /// uncoalesced on a GPU (neighbouring lanes 256 bytes apart).
     Consecutive,
-    /// Grid-stride: in every step adjacent lanes take adjacent vec4s, so a
-    /// subgroup reads one contiguous block per instruction.
+    /// One vector per invocation, adjacent lanes on adjacent vec4s (a
+    /// subgroup reads one contiguous block per instruction) over a 1-D or
+    /// 2-D dispatch; a grid-stride loop, in every step of which adjacent
+    /// lanes take adjacent vec4s, only where the grid of one vector per
+    /// invocation would not fit the dispatch limits or the u32 invocation
+    /// index (see [`super::elementwise::gpu_steps`]).
     GridStride,
 }
 
@@ -76,7 +80,8 @@ impl ElementwiseForm {
     /// the list complete).
     pub const ALL: &'static [ElementwiseForm] = &[ElementwiseForm::Consecutive, ElementwiseForm::GridStride];
 
-    /// True when adjacent lanes take adjacent vectors in every step.
+    /// True when adjacent lanes take adjacent vectors (in every step,
+    /// where there are several).
     pub fn grid_stride(self) -> bool {
         match self {
             ElementwiseForm::Consecutive => false,

@@ -13,8 +13,9 @@
 //! Elementwise kernels that need no index math (see
 //! [`straight_line_width`]) are written in straight-line form instead: vec4
 //! loads, one value function per node applied per lane (the same
-//! expressions as the indexed form), vec4 stores, several vectors per
-//! invocation. Softmax and matmul have their own loop structures (see
+//! expressions as the indexed form), vec4 stores; one vector per
+//! invocation in the GPU form, several consecutive ones in the software
+//! form (see [`elementwise`]). Softmax and matmul have their own loop structures (see
 //! `main_body`).
 //!
 //! One module per kernel family: [`elementwise`], [`reduce`] (reductions,

@@ -30,14 +30,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let h1 = n1(0u);
-    for (var q = 0u; q < 1u; q = q + 1u) {
-        let j = t + q * 21u;
-        if (j >= 21u) {
-            break;
-        }
-        let x0 = in0[j];
-        let r2_0 = v2(x0, h1);
-        let r3_0 = v3(r2_0);
-        out0[j] = r3_0;
-    }
+    let j = t;
+    let x0 = in0[j];
+    let r2_0 = v2(x0, h1);
+    let r3_0 = v3(r2_0);
+    out0[j] = r3_0;
 }

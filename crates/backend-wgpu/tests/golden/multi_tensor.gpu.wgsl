@@ -42,23 +42,18 @@ fn s0(t: u32) {
         return;
     }
     let h0 = n0(0u);
-    for (var q = 0u; q < 1u; q = q + 1u) {
-        let j = t + q * 1024u;
-        if (j >= 1024u) {
-            break;
-        }
-        let x1 = in0[j];
-        let x2 = in1[j];
-        let r3_0 = v3(x2.x, h0);
-        let r3_1 = v3(x2.y, h0);
-        let r3_2 = v3(x2.z, h0);
-        let r3_3 = v3(x2.w, h0);
-        let r4_0 = v4(x1.x, r3_0);
-        let r4_1 = v4(x1.y, r3_1);
-        let r4_2 = v4(x1.z, r3_2);
-        let r4_3 = v4(x1.w, r3_3);
-        out0[j] = vec4<f32>(r4_0, r4_1, r4_2, r4_3);
-    }
+    let j = t;
+    let x1 = in0[j];
+    let x2 = in1[j];
+    let r3_0 = v3(x2.x, h0);
+    let r3_1 = v3(x2.y, h0);
+    let r3_2 = v3(x2.z, h0);
+    let r3_3 = v3(x2.w, h0);
+    let r4_0 = v4(x1.x, r3_0);
+    let r4_1 = v4(x1.y, r3_1);
+    let r4_2 = v4(x1.z, r3_2);
+    let r4_3 = v4(x1.w, r3_3);
+    out0[j] = vec4<f32>(r4_0, r4_1, r4_2, r4_3);
 }
 
 fn s1(t: u32) {
@@ -66,17 +61,12 @@ fn s1(t: u32) {
         return;
     }
     let h0 = n0(0u);
-    for (var q = 0u; q < 1u; q = q + 1u) {
-        let j = t + q * 7u;
-        if (j >= 7u) {
-            break;
-        }
-        let x5 = in2[j];
-        let x6 = in3[j];
-        let r7_0 = v7(x6, h0);
-        let r8_0 = v8(x5, r7_0);
-        out1[j] = r8_0;
-    }
+    let j = t;
+    let x5 = in2[j];
+    let x6 = in3[j];
+    let r7_0 = v7(x6, h0);
+    let r8_0 = v8(x5, r7_0);
+    out1[j] = r8_0;
 }
 
 @compute @workgroup_size(256)

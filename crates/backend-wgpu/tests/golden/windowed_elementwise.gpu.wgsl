@@ -190,18 +190,13 @@ fn s1(t: u32) {
     if (t >= 768u) {
         return;
     }
-    for (var q = 0u; q < 1u; q = q + 1u) {
-        let j = t + q * 768u;
-        if (j >= 768u) {
-            break;
-        }
-        let x0 = ld_in0(j);
-        let r5_0 = v5(x0.x);
-        let r5_1 = v5(x0.y);
-        let r5_2 = v5(x0.z);
-        let r5_3 = v5(x0.w);
-        st_out1(j, vec4<f32>(r5_0, r5_1, r5_2, r5_3));
-    }
+    let j = t;
+    let x0 = ld_in0(j);
+    let r5_0 = v5(x0.x);
+    let r5_1 = v5(x0.y);
+    let r5_2 = v5(x0.z);
+    let r5_3 = v5(x0.w);
+    st_out1(j, vec4<f32>(r5_0, r5_1, r5_2, r5_3));
 }
 
 @compute @workgroup_size(256)
