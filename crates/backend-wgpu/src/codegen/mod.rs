@@ -169,6 +169,21 @@ pub fn node_supported(node: &lazuli_ir::Node) -> bool {
     dtype_supported(node.dtype) && (!matches!(node.op, Op::Conv2d(_)) || node.dtype == DType::F32)
 }
 
+/// Fails when a node of `kernel` has no WGSL lowering or more elements
+/// than kernels index.
+fn check_lowerable(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<(), LowerError> {
+    for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
+        let n = graph.node(id);
+        if !node_supported(n) {
+            return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
+        }
+        if n.shape.numel() as u64 > limits.max_elements {
+            return Err(LowerError::TooLarge { op: n.op.name(), elements: n.shape.numel() as u64 });
+        }
+    }
+    Ok(())
+}
+
 /// Lowers `kernel` of `graph` to WGSL.
 pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
     let mut w = Writer {
@@ -186,15 +201,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         error_slot: false,
         split: None,
     };
-    for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
-        let n = graph.node(id);
-        if !node_supported(n) {
-            return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
-        }
-        if n.shape.numel() as u64 > limits.max_elements {
-            return Err(LowerError::TooLarge { op: n.op.name(), elements: n.shape.numel() as u64 });
-        }
-    }
+    check_lowerable(kernel, graph, limits)?;
     if kernel.kind == KernelKind::MultiTensor {
         return w.multi_tensor(kernel);
     }
@@ -224,22 +231,10 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
             || mm_vec(id)
     };
     let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec);
-    for (k, &id) in kernel.inputs.iter().enumerate() {
-        let n = graph.node(id);
-        if (width.is_some() && n.shape.numel() == root_numel) || row_vec {
-            // Read in `main` by the straight-line or vector-row path.
-            continue;
-        }
-        let load = if n.dtype == DType::Bool {
-            format!("in{k}[i] != 0u")
-        } else if mm_vec(id) {
-            // Bound as vectors for the matmul loop; views read lanes.
-            format!("in{k}[i >> 2u][i & 3u]")
-        } else {
-            format!("in{k}[i]")
-        };
-        let _ = writeln!(w.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
-    }
+    // Inputs read in `main` by the straight-line or vector-row path need
+    // no function.
+    let in_main = |id: NodeId| (width.is_some() && graph.node(id).shape.numel() == root_numel) || row_vec;
+    w.input_fns(kernel, &in_main, &mm_vec);
     // A kernel that checks indices runs even when its output is empty:
     // an index out of range is an error whether or not it moves anything.
     let checks_only =
@@ -251,35 +246,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         Some(width) => w.straight_line(kernel, width)?,
         None if row_vec && limits.forms.rows.per_row() => w.softmax_rows_vec4(kernel),
         None => {
-            // A matmul epilogue: nodes depending on the matmul become
-            // `eK(i, mm)` functions of the output index and accumulator.
-            let mm_node = kernel.matmul_node(graph);
-            let mut dependent: BTreeSet<NodeId> = BTreeSet::new();
-            if let Some(mmn) = mm_node.filter(|&x| x != root) {
-                let mut all: Vec<NodeId> = kernel.inline.iter().chain(&kernel.outputs).copied().collect();
-                all.sort();
-                all.dedup();
-                for id in all {
-                    let n = graph.node(id);
-                    if n.inputs.iter().any(|o| *o == mmn || dependent.contains(o)) {
-                        dependent.insert(id);
-                    }
-                }
-                for &id in &dependent {
-                    w.node_fn(id, Some((mmn, &dependent)))?;
-                }
-            }
-            for &id in &kernel.inline {
-                if Some(id) == concat_part_root || Some(id) == mm_node || dependent.contains(&id) {
-                    continue;
-                }
-                // A row kernel's reductions are values of its rows,
-                // written by `rows_kernel`.
-                if kernel.kind == KernelKind::Rows && matches!(graph.node(id).op, Op::Reduce { .. }) {
-                    continue;
-                }
-                w.value_fn(id)?;
-            }
+            w.value_fns(kernel, concat_part_root)?;
             w.main_body(kernel)?
         }
     };
@@ -324,23 +291,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     }
     s.push_str(&w.decls);
     s.push_str(&w.funcs);
-    if let Some(lanes) = w.workgroup {
-        // Kernels written per workgroup (matmul): `main` derives `t`.
-        s.push_str(&w.shared);
-        let _ = write!(
-            s,
-            "@compute @workgroup_size({lanes})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
-        );
-    } else if let Some(shared) = w.cooperative {
-        // Cooperative kernels: invocations work together through
-        // workgroup memory and barriers, so none may return early.
-        s.push_str(&cooperative_main(shared, &body));
-    } else {
-        let _ = write!(
-            s,
-            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n"
-        );
-    }
+    s.push_str(&w.main_entry(&body, invocations));
     let first = Wgsl {
         source: s,
         entry: "main",
@@ -354,43 +305,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         binds_inputs: false,
     };
     if let Some(sp) = split {
-        // Split-K: the sum of partials, with the epilogue, is the second
-        // pass; it binds the inputs as the first does, then the scratch.
-        let n = kernel.inputs.len();
-        let mut s = String::new();
-        s.push_str("// generated by lazuli-wgpu (second pass)\n");
-        s.push_str(&params_header(graph));
-        s.push_str(&input_decls);
-        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> scr: array<{}>;", n + 1, scratch_elem(sp.vec));
-        for (k, &id) in kernel.outputs.iter().enumerate() {
-            let d = graph.node(id).dtype;
-            let elem = if sp.vec { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
-            let _ = writeln!(s, "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;", n + 2 + k);
-        }
-        s.push('\n');
-        for h in &w.helpers {
-            s.push_str(h.source());
-            s.push('\n');
-        }
-        s.push_str(&w.decls);
-        s.push_str(&w.funcs);
-        let _ = write!(
-            s,
-            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {}u) {{\n        return;\n    }}\n{}}}\n",
-            sp.invocations, sp.body
-        );
-        return Ok(Wgsl {
-            source: s,
-            entry: "main",
-            invocations: sp.invocations,
-            inputs: n + 1,
-            outputs: kernel.outputs.len(),
-            workgroup_size: WORKGROUP_SIZE,
-            pre: Some(Box::new(Wgsl { scratch: sp.scratch, ..first })),
-            scratch: 0,
-            error_slot: false,
-            binds_inputs: true,
-        });
+        return Ok(w.split_k_second_pass(kernel, sp, &input_decls, first));
     }
     let Some(second) = w.second.take() else { return Ok(first) };
     // Two passes: the kernel proper is the second; the first feeds it.
@@ -419,6 +334,137 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         error_slot: false,
         binds_inputs: false,
     })
+}
+
+impl Writer<'_> {
+    /// `fn nK(i)` for each input of `kernel` not read in `main`
+    /// (`in_main`), reading lanes of inputs bound as vectors (`vec4`).
+    fn input_fns(&mut self, kernel: &Kernel, in_main: &dyn Fn(NodeId) -> bool, vec4: &dyn Fn(NodeId) -> bool) {
+        for (k, &id) in kernel.inputs.iter().enumerate() {
+            if in_main(id) {
+                continue;
+            }
+            let n = self.g.node(id);
+            let load = if n.dtype == DType::Bool {
+                format!("in{k}[i] != 0u")
+            } else if vec4(id) {
+                // Bound as vectors for the matmul loop; views read lanes.
+                format!("in{k}[i >> 2u][i & 3u]")
+            } else {
+                format!("in{k}[i]")
+            };
+            let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
+        }
+    }
+
+    /// The value functions of a kernel written by `main_body`: the
+    /// inlined nodes (a matmul epilogue as `eK(i, mm)` functions of the
+    /// output index and accumulator), except the concat part's root and a
+    /// row kernel's reductions (values of its rows).
+    fn value_fns(&mut self, kernel: &Kernel, concat_part_root: Option<NodeId>) -> Result<(), LowerError> {
+        let graph = self.g;
+        let root = kernel.root();
+        // A matmul epilogue: nodes depending on the matmul become
+        // `eK(i, mm)` functions of the output index and accumulator.
+        let mm_node = kernel.matmul_node(graph);
+        let mut dependent: BTreeSet<NodeId> = BTreeSet::new();
+        if let Some(mmn) = mm_node.filter(|&x| x != root) {
+            let mut all: Vec<NodeId> = kernel.inline.iter().chain(&kernel.outputs).copied().collect();
+            all.sort();
+            all.dedup();
+            for id in all {
+                let n = graph.node(id);
+                if n.inputs.iter().any(|o| *o == mmn || dependent.contains(o)) {
+                    dependent.insert(id);
+                }
+            }
+            for &id in &dependent {
+                self.node_fn(id, Some((mmn, &dependent)))?;
+            }
+        }
+        for &id in &kernel.inline {
+            if Some(id) == concat_part_root || Some(id) == mm_node || dependent.contains(&id) {
+                continue;
+            }
+            // A row kernel's reductions are values of its rows,
+            // written by `rows_kernel`.
+            if kernel.kind == KernelKind::Rows && matches!(graph.node(id).op, Op::Reduce { .. }) {
+                continue;
+            }
+            self.value_fn(id)?;
+        }
+        Ok(())
+    }
+
+    /// The `main` entry point around `body`, by how the kernel is written:
+    /// per workgroup (`t` derived in the body), cooperative (no early
+    /// return), or an invocation per index below `invocations`.
+    fn main_entry(&self, body: &str, invocations: u64) -> String {
+        let mut s = String::new();
+        if let Some(lanes) = self.workgroup {
+            // Kernels written per workgroup (matmul): `main` derives `t`.
+            s.push_str(&self.shared);
+            let _ = write!(
+                s,
+                "@compute @workgroup_size({lanes})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
+            );
+        } else if let Some(shared) = self.cooperative {
+            // Cooperative kernels: invocations work together through
+            // workgroup memory and barriers, so none may return early.
+            s.push_str(&cooperative_main(shared, &body));
+        } else {
+            let _ = write!(
+                s,
+                "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {invocations}u) {{\n        return;\n    }}\n{body}}}\n"
+            );
+        }
+        s
+    }
+
+    /// The split-K matmul's second pass (the sum of partials, with the
+    /// epilogue), with `first` as its first pass: it binds the inputs as
+    /// the first does (`input_decls`), then the scratch, then the outputs.
+    fn split_k_second_pass(&self, kernel: &Kernel, sp: matmul::SplitSum, input_decls: &str, first: Wgsl) -> Wgsl {
+        let graph = self.g;
+        let scratch_elem = |vec: bool| if vec { "vec4<f32>" } else { "f32" };
+        // Split-K: the sum of partials, with the epilogue, is the second
+        // pass; it binds the inputs as the first does, then the scratch.
+        let n = kernel.inputs.len();
+        let mut s = String::new();
+        s.push_str("// generated by lazuli-wgpu (second pass)\n");
+        s.push_str(&params_header(graph));
+        s.push_str(&input_decls);
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> scr: array<{}>;", n + 1, scratch_elem(sp.vec));
+        for (k, &id) in kernel.outputs.iter().enumerate() {
+            let d = graph.node(id).dtype;
+            let elem = if sp.vec { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
+            let _ = writeln!(s, "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;", n + 2 + k);
+        }
+        s.push('\n');
+        for h in &self.helpers {
+            s.push_str(h.source());
+            s.push('\n');
+        }
+        s.push_str(&self.decls);
+        s.push_str(&self.funcs);
+        let _ = write!(
+            s,
+            "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {}u) {{\n        return;\n    }}\n{}}}\n",
+            sp.invocations, sp.body
+        );
+        Wgsl {
+            source: s,
+            entry: "main",
+            invocations: sp.invocations,
+            inputs: n + 1,
+            outputs: kernel.outputs.len(),
+            workgroup_size: WORKGROUP_SIZE,
+            pre: Some(Box::new(Wgsl { scratch: sp.scratch, ..first })),
+            scratch: 0,
+            error_slot: false,
+            binds_inputs: true,
+        }
+    }
 }
 
 /// `n.div_ceil(d)` as a WGSL `u32` expression. A kernel generic over
