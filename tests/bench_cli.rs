@@ -120,3 +120,52 @@ fn h1_splits_the_host_cost_by_phase() {
     assert!(median(4) >= median(0), "{rows:?}");
     assert!(median(1) > 0.0 && median(2) > 0.0 && median(3) > 0.0, "{rows:?}");
 }
+
+/// `--profile --json` on wgpu: the workload's first row carries its
+/// roofline, each kernel with its workgroups, FLOPs and bytes, and where
+/// the adapter times kernels, GB/s and TFLOP/s that are its bytes and
+/// FLOPs over its time. W5 is 100 multiply-adds by lifted scalars of a
+/// 1024-element vector: 200 FLOPs an element in all, whatever the fusion.
+#[test]
+fn bench_profile_json_carries_each_kernels_roofline() {
+    if let Err(e) = lazuli_wgpu::WgpuBackend::new(Default::default()) {
+        assert_ne!(std::env::var("LAZULI_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no wgpu adapter: {e}");
+        eprintln!("skipping: no wgpu adapter ({e})");
+        return;
+    }
+    let out = lazuli(&["bench", "W5", "--device", "wgpu", "--profile", "--iterations", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let w5 = rows.as_array().unwrap().iter().find(|r| r["workload"] == "W5").expect("a W5 row");
+    let profile = &w5["profile"];
+    assert_eq!(profile["iterations"], 1, "{profile}");
+    let timed = profile["timed"].as_bool().expect("timed is a bool");
+    let kernels = profile["kernels"].as_array().expect("a kernel list");
+    assert!(!kernels.is_empty(), "{profile}");
+    let (mut flops, mut share) = (0, 0.0);
+    for k in kernels {
+        let int = |f: &str| k[f].as_u64().unwrap_or_else(|| panic!("{f} in {k}"));
+        assert!(k["kernel"].as_str().is_some_and(|n| n.starts_with('k')), "{k}");
+        let (launches, bytes) = (int("launches"), int("bytes"));
+        assert!(launches >= 1 && int("workgroups") > 0 && bytes > 0, "{k}");
+        flops += int("flops") * launches;
+        if timed {
+            let ms = k["ms"].as_f64().expect("a timed kernel has ms");
+            share += k["share"].as_f64().expect("and a share");
+            if ms > 0.0 {
+                let gbps = k["gbps"].as_f64().expect("and GB/s");
+                let expected = (bytes * launches) as f64 / (ms * 1e6);
+                assert!((gbps - expected).abs() <= 1e-9 * expected, "{k}");
+                let tflops = k["tflops"].as_f64().expect("and TFLOP/s");
+                let expected = (int("flops") * launches) as f64 / (ms * 1e9);
+                assert!((tflops - expected).abs() <= 1e-9 * expected, "{k}");
+            }
+        } else {
+            assert!(k["ms"].is_null() && k["gbps"].is_null() && k["tflops"].is_null(), "{k}");
+        }
+    }
+    assert_eq!(flops, 200 * 1024, "{profile}");
+    if timed {
+        assert!((share - 1.0).abs() < 1e-9, "{profile}");
+    }
+}

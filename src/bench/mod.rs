@@ -67,7 +67,7 @@ pub use conv::{ConvSizes, ConvStep};
 pub use gpt::{Gpt, GptModel, GptSizes, StepTimes};
 pub use gpu::{gpu_row_name, prepare_gpu, run_gpu_workload, GpuRun, GpuSizes};
 pub use host::{host_split, HOST_OPS};
-pub use profile::profile;
+pub use profile::{profile, KernelProfile, Profile};
 pub use small::{w1_chain, w1_input, w1_step, w2_inputs, w2_step, w3_input, w3_step, w5_input, w5_step, Mlp, MlpSizes};
 
 /// A workload of `WORKLOADS.md`.

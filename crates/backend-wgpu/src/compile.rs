@@ -16,7 +16,7 @@ use crate::context::Context;
 use crate::generic::Families;
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::window::{self, KernelWindows};
-use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo};
+use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo, LaunchCost};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
 use lazuli_ir::{Node, NodeId, Op, VerifiedGraph};
 use std::any::Any;
@@ -127,8 +127,9 @@ impl Compiler {
     }
 
     /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:
-    /// windowed for tensors beyond one binding, and fault-injected where a
-    /// test asks for it.
+    /// windowed for tensors beyond one binding, fault-injected where a
+    /// test asks for it, and with its launches' costs (see
+    /// [`crate::cost`]).
     fn finish(
         &self,
         ctx: &Context,
@@ -136,21 +137,18 @@ impl Compiler {
         graph: &VerifiedGraph,
         name: String,
         mut wgsl: Wgsl,
-    ) -> Result<(String, Wgsl, KernelWindows), BackendError> {
+    ) -> Result<Lowered, BackendError> {
         let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
         if self.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
             wgsl.source = crate::fault::perturb(&wgsl.source);
         }
-        Ok((name, wgsl, windows))
+        let (pre_cost, cost) = crate::cost::launches(k, graph, &name, &wgsl);
+        Ok(Lowered { name, wgsl, windows, pre_cost, cost })
     }
 
     /// Compiled kernels for finished sources: generic over sizes where
     /// their families vary, with their pipelines and size bind groups.
-    fn build(
-        &self,
-        ctx: &Context,
-        lowered: Vec<(String, Wgsl, KernelWindows)>,
-    ) -> Result<Vec<CompiledKernel>, BackendError> {
+    fn build(&self, ctx: &Context, lowered: Vec<Lowered>) -> Result<Vec<CompiledKernel>, BackendError> {
         let prepared = self.prepare(&lowered);
         let pipelines = self.pipelines.get_or_create(ctx, &prepared)?;
         let mut compiled = prepared.iter().zip(pipelines).map(|(p, pipeline)| {
@@ -158,19 +156,19 @@ impl Compiler {
             (pipeline, dims)
         });
         let mut kernels = Vec::with_capacity(lowered.len());
-        for (name, wgsl, windows) in lowered {
+        for Lowered { name, wgsl, windows, pre_cost, cost } in lowered {
             let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
-            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows });
+            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows, pre_cost, cost });
         }
         Ok(kernels)
     }
 
     /// Each lowered source (and first pass) ready for pipeline creation:
     /// generic over sizes where its family has seen other sizes.
-    fn prepare(&self, lowered: &[(String, Wgsl, KernelWindows)]) -> Vec<Prepared> {
+    fn prepare(&self, lowered: &[Lowered]) -> Vec<Prepared> {
         let mut prepared = Vec::new();
-        for (name, wgsl, _) in lowered {
+        for Lowered { name, wgsl, .. } in lowered {
             for (name, w) in
                 std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
             {
@@ -378,6 +376,17 @@ pub(crate) enum Bound {
     Node(NodeId),
 }
 
+/// A kernel lowered and finished, before its pipelines exist.
+pub(crate) struct Lowered {
+    name: String,
+    wgsl: Wgsl,
+    windows: KernelWindows,
+    /// The cost of the first pass, if any (see [`crate::cost`]).
+    pre_cost: Option<LaunchCost>,
+    /// The cost of the kernel proper.
+    cost: LaunchCost,
+}
+
 /// A kernel of a compiled plan.
 #[derive(Clone)]
 pub(crate) struct CompiledKernel {
@@ -391,6 +400,11 @@ pub(crate) struct CompiledKernel {
     /// Windows of each storage buffer of both passes (see
     /// [`crate::window`]).
     pub windows: KernelWindows,
+    /// The cost of one launch of the first pass, if any (see
+    /// [`crate::cost`]), computed at compile time.
+    pub pre_cost: Option<LaunchCost>,
+    /// The cost of one launch of the kernel proper.
+    pub cost: LaunchCost,
 }
 
 impl WgpuExecutable {
@@ -484,5 +498,15 @@ impl Executable for WgpuExecutable {
                 KernelInfo { name: c.name.clone(), source: c.wgsl.source.clone(), nodes, outputs: k.outputs.clone() }
             })
             .collect()
+    }
+    fn launch_costs(&self) -> Vec<LaunchCost> {
+        let mut v = Vec::new();
+        // The launches `execute` makes: none for a kernel without
+        // invocations, a first pass before its kernel.
+        for k in self.current_kernels().iter().filter(|k| k.wgsl.invocations > 0) {
+            v.extend(k.pre_cost.clone());
+            v.push(k.cost.clone());
+        }
+        v
     }
 }

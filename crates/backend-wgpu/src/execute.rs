@@ -15,7 +15,7 @@ use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
 use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
 use crate::pool::WgpuStorage;
 use crate::profile::{place_on_timeline, read_intervals, Profiler};
-use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError};
+use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
 use std::sync::MutexGuard;
@@ -97,11 +97,18 @@ pub(crate) fn execute(
         return Err(BackendError::Execution(e.to_string()));
     }
     waited?;
-    if let Some(q) = &queries {
-        let names: Vec<String> = work.iter().map(Launch::name).collect();
-        let intervals = read_intervals(ctx, &q.read, names.len())?;
-        profiler.record(&names, &intervals);
-        place_on_timeline(&names, &intervals, done);
+    let intervals = match &queries {
+        Some(q) => {
+            let names: Vec<String> = work.iter().map(Launch::name).collect();
+            let intervals = read_intervals(ctx, &q.read, names.len())?;
+            place_on_timeline(&names, &intervals, done);
+            Some(intervals)
+        }
+        None => None,
+    };
+    if profiler.on() {
+        let costs: Vec<&LaunchCost> = work.iter().map(Launch::cost).collect();
+        profiler.record(&costs, intervals.as_deref());
     }
     drop(work);
     drop(uniform);
@@ -284,6 +291,14 @@ impl Launch<'_> {
             format!("{}_pass1", self.kernel.name)
         } else {
             self.kernel.name.clone()
+        }
+    }
+
+    /// The launch's cost, computed when its kernel compiled.
+    fn cost(&self) -> &LaunchCost {
+        match (&self.kernel.pre_cost, self.first_pass) {
+            (Some(pre), true) => pre,
+            _ => &self.kernel.cost,
         }
     }
 }

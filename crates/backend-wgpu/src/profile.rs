@@ -1,30 +1,41 @@
 //! Per-kernel GPU times from timestamp queries: the profiler a backend
 //! collects into while profiling is on (every kernel then runs in a
 //! compute pass of its own with begin and end timestamps, as it does
-//! while the timeline records), the readback of resolved timestamp pairs
+//! while the timeline records; each launch is collected with its cost by
+//! the model of [`crate::cost`], and without a time where the adapter
+//! has no timestamp queries), the readback of resolved timestamp pairs
 //! that the profiler, the timeline and the autotuner share, and the
 //! placement of an execution's kernels on the timeline's clock.
 
 use crate::context::{device_err, Context};
-use lazuli_executor::{timeline, BackendError};
+use lazuli_executor::{timeline, BackendError, LaunchCost};
 use std::sync::Mutex;
 
-/// Collected per-kernel times `(kernel, ms)`, `None` while not profiling.
+/// One profiled kernel launch: its cost by the model (computed when the
+/// kernel compiled) and its GPU time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchSample {
+    /// The launch's name, FLOPs, bytes and workgroups.
+    pub cost: LaunchCost,
+    /// Its GPU time in ms; `None` where the adapter cannot time kernels.
+    pub ms: Option<f64>,
+}
+
+/// Collected launches, `None` while not profiling.
 #[derive(Default)]
 pub(crate) struct Profiler {
-    times: Mutex<Option<Vec<(String, f64)>>>,
+    samples: Mutex<Option<Vec<LaunchSample>>>,
 }
 
 impl Profiler {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<(String, f64)>>> {
-        self.times.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<LaunchSample>>> {
+        self.samples.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts (`on` and the adapter can time kernels) or stops collecting;
-    /// returns whether it collects now.
-    pub fn set(&self, on: bool, timestamps: bool) -> bool {
+    /// Starts or stops collecting; returns whether it collects now.
+    pub fn set(&self, on: bool) -> bool {
         let mut p = self.lock();
-        *p = (on && timestamps).then(Vec::new);
+        *p = on.then(Vec::new);
         p.is_some()
     }
 
@@ -33,16 +44,19 @@ impl Profiler {
         self.lock().is_some()
     }
 
-    /// The times collected since the last call, in launch order.
-    pub fn take(&self) -> Vec<(String, f64)> {
+    /// The launches collected since the last call, in launch order.
+    pub fn take(&self) -> Vec<LaunchSample> {
         self.lock().as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Adds the times of `names` (one launch each, in order), from their
-    /// GPU `intervals` in µs, while collecting.
-    pub fn record(&self, names: &[String], intervals: &[(f64, f64)]) {
+    /// Adds launches `costs` (in order) while collecting, with their GPU
+    /// `intervals` in µs where they were timed.
+    pub fn record(&self, costs: &[&LaunchCost], intervals: Option<&[(f64, f64)]>) {
         if let Some(p) = self.lock().as_mut() {
-            p.extend(names.iter().cloned().zip(intervals.iter().map(|(begin, end)| (end - begin) / 1e3)));
+            p.extend(costs.iter().enumerate().map(|(i, cost)| LaunchSample {
+                cost: (*cost).clone(),
+                ms: intervals.and_then(|t| t.get(i)).map(|(begin, end)| (end - begin) / 1e3),
+            }));
         }
     }
 }

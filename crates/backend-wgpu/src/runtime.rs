@@ -12,7 +12,7 @@ use crate::generic::{self, Families};
 use crate::options::{kernel_forms, WgpuOptions};
 use crate::pipeline::Pipelines;
 use crate::pool::{Pool, PoolStats};
-use crate::profile::Profiler;
+use crate::profile::{LaunchSample, Profiler};
 use lazuli_executor::config::{self, Setting, Source};
 use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::fusion::FusionLimits;
@@ -127,16 +127,17 @@ impl WgpuBackend {
         self.inner.ctx.timestamps
     }
 
-    /// Starts (or stops) collecting per-kernel GPU times: while on, every
-    /// kernel runs in its own compute pass with timestamp queries. Returns
-    /// false (and collects nothing) when the adapter cannot time kernels.
+    /// Starts (or stops) collecting every kernel launch with its cost
+    /// (FLOPs, bytes, workgroups) and, where the adapter can time kernels
+    /// ([`WgpuBackend::supports_profiling`]), its GPU time: while on, every
+    /// kernel then runs in its own compute pass with timestamp queries.
+    /// Returns whether launches are timed.
     pub fn set_profiling(&self, on: bool) -> bool {
-        self.inner.profiler.set(on, self.inner.ctx.timestamps)
+        self.inner.profiler.set(on) && self.inner.ctx.timestamps
     }
 
-    /// The per-kernel GPU times `(kernel name, ms)` collected since the
-    /// last call, in launch order.
-    pub fn take_profile(&self) -> Vec<(String, f64)> {
+    /// The launches collected since the last call, in launch order.
+    pub fn take_profile(&self) -> Vec<LaunchSample> {
         self.inner.profiler.take()
     }
 

@@ -1194,3 +1194,45 @@ fn gather_from_a_windowed_table() {
         .collect();
     close(&out, &want, 0.0);
 }
+
+/// The profiler collects each launch with the cost its executable
+/// computed at compile time (`Executable::launch_costs`), a split-K
+/// product's first pass included, timed where the adapter has timestamp
+/// queries; without profiling nothing is collected.
+#[test]
+fn profiled_launches_carry_their_compile_time_costs() {
+    let _s = serial();
+    let Some(b) = backend_with(WgpuOptions { kernel_forms: Some(KernelForms::gpu()), ..Default::default() }) else {
+        return;
+    };
+    let (kk, m, n) = (2048, 64, 36);
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([m, kk], DType::F32));
+    let w = g.param(ValueType::new([kk, n], DType::F32));
+    let y = push(&mut g, Op::MatMul, &[x, w]);
+    let y = push(&mut g, Op::Unary(UnaryOp::Relu), &[y]);
+    g.outputs.push(y);
+    let params = g.params.clone();
+    let exe = b.compile(&g.verify().unwrap()).unwrap();
+    let costs = exe.launch_costs();
+    let names: Vec<String> = exe.kernel_sources().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(costs.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), names);
+    assert!(names[0].ends_with("_pass1"), "a long K with few tiles splits: {names:?}");
+    // The product and its ReLU epilogue: 2 * M * N * K + M * N.
+    let product = costs.iter().find(|c| c.flops >= 2 * (m * n * kk) as u64).expect("the product's launch");
+    assert_eq!(product.flops, (2 * m * n * kk + m * n) as u64, "{costs:?}");
+    assert!(costs.iter().all(|c| c.workgroups > 0 && c.bytes > 0), "{costs:?}");
+    let run = || {
+        let data = |ty: &ValueType| b.upload(&vec![0u8; ty.shape.numel() * 4], ty).unwrap();
+        b.execute(exe.as_ref(), params.iter().map(data).collect(), &[]).unwrap();
+    };
+    run();
+    assert!(b.take_profile().is_empty());
+    let timed = b.set_profiling(true);
+    assert_eq!(timed, b.supports_profiling());
+    run();
+    let samples = b.take_profile();
+    b.set_profiling(false);
+    assert_eq!(samples.iter().map(|s| s.cost.clone()).collect::<Vec<_>>(), costs);
+    assert!(samples.iter().all(|s| s.ms.is_some() == timed), "{samples:?}");
+}

@@ -84,6 +84,30 @@ pub trait Executable: Send + Sync + 'static {
     fn kernels(&self) -> Vec<KernelInfo> {
         Vec::new()
     }
+    /// The cost model's figures for each launch of one execution, in
+    /// launch order (a two-pass kernel's first pass before it), computed
+    /// when the graph compiled; empty (the default) for backends without
+    /// a cost model. Profiles pair them with measured times (a roofline).
+    fn launch_costs(&self) -> Vec<LaunchCost> {
+        Vec::new()
+    }
+}
+
+/// What one kernel launch costs by a backend's model, for a roofline:
+/// the work and the traffic one launch does, whatever its time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LaunchCost {
+    /// The launch's name in profiles, e.g. `k2_MatMul_matmul` or
+    /// `k4_Reduce_sum_pass1` for the first pass of a two-pass kernel.
+    pub name: String,
+    /// Arithmetic operations, by the backend's model (a multiply-add is
+    /// two).
+    pub flops: u64,
+    /// Bytes read and written in device memory: each tensor the launch
+    /// reads or writes, counted once.
+    pub bytes: u64,
+    /// Workgroups (or the backend's unit of parallel work) launched.
+    pub workgroups: u64,
 }
 
 /// One kernel of an [`Executable`], as shadow validation sees it.

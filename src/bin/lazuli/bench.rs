@@ -3,11 +3,14 @@
 //! and the iteration defaults of large workloads on slow devices), the run
 //! over the chosen devices with a progress bar on stderr, and the output:
 //! a text [`table`] with the [`ratios`] the targets are stated in, or a
-//! JSON array, and with `--profile` the per-kernel GPU times.
+//! JSON array, and with `--profile` a roofline per workload on wgpu
+//! ([`profile_table`], or a `profile` object on the workload's first JSON
+//! row): each kernel's workgroups, FLOPs and bytes, and where the adapter
+//! has timestamp queries its GPU time, achieved GB/s and TFLOP/s.
 
 use lazuli::bench::{
     conv_gemm_baseline, matmul_naive_baseline, memcpy, profile, run_workload, w1_vec4_baseline, BenchConfig,
-    BenchDevice, BenchResult, ConvSizes, GpuSizes, Workload,
+    BenchDevice, BenchResult, ConvSizes, GpuSizes, Profile, Workload,
 };
 
 /// Which set of workloads `lazuli bench` runs when none is named.
@@ -138,8 +141,9 @@ impl BenchArgs {
 /// `--scale gpu`; G workloads at `--size`) and
 /// the baselines on the chosen devices (default all), with a progress bar
 /// on stderr, and prints a table, or a JSON array with `--json`.
-/// `--profile` adds the per-kernel GPU times of each workload on wgpu
-/// (timestamp queries).
+/// `--profile` adds the roofline of each workload on wgpu over
+/// `--iterations` runs (default 3): per kernel its workgroups, FLOPs and
+/// bytes and, with timestamp queries, its GPU time and achieved rates.
 pub fn run(args: &[String]) -> Result<(), String> {
     let args = BenchArgs::parse(args)?;
     let workloads = &args.workloads;
@@ -190,7 +194,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
             bar.inc(1);
         }
     }
-    let mut profiles = Vec::new();
+    // (workload, index of its first row if it has one, profile or why
+    // there is none).
+    let mut profiles: Vec<(Workload, Option<usize>, ProfileOutcome)> = Vec::new();
+    let profile_iterations = args.iterations.unwrap_or(3);
     for d in &devices {
         for &w in workloads {
             bar.set_message(format!("{} ({})", w.name(), d.label));
@@ -198,52 +205,94 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let measured = run_workload(w, d, &args.config(w, kind), &args.sizes)
                 .map_err(|e| format!("{} on {}: {e}", w.name(), d.label))?;
             let ran = measured.iter().all(|r| r.error.is_none());
+            let first_row = (!measured.is_empty()).then_some(rows.len());
             rows.extend(measured);
             if args.profile && d.wgpu.is_some() && w != Workload::W6 {
-                if !w.is_gpu_scale() {
-                    profiles.push((w, Ok(profile(w, d, &args.sizes, 3).map_err(|e| e.to_string())?)));
+                let p = if !w.is_gpu_scale() {
+                    Ok(profile(w, d, &args.sizes, profile_iterations).map_err(|e| e.to_string())?)
                 } else if !ran {
-                    profiles.push((w, Err("not profiled: the workload did not run".to_string())));
+                    Err("not profiled: the workload did not run".to_string())
                 } else {
-                    let p = profile(w, d, &args.sizes, 3).map_err(|e| e.to_string());
+                    let p = profile(w, d, &args.sizes, profile_iterations).map_err(|e| e.to_string());
                     if p.is_err() {
                         let _ = d.device.wait();
                     }
-                    profiles.push((w, p));
-                }
+                    p
+                };
+                profiles.push((w, first_row, p));
             }
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
     if args.json {
-        let arr: Vec<serde_json::Value> = rows.iter().map(BenchResult::to_json).collect();
-        println!("{}", serde_json::Value::Array(arr));
-    } else {
-        if let Some(b) = &wgpu_dev {
-            println!("wgpu adapter: {}", lazuli_executor::Backend::name(b.as_ref()));
+        let mut arr: Vec<serde_json::Value> = rows.iter().map(BenchResult::to_json).collect();
+        for (_, row, p) in &profiles {
+            let value = match p {
+                Ok(Some(p)) => p.to_json(),
+                Ok(None) => continue,
+                Err(e) => serde_json::json!({ "error": e }),
+            };
+            if let Some(serde_json::Value::Object(o)) = row.and_then(|r| arr.get_mut(r)) {
+                o.insert("profile".into(), value);
+            }
         }
-        print!("{}", table(&rows));
-        print!("{}", ratios(&rows));
+        println!("{}", serde_json::Value::Array(arr));
+        return Ok(());
     }
+    if let Some(b) = &wgpu_dev {
+        println!("wgpu adapter: {}", lazuli_executor::Backend::name(b.as_ref()));
+    }
+    print!("{}", table(&rows));
+    print!("{}", ratios(&rows));
     if args.profile {
         if profiles.is_empty() && wgpu_dev.is_none() {
             println!("profile: no wgpu device");
         }
-        for (w, p) in profiles {
+        for (w, _, p) in profiles {
             match p {
                 Err(e) => println!("profile {}: {e}", w.name()),
-                Ok(None) => println!("profile {}: timestamp queries not supported by this adapter", w.name()),
-                Ok(Some(k)) => {
-                    println!("profile {} (GPU time over 3 iterations):", w.name());
-                    for (name, ms, share) in k {
-                        println!("  {:>9.3} ms {:>5.1}%  {name}", ms, share * 100.0);
-                    }
-                }
+                Ok(None) => println!("profile {}: no wgpu device", w.name()),
+                Ok(Some(p)) => print!("{}", profile_table(w.name(), &p)),
             }
         }
     }
     Ok(())
+}
+
+/// A workload's profile, `None` without a wgpu device, or why it has
+/// none.
+type ProfileOutcome = Result<Option<Profile>, String>;
+
+/// Workload `name`'s profile as a text table: per kernel its GPU time and
+/// share of the workload's (where timed), launches, workgroups, GFLOP and
+/// MB of one launch, and achieved GB/s and TFLOP/s (where timed).
+pub fn profile_table(name: &str, p: &Profile) -> String {
+    let mut s = if p.timed {
+        format!("profile {name} (GPU time over {} iterations):\n", p.iterations)
+    } else {
+        format!("profile {name} ({} iterations; no timestamp queries on this adapter, counts only):\n", p.iterations)
+    };
+    s.push_str(&format!(
+        "  {:>10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>9} {:>8}  kernel\n",
+        "ms", "share", "launches", "workgroups", "GFLOP", "MB", "GB/s", "TFLOP/s"
+    ));
+    let opt = |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_default();
+    for k in &p.kernels {
+        s.push_str(&format!(
+            "  {:>10} {:>6} {:>8} {:>10} {:>10.3} {:>10.3} {:>9} {:>8}  {}\n",
+            opt(k.ms, 3),
+            k.share.map(|f| format!("{:.1}%", f * 100.0)).unwrap_or_default(),
+            k.launches,
+            k.workgroups,
+            k.flops as f64 / 1e9,
+            k.bytes as f64 / 1e6,
+            opt(k.gbps(), 2),
+            opt(k.tflops(), 3),
+            k.name
+        ));
+    }
+    s
 }
 
 /// The rows as an aligned text table (the workload column at least 20
@@ -448,5 +497,35 @@ mod tests {
         fused.device = "wgpu".into();
         unfused.device = "wgpu".into();
         assert!(ratios(&[fused, unfused]).contains("A1 wgpu forward: unfused / fused 2.50x"), "{}", ratios(&rows));
+    }
+
+    #[test]
+    fn the_profile_table_prints_counts_untimed_and_rates_timed() {
+        let kernel = lazuli::bench::KernelProfile {
+            name: "k0_MatMul_matmul".into(),
+            launches: 2,
+            workgroups: 256,
+            flops: 2_000_000_000,
+            bytes: 12_000_000,
+            ms: None,
+            share: None,
+        };
+        let untimed = Profile { iterations: 2, timed: false, kernels: vec![kernel.clone()] };
+        let text = profile_table("W2", &untimed);
+        assert!(text.starts_with("profile W2 (2 iterations; no timestamp queries"), "{text}");
+        let row = text.lines().nth(2).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["2", "256", "2.000", "12.000", "k0_MatMul_matmul"]);
+        // Two launches of 12 MB and 2 GFLOP in 10 ms: 2.4 GB/s, 0.4 TFLOP/s.
+        let timed = Profile {
+            iterations: 2,
+            timed: true,
+            kernels: vec![lazuli::bench::KernelProfile { ms: Some(10.0), share: Some(1.0), ..kernel }],
+        };
+        let text = profile_table("W2", &timed);
+        let row = text.lines().nth(2).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["10.000", "100.0%", "2", "256", "2.000", "12.000", "2.40", "0.400", "k0_MatMul_matmul"]
+        );
     }
 }
