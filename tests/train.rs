@@ -49,10 +49,12 @@ fn digits_demo_trains_on_wgpu() {
 fn cnn_demo_trains_on_cpu_with_one_graph_per_step() {
     // `fallback_ops` is a process-wide counter: no wgpu training beside it.
     let _lock = common::metrics_lock();
-    let cfg = TrainConfig { epochs: 3, ..TrainConfig::cnn() };
+    // With PyTorch's default initialization the CNN reaches 96.4% after 4
+    // epochs on the CPU (92.2% after 3, 98.9% after 30).
+    let cfg = TrainConfig { epochs: 4, ..TrainConfig::cnn() };
     let report = train_digits(&Device::cpu(), &digits(), &cfg, &mut |_| {}).unwrap();
     assert_eq!(report.model, "cnn");
-    assert_eq!(report.steps, 3 * (1437 / 64));
+    assert_eq!(report.steps, 4 * (1437 / 64));
     assert!(report.test_accuracy >= 0.93, "test accuracy {}", report.test_accuracy);
     assert_eq!(report.uncached_compiles_after_step_2, 0);
     assert_eq!(report.fallback_ops, 0);
@@ -67,7 +69,8 @@ fn cnn_demo_trains_on_wgpu_with_no_fallback() {
     let _lock = common::metrics_lock();
     let cfg = TrainConfig { epochs: 1, ..TrainConfig::cnn() };
     let report = train_digits(&dev, &digits(), &cfg, &mut |_| {}).unwrap();
-    assert!(report.test_accuracy >= 0.7, "test accuracy {}", report.test_accuracy);
+    // One epoch reaches 61% on the CPU (chance is 10%).
+    assert!(report.test_accuracy >= 0.5, "test accuracy {}", report.test_accuracy);
     assert_eq!(report.uncached_compiles_after_step_2, 0);
     assert_eq!(report.fallback_ops, 0, "{:?}", report.fallback_by_op);
     assert!(report.fallback_by_op.is_empty(), "{:?}", report.fallback_by_op);
