@@ -12,7 +12,7 @@
 //! or two steps have their own graphs (the state buffers do not exist yet);
 //! from then on every step has the same graph hash.
 
-use crate::nn::Module;
+use crate::nn::{Module, ModuleExt};
 use crate::{no_grad, DType, Result, ScalarValue, Tensor};
 
 /// Parameters that share a weight decay. Groups let one optimizer decay

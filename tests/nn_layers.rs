@@ -385,3 +385,31 @@ fn adamw_groups_skip_decay_on_biases_norms_and_embeddings() {
     common::assert_close(&b.to_vec::<f32>().unwrap(), &[wb[0] as f32, wb[1] as f32], 1e-5, 1e-6, "exempt");
     assert_ne!(wa, wb);
 }
+
+/// The bench's GPT lists its blocks as children, so every walk sees the
+/// same tree: parameter names, weight-decay exemptions (biases, norms,
+/// embeddings) and the state dict agree.
+#[test]
+fn bench_gpt_walks_agree_on_its_tree() {
+    let dev = Device::cpu();
+    dev.manual_seed(4);
+    let sizes = lazuli::bench::GptSizes::TINY;
+    let model = lazuli::bench::GptModel::new(sizes, &dev).unwrap();
+    let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.len(), sizes.parameter_tensors());
+    assert_eq!(&names[..4], ["wte.weight", "wpe.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias"]);
+    assert_eq!(&names[names.len() - 2..], ["lnf.weight", "lnf.bias"]);
+    let mut no_decay = model.no_weight_decay();
+    no_decay.sort();
+    let mut want: Vec<String> =
+        names.iter().filter(|n| !n.ends_with("qkv.weight") && !n.ends_with("proj.weight")).cloned().collect();
+    want.retain(|n| !n.ends_with("fc.weight") && !n.ends_with("out.weight"));
+    want.sort();
+    assert_eq!(no_decay, want, "every parameter but the linears' weights skips weight decay");
+    // The embeddings (rank 2) are exempt only through the walk.
+    let groups = optim::decay_groups(&model, 0.1);
+    let lens: Vec<(usize, Option<f64>)> = groups.iter().map(|g| (g.params.len(), g.weight_decay)).collect();
+    assert_eq!(lens, [(4 * sizes.layers, Some(0.1)), (names.len() - 4 * sizes.layers, Some(0.0))]);
+    let state: Vec<String> = model.state_dict().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(state, names, "no buffers");
+}
