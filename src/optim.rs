@@ -34,7 +34,7 @@ impl ParamGroup {
 }
 
 /// Two groups over `module`'s parameters: those named by
-/// [`Module::no_weight_decay`] (biases, norm scales and shifts,
+/// [`ModuleExt::no_weight_decay`] (biases, norm scales and shifts,
 /// embeddings) and every other parameter of rank 0 or 1 get no weight
 /// decay; the rest get `weight_decay`. Empty groups are left out.
 pub fn decay_groups<M: Module + ?Sized>(module: &M, weight_decay: f64) -> Vec<ParamGroup> {
