@@ -43,5 +43,6 @@ pub use lazuli_wgpu::validate_wgsl;
 
 /// The names most programs need: `use lazuli::prelude::*;`.
 pub mod prelude {
+    pub use crate::nn::{Module, ModuleExt};
     pub use crate::{sync, DType, Device, DeviceExt, Shape, Tensor, TensorState};
 }

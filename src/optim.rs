@@ -11,9 +11,17 @@
 //! rate or advancing Adam's step count compiles nothing new. The first one
 //! or two steps have their own graphs (the state buffers do not exist yet);
 //! from then on every step has the same graph hash.
+//!
+//! Each optimizer's state (SGD's momentum buffers, Adam's moments and step
+//! count) saves to and loads from safetensors by PyTorch's names with the
+//! parameter's index (`state_dict`, `save_state_dict`, `load_state_dict`),
+//! so a run resumed from a model checkpoint and an optimizer checkpoint
+//! continues as the uninterrupted run would.
 
-use crate::nn::Module;
-use crate::{no_grad, DType, Result, ScalarValue, Tensor};
+use crate::nn::{Module, ModuleExt};
+use crate::serialize::{self, SerializeError};
+use crate::{no_grad, DType, Device, DeviceExt, ExecError, Result, ScalarValue, Tensor};
+use std::path::Path;
 
 /// Parameters that share a weight decay. Groups let one optimizer decay
 /// weight matrices but not biases, norm scales or embeddings.
@@ -34,7 +42,7 @@ impl ParamGroup {
 }
 
 /// Two groups over `module`'s parameters: those named by
-/// [`Module::no_weight_decay`] (biases, norm scales and shifts,
+/// [`ModuleExt::no_weight_decay`] (biases, norm scales and shifts,
 /// embeddings) and every other parameter of rank 0 or 1 get no weight
 /// decay; the rest get `weight_decay`. Empty groups are left out.
 pub fn decay_groups<M: Module + ?Sized>(module: &M, weight_decay: f64) -> Vec<ParamGroup> {
@@ -176,6 +184,30 @@ impl Sgd {
         self.weight_decay = weight_decay;
         self
     }
+
+    /// The momentum buffers by parameter index (`"momentum_buffer.3"`,
+    /// PyTorch's name), one for each parameter that has one; the
+    /// hyperparameters are the caller's (they are settings, not state).
+    pub fn state_dict(&self) -> Vec<(String, Tensor)> {
+        indexed("momentum_buffer", &self.bufs)
+    }
+
+    /// Writes [`Sgd::state_dict`] to `path` as safetensors (a barrier).
+    pub fn save_state_dict(&self, path: impl AsRef<Path>) -> Result<()> {
+        Ok(serialize::save(path, &self.state_dict())?)
+    }
+
+    /// Replaces the momentum buffers with those of a file written by
+    /// [`Sgd::save_state_dict`] for an optimizer over parameters of the
+    /// same types in the same order. The file may hold nothing else, and
+    /// each buffer must have its parameter's shape and dtype; on an error
+    /// nothing changes. A parameter without a buffer in the file starts
+    /// its momentum afresh at its next gradient.
+    pub fn load_state_dict(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let (mut bufs, _) = load_state(path.as_ref(), &self.params, &["momentum_buffer"], &[])?;
+        self.bufs = bufs.remove(0);
+        Ok(())
+    }
 }
 
 impl Optimizer for Sgd {
@@ -305,6 +337,50 @@ impl Adam {
     pub fn steps(&self) -> u64 {
         self.t
     }
+
+    /// The state by PyTorch's names: the step count (`"step"`, a rank-0
+    /// i64 tensor) and, for each parameter that has taken a step, the
+    /// moment estimates by parameter index (`"exp_avg.3"`,
+    /// `"exp_avg_sq.3"`). The hyperparameters are the caller's.
+    pub fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        let step = i64::try_from(self.t).map_err(|_| ExecError::Invalid {
+            op: "Adam::state_dict".into(),
+            detail: format!("step count {} exceeds i64", self.t),
+        })?;
+        let dev = self.params.first().map_or_else(Device::cpu, |p| p.device().clone());
+        let mut v = vec![("step".to_string(), Tensor::scalar(step, DType::I64, &dev))];
+        v.extend(indexed("exp_avg", &self.m));
+        v.extend(indexed("exp_avg_sq", &self.v));
+        Ok(v)
+    }
+
+    /// Writes [`Adam::state_dict`] to `path` as safetensors (a barrier).
+    pub fn save_state_dict(&self, path: impl AsRef<Path>) -> Result<()> {
+        Ok(serialize::save(path, &self.state_dict()?)?)
+    }
+
+    /// Replaces the step count and moments with those of a file written
+    /// by [`Adam::save_state_dict`] for an optimizer over parameters of
+    /// the same types in the same order. The file must hold `"step"`, may
+    /// hold nothing but it and moments, each with its parameter's shape
+    /// and dtype, and holds both moments of a parameter or neither; on an
+    /// error nothing changes.
+    pub fn load_state_dict(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let (mut moments, scalars) = load_state(path, &self.params, &["exp_avg", "exp_avg_sq"], &["step"])?;
+        let (m, v) = (moments.remove(0), moments.remove(0));
+        if let Some(i) = (0..m.len()).find(|&i| m[i].is_some() != v[i].is_some()) {
+            let name = if m[i].is_some() { format!("exp_avg_sq.{i}") } else { format!("exp_avg.{i}") };
+            return Err(
+                mismatch(path, &name, "not in the file, but the other moment of its parameter is".into()).into()
+            );
+        }
+        let step = scalars[0].item::<i64>()?;
+        self.t = u64::try_from(step).map_err(|_| mismatch(path, "step", format!("a negative step count, {step}")))?;
+        self.m = m;
+        self.v = v;
+        Ok(())
+    }
 }
 
 impl Optimizer for Adam {
@@ -359,6 +435,77 @@ impl Optimizer for Adam {
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
     }
+}
+
+/// `(format!("{kind}.{i}"), buffer)` for every parameter index `i` that
+/// has a buffer.
+fn indexed(kind: &str, bufs: &[Option<Tensor>]) -> Vec<(String, Tensor)> {
+    bufs.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (format!("{kind}.{i}"), b.clone()))).collect()
+}
+
+fn mismatch(path: &Path, name: &str, detail: String) -> SerializeError {
+    SerializeError::Mismatch { path: path.display().to_string(), name: name.into(), detail }
+}
+
+/// One optional state tensor per parameter.
+type Buffers = Vec<Option<Tensor>>;
+
+/// Reads an optimizer's state from `path`: for each of `kinds`, one
+/// optional buffer per parameter (named `"{kind}.{i}"`, with parameter
+/// `i`'s type, on its device), and each of `scalars` (rank 0, i64,
+/// required). Anything else in the file is an error, found before the
+/// caller changes anything.
+fn load_state(
+    path: &Path,
+    params: &[Tensor],
+    kinds: &[&str],
+    scalars: &[&str],
+) -> std::result::Result<(Vec<Buffers>, Vec<Tensor>), SerializeError> {
+    let dev = params.first().map_or_else(Device::cpu, |p| p.device().clone());
+    let mut bufs = vec![vec![None; params.len()]; kinds.len()];
+    let mut found = vec![None; scalars.len()];
+    let mut names: Vec<(String, Tensor)> = serialize::load(path, &dev)?.into_iter().collect();
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, t) in names {
+        if let Some(j) = scalars.iter().position(|s| *s == name) {
+            if t.rank() != 0 || t.dtype() != DType::I64 {
+                return Err(mismatch(path, &name, format!("stored as {}{}, expected i64[]", t.dtype(), t.shape())));
+            }
+            found[j] = Some(t);
+            continue;
+        }
+        let slot = name.rsplit_once('.').and_then(|(kind, i)| {
+            let k = kinds.iter().position(|k| *k == kind)?;
+            let i = i.parse::<usize>().ok().filter(|&i| i < params.len())?;
+            Some((k, i))
+        });
+        let Some((k, i)) = slot else {
+            let detail = format!(
+                "not optimizer state for {} parameter(s) (expected {} with a parameter index, or {scalars:?})",
+                params.len(),
+                kinds.join(" or ")
+            );
+            return Err(mismatch(path, &name, detail));
+        };
+        let p = &params[i];
+        if t.ty() != p.ty() {
+            let detail =
+                format!("stored as {}{}, but parameter {i} is {}{}", t.dtype(), t.shape(), p.dtype(), p.shape());
+            return Err(mismatch(path, &name, detail));
+        }
+        let t = if p.device().same(t.device()) {
+            t
+        } else {
+            Tensor::from_bytes(t.to_bytes()?, t.ty().clone(), p.device())?
+        };
+        bufs[k][i] = Some(t);
+    }
+    let scalars = scalars
+        .iter()
+        .zip(found)
+        .map(|(s, t)| t.ok_or_else(|| mismatch(path, s, "not in the file".into())))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok((bufs, scalars))
 }
 
 /// Scales the gradients of `params` so that their joint L2 norm is at most

@@ -1,6 +1,6 @@
 //! Saving and loading named tensors in the safetensors format
 //! (<https://github.com/huggingface/safetensors>), e.g. a model's
-//! [`Module::named_parameters`](crate::nn::Module::named_parameters).
+//! [`ModuleExt::named_parameters`](crate::nn::ModuleExt::named_parameters).
 //!
 //! Saving reads every tensor (a barrier). Loading creates host-data tensors
 //! on the given device; [`load_into`] assigns them to existing tensors, so
@@ -156,7 +156,7 @@ pub fn load_into(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result
 
 /// [`load_into`] that also refuses a file holding tensors no target names
 /// (a checkpoint of another model): what
-/// [`Module::load_state_dict`](crate::nn::Module::load_state_dict) does.
+/// [`ModuleExt::load_state_dict`](crate::nn::ModuleExt::load_state_dict) does.
 pub fn load_state_dict(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<(), SerializeError> {
     load_checked(path.as_ref(), targets, true)
 }

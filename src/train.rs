@@ -11,7 +11,7 @@
 //! and compiles nothing: [`TrainReport::uncached_compiles_after_step_2`]
 //! counts that.
 
-use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module};
+use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
 use crate::{metrics, no_grad, Device, ExecError, Tensor};
 use std::path::{Path, PathBuf};

@@ -667,7 +667,7 @@ fn grad_conv_pool_norm_layers() {
         bn.bias = x[2].clone();
         bn.running_mean = Tensor::from_slice(&[0.1f32, -0.2, 0.3], [3], dev)?;
         bn.running_var = Tensor::from_slice(&[0.5f32, 1.5, 2.0], [3], dev)?;
-        nn::Module::eval(&bn);
+        nn::ModuleExt::eval(&bn);
         nn::Module::forward(&bn, &x[0])
     });
     let x6 = inp(vals(2 * 6 * 2 * 3, 80, -1.0, 1.0), &[2, 6, 2, 3]);

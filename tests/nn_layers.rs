@@ -1,5 +1,6 @@
 //! The layers of `lazuli::nn` against hand computations on the host, on
-//! every backend: Conv2d (builder defaults, bias, unbatched input),
+//! every backend: PyTorch's default initialization of Linear and Conv2d,
+//! Conv2d (builder defaults, bias, unbatched input),
 //! pooling layers, BatchNorm2d (training statistics, running-stat updates,
 //! evaluation), GroupNorm, cross-entropy (leading dims, ignore_index,
 //! label smoothing, reductions); nested parameter names, state dicts over
@@ -30,8 +31,8 @@ fn conv2d_layer_defaults_bias_and_unbatched_input() {
         let conv = nn::Conv2d::new(2, 3, 3, &dev).unwrap();
         assert_eq!(conv.weight.dims(), &[3, 2, 3, 3]);
         assert_eq!(conv.attrs, ConvAttrs::default());
-        // Kaiming uniform: |w| <= sqrt(6 / fan_in), fan_in = 2 * 3 * 3.
-        let bound = (6.0f64 / 18.0).sqrt();
+        // PyTorch's default: |w| <= 1 / sqrt(fan_in), fan_in = 2 * 3 * 3.
+        let bound = 1.0 / 18.0f64.sqrt();
         assert!(f64s(&conv.weight).iter().all(|w| w.abs() <= bound));
         let x: Vec<f32> = common::rand_vec(2 * 2 * 5 * 4, 9, -1.0, 1.0);
         let xt = Tensor::from_slice(&x, [2, 2, 5, 4], &dev).unwrap();
@@ -52,6 +53,41 @@ fn conv2d_layer_defaults_bias_and_unbatched_input() {
         assert_eq!(c.attrs, ConvAttrs { strides: [2, 2], pads: [1, 1, 1, 1], dilations: [1, 1], groups: 2 });
         assert_eq!(c.forward(&Tensor::zeros([1, 4, 7, 7], DType::F32, &dev).unwrap()).unwrap().dims(), &[1, 6, 4, 5]);
         assert!(nn::Conv2d::builder(3, 4, 3).groups(2).build(&dev).is_err());
+    }
+}
+
+/// Checks that `values` look drawn from `U(-bound, bound)`: all inside,
+/// the extremes near the bound and the standard deviation `bound / sqrt(3)`
+/// (so a distribution 2.45 times wider or narrower fails).
+fn assert_uniform(values: &[f64], bound: f64, what: &str) {
+    let n = values.len() as f64;
+    let max = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    assert!(max <= bound, "{what}: max |w| {max} above the bound {bound}");
+    assert!(max >= 0.9 * bound, "{what}: max |w| {max} far below the bound {bound}");
+    let mean = values.iter().sum::<f64>() / n;
+    let std = (values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n).sqrt();
+    let want = bound / 3.0f64.sqrt();
+    assert!((std - want).abs() <= 0.1 * want, "{what}: std {std}, want {want}");
+}
+
+#[test]
+fn linear_and_conv2d_default_init_is_pytorchs() {
+    for dev in common::devices() {
+        dev.manual_seed(11);
+        // nn.Linear.reset_parameters: weight and bias from U(+-1/sqrt(in)).
+        let l = nn::Linear::new(64, 48, &dev).unwrap();
+        assert_uniform(&f64s(&l.weight), 1.0 / 8.0, "Linear weight");
+        assert_uniform(&f64s(l.bias.as_ref().unwrap()), 1.0 / 8.0, "Linear bias");
+        // nn.Conv2d.reset_parameters: the same with fan_in = in / groups * kh * kw.
+        let c = nn::Conv2d::builder(8, 64, 3).groups(2).build(&dev).unwrap();
+        assert_uniform(&f64s(&c.weight), 1.0 / 6.0, "Conv2d weight");
+        assert_uniform(&f64s(c.bias.as_ref().unwrap()), 1.0 / 6.0, "Conv2d bias");
+        // The other initializations stay selectable.
+        let k = nn::Conv2d::builder(8, 64, 3).groups(2).weight_init(nn::Init::KaimingUniform).build(&dev).unwrap();
+        assert_uniform(&f64s(&k.weight), (6.0f64 / 36.0).sqrt(), "Conv2d Kaiming weight");
+        let x = nn::Linear::with_init(64, 48, true, nn::Init::KaimingUniform, nn::Init::Constant(0.5), &dev).unwrap();
+        assert_uniform(&f64s(&x.weight), (6.0f64 / 64.0).sqrt(), "Linear Kaiming weight");
+        assert!(f64s(x.bias.as_ref().unwrap()).iter().all(|&b| b == 0.5));
     }
 }
 
@@ -348,4 +384,32 @@ fn adamw_groups_skip_decay_on_biases_norms_and_embeddings() {
     common::assert_close(&a.to_vec::<f32>().unwrap(), &[wa[0] as f32, wa[1] as f32], 1e-5, 1e-6, "decayed");
     common::assert_close(&b.to_vec::<f32>().unwrap(), &[wb[0] as f32, wb[1] as f32], 1e-5, 1e-6, "exempt");
     assert_ne!(wa, wb);
+}
+
+/// The bench's GPT lists its blocks as children, so every walk sees the
+/// same tree: parameter names, weight-decay exemptions (biases, norms,
+/// embeddings) and the state dict agree.
+#[test]
+fn bench_gpt_walks_agree_on_its_tree() {
+    let dev = Device::cpu();
+    dev.manual_seed(4);
+    let sizes = lazuli::bench::GptSizes::TINY;
+    let model = lazuli::bench::GptModel::new(sizes, &dev).unwrap();
+    let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.len(), sizes.parameter_tensors());
+    assert_eq!(&names[..4], ["wte.weight", "wpe.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias"]);
+    assert_eq!(&names[names.len() - 2..], ["lnf.weight", "lnf.bias"]);
+    let mut no_decay = model.no_weight_decay();
+    no_decay.sort();
+    let mut want: Vec<String> =
+        names.iter().filter(|n| !n.ends_with("qkv.weight") && !n.ends_with("proj.weight")).cloned().collect();
+    want.retain(|n| !n.ends_with("fc.weight") && !n.ends_with("out.weight"));
+    want.sort();
+    assert_eq!(no_decay, want, "every parameter but the linears' weights skips weight decay");
+    // The embeddings (rank 2) are exempt only through the walk.
+    let groups = optim::decay_groups(&model, 0.1);
+    let lens: Vec<(usize, Option<f64>)> = groups.iter().map(|g| (g.params.len(), g.weight_decay)).collect();
+    assert_eq!(lens, [(4 * sizes.layers, Some(0.1)), (names.len() - 4 * sizes.layers, Some(0.0))]);
+    let state: Vec<String> = model.state_dict().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(state, names, "no buffers");
 }

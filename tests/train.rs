@@ -1,6 +1,7 @@
 //! Training through the public API: the digits demo (accuracy, one cached
 //! graph per step), optimizers against hand-computed updates, learning-rate
-//! changes without recompiles, and safetensors round trips.
+//! changes without recompiles, safetensors round trips, and resuming a run
+//! from model and optimizer checkpoints.
 
 mod common;
 
@@ -49,10 +50,12 @@ fn digits_demo_trains_on_wgpu() {
 fn cnn_demo_trains_on_cpu_with_one_graph_per_step() {
     // `fallback_ops` is a process-wide counter: no wgpu training beside it.
     let _lock = common::metrics_lock();
-    let cfg = TrainConfig { epochs: 3, ..TrainConfig::cnn() };
+    // With PyTorch's default initialization the CNN reaches 96.4% after 4
+    // epochs on the CPU (92.2% after 3, 98.9% after 30).
+    let cfg = TrainConfig { epochs: 4, ..TrainConfig::cnn() };
     let report = train_digits(&Device::cpu(), &digits(), &cfg, &mut |_| {}).unwrap();
     assert_eq!(report.model, "cnn");
-    assert_eq!(report.steps, 3 * (1437 / 64));
+    assert_eq!(report.steps, 4 * (1437 / 64));
     assert!(report.test_accuracy >= 0.93, "test accuracy {}", report.test_accuracy);
     assert_eq!(report.uncached_compiles_after_step_2, 0);
     assert_eq!(report.fallback_ops, 0);
@@ -67,7 +70,8 @@ fn cnn_demo_trains_on_wgpu_with_no_fallback() {
     let _lock = common::metrics_lock();
     let cfg = TrainConfig { epochs: 1, ..TrainConfig::cnn() };
     let report = train_digits(&dev, &digits(), &cfg, &mut |_| {}).unwrap();
-    assert!(report.test_accuracy >= 0.7, "test accuracy {}", report.test_accuracy);
+    // One epoch reaches 61% on the CPU (chance is 10%).
+    assert!(report.test_accuracy >= 0.5, "test accuracy {}", report.test_accuracy);
     assert_eq!(report.uncached_compiles_after_step_2, 0);
     assert_eq!(report.fallback_ops, 0, "{:?}", report.fallback_by_op);
     assert!(report.fallback_by_op.is_empty(), "{:?}", report.fallback_by_op);
@@ -239,4 +243,93 @@ fn dropout_is_seeded_and_scaled() {
     let c = x.dropout(0.25, true).unwrap().to_vec::<f32>().unwrap();
     assert_ne!(a, c, "a second draw in the same step uses a new stream");
     assert_eq!(x.dropout(0.25, false).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 1000]);
+}
+
+/// The model of the resume tests, drawn from `seed`.
+fn resume_model(dev: &Device, seed: u64) -> nn::Sequential {
+    dev.manual_seed(seed);
+    nn::Sequential::new()
+        .add(nn::Linear::new(6, 10, dev).unwrap())
+        .add(nn::Activation::Relu)
+        .add(nn::Linear::new(10, 4, dev).unwrap())
+}
+
+/// `steps` training steps on a fixed batch; each loss's bits.
+fn run_steps(dev: &Device, model: &nn::Sequential, opt: &mut impl Optimizer, steps: usize) -> Vec<u32> {
+    let x = Tensor::from_slice(&common::rand_vec(8 * 6, 31, -1.0, 1.0), [8, 6], dev).unwrap();
+    let y = Tensor::from_slice(&[0i64, 1, 2, 3, 3, 2, 1, 0], [8], dev).unwrap();
+    (0..steps)
+        .map(|_| {
+            opt.zero_grad();
+            let loss = nn::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
+            loss.backward().unwrap();
+            opt.step().unwrap();
+            dev.mark_step().unwrap();
+            loss.item::<f32>().unwrap().to_bits()
+        })
+        .collect()
+}
+
+/// Stopping after 3 steps, saving model and optimizer, and loading both
+/// into a freshly drawn model and a new optimizer continues with the
+/// losses of the uninterrupted run, bit for bit (CPU backend), for SGD
+/// with Nesterov momentum and for AdamW over decay groups; loading the
+/// model alone does not (the test can tell).
+#[test]
+fn resumed_training_matches_the_uninterrupted_run_bit_for_bit() {
+    let dev = Device::cpu();
+    let dir = std::env::temp_dir().join(format!("lazuli-resume-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model_path, opt_path) = (dir.join("model.safetensors"), dir.join("opt.safetensors"));
+    let sgd = |m: &nn::Sequential| Sgd::new(m.parameters(), 0.1).momentum(0.9).nesterov(true).weight_decay(1e-3);
+    let adamw = |m: &nn::Sequential| Adam::adamw_groups(lazuli::optim::decay_groups(m, 0.01), 1e-2);
+    // SGD with momentum.
+    let a = resume_model(&dev, 21);
+    let want = run_steps(&dev, &a, &mut sgd(&a), 6);
+    let b = resume_model(&dev, 21);
+    let mut opt = sgd(&b);
+    assert_eq!(run_steps(&dev, &b, &mut opt, 3), want[..3]);
+    assert_eq!(opt.state_dict().len(), 4, "a momentum buffer per parameter");
+    b.save_state_dict(&model_path).unwrap();
+    opt.save_state_dict(&opt_path).unwrap();
+    let c = resume_model(&dev, 99);
+    c.load_state_dict(&model_path).unwrap();
+    let mut resumed = sgd(&c);
+    resumed.load_state_dict(&opt_path).unwrap();
+    assert_eq!(run_steps(&dev, &c, &mut resumed, 3), want[3..], "sgd resumed");
+    let d = resume_model(&dev, 99);
+    d.load_state_dict(&model_path).unwrap();
+    assert_ne!(run_steps(&dev, &d, &mut sgd(&d), 3), want[3..], "sgd without its momentum");
+
+    // AdamW: moments and the step count (its bias corrections).
+    let a = resume_model(&dev, 22);
+    let want = run_steps(&dev, &a, &mut adamw(&a), 6);
+    let b = resume_model(&dev, 22);
+    let mut opt = adamw(&b);
+    assert_eq!(run_steps(&dev, &b, &mut opt, 3), want[..3]);
+    b.save_state_dict(&model_path).unwrap();
+    opt.save_state_dict(&opt_path).unwrap();
+    let c = resume_model(&dev, 99);
+    c.load_state_dict(&model_path).unwrap();
+    let mut resumed = adamw(&c);
+    resumed.load_state_dict(&opt_path).unwrap();
+    assert_eq!(resumed.steps(), 3);
+    assert_eq!(run_steps(&dev, &c, &mut resumed, 3), want[3..], "adamw resumed");
+    let d = resume_model(&dev, 99);
+    d.load_state_dict(&model_path).unwrap();
+    assert_ne!(run_steps(&dev, &d, &mut adamw(&d), 3), want[3..], "adamw without its state");
+
+    // A checkpoint of another optimizer or model is refused, naming the
+    // tensor, and changes nothing.
+    let e = sgd(&c).load_state_dict(&opt_path).unwrap_err().to_string();
+    assert!(e.contains("exp_avg") && e.contains("not optimizer state"), "{e}");
+    let other = nn::Sequential::new().add(nn::Linear::new(6, 5, &dev).unwrap());
+    let mut wrong = adamw(&other);
+    let e = wrong.load_state_dict(&opt_path).unwrap_err().to_string();
+    assert!(e.contains("exp_avg") && e.contains("parameter"), "{e}");
+    assert_eq!(wrong.steps(), 0);
+    lazuli::serialize::save(&opt_path, &[]).unwrap();
+    let e = adamw(&c).load_state_dict(&opt_path).unwrap_err().to_string();
+    assert!(e.contains("\"step\"") && e.contains("not in the file"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

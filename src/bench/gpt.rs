@@ -19,7 +19,7 @@
 //! backward and optimizer on the host), the sync (trace, hash, cache
 //! lookup, submit) and the worker's execution.
 
-use crate::nn::{self, Embedding, Init, LayerNorm, Linear, Module};
+use crate::nn::{self, Embedding, Init, LayerNorm, Linear, Module, ModuleExt};
 use crate::optim::{Adam, Optimizer};
 use crate::{metrics, DType, Device, Result, Tensor};
 use std::time::{Duration, Instant};
@@ -60,8 +60,10 @@ impl GptSizes {
     }
 }
 
-/// One pre-LayerNorm transformer block.
+/// One pre-LayerNorm transformer block (a [`Module`] whose children
+/// are its norms and linears, so every walk of the model reaches them).
 struct Block {
+    sizes: GptSizes,
     ln1: LayerNorm,
     qkv: Linear,
     proj: Linear,
@@ -71,10 +73,12 @@ struct Block {
 }
 
 impl Block {
-    fn new(c: usize, dev: &Device) -> Result<Block> {
+    fn new(sizes: GptSizes, dev: &Device) -> Result<Block> {
+        let c = sizes.embd;
         // PyTorch's nn.Linear initialization, as the twin uses.
         let linear = |i, o| Linear::with_init(i, o, true, Init::LecunUniform, Init::LecunUniform, dev);
         Ok(Block {
+            sizes,
             ln1: LayerNorm::new(&[c], dev)?,
             qkv: linear(c, 3 * c)?,
             proj: linear(c, c)?,
@@ -83,9 +87,12 @@ impl Block {
             out: linear(4 * c, c)?,
         })
     }
+}
 
+impl Module for Block {
     /// `x` is `[batch * context, embd]`.
-    fn forward(&self, x: &Tensor, s: &GptSizes) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let s = &self.sizes;
         let (b, t, c, h) = (s.batch, s.context, s.embd, s.heads);
         let d = c / h;
         let qkv = self.qkv.forward(&self.ln1.forward(x)?)?;
@@ -98,19 +105,15 @@ impl Block {
         x.add(&m)
     }
 
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let parts: [(&str, &dyn Module); 6] = [
-            ("ln1", &self.ln1),
-            ("qkv", &self.qkv),
-            ("proj", &self.proj),
-            ("ln2", &self.ln2),
-            ("fc", &self.fc),
-            ("out", &self.out),
-        ];
-        parts
-            .into_iter()
-            .flat_map(|(name, m)| m.named_parameters().into_iter().map(move |(n, t)| (format!("{name}.{n}"), t)))
-            .collect()
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![
+            ("ln1".into(), &self.ln1),
+            ("qkv".into(), &self.qkv),
+            ("proj".into(), &self.proj),
+            ("ln2".into(), &self.ln2),
+            ("fc".into(), &self.fc),
+            ("out".into(), &self.out),
+        ]
     }
 }
 
@@ -131,7 +134,7 @@ impl GptModel {
             sizes,
             wte: Embedding::new(sizes.vocab, sizes.embd, dev)?,
             wpe: Embedding::new(sizes.context, sizes.embd, dev)?,
-            blocks: (0..sizes.layers).map(|_| Block::new(sizes.embd, dev)).collect::<Result<_>>()?,
+            blocks: (0..sizes.layers).map(|_| Block::new(sizes, dev)).collect::<Result<_>>()?,
             lnf: LayerNorm::new(&[sizes.embd], dev)?,
         })
     }
@@ -149,18 +152,15 @@ impl Module for GptModel {
         let tok = nn::one_hot(ids, s.vocab, DType::F32)?.matmul(&self.wte.weight)?;
         let mut x = tok.reshape_to([s.batch, s.context, c])?.add(&self.wpe.weight)?.reshape_to([n, c])?;
         for b in &self.blocks {
-            x = b.forward(&x, s)?;
+            x = b.forward(&x)?;
         }
         self.lnf.forward(&x)?.matmul(&self.wte.weight.t()?)
     }
 
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("wte.weight".to_string(), self.wte.weight.clone())];
-        v.push(("wpe.weight".to_string(), self.wpe.weight.clone()));
-        for (i, b) in self.blocks.iter().enumerate() {
-            v.extend(b.named_parameters().into_iter().map(|(n, t)| (format!("blocks.{i}.{n}"), t)));
-        }
-        v.extend(self.lnf.named_parameters().into_iter().map(|(n, t)| (format!("lnf.{n}"), t)));
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut v: Vec<(String, &dyn Module)> = vec![("wte".into(), &self.wte), ("wpe".into(), &self.wpe)];
+        v.extend(self.blocks.iter().enumerate().map(|(i, b)| (format!("blocks.{i}"), b as &dyn Module)));
+        v.push(("lnf".into(), &self.lnf));
         v
     }
 }

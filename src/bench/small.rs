@@ -3,7 +3,7 @@
 //! (record, sync, wait), and the MLP training step W4 shares with G7.
 
 use super::uniform_data;
-use crate::nn::{self, Module};
+use crate::nn::{self, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
 use crate::{Device, Result, Tensor};
 

@@ -106,7 +106,8 @@ impl Conv2dBuilder {
         self
     }
 
-    /// Weight initialization (default Kaiming uniform, `fan_in = in / groups * kh * kw`).
+    /// Weight initialization (default `U(+-1/sqrt(fan_in))`,
+    /// [`Init::LecunUniform`], PyTorch's; `fan_in = in / groups * kh * kw`).
     pub fn weight_init(mut self, init: Init) -> Self {
         self.weight_init = init;
         self
@@ -158,7 +159,7 @@ impl Conv2d {
             kernel: kernel.into().0,
             attrs: ConvAttrs::default(),
             bias: true,
-            weight_init: Init::KaimingUniform,
+            weight_init: Init::LecunUniform,
             bias_init: Init::LecunUniform,
         }
     }

@@ -9,8 +9,8 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     x.dropout(p, training)
 }
 
-/// Dropout as a module; active in training mode ([`Module::train`],
-/// the default), a pass-through in evaluation mode ([`Module::eval`]).
+/// Dropout as a module; active in training mode ([`ModuleExt::train`](super::ModuleExt::train),
+/// the default), a pass-through in evaluation mode ([`ModuleExt::eval`](super::ModuleExt::eval)).
 #[derive(Clone, Debug)]
 pub struct Dropout {
     /// Probability of zeroing an element.

@@ -9,7 +9,9 @@ use crate::{DType, Device, Result, Tensor};
 /// `fan_out` outputs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
-    /// He/Kaiming uniform for ReLU nets: `U(-b, b)`, `b = sqrt(6 / fan_in)`.
+    /// He/Kaiming uniform for ReLU nets: `U(-b, b)`, `b = sqrt(6 / fan_in)`
+    /// (PyTorch's `kaiming_uniform_` with its defaults; `sqrt(6)` times the
+    /// layers' default bound, [`Init::LecunUniform`]).
     KaimingUniform,
     /// He/Kaiming normal: `N(0, 2 / fan_in)`.
     KaimingNormal,
@@ -17,7 +19,12 @@ pub enum Init {
     XavierUniform,
     /// Glorot/Xavier normal: `N(0, 2 / (fan_in + fan_out))`.
     XavierNormal,
-    /// PyTorch's `nn.Linear` default: `U(-b, b)`, `b = 1 / sqrt(fan_in)`.
+    /// PyTorch's default for the weights and biases of `nn.Linear` and
+    /// `nn.Conv2d` (their `reset_parameters`: Kaiming uniform with
+    /// `a = sqrt(5)`), and the default of [`Linear`](super::Linear) and
+    /// [`Conv2d`](super::Conv2d) here: `U(-b, b)`, `b = 1 / sqrt(fan_in)`.
+    /// (Keras's `lecun_uniform` is wider, `b = sqrt(3 / fan_in)`; use
+    /// [`Init::Uniform`] for it.)
     LecunUniform,
     /// `U(lo, hi)`.
     Uniform(f64, f64),

@@ -16,9 +16,11 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// A layer with Kaiming-uniform weights and `U(+-1/sqrt(in))` biases.
+    /// A layer with PyTorch's default initialization: weights and biases
+    /// both from `U(+-1/sqrt(in_features))` ([`Init::LecunUniform`]);
+    /// [`Linear::with_init`] chooses others.
     pub fn new(in_features: usize, out_features: usize, device: &Device) -> Result<Linear> {
-        Linear::with_init(in_features, out_features, true, Init::KaimingUniform, Init::LecunUniform, device)
+        Linear::with_init(in_features, out_features, true, Init::LecunUniform, Init::LecunUniform, device)
     }
 
     /// A layer with the given initializations (`bias_init` is ignored

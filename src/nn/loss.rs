@@ -4,7 +4,7 @@
 
 use super::embedding::one_hot;
 use super::invalid;
-use crate::{DType, Result, Tensor};
+use crate::{BackendKind, DType, Result, Tensor, TensorState};
 
 /// How a loss combines its per-element values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,7 +36,8 @@ pub struct CrossEntropyOptions {
 /// Mean cross-entropy of `logits` (`[.., classes]`, float, any leading
 /// dims) against integer class `labels` (`[..]`):
 /// `-mean log_softmax(logits)[.., labels[..]]`. See [`cross_entropy_with`]
-/// for `ignore_index`, label smoothing and other reductions.
+/// for `ignore_index`, label smoothing, other reductions and 64-bit labels.
+#[track_caller]
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     cross_entropy_with(logits, labels, &CrossEntropyOptions::default())
 }
@@ -56,6 +57,18 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
 /// bad label an error) and its gradient is `(softmax - target) / count`. A label outside
 /// `0..classes` that is not ignored matches no class: only its smoothing
 /// term counts.
+///
+/// WGSL has 32-bit integers only, so on a device whose main backend is not
+/// the CPU, i64 and u64 labels (PyTorch's default is i64) that hold host
+/// data (from [`Tensor::from_slice`], the usual batch) are narrowed to i32
+/// on the host, once per call, so the one-hot's iota and comparison run on
+/// the device and not on the CPU fallback. The answer is the CPU's: a
+/// label outside the i32 range becomes a negative value other than
+/// `ignore_index`, so it still matches no class and is still not ignored
+/// (wrapping it could match a class). Pending or device-resident 64-bit
+/// labels, and an `ignore_index` outside the i32 range, keep the 64-bit
+/// path, whose ops are counted as fallback ops.
+#[track_caller]
 pub fn cross_entropy_with(logits: &Tensor, labels: &Tensor, opts: &CrossEntropyOptions) -> Result<Tensor> {
     let op = "cross_entropy";
     if logits.rank() == 0 || labels.dims() != &logits.dims()[..logits.rank() - 1] {
@@ -78,6 +91,7 @@ pub fn cross_entropy_with(logits: &Tensor, labels: &Tensor, opts: &CrossEntropyO
     if !(0.0..=1.0).contains(&eps) {
         return Err(invalid(op, format!("label_smoothing must be in [0, 1], got {eps}")));
     }
+    let labels = &narrow_labels(labels, opts.ignore_index)?;
     let (dt, dev) = (logits.dtype(), logits.device());
     let c = logits.dims()[logits.rank() - 1];
     let logp = logits.log_softmax(-1)?;
@@ -115,6 +129,31 @@ pub fn cross_entropy_with(logits: &Tensor, labels: &Tensor, opts: &CrossEntropyO
             Some(keep) => loss.sum(&[], false)?.div(&keep.cast(dt)?.sum(&[], false)?),
         },
     }
+}
+
+/// `labels` as i32 where they are 64-bit host data on a device whose main
+/// backend is not the CPU (see [`cross_entropy_with`]); otherwise unchanged.
+/// Reading host data is no barrier: nothing is computed or waited for.
+fn narrow_labels(labels: &Tensor, ignore: Option<i64>) -> Result<Tensor> {
+    let dev = labels.device();
+    let wide = matches!(labels.dtype(), DType::I64 | DType::U64);
+    let ignore = match ignore.map(i32::try_from) {
+        None => None,
+        Some(Ok(i)) => Some(i),
+        Some(Err(_)) => return Ok(labels.clone()),
+    };
+    if !wide || dev.kind() == BackendKind::Cpu || labels.state() != TensorState::HostData {
+        return Ok(labels.clone());
+    }
+    // Classes are `0..classes`, so a negative value matches none; it must
+    // also not be the ignored one.
+    let no_class = if ignore == Some(-1) { -2 } else { -1 };
+    let narrow = |v: i128| i32::try_from(v).unwrap_or(no_class);
+    let values: Vec<i32> = match labels.dtype() {
+        DType::I64 => labels.to_vec::<i64>()?.into_iter().map(|v| narrow(v.into())).collect(),
+        _ => labels.to_vec::<u64>()?.into_iter().map(|v| narrow(v.into())).collect(),
+    };
+    Tensor::from_slice(&values, labels.shape().clone(), dev)
 }
 
 /// Mean squared error over all elements (`target` broadcasts to `pred`).

@@ -1,5 +1,7 @@
 //! Neural-network building blocks over lazy tensors: the [`Module`] trait
-//! (nested parameter names, buffers, train/eval mode, state dicts over
+//! (own parameters, buffers and mode, children) and [`ModuleExt`], its
+//! walks that no module can override (nested parameter names, buffers,
+//! train/eval mode, weight-decay exemptions, state dicts over
 //! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
 //! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`],
 //! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Sequential`]),
@@ -25,8 +27,8 @@
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
 //! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention` and
 //! `sequential`; everything public is re-exported here, so every path is
-//! `lazuli::nn::Name`. This file holds the [`Module`] trait and the
-//! train/eval flag the layers with a mode share.
+//! `lazuli::nn::Name`. This file holds the [`Module`] and [`ModuleExt`]
+//! traits and the train/eval flag the layers with a mode share.
 
 mod activation;
 mod attention;
@@ -59,14 +61,20 @@ use crate::{ExecError, Result, Tensor};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// A layer or model: a forward function, named parameters and buffers,
-/// and a training/evaluation mode.
+/// A layer or model: a forward function, its own parameters and buffers,
+/// its sub-modules and its own training/evaluation mode.
 ///
 /// A module lists its own tensors ([`Module::own_parameters`],
 /// [`Module::own_buffers`]) and its sub-modules ([`Module::children`]);
-/// the provided methods walk the tree and join names with dots
+/// [`ModuleExt`] walks the tree and joins names with dots
 /// (`"features.0.weight"`), PyTorch's convention, so a model built from
 /// layers gets nested names without writing them by hand.
+///
+/// The walks (parameters, buffers, weight-decay exemptions, train/eval,
+/// state dicts) are not methods of this trait, so no module can override
+/// one of them and leave the others behind: every walk sees the same
+/// tree. A module that lists a sub-module's tensors must return it from
+/// [`Module::children`].
 pub trait Module {
     /// Applies the module to `x`.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
@@ -95,10 +103,38 @@ pub trait Module {
     }
 
     /// Switches this module's own mode (dropout active, batch statistics)
-    /// without touching children; [`Module::set_training`] walks the tree.
-    /// Modules without a mode ignore it.
+    /// without touching children; [`ModuleExt::set_training`] walks the
+    /// tree. Modules without a mode ignore it.
     fn set_own_training(&self, _training: bool) {}
+}
 
+/// The walks over a [`Module`] tree: every method here is derived from
+/// the module's own tensors and [`Module::children`], and this trait is
+/// implemented for every module and cannot be implemented again, so a
+/// model cannot list its parameters one way and switch modes or exempt
+/// weight decay another. (It is in [`crate::prelude`].)
+///
+/// Overriding a walk in a module does not compile:
+///
+/// ```compile_fail,E0407
+/// use lazuli::nn::{Linear, Module};
+/// use lazuli::{Result, Tensor};
+///
+/// struct Net {
+///     fc: Linear,
+/// }
+///
+/// impl Module for Net {
+///     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+///         self.fc.forward(x)
+///     }
+///
+///     fn named_parameters(&self) -> Vec<(String, Tensor)> {
+///         vec![("fc.weight".into(), self.fc.weight.clone())]
+///     }
+/// }
+/// ```
+pub trait ModuleExt: Module {
     /// Every trainable tensor of the tree with its dotted name
     /// ("0.weight", "fc1.bias"), own parameters first, then each child's
     /// in order.
@@ -110,7 +146,7 @@ pub trait Module {
         v
     }
 
-    /// The trainable tensors, in [`Module::named_parameters`] order.
+    /// The trainable tensors, in [`ModuleExt::named_parameters`] order.
     fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }
@@ -160,7 +196,7 @@ pub trait Module {
         v
     }
 
-    /// Writes [`Module::state_dict`] to `path` as safetensors (a barrier).
+    /// Writes [`ModuleExt::state_dict`] to `path` as safetensors (a barrier).
     fn save_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
     where
         Self: Sized,
@@ -168,11 +204,11 @@ pub trait Module {
         Ok(crate::serialize::save(path, &self.state_dict())?)
     }
 
-    /// Loads a safetensors file written by [`Module::save_state_dict`] (or
-    /// by PyTorch with the same names) into this module's tensors in place:
-    /// every entry of the state dict must be in the file with the same
-    /// shape and dtype, and the file may hold nothing else. Parameters keep
-    /// their identity, so optimizers keep working on them.
+    /// Loads a safetensors file written by [`ModuleExt::save_state_dict`]
+    /// (or by PyTorch with the same names) into this module's tensors in
+    /// place: every entry of the state dict must be in the file with the
+    /// same shape and dtype, and the file may hold nothing else. Parameters
+    /// keep their identity, so optimizers keep working on them.
     fn load_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
     where
         Self: Sized,
@@ -180,6 +216,10 @@ pub trait Module {
         Ok(crate::serialize::load_state_dict(path, &self.state_dict())?)
     }
 }
+
+// The only implementation: a second one for any type would overlap this
+// one, which is what keeps the walks from being overridden.
+impl<M: Module + ?Sized> ModuleExt for M {}
 
 /// A train/eval flag that modules flip through `&self` (modules are
 /// shared, e.g. inside a [`Sequential`], and their mode changes rarely).
