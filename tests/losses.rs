@@ -80,6 +80,10 @@ fn softplus(x: f64) -> f64 {
     x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
+/// A case of the BCE test: its name, the weight and its dims, and whether
+/// a pos_weight is given.
+type BceCase<'a> = (&'a str, Option<(&'a [f64], Vec<usize>)>, bool);
+
 /// Logits with large magnitudes mixed in (where a naive sigmoid then log
 /// overflows or loses everything).
 fn logits(n: usize, seed: u64) -> Vec<f64> {
@@ -109,8 +113,7 @@ fn binary_cross_entropy_with_logits_matches_pytorch() {
         let pos = vals(c, 3, 0.5, 3.0);
         let full_weight = vals(n, 4, 0.0, 2.0);
         let row_weight = vals(c, 5, 0.0, 2.0);
-        // (name, weight and its dims, pos_weight)
-        let cases: [(&str, Option<(&[f64], Vec<usize>)>, bool); 4] = [
+        let cases: [BceCase; 4] = [
             ("plain", None, false),
             ("pos_weight", None, true),
             ("full weight", Some((&full_weight, dims.clone())), false),
@@ -443,11 +446,19 @@ fn grad_kl_div() {
 
 #[track_caller]
 fn expect_err(r: Result<Tensor>, words: &[&str]) {
-    let e = r.err().expect("an error").to_string();
+    let e = match r {
+        Ok(_) => panic!("expected an error mentioning {words:?}"),
+        Err(e) => e.to_string(),
+    };
     for w in words {
         assert!(e.contains(w), "error {e:?} should mention {w:?}");
     }
     assert!(e.contains("losses.rs"), "error {e:?} should name the caller's location");
+}
+
+/// Class indices for a `[3, 4]` input.
+fn class_indices(dev: &Device) -> Tensor {
+    Tensor::from_slice(&[0i64, 1, 2], [3], dev).unwrap()
 }
 
 #[test]
@@ -483,6 +494,8 @@ fn losses_reject_bad_shapes_dtypes_and_options() {
     ] {
         expect_err(r, &["BatchMean", "kl_div only"]);
     }
+    let ce = nn::CrossEntropyOptions { reduction: Reduction::BatchMean, ..Default::default() };
+    expect_err(nn::cross_entropy_with(&a, &class_indices(&dev), &ce), &["cross_entropy", "kl_div only"]);
     assert!(nn::kl_div(&a, &a, Reduction::BatchMean, false).is_ok());
     expect_err(nn::smooth_l1_loss(&a, &a, -1.0, m), &["smooth_l1_loss", "beta", "-1"]);
     expect_err(nn::huber_loss(&a, &a, 0.0, m), &["huber_loss", "delta"]);
