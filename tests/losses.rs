@@ -3,7 +3,8 @@
 //! computed here in f64 from PyTorch's formulas, over several shapes,
 //! broadcasting and edge values, on the CPU and on wgpu (with no op on the
 //! CPU fallback); their gradients against central finite differences in
-//! f64 (the approach of tests/gradcheck.rs); and their errors.
+//! f64 (the approach of tests/gradcheck.rs) and on wgpu against the CPU
+//! (again with no fallback op); and their errors.
 
 mod common;
 
@@ -513,4 +514,43 @@ fn losses_reject_bad_shapes_dtypes_and_options() {
     expect_err(nn::nll_loss(&a, &t3, &bad_w), &["nll_loss", "weight", "[5]"]);
     let bm = NllLossOptions { reduction: Reduction::BatchMean, ..Default::default() };
     expect_err(nn::nll_loss(&a, &t3, &bm), &["nll_loss", "kl_div only"]);
+}
+
+/// Every new loss with its input's gradient, for the wgpu-vs-CPU check.
+fn loss_and_grad(dev: &Device, which: usize) -> Result<(f32, Vec<f32>)> {
+    let x = t32(&log_softmax(&vals(12, 71, -2.0, 2.0), 4), &[3, 4], dev).requires_grad_(true)?;
+    let y = t32(&vals(12, 72, 0.0, 1.0), &[3, 4], dev);
+    let row = t32(&vals(4, 73, 0.5, 2.0), &[4], dev);
+    let m = Reduction::Mean;
+    let loss = match which {
+        0 => nn::binary_cross_entropy_with_logits(
+            &x,
+            &y,
+            &BceWithLogitsOptions { weight: Some(row.clone()), pos_weight: Some(row), reduction: m },
+        )?,
+        1 => nn::l1_loss(&x, &y, m)?,
+        2 => nn::smooth_l1_loss(&x, &y, 0.5, m)?,
+        3 => nn::huber_loss(&x, &y, 0.5, m)?,
+        4 => {
+            let t = Tensor::from_slice(&[2i64, -100, 1], [3], dev)?;
+            nn::nll_loss(&x, &t, &NllLossOptions { weight: Some(row), ..Default::default() })?
+        }
+        _ => nn::kl_div(&x, &y, Reduction::BatchMean, false)?,
+    };
+    loss.backward()?;
+    Ok((loss.item::<f32>()?, x.grad().expect("a gradient").to_vec::<f32>()?))
+}
+
+#[test]
+fn wgpu_gradients_match_the_cpu_with_no_fallback() {
+    let Some(gpu) = common::wgpu() else { return };
+    let _lock = common::metrics_lock();
+    for which in 0..6 {
+        let (want_loss, want_grad) = loss_and_grad(&Device::cpu(), which).unwrap();
+        let fallback0 = metrics::counter("FallbackOps");
+        let (loss, grad) = loss_and_grad(&gpu, which).unwrap();
+        assert_eq!(metrics::counter("FallbackOps") - fallback0, 0, "loss {which}: backward ops on the CPU fallback");
+        common::assert_close(&[loss], &[want_loss], 1e-5, 1e-6, &format!("loss {which}"));
+        common::assert_close(&grad, &want_grad, 1e-5, 1e-6, &format!("loss {which}: gradient"));
+    }
 }
