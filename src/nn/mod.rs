@@ -52,7 +52,10 @@ pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
 pub use init::Init;
 pub use linear::Linear;
-pub use loss::{cross_entropy, cross_entropy_with, mse, CrossEntropyOptions, Reduction};
+pub use loss::{
+    binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, huber_loss, kl_div, l1_loss, mse, nll_loss,
+    smooth_l1_loss, BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction,
+};
 pub use norm::{group_norm, layer_norm, BatchNorm2d, GroupNorm, LayerNorm};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::{Flatten, Sequential};
