@@ -169,8 +169,11 @@ pub enum Anneal {
 /// the first `pct_start` of `total_steps`, then down to
 /// `max_lr / div_factor / final_div_factor` at step `total_steps - 1`
 /// (with `three_phase`, back to the initial rate before the final
-/// descent). It ignores the groups' base rates, as PyTorch does; stepping
-/// past `total_steps` is an error. Momentum is not cycled.
+/// descent). It ignores the groups' base rates, as PyTorch does. As in
+/// PyTorch, step `total_steps` (the rate after the last of `total_steps`
+/// optimizer steps, never used by them) extrapolates the last phase past
+/// the final rate, and stepping beyond it is an error. Momentum is not
+/// cycled.
 #[derive(Clone, Debug)]
 pub struct OneCycleLR {
     /// The peak rate: one for every group, or one per group.
