@@ -154,21 +154,18 @@ fn sequential_lr_switches_at_milestones_and_warmup_cosine_is_the_gpt_recipe() {
 fn bad_settings_are_errors_naming_the_setting() {
     let dev = Device::cpu();
     let mut opt = two_groups(&dev);
-    let cases: Vec<(Box<dyn Fn(&mut Sgd) -> lazuli::Result<LrScheduler>>, &str)> = vec![
-        (Box::new(|o| LrScheduler::new(o, StepLR::new(0, 0.1))), "step_size"),
-        (Box::new(|o| LrScheduler::new(o, CosineAnnealingLR::new(0, 0.0))), "t_max"),
-        (Box::new(|o| LrScheduler::new(o, LinearLR::new(0.0, 1.0, 5))), "start_factor"),
-        (Box::new(|o| LrScheduler::new(o, LinearLR::new(0.5, 1.5, 5))), "end_factor"),
-        (Box::new(|o| LrScheduler::new(o, OneCycleLR::with_max_lrs(vec![1.0, 2.0, 3.0], 5))), "3 max_lrs"),
-        (Box::new(|o| LrScheduler::new(o, OneCycleLR::new(1.0, 5).pct_start(1.5))), "pct_start"),
-        (
-            Box::new(|o| LrScheduler::new(o, SequentialLR::new(vec![Box::new(StepLR::new(1, 0.5))], vec![2]))),
-            "milestones",
-        ),
-        (Box::new(|o| LrScheduler::new(o, SequentialLR::warmup_cosine(0, 10, 0.1, 0.0))), "total_iters"),
+    let cases: Vec<(Box<dyn Schedule>, &str)> = vec![
+        (Box::new(StepLR::new(0, 0.1)), "step_size"),
+        (Box::new(CosineAnnealingLR::new(0, 0.0)), "t_max"),
+        (Box::new(LinearLR::new(0.0, 1.0, 5)), "start_factor"),
+        (Box::new(LinearLR::new(0.5, 1.5, 5)), "end_factor"),
+        (Box::new(OneCycleLR::with_max_lrs(vec![1.0, 2.0, 3.0], 5)), "3 max_lrs"),
+        (Box::new(OneCycleLR::new(1.0, 5).pct_start(1.5)), "pct_start"),
+        (Box::new(SequentialLR::new(vec![Box::new(StepLR::new(1, 0.5))], vec![2])), "milestones"),
+        (Box::new(SequentialLR::warmup_cosine(0, 10, 0.1, 0.0)), "total_iters"),
     ];
-    for (make, want) in cases {
-        let e = make(&mut opt).unwrap_err().to_string();
+    for (schedule, want) in cases {
+        let e = LrScheduler::new(&mut opt, schedule).unwrap_err().to_string();
         assert!(e.contains(want), "{want}: {e}");
         assert_eq!(opt.group_lrs(), vec![0.1, 0.01], "a refused scheduler changes nothing");
     }

@@ -38,6 +38,18 @@ pub trait Schedule: Debug + Send + Sync {
     fn check(&self, groups: usize) -> Result<()>;
 }
 
+/// A boxed schedule is a schedule, so schedules chosen at run time (a
+/// `Vec<Box<dyn Schedule>>`, a configuration) drive an [`LrScheduler`].
+impl<S: Schedule + ?Sized> Schedule for Box<S> {
+    fn lr(&self, base: f64, group: usize, t: u64) -> Result<f64> {
+        (**self).lr(base, group, t)
+    }
+
+    fn check(&self, groups: usize) -> Result<()> {
+        (**self).check(groups)
+    }
+}
+
 fn invalid(op: &str, detail: String) -> ExecError {
     ExecError::Invalid { op: op.into(), detail }
 }
