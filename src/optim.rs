@@ -1,14 +1,16 @@
 //! Optimizers: [`Sgd`] (momentum, Nesterov, weight decay), [`Adam`] and
 //! AdamW ([`Adam::adamw`]), each over parameter groups with their own
-//! weight decay ([`ParamGroup`]; [`decay_groups`] exempts biases, norms and
-//! embeddings as GPT-style training does).
+//! weight decay and learning rate ([`ParamGroup`]; [`decay_groups`] exempts
+//! biases, norms and embeddings as GPT-style training does), and
+//! learning-rate schedulers with PyTorch's names ([`lr_scheduler`]).
 //!
 //! `step()` reads each parameter's lazy gradient, records the update under
 //! [`no_grad`] and installs it with [`Tensor::assign`]: nothing runs until
 //! the next sync (normally `Device::mark_step`), where forward, backward
 //! and update are one graph. Hyperparameters (learning rate, betas, bias
-//! corrections) enter the graph as lifted scalars, so changing the learning
-//! rate or advancing Adam's step count compiles nothing new. The first one
+//! corrections) enter the graph as lifted scalars, one per group where
+//! groups differ, so changing a learning rate (by hand or by a scheduler)
+//! or advancing Adam's step count compiles nothing new. The first one
 //! or two steps have their own graphs (the state buffers do not exist yet);
 //! from then on every step has the same graph hash.
 //!
