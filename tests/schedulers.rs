@@ -115,6 +115,9 @@ fn one_cycle_rises_to_max_lr_then_anneals_and_stops_at_total_steps() {
             assert!((lr - w).abs() <= 1e-12 * w.abs(), "three-phase linear, step {t}: {lr} != {w}");
         }
     }
+    // A rise of no steps (PyTorch divides by zero) starts at its end, max_lr.
+    let got = sequence(OneCycleLR::new(1.0, 10).pct_start(0.1), 1);
+    assert_eq!(got[0], vec![1.0, 1.0]);
     // Past the cycle is an error that changes nothing, as PyTorch's ValueError.
     let dev = Device::cpu();
     let mut opt = two_groups(&dev);
@@ -169,6 +172,12 @@ fn bad_settings_are_errors_naming_the_setting() {
         assert!(e.contains(want), "{want}: {e}");
         assert_eq!(opt.group_lrs(), vec![0.1, 0.01], "a refused scheduler changes nothing");
     }
+    // Stepping another optimizer, of another group count, is refused.
+    let mut sched = LrScheduler::new(&mut opt, StepLR::new(1, 0.5)).unwrap();
+    let mut single = Sgd::new(vec![Tensor::from_slice(&[1.0f32], [1], &dev).unwrap()], 0.3);
+    let e = sched.step(&mut single).unwrap_err().to_string();
+    assert!(e.contains("1 parameter groups, the scheduler 2"), "{e}");
+    assert_eq!((sched.last_epoch(), single.group_lrs()), (0, vec![0.3]));
     let e = opt.set_group_lr(2, 0.5).unwrap_err().to_string();
     assert!(e.contains("group 2") && e.contains("has 2"), "{e}");
 }
