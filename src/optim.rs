@@ -1,14 +1,16 @@
 //! Optimizers: [`Sgd`] (momentum, Nesterov, weight decay), [`Adam`] and
 //! AdamW ([`Adam::adamw`]), each over parameter groups with their own
-//! weight decay ([`ParamGroup`]; [`decay_groups`] exempts biases, norms and
-//! embeddings as GPT-style training does).
+//! weight decay and learning rate ([`ParamGroup`]; [`decay_groups`] exempts
+//! biases, norms and embeddings as GPT-style training does), and
+//! learning-rate schedulers with PyTorch's names ([`lr_scheduler`]).
 //!
 //! `step()` reads each parameter's lazy gradient, records the update under
 //! [`no_grad`] and installs it with [`Tensor::assign`]: nothing runs until
 //! the next sync (normally `Device::mark_step`), where forward, backward
 //! and update are one graph. Hyperparameters (learning rate, betas, bias
-//! corrections) enter the graph as lifted scalars, so changing the learning
-//! rate or advancing Adam's step count compiles nothing new. The first one
+//! corrections) enter the graph as lifted scalars, one per group where
+//! groups differ, so changing a learning rate (by hand or by a scheduler)
+//! or advancing Adam's step count compiles nothing new. The first one
 //! or two steps have their own graphs (the state buffers do not exist yet);
 //! from then on every step has the same graph hash.
 //!
@@ -23,8 +25,12 @@ use crate::serialize::{self, SerializeError};
 use crate::{no_grad, DType, Device, DeviceExt, ExecError, Result, ScalarValue, Tensor};
 use std::path::Path;
 
-/// Parameters that share a weight decay. Groups let one optimizer decay
-/// weight matrices but not biases, norm scales or embeddings.
+pub mod lr_scheduler;
+pub use lr_scheduler::{Anneal, CosineAnnealingLR, LinearLR, LrScheduler, OneCycleLR, Schedule, SequentialLR, StepLR};
+
+/// Parameters that share a weight decay and a learning rate. Groups let
+/// one optimizer decay weight matrices but not biases, norm scales or
+/// embeddings, or train a pretrained body slower than a new head.
 #[derive(Clone, Debug)]
 pub struct ParamGroup {
     /// The parameters.
@@ -32,12 +38,26 @@ pub struct ParamGroup {
     /// Their weight decay; `None` uses the optimizer's
     /// (`Adam::weight_decay`, `Sgd::weight_decay`).
     pub weight_decay: Option<f64>,
+    /// Their learning rate; `None` uses the optimizer's ([`Optimizer::lr`]).
+    pub lr: Option<f64>,
 }
 
 impl ParamGroup {
     /// A group with its own weight decay.
     pub fn new(params: Vec<Tensor>, weight_decay: f64) -> ParamGroup {
-        ParamGroup { params, weight_decay: Some(weight_decay) }
+        ParamGroup { params, weight_decay: Some(weight_decay), lr: None }
+    }
+
+    /// A group with the optimizer's weight decay and learning rate.
+    pub fn plain(params: Vec<Tensor>) -> ParamGroup {
+        ParamGroup { params, weight_decay: None, lr: None }
+    }
+
+    /// Gives the group its own learning rate, as PyTorch's
+    /// `{"params": ..., "lr": ...}`.
+    pub fn with_lr(mut self, lr: f64) -> ParamGroup {
+        self.lr = Some(lr);
+        self
     }
 }
 
@@ -61,18 +81,43 @@ pub fn decay_groups<M: Module + ?Sized>(module: &M, weight_decay: f64) -> Vec<Pa
         .collect()
 }
 
-/// Flattens groups: the parameters, and for each its group's index and
-/// the group's own weight decay.
-fn flatten_groups(groups: Vec<ParamGroup>) -> (Vec<Tensor>, Vec<usize>, Vec<Option<f64>>) {
-    let (mut params, mut group, mut wd) = (Vec::new(), Vec::new(), Vec::new());
+/// Flattened groups: the parameters, for each its group's index and the
+/// group's own weight decay, and each group's own learning rate.
+struct Flat {
+    params: Vec<Tensor>,
+    group: Vec<usize>,
+    group_wd: Vec<Option<f64>>,
+    group_lr: Vec<Option<f64>>,
+}
+
+fn flatten_groups(groups: Vec<ParamGroup>) -> Flat {
+    let mut f = Flat { params: Vec::new(), group: Vec::new(), group_wd: Vec::new(), group_lr: Vec::new() };
     for (i, g) in groups.into_iter().enumerate() {
+        f.group_lr.push(g.lr);
         for p in g.params {
-            params.push(p);
-            group.push(i);
-            wd.push(g.weight_decay);
+            f.params.push(p);
+            f.group.push(i);
+            f.group_wd.push(g.weight_decay);
         }
     }
-    (params, group, wd)
+    f
+}
+
+/// The learning rate of each group: its own, else the optimizer's.
+fn effective_lrs(group_lr: &[Option<f64>], lr: f64) -> Vec<f64> {
+    group_lr.iter().map(|g| g.unwrap_or(lr)).collect()
+}
+
+/// Gives group `group` of `group_lr` its own learning rate, or names the
+/// group that does not exist.
+fn set_group_lr(op: &str, group_lr: &mut [Option<f64>], group: usize, lr: f64) -> Result<()> {
+    let n = group_lr.len();
+    let slot = group_lr.get_mut(group).ok_or_else(|| ExecError::Invalid {
+        op: op.into(),
+        detail: format!("parameter group {group} does not exist (the optimizer has {n})"),
+    })?;
+    *slot = Some(lr);
+    Ok(())
 }
 
 /// What every optimizer offers.
@@ -90,11 +135,19 @@ pub trait Optimizer {
     /// The parameters being optimized.
     fn parameters(&self) -> &[Tensor];
 
-    /// The learning rate.
+    /// The learning rate of every group without its own.
     fn lr(&self) -> f64;
 
-    /// Changes the learning rate (compiles nothing new).
+    /// Changes the learning rate of every group without its own (compiles
+    /// nothing new).
     fn set_lr(&mut self, lr: f64);
+
+    /// Each parameter group's learning rate: its own, else [`Optimizer::lr`].
+    fn group_lrs(&self) -> Vec<f64>;
+
+    /// Gives parameter group `group` its own learning rate (compiles
+    /// nothing new); a group index past the last group is an error.
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()>;
 }
 
 /// Rank-0 lifted scalars (never baked into kernels), one per role, group,
@@ -141,18 +194,19 @@ pub struct Sgd {
     bufs: Vec<Option<Tensor>>,
     group: Vec<usize>,
     group_wd: Vec<Option<f64>>,
+    group_lr: Vec<Option<f64>>,
 }
 
 impl Sgd {
     /// Plain SGD over `params` with learning rate `lr`.
     pub fn new(params: Vec<Tensor>, lr: f64) -> Sgd {
-        Sgd::with_groups(vec![ParamGroup { params, weight_decay: None }], lr)
+        Sgd::with_groups(vec![ParamGroup::plain(params)], lr)
     }
 
-    /// Plain SGD over parameter groups (each with its own weight decay,
-    /// or [`Sgd::weight_decay`]'s).
+    /// Plain SGD over parameter groups (each with its own weight decay and
+    /// learning rate, or [`Sgd::weight_decay`]'s and `lr`).
     pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Sgd {
-        let (params, group, group_wd) = flatten_groups(groups);
+        let Flat { params, group, group_wd, group_lr } = flatten_groups(groups);
         let n = params.len();
         Sgd {
             params,
@@ -164,6 +218,7 @@ impl Sgd {
             bufs: vec![None; n],
             group,
             group_wd,
+            group_lr,
         }
     }
 
@@ -236,7 +291,8 @@ impl Optimizer for Sgd {
                 g = if self.nesterov { g.add(&b.mul(&mu)?)? } else { b.clone() };
                 *buf = Some(b);
             }
-            p.assign(&p.sub(&g.mul(&sc.get("lr", self.lr, p))?)?)?;
+            let lr = self.group_lr[self.group[i]].unwrap_or(self.lr);
+            p.assign(&p.sub(&g.mul(&sc.get_in("lr", self.group[i], lr, p))?)?)?;
         }
         Ok(())
     }
@@ -251,6 +307,14 @@ impl Optimizer for Sgd {
 
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+    }
+
+    fn group_lrs(&self) -> Vec<f64> {
+        effective_lrs(&self.group_lr, self.lr)
+    }
+
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        set_group_lr("Sgd::set_group_lr", &mut self.group_lr, group, lr)
     }
 }
 
@@ -275,18 +339,19 @@ pub struct Adam {
     v: Vec<Option<Tensor>>,
     group: Vec<usize>,
     group_wd: Vec<Option<f64>>,
+    group_lr: Vec<Option<f64>>,
 }
 
 impl Adam {
     /// Adam with betas (0.9, 0.999), eps 1e-8, no weight decay.
     pub fn new(params: Vec<Tensor>, lr: f64) -> Adam {
-        Adam::with_groups(vec![ParamGroup { params, weight_decay: None }], lr)
+        Adam::with_groups(vec![ParamGroup::plain(params)], lr)
     }
 
-    /// Adam over parameter groups, each with its own (L2) weight decay or
-    /// [`Adam::weight_decay`]'s.
+    /// Adam over parameter groups, each with its own (L2) weight decay and
+    /// learning rate, or [`Adam::weight_decay`]'s and `lr`.
     pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Adam {
-        let (params, group, group_wd) = flatten_groups(groups);
+        let Flat { params, group, group_wd, group_lr } = flatten_groups(groups);
         let n = params.len();
         Adam {
             params,
@@ -300,6 +365,7 @@ impl Adam {
             v: vec![None; n],
             group,
             group_wd,
+            group_lr,
         }
     }
 
@@ -395,9 +461,10 @@ impl Optimizer for Adam {
             let Some(mut g) = p.grad() else { continue };
             let mut base = p.clone();
             let wd = self.group_wd[i].unwrap_or(self.weight_decay);
+            let lr = self.group_lr[self.group[i]].unwrap_or(self.lr);
             if wd != 0.0 {
                 if self.decoupled {
-                    base = p.mul(&sc.get_in("1-lr*wd", self.group[i], 1.0 - self.lr * wd, p))?;
+                    base = p.mul(&sc.get_in("1-lr*wd", self.group[i], 1.0 - lr * wd, p))?;
                 } else {
                     g = g.add(&p.mul(&sc.get_in("wd", self.group[i], wd, p))?)?;
                 }
@@ -416,7 +483,7 @@ impl Optimizer for Adam {
             // moved into the scalars: m / (sqrt(v) + eps sqrt(c2)) *
             // (lr sqrt(c2) / c1), one recorded op fewer per parameter.
             let denom = nv.sqrt()?.add(&sc.get("eps*sqrt(c2)", self.eps * c2.sqrt(), p))?;
-            let update = nm.div(&denom)?.mul(&sc.get("lr*sqrt(c2)/c1", self.lr * c2.sqrt() / c1, p))?;
+            let update = nm.div(&denom)?.mul(&sc.get_in("lr*sqrt(c2)/c1", self.group[i], lr * c2.sqrt() / c1, p))?;
             p.assign(&base.sub(&update)?)?;
             *m = Some(nm);
             *v = Some(nv);
@@ -434,6 +501,14 @@ impl Optimizer for Adam {
 
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+    }
+
+    fn group_lrs(&self) -> Vec<f64> {
+        effective_lrs(&self.group_lr, self.lr)
+    }
+
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        set_group_lr("Adam::set_group_lr", &mut self.group_lr, group, lr)
     }
 }
 
