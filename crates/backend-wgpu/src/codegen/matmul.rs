@@ -547,14 +547,7 @@ impl Writer<'_> {
         b: &mut String,
     ) {
         let g = self.g;
-        let value = |o: NodeId, idx: String, acc: String| {
-            let od = g.node(o).dtype;
-            if g.node(o).op == Op::MatMul {
-                store(od, &acc)
-            } else {
-                store(od, &format!("e{}({idx}, {acc})", o.0))
-            }
-        };
+        let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         for q in 0..rm {
             for i in 0..4 {
@@ -772,6 +765,18 @@ impl Writer<'_> {
         groups * lanes
     }
 
+    /// The value output `o` stores for the product's accumulator `acc` at
+    /// output index `idx`: the accumulator itself for the product, else
+    /// its epilogue function `eO(index, accumulator)`.
+    fn epilogue_store(&self, o: NodeId, idx: &str, acc: &str) -> String {
+        let n = self.g.node(o);
+        if n.op == Op::MatMul {
+            store(n.dtype, acc)
+        } else {
+            store(n.dtype, &format!("e{}({idx}, {acc})", o.0))
+        }
+    }
+
     /// The stores of the register-blocked matmul's accumulators
     /// `c{row}_{vec}` to `outputs` through each output's epilogue function
     /// (the product itself as it is): `block` is (rows, vec4 columns) per
@@ -787,15 +792,7 @@ impl Writer<'_> {
     ) {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         let g = self.g;
-        // With an epilogue each output `o` stores `eO(index, accumulator)`.
-        let value = |o: NodeId, idx: String, acc: String| {
-            let od = g.node(o).dtype;
-            if g.node(o).op == Op::MatMul {
-                store(od, &acc)
-            } else {
-                store(od, &format!("e{}({idx}, {acc})", o.0))
-            }
-        };
+        let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         for i in 0..rows {
             for v in 0..vecs {
                 if out_vec {
