@@ -70,7 +70,7 @@ fn vals64(n: usize, seed: u64) -> Vec<f64> {
 /// The error's message, which must name `op`.
 #[track_caller]
 fn err_names(r: Result<Tensor>, op: &str, also: &str) {
-    let msg = r.err().expect("an error").to_string();
+    let msg = r.expect_err("an error").to_string();
     assert!(msg.contains(op) && msg.contains(also), "{msg:?} should name {op} and {also}");
 }
 
@@ -255,9 +255,9 @@ fn linspace_matches_pytorch_with_exact_ends() {
     let dev = Device::cpu();
     assert_eq!(Tensor::linspace(4.0, 9.0, 1, DType::F32, &dev).unwrap().to_vec::<f32>().unwrap(), vec![4.0]);
     assert_eq!(Tensor::linspace(4.0, 9.0, 0, DType::F32, &dev).unwrap().dims(), &[0]);
-    let e = Tensor::linspace(0.0, 1.0, 3, DType::I32, &dev).err().expect("an error").to_string();
+    let e = Tensor::linspace(0.0, 1.0, 3, DType::I32, &dev).expect_err("an error").to_string();
     assert!(e.contains("linspace") && e.contains("i32"), "{e}");
-    let e = Tensor::linspace(0.0, f64::NAN, 3, DType::F32, &dev).err().expect("an error").to_string();
+    let e = Tensor::linspace(0.0, f64::NAN, 3, DType::F32, &dev).expect_err("an error").to_string();
     assert!(e.contains("linspace") && e.contains("NaN"), "{e}");
 }
 
