@@ -299,3 +299,16 @@ fn gather_torch_gradient_and_errors() {
     let bad = x.gather_torch(0, &Tensor::from_slice(&[0i32, 5, 0], [1, 3], &dev).unwrap()).unwrap();
     assert!(bad.to_vec::<f32>().is_err(), "an index outside the dim fails at the barrier");
 }
+
+#[test]
+fn repeat_by_zero_is_empty_and_gather_torch_takes_i64_indices() {
+    // 64-bit indices are narrowed on the CPU fallback on wgpu, which other
+    // tests' fallback counts must not see.
+    let _lock = common::metrics_lock();
+    for dev in common::devices() {
+        let x = t32(&dev, &[1.0, 2.0, 3.0], &[3]);
+        assert_eq!(x.repeat(&[0, 2]).unwrap().dims(), &[0, 6], "on {}", dev.name());
+        let idx = Tensor::from_slice(&[2i64, -3, 1], [3], &dev).unwrap();
+        assert_eq!(x.gather_torch(0, &idx).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 1.0, 2.0], "on {}", dev.name());
+    }
+}
