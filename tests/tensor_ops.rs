@@ -297,7 +297,8 @@ fn gather_torch_gradient_and_errors() {
     err_names(x.gather_torch(0, &t32(&dev, &[0.0; 6], &[2, 3])), "gather_torch", "f32");
     err_names(x.gather_torch(2, &Tensor::from_slice(&[0i32; 6], [2, 3], &dev).unwrap()), "gather_torch", "[2, 3]");
     let bad = x.gather_torch(0, &Tensor::from_slice(&[0i32, 5, 0], [1, 3], &dev).unwrap()).unwrap();
-    assert!(bad.to_vec::<f32>().is_err(), "an index outside the dim fails at the barrier");
+    let e = bad.to_vec::<f32>().expect_err("an index outside the dim fails at the barrier").to_string();
+    assert!(e.contains("index 5") && e.contains("size 2"), "{e}");
 }
 
 #[test]
@@ -310,5 +311,48 @@ fn repeat_by_zero_is_empty_and_gather_torch_takes_i64_indices() {
         assert_eq!(x.repeat(&[0, 2]).unwrap().dims(), &[0, 6], "on {}", dev.name());
         let idx = Tensor::from_slice(&[2i64, -3, 1], [3], &dev).unwrap();
         assert_eq!(x.gather_torch(0, &idx).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 1.0, 2.0], "on {}", dev.name());
+    }
+}
+
+/// A function of one tensor, the subject of a gradient check.
+type UnaryFn = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+
+/// The f32 gradient of `sum(f(x) * w)` on `dev`.
+fn grad_f32(dev: &Device, x: &[f32], shape: &[usize], f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Vec<f32> {
+    let leaf = t32(dev, x, shape).requires_grad_(true).unwrap();
+    let out = f(&leaf).unwrap();
+    let w = t32(dev, &common::rand_vec(out.numel(), 98, 0.5, 1.5), out.dims());
+    out.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    leaf.grad().expect("a gradient").to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn f32_gradients_agree_across_devices_without_fallback() {
+    let idx = [0i32, 2, 2, 1, 0, 0];
+    let cases: Vec<(&str, UnaryFn)> = vec![
+        ("masked_fill", Box::new(|x| x.masked_fill(&x.gt_scalar(0.0)?, 1.0))),
+        ("tril", Box::new(|x| x.tril(0))),
+        ("var", Box::new(|x| x.var(&[1], 1.0, false))),
+        ("std", Box::new(|x| x.std(&[0], 1.0, true))),
+        ("logsumexp", Box::new(|x| x.logsumexp(&[1], false))),
+        ("repeat", Box::new(|x| x.repeat(&[2, 1, 3]))),
+        ("gather_torch", Box::new(move |x| x.gather_torch(0, &Tensor::from_slice(&idx, [2, 3], x.device())?))),
+    ];
+    let x = common::rand_vec(12, 14, -2.0, 2.0);
+    let _lock = common::metrics_lock();
+    for (name, f) in &cases {
+        let want = grad_f32(&Device::cpu(), &x, &[3, 4], f.as_ref());
+        for dev in common::devices() {
+            lazuli::metrics::reset();
+            let got = grad_f32(&dev, &x, &[3, 4], f.as_ref());
+            common::assert_close(&got, &want, 1e-5, 1e-5, &format!("{name} gradient on {}", dev.name()));
+            assert_eq!(
+                lazuli::metrics::counter("FallbackOps"),
+                0,
+                "{name} on {}: {}",
+                dev.name(),
+                lazuli::metrics::report()
+            );
+        }
     }
 }
