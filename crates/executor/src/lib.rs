@@ -16,6 +16,7 @@
 pub mod autograd;
 pub mod backend;
 mod compile_cache;
+mod compose;
 pub mod config;
 pub mod debug;
 mod device;

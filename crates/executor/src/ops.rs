@@ -128,7 +128,7 @@ impl ReshapeDims for &Shape {
 
 /// True when `v` is exactly representable in `dtype` (floats take any
 /// value; integers and bool only their range).
-fn scalar_fits(v: ScalarValue, dtype: DType) -> bool {
+pub(crate) fn scalar_fits(v: ScalarValue, dtype: DType) -> bool {
     let (lo, hi): (i128, i128) = match dtype {
         d if d.is_float() => return true,
         DType::Bool => (0, 1),
@@ -301,13 +301,13 @@ impl Tensor {
         Ok(x)
     }
 
-    fn axis(&self, op: &str, axis: isize) -> Result<usize> {
+    pub(crate) fn axis(&self, op: &str, axis: isize) -> Result<usize> {
         self.shape().axis(axis).ok_or_else(|| {
             ExecError::Ir(IrError::Axis { op: op.into(), axis, shape: self.shape().clone(), rank: self.rank() })
         })
     }
 
-    fn axes(&self, op: &str, axes: &[isize]) -> Result<Vec<usize>> {
+    pub(crate) fn axes(&self, op: &str, axes: &[isize]) -> Result<Vec<usize>> {
         let mut v = axes.iter().map(|&a| self.axis(op, a)).collect::<Result<Vec<_>>>()?;
         v.sort_unstable();
         let before = v.len();
@@ -364,7 +364,7 @@ impl Tensor {
         self.reduce(op, &self.all_if_empty(axes), keepdim)
     }
 
-    fn all_if_empty(&self, axes: &[isize]) -> Vec<isize> {
+    pub(crate) fn all_if_empty(&self, axes: &[isize]) -> Vec<isize> {
         if axes.is_empty() {
             (0..self.rank() as isize).collect()
         } else {
