@@ -3,8 +3,9 @@
 //! walks that no module can override (nested parameter names, buffers,
 //! train/eval mode, weight-decay exemptions, state dicts over
 //! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
-//! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`],
-//! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Sequential`]),
+//! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
+//! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Glu`],
+//! [`SwiGlu`], [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
 //! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
 //! ([`cross_entropy`], [`cross_entropy_with`], [`mse`]) and seeded
@@ -25,7 +26,7 @@
 //! [`scaled_dot_product_attention_unfused`].
 //!
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
-//! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention` and
+//! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention`, `ffn` and
 //! `sequential`; everything public is re-exported here, so every path is
 //! `lazuli::nn::Name`. This file holds the [`Module`] and [`ModuleExt`]
 //! traits and the train/eval flag the layers with a mode share.
@@ -35,6 +36,7 @@ mod attention;
 mod conv;
 mod dropout;
 mod embedding;
+mod ffn;
 mod init;
 mod linear;
 mod loss;
@@ -50,13 +52,14 @@ pub use attention::{
 pub use conv::{Conv2d, Conv2dBuilder, Size2};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
+pub use ffn::{glu, Glu, SwiGlu};
 pub use init::Init;
 pub use linear::Linear;
 pub use loss::{
     binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, huber_loss, kl_div, l1_loss, mse, nll_loss,
     smooth_l1_loss, BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction,
 };
-pub use norm::{group_norm, layer_norm, BatchNorm2d, GroupNorm, LayerNorm};
+pub use norm::{group_norm, layer_norm, rms_norm, BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::{Flatten, Sequential};
 

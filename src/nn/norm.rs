@@ -1,6 +1,7 @@
 //! Normalization layers: [`LayerNorm`] (and the functional
-//! [`layer_norm`]), [`BatchNorm2d`] with its running statistics updated in
-//! place, and [`GroupNorm`] (and [`group_norm`]).
+//! [`layer_norm`]), [`RmsNorm`] (and [`rms_norm`]), [`BatchNorm2d`] with
+//! its running statistics updated in place, and [`GroupNorm`] (and
+//! [`group_norm`]).
 
 use super::init::{parameter, Init};
 use super::{invalid, Mode, Module};
@@ -69,6 +70,110 @@ impl Module for LayerNorm {
 
     fn own_no_weight_decay(&self) -> Vec<String> {
         vec!["weight".into(), "bias".into()]
+    }
+}
+
+/// Root-mean-square normalization over the trailing dims of `x` that
+/// equal `normalized_shape`, PyTorch's `F.rms_norm`: `y = x /
+/// sqrt(mean(x^2) + eps) * weight`, with an optional elementwise `weight`
+/// of `normalized_shape`. `eps` of `None` is PyTorch's default, the
+/// machine epsilon of `x`'s dtype.
+pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
+    let k = normalized_shape.len();
+    if k == 0 || k > x.rank() || x.dims()[x.rank() - k..] != *normalized_shape {
+        return Err(invalid(
+            "rms_norm",
+            format!("cannot normalize trailing dims {normalized_shape:?} of an input of shape {}", x.shape()),
+        ));
+    }
+    if let Some(w) = weight {
+        if w.dims() != normalized_shape {
+            return Err(invalid(
+                "rms_norm",
+                format!("weight of shape {} does not match normalized shape {normalized_shape:?}", w.shape()),
+            ));
+        }
+    }
+    let eps = match eps {
+        Some(e) => e,
+        None => machine_epsilon(x.dtype()).ok_or_else(|| {
+            invalid("rms_norm", format!("expected a floating-point input, got {:?} of shape {}", x.dtype(), x.shape()))
+        })?,
+    };
+    let axes: Vec<isize> = (x.rank() - k..x.rank()).map(|a| a as isize).collect();
+    let ms = x.mul(x)?.mean(&axes, true)?;
+    let y = x.mul(&ms.add(&Tensor::scalar(eps, x.dtype(), x.device()))?.rsqrt()?)?;
+    match weight {
+        Some(w) => y.mul(&w.cast(x.dtype())?),
+        None => Ok(y),
+    }
+}
+
+/// `torch.finfo(dtype).eps` for the float dtypes, `None` for the others.
+fn machine_epsilon(dtype: DType) -> Option<f64> {
+    match dtype {
+        DType::F16 => Some(f64::from(half::f16::EPSILON)),
+        DType::F32 => Some(f64::from(f32::EPSILON)),
+        DType::F64 => Some(f64::EPSILON),
+        _ => None,
+    }
+}
+
+/// Root-mean-square normalization (Zhang & Sennrich), PyTorch's
+/// `nn.RMSNorm`: [`rms_norm`] over trailing dims of `normalized_shape`
+/// with a learned scale `weight` (ones) when `elementwise_affine`, and no
+/// shift. `eps` defaults to `None`, the machine epsilon of the input's
+/// dtype, as in PyTorch. (The Rust name follows this crate's casing of
+/// acronyms, as [`Activation::Gelu`](super::Activation::Gelu) does.)
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    /// The trailing dims normalized over.
+    pub normalized_shape: Vec<usize>,
+    /// Scale, of the normalized shape; `None` without elementwise affine.
+    pub weight: Option<Tensor>,
+    /// Added to the mean square; `None` is the input dtype's epsilon.
+    pub eps: Option<f64>,
+}
+
+impl RmsNorm {
+    /// Normalizes over trailing dims of `normalized_shape` with a scale of
+    /// ones and PyTorch's default eps; [`RmsNorm::with_options`] chooses.
+    pub fn new(normalized_shape: &[usize], device: &Device) -> Result<RmsNorm> {
+        RmsNorm::with_options(normalized_shape, None, true, device)
+    }
+
+    /// PyTorch's full constructor: `eps` (`None`: the input dtype's
+    /// epsilon) and whether to learn a scale.
+    pub fn with_options(
+        normalized_shape: &[usize],
+        eps: Option<f64>,
+        elementwise_affine: bool,
+        device: &Device,
+    ) -> Result<RmsNorm> {
+        if normalized_shape.is_empty() {
+            return Err(invalid("RMSNorm", "the normalized shape must name at least one dim, got []".into()));
+        }
+        let n: usize = normalized_shape.iter().product();
+        let weight = if elementwise_affine {
+            Some(parameter(Init::Constant(1.0), normalized_shape, n, n, device)?)
+        } else {
+            None
+        };
+        Ok(RmsNorm { normalized_shape: normalized_shape.to_vec(), weight, eps })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.weight.iter().map(|w| ("weight".to_string(), w.clone())).collect()
+    }
+
+    fn own_no_weight_decay(&self) -> Vec<String> {
+        self.weight.iter().map(|_| "weight".to_string()).collect()
     }
 }
 

@@ -1,0 +1,249 @@
+//! The layers of issue 28 against PyTorch's formulas computed here in f64:
+//! `RMSNorm` / `rms_norm` (default eps, affine and not), `GLU` / `glu` and
+//! the LLaMA SwiGLU feed-forward block, on the CPU and on wgpu in f32 with
+//! no op falling back to the host; their parameter names; their errors on
+//! bad input; and their gradients against central finite differences in
+//! f64 on the CPU.
+
+mod common;
+
+use lazuli::nn::{self, Module, ModuleExt};
+use lazuli::prelude::*;
+use lazuli::{no_grad, Result};
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+}
+
+fn vals(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f64> {
+    common::rand_vec(n, seed, lo, hi).into_iter().map(f64::from).collect()
+}
+
+#[track_caller]
+fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: element {i}: got {g}, want {w}");
+    }
+}
+
+/// Runs `f` on every device under the metrics lock and checks that no op
+/// fell back to the host while it ran and read its results back.
+fn on_devices(f: impl Fn(&Device)) {
+    for dev in common::devices() {
+        let _guard = common::metrics_lock();
+        lazuli::metrics::reset();
+        f(&dev);
+        assert_eq!(lazuli::metrics::counter("FallbackOps"), 0, "{dev:?}: {}", lazuli::metrics::report());
+    }
+}
+
+/// PyTorch's RMSNorm over the last `d` elements of each row of `x`.
+fn rms_ref(x: &[f64], d: usize, w: Option<&[f64]>, eps: f64) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        y.extend(row.iter().enumerate().map(|(i, v)| v * inv * w.map_or(1.0, |w| w[i])));
+    }
+    y
+}
+
+#[test]
+fn rms_norm_matches_pytorch() {
+    on_devices(|dev| {
+        let x = vals(2 * 3 * 2 * 4, 1, -2.0, 2.0);
+        let xt = Tensor::from_slice(&common::rand_vec(48, 1, -2.0, 2.0), [2, 3, 2, 4], dev).unwrap();
+        // The module: normalized over [2, 4], weight of ones, eps of f32's epsilon.
+        let m = nn::RmsNorm::new(&[2, 4], dev).unwrap();
+        assert_eq!(m.eps, None);
+        let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["weight"]);
+        assert_eq!(m.no_weight_decay(), ["weight"]);
+        close(&f64s(&m.forward(&xt).unwrap()), &rms_ref(&x, 8, None, f64::from(f32::EPSILON)), 1e-5, "module");
+        // A learned scale and a large eps, so eps visibly matters.
+        let w = vals(4, 2, 0.5, 1.5);
+        let wt = Tensor::from_slice(&common::rand_vec(4, 2, 0.5, 1.5), [4], dev).unwrap();
+        let y = nn::rms_norm(&xt, &[4], Some(&wt), Some(0.5)).unwrap();
+        close(&f64s(&y), &rms_ref(&x, 4, Some(&w), 0.5), 1e-5, "functional with weight");
+        // Without elementwise affine there is no parameter.
+        let plain = nn::RmsNorm::with_options(&[4], Some(1e-3), false, dev).unwrap();
+        assert!(plain.named_parameters().is_empty());
+        close(&f64s(&plain.forward(&xt).unwrap()), &rms_ref(&x, 4, None, 1e-3), 1e-5, "no affine");
+    });
+}
+
+#[test]
+fn rms_norm_rejects_bad_shapes() {
+    let dev = Device::cpu();
+    let x = Tensor::zeros([2, 3], DType::F32, &dev).unwrap();
+    let msg = |e: lazuli::ExecError| e.to_string();
+    let e = msg(nn::rms_norm(&x, &[4], None, None).unwrap_err());
+    assert!(e.contains("rms_norm") && e.contains("[2, 3]"), "{e}");
+    assert!(nn::rms_norm(&x, &[2, 3, 1], None, None).is_err());
+    assert!(nn::rms_norm(&x, &[], None, None).is_err());
+    let w = Tensor::ones([2], DType::F32, &dev).unwrap();
+    let e = msg(nn::rms_norm(&x, &[3], Some(&w), None).unwrap_err());
+    assert!(e.contains("weight"), "{e}");
+    let ints = Tensor::zeros([2, 3], DType::I32, &dev).unwrap();
+    assert!(nn::rms_norm(&ints, &[3], None, None).is_err());
+    assert!(nn::RmsNorm::new(&[], &dev).is_err());
+    assert!(nn::RmsNorm::new(&[4], &dev).unwrap().forward(&x).is_err());
+}
+
+#[test]
+fn glu_matches_pytorch() {
+    on_devices(|dev| {
+        let x = vals(2 * 4 * 3, 3, -3.0, 3.0);
+        let xt = Tensor::from_slice(&common::rand_vec(24, 3, -3.0, 3.0), [2, 4, 3], dev).unwrap();
+        let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+        // Over dim 1 (size 4): a = x[:, :2], b = x[:, 2:].
+        let mut want = Vec::new();
+        for n in 0..2 {
+            for c in 0..2 {
+                for l in 0..3 {
+                    let a = x[n * 12 + c * 3 + l];
+                    let b = x[n * 12 + (c + 2) * 3 + l];
+                    want.push(a * sig(b));
+                }
+            }
+        }
+        let y = nn::Glu::new(1).forward(&xt).unwrap();
+        assert_eq!(y.dims(), &[2, 2, 3]);
+        close(&f64s(&y), &want, 1e-5, "glu dim 1");
+        // The default, the last dim, on an even last dim.
+        let x2 = Tensor::from_slice(&common::rand_vec(12, 4, -3.0, 3.0), [3, 4], dev).unwrap();
+        let v2 = vals(12, 4, -3.0, 3.0);
+        let want2: Vec<f64> = (0..3)
+            .flat_map(|r| (0..2).map(move |j| (r, j)))
+            .map(|(r, j)| v2[r * 4 + j] * sig(v2[r * 4 + j + 2]))
+            .collect();
+        assert_eq!(nn::Glu::default(), nn::Glu::new(-1));
+        close(&f64s(&nn::Glu::default().forward(&x2).unwrap()), &want2, 1e-5, "glu dim -1");
+        close(&f64s(&nn::glu(&x2, -1).unwrap()), &want2, 1e-5, "functional glu");
+    });
+}
+
+#[test]
+fn glu_rejects_odd_and_missing_dims() {
+    let dev = Device::cpu();
+    let x = Tensor::zeros([2, 3], DType::F32, &dev).unwrap();
+    let e = nn::glu(&x, -1).unwrap_err().to_string();
+    assert!(e.contains("glu") && e.contains("odd") && e.contains("[2, 3]"), "{e}");
+    assert!(nn::glu(&x, 2).is_err());
+    assert!(nn::glu(&x, -3).is_err());
+    assert!(nn::glu(&x, 0).is_ok());
+}
+
+#[test]
+fn swiglu_matches_llama_feed_forward() {
+    on_devices(|dev| {
+        dev.manual_seed(5);
+        let (d, h) = (4, 6);
+        let ffn = nn::SwiGlu::new(d, h, dev).unwrap();
+        let names: Vec<String> = ffn.named_parameters().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["w1.weight", "w2.weight", "w3.weight"]);
+        assert_eq!(ffn.w1.weight.dims(), &[h, d]);
+        assert_eq!(ffn.w2.weight.dims(), &[d, h]);
+        assert!(ffn.w1.bias.is_none() && ffn.w2.bias.is_none() && ffn.w3.bias.is_none());
+        // Linear's default: |w| <= 1 / sqrt(fan_in).
+        assert!(f64s(&ffn.w1.weight).iter().all(|w| w.abs() <= 0.5));
+        assert!(f64s(&ffn.w2.weight).iter().all(|w| w.abs() <= 1.0 / 6f64.sqrt()));
+        let x = vals(3 * d, 6, -1.0, 1.0);
+        let xt = Tensor::from_slice(&common::rand_vec(3 * d, 6, -1.0, 1.0), [3, d], dev).unwrap();
+        let (w1, w2, w3) = (f64s(&ffn.w1.weight), f64s(&ffn.w2.weight), f64s(&ffn.w3.weight));
+        let mut want = Vec::new();
+        for r in 0..3 {
+            let row = &x[r * d..(r + 1) * d];
+            let dot = |w: &[f64], o: usize| (0..d).map(|i| w[o * d + i] * row[i]).sum::<f64>();
+            let hid: Vec<f64> = (0..h)
+                .map(|o| {
+                    let g = dot(&w1, o);
+                    g / (1.0 + (-g).exp()) * dot(&w3, o)
+                })
+                .collect();
+            want.extend((0..d).map(|o| (0..h).map(|i| w2[o * h + i] * hid[i]).sum::<f64>()));
+        }
+        close(&f64s(&ffn.forward(&xt).unwrap()), &want, 1e-5, "swiglu");
+        assert!(ffn.forward(&Tensor::zeros([3, d + 1], DType::F32, dev).unwrap()).is_err());
+    });
+    assert!(nn::SwiGlu::new(0, 4, &Device::cpu()).is_err());
+}
+
+type Input = (Vec<f64>, Vec<usize>);
+
+fn leaf(dev: &Device, (v, s): &Input, grad: bool) -> Tensor {
+    let t = Tensor::from_slice(v, s.clone(), dev).unwrap();
+    if grad {
+        t.requires_grad_(true).unwrap()
+    } else {
+        t
+    }
+}
+
+/// `sum(out * w)` with fixed weights, so every output element matters.
+fn weighted(out: &Tensor) -> Result<Tensor> {
+    let out = out.cast(DType::F64)?;
+    let w = vals(out.numel(), 99, 0.5, 1.5);
+    out.mul(&Tensor::from_slice(&w, out.shape().clone(), out.device())?)?.sum(&[], false)
+}
+
+/// Checks `f`'s gradients w.r.t. every input against central differences
+/// in f64 on the CPU (tests/gradcheck.rs's approach).
+#[track_caller]
+fn gradcheck(name: &str, inputs: &[Input], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let dev = Device::cpu();
+    let leaves: Vec<Tensor> = inputs.iter().map(|i| leaf(&dev, i, true)).collect();
+    weighted(&f(&leaves).unwrap()).unwrap().backward().unwrap();
+    let eval = |vs: &[Input]| -> f64 {
+        no_grad(|| {
+            let ts: Vec<Tensor> = vs.iter().map(|i| leaf(&dev, i, false)).collect();
+            weighted(&f(&ts).unwrap()).unwrap().item::<f64>().unwrap()
+        })
+    };
+    let eps = 1e-6;
+    for (i, l) in leaves.iter().enumerate() {
+        let g = l.grad().unwrap_or_else(|| panic!("{name}: input {i} has no gradient"));
+        assert_eq!(g.shape(), l.shape(), "{name}: gradient shape of input {i}");
+        let analytic = g.to_vec::<f64>().unwrap();
+        let mut vs = inputs.to_vec();
+        for (j, &a) in analytic.iter().enumerate() {
+            let x0 = inputs[i].0[j];
+            vs[i].0[j] = x0 + eps;
+            let up = eval(&vs);
+            vs[i].0[j] = x0 - eps;
+            let down = eval(&vs);
+            vs[i].0[j] = x0;
+            let numeric = (up - down) / (2.0 * eps);
+            assert!(
+                (a - numeric).abs() <= 1e-7 + 1e-5 * numeric.abs().max(a.abs()),
+                "{name}: input {i} element {j}: analytic {a}, numeric {numeric}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rms_norm_glu_and_swiglu_gradients_match_finite_differences() {
+    let x = (vals(2 * 3 * 4, 10, -1.5, 1.5), vec![2, 3, 4]);
+    let w = (vals(4, 11, 0.5, 1.5), vec![4]);
+    gradcheck("rms_norm", &[x.clone(), w.clone()], |t| nn::rms_norm(&t[0], &[4], Some(&t[1]), Some(1e-3)));
+    let w2 = (vals(12, 12, 0.5, 1.5), vec![3, 4]);
+    gradcheck("RMSNorm over two dims", &[x.clone(), w2], |t| {
+        let m = nn::RmsNorm { normalized_shape: vec![3, 4], weight: Some(t[1].clone()), eps: None };
+        m.forward(&t[0])
+    });
+    gradcheck("glu", std::slice::from_ref(&x), |t| nn::glu(&t[0], 2));
+    gradcheck("GLU dim 0", std::slice::from_ref(&x), |t| nn::Glu::new(0).forward(&t[0]));
+    let (d, h) = (4, 5);
+    let p = |n, s, shape: &[usize]| (vals(n, s, -0.6, 0.6), shape.to_vec());
+    let inputs = [x, p(h * d, 13, &[h, d]), p(d * h, 14, &[d, h]), p(h * d, 15, &[h, d])];
+    gradcheck("SwiGLU", &inputs, |t| {
+        let dev = Device::cpu();
+        let mut ffn = nn::SwiGlu::new(d, h, &dev)?;
+        ffn.w1.weight = t[1].clone();
+        ffn.w2.weight = t[2].clone();
+        ffn.w3.weight = t[3].clone();
+        ffn.forward(&t[0])
+    });
+}
