@@ -1,6 +1,7 @@
 //! The layers of issue 28 against PyTorch's formulas computed here in f64:
-//! `RMSNorm` / `rms_norm` (default eps, affine and not), `GLU` / `glu` and
-//! the LLaMA SwiGLU feed-forward block, on the CPU and on wgpu in f32 with
+//! `RMSNorm` / `rms_norm` (default eps, affine and not), `GLU` / `glu`,
+//! the LLaMA SwiGLU feed-forward block and `BatchNorm1d` / `batch_norm`
+//! (`[N, C]` and `[N, C, L]`, running statistics, train and eval), on the CPU and on wgpu in f32 with
 //! no op falling back to the host; their parameter names; their errors on
 //! bad input; and their gradients against central finite differences in
 //! f64 on the CPU.
@@ -191,14 +192,14 @@ fn weighted(out: &Tensor) -> Result<Tensor> {
 /// Checks `f`'s gradients w.r.t. every input against central differences
 /// in f64 on the CPU (tests/gradcheck.rs's approach).
 #[track_caller]
-fn gradcheck(name: &str, inputs: &[Input], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+fn gradcheck(name: &str, inputs: &[Input], f: impl Fn(&Device, &[Tensor]) -> Result<Tensor>) {
     let dev = Device::cpu();
     let leaves: Vec<Tensor> = inputs.iter().map(|i| leaf(&dev, i, true)).collect();
-    weighted(&f(&leaves).unwrap()).unwrap().backward().unwrap();
+    weighted(&f(&dev, &leaves).unwrap()).unwrap().backward().unwrap();
     let eval = |vs: &[Input]| -> f64 {
         no_grad(|| {
             let ts: Vec<Tensor> = vs.iter().map(|i| leaf(&dev, i, false)).collect();
-            weighted(&f(&ts).unwrap()).unwrap().item::<f64>().unwrap()
+            weighted(&f(&dev, &ts).unwrap()).unwrap().item::<f64>().unwrap()
         })
     };
     let eps = 1e-6;
@@ -227,23 +228,125 @@ fn gradcheck(name: &str, inputs: &[Input], f: impl Fn(&[Tensor]) -> Result<Tenso
 fn rms_norm_glu_and_swiglu_gradients_match_finite_differences() {
     let x = (vals(2 * 3 * 4, 10, -1.5, 1.5), vec![2, 3, 4]);
     let w = (vals(4, 11, 0.5, 1.5), vec![4]);
-    gradcheck("rms_norm", &[x.clone(), w.clone()], |t| nn::rms_norm(&t[0], &[4], Some(&t[1]), Some(1e-3)));
+    gradcheck("rms_norm", &[x.clone(), w.clone()], |_, t| nn::rms_norm(&t[0], &[4], Some(&t[1]), Some(1e-3)));
     let w2 = (vals(12, 12, 0.5, 1.5), vec![3, 4]);
-    gradcheck("RMSNorm over two dims", &[x.clone(), w2], |t| {
+    gradcheck("RMSNorm over two dims", &[x.clone(), w2], |_, t| {
         let m = nn::RmsNorm { normalized_shape: vec![3, 4], weight: Some(t[1].clone()), eps: None };
         m.forward(&t[0])
     });
-    gradcheck("glu", std::slice::from_ref(&x), |t| nn::glu(&t[0], 2));
-    gradcheck("GLU dim 0", std::slice::from_ref(&x), |t| nn::Glu::new(0).forward(&t[0]));
+    gradcheck("glu", std::slice::from_ref(&x), |_, t| nn::glu(&t[0], 2));
+    gradcheck("GLU dim 0", std::slice::from_ref(&x), |_, t| nn::Glu::new(0).forward(&t[0]));
     let (d, h) = (4, 5);
     let p = |n, s, shape: &[usize]| (vals(n, s, -0.6, 0.6), shape.to_vec());
     let inputs = [x, p(h * d, 13, &[h, d]), p(d * h, 14, &[d, h]), p(h * d, 15, &[h, d])];
-    gradcheck("SwiGLU", &inputs, |t| {
-        let dev = Device::cpu();
-        let mut ffn = nn::SwiGlu::new(d, h, &dev)?;
+    gradcheck("SwiGLU", &inputs, |dev, t| {
+        let mut ffn = nn::SwiGlu::new(d, h, dev)?;
         ffn.w1.weight = t[1].clone();
         ffn.w2.weight = t[2].clone();
         ffn.w3.weight = t[3].clone();
         ffn.forward(&t[0])
+    });
+}
+
+/// PyTorch's batch norm of `x` (`[n, c, l]` row-major) with the given
+/// per-channel mean and variance, scale and shift.
+fn bn_ref(x: &[f64], (n, c, l): (usize, usize, usize), mean: &[f64], var: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
+    (0..n * c * l)
+        .map(|i| {
+            let ch = (i / l) % c;
+            (x[i] - mean[ch]) / (var[ch] + 1e-5).sqrt() * w[ch] + b[ch]
+        })
+        .collect()
+}
+
+/// Per-channel mean, biased and unbiased variance of `[n, c, l]`.
+fn channel_stats(x: &[f64], (n, c, l): (usize, usize, usize)) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for ch in 0..c {
+        let v: Vec<f64> = (0..n).flat_map(|b| (0..l).map(move |i| x[(b * c + ch) * l + i])).collect();
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        let ss = v.iter().map(|a| (a - m).powi(2)).sum::<f64>();
+        out.0.push(m);
+        out.1.push(ss / v.len() as f64);
+        out.2.push(ss / (v.len() - 1) as f64);
+    }
+    out
+}
+
+#[test]
+fn batch_norm1d_trains_updates_running_stats_and_evaluates() {
+    on_devices(|dev| {
+        for dims in [vec![5, 3], vec![2, 3, 4]] {
+            let (n, c) = (dims[0], dims[1]);
+            let l = dims.get(2).copied().unwrap_or(1);
+            let x = vals(n * c * l, 20, -2.0, 3.0);
+            let xt = Tensor::from_slice(&common::rand_vec(n * c * l, 20, -2.0, 3.0), dims.clone(), dev).unwrap();
+            let bn = nn::BatchNorm1d::new(c, dev).unwrap();
+            assert!(bn.is_training());
+            let names: Vec<String> = bn.state_dict().into_iter().map(|(n, _)| n).collect();
+            assert_eq!(names, ["weight", "bias", "running_mean", "running_var"]);
+            let (w, b) = ([2.0, 0.5, -1.0], [0.1, -0.3, 0.25]);
+            bn.weight.assign(&Tensor::from_slice(&[2.0f32, 0.5, -1.0], [3], dev).unwrap()).unwrap();
+            bn.bias.assign(&Tensor::from_slice(&[0.1f32, -0.3, 0.25], [3], dev).unwrap()).unwrap();
+            let (mean, var, unbiased) = channel_stats(&x, (n, c, l));
+            let y = bn.forward(&xt).unwrap();
+            assert_eq!(y.dims(), &dims[..]);
+            close(&f64s(&y), &bn_ref(&x, (n, c, l), &mean, &var, &w, &b), 1e-5, "training");
+            // Running statistics: 0.9 * (0 or 1) + 0.1 * batch, unbiased variance.
+            let rm: Vec<f64> = mean.iter().map(|m| 0.1 * m).collect();
+            let rv: Vec<f64> = unbiased.iter().map(|v| 0.9 + 0.1 * v).collect();
+            close(&f64s(&bn.running_mean), &rm, 1e-6, "running mean");
+            close(&f64s(&bn.running_var), &rv, 1e-6, "running var");
+            // Evaluation uses the running statistics and leaves them alone.
+            bn.eval();
+            close(&f64s(&bn.forward(&xt).unwrap()), &bn_ref(&x, (n, c, l), &rm, &rv, &w, &b), 1e-5, "eval");
+            close(&f64s(&bn.running_mean), &rm, 1e-6, "running mean after eval");
+            // The functional form without running statistics or affine.
+            let f = nn::batch_norm(&xt, None, None, None, None, true, 0.1, 1e-5).unwrap();
+            close(&f64s(&f), &bn_ref(&x, (n, c, l), &mean, &var, &[1.0; 3], &[0.0; 3]), 1e-5, "functional");
+        }
+    });
+}
+
+#[test]
+fn batch_norm1d_rejects_bad_input() {
+    let dev = Device::cpu();
+    let bn = nn::BatchNorm1d::new(3, &dev).unwrap();
+    let e = bn.forward(&Tensor::zeros([2, 4], DType::F32, &dev).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("BatchNorm1d") && e.contains("[2, 4]"), "{e}");
+    assert!(bn.forward(&Tensor::zeros([2, 3, 4, 5], DType::F32, &dev).unwrap()).is_err());
+    let e = bn.forward(&Tensor::zeros([1, 3], DType::F32, &dev).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("more than one value per channel"), "{e}");
+    bn.eval();
+    assert!(bn.forward(&Tensor::zeros([1, 3], DType::F32, &dev).unwrap()).is_ok());
+    let x = Tensor::zeros([4, 3], DType::F32, &dev).unwrap();
+    assert!(nn::batch_norm(&x, None, None, None, None, false, 0.1, 1e-5).is_err());
+    let w = Tensor::ones([2], DType::F32, &dev).unwrap();
+    assert!(nn::batch_norm(&x, None, None, Some(&w), None, true, 0.1, 1e-5).is_err());
+}
+
+#[test]
+fn batch_norm1d_gradients_match_finite_differences() {
+    let x = (vals(3 * 2 * 4, 30, -1.0, 1.0), vec![3, 2, 4]);
+    let g = (vals(2, 31, 0.5, 1.5), vec![2]);
+    let h = (vals(2, 32, -0.5, 0.5), vec![2]);
+    gradcheck("BatchNorm1d [N, C, L] training", &[x, g.clone(), h.clone()], |dev, t| {
+        let mut bn = nn::BatchNorm1d::new(2, dev)?;
+        bn.weight = t[1].clone();
+        bn.bias = t[2].clone();
+        bn.forward(&t[0])
+    });
+    let x2 = (vals(5 * 2, 33, -1.0, 1.0), vec![5, 2]);
+    gradcheck("BatchNorm1d [N, C] eval", &[x2.clone(), g, h], |dev, t| {
+        let mut bn = nn::BatchNorm1d::new(2, dev)?;
+        bn.weight = t[1].clone();
+        bn.bias = t[2].clone();
+        bn.running_mean = Tensor::from_slice(&[0.1f32, -0.2], [2], dev)?;
+        bn.running_var = Tensor::from_slice(&[0.5f32, 1.5], [2], dev)?;
+        bn.eval();
+        bn.forward(&t[0])
+    });
+    gradcheck("batch_norm [N, C] training", &[x2], |_, t| {
+        nn::batch_norm(&t[0], None, None, None, None, true, 0.1, 1e-5)
     });
 }

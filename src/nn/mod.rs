@@ -3,7 +3,7 @@
 //! walks that no module can override (nested parameter names, buffers,
 //! train/eval mode, weight-decay exemptions, state dicts over
 //! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
-//! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
+//! [`AvgPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
 //! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Glu`],
 //! [`SwiGlu`], [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
@@ -59,7 +59,7 @@ pub use loss::{
     binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, huber_loss, kl_div, l1_loss, mse, nll_loss,
     smooth_l1_loss, BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction,
 };
-pub use norm::{group_norm, layer_norm, rms_norm, BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
+pub use norm::{batch_norm, group_norm, layer_norm, rms_norm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::{Flatten, Sequential};
 
