@@ -1,7 +1,8 @@
 //! The layers of issue 28 against PyTorch's formulas computed here in f64:
 //! `RMSNorm` / `rms_norm` (default eps, affine and not), `GLU` / `glu`,
 //! the LLaMA SwiGLU feed-forward block and `BatchNorm1d` / `batch_norm`
-//! (`[N, C]` and `[N, C, L]`, running statistics, train and eval), on the CPU and on wgpu in f32 with
+//! (`[N, C]` and `[N, C, L]`, running statistics, train and eval),
+//! `AdaptiveAvgPool2d` / `AdaptiveMaxPool2d` (dividing and not), on the CPU and on wgpu in f32 with
 //! no op falling back to the host; their parameter names; their errors on
 //! bad input; and their gradients against central finite differences in
 //! f64 on the CPU.
@@ -349,4 +350,84 @@ fn batch_norm1d_gradients_match_finite_differences() {
     gradcheck("batch_norm [N, C] training", &[x2], |_, t| {
         nn::batch_norm(&t[0], None, None, None, None, true, 0.1, 1e-5)
     });
+}
+
+/// PyTorch's adaptive pooling of `[nc, h, w]` to `[nc, oh, ow]`: cell `i`
+/// covers `floor(i * n / m) .. ceil((i + 1) * n / m)` in each dim.
+fn adaptive_ref(x: &[f64], (nc, h, w): (usize, usize, usize), (oh, ow): (usize, usize), max: bool) -> Vec<f64> {
+    let range = |i: usize, n: usize, m: usize| (i * n / m)..((i + 1) * n).div_ceil(m);
+    let mut y = Vec::new();
+    for p in 0..nc {
+        for i in 0..oh {
+            for j in 0..ow {
+                let cell: Vec<f64> =
+                    range(i, h, oh).flat_map(|r| range(j, w, ow).map(move |c| x[(p * h + r) * w + c])).collect();
+                y.push(if max {
+                    cell.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                } else {
+                    cell.iter().sum::<f64>() / cell.len() as f64
+                });
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn adaptive_pools_match_pytorch_windows() {
+    on_devices(|dev| {
+        for (h, w, oh, ow) in [(5, 7, 3, 4), (6, 4, 3, 2), (5, 5, 5, 2), (4, 3, 1, 1), (2, 3, 4, 5)] {
+            let (n, c) = (2, 3);
+            let x = vals(n * c * h * w, 40, -2.0, 2.0);
+            let xt = Tensor::from_slice(&common::rand_vec(n * c * h * w, 40, -2.0, 2.0), [n, c, h, w], dev).unwrap();
+            let what = format!("{h}x{w} -> {oh}x{ow}");
+            let avg = nn::AdaptiveAvgPool2d::new([oh, ow]).forward(&xt).unwrap();
+            assert_eq!(avg.dims(), &[n, c, oh, ow], "{what}");
+            close(&f64s(&avg), &adaptive_ref(&x, (n * c, h, w), (oh, ow), false), 1e-5, &format!("avg {what}"));
+            let mx = nn::AdaptiveMaxPool2d::new([oh, ow]).forward(&xt).unwrap();
+            close(&f64s(&mx), &adaptive_ref(&x, (n * c, h, w), (oh, ow), true), 0.0, &format!("max {what}"));
+            let f = nn::adaptive_avg_pool2d(&xt, [oh, ow]).unwrap();
+            close(&f64s(&f), &f64s(&avg), 0.0, &format!("functional avg {what}"));
+            let f = nn::adaptive_max_pool2d(&xt, [oh, ow]).unwrap();
+            close(&f64s(&f), &f64s(&mx), 0.0, &format!("functional max {what}"));
+        }
+        // An unbatched [C, H, W] input, a square size.
+        let xt = Tensor::from_slice(&common::rand_vec(3 * 5 * 5, 41, -1.0, 1.0), [3, 5, 5], dev).unwrap();
+        let y = nn::AdaptiveAvgPool2d::new(2).forward(&xt).unwrap();
+        assert_eq!(y.dims(), &[3, 2, 2]);
+        close(&f64s(&y), &adaptive_ref(&vals(75, 41, -1.0, 1.0), (3, 5, 5), (2, 2), false), 1e-5, "unbatched");
+    });
+}
+
+#[test]
+fn adaptive_pools_reject_bad_input() {
+    let dev = Device::cpu();
+    let x = Tensor::zeros([2, 3, 4], DType::F32, &dev).unwrap();
+    let e = nn::AdaptiveMaxPool2d::new([0, 2]).forward(&x).unwrap_err().to_string();
+    assert!(e.contains("AdaptiveMaxPool2d") && e.contains("[2, 3, 4]"), "{e}");
+    let e = nn::adaptive_avg_pool2d(&Tensor::zeros([4, 4], DType::F32, &dev).unwrap(), 2).unwrap_err().to_string();
+    assert!(e.contains("adaptive_avg_pool2d") && e.contains("[4, 4]"), "{e}");
+    assert!(nn::adaptive_max_pool2d(&Tensor::zeros([1, 2, 0, 3], DType::F32, &dev).unwrap(), 1).is_err());
+}
+
+/// Distinct values, well apart, so the maximum of every window is unique.
+fn distinct(n: usize, seed: u64) -> Vec<f64> {
+    let r = common::rand_vec(n, seed, 0.0, 1.0);
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.sort_by(|&a, &b| r[a].total_cmp(&r[b]));
+    let mut v = vec![0.0; n];
+    for (rank, &i) in idx.iter().enumerate() {
+        v[i] = rank as f64 * 0.25 - n as f64 * 0.125;
+    }
+    v
+}
+
+#[test]
+fn adaptive_pool_gradients_match_finite_differences() {
+    for (h, w, oh, ow) in [(5, 7, 3, 4), (6, 4, 3, 2)] {
+        let x = (vals(2 * 2 * h * w, 50, -1.0, 1.0), vec![2, 2, h, w]);
+        gradcheck("adaptive_avg_pool2d", &[x], |_, t| nn::adaptive_avg_pool2d(&t[0], [oh, ow]));
+        let x = (distinct(2 * 2 * h * w, 51), vec![2, 2, h, w]);
+        gradcheck("adaptive_max_pool2d", &[x], |_, t| nn::adaptive_max_pool2d(&t[0], [oh, ow]));
+    }
 }

@@ -3,7 +3,7 @@
 //! walks that no module can override (nested parameter names, buffers,
 //! train/eval mode, weight-decay exemptions, state dicts over
 //! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
-//! [`AvgPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
+//! [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
 //! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Glu`],
 //! [`SwiGlu`], [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
@@ -60,7 +60,7 @@ pub use loss::{
     smooth_l1_loss, BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction,
 };
 pub use norm::{batch_norm, group_norm, layer_norm, rms_norm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
-pub use pool::{AvgPool2d, MaxPool2d};
+pub use pool::{adaptive_avg_pool2d, adaptive_max_pool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use sequential::{Flatten, Sequential};
 
 use crate::{ExecError, Result, Tensor};
