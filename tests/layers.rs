@@ -2,7 +2,8 @@
 //! `RMSNorm` / `rms_norm` (default eps, affine and not), `GLU` / `glu`,
 //! the LLaMA SwiGLU feed-forward block and `BatchNorm1d` / `batch_norm`
 //! (`[N, C]` and `[N, C, L]`, running statistics, train and eval),
-//! `AdaptiveAvgPool2d` / `AdaptiveMaxPool2d` (dividing and not), on the CPU and on wgpu in f32 with
+//! `AdaptiveAvgPool2d` / `AdaptiveMaxPool2d` (dividing and not) and
+//! `Conv1d` / `conv1d` (stride, padding, dilation, groups, bias, init), on the CPU and on wgpu in f32 with
 //! no op falling back to the host; their parameter names; their errors on
 //! bad input; and their gradients against central finite differences in
 //! f64 on the CPU.
@@ -430,4 +431,111 @@ fn adaptive_pool_gradients_match_finite_differences() {
         let x = (distinct(2 * 2 * h * w, 51), vec![2, 2, h, w]);
         gradcheck("adaptive_max_pool2d", &[x], |_, t| nn::adaptive_max_pool2d(&t[0], [oh, ow]));
     }
+}
+
+/// PyTorch's conv1d of `x` (`[n, c, l]`) with `w` (`[o, c / g, k]`).
+#[allow(clippy::too_many_arguments)] // The formula's settings, spelled out as PyTorch's arguments.
+fn conv1d_ref(
+    x: &[f64],
+    (n, c, l): (usize, usize, usize),
+    w: &[f64],
+    (o, k): (usize, usize),
+    b: Option<&[f64]>,
+    stride: usize,
+    pad: usize,
+    dil: usize,
+    g: usize,
+) -> (Vec<f64>, usize) {
+    let out_l = (l + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    let (cg, og) = (c / g, o / g);
+    let mut y = Vec::new();
+    for bi in 0..n {
+        for oc in 0..o {
+            let grp = oc / og;
+            for t in 0..out_l {
+                let mut acc = b.map_or(0.0, |b| b[oc]);
+                for ic in 0..cg {
+                    for kk in 0..k {
+                        let pos = (t * stride + kk * dil) as isize - pad as isize;
+                        if pos >= 0 && (pos as usize) < l {
+                            acc += w[(oc * cg + ic) * k + kk] * x[(bi * c + grp * cg + ic) * l + pos as usize];
+                        }
+                    }
+                }
+                y.push(acc);
+            }
+        }
+    }
+    (y, out_l)
+}
+
+#[test]
+fn conv1d_matches_pytorch() {
+    on_devices(|dev| {
+        dev.manual_seed(8);
+        let conv = nn::Conv1d::new(4, 6, 3, dev).unwrap();
+        assert_eq!(conv.weight.dims(), &[6, 4, 3]);
+        assert_eq!((conv.stride, conv.padding, conv.dilation, conv.groups), (1, 0, 1, 1));
+        let names: Vec<String> = conv.named_parameters().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["weight", "bias"]);
+        // PyTorch's default init, as Conv2d: |w| <= 1 / sqrt(4 * 3).
+        let bound = 1.0 / 12f64.sqrt();
+        assert!(f64s(&conv.weight).iter().chain(&f64s(conv.bias.as_ref().unwrap())).all(|w| w.abs() <= bound));
+        let (n, c, l) = (2, 4, 9);
+        let x = vals(n * c * l, 60, -1.0, 1.0);
+        let xt = Tensor::from_slice(&common::rand_vec(n * c * l, 60, -1.0, 1.0), [n, c, l], dev).unwrap();
+        let (w, b) = (f64s(&conv.weight), f64s(conv.bias.as_ref().unwrap()));
+        let (want, ol) = conv1d_ref(&x, (n, c, l), &w, (6, 3), Some(&b), 1, 0, 1, 1);
+        let y = conv.forward(&xt).unwrap();
+        assert_eq!(y.dims(), &[n, 6, ol]);
+        close(&f64s(&y), &want, 1e-5, "conv1d defaults");
+        // An unbatched [C, L] input gives [O, L'].
+        let one = conv.forward(&xt.narrow(0, 1, 1).unwrap().squeeze(&[0]).unwrap()).unwrap();
+        assert_eq!(one.dims(), &[6, ol]);
+        close(&f64s(&one), &want[6 * ol..], 1e-5, "unbatched");
+        // Stride, padding, dilation, groups, no bias.
+        let c2 =
+            nn::Conv1d::builder(4, 6, 2).stride(2).padding(2).dilation(3).groups(2).bias(false).build(dev).unwrap();
+        assert_eq!(c2.weight.dims(), &[6, 2, 2]);
+        assert!(c2.bias.is_none());
+        let (want, ol) = conv1d_ref(&x, (n, c, l), &f64s(&c2.weight), (6, 2), None, 2, 2, 3, 2);
+        let y = c2.forward(&xt).unwrap();
+        assert_eq!(y.dims(), &[n, 6, ol]);
+        close(&f64s(&y), &want, 1e-5, "conv1d with settings");
+        let f = nn::conv1d(&xt, &c2.weight, None, 2, 2, 3, 2).unwrap();
+        close(&f64s(&f), &want, 1e-5, "functional conv1d");
+    });
+}
+
+#[test]
+fn conv1d_rejects_bad_input() {
+    let dev = Device::cpu();
+    assert!(nn::Conv1d::builder(3, 4, 3).groups(2).build(&dev).is_err());
+    assert!(nn::Conv1d::new(3, 4, 0, &dev).is_err());
+    let conv = nn::Conv1d::new(3, 4, 3, &dev).unwrap();
+    let e = conv.forward(&Tensor::zeros([1, 3, 4, 5], DType::F32, &dev).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("conv1d") && e.contains("[1, 3, 4, 5]"), "{e}");
+    assert!(conv.forward(&Tensor::zeros([1, 2, 5], DType::F32, &dev).unwrap()).is_err());
+    let x = Tensor::zeros([1, 3, 5], DType::F32, &dev).unwrap();
+    let bad_bias = Tensor::zeros([5], DType::F32, &dev).unwrap();
+    let e = nn::conv1d(&x, &conv.weight, Some(&bad_bias), 1, 0, 1, 1).unwrap_err().to_string();
+    assert!(e.contains("bias"), "{e}");
+}
+
+#[test]
+fn conv1d_gradients_match_finite_differences() {
+    let x = (vals(2 * 4 * 7, 70, -1.0, 1.0), vec![2, 4, 7]);
+    let w = (vals(6 * 2 * 3, 71, -0.5, 0.5), vec![6, 2, 3]);
+    let b = (vals(6, 72, -0.5, 0.5), vec![6]);
+    gradcheck("Conv1d", &[x, w, b], |_, t| {
+        let conv = nn::Conv1d {
+            weight: t[1].clone(),
+            bias: Some(t[2].clone()),
+            stride: 2,
+            padding: 1,
+            dilation: 2,
+            groups: 2,
+        };
+        conv.forward(&t[0])
+    });
 }

@@ -2,7 +2,7 @@
 //! (own parameters, buffers and mode, children) and [`ModuleExt`], its
 //! walks that no module can override (nested parameter names, buffers,
 //! train/eval mode, weight-decay exemptions, state dicts over
-//! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
+//! safetensors), layers ([`Linear`], [`Conv1d`], [`Conv2d`], [`MaxPool2d`],
 //! [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
 //! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Glu`],
 //! [`SwiGlu`], [`Sequential`]),
@@ -49,7 +49,7 @@ pub use attention::{
     causal_mask, scaled_dot_product_attention, scaled_dot_product_attention_unfused, AttentionOptions,
     MultiheadAttention,
 };
-pub use conv::{Conv2d, Conv2dBuilder, Size2};
+pub use conv::{conv1d, Conv1d, Conv1dBuilder, Conv2d, Conv2dBuilder, Size2};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
 pub use ffn::{glu, Glu, SwiGlu};
