@@ -2,10 +2,11 @@
 //! (own parameters, buffers and mode, children) and [`ModuleExt`], its
 //! walks that no module can override (nested parameter names, buffers,
 //! train/eval mode, weight-decay exemptions, state dicts over
-//! safetensors), layers ([`Linear`], [`Conv1d`], [`Conv2d`], [`MaxPool2d`],
-//! [`AvgPool2d`], [`AdaptiveAvgPool2d`], [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`], [`RmsNorm`],
-//! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Glu`],
-//! [`SwiGlu`], [`Sequential`]),
+//! safetensors), layers ([`Linear`], [`Conv1d`], [`Conv2d`],
+//! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`],
+//! [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`],
+//! [`LayerNorm`], [`RmsNorm`], [`Embedding`], [`Dropout`],
+//! [`MultiheadAttention`], [`Glu`], [`SwiGlu`], [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
 //! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
 //! ([`cross_entropy`], [`cross_entropy_with`], [`mse`]) and seeded
@@ -15,7 +16,7 @@
 //! `lazuli_executor::autograd` and a whole training step stays one lazy
 //! graph. Parameters are leaves created with `requires_grad_(true)`;
 //! optimizers ([`crate::optim`]) update them in place with
-//! [`Tensor::assign`], and so does [`BatchNorm2d`] its running statistics.
+//! [`Tensor::assign`], and so do the batch norms their running statistics.
 //! Initialization draws from the device RNG
 //! ([`Device::manual_seed`](crate::Device::manual_seed) makes it
 //! reproducible).
