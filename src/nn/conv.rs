@@ -1,6 +1,8 @@
-//! The 2-d convolution layer, [`Conv2d`], with its [`Conv2dBuilder`]
-//! (stride, padding, dilation, groups, bias, initialization), and what
-//! the 2-d layers share: [`Size2`] and the unbatched-input adapter.
+//! The convolution layers, [`Conv2d`] with its [`Conv2dBuilder`]
+//! (stride, padding, dilation, groups, bias, initialization) and
+//! [`Conv1d`] with its [`Conv1dBuilder`] (the functional [`conv1d`]: a
+//! 2-d convolution over a height of 1, with the same initialization), and
+//! what the 2-d layers share: [`Size2`] and the unbatched-input adapter.
 
 use super::init::{parameter, Init};
 use super::{invalid, Module};
@@ -121,27 +123,36 @@ impl Conv2dBuilder {
 
     /// Draws the parameters on `device`.
     pub fn build(self, device: &Device) -> Result<Conv2d> {
+        let (weight, bias) = self.draw("Conv2d", &self.kernel, device)?;
+        Ok(Conv2d { weight, bias, attrs: self.attrs })
+    }
+
+    /// Checks the settings and draws a weight of `[out, in / groups,
+    /// kernel...]` (`kernel` is this builder's kernel without its unit
+    /// dims for a 1-d layer) and the bias, named `op` in errors.
+    fn draw(&self, op: &str, kernel: &[usize], device: &Device) -> Result<(Tensor, Option<Tensor>)> {
         let g = self.attrs.groups;
         let [kh, kw] = self.kernel;
         if g == 0 || !self.in_channels.is_multiple_of(g) || !self.out_channels.is_multiple_of(g) || kh * kw == 0 {
             return Err(invalid(
-                "Conv2d",
+                op,
                 format!(
-                    "{} -> {} channels, kernel {kh}x{kw}, {g} groups: channels must be multiples of the groups and the kernel non-empty",
+                    "{} -> {} channels, kernel {kernel:?}, {g} groups: channels must be multiples of the groups and the kernel non-empty",
                     self.in_channels, self.out_channels
                 ),
             ));
         }
         let fan_in = self.in_channels / g * kh * kw;
         let fan_out = self.out_channels / g * kh * kw;
-        let weight =
-            parameter(self.weight_init, &[self.out_channels, self.in_channels / g, kh, kw], fan_in, fan_out, device)?;
+        let mut shape = vec![self.out_channels, self.in_channels / g];
+        shape.extend_from_slice(kernel);
+        let weight = parameter(self.weight_init, &shape, fan_in, fan_out, device)?;
         let bias = if self.bias {
             Some(parameter(self.bias_init, &[self.out_channels], fan_in, fan_out, device)?)
         } else {
             None
         };
-        Ok(Conv2d { weight, bias, attrs: self.attrs })
+        Ok((weight, bias))
     }
 }
 
@@ -180,5 +191,157 @@ impl Module for Conv2d {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
         v
+    }
+}
+
+/// A 1-d convolution layer, PyTorch's `nn.Conv1d`: `weight` is
+/// `[out, in / groups, k]`, `bias` is `[out]`; inputs are `[N, C, L]` (or
+/// `[C, L]`). It runs as a 2-d convolution over a height of 1 and draws
+/// its parameters as [`Conv2d`] does (PyTorch's default,
+/// `U(+-1/sqrt(in / groups * k))`).
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    /// `[out_channels, in_channels / groups, k]`.
+    pub weight: Tensor,
+    /// `[out_channels]`.
+    pub bias: Option<Tensor>,
+    /// Stride (default 1).
+    pub stride: usize,
+    /// Zero padding on both ends (default 0).
+    pub padding: usize,
+    /// Dilation (default 1).
+    pub dilation: usize,
+    /// Groups (default 1).
+    pub groups: usize,
+}
+
+/// Settings of a [`Conv1d`] before its parameters are drawn; every
+/// setting has PyTorch's default.
+#[derive(Clone, Debug)]
+pub struct Conv1dBuilder {
+    inner: Conv2dBuilder,
+}
+
+impl Conv1dBuilder {
+    /// Stride (default 1).
+    pub fn stride(mut self, s: usize) -> Self {
+        self.inner = self.inner.stride([1, s]);
+        self
+    }
+
+    /// Zero padding on both ends (default 0).
+    pub fn padding(mut self, p: usize) -> Self {
+        self.inner = self.inner.padding([0, p]);
+        self
+    }
+
+    /// Dilation (default 1).
+    pub fn dilation(mut self, d: usize) -> Self {
+        self.inner = self.inner.dilation([1, d]);
+        self
+    }
+
+    /// Groups (default 1); both channel counts must be multiples of it.
+    pub fn groups(mut self, g: usize) -> Self {
+        self.inner = self.inner.groups(g);
+        self
+    }
+
+    /// With a bias (default true).
+    pub fn bias(mut self, bias: bool) -> Self {
+        self.inner = self.inner.bias(bias);
+        self
+    }
+
+    /// Weight initialization (default [`Init::LecunUniform`], PyTorch's;
+    /// `fan_in = in / groups * k`).
+    pub fn weight_init(mut self, init: Init) -> Self {
+        self.inner = self.inner.weight_init(init);
+        self
+    }
+
+    /// Bias initialization (default `U(+-1/sqrt(fan_in))`, PyTorch's).
+    pub fn bias_init(mut self, init: Init) -> Self {
+        self.inner = self.inner.bias_init(init);
+        self
+    }
+
+    /// Draws the parameters on `device`.
+    pub fn build(self, device: &Device) -> Result<Conv1d> {
+        let (weight, bias) = self.inner.draw("Conv1d", &[self.inner.kernel[1]], device)?;
+        let a = &self.inner.attrs;
+        Ok(Conv1d {
+            weight,
+            bias,
+            stride: a.strides[1],
+            padding: a.pads[1],
+            dilation: a.dilations[1],
+            groups: a.groups,
+        })
+    }
+}
+
+impl Conv1d {
+    /// A layer with stride 1, no padding and a bias.
+    pub fn new(in_channels: usize, out_channels: usize, kernel: usize, device: &Device) -> Result<Conv1d> {
+        Conv1d::builder(in_channels, out_channels, kernel).build(device)
+    }
+
+    /// Settings starting from the defaults.
+    pub fn builder(in_channels: usize, out_channels: usize, kernel: usize) -> Conv1dBuilder {
+        Conv1dBuilder { inner: Conv2d::builder(in_channels, out_channels, [1, kernel]) }
+    }
+}
+
+impl Module for Conv1d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        conv1d(x, &self.weight, self.bias.as_ref(), self.stride, self.padding, self.dilation, self.groups)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+}
+
+/// 1-d convolution (cross-correlation) of `x` (`[N, C, L]` or `[C, L]`)
+/// with `weight` (`[out, C / groups, k]`) and an optional `bias` (`[out]`),
+/// PyTorch's `F.conv1d` with integer `padding` (no `"same"`): a 2-d
+/// convolution over a height of 1.
+pub fn conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+    groups: usize,
+) -> Result<Tensor> {
+    if !(x.rank() == 2 || x.rank() == 3) || weight.rank() != 3 {
+        return Err(invalid(
+            "conv1d",
+            format!(
+                "expected an [N, C, L] or [C, L] input and an [out, C / groups, k] weight, got {} and {}",
+                x.shape(),
+                weight.shape()
+            ),
+        ));
+    }
+    if let Some(b) = bias {
+        if b.dims() != [weight.dims()[0]] {
+            return Err(invalid(
+                "conv1d",
+                format!("bias of shape {} does not match weight {}", b.shape(), weight.shape()),
+            ));
+        }
+    }
+    let attrs = ConvAttrs { strides: [1, stride], pads: [0, padding, 0, padding], dilations: [1, dilation], groups };
+    let w = weight.unsqueeze(2)?;
+    let line = x.rank() as isize - 1;
+    let y = batched("conv1d", &x.unsqueeze(line)?, |x| x.conv2d(&w, attrs))?.squeeze(&[line])?;
+    match bias {
+        Some(b) => y.add(&b.reshape([b.numel(), 1])?),
+        None => Ok(y),
     }
 }

@@ -2,9 +2,11 @@
 //! (own parameters, buffers and mode, children) and [`ModuleExt`], its
 //! walks that no module can override (nested parameter names, buffers,
 //! train/eval mode, weight-decay exemptions, state dicts over
-//! safetensors), layers ([`Linear`], [`Conv2d`], [`MaxPool2d`],
-//! [`AvgPool2d`], [`BatchNorm2d`], [`GroupNorm`], [`LayerNorm`],
-//! [`Embedding`], [`Dropout`], [`MultiheadAttention`], [`Sequential`]),
+//! safetensors), layers ([`Linear`], [`Conv1d`], [`Conv2d`],
+//! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`],
+//! [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`],
+//! [`LayerNorm`], [`RmsNorm`], [`Embedding`], [`Dropout`],
+//! [`MultiheadAttention`], [`Glu`], [`SwiGlu`], [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
 //! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
 //! ([`cross_entropy`], [`cross_entropy_with`], [`mse`]) and seeded
@@ -14,7 +16,7 @@
 //! `lazuli_executor::autograd` and a whole training step stays one lazy
 //! graph. Parameters are leaves created with `requires_grad_(true)`;
 //! optimizers ([`crate::optim`]) update them in place with
-//! [`Tensor::assign`], and so does [`BatchNorm2d`] its running statistics.
+//! [`Tensor::assign`], and so do the batch norms their running statistics.
 //! Initialization draws from the device RNG
 //! ([`Device::manual_seed`](crate::Device::manual_seed) makes it
 //! reproducible).
@@ -25,7 +27,7 @@
 //! [`scaled_dot_product_attention_unfused`].
 //!
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
-//! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention` and
+//! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention`, `ffn` and
 //! `sequential`; everything public is re-exported here, so every path is
 //! `lazuli::nn::Name`. This file holds the [`Module`] and [`ModuleExt`]
 //! traits and the train/eval flag the layers with a mode share.
@@ -35,6 +37,7 @@ mod attention;
 mod conv;
 mod dropout;
 mod embedding;
+mod ffn;
 mod init;
 mod linear;
 mod loss;
@@ -47,17 +50,18 @@ pub use attention::{
     causal_mask, scaled_dot_product_attention, scaled_dot_product_attention_unfused, AttentionOptions,
     MultiheadAttention,
 };
-pub use conv::{Conv2d, Conv2dBuilder, Size2};
+pub use conv::{conv1d, Conv1d, Conv1dBuilder, Conv2d, Conv2dBuilder, Size2};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
+pub use ffn::{glu, Glu, SwiGlu};
 pub use init::Init;
 pub use linear::Linear;
 pub use loss::{
     binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, huber_loss, kl_div, l1_loss, mse, nll_loss,
     smooth_l1_loss, BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction,
 };
-pub use norm::{group_norm, layer_norm, BatchNorm2d, GroupNorm, LayerNorm};
-pub use pool::{AvgPool2d, MaxPool2d};
+pub use norm::{batch_norm, group_norm, layer_norm, rms_norm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
+pub use pool::{adaptive_avg_pool2d, adaptive_max_pool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use sequential::{Flatten, Sequential};
 
 use crate::{ExecError, Result, Tensor};

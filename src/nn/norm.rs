@@ -1,6 +1,8 @@
 //! Normalization layers: [`LayerNorm`] (and the functional
-//! [`layer_norm`]), [`BatchNorm2d`] with its running statistics updated in
-//! place, and [`GroupNorm`] (and [`group_norm`]).
+//! [`layer_norm`]), [`RmsNorm`] (and [`rms_norm`]), [`BatchNorm1d`] and
+//! [`BatchNorm2d`] with their running statistics updated in place (both
+//! through the functional [`batch_norm`]), and [`GroupNorm`] (and
+//! [`group_norm`]).
 
 use super::init::{parameter, Init};
 use super::{invalid, Mode, Module};
@@ -72,6 +74,110 @@ impl Module for LayerNorm {
     }
 }
 
+/// Root-mean-square normalization over the trailing dims of `x` that
+/// equal `normalized_shape`, PyTorch's `F.rms_norm`: `y = x /
+/// sqrt(mean(x^2) + eps) * weight`, with an optional elementwise `weight`
+/// of `normalized_shape`. `eps` of `None` is PyTorch's default, the
+/// machine epsilon of `x`'s dtype.
+pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
+    let k = normalized_shape.len();
+    if k == 0 || k > x.rank() || x.dims()[x.rank() - k..] != *normalized_shape {
+        return Err(invalid(
+            "rms_norm",
+            format!("cannot normalize trailing dims {normalized_shape:?} of an input of shape {}", x.shape()),
+        ));
+    }
+    if let Some(w) = weight {
+        if w.dims() != normalized_shape {
+            return Err(invalid(
+                "rms_norm",
+                format!("weight of shape {} does not match normalized shape {normalized_shape:?}", w.shape()),
+            ));
+        }
+    }
+    let eps = match eps {
+        Some(e) => e,
+        None => machine_epsilon(x.dtype()).ok_or_else(|| {
+            invalid("rms_norm", format!("expected a floating-point input, got {:?} of shape {}", x.dtype(), x.shape()))
+        })?,
+    };
+    let axes: Vec<isize> = (x.rank() - k..x.rank()).map(|a| a as isize).collect();
+    let ms = x.mul(x)?.mean(&axes, true)?;
+    let y = x.mul(&ms.add(&Tensor::scalar(eps, x.dtype(), x.device()))?.rsqrt()?)?;
+    match weight {
+        Some(w) => y.mul(&w.cast(x.dtype())?),
+        None => Ok(y),
+    }
+}
+
+/// `torch.finfo(dtype).eps` for the float dtypes, `None` for the others.
+fn machine_epsilon(dtype: DType) -> Option<f64> {
+    match dtype {
+        DType::F16 => Some(f64::from(half::f16::EPSILON)),
+        DType::F32 => Some(f64::from(f32::EPSILON)),
+        DType::F64 => Some(f64::EPSILON),
+        _ => None,
+    }
+}
+
+/// Root-mean-square normalization (Zhang & Sennrich), PyTorch's
+/// `nn.RMSNorm`: [`rms_norm`] over trailing dims of `normalized_shape`
+/// with a learned scale `weight` (ones) when `elementwise_affine`, and no
+/// shift. `eps` defaults to `None`, the machine epsilon of the input's
+/// dtype, as in PyTorch. (The Rust name follows this crate's casing of
+/// acronyms, as [`Activation::Gelu`](super::Activation::Gelu) does.)
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    /// The trailing dims normalized over.
+    pub normalized_shape: Vec<usize>,
+    /// Scale, of the normalized shape; `None` without elementwise affine.
+    pub weight: Option<Tensor>,
+    /// Added to the mean square; `None` is the input dtype's epsilon.
+    pub eps: Option<f64>,
+}
+
+impl RmsNorm {
+    /// Normalizes over trailing dims of `normalized_shape` with a scale of
+    /// ones and PyTorch's default eps; [`RmsNorm::with_options`] chooses.
+    pub fn new(normalized_shape: &[usize], device: &Device) -> Result<RmsNorm> {
+        RmsNorm::with_options(normalized_shape, None, true, device)
+    }
+
+    /// PyTorch's full constructor: `eps` (`None`: the input dtype's
+    /// epsilon) and whether to learn a scale.
+    pub fn with_options(
+        normalized_shape: &[usize],
+        eps: Option<f64>,
+        elementwise_affine: bool,
+        device: &Device,
+    ) -> Result<RmsNorm> {
+        if normalized_shape.is_empty() {
+            return Err(invalid("RMSNorm", "the normalized shape must name at least one dim, got []".into()));
+        }
+        let n: usize = normalized_shape.iter().product();
+        let weight = if elementwise_affine {
+            Some(parameter(Init::Constant(1.0), normalized_shape, n, n, device)?)
+        } else {
+            None
+        };
+        Ok(RmsNorm { normalized_shape: normalized_shape.to_vec(), weight, eps })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.weight.iter().map(|w| ("weight".to_string(), w.clone())).collect()
+    }
+
+    fn own_no_weight_decay(&self) -> Vec<String> {
+        self.weight.iter().map(|_| "weight".to_string()).collect()
+    }
+}
+
 /// `[1, C, 1, ...]`: a per-channel vector shaped to broadcast over `x`
 /// (`[N, C, ...]`).
 fn per_channel(v: &Tensor, x: &Tensor) -> Result<Tensor> {
@@ -107,15 +213,8 @@ pub struct BatchNorm2d {
 impl BatchNorm2d {
     /// Batch norm over `channels`, eps 1e-5, momentum 0.1, training mode.
     pub fn new(channels: usize, device: &Device) -> Result<BatchNorm2d> {
-        Ok(BatchNorm2d {
-            weight: parameter(Init::Constant(1.0), &[channels], channels, channels, device)?,
-            bias: parameter(Init::Constant(0.0), &[channels], channels, channels, device)?,
-            running_mean: Tensor::zeros([channels], DType::F32, device)?,
-            running_var: Tensor::ones([channels], DType::F32, device)?,
-            eps: 1e-5,
-            momentum: 0.1,
-            training: Mode::new(true),
-        })
+        let (weight, bias, running_mean, running_var) = batch_norm_state(channels, device)?;
+        Ok(BatchNorm2d { weight, bias, running_mean, running_var, eps: 1e-5, momentum: 0.1, training: Mode::new(true) })
     }
 
     /// True in training mode.
@@ -130,38 +229,7 @@ impl Module for BatchNorm2d {
         if x.rank() != 4 || x.dims()[1] != c {
             return Err(invalid("BatchNorm2d", format!("expected an [N, {c}, H, W] input, got {}", x.shape())));
         }
-        let (dt, dev) = (x.dtype(), x.device());
-        let s = |v: f64| Tensor::scalar(v, dt, dev);
-        let (mean, var) = if self.training.get() {
-            let n = x.dims()[0] * x.dims()[2] * x.dims()[3];
-            if n < 2 {
-                return Err(invalid(
-                    "BatchNorm2d",
-                    format!("training needs more than one value per channel, got input {}", x.shape()),
-                ));
-            }
-            let mean = x.mean(&[0, 2, 3], false)?;
-            let xc = x.sub(&per_channel(&mean, x)?)?;
-            let var = xc.mul(&xc)?.mean(&[0, 2, 3], false)?;
-            crate::no_grad(|| -> Result<()> {
-                let m = self.momentum;
-                let update = |running: &Tensor, batch: &Tensor| -> Result<()> {
-                    let batch = batch.detach().cast(running.dtype())?;
-                    let keep = Tensor::scalar(1.0 - m, running.dtype(), dev);
-                    let take = Tensor::scalar(m, running.dtype(), dev);
-                    running.assign(&running.mul(&keep)?.add(&batch.mul(&take)?)?)
-                };
-                update(&self.running_mean, &mean)?;
-                update(&self.running_var, &var.mul(&s(n as f64 / (n - 1) as f64))?)
-            })?;
-            (mean, var)
-        } else {
-            (self.running_mean.cast(dt)?, self.running_var.cast(dt)?)
-        };
-        let inv = var.add(&s(self.eps))?.rsqrt()?;
-        let scale = inv.mul(&self.weight.cast(dt)?)?;
-        let shift = self.bias.cast(dt)?.sub(&mean.mul(&scale)?)?;
-        x.mul(&per_channel(&scale, x)?)?.add(&per_channel(&shift, x)?)
+        batch_norm_layer("BatchNorm2d", x, &self.weight, &self.bias, &self.running_mean, &self.running_var, self)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
@@ -175,6 +243,233 @@ impl Module for BatchNorm2d {
     fn set_own_training(&self, training: bool) {
         self.training.set(training)
     }
+}
+
+/// Batch normalization over the channels of `[N, C]` or `[N, C, L]`,
+/// PyTorch's `nn.BatchNorm1d`: the same statistics, running-stat updates,
+/// modes and defaults as [`BatchNorm2d`] (whose code it shares, through
+/// [`batch_norm`]), with the statistics over `N` (and `L`).
+#[derive(Clone, Debug)]
+pub struct BatchNorm1d {
+    /// Scale, `[C]`.
+    pub weight: Tensor,
+    /// Shift, `[C]`.
+    pub bias: Tensor,
+    /// Running mean, `[C]` (a buffer).
+    pub running_mean: Tensor,
+    /// Running variance, `[C]` (a buffer).
+    pub running_var: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+    /// Weight of the batch statistics in the running ones.
+    pub momentum: f64,
+    training: Mode,
+}
+
+impl BatchNorm1d {
+    /// Batch norm over `channels`, eps 1e-5, momentum 0.1, training mode.
+    pub fn new(channels: usize, device: &Device) -> Result<BatchNorm1d> {
+        let (weight, bias, running_mean, running_var) = batch_norm_state(channels, device)?;
+        Ok(BatchNorm1d { weight, bias, running_mean, running_var, eps: 1e-5, momentum: 0.1, training: Mode::new(true) })
+    }
+
+    /// True in training mode.
+    pub fn is_training(&self) -> bool {
+        self.training.get()
+    }
+}
+
+impl Module for BatchNorm1d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        if !(x.rank() == 2 || x.rank() == 3) || x.dims()[1] != c {
+            return Err(invalid(
+                "BatchNorm1d",
+                format!("expected an [N, {c}] or [N, {c}, L] input, got {}", x.shape()),
+            ));
+        }
+        batch_norm_layer("BatchNorm1d", x, &self.weight, &self.bias, &self.running_mean, &self.running_var, self)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]
+    }
+
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        vec![("running_mean".into(), self.running_mean.clone()), ("running_var".into(), self.running_var.clone())]
+    }
+
+    fn set_own_training(&self, training: bool) {
+        self.training.set(training)
+    }
+}
+
+/// The scale (ones), shift (zeros), running mean (zeros) and running
+/// variance (ones) of a batch norm over `channels`, as PyTorch makes them.
+fn batch_norm_state(channels: usize, device: &Device) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    Ok((
+        parameter(Init::Constant(1.0), &[channels], channels, channels, device)?,
+        parameter(Init::Constant(0.0), &[channels], channels, channels, device)?,
+        Tensor::zeros([channels], DType::F32, device)?,
+        Tensor::ones([channels], DType::F32, device)?,
+    ))
+}
+
+/// The eps, momentum and mode of a batch-norm module, so the layers of
+/// every rank share one forward.
+trait BatchNormConfig {
+    fn eps(&self) -> f64;
+    fn momentum(&self) -> f64;
+    fn training(&self) -> bool;
+}
+
+impl BatchNormConfig for BatchNorm1d {
+    fn eps(&self) -> f64 {
+        self.eps
+    }
+    fn momentum(&self) -> f64 {
+        self.momentum
+    }
+    fn training(&self) -> bool {
+        self.training.get()
+    }
+}
+
+impl BatchNormConfig for BatchNorm2d {
+    fn eps(&self) -> f64 {
+        self.eps
+    }
+    fn momentum(&self) -> f64 {
+        self.momentum
+    }
+    fn training(&self) -> bool {
+        self.training.get()
+    }
+}
+
+/// A batch-norm module's forward, named `layer` in errors: [`batch_norm`]
+/// with the module's tensors and settings.
+fn batch_norm_layer(
+    layer: &str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    cfg: &dyn BatchNormConfig,
+) -> Result<Tensor> {
+    let stats = BatchStats { running_mean: Some(running_mean), running_var: Some(running_var) };
+    batch_norm_named(layer, x, stats, Some(weight), Some(bias), cfg.training(), cfg.momentum(), cfg.eps())
+}
+
+/// Batch normalization of `x` (`[N, C, ...]`) over every dim but the
+/// channels, PyTorch's `F.batch_norm`: with `training`, the batch's mean
+/// and biased variance, and the running statistics (when given) updated
+/// in place, `running = (1 - momentum) * running + momentum * batch`
+/// (the unbiased variance, as PyTorch); without, the running statistics,
+/// which must then be given. Optional per-channel `weight` and `bias`.
+// PyTorch's `F.batch_norm` takes these eight arguments; keeping its
+// signature argument for argument keeps call sites translatable.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let stats = BatchStats { running_mean, running_var };
+    batch_norm_named("batch_norm", x, stats, weight, bias, training, momentum, eps)
+}
+
+/// The optional running statistics of a batch norm.
+#[derive(Clone, Copy)]
+struct BatchStats<'a> {
+    running_mean: Option<&'a Tensor>,
+    running_var: Option<&'a Tensor>,
+}
+
+// The arguments of `batch_norm` plus the name to report, bundled no
+// further so the two entry points stay one-line wrappers.
+#[allow(clippy::too_many_arguments)]
+fn batch_norm_named(
+    op: &str,
+    x: &Tensor,
+    stats: BatchStats<'_>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    if x.rank() < 2 {
+        return Err(invalid(op, format!("expected an [N, C, ...] input, got {}", x.shape())));
+    }
+    let c = x.dims()[1];
+    for (what, t) in
+        [("running_mean", stats.running_mean), ("running_var", stats.running_var), ("weight", weight), ("bias", bias)]
+    {
+        if let Some(t) = t {
+            if t.dims() != [c] {
+                return Err(invalid(
+                    op,
+                    format!("{what} of shape {} does not match the {c} channels of input {}", t.shape(), x.shape()),
+                ));
+            }
+        }
+    }
+    let (dt, dev) = (x.dtype(), x.device());
+    let s = |v: f64| Tensor::scalar(v, dt, dev);
+    let axes: Vec<isize> = (0..x.rank()).filter(|&a| a != 1).map(|a| a as isize).collect();
+    let (mean, var) = if training {
+        let n = x.numel() / c.max(1);
+        if n < 2 {
+            return Err(invalid(
+                op,
+                format!("training needs more than one value per channel, got input {}", x.shape()),
+            ));
+        }
+        let mean = x.mean(&axes, false)?;
+        let xc = x.sub(&per_channel(&mean, x)?)?;
+        let var = xc.mul(&xc)?.mean(&axes, false)?;
+        crate::no_grad(|| -> Result<()> {
+            let update = |running: &Tensor, batch: &Tensor| -> Result<()> {
+                let batch = batch.detach().cast(running.dtype())?;
+                let keep = Tensor::scalar(1.0 - momentum, running.dtype(), dev);
+                let take = Tensor::scalar(momentum, running.dtype(), dev);
+                running.assign(&running.mul(&keep)?.add(&batch.mul(&take)?)?)
+            };
+            if let Some(rm) = stats.running_mean {
+                update(rm, &mean)?;
+            }
+            if let Some(rv) = stats.running_var {
+                update(rv, &var.mul(&s(n as f64 / (n - 1) as f64))?)?;
+            }
+            Ok(())
+        })?;
+        (mean, var)
+    } else {
+        match (stats.running_mean, stats.running_var) {
+            (Some(m), Some(v)) => (m.cast(dt)?, v.cast(dt)?),
+            _ => {
+                return Err(invalid(op, format!("evaluation needs the running mean and variance, input {}", x.shape())))
+            }
+        }
+    };
+    let inv = var.add(&s(eps))?.rsqrt()?;
+    let scale = match weight {
+        Some(w) => inv.mul(&w.cast(dt)?)?,
+        None => inv,
+    };
+    let centre = mean.mul(&scale)?;
+    let shift = match bias {
+        Some(b) => b.cast(dt)?.sub(&centre)?,
+        None => centre.neg()?,
+    };
+    x.mul(&per_channel(&scale, x)?)?.add(&per_channel(&shift, x)?)
 }
 
 /// Group normalization (Wu & He), PyTorch's `nn.GroupNorm`: the channels
