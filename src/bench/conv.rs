@@ -38,7 +38,7 @@ impl ConvSizes {
         6.0 * (m * k * n) as f64
     }
 
-    /// "x [32,32,32,32] w [64,32,3,3] pad 1".
+    /// `"x [32,32,32,32] w [64,32,3,3] pad 1"`.
     pub fn describe(self) -> String {
         let (b, c, s, o, k) = (self.batch, self.channels, self.size, self.out_channels, self.kernel);
         format!("x [{b},{c},{s},{s}] w [{o},{c},{k},{k}] pad {}", k / 2)

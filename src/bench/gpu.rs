@@ -93,7 +93,7 @@ pub struct GpuRun {
 
 /// The row name of workload `w` at `sizes`: for G1–G8 the name the PyTorch
 /// twin (`shared/gpu/torch_twin.py`) gives the same workload at the default
-/// sizes, e.g. "G1 elementwise [16384,4096]" (G8 at other sizes names
+/// sizes, e.g. `"G1 elementwise [16384,4096]"` (G8 at other sizes names
 /// them: "G8 GPT train step [L2 C64 T64 B16]"); for W1–W6 and H1 the short
 /// name.
 pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {

@@ -81,7 +81,7 @@ pub enum Workload {
     W3,
     /// MLP training step (64 -> 256 -> 10, batch 256, SGD).
     W4,
-    /// 100 tiny ops on f32 [1024], then sync.
+    /// 100 tiny ops on f32 `[1024]`, then sync.
     W5,
     /// Cold compile: first sync of W1 and of W4 on a fresh device.
     W6,

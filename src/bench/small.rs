@@ -96,7 +96,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// Linear(64, 256) -> ReLU -> Linear(256, 10), SGD lr 0.1, input
-    /// [256, 64], integer labels [256].
+    /// `[256, 64]`, integer labels `[256]`.
     pub fn new(dev: &Device) -> Result<Mlp> {
         Mlp::with_sizes(dev, MlpSizes::W4, 0.1, 5)
     }
@@ -133,7 +133,7 @@ impl Mlp {
     }
 }
 
-/// The W5 input (f32 [1024]).
+/// The W5 input (f32 `[1024]`).
 pub fn w5_input(dev: &Device) -> Result<Tensor> {
     let x = Tensor::from_slice(&uniform_data(1024, 6), [1024], dev)?;
     x.relu()?.sync()?;

@@ -1,11 +1,11 @@
-//! The executor of compiled graphs: [`CpuExecutable`] holds a [`Program`],
+//! The executor of compiled graphs: [`CpuExecutable`] holds a `Program`,
 //! an ordered list of steps built once per graph, and [`run`] executes it.
 //!
 //! Compilation takes the fusion plan of `lazuli_ir::fusion`: each
-//! elementwise kernel of the plan becomes one [`FusedLoop`] when all its
+//! elementwise kernel of the plan becomes one `FusedLoop` when all its
 //! nodes fuse; every other kernel runs its prologue (as fused loops where
 //! possible) and then its root through the node interpreter
-//! ([`eval_node`]). Nodes that cannot fuse are interpreted one by one; an
+//! (`eval_node`). Nodes that cannot fuse are interpreted one by one; an
 //! elementwise node alone is still a one-instruction fused loop, so fused
 //! and unfused evaluation use the same kernels.
 //!

@@ -10,8 +10,8 @@
 //!   (`WgpuOptions::autotune_min_flops`): a matmul that takes
 //!   microseconds never is;
 //! - never on the first execution's path: a compile only looks winners
-//!   up ([`lookup`]); a kernel without one runs in the rule's form, and
-//!   is measured ([`measure`]) just before its plan's second execution
+//!   up (`lookup`); a kernel without one runs in the rule's form, and
+//!   is measured (`measure`) just before its plan's second execution
 //!   (a plan run once, such as an odd evaluation batch, is never tuned),
 //!   when nothing else of the backend runs; the winner replaces the
 //!   kernel at that plan boundary, one kernel per execution, so no step

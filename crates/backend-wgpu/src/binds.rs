@@ -1,7 +1,7 @@
 //! Bind groups of a compiled plan, made once and reused across its
-//! executions ([`BindCache`]).
+//! executions (`BindCache`).
 //!
-//! A bind group names the buffer ranges of one launch ([`Binding`]): the
+//! A bind group names the buffer ranges of one launch (`Binding`): the
 //! uniform of lifted scalars, then the kernel's inputs and outputs (or a
 //! two-pass kernel's scratch), each whole or, for a tensor beyond one
 //! storage binding, as several windows at their offsets (see

@@ -25,7 +25,7 @@ pub struct WgpuOptions {
     /// Most bytes of freed buffers the buffer pool keeps for reuse. Else
     /// `LAZULI_POOL_BYTES` (a decimal byte count; a malformed value fails
     /// [`crate::WgpuBackend::new`]), else derived from the adapter by
-    /// [`pool::default_max_idle_bytes`]: 256 MiB on a software adapter,
+    /// [`crate::pool::default_max_idle_bytes`]: 256 MiB on a software adapter,
     /// `4 x max_buffer_size` clamped to 8..128 GiB on a GPU, where the
     /// cache is released when an allocation fails instead.
     pub pool_max_free_bytes: Option<u64>,

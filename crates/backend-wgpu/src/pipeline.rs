@@ -124,7 +124,7 @@ pub(crate) struct Pipelines {
 /// Least time between two saves of the driver cache while pipelines keep
 /// being made (each save fetches, checksums and writes the whole blob);
 /// what is left unsaved is saved at the next batch after it, at
-/// [`Pipelines::flush`], or when the backend is dropped.
+/// `Pipelines::flush`, or when the backend is dropped.
 pub const DRIVER_SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Pipelines {

@@ -1,7 +1,7 @@
 //! The backend proper: [`WgpuBackend`] ties the device context
-//! ([`crate::context`]), the compile side ([`crate::compile`]), execution
-//! ([`crate::execute`]), transfers ([`crate::transfer`]) and profiling
-//! ([`crate::profile`]) together behind `lazuli_executor::Backend`.
+//! (`context`), the compile side ([`crate::compile`]), execution
+//! (`execute`), transfers (`transfer`) and profiling
+//! (`profile`) together behind `lazuli_executor::Backend`.
 
 use crate::autotune::{self, Tuner};
 use crate::codegen::{KernelForms, LowerLimits, ReduceForm};

@@ -5,7 +5,7 @@
 //!
 //! Every library read of a `LAZULI_*` variable goes through this module,
 //! and options types take their environment fallbacks from it in one place
-//! each (`WgpuOptions`, `CpuOptions`, the executor's [`DeviceSettings`]).
+//! each (`WgpuOptions`, `CpuOptions`, the executor's `DeviceSettings`).
 //! A malformed value is a [`ConfigError`] naming the variable, the value
 //! and what was expected, never a silent default: [`crate::Device::new`]
 //! checks every library variable ([`check`]) and a device created with a

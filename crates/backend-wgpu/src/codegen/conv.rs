@@ -41,7 +41,7 @@
 //! to fill the device and the taps are many, the shape of a weight
 //! gradient (a handful of positions, a reduction over the whole batch and
 //! image): each part writes partial sums to scratch and a second pass
-//! adds them (the two-pass machinery of reductions; [`split_parts`]).
+//! adds them (the two-pass machinery of reductions; `split_parts`).
 //!
 //! Measured on llvmpipe (2 cores; BENCHMARKS.md): the direct form runs
 //! C1 (`x [32, 32, 32, 32]`, 3x3, 64 channels, forward and backward) at

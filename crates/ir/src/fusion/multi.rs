@@ -13,7 +13,7 @@
 //! finds its segment by offset, so within a segment adjacent invocations
 //! still touch adjacent elements.
 //!
-//! The pass ([`merge`]) is generic: it joins any two elementwise or
+//! The pass (`merge`) is generic: it joins any two elementwise or
 //! multi-tensor kernels that do not depend on each other, whatever they
 //! compute, when the joined kernel binds at most the buffer limit (a
 //! value beyond one binding counting once per window, as everywhere in
