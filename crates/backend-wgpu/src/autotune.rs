@@ -314,13 +314,10 @@ fn tunable(ctx: &Context, tuner: &Tuner, base: &LowerLimits, k: &Kernel, graph: 
         && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
 }
 
-/// Floating-point operations of the product a matmul kernel computes:
-/// `2 * (output elements) * K`.
+/// Floating-point operations of the product a matmul kernel computes,
+/// by the cost model (`2 * M * N * K`, see [`crate::cost`]).
 fn matmul_flops(k: &Kernel, graph: &VerifiedGraph) -> u64 {
-    let product = k.outputs.iter().chain(&k.inline).map(|id| graph.node(*id)).find(|n| n.op == lazuli_ir::Op::MatMul);
-    let Some(mm) = product else { return 0 };
-    let inner = graph.node(mm.inputs[0]).shape.dims().last().copied().unwrap_or(1) as u64;
-    2u64.saturating_mul(mm.shape.numel() as u64).saturating_mul(inner)
+    k.matmul_node(graph).map_or(0, |id| crate::cost::node_flops(graph, id))
 }
 
 /// The GPU time in ms of one run of kernel `k` lowered as `wgsl`, on

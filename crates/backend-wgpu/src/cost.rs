@@ -100,7 +100,7 @@ fn kernel_flops(k: &Kernel, graph: &VerifiedGraph) -> u64 {
 }
 
 /// FLOPs of node `id` (not an attention part).
-fn node_flops(graph: &VerifiedGraph, id: NodeId) -> u64 {
+pub(crate) fn node_flops(graph: &VerifiedGraph, id: NodeId) -> u64 {
     let n = graph.node(id);
     let out = n.shape.numel() as u64;
     let operand = |i: usize| n.inputs.get(i).map(|&x| graph.node(x));

@@ -58,7 +58,8 @@ pub(crate) fn execute(
     let mut scratch = Vec::new();
     let work = launches(ctx, exe, &kernels, &mut cache, &uniform, &value, &slots, &mut scratch)?;
     // Timestamps per launch while profiling or recording the timeline.
-    let timed = profiler.on() || timeline::enabled();
+    let profiling = profiler.on();
+    let timed = profiling || timeline::enabled();
     let queries = (ctx.timestamps && timed && !work.is_empty()).then(|| Queries::new(dev, work.len()));
     let launched = encode(&mut enc, &work, queries.as_ref());
     if let Some(q) = &queries {
@@ -106,7 +107,7 @@ pub(crate) fn execute(
         }
         None => None,
     };
-    if profiler.on() {
+    if profiling {
         let costs: Vec<&LaunchCost> = work.iter().map(Launch::cost).collect();
         profiler.record(&costs, intervals.as_deref());
     }
