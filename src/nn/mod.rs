@@ -64,6 +64,7 @@ pub use norm::{batch_norm, group_norm, layer_norm, rms_norm, BatchNorm1d, BatchN
 pub use pool::{adaptive_avg_pool2d, adaptive_max_pool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use sequential::{Flatten, Sequential};
 
+use crate::serialize::{LoadOptions, LoadReport};
 use crate::{ExecError, Result, Tensor};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -212,15 +213,41 @@ pub trait ModuleExt: Module {
     }
 
     /// Loads a safetensors file written by [`ModuleExt::save_state_dict`]
-    /// (or by PyTorch with the same names) into this module's tensors in
-    /// place: every entry of the state dict must be in the file with the
-    /// same shape and dtype, and the file may hold nothing else. Parameters
-    /// keep their identity, so optimizers keep working on them.
+    /// (or by PyTorch with the same names; or a sharded checkpoint's
+    /// `*.safetensors.index.json`) into this module's tensors in place:
+    /// every entry of the state dict must be in the file with the same
+    /// shape (float tensors of another float dtype, f16 and bf16 included,
+    /// are converted to the entry's dtype), and the file may hold nothing
+    /// else. Parameters keep their identity, so optimizers keep working on
+    /// them.
     fn load_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
     where
         Self: Sized,
     {
         Ok(crate::serialize::load_state_dict(path, &self.state_dict())?)
+    }
+
+    /// [`ModuleExt::load_state_dict`] with options: non-strict keys and
+    /// key renaming ([`LoadOptions`]); the [`LoadReport`] names the missing
+    /// and unexpected keys of a non-strict load.
+    ///
+    /// ```no_run
+    /// # use lazuli::prelude::*;
+    /// # use lazuli::serialize::LoadOptions;
+    /// # fn main() -> lazuli::Result<()> {
+    /// # let dev = Device::cpu();
+    /// let head = lazuli::nn::Linear::new(768, 10, &dev)?;
+    /// // The file's "classifier.weight" is this module's "weight".
+    /// let opts = LoadOptions::non_strict().rename(|k| k.strip_prefix("classifier.").map(str::to_string));
+    /// let report = head.load_state_dict_with("model.safetensors", &opts)?;
+    /// assert!(report.missing_keys.is_empty());
+    /// # Ok(()) }
+    /// ```
+    fn load_state_dict_with(&self, path: impl AsRef<Path>, options: &LoadOptions<'_>) -> Result<LoadReport>
+    where
+        Self: Sized,
+    {
+        Ok(crate::serialize::load_into_with(path, &self.state_dict(), options)?)
     }
 }
 

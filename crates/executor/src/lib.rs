@@ -40,7 +40,7 @@ pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
     LaunchCost,
 };
-pub use device::{Device, DeviceSettings};
+pub use device::{Device, DeviceSettings, RngState};
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
 pub use error::{ExecError, Result};
 pub use explain::CompileEntry;
