@@ -35,7 +35,7 @@ pub mod timeline;
 mod trace;
 mod validate;
 
-pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
+pub use autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
     LaunchCost,
