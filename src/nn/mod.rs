@@ -55,6 +55,9 @@ pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
 pub use ffn::{glu, Glu, SwiGlu};
 pub use init::Init;
+/// `#[derive(Module)]`: parameters, buffers and children from a struct's
+/// fields, `forward` from its inherent method (see `lazuli_derive`).
+pub use lazuli_derive::Module;
 pub use linear::Linear;
 pub use loss::{
     binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, huber_loss, kl_div, l1_loss, mse, nll_loss,
@@ -83,6 +86,48 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// one of them and leave the others behind: every walk sees the same
 /// tree. A module that lists a sub-module's tensors must return it from
 /// [`Module::children`].
+///
+/// `#[derive(Module)]` writes those lists from the fields (tensors are
+/// parameters, or buffers with `#[module(buffer)]`; other fields are
+/// children, `Vec`s of them lists of children; numbers and flags are left
+/// out; `#[module(skip)]` leaves out anything) and makes `forward` the
+/// type's inherent `forward`:
+///
+/// ```
+/// use lazuli::nn::{self, Module, ModuleExt};
+/// use lazuli::prelude::*;
+///
+/// #[derive(Module)]
+/// struct Mlp {
+///     fc1: nn::Linear,
+///     drop: nn::Dropout,
+///     fc2: nn::Linear,
+/// }
+///
+/// impl Mlp {
+///     fn forward(&self, x: &Tensor) -> lazuli::Result<Tensor> {
+///         self.fc2.forward(&self.drop.forward(&self.fc1.forward(x)?.relu()?)?)
+///     }
+/// }
+///
+/// # fn main() -> lazuli::Result<()> {
+/// let dev = Device::cpu();
+/// let m = Mlp { fc1: nn::Linear::new(4, 8, &dev)?, drop: nn::Dropout::new(0.1), fc2: nn::Linear::new(8, 2, &dev)? };
+/// let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+/// m.eval(); // reaches the dropout
+/// # Ok(()) }
+/// ```
+///
+/// Without an inherent `forward` the derive does not compile (its
+/// `Module::forward` would call itself):
+///
+/// ```compile_fail
+/// #[derive(lazuli::nn::Module)]
+/// struct NoForward {
+///     fc: lazuli::nn::Linear,
+/// }
+/// ```
 pub trait Module {
     /// Applies the module to `x`.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
