@@ -71,7 +71,7 @@ impl Checkpoint {
         if let Some(s) = scheduler {
             c = c.scheduler(s)?;
         }
-        Ok(c.rng(device))
+        c.rng(device)
     }
 
     /// Adds the model's state dict (parameters and buffers), as `model.*`.
@@ -96,16 +96,14 @@ impl Checkpoint {
 
     /// Adds `device`'s RNG state ([`Device::rng_state`]) as three rank-0
     /// u64 tensors, `rng.seed`, `rng.step` and `rng.offset`.
-    pub fn rng(mut self, device: &Device) -> Checkpoint {
+    pub fn rng(mut self, device: &Device) -> Result<Checkpoint> {
         let s = device.rng_state();
         let cpu = Device::cpu();
         let values = [s.seed, s.step, s.offset];
-        let tensors = RNG_FIELDS.iter().zip(values).map(|(n, v)| {
-            let t = Tensor::from_slice(&[v], [], &cpu).expect("one value for a rank-0 shape");
-            (n.to_string(), t)
-        });
-        self.add(RNG, tensors.collect());
-        self
+        let tensors =
+            RNG_FIELDS.iter().zip(values).map(|(n, v)| Ok((n.to_string(), Tensor::from_slice(&[v], [], &cpu)?)));
+        self.add(RNG, tensors.collect::<Result<_>>()?);
+        Ok(self)
     }
 
     /// Adds a tensor of the caller's (an epoch counter, a data-loader

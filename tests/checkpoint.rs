@@ -152,7 +152,7 @@ fn checkpoint_parts_are_checked() {
     // The RNG state round-trips.
     dev.manual_seed(1234);
     let _ = Tensor::rand([3], DType::F32, &dev).unwrap();
-    Checkpoint::new().rng(&dev).save(&path).unwrap();
+    Checkpoint::new().rng(&dev).unwrap().save(&path).unwrap();
     let state = dev.rng_state();
     assert_eq!((state.seed, state.offset), (1234, 1));
     let other_dev = Device::cpu();
