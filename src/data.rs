@@ -20,6 +20,10 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// The most batches a [`DataLoader`] prepares ahead: a bound on the host
+/// memory the queue holds, and on the channel allocated for it.
+pub const MAX_PREFETCH: usize = 256;
+
 /// A host array: one field of a sample (`dims` without the batch dim) or
 /// of a batch, as canonical little-endian bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -283,7 +287,8 @@ impl<D: Dataset + 'static> DataLoader<D> {
     }
 
     /// Batches prepared ahead on the background thread (0: each batch is
-    /// prepared on the caller's thread when asked for, with no thread).
+    /// prepared on the caller's thread when asked for, with no thread; at
+    /// most [`MAX_PREFETCH`], or [`DataLoader::epoch`] is an error).
     pub fn prefetch(mut self, batches: usize) -> DataLoader<D> {
         self.prefetch = batches;
         self
@@ -337,7 +342,13 @@ impl<D: Dataset + 'static> DataLoader<D> {
     /// The batches of epoch `epoch` (each a list of tensors, one per
     /// field), prepared ahead on a background thread. Dropping the
     /// iterator early stops the thread.
+    #[track_caller]
     pub fn epoch(&self, epoch: u64) -> Result<Batches> {
+        if self.prefetch > MAX_PREFETCH {
+            let at = Location::caller();
+            let detail = format!("prefetch of {} batches exceeds {MAX_PREFETCH} (at {at})", self.prefetch);
+            return Err(invalid("DataLoader::epoch", detail));
+        }
         let order = self.order(epoch);
         let mut batches: Vec<Vec<usize>> = order.chunks(self.batch_size).map(<[usize]>::to_vec).collect();
         if self.drop_last && batches.last().is_some_and(|b| b.len() < self.batch_size) {

@@ -15,7 +15,7 @@
 //! ones) and renames the file's keys.
 
 use crate::{DType, Device, ExecError, Tensor};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -150,14 +150,7 @@ pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<HashMap<String, T
     let archive = Archive::open(path.as_ref())?;
     let mut out = HashMap::new();
     for name in archive.names() {
-        let view = archive.view(&name)?;
-        let dtype = from_st(view.dtype()).ok_or_else(|| SerializeError::UnsupportedDType {
-            path: archive.file_of(&name),
-            name: name.clone(),
-            dtype: format!("{:?}", view.dtype()),
-        })?;
-        let ty = crate::ir::ValueType::new(view.shape().to_vec(), dtype);
-        let t = Tensor::from_bytes(view.data().to_vec(), ty, device)?;
+        let t = archive.tensor(&name, device)?;
         out.insert(name, t);
     }
     Ok(out)
@@ -281,10 +274,36 @@ impl Keys {
 pub(crate) struct Archive {
     /// What was opened (the file or the index), for errors.
     path: String,
-    /// Each file's path and contents.
-    files: Vec<(String, Contents)>,
+    /// Each file, its header parsed once.
+    files: Vec<Shard>,
     /// Each tensor's file (an index into `files`), by name.
     tensors: BTreeMap<String, usize>,
+}
+
+/// One safetensors file of an [`Archive`].
+struct Shard {
+    path: String,
+    contents: Contents,
+    /// Where the tensor data starts (after the length and the header).
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl Shard {
+    fn open(path: &Path) -> Result<Shard, SerializeError> {
+        let p = path.display().to_string();
+        let contents = map_file(path)?;
+        let (n, metadata) = SafeTensors::read_metadata(&contents)
+            .map_err(|source| SerializeError::Format { path: p.clone(), source })?;
+        Ok(Shard { path: p, contents, data_start: 8 + n, metadata })
+    }
+}
+
+/// A stored tensor: its dtype, shape and bytes (borrowed from the file).
+struct Stored<'a> {
+    dtype: Dtype,
+    shape: &'a [usize],
+    data: &'a [u8],
 }
 
 /// A file's bytes: memory-mapped where the platform allows, else read.
@@ -333,11 +352,9 @@ impl Archive {
         if path.extension().is_some_and(|e| e == "json") {
             return Archive::open_index(path);
         }
-        let contents = map_file(path)?;
-        let st =
-            SafeTensors::deserialize(&contents).map_err(|source| SerializeError::Format { path: p.clone(), source })?;
-        let tensors = st.names().into_iter().map(|n| (n.to_string(), 0)).collect();
-        Ok(Archive { path: p.clone(), files: vec![(p, contents)], tensors })
+        let shard = Shard::open(path)?;
+        let tensors = shard.metadata.tensors().into_keys().map(|n| (n, 0)).collect();
+        Ok(Archive { path: p, files: vec![shard], tensors })
     }
 
     fn open_index(path: &Path) -> Result<Archive, SerializeError> {
@@ -367,11 +384,7 @@ impl Archive {
         let mut files = Vec::with_capacity(shards.len());
         for shard in &shards {
             let sp: PathBuf = dir.join(shard);
-            let contents = map_file(&sp)?;
-            let sps = sp.display().to_string();
-            SafeTensors::deserialize(&contents)
-                .map_err(|source| SerializeError::Format { path: sps.clone(), source })?;
-            files.push((sps, contents));
+            files.push(Shard::open(&sp)?);
         }
         let archive = Archive { path: p, files, tensors };
         // Every tensor the index names must be in its shard.
@@ -388,33 +401,36 @@ impl Archive {
 
     /// The file holding `name` (the archive's path if none does).
     fn file_of(&self, name: &str) -> String {
-        self.tensors.get(name).map_or_else(|| self.path.clone(), |&i| self.files[i].0.clone())
+        self.tensors.get(name).map_or_else(|| self.path.clone(), |&i| self.files[i].path.clone())
     }
 
     /// The stored tensor `name`.
-    fn view(&self, name: &str) -> Result<TensorView<'_>, SerializeError> {
-        let file = self.file_of(name);
-        let i = *self.tensors.get(name).ok_or_else(|| SerializeError::Mismatch {
-            path: self.path.clone(),
+    fn view(&self, name: &str) -> Result<Stored<'_>, SerializeError> {
+        let missing = |path: &str| SerializeError::Mismatch {
+            path: path.to_string(),
             name: name.to_string(),
             detail: "not in the file".into(),
-        })?;
-        let st = SafeTensors::deserialize(&self.files[i].1)
-            .map_err(|source| SerializeError::Format { path: file.clone(), source })?;
-        st.tensor(name).map_err(|source| SerializeError::Format { path: file, source })
+        };
+        let &i = self.tensors.get(name).ok_or_else(|| missing(&self.path))?;
+        let shard = &self.files[i];
+        let info = shard.metadata.info(name).ok_or_else(|| missing(&shard.path))?;
+        // `read_metadata` validated the offsets against the file's length.
+        let (start, end) = info.data_offsets;
+        let data = &shard.contents[shard.data_start + start..shard.data_start + end];
+        Ok(Stored { dtype: info.dtype, shape: &info.shape, data })
     }
 
     /// The stored tensor `name` on `device` in its stored dtype (an error
     /// for a dtype Lazuli lacks).
     pub(crate) fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, SerializeError> {
         let view = self.view(name)?;
-        let dtype = from_st(view.dtype()).ok_or_else(|| SerializeError::UnsupportedDType {
+        let dtype = from_st(view.dtype).ok_or_else(|| SerializeError::UnsupportedDType {
             path: self.file_of(name),
             name: name.to_string(),
-            dtype: format!("{:?}", view.dtype()),
+            dtype: format!("{:?}", view.dtype),
         })?;
-        let ty = crate::ir::ValueType::new(view.shape().to_vec(), dtype);
-        Ok(Tensor::from_bytes(view.data().to_vec(), ty, device)?)
+        let ty = crate::ir::ValueType::new(view.shape.to_vec(), dtype);
+        Ok(Tensor::from_bytes(view.data.to_vec(), ty, device)?)
     }
 
     /// The tensors whose names start with `prefix`, by the rest of their
@@ -481,15 +497,15 @@ fn load_checked(
         let view = archive.view(&key)?;
         let file = archive.file_of(&key);
         let label = if &key == name { name.clone() } else { format!("{name} (stored as {key:?})") };
-        if view.shape() != t.dims() {
-            let detail = format!("stored as {:?}{:?}, expected {}{}", view.dtype(), view.shape(), t.dtype(), t.shape());
+        if view.shape != t.dims() {
+            let detail = format!("stored as {:?}{:?}, expected {}{}", view.dtype, view.shape, t.dtype(), t.shape());
             return Err(mismatch(file, &label, detail));
         }
-        let bytes = convert(view.data(), view.dtype(), t.dtype()).ok_or_else(|| {
+        let bytes = convert(view.data, view.dtype, t.dtype()).ok_or_else(|| {
             let detail = format!(
                 "stored as {:?}{:?}, expected {}{} (only float dtypes convert)",
-                view.dtype(),
-                view.shape(),
+                view.dtype,
+                view.shape,
                 t.dtype(),
                 t.shape()
             );

@@ -139,6 +139,10 @@ fn bad_configurations_are_errors() {
     let dev = Device::cpu();
     let e = DataLoader::new(dataset(), 0, &dev).unwrap_err().to_string();
     assert!(e.contains("batch_size") && e.contains("data_loader.rs"), "{e}");
+    let huge = DataLoader::new(dataset(), 2, &dev).unwrap().prefetch(usize::MAX);
+    let e = huge.epoch(0).unwrap_err().to_string();
+    assert!(e.contains("prefetch") && e.contains("data_loader.rs"), "{e}");
+    assert!(DataLoader::new(dataset(), 2, &dev).unwrap().prefetch(lazuli::data::MAX_PREFETCH).epoch(0).is_ok());
     let x = HostArray::from_slice(&[1.0f32; 6], &[3, 2]).unwrap();
     let y = HostArray::from_slice(&[1i32; 4], &[4]).unwrap();
     let e = TensorDataset::new(vec![x.clone(), y]).unwrap_err().to_string();
