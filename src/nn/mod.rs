@@ -26,6 +26,9 @@
 //! softmax) stays available as the reference,
 //! [`scaled_dot_product_attention_unfused`].
 //!
+//! `#[derive(Module)]` (from `lazuli_derive`, re-exported here beside the
+//! trait) writes a struct's [`Module`] lists from its fields.
+//!
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
 //! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention`, `ffn` and
 //! `sequential`; everything public is re-exported here, so every path is

@@ -209,7 +209,9 @@ pub struct BatchNorm2d {
     pub num_batches_tracked: Tensor,
     /// Added to the variance.
     pub eps: f64,
-    /// Weight of the batch statistics in the running ones.
+    /// Weight of the batch statistics in the running ones (PyTorch's
+    /// `momentum=None`, a cumulative average over `num_batches_tracked`,
+    /// is not offered).
     pub momentum: f64,
     training: Mode,
 }
@@ -283,7 +285,9 @@ pub struct BatchNorm1d {
     pub num_batches_tracked: Tensor,
     /// Added to the variance.
     pub eps: f64,
-    /// Weight of the batch statistics in the running ones.
+    /// Weight of the batch statistics in the running ones (PyTorch's
+    /// `momentum=None`, a cumulative average over `num_batches_tracked`,
+    /// is not offered).
     pub momentum: f64,
     training: Mode,
 }
