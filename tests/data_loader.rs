@@ -9,6 +9,9 @@ mod common;
 
 use lazuli::data::{DataLoader, Dataset, HostArray, TensorDataset};
 use lazuli::{DType, Device, DeviceExt, Result, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// 10 samples: x = [i, 10 i] (f32), y = i (i32).
 fn dataset() -> TensorDataset {
@@ -158,4 +161,53 @@ fn bad_configurations_are_errors() {
     // From tensors.
     let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], &dev).unwrap();
     assert_eq!(TensorDataset::from_tensors(&[&t]).unwrap().len(), 3);
+}
+
+/// Counts the samples read.
+struct Counted(Arc<AtomicUsize>);
+
+impl Dataset for Counted {
+    fn len(&self) -> usize {
+        40
+    }
+
+    fn get(&self, index: usize) -> Result<Vec<HostArray>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![HostArray::from_slice(&[index as f32], &[1])?])
+    }
+}
+
+/// Waits until `count` reaches `want` (or 10 s pass); its value then.
+fn wait_for(count: &AtomicUsize, want: usize) -> usize {
+    let start = Instant::now();
+    while count.load(Ordering::SeqCst) < want && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    count.load(Ordering::SeqCst)
+}
+
+#[test]
+fn the_next_batches_are_prepared_ahead_and_the_queue_is_bounded() {
+    let dev = Device::cpu();
+    for prefetch in [1usize, 3] {
+        let count = Arc::new(AtomicUsize::new(0));
+        let loader = DataLoader::new(Counted(count.clone()), 4, &dev).unwrap().prefetch(prefetch);
+        let mut it = loader.epoch(0).unwrap();
+        let first = it.next().unwrap().unwrap();
+        assert_eq!(first[0].to_vec::<f32>().unwrap(), [0.0, 1.0, 2.0, 3.0]);
+        // While the caller holds batch 1, the thread prepares `prefetch`
+        // more, and no further: the queue is bounded.
+        let want = 4 * (1 + prefetch);
+        assert_eq!(wait_for(&count, want), want, "prefetch {prefetch}");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(count.load(Ordering::SeqCst), want, "prefetch {prefetch}: bounded");
+        assert_eq!(it.count(), 9);
+    }
+    // Without prefetch nothing is read ahead.
+    let count = Arc::new(AtomicUsize::new(0));
+    let loader = DataLoader::new(Counted(count.clone()), 4, &dev).unwrap().prefetch(0);
+    let mut it = loader.epoch(0).unwrap();
+    it.next().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(count.load(Ordering::SeqCst), 4);
 }
