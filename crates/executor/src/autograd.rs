@@ -348,12 +348,13 @@ fn add_into(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
 /// is `f(inputs)`.
 ///
 /// Memory: the recomputed segment is more lazy IR, structurally the
-/// forward segment again. Within one sync the compiler's CSE merges the
-/// two (nothing is recomputed, and the activations are kept as without
-/// checkpointing); the recomputation is real, and the segment's
-/// activations are freed, when the forward was materialized before the
-/// backward runs (e.g. `sync` of each segment's output between forward and
-/// backward, the pattern that bounds a long model's peak memory).
+/// forward segment again. Within one sync the compiler's CSE may merge
+/// much of it with the forward (then little is recomputed, and the
+/// activations are kept as without checkpointing); the recomputation is
+/// real, and the segment's activations are freed, when the forward was
+/// materialized before the backward runs (e.g. `sync` of each segment's
+/// output between forward and backward, the pattern that bounds a long
+/// model's peak memory).
 #[track_caller]
 pub fn checkpoint<F>(f: F, inputs: &[Tensor]) -> Result<Tensor>
 where
