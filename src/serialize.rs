@@ -486,8 +486,11 @@ fn load_checked(
     }
     let mut report = LoadReport::default();
     let mut found = Vec::with_capacity(targets.len());
+    let mut used = std::collections::HashSet::new();
     for (name, t) in targets {
-        let Some(key) = by_target.remove(name) else {
+        // `get`, not `remove`: a state dict may list one tensor under two
+        // names (tied weights), and each name loads.
+        let Some(key) = by_target.get(name).cloned() else {
             if !accept.missing {
                 return Err(mismatch(archive.path().to_string(), name, "not in the file".into()));
             }
@@ -512,8 +515,9 @@ fn load_checked(
             mismatch(file, &label, detail)
         })?;
         found.push((t, bytes));
+        used.insert(name.as_str());
     }
-    let mut extra: Vec<String> = by_target.into_keys().collect();
+    let mut extra: Vec<String> = by_target.into_keys().filter(|k| !used.contains(k.as_str())).collect();
     extra.sort();
     if !extra.is_empty() && !accept.unexpected {
         let detail = format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len());

@@ -245,6 +245,14 @@ fn loading_converts_half_precision_and_renames_keys() {
     let e = lin.load_state_dict(&path).unwrap_err().to_string();
     assert!(e.contains("\"weight\"") && e.contains("not in the file"), "{e}");
     assert_eq!(lin.weight.to_vec::<f32>().unwrap(), [0.0; 6]);
+    // One tensor listed under one name twice (tied weights) loads into both.
+    let (a, b) = (Tensor::zeros([2, 3], DType::F32, &dev).unwrap(), Tensor::zeros([2, 3], DType::F32, &dev).unwrap());
+    let targets = [("weight".to_string(), a.clone()), ("weight".to_string(), b.clone())];
+    let opts = LoadOptions::non_strict().rename(|k| k.strip_prefix("head.").map(str::to_string));
+    let report = lazuli::serialize::load_into_with(&path, &targets, &opts).unwrap();
+    assert_eq!(report.unexpected_keys, ["bias"]);
+    assert_eq!(a.to_vec::<f32>().unwrap(), w);
+    assert_eq!(b.to_vec::<f32>().unwrap(), w);
     // Two keys renamed onto one name are refused.
     let e = lin.load_state_dict_with(&path, &LoadOptions::non_strict().rename(|_| Some("weight".into())));
     assert!(e.unwrap_err().to_string().contains("both renamed"));
