@@ -170,3 +170,42 @@ fn a_derived_model_trains_and_round_trips_its_state() {
     assert_eq!(other.forward(&x).unwrap().to_vec::<f32>().unwrap(), m.forward(&x).unwrap().to_vec::<f32>().unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Lists of tensors: parameters and buffers named `field.i`.
+#[derive(Module)]
+struct Lists {
+    #[module(no_weight_decay)]
+    gains: Vec<Tensor>,
+    #[module(buffer)]
+    stats: Vec<Tensor>,
+    layers: Vec<nn::Linear>,
+}
+
+impl Lists {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (l, g) in self.layers.iter().zip(&self.gains) {
+            h = l.forward(&h)?.mul(g)?;
+        }
+        Ok(h)
+    }
+}
+
+#[test]
+fn tensor_lists_are_parameter_and_buffer_lists() {
+    let dev = Device::cpu();
+    let t = |n: usize| Tensor::ones([n, 2], DType::F32, &dev).unwrap().requires_grad_(true).unwrap();
+    let m = Lists {
+        gains: vec![t(1), t(1)],
+        stats: vec![Tensor::zeros([2], DType::F32, &dev).unwrap()],
+        layers: vec![nn::Linear::new(2, 2, &dev).unwrap(), nn::Linear::new(2, 2, &dev).unwrap()],
+    };
+    let params = names(m.named_parameters());
+    assert_eq!(params[..2], ["gains.0", "gains.1"]);
+    assert_eq!(params[2..4], ["layers.0.weight", "layers.0.bias"]);
+    assert_eq!(names(m.named_buffers()), ["stats.0"]);
+    let mut nd = m.no_weight_decay();
+    nd.sort();
+    assert_eq!(nd, ["gains.0", "gains.1", "layers.0.bias", "layers.1.bias"]);
+    assert_eq!(Module::forward(&m, &Tensor::ones([1, 2], DType::F32, &dev).unwrap()).unwrap().dims(), [1, 2]);
+}

@@ -5,7 +5,8 @@
 //!
 //! Fields, by their type as written:
 //! - `Tensor` (or `Option<Tensor>`, listed when `Some`): a parameter named
-//!   after the field; `#[module(buffer)]` makes it a buffer instead
+//!   after the field (`Vec<Tensor>`: parameters `field.0`, `field.1`, ...,
+//!   PyTorch's `ParameterList`); `#[module(buffer)]` makes it a buffer instead
 //!   (running statistics), `#[module(no_weight_decay)]` exempts a
 //!   parameter from weight decay (by default, as `Module`'s default, those
 //!   of rank 0 or 1 are);
@@ -44,6 +45,8 @@ pub fn derive_module(input: TokenStream) -> TokenStream {
 enum Role {
     Parameter { optional: bool, no_decay: bool },
     Buffer { optional: bool },
+    ParameterList { no_decay: bool },
+    BufferList,
     Child,
     OptionalChild,
     Children,
@@ -140,6 +143,11 @@ fn role(field: &syn::Field, f: &Flags) -> syn::Result<Role> {
         Some((name, Some(inner))) if name == "Option" => (true, inner),
         _ => (false, ty),
     };
+    if let Some((name, Some(item))) = last_segment(ty) {
+        if name == "Vec" && is_tensor(item) {
+            return Ok(if f.buffer { Role::BufferList } else { Role::ParameterList { no_decay: f.no_weight_decay } });
+        }
+    }
     if is_tensor(inner) {
         return Ok(if f.buffer {
             Role::Buffer { optional }
@@ -197,6 +205,17 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 }
             }
             Role::Buffer { optional } => buffers.push(push_tensor(access, name, optional)),
+            Role::ParameterList { no_decay: nd } => {
+                params.push(push_list(access, name));
+                if nd {
+                    no_decay.push(quote! {
+                        for i in 0..self.#access.len() {
+                            v.push(format!("{}.{}", #name, i));
+                        }
+                    });
+                }
+            }
+            Role::BufferList => buffers.push(push_list(access, name)),
             Role::Child => {
                 children.push(quote!(v.push((#name.to_string(), &self.#access as &dyn ::lazuli::nn::Module));))
             }
@@ -292,5 +311,14 @@ fn push_tensor(access: &Tokens, name: &str, optional: bool) -> Tokens {
         }
     } else {
         quote!(v.push((#name.to_string(), self.#access.clone()));)
+    }
+}
+
+/// Pushes `(name.i, tensor)` for each tensor of a `Vec<Tensor>` field.
+fn push_list(access: &Tokens, name: &str) -> Tokens {
+    quote! {
+        for (i, t) in self.#access.iter().enumerate() {
+            v.push((format!("{}.{}", #name, i), t.clone()));
+        }
     }
 }
