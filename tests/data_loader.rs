@@ -211,3 +211,48 @@ fn the_next_batches_are_prepared_ahead_and_the_queue_is_bounded() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(count.load(Ordering::SeqCst), 4);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Any configuration is an error or a loader whose epochs hold every
+    /// sample at most once (exactly once without drop_last), in batches of
+    /// the batch size but possibly the last, as many as `len()` says.
+    #[test]
+    fn any_configuration_batches_every_sample_once(
+        n in 0usize..30,
+        batch in 0usize..12,
+        drop_last: bool,
+        shuffle in proptest::option::of(0u64..4),
+        prefetch in 0usize..4,
+        epoch in 0u64..3,
+    ) {
+        let dev = Device::cpu();
+        let ys: Vec<i32> = (0..n as i32).collect();
+        let ds = TensorDataset::new(vec![HostArray::from_slice(&ys, &[n]).unwrap()]).unwrap();
+        let loader = match DataLoader::new(ds, batch, &dev) {
+            Ok(l) => l,
+            Err(_) => {
+                proptest::prop_assert!(n == 0 || batch == 0);
+                return Ok(());
+            }
+        };
+        let mut loader = loader.drop_last(drop_last).prefetch(prefetch);
+        if let Some(seed) = shuffle {
+            loader = loader.shuffle(seed);
+        }
+        let batches: Vec<Vec<i32>> =
+            loader.epoch(epoch).unwrap().map(|b| b.unwrap()[0].to_vec::<i32>().unwrap()).collect();
+        proptest::prop_assert_eq!(batches.len(), loader.len());
+        for (i, b) in batches.iter().enumerate() {
+            proptest::prop_assert!(b.len() == batch || (i + 1 == batches.len() && !drop_last && b.len() < batch));
+        }
+        let mut all: Vec<i32> = batches.concat();
+        all.sort();
+        all.dedup();
+        proptest::prop_assert_eq!(all.len(), batches.iter().map(Vec::len).sum::<usize>(), "no sample twice");
+        if !drop_last {
+            proptest::prop_assert_eq!(all, ys);
+        }
+    }
+}
