@@ -20,6 +20,8 @@
 
 pub mod bench;
 mod device;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 pub mod generate;
 pub mod nn;
 pub mod onnx;

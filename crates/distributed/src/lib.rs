@@ -22,6 +22,6 @@ mod parallel;
 mod sampler;
 
 pub use error::DistError;
-pub use group::{DistOptions, ProcessGroup, Transport};
+pub use group::{DistOptions, PendingReduce, ProcessGroup, Transport};
 pub use parallel::{DataParallel, ReduceStats};
 pub use sampler::DistributedSampler;
