@@ -25,10 +25,10 @@
 use crate::device::DeviceExt;
 use crate::nn::{Module, ModuleExt};
 use crate::{BackendError, Device, WgpuDeviceOptions};
-use lazuli_executor::config;
 pub use lazuli_distributed::{
     DataParallel, DistError, DistOptions, DistributedSampler, PendingReduce, ProcessGroup, ReduceStats, Transport,
 };
+use lazuli_executor::config;
 
 /// This rank's device: `LAZULI_DEVICE=cpu` gives the CPU backend;
 /// otherwise the wgpu adapter of the best type whose index is the rank's
@@ -37,9 +37,8 @@ pub use lazuli_distributed::{
 /// `LAZULI_DEVICE=wgpu`, which makes that an error) the CPU backend.
 pub fn device_for(group: &ProcessGroup) -> Result<Device, BackendError> {
     config::check(&config::process)?;
-    let wgpu = || {
-        Device::wgpu_with(WgpuDeviceOptions { adapter_index: Some(group.local_rank()), ..Default::default() })
-    };
+    let wgpu =
+        || Device::wgpu_with(WgpuDeviceOptions { adapter_index: Some(group.local_rank()), ..Default::default() });
     match config::choice(&config::process, "LAZULI_DEVICE")? {
         Some("cpu") => Ok(Device::cpu()),
         Some(_) => wgpu(),

@@ -476,7 +476,7 @@ fn train_loop(
         None => None,
     };
     let (world, rank) = dp.as_ref().map_or((1, 0), |d| (d.group().world_size(), d.group().rank()));
-    if b % world != 0 {
+    if !b.is_multiple_of(world) {
         return Err(DistError::Invalid {
             op: "train_digits_distributed",
             detail: format!("the global batch of {b} rows does not divide between {world} ranks"),

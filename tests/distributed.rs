@@ -47,7 +47,12 @@ fn values(params: &[(String, Tensor)]) -> Result<BTreeMap<String, Vec<f32>>, laz
 /// What a rank ran: the scenario's outcome, or the error it ended with.
 fn run_rank(scenario: &str, group: ProcessGroup, dev: &Device) -> Result<Value, String> {
     let (world, rank) = (group.world_size(), group.rank());
-    let mut out = json!({ "world": world, "rank": rank, "transport": format!("{:?}", group.transport()) });
+    let mut out = json!({
+        "world": world,
+        "rank": rank,
+        "transport": format!("{:?}", group.transport()),
+        "device": dev.name(),
+    });
     // Each rank draws different initial values: only the broadcast makes
     // them equal.
     dev.manual_seed(100 + rank as u64);
@@ -161,7 +166,12 @@ fn is_root() -> bool {
 }
 
 fn describe(o: &Output) -> String {
-    format!("status {}\nstdout:\n{}\nstderr:\n{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// Each rank's JSON, by rank.
@@ -208,6 +218,8 @@ fn ranks_match_one_process(device: &str) {
         assert_eq!(params(&all[0], "init"), params(alone, "init"), "rank 0 draws what one process draws");
         for (r, v) in all.iter().enumerate() {
             assert_eq!((v["world"].as_u64(), v["transport"].as_str()), (Some(ranks as u64), Some("Mpi")), "{v}");
+            let name = v["device"].as_str().unwrap_or_default();
+            assert!(name.to_lowercase().starts_with(device), "LAZULI_DEVICE={device} runs there: {name}");
             if r > 0 {
                 assert_ne!(params(v, "before"), root_before, "rank {r} drew its own values");
             }

@@ -361,12 +361,18 @@ mod mpi_thread {
             let info = match info_rx.recv_timeout(timeout) {
                 Ok(Ok(info)) => info,
                 Ok(Err(e)) => return Err(DistError::Init(e)),
-                Err(_) => return Err(DistError::Init(format!("MPI_Init did not finish within {} s", timeout.as_secs()))),
+                Err(_) => {
+                    return Err(DistError::Init(format!("MPI_Init did not finish within {} s", timeout.as_secs())))
+                }
             };
             Ok((Comm { jobs, done, thread }, info))
         }
 
-        pub fn submit<T>(&self, op: &'static str, job: impl FnOnce(Sender<T>) -> Job) -> Result<Receiver<T>, DistError> {
+        pub fn submit<T>(
+            &self,
+            op: &'static str,
+            job: impl FnOnce(Sender<T>) -> Job,
+        ) -> Result<Receiver<T>, DistError> {
             let (tx, rx) = channel();
             self.jobs.send(job(tx)).map_err(|_| DistError::Broken { op })?;
             Ok(rx)

@@ -167,12 +167,8 @@ impl DataParallel {
                 p.set_grad(Some(g))?;
             }
         }
-        self.last = ReduceStats {
-            bytes,
-            buckets: self.buckets.len(),
-            seconds: started.elapsed().as_secs_f64(),
-            wait_seconds,
-        };
+        self.last =
+            ReduceStats { bytes, buckets: self.buckets.len(), seconds: started.elapsed().as_secs_f64(), wait_seconds };
         Ok(self.last)
     }
 }
@@ -218,7 +214,13 @@ fn broadcast_parameters(group: &ProcessGroup, params: &[(String, Tensor)]) -> Re
     let mut buf = Vec::new();
     let mut local: Result<(), String> = Ok(());
     if group.rank() == 0 {
-        for (_, t) in params {
+        // One sync for all of them (freshly initialized parameters are
+        // pending), then plain reads.
+        let all: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
+        if let Err(e) = sync(&all) {
+            local = Err(e.to_string());
+        }
+        for (_, t) in params.iter().filter(|_| local.is_ok()) {
             match t.to_bytes() {
                 Ok(b) => buf.extend_from_slice(&b),
                 Err(e) => {
@@ -300,8 +302,9 @@ mod tests {
         let loss = (w.sum(&[0], false).unwrap() * 2.0).unwrap().add(&b.sum(&[0], false).unwrap()).unwrap();
         loss.backward().unwrap();
         let options = DistOptions { bucket_bytes: 8, ..DistOptions::default() };
-        let mut dp = DataParallel::new(ProcessGroup::local(options), vec![("w".into(), w.clone()), ("b".into(), b.clone())])
-            .unwrap();
+        let mut dp =
+            DataParallel::new(ProcessGroup::local(options), vec![("w".into(), w.clone()), ("b".into(), b.clone())])
+                .unwrap();
         assert_eq!(dp.buckets(), 2);
         let stats = dp.average_gradients().unwrap();
         assert_eq!((stats.bytes, stats.buckets), (20, 2));
@@ -312,8 +315,8 @@ mod tests {
     #[test]
     fn a_local_failure_is_reported_as_a_failed_rank() {
         let dev = device();
-        let mut dp = DataParallel::new(ProcessGroup::local(DistOptions::default()), vec![("w".into(), param(4, &dev))])
-            .unwrap();
+        let mut dp =
+            DataParallel::new(ProcessGroup::local(DistOptions::default()), vec![("w".into(), param(4, &dev))]).unwrap();
         let err = dp.finish_step(Err("bad shape in forward")).unwrap_err();
         let DistError::RankFailed { rank, world, message, .. } = &err else { panic!("{err:?}") };
         assert_eq!((*rank, *world, message.as_str()), (0, 1, "bad shape in forward"));
@@ -323,7 +326,9 @@ mod tests {
     fn a_non_f32_parameter_is_a_typed_error() {
         let dev = device();
         let t = Tensor::from_slice(&[1.0f64, 2.0], [2], &dev).unwrap();
-        let err = DataParallel::new(ProcessGroup::local(DistOptions::default()), vec![("h".into(), t)]).err().expect("an error");
+        let err = DataParallel::new(ProcessGroup::local(DistOptions::default()), vec![("h".into(), t)])
+            .err()
+            .expect("an error");
         assert!(matches!(err, DistError::UnsupportedDType { ref name, dtype: DType::F64 } if name == "h"), "{err:?}");
     }
 }
