@@ -261,17 +261,22 @@ pub struct DistributedReport {
     pub allreduce_bytes_per_step: u64,
     /// All-reduce buckets per step.
     pub buckets: usize,
-    /// Mean wall time of the gradient average per step (sync, downloads,
-    /// all-reduces, uploads), steady state, milliseconds.
+    /// Mean wall time of the gradient exchange per step once the
+    /// gradients exist (downloads, all-reduces, uploads), steady state,
+    /// milliseconds.
     pub allreduce_ms_per_step: f64,
     /// Of that, time waiting for all-reduces, milliseconds.
     pub allreduce_wait_ms_per_step: f64,
+    /// Mean time per step spent waiting for this rank's backward pass
+    /// before the exchange could start, milliseconds.
+    pub backward_wait_ms_per_step: f64,
 }
 
 impl TrainReport {
-    /// The report as one JSON object.
+    /// The report as one JSON object (with a `distributed` object only for
+    /// data-parallel training).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "device": self.device,
             "epochs": self.epochs,
             "steps": self.steps,
@@ -294,15 +299,19 @@ impl TrainReport {
                 .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
                 .collect::<serde_json::Map<String, serde_json::Value>>(),
             "model": self.model,
-            "distributed": self.distributed.as_ref().map(|d| serde_json::json!({
+        });
+        if let Some(d) = &self.distributed {
+            v["distributed"] = serde_json::json!({
                 "world_size": d.world_size,
                 "batch_per_rank": d.batch_per_rank,
                 "allreduce_bytes_per_step": d.allreduce_bytes_per_step,
                 "buckets": d.buckets,
                 "allreduce_ms_per_step": d.allreduce_ms_per_step,
                 "allreduce_wait_ms_per_step": d.allreduce_wait_ms_per_step,
-            })),
-        })
+                "backward_wait_ms_per_step": d.backward_wait_ms_per_step,
+            });
+        }
+        v
     }
 }
 
@@ -609,6 +618,7 @@ fn train_loop(
                 buckets: dp.buckets(),
                 allreduce_ms_per_step: steady.iter().map(|s| s.seconds).sum::<f64>() * 1e3 / n,
                 allreduce_wait_ms_per_step: steady.iter().map(|s| s.wait_seconds).sum::<f64>() * 1e3 / n,
+                backward_wait_ms_per_step: steady.iter().map(|s| s.backward_seconds).sum::<f64>() * 1e3 / n,
             }
         }),
     })

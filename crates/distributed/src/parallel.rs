@@ -38,11 +38,14 @@ pub struct ReduceStats {
     pub bytes: u64,
     /// All-reduce buckets.
     pub buckets: usize,
-    /// Wall time of the whole average (sync, downloads, all-reduces,
-    /// uploads), seconds.
+    /// Time waiting for this rank's gradients to be computed (the
+    /// backward pass still running on the device), seconds.
+    pub backward_seconds: f64,
+    /// Time of the exchange once the gradients existed: downloads,
+    /// all-reduces, uploads, seconds.
     pub seconds: f64,
-    /// Of that, time spent in all-reduces not hidden behind downloads,
-    /// seconds.
+    /// Of that, time spent waiting for all-reduces not hidden behind
+    /// downloads, seconds.
     pub wait_seconds: f64,
 }
 
@@ -108,13 +111,19 @@ impl DataParallel {
         let grads: Vec<Option<Tensor>> = self.params.iter().map(|(_, p)| p.grad()).collect();
         if failure.is_none() {
             let present: Vec<&Tensor> = grads.iter().flatten().collect();
-            if let Err(e) = sync(&present) {
+            // Sync the gradients as one graph and wait for it, so that the
+            // time below is the exchange's alone.
+            let synced = sync(&present).and_then(|()| present.first().map_or(Ok(()), |g| g.device().wait()));
+            if let Err(e) = synced {
                 failure = Some(e.to_string());
             }
         }
+        let backward_seconds = started.elapsed().as_secs_f64();
+        let started = Instant::now();
         if self.buckets.is_empty() {
             self.group.agree(OP, failure.map_or(Ok(()), Err))?;
-            self.last = ReduceStats { seconds: started.elapsed().as_secs_f64(), ..ReduceStats::default() };
+            self.last =
+                ReduceStats { backward_seconds, seconds: started.elapsed().as_secs_f64(), ..ReduceStats::default() };
             return Ok(self.last);
         }
         let mut bytes = 0u64;
@@ -167,8 +176,13 @@ impl DataParallel {
                 p.set_grad(Some(g))?;
             }
         }
-        self.last =
-            ReduceStats { bytes, buckets: self.buckets.len(), seconds: started.elapsed().as_secs_f64(), wait_seconds };
+        self.last = ReduceStats {
+            bytes,
+            buckets: self.buckets.len(),
+            backward_seconds,
+            seconds: started.elapsed().as_secs_f64(),
+            wait_seconds,
+        };
         Ok(self.last)
     }
 }
