@@ -7,6 +7,7 @@
 
 use lazuli::prelude::*;
 use lazuli::{debug, metrics};
+use lazuli_distributed::ProcessGroup;
 
 /// `lazuli demo`: the training demo (`lazuli::train`), or with `--fused`
 /// the fused elementwise example.
@@ -146,24 +147,28 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// What `--distributed` says in a CLI built without the feature `mpi`.
+#[cfg(not(feature = "mpi"))]
+const NO_MPI: &str = "--distributed needs a lazuli built with the cargo feature `mpi` (cargo build --features mpi)";
+
 #[cfg(feature = "mpi")]
-fn process_group() -> Result<lazuli::distributed::ProcessGroup, String> {
-    lazuli::distributed::ProcessGroup::init().map_err(|e| e.to_string())
+fn process_group() -> Result<ProcessGroup, String> {
+    ProcessGroup::init().map_err(|e| e.to_string())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn process_group() -> Result<std::convert::Infallible, String> {
-    Err("--distributed needs a lazuli built with the cargo feature `mpi` (cargo build --features mpi)".into())
+fn process_group() -> Result<ProcessGroup, String> {
+    Err(NO_MPI.into())
 }
 
 #[cfg(feature = "mpi")]
-fn rank_device(group: &lazuli::distributed::ProcessGroup) -> Result<Device, String> {
+fn rank_device(group: &ProcessGroup) -> Result<Device, String> {
     lazuli::distributed::device_for(group).map_err(|e| e.to_string())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn rank_device(group: &std::convert::Infallible) -> Result<Device, String> {
-    match *group {}
+fn rank_device(_group: &ProcessGroup) -> Result<Device, String> {
+    Err(NO_MPI.into())
 }
 
 #[cfg(feature = "mpi")]
@@ -171,7 +176,7 @@ fn train_distributed(
     dev: &Device,
     data: &lazuli::train::Digits,
     cfg: &lazuli::train::TrainConfig,
-    group: lazuli::distributed::ProcessGroup,
+    group: ProcessGroup,
     progress: &mut dyn FnMut(&lazuli::train::Progress),
 ) -> Result<lazuli::train::TrainReport, String> {
     lazuli::train::train_digits_distributed(dev, data, cfg, group, progress).map_err(|e| e.to_string())
@@ -182,10 +187,10 @@ fn train_distributed(
     _dev: &Device,
     _data: &lazuli::train::Digits,
     _cfg: &lazuli::train::TrainConfig,
-    group: std::convert::Infallible,
+    _group: ProcessGroup,
     _progress: &mut dyn FnMut(&lazuli::train::Progress),
 ) -> Result<lazuli::train::TrainReport, String> {
-    match group {}
+    Err(NO_MPI.into())
 }
 
 /// The demo computation: W1's elementwise chain over a 1024 x 1024 input,
