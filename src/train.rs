@@ -11,12 +11,11 @@
 //! and compiles nothing: [`TrainReport::uncached_compiles_after_step_2`]
 //! counts that.
 //!
-//! With the cargo feature `mpi`, [`train_digits_distributed`] trains the
-//! same model data-parallel across the ranks of a
-//! [`ProcessGroup`](lazuli_distributed::ProcessGroup): each rank takes its
-//! shard of every global batch from a
-//! [`DistributedSampler`](lazuli_distributed::DistributedSampler) and the
-//! gradients are averaged across ranks before the optimizer.
+//! With the cargo feature `mpi`, `train_digits_distributed` trains the
+//! same model data-parallel across the ranks of a [`ProcessGroup`]: each
+//! rank takes its shard of every global batch from a
+//! [`DistributedSampler`] and the gradients are averaged across ranks
+//! before the optimizer.
 
 use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
