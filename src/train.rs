@@ -525,13 +525,28 @@ fn train_loop(
                     .copy_from_slice(&data.images[row * DIGITS_FEATURES..(row + 1) * DIGITS_FEATURES]);
                 yb[i] = data.labels[row] as i32;
             }
-            let x = Tensor::from_slice(&xb, [bl, DIGITS_FEATURES], device)?;
-            let y = Tensor::from_slice(&yb, [bl], device)?;
-            let loss = cross_entropy(&model.forward(&x)?, &y)?;
-            loss.backward()?;
-            if let Some(dp) = &mut dp {
-                reduce_stats.push(dp.average_gradients()?);
-            }
+            let forward_backward = || -> crate::Result<Tensor> {
+                let x = Tensor::from_slice(&xb, [bl, DIGITS_FEATURES], device)?;
+                let y = Tensor::from_slice(&yb, [bl], device)?;
+                let loss = cross_entropy(&model.forward(&x)?, &y)?;
+                loss.backward()?;
+                Ok(loss)
+            };
+            let loss = match &mut dp {
+                None => forward_backward()?,
+                // A rank that failed still takes part in the all-reduce, so
+                // that every rank reports its error instead of waiting.
+                Some(dp) => match forward_backward() {
+                    Ok(loss) => {
+                        reduce_stats.push(dp.average_gradients()?);
+                        loss
+                    }
+                    Err(e) => {
+                        dp.finish_step(Err(&e))?;
+                        return Err(e.into());
+                    }
+                },
+            };
             opt.step()?;
             opt.zero_grad();
             losses.push(loss.detach());

@@ -441,3 +441,37 @@ mod mpi_thread {
         lens.iter().enumerate().map(|(r, &n)| all[r * width..r * width + n as usize].to_vec()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_come_from_the_variables_and_a_malformed_one_is_named() {
+        fn set(name: &str) -> Option<String> {
+            match name {
+                "LAZULI_DIST_TIMEOUT_SECS" => Some("7".into()),
+                "LAZULI_DIST_BUCKET_BYTES" => Some("1048576".into()),
+                _ => None,
+            }
+        }
+        let o = DistOptions::resolve(&set).unwrap();
+        assert_eq!((o.timeout, o.bucket_bytes), (Duration::from_secs(7), 1 << 20));
+        assert_eq!(DistOptions::resolve(&|_: &str| None).unwrap(), DistOptions::default());
+        let zero = |name: &str| (name == "LAZULI_DIST_TIMEOUT_SECS").then(|| "0".to_string());
+        let err = DistOptions::resolve(&zero).unwrap_err();
+        let DistError::Config(e) = &err else { panic!("{err:?}") };
+        assert_eq!((e.variable.as_str(), e.value.as_str()), ("LAZULI_DIST_TIMEOUT_SECS", "0"));
+    }
+
+    #[test]
+    fn a_local_group_returns_its_inputs() {
+        let g = ProcessGroup::local(DistOptions::default());
+        assert_eq!((g.rank(), g.world_size(), g.local_rank(), g.local_size()), (0, 1, 0, 1));
+        assert_eq!(g.transport(), Transport::Local);
+        assert_eq!(g.broadcast_bytes("test", vec![1, 2]).unwrap(), vec![1, 2]);
+        assert_eq!(g.all_reduce_sum("test", vec![0.5]).unwrap(), vec![0.5]);
+        g.agree("test", Ok::<(), String>(())).unwrap();
+        g.barrier().unwrap();
+    }
+}
