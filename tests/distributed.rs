@@ -341,3 +341,19 @@ fn the_demo_on_two_ranks_matches_one_rank() {
     assert_eq!(d["allreduce_bytes_per_step"].as_u64(), Some(4 * (64 * 256 + 256 + 256 * 10 + 10)), "{two}");
     assert_eq!(two["uncached_compiles_after_step_2"].as_u64(), Some(0), "{two}");
 }
+
+/// A rank's GPU: `adapter_index` counts among the adapters of the best
+/// type, modulo their number; index 0 is the adapter `Device::wgpu()`
+/// picks.
+#[test]
+fn adapter_index_picks_among_the_best_adapters() {
+    use lazuli::{DeviceExt, WgpuDeviceOptions};
+    let Some(default) = common::wgpu() else { return };
+    for index in [0, 1, 7, usize::MAX] {
+        let dev = Device::wgpu_with(WgpuDeviceOptions { adapter_index: Some(index), ..Default::default() })
+            .unwrap_or_else(|e| panic!("adapter_index {index}: {e}"));
+        if index == 0 {
+            assert_eq!(dev.name(), default.name());
+        }
+    }
+}
