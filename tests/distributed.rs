@@ -10,7 +10,8 @@
 //! process reaches with batch B; broadcast makes the initial parameters
 //! equal), `mismatch` (different parameter lists: the same clear error on
 //! every rank), `fail` (a rank's bad shape reaches every rank as an
-//! error), `stall` (a stalled rank: its peer times out, the job ends),
+//! error), `device` (a rank's device fails during backward: every rank
+//! gets the error), `stall` (a stalled rank: its peer times out, the job ends),
 //! `die` (a rank exits: mpirun ends the job).
 
 mod common;
@@ -70,6 +71,12 @@ fn run_rank(scenario: &str, group: ProcessGroup, dev: &Device) -> Result<Value, 
     for step in 0..STEPS {
         if scenario == "stall" && rank == 1 {
             std::thread::sleep(Duration::from_secs(120));
+        }
+        if scenario == "device" && rank == 1 && step == 1 {
+            // The backward pass fails on the device, asynchronously (as an
+            // out-of-memory would): the error surfaces at the gradients'
+            // sync, inside the all-reduce.
+            dev.fail_next_executions(1);
         }
         let (x, y) = global_batch(step);
         let rows = rank * per_rank..(rank + 1) * per_rank;
@@ -269,6 +276,17 @@ fn a_failing_rank_is_an_error_on_every_rank() {
         assert!(e.contains("matmul"), "names the failing op: {e}");
     }
     eprintln!("a failing rank: every rank knew within {elapsed:?}");
+}
+
+#[test]
+fn a_device_failure_on_one_rank_is_an_error_on_every_rank() {
+    let (o, _, dir) = launch(2, "device", &[("LAZULI_DEVICE", "cpu")], Duration::from_secs(120));
+    assert!(o.status.success(), "{}", describe(&o));
+    for v in results(&dir, 2, &o) {
+        let e = v["error"].as_str().unwrap_or_else(|| panic!("{v}"));
+        assert!(e.starts_with("rank 1 of 2 failed during all-reduce of gradients: "), "{e}");
+        assert!(e.contains("fault injection"), "carries the device's error: {e}");
+    }
 }
 
 #[test]
