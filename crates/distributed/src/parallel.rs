@@ -26,7 +26,7 @@
 
 use crate::{DistError, ProcessGroup};
 use lazuli_executor::{sync, Tensor};
-use lazuli_ir::DType;
+use lazuli_ir::{DType, ValueType};
 use std::fmt::Display;
 use std::ops::Range;
 use std::time::Instant;
@@ -138,8 +138,10 @@ impl DataParallel {
                 let j = self.params.len() - 1 - i;
                 let n = self.params[j].1.numel();
                 match (&failure, &grads[j]) {
-                    (None, Some(g)) => match g.to_vec::<f32>() {
-                        Ok(v) => buf.extend_from_slice(&v),
+                    // Decoded straight from the canonical little-endian
+                    // bytes into the bucket (one copy).
+                    (None, Some(g)) => match g.to_bytes() {
+                        Ok(b) => buf.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
                         Err(e) => {
                             failure = Some(e.to_string());
                             buf.resize(buf.len() + n, 0.0);
@@ -170,9 +172,17 @@ impl DataParallel {
             for i in range.clone() {
                 let p = &self.params[self.params.len() - 1 - i].1;
                 let n = p.numel();
-                let avg: Vec<f32> = sum[at..at + n].iter().map(|v| v * scale).collect();
+                // Scaled straight into the new gradient's bytes.
+                let mut bytes = Vec::new();
+                if bytes.try_reserve_exact(4 * n).is_err() {
+                    return Err(DistError::Invalid {
+                        op: OP,
+                        detail: format!("cannot allocate {} bytes for the averaged gradient on the host", 4 * n),
+                    });
+                }
+                bytes.extend(sum[at..at + n].iter().flat_map(|v| (v * scale).to_le_bytes()));
                 at += n;
-                let g = Tensor::from_slice(&avg, p.shape().clone(), p.device())?;
+                let g = Tensor::from_bytes(bytes, ValueType::new(p.shape().clone(), DType::F32), p.device())?;
                 p.set_grad(Some(g))?;
             }
         }
@@ -251,9 +261,9 @@ fn broadcast_parameters(group: &ProcessGroup, params: &[(String, Tensor)]) -> Re
         let mut at = 0;
         for (_, p) in params {
             let n = p.numel();
-            let values: Vec<f32> = lazuli_executor::from_bytes(&buf[at..at + 4 * n]);
+            let bytes = buf[at..at + 4 * n].to_vec();
             at += 4 * n;
-            p.assign(&Tensor::from_slice(&values, p.shape().clone(), p.device())?)?;
+            p.assign(&Tensor::from_bytes(bytes, ValueType::new(p.shape().clone(), DType::F32), p.device())?)?;
         }
     }
     Ok(())
