@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! use lazuli::distributed::{data_parallel, device_for, ProcessGroup};
-//! use lazuli::nn::{Linear, Module};
+//! use lazuli::nn::{Linear, Module, ModuleExt};
 //! use lazuli::optim::{Optimizer, Sgd};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let group = ProcessGroup::init()?; // world size 1 without mpirun
