@@ -18,11 +18,16 @@
 //! peers never wait for it, and all ranks then learn its error
 //! ([`DistError::RankFailed`]).
 //!
-//! Rejected alternative: recording the all-reduce as an IR node run by the
-//! executor like a fallback segment would start buckets while backward
-//! still runs; it needs a vocabulary op and a collective segment in the
-//! executor's plan, and is the next step (BENCHMARKS.md measures what the
-//! host-staged version leaves to win).
+//! Not yet done: overlap with the backward pass. The exchange starts once
+//! the whole backward graph has run, because a plan's outputs become
+//! readable together. Overlap needs the all-reduce inside the recorded
+//! step: a vocabulary-only IR op that no backend supports, a collective
+//! segment that the executor's plan cuts out like a CPU fallback segment
+//! and runs through a `Collective` trait object registered on the
+//! `Device` (implemented here, on the communication thread), and a
+//! partition that splits backward into native segments between which the
+//! started all-reduces run, waited for only where the optimizer reads
+//! them. BENCHMARKS.md measures what that would win.
 
 use crate::{DistError, ProcessGroup};
 use lazuli_executor::{sync, Tensor};
