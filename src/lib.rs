@@ -22,6 +22,8 @@ pub mod bench;
 pub mod checkpoint;
 pub mod data;
 mod device;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 pub mod generate;
 pub mod nn;
 pub mod onnx;

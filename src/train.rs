@@ -10,10 +10,17 @@
 //! lifted scalars, so every step after the second has the same graph hash
 //! and compiles nothing: [`TrainReport::uncached_compiles_after_step_2`]
 //! counts that.
+//!
+//! With the cargo feature `mpi`, `train_digits_distributed` trains the
+//! same model data-parallel across the ranks of a [`ProcessGroup`]: each
+//! rank takes its shard of every global batch from a
+//! [`DistributedSampler`] and the gradients are averaged across ranks
+//! before the optimizer.
 
 use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
 use crate::{metrics, no_grad, Device, ExecError, Tensor};
+use lazuli_distributed::{DataParallel, DistError, DistributedSampler, ProcessGroup};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use thiserror::Error;
@@ -39,6 +46,9 @@ pub enum TrainError {
     /// The engine failed.
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// Distributed training failed (on this rank or another).
+    #[error(transparent)]
+    Dist(#[from] DistError),
 }
 
 /// The digits dataset: `images` row-major `[n, 64]` in `[0, 1]`, `labels` 0..9.
@@ -234,12 +244,38 @@ pub struct TrainReport {
     pub fallback_by_op: Vec<(String, u64)>,
     /// The model trained ("mlp" or "cnn").
     pub model: String,
+    /// What data-parallel training added (`None` in one process without a
+    /// group).
+    pub distributed: Option<DistributedReport>,
+}
+
+/// The data-parallel part of a [`TrainReport`], as measured on this rank.
+#[derive(Clone, Debug)]
+pub struct DistributedReport {
+    /// Ranks.
+    pub world_size: usize,
+    /// Rows per rank per step (the global batch over the ranks).
+    pub batch_per_rank: usize,
+    /// Gradient bytes each rank all-reduces per step.
+    pub allreduce_bytes_per_step: u64,
+    /// All-reduce buckets per step.
+    pub buckets: usize,
+    /// Mean wall time of the gradient exchange per step once the
+    /// gradients exist (downloads, all-reduces, uploads), steady state,
+    /// milliseconds.
+    pub allreduce_ms_per_step: f64,
+    /// Of that, time waiting for all-reduces, milliseconds.
+    pub allreduce_wait_ms_per_step: f64,
+    /// Mean time per step spent waiting for this rank's backward pass
+    /// before the exchange could start, milliseconds.
+    pub backward_wait_ms_per_step: f64,
 }
 
 impl TrainReport {
-    /// The report as one JSON object.
+    /// The report as one JSON object (with a `distributed` object only for
+    /// data-parallel training).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "device": self.device,
             "epochs": self.epochs,
             "steps": self.steps,
@@ -262,7 +298,19 @@ impl TrainReport {
                 .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
                 .collect::<serde_json::Map<String, serde_json::Value>>(),
             "model": self.model,
-        })
+        });
+        if let Some(d) = &self.distributed {
+            v["distributed"] = serde_json::json!({
+                "world_size": d.world_size,
+                "batch_per_rank": d.batch_per_rank,
+                "allreduce_bytes_per_step": d.allreduce_bytes_per_step,
+                "buckets": d.buckets,
+                "allreduce_ms_per_step": d.allreduce_ms_per_step,
+                "allreduce_wait_ms_per_step": d.allreduce_wait_ms_per_step,
+                "backward_wait_ms_per_step": d.backward_wait_ms_per_step,
+            });
+        }
+        v
     }
 }
 
@@ -387,6 +435,33 @@ pub fn train_digits(
     cfg: &TrainConfig,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<TrainReport, TrainError> {
+    train_loop(device, data, cfg, None, progress)
+}
+
+/// [`train_digits`] data-parallel over `group`: `cfg.batch_size` is the
+/// global batch (it must divide by the world size), rank 0's initial
+/// parameters are broadcast, each rank trains on its shard of each
+/// epoch's permutation ([`DistributedSampler`] with `drop_last`) and the
+/// gradients are averaged across ranks every step. Every rank returns the
+/// same accuracies; the losses reported are this rank's.
+#[cfg(feature = "mpi")]
+pub fn train_digits_distributed(
+    device: &Device,
+    data: &Digits,
+    cfg: &TrainConfig,
+    group: ProcessGroup,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<TrainReport, TrainError> {
+    train_loop(device, data, cfg, Some(group), progress)
+}
+
+fn train_loop(
+    device: &Device,
+    data: &Digits,
+    cfg: &TrainConfig,
+    group: Option<ProcessGroup>,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<TrainReport, TrainError> {
     // Compiles are counted on this device (plans added to its cache), so
     // other work in the process cannot disturb the figures.
     let plans0 = device.cached_plans();
@@ -404,11 +479,30 @@ pub fn train_digits(
         .weight_decay(cfg.weight_decay);
 
     let b = cfg.batch_size.clamp(1, DIGITS_TRAIN_ROWS);
-    let steps_per_epoch = DIGITS_TRAIN_ROWS / b;
+    let mut dp = match group {
+        Some(g) => Some(DataParallel::new(g, model.named_parameters())?),
+        None => None,
+    };
+    let (world, rank) = dp.as_ref().map_or((1, 0), |d| (d.group().world_size(), d.group().rank()));
+    if !b.is_multiple_of(world) {
+        return Err(DistError::Invalid {
+            op: "train_digits_distributed",
+            detail: format!("the global batch of {b} rows does not divide between {world} ranks"),
+        }
+        .into());
+    }
+    // Rows per step on this rank.
+    let bl = b / world;
+    let mut sampler = match &dp {
+        Some(_) => Some(DistributedSampler::new(DIGITS_TRAIN_ROWS, world, rank)?.seed(cfg.seed).drop_last(true)),
+        None => None,
+    };
+    let steps_per_epoch = sampler.as_ref().map_or(DIGITS_TRAIN_ROWS / b, |s| s.num_samples() / bl);
     let mut rng = HostRng(cfg.seed ^ 0xD1_6175);
     let mut order: Vec<usize> = (0..DIGITS_TRAIN_ROWS).collect();
-    let mut xb = vec![0f32; b * DIGITS_FEATURES];
-    let mut yb = vec![0i32; b];
+    let mut xb = vec![0f32; bl * DIGITS_FEATURES];
+    let mut yb = vec![0i32; bl];
+    let mut reduce_stats: Vec<lazuli_distributed::ReduceStats> = Vec::new();
     let mut step_ms: Vec<f64> = Vec::new();
     let mut epoch_losses = Vec::new();
     let mut after_step_2 = None;
@@ -416,19 +510,43 @@ pub fn train_digits(
     let started = Instant::now();
     let mut last_loss: Option<f64> = None;
     for epoch in 0..cfg.epochs {
-        rng.shuffle(&mut order);
+        match &mut sampler {
+            Some(s) => {
+                s.set_epoch(epoch as u64);
+                order = s.indices();
+            }
+            None => rng.shuffle(&mut order),
+        }
         let mut losses: Vec<Tensor> = Vec::with_capacity(steps_per_epoch);
         for s in 0..steps_per_epoch {
             let t0 = Instant::now();
-            for (i, &row) in order[s * b..(s + 1) * b].iter().enumerate() {
+            for (i, &row) in order[s * bl..(s + 1) * bl].iter().enumerate() {
                 xb[i * DIGITS_FEATURES..(i + 1) * DIGITS_FEATURES]
                     .copy_from_slice(&data.images[row * DIGITS_FEATURES..(row + 1) * DIGITS_FEATURES]);
                 yb[i] = data.labels[row] as i32;
             }
-            let x = Tensor::from_slice(&xb, [b, DIGITS_FEATURES], device)?;
-            let y = Tensor::from_slice(&yb, [b], device)?;
-            let loss = cross_entropy(&model.forward(&x)?, &y)?;
-            loss.backward()?;
+            let forward_backward = || -> crate::Result<Tensor> {
+                let x = Tensor::from_slice(&xb, [bl, DIGITS_FEATURES], device)?;
+                let y = Tensor::from_slice(&yb, [bl], device)?;
+                let loss = cross_entropy(&model.forward(&x)?, &y)?;
+                loss.backward()?;
+                Ok(loss)
+            };
+            let loss = match &mut dp {
+                None => forward_backward()?,
+                // A rank that failed still takes part in the all-reduce, so
+                // that every rank reports its error instead of waiting.
+                Some(dp) => match forward_backward() {
+                    Ok(loss) => {
+                        reduce_stats.push(dp.average_gradients()?);
+                        loss
+                    }
+                    Err(e) => {
+                        dp.finish_step(Err(&e))?;
+                        return Err(e.into());
+                    }
+                },
+            };
             opt.step()?;
             opt.zero_grad();
             losses.push(loss.detach());
@@ -503,6 +621,20 @@ pub fn train_digits(
         fallback_ops,
         fallback_by_op,
         model: cfg.model.name().to_string(),
+        distributed: dp.map(|dp| {
+            // Steady state: leave out the first two steps (they compile).
+            let steady = if reduce_stats.len() > 2 { &reduce_stats[2..] } else { &reduce_stats[..] };
+            let n = steady.len().max(1) as f64;
+            DistributedReport {
+                world_size: world,
+                batch_per_rank: bl,
+                allreduce_bytes_per_step: steady.first().map_or(0, |s| s.bytes),
+                buckets: dp.buckets(),
+                allreduce_ms_per_step: steady.iter().map(|s| s.seconds).sum::<f64>() * 1e3 / n,
+                allreduce_wait_ms_per_step: steady.iter().map(|s| s.wait_seconds).sum::<f64>() * 1e3 / n,
+                backward_wait_ms_per_step: steady.iter().map(|s| s.backward_seconds).sum::<f64>() * 1e3 / n,
+            }
+        }),
     })
 }
 

@@ -117,8 +117,10 @@ pub fn describe(a: &Adapter) -> String {
 
 /// Picks an adapter: the first whose name contains `name` (or
 /// `WGPU_ADAPTER_NAME`), case-insensitively; otherwise the best by device
-/// type under `WGPU_POWER_PREF` (discrete first, software last).
-pub fn select(inst: &Instances, name: Option<&str>) -> Option<Adapter> {
+/// type under `WGPU_POWER_PREF` (discrete first, software last); with
+/// `index`, the `index`-th (modulo their number) of the adapters of that
+/// best type, in wgpu's order.
+pub fn select(inst: &Instances, name: Option<&str>, index: Option<usize>) -> Option<Adapter> {
     let adapters = inst.adapters();
     let env_name = std::env::var("WGPU_ADAPTER_NAME").ok();
     if let Some(want) = name.map(str::to_string).or(env_name) {
@@ -136,7 +138,10 @@ pub fn select(inst: &Instances, name: Option<&str>) -> Option<Adapter> {
             (DeviceType::Other, _) => 5,
         }
     };
-    adapters.into_iter().min_by_key(rank)
+    let best = adapters.iter().map(rank).min()?;
+    let mut of_best: Vec<Adapter> = adapters.into_iter().filter(|a| rank(a) == best).collect();
+    let i = index.unwrap_or(0) % of_best.len();
+    Some(of_best.swap_remove(i))
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ impl Context {
     /// `BackendError::Device` when no adapter matches.
     pub fn open(options: &WgpuOptions) -> Result<Opened, BackendError> {
         let inst = adapter::instance();
-        let a = adapter::select(&inst, options.adapter_name.as_deref())
+        let a = adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
             .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
         let info = a.get_info();
         let name = format!("wgpu: {} ({:?}, {:?})", info.name, info.backend, info.device_type);

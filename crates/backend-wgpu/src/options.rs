@@ -22,6 +22,11 @@ pub struct WgpuOptions {
     /// Substring of the adapter name to pick (else `WGPU_ADAPTER_NAME`,
     /// else the best adapter by type).
     pub adapter_name: Option<String>,
+    /// Without a name: the `n`-th (modulo their number) of the adapters of
+    /// the best device type, in the order wgpu lists them. Data-parallel
+    /// training gives each rank of a machine its own GPU with the rank's
+    /// local index.
+    pub adapter_index: Option<usize>,
     /// Most bytes of freed buffers the buffer pool keeps for reuse. Else
     /// `LAZULI_POOL_BYTES` (a decimal byte count; a malformed value fails
     /// [`crate::WgpuBackend::new`]), else derived from the adapter by

@@ -1,10 +1,13 @@
 //! `lazuli demo`: training on the 8x8 digits dataset (`lazuli::train`, an
 //! MLP or a small CNN) with a progress bar and the compile counters, or
 //! with `--fused` the small fused elementwise example: one graph, its
-//! kernels and their WGSL.
+//! kernels and their WGSL. With `--distributed` (a CLI built with the
+//! cargo feature `mpi`, run under `mpirun -np N`) the training is
+//! data-parallel across the ranks; rank 0 prints.
 
 use lazuli::prelude::*;
 use lazuli::{debug, metrics};
+use lazuli_distributed::ProcessGroup;
 
 /// `lazuli demo`: the training demo (`lazuli::train`), or with `--fused`
 /// the fused elementwise example.
@@ -25,6 +28,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let mut cfg = lazuli::train::TrainConfig::for_model(model);
     let (mut device_args, mut json, mut data_dir) = (Vec::new(), false, lazuli::train::Digits::default_dir());
+    let mut distributed = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
@@ -36,13 +40,29 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--epochs" => cfg.epochs = value("--epochs")?.parse().map_err(|e| format!("--epochs: {e}"))?,
             "--seed" => cfg.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--data" => data_dir = value("--data")?.into(),
+            "--batch" => cfg.batch_size = value("--batch")?.parse().map_err(|e| format!("--batch: {e}"))?,
             "--json" => json = true,
+            "--distributed" => distributed = true,
             other => return Err(format!("unknown option {other:?}")),
         }
     }
-    let dev = crate::device_arg(&device_args)?;
+    let group = if distributed { Some(process_group()?) } else { None };
+    // Only rank 0 prints.
+    let quiet = group.as_ref().is_some_and(|g| g.rank() != 0);
+    let dev = match &group {
+        Some(g) if device_args.is_empty() => rank_device(g)?,
+        _ => crate::device_arg(&device_args)?,
+    };
     let data = lazuli::train::Digits::load(&data_dir).map_err(|e| e.to_string())?;
-    if !json {
+    if let (Some(g), false) = (&group, json || quiet) {
+        println!(
+            "data-parallel over {} rank(s) ({:?}): batch {} per rank, gradients averaged every step",
+            g.world_size(),
+            g.transport(),
+            cfg.batch_size / g.world_size().max(1)
+        );
+    }
+    if !json && !quiet {
         println!("device: {}", dev.name());
         let what = match cfg.model {
             lazuli::train::DigitsModel::Mlp => format!("an MLP 64 -> {} -> 10", cfg.hidden),
@@ -65,7 +85,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .progress_chars("=> ");
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut progress = |p: &lazuli::train::Progress| {
-        if json {
+        if json || quiet {
             return;
         }
         let b = bar.get_or_insert_with(|| {
@@ -83,7 +103,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     };
     metrics::reset();
-    let report = lazuli::train::train_digits(&dev, &data, &cfg, &mut progress).map_err(|e| e.to_string())?;
+    let report = match group {
+        Some(g) => train_distributed(&dev, &data, &cfg, g, &mut progress)?,
+        None => lazuli::train::train_digits(&dev, &data, &cfg, &mut progress).map_err(|e| e.to_string())?,
+    };
+    if quiet {
+        return Ok(());
+    }
     if json {
         println!("{}", report.to_json());
         return Ok(());
@@ -101,12 +127,70 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "one step = {} graph nodes in {} kernel(s); {} node(s) ran on the CPU fallback",
         report.graph_nodes_per_step, report.kernels_per_step, report.fallback_ops
     );
+    if let Some(d) = &report.distributed {
+        println!(
+            "all-reduce: {} ranks, {:.3} MB of gradients per step in {} bucket(s), {:.3} ms per step \
+             ({:.3} ms waiting for all-reduces), after {:.3} ms waiting for the backward pass",
+            d.world_size,
+            d.allreduce_bytes_per_step as f64 / 1e6,
+            d.buckets,
+            d.allreduce_ms_per_step,
+            d.allreduce_wait_ms_per_step,
+            d.backward_wait_ms_per_step
+        );
+    }
     if !report.fallback_by_op.is_empty() {
         let by_op: Vec<String> = report.fallback_by_op.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("fallback by op: {}", by_op.join(" "));
     }
     println!("\n{}", metrics::report());
     Ok(())
+}
+
+/// What `--distributed` says in a CLI built without the feature `mpi`.
+#[cfg(not(feature = "mpi"))]
+const NO_MPI: &str = "--distributed needs a lazuli built with the cargo feature `mpi` (cargo build --features mpi)";
+
+#[cfg(feature = "mpi")]
+fn process_group() -> Result<ProcessGroup, String> {
+    ProcessGroup::init().map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn process_group() -> Result<ProcessGroup, String> {
+    Err(NO_MPI.into())
+}
+
+#[cfg(feature = "mpi")]
+fn rank_device(group: &ProcessGroup) -> Result<Device, String> {
+    lazuli::distributed::device_for(group).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn rank_device(_group: &ProcessGroup) -> Result<Device, String> {
+    Err(NO_MPI.into())
+}
+
+#[cfg(feature = "mpi")]
+fn train_distributed(
+    dev: &Device,
+    data: &lazuli::train::Digits,
+    cfg: &lazuli::train::TrainConfig,
+    group: ProcessGroup,
+    progress: &mut dyn FnMut(&lazuli::train::Progress),
+) -> Result<lazuli::train::TrainReport, String> {
+    lazuli::train::train_digits_distributed(dev, data, cfg, group, progress).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_distributed(
+    _dev: &Device,
+    _data: &lazuli::train::Digits,
+    _cfg: &lazuli::train::TrainConfig,
+    _group: ProcessGroup,
+    _progress: &mut dyn FnMut(&lazuli::train::Progress),
+) -> Result<lazuli::train::TrainReport, String> {
+    Err(NO_MPI.into())
 }
 
 /// The demo computation: W1's elementwise chain over a 1024 x 1024 input,

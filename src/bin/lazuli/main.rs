@@ -34,11 +34,14 @@ const USAGE: &str = "usage: lazuli <command> [options]
 commands:
   info                      list wgpu adapters, the device Device::default() picks and the
                             effective configuration (each variable's value and source)
-  demo [--model mlp|cnn] [--device cpu|wgpu] [--epochs N] [--seed N] [--data DIR] [--json]
+  demo [--model mlp|cnn] [--device cpu|wgpu] [--epochs N] [--batch N] [--seed N] [--data DIR] [--json]
+       [--distributed]
                             train on the 8x8 digits dataset: an MLP (64 -> 256 -> 10, the
                             default) or a LeNet-style CNN (conv 3x3 1->16, ReLU, max-pool 2,
                             conv 3x3 16->32, ReLU, max-pool 2, linear 128->10; 30 epochs);
                             each step is one cached graph (see --json for the counters)
+                            --distributed: data-parallel under mpirun -np N (built with
+                            --features mpi); --batch is the global batch, rank 0 prints
   demo --fused [--device cpu|wgpu]
                             the small fused elementwise example (one graph, its kernels)
   dump [--device cpu|wgpu]  show the IR, DOT and WGSL of the demo's graph
