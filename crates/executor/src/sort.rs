@@ -1,0 +1,178 @@
+//! Sorting along an axis with PyTorch's names and stable order: `sort`,
+//! `argsort` and `topk`. No IR op of its own: each is a composition of
+//! public ops, so every backend runs it natively (f32 on wgpu never falls
+//! back) and autograd differentiates the values through a gather.
+//!
+//! The order is computed by counting (rank-by-counting): element `i` of a
+//! row of `n` goes to position `rank(i) = #{j : x[j] before x[i]} + #{j <
+//! i : x[j] ties x[i]}`, one comparison reduction over an `[n, n]`
+//! broadcast that fuses into one kernel per chunk; the position-to-index
+//! inverse is a second reduction, `index[r] = sum_i i * (rank(i) == r)`,
+//! over `[k, n]` (only the first `k` positions for `topk`). Ranks are a
+//! permutation, so both are exact integer sums. That is O(n^2) work per
+//! row (O(n k) for the inverse), cheap and fully parallel for the rows a
+//! model sorts (a few thousand), and it gives PyTorch's *stable* order:
+//! ties keep their input order, ascending and descending, and NaN sorts as
+//! the largest value (last ascending, first descending), as in PyTorch.
+//!
+//! Limits, by design: a row may hold at most [`SORT_MAX_ROW`] elements
+//! (a longer one is an error naming the op and shape, never a slow or
+//! wrong answer). The broadcast comparisons are recorded in chunks of at
+//! most 2^24 elements (rows grouped, long rows split), so no backend
+//! holds more than one chunk's intermediate at a time. Rejected
+//! alternative: a new IR op with a bitonic sort in workgroup memory, which
+//! would be O(n log^2 n) but needs a kernel family, a CPU kernel and
+//! coverage in every layer; the counting form reuses the fused reduction
+//! kernels and is exact by construction.
+
+use crate::{ExecError, Result, Tensor};
+use lazuli_ir::{DType, IrError};
+use std::panic::Location;
+
+/// The longest row [`Tensor::sort`], [`Tensor::argsort`] and
+/// [`Tensor::topk`] accept: their rank-by-counting form does O(n^2)
+/// comparisons per row.
+pub const SORT_MAX_ROW: usize = 16384;
+
+/// Elements of one recorded broadcast comparison.
+const CHUNK: usize = 1 << 24;
+
+impl Tensor {
+    /// The elements along `axis` in ascending (or, with `descending`,
+    /// descending) order and the indices (i32, as [`Tensor::argmax`]) they
+    /// came from (PyTorch's `sort` with `stable=True`): equal elements keep
+    /// their order, NaN is the largest value. Works for float and integer
+    /// dtypes (bool sorts as 0 and 1). Rows longer than [`SORT_MAX_ROW`]
+    /// are an error. The values are differentiable (the gradient is
+    /// scattered back through the indices).
+    #[track_caller]
+    pub fn sort(&self, axis: isize, descending: bool) -> Result<(Tensor, Tensor)> {
+        let at = Location::caller();
+        let ax = self.axis("sort", axis)?;
+        let idx = self.order("sort", ax, self.dims()[ax], descending, at)?;
+        Ok((self.gather_torch(ax as isize, &idx)?, idx))
+    }
+
+    /// The indices (i32) that sort `self` along `axis`: the second result of
+    /// [`Tensor::sort`] (PyTorch's `argsort` with `stable=True`).
+    #[track_caller]
+    pub fn argsort(&self, axis: isize, descending: bool) -> Result<Tensor> {
+        let at = Location::caller();
+        let ax = self.axis("argsort", axis)?;
+        self.order("argsort", ax, self.dims()[ax], descending, at)
+    }
+
+    /// The `k` largest (or, without `largest`, smallest) elements along
+    /// `axis`, in order, and their indices (i32) (PyTorch's `topk` with
+    /// `sorted=True`); ties keep their input order, NaN counts as the
+    /// largest value. `k` may not exceed the axis' length; rows longer than
+    /// [`SORT_MAX_ROW`] are an error. The values are differentiable.
+    #[track_caller]
+    pub fn topk(&self, k: usize, axis: isize, largest: bool) -> Result<(Tensor, Tensor)> {
+        let at = Location::caller();
+        let ax = self.axis("topk", axis)?;
+        let idx = self.order("topk", ax, k, largest, at)?;
+        Ok((self.gather_torch(ax as isize, &idx)?, idx))
+    }
+
+    /// The indices of the first `k` positions of the stable order along
+    /// `axis`, shaped as `self` with `k` along `axis`.
+    fn order(&self, op: &str, axis: usize, k: usize, descending: bool, at: &Location<'_>) -> Result<Tensor> {
+        let n = self.dims()[axis];
+        if k > n {
+            return Err(ExecError::Ir(IrError::Shape {
+                op: op.into(),
+                detail: format!("k = {k} exceeds the {n} elements of axis {axis} of shape {} (at {at})", self.shape()),
+            }));
+        }
+        if n > SORT_MAX_ROW {
+            return Err(ExecError::Invalid {
+                op: op.into(),
+                detail: format!(
+                    "axis {axis} of shape {} has {n} elements, more than the {SORT_MAX_ROW} a sorted row may hold \
+                     (the rank-by-counting sort does n^2 comparisons per row) (at {at})",
+                    self.shape()
+                ),
+            });
+        }
+        let mut out_dims = self.dims().to_vec();
+        out_dims[axis] = k;
+        let dev = self.device();
+        if out_dims.contains(&0) {
+            return Tensor::zeros(out_dims, DType::I32, dev);
+        }
+        let x = self.detach();
+        let x = if x.dtype() == DType::Bool { x.cast(DType::U8)? } else { x };
+        let last = self.rank() - 1;
+        let moved = if axis == last { x } else { x.transpose(axis as isize, last as isize)? };
+        let mut lead = moved.dims()[..last].to_vec();
+        let rows: usize = lead.iter().product();
+        let flat = moved.reshape_to([rows, n])?;
+        let float = flat.dtype().is_float();
+        let ranks = chunked(&flat, n, |part, i0, len| rank_chunk(part, i0, len, descending, float))?;
+        let idx = chunked(&ranks, k, position_chunk)?;
+        lead.push(k);
+        let idx = idx.reshape_to(lead)?;
+        if axis == last {
+            Ok(idx)
+        } else {
+            idx.transpose(axis as isize, last as isize)
+        }
+    }
+}
+
+/// `f(rows, start, len)` over `[rows, n]` for every chunk of `width`
+/// columns, rows grouped and columns split so that each chunk's `[rows,
+/// len, n]` broadcast holds at most [`CHUNK`] elements; the `[rows, len]`
+/// results joined into `[rows, width]`.
+fn chunked(flat: &Tensor, width: usize, f: impl Fn(&Tensor, usize, usize) -> Result<Tensor>) -> Result<Tensor> {
+    let (rows, n) = (flat.dims()[0], flat.dims()[1]);
+    let cols = (CHUNK / n).clamp(1, width);
+    let group = (CHUNK / (n * cols)).clamp(1, rows);
+    let mut groups = Vec::new();
+    for r0 in (0..rows).step_by(group) {
+        let g = group.min(rows - r0);
+        let part = if g == rows { flat.clone() } else { flat.narrow(0, r0, g)? };
+        let mut pieces = Vec::new();
+        for c0 in (0..width).step_by(cols) {
+            pieces.push(f(&part, c0, cols.min(width - c0))?);
+        }
+        groups.push(Tensor::concat(&pieces.iter().collect::<Vec<_>>(), 1)?);
+    }
+    Tensor::concat(&groups.iter().collect::<Vec<_>>(), 0)
+}
+
+/// The ranks (i32) of elements `i0..i0 + len` of each row of `part`
+/// (`[g, n]`) in the stable order.
+fn rank_chunk(part: &Tensor, i0: usize, len: usize, descending: bool, float: bool) -> Result<Tensor> {
+    let n = part.dims()[1];
+    let dev = part.device();
+    let a = part.narrow(1, i0, len)?.unsqueeze(2)?; // [g, len, 1]: element i
+    let b = part.unsqueeze(1)?; // [g, 1, n]: element j
+    let mut before = if descending { b.gt(&a)? } else { b.lt(&a)? };
+    let mut same = b.eq(&a)?;
+    if float {
+        // NaN is the largest value and ties with NaN.
+        let (na, nb) = (a.isnan()?, b.isnan()?);
+        let nan_before =
+            if descending { nb.logical_and(&na.logical_not()?)? } else { na.logical_and(&nb.logical_not()?)? };
+        before = before.logical_or(&nan_before)?;
+        same = same.logical_or(&na.logical_and(&nb)?)?;
+    }
+    let j = Tensor::iota([len, n], 1, DType::I32, dev)?;
+    let i = Tensor::iota([len, n], 0, DType::I32, dev)?.add_scalar(i0 as i64)?;
+    let earlier = j.lt(&i)?;
+    before.logical_or(&same.logical_and(&earlier)?)?.cast(DType::I32)?.sum(&[2], false)
+}
+
+/// The indices (i32) of positions `r0..r0 + len` of each row of `ranks`
+/// (`[g, n]`, each row a permutation of `0..n`).
+fn position_chunk(ranks: &Tensor, r0: usize, len: usize) -> Result<Tensor> {
+    let n = ranks.dims()[1];
+    let dev = ranks.device();
+    let r = Tensor::iota([len, 1], 0, DType::I32, dev)?.add_scalar(r0 as i64)?;
+    let hit = ranks.unsqueeze(1)?.eq(&r)?; // [g, len, n]
+    let j = Tensor::iota([n], 0, DType::I32, dev)?;
+    let zero = Tensor::scalar(0, DType::I32, dev);
+    hit.where_(&j, &zero)?.sum(&[2], false)
+}

@@ -1,0 +1,211 @@
+//! `sort`, `argsort`, `topk` and `einsum`: values and indices against
+//! naive references computed here (PyTorch's stable order, NaN largest),
+//! on the CPU and on wgpu with no fallback op in f32; gradients against
+//! central finite differences in f64 on the CPU; and errors naming the op.
+
+mod common;
+
+use lazuli::prelude::*;
+use lazuli::{no_grad, Result};
+
+fn t32(dev: &Device, v: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(v, shape.to_vec(), dev).unwrap()
+}
+
+/// Runs `f` on every device and checks its f32 and i32 results, with no op
+/// falling back to the CPU.
+#[track_caller]
+fn on_devices(what: &str, want: (&[f32], &[i32]), shape: &[usize], f: impl Fn(&Device) -> Result<(Tensor, Tensor)>) {
+    let _lock = common::metrics_lock();
+    for dev in common::devices() {
+        lazuli::metrics::reset();
+        let (v, i) = f(&dev).unwrap();
+        assert_eq!(v.dims(), shape, "{what} on {}: shape", dev.name());
+        assert_eq!(i.dims(), shape, "{what} on {}: index shape", dev.name());
+        assert_eq!(i.dtype(), DType::I32, "{what}: index dtype");
+        common::assert_close(&v.to_vec::<f32>().unwrap(), want.0, 0.0, 0.0, &format!("{what} on {}", dev.name()));
+        assert_eq!(i.to_vec::<i32>().unwrap(), want.1, "{what} on {}: indices", dev.name());
+        assert_eq!(
+            lazuli::metrics::counter("FallbackOps"),
+            0,
+            "{what} on {}: {}",
+            dev.name(),
+            lazuli::metrics::report()
+        );
+    }
+}
+
+/// PyTorch's stable sort of each row of `[rows, n]` (NaN largest): values,
+/// then indices, keeping the first `k` of each row.
+fn reference(x: &[f32], n: usize, k: usize, descending: bool) -> (Vec<f32>, Vec<i32>) {
+    let key = |a: f32, b: f32| {
+        let o = match (a.is_nan(), b.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Greater,
+            (false, true) => std::cmp::Ordering::Less,
+            _ => a.partial_cmp(&b).unwrap(),
+        };
+        if descending {
+            o.reverse()
+        } else {
+            o
+        }
+    };
+    let (mut vals, mut idx) = (Vec::new(), Vec::new());
+    for row in x.chunks(n) {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| key(row[a], row[b])); // stable
+        for &o in &order[..k] {
+            vals.push(row[o]);
+            idx.push(o as i32);
+        }
+    }
+    (vals, idx)
+}
+
+/// `[a, b]` -> `[b, a]` of a row-major matrix.
+fn transpose<T: Copy>(x: &[T], a: usize, b: usize) -> Vec<T> {
+    (0..a * b).map(|e| x[(e % a) * b + e / a]).collect()
+}
+
+/// Values with many ties (a few distinct levels).
+fn tied(n: usize, seed: u64) -> Vec<f32> {
+    common::rand_vec(n, seed, 0.0, 5.0).into_iter().map(|v| v.floor() - 2.0).collect()
+}
+
+// ---- sort / argsort / topk ----
+
+#[test]
+fn sort_is_stable_along_the_last_axis_both_ways() {
+    let x = tied(3 * 17, 1);
+    for descending in [false, true] {
+        let (v, i) = reference(&x, 17, 17, descending);
+        on_devices(&format!("sort descending={descending}"), (&v, &i), &[3, 17], |d| {
+            t32(d, &x, &[3, 17]).sort(-1, descending)
+        });
+    }
+}
+
+#[test]
+fn sort_along_axis_zero_and_argsort_of_integers() {
+    // [5, 4] sorted along axis 0 is the transpose of sorting [4, 5]'s rows.
+    let x = tied(20, 2);
+    let (v, i) = reference(&transpose(&x, 5, 4), 5, 5, true);
+    let (v, i) = (transpose(&v, 4, 5), transpose(&i, 4, 5));
+    on_devices("sort axis 0", (&v, &i), &[5, 4], |d| t32(d, &x, &[5, 4]).sort(0, true));
+    for dev in common::devices() {
+        let xi: Vec<i32> = x.iter().map(|&v| v as i32).collect();
+        let t = Tensor::from_slice(&xi, [5, 4], &dev).unwrap();
+        assert_eq!(t.argsort(0, true).unwrap().to_vec::<i32>().unwrap(), i, "argsort i32 on {}", dev.name());
+        let b = t.gt_scalar(0).unwrap();
+        let (_, bi) =
+            reference(&transpose(&x.iter().map(|&v| (v > 0.0) as u8 as f32).collect::<Vec<_>>(), 5, 4), 5, 5, false);
+        assert_eq!(b.argsort(0, false).unwrap().to_vec::<i32>().unwrap(), transpose(&bi, 4, 5), "bool argsort");
+    }
+}
+
+#[test]
+fn nan_sorts_as_the_largest_value() {
+    let x = [1.0f32, f32::NAN, -1.0, f32::NAN, 0.0, -0.0, f32::INFINITY, 2.0];
+    for descending in [false, true] {
+        let (v, i) = reference(&x, 8, 8, descending);
+        on_devices(&format!("sort with NaN descending={descending}"), (&v, &i), &[8], |d| {
+            t32(d, &x, &[8]).sort(0, descending)
+        });
+    }
+    let (v, i) = reference(&x, 8, 3, true);
+    on_devices("topk with NaN", (&v, &i), &[3], |d| t32(d, &x, &[8]).topk(3, 0, true));
+}
+
+#[test]
+fn topk_largest_and_smallest() {
+    let x = tied(4 * 9, 3);
+    for largest in [true, false] {
+        let (v, i) = reference(&x, 9, 4, largest);
+        on_devices(&format!("topk largest={largest}"), (&v, &i), &[4, 4], |d| t32(d, &x, &[4, 9]).topk(4, 1, largest));
+    }
+    // Along a middle axis of [2, 9, 3]: the reference sorts [2, 3, 9].
+    let x = common::rand_vec(54, 4, -1.0, 1.0);
+    let moved: Vec<f32> = (0..54).map(|e| x[(e / 27) * 27 + (e % 9) * 3 + (e / 9) % 3]).collect();
+    let (v, i) = reference(&moved, 9, 2, true);
+    let back = |w: &[f32]| -> Vec<f32> { (0..12).map(|e| w[(e / 6) * 6 + (e % 3) * 2 + (e / 3) % 2]).collect() };
+    let vi: Vec<f32> = i.iter().map(|&i| i as f32).collect();
+    let (v, i): (Vec<f32>, Vec<i32>) = (back(&v), back(&vi).into_iter().map(|i| i as i32).collect());
+    on_devices("topk middle axis", (&v, &i), &[2, 2, 3], |d| t32(d, &x, &[2, 9, 3]).topk(2, 1, true));
+}
+
+#[test]
+fn long_rows_and_many_rows_are_chunked() {
+    // 4100^2 > 2^24: the ranks are counted in several chunks of one row;
+    // 3000 rows of 100 are grouped.
+    let dev = Device::cpu();
+    for (rows, n) in [(1usize, 4100usize), (3000, 100)] {
+        let x = tied(rows * n, 5);
+        let (v, i) = reference(&x, n, n, false);
+        let (sv, si) = t32(&dev, &x, &[rows, n]).sort(1, false).unwrap();
+        assert_eq!(sv.to_vec::<f32>().unwrap(), v, "values of {rows} rows of {n}");
+        assert_eq!(si.to_vec::<i32>().unwrap(), i, "indices of {rows} rows of {n}");
+    }
+}
+
+#[test]
+fn sort_and_topk_gradients_scatter_through_the_indices() {
+    let dev = Device::cpu();
+    let x: Vec<f64> = common::rand_vec(12, 6, -2.0, 2.0).into_iter().map(f64::from).collect();
+    let w: Vec<f64> = (0..12).map(|i| 0.5 + i as f64).collect();
+    for case in 0..3 {
+        let loss = |t: &Tensor| -> Result<Tensor> {
+            let out = match case {
+                0 => t.sort(1, false)?.0,
+                1 => t.sort(0, true)?.0,
+                _ => t.topk(2, 1, true)?.0,
+            };
+            let w = Tensor::from_slice(&w[..out.numel()], out.shape().clone(), &dev)?;
+            out.mul(&w)?.sum(&[], false)
+        };
+        let leaf = Tensor::from_slice(&x, [3, 4], &dev).unwrap().requires_grad_(true).unwrap();
+        loss(&leaf).unwrap().backward().unwrap();
+        let analytic = leaf.grad().unwrap().to_vec::<f64>().unwrap();
+        let eval =
+            |v: &[f64]| no_grad(|| loss(&Tensor::from_slice(v, [3, 4], &dev).unwrap()).unwrap().item::<f64>().unwrap());
+        for (j, &a) in analytic.iter().enumerate() {
+            let mut v = x.clone();
+            v[j] += 1e-6;
+            let up = eval(&v);
+            v[j] -= 2e-6;
+            let numeric = (up - eval(&v)) / 2e-6;
+            assert!((a - numeric).abs() <= 1e-5, "case {case}: element {j}: analytic {a}, numeric {numeric}");
+        }
+    }
+    // f32 gradients agree across devices, with no fallback.
+    let x = common::rand_vec(12, 7, -2.0, 2.0);
+    let grads: Vec<Vec<f32>> = common::devices()
+        .iter()
+        .map(|d| {
+            let leaf = t32(d, &x, &[3, 4]).requires_grad_(true).unwrap();
+            let (v, _) = leaf.topk(3, 1, false).unwrap();
+            v.mul(&v).unwrap().sum(&[], false).unwrap().backward().unwrap();
+            leaf.grad().unwrap().to_vec::<f32>().unwrap()
+        })
+        .collect();
+    for g in &grads[1..] {
+        common::assert_close(g, &grads[0], 1e-6, 1e-6, "topk gradient across devices");
+    }
+}
+
+#[test]
+fn sort_errors_name_the_op_shape_and_caller() {
+    let dev = Device::cpu();
+    let x = t32(&dev, &[0.0; 6], &[2, 3]);
+    let msg = x.topk(4, 1, true).unwrap_err().to_string();
+    assert!(msg.contains("topk") && msg.contains("[2, 3]") && msg.contains("sort_einsum.rs"), "{msg}");
+    let msg = x.sort(2, false).unwrap_err().to_string();
+    assert!(msg.contains("sort"), "{msg}");
+    let long = Tensor::zeros([2, lazuli::SORT_MAX_ROW + 1], DType::F32, &dev).unwrap();
+    let msg = long.argsort(-1, false).unwrap_err().to_string();
+    assert!(msg.contains("argsort") && msg.contains(&format!("{}", lazuli::SORT_MAX_ROW)), "{msg}");
+    // Empty axes and k = 0 give empty results.
+    let (v, i) = x.topk(0, 1, true).unwrap();
+    assert_eq!((v.dims(), i.dims()), (&[2usize, 0][..], &[2usize, 0][..]));
+    assert!(v.to_vec::<f32>().unwrap().is_empty());
+}
