@@ -209,3 +209,158 @@ fn sort_errors_name_the_op_shape_and_caller() {
     assert_eq!((v.dims(), i.dims()), (&[2usize, 0][..], &[2usize, 0][..]));
     assert!(v.to_vec::<f32>().unwrap().is_empty());
 }
+
+// ---- einsum ----
+
+/// Einstein summation by looping over every assignment of the letters.
+fn naive_einsum(spec: &str, inputs: &[(&[f64], &[usize])]) -> (Vec<f64>, Vec<usize>) {
+    let (lhs, out) = spec.split_once("->").unwrap();
+    let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
+    let out: Vec<char> = out.chars().collect();
+    let mut letters: Vec<(char, usize)> = Vec::new();
+    for (term, (_, dims)) in terms.iter().zip(inputs) {
+        for (c, &d) in term.iter().zip(dims.iter()) {
+            if !letters.iter().any(|(l, _)| l == c) {
+                letters.push((*c, d));
+            }
+        }
+    }
+    let size = |c: char| letters.iter().find(|(l, _)| *l == c).unwrap().1;
+    let out_dims: Vec<usize> = out.iter().map(|&c| size(c)).collect();
+    let mut result = vec![0.0; out_dims.iter().product()];
+    let total: usize = letters.iter().map(|(_, d)| d).product();
+    for mut e in 0..total {
+        let mut val = vec![0usize; letters.len()];
+        for (i, (_, d)) in letters.iter().enumerate().rev() {
+            val[i] = e % d;
+            e /= d;
+        }
+        let at = |c: char| val[letters.iter().position(|(l, _)| *l == c).unwrap()];
+        let flat = |term: &[char], dims: &[usize]| term.iter().zip(dims).fold(0, |acc, (&c, &d)| acc * d + at(c));
+        let prod: f64 = terms.iter().zip(inputs).map(|(t, (data, dims))| data[flat(t, dims)]).product();
+        result[flat(&out, &out_dims)] += prod;
+    }
+    (result, out_dims)
+}
+
+const SPECS: &[(&str, &[&[usize]])] = &[
+    ("ij,jk->ik", &[&[3, 4], &[4, 5]]),
+    ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 5]]),
+    ("bhqd,bhkd->bhqk", &[&[2, 2, 3, 4], &[2, 2, 5, 4]]),
+    ("ij->ji", &[&[3, 4]]),
+    ("ij->", &[&[3, 4]]),
+    ("i,i->", &[&[5], &[5]]),
+    ("ij,j->i", &[&[3, 4], &[4]]),
+    ("i,j->ij", &[&[3], &[4]]),
+    ("bi,bj->bij", &[&[2, 3], &[2, 4]]),
+    ("ij,jk,kl->li", &[&[2, 3], &[3, 4], &[4, 2]]),
+    ("abc,cd->dba", &[&[2, 3, 4], &[4, 2]]),
+    ("ijk,j->k", &[&[2, 3, 4], &[3]]),
+];
+
+fn operands(dims: &[&[usize]], seed: u64) -> Vec<Vec<f64>> {
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let n = d.iter().product();
+            common::rand_vec(n, seed + i as u64, -1.0, 1.0).into_iter().map(f64::from).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn einsum_matches_a_naive_reference() {
+    let _lock = common::metrics_lock();
+    for &(spec, dims) in SPECS {
+        let data = operands(dims, 11);
+        let inputs: Vec<(&[f64], &[usize])> = data.iter().map(|v| v.as_slice()).zip(dims.iter().copied()).collect();
+        let (want, want_dims) = naive_einsum(spec, &inputs);
+        let want: Vec<f32> = want.into_iter().map(|v| v as f32).collect();
+        for dev in common::devices() {
+            lazuli::metrics::reset();
+            let ts: Vec<Tensor> = data
+                .iter()
+                .zip(dims)
+                .map(|(v, d)| t32(&dev, &v.iter().map(|&x| x as f32).collect::<Vec<_>>(), d))
+                .collect();
+            let refs: Vec<&Tensor> = ts.iter().collect();
+            let out = lazuli::einsum(spec, &refs).unwrap();
+            assert_eq!(out.dims(), want_dims, "{spec} on {}: shape", dev.name());
+            common::assert_close(
+                &out.to_vec::<f32>().unwrap(),
+                &want,
+                1e-5,
+                1e-5,
+                &format!("{spec} on {}", dev.name()),
+            );
+            assert_eq!(lazuli::metrics::counter("FallbackOps"), 0, "{spec} on {}", dev.name());
+        }
+    }
+    // Implicit output: the letters seen once, in alphabetical order.
+    let dev = Device::cpu();
+    let a = t32(&dev, &common::rand_vec(6, 1, -1.0, 1.0), &[2, 3]);
+    let b = t32(&dev, &common::rand_vec(12, 2, -1.0, 1.0), &[3, 4]);
+    let implicit = Tensor::einsum("ij,jk", &[&a, &b]).unwrap();
+    let explicit = Tensor::einsum("ij, jk -> ik", &[&a, &b]).unwrap();
+    assert_eq!(implicit.to_vec::<f32>().unwrap(), explicit.to_vec::<f32>().unwrap());
+    assert_eq!(Tensor::einsum("ba", &[&a]).unwrap().dims(), &[3, 2], "implicit ba is ab: a transpose");
+}
+
+#[test]
+fn einsum_gradients_match_finite_differences() {
+    let dev = Device::cpu();
+    for &(spec, dims) in &SPECS[..] {
+        let data = operands(dims, 21);
+        for wrt in 0..dims.len() {
+            let loss = |x: &[f64]| -> Result<(Tensor, Tensor)> {
+                let leaf = Tensor::from_slice(x, dims[wrt].to_vec(), &dev)?.requires_grad_(true)?;
+                let ts: Vec<Tensor> = data
+                    .iter()
+                    .zip(dims)
+                    .enumerate()
+                    .map(
+                        |(i, (v, d))| if i == wrt { Ok(leaf.clone()) } else { Tensor::from_slice(v, d.to_vec(), &dev) },
+                    )
+                    .collect::<Result<_>>()?;
+                let out = lazuli::einsum(spec, &ts.iter().collect::<Vec<_>>())?;
+                let w: Vec<f64> = (0..out.numel()).map(|i| 0.3 + 0.1 * i as f64).collect();
+                Ok((out.mul(&Tensor::from_slice(&w, out.shape().clone(), &dev)?)?.sum(&[], false)?, leaf))
+            };
+            let (l, leaf) = loss(&data[wrt]).unwrap();
+            l.backward().unwrap();
+            let analytic = leaf.grad().unwrap().to_vec::<f64>().unwrap();
+            for (j, &a) in analytic.iter().enumerate() {
+                let mut v = data[wrt].clone();
+                v[j] += 1e-6;
+                let up = no_grad(|| loss(&v).unwrap().0.item::<f64>().unwrap());
+                v[j] -= 2e-6;
+                let down = no_grad(|| loss(&v).unwrap().0.item::<f64>().unwrap());
+                let numeric = (up - down) / 2e-6;
+                assert!(
+                    (a - numeric).abs() <= 1e-6 + 1e-5 * numeric.abs(),
+                    "{spec} d/d operand {wrt}[{j}]: {a} vs {numeric}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn einsum_errors_name_the_spec_and_the_caller() {
+    let dev = Device::cpu();
+    let a = t32(&dev, &[0.0; 6], &[2, 3]);
+    let sq = t32(&dev, &[0.0; 9], &[3, 3]);
+    for (spec, ops, also) in [
+        ("ii->i", vec![&sq], "diagonal"),
+        ("...ij->ij", vec![&a], "ellipsis"),
+        ("ij,ij->i", vec![&a, &sq], "sizes"),
+        ("ij,jk->ik", vec![&a], "operands"),
+        ("ij->k", vec![&a], "no operand"),
+        ("ijk->i", vec![&a], "rank"),
+        ("ij->ii", vec![&a], "repeats"),
+        ("i1->i", vec![&a], "letter"),
+    ] {
+        let msg = Tensor::einsum(spec, &ops).unwrap_err().to_string();
+        assert!(msg.contains("einsum") && msg.contains(also) && msg.contains("sort_einsum.rs"), "{spec}: {msg}");
+    }
+}

@@ -20,6 +20,7 @@ mod compose;
 pub mod config;
 pub mod debug;
 mod device;
+mod einsum;
 mod element;
 mod error;
 mod explain;
@@ -42,6 +43,7 @@ pub use backend::{
     LaunchCost,
 };
 pub use device::{Device, DeviceSettings};
+pub use einsum::einsum;
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
 pub use error::{ExecError, Result};
 pub use explain::CompileEntry;
