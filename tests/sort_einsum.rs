@@ -364,3 +364,82 @@ fn einsum_errors_name_the_spec_and_the_caller() {
         assert!(msg.contains("einsum") && msg.contains(also) && msg.contains("sort_einsum.rs"), "{spec}: {msg}");
     }
 }
+
+// ---- printing ----
+
+#[test]
+fn tensors_print_as_pytorch_does() {
+    for dev in common::devices() {
+        let name = dev.name();
+        let suffix = |shape: &str, dtype: &str| format!(", shape={shape}, dtype={dtype}, device={name})");
+        let m = t32(&dev, &[1.0, 2.5, -3.25, 4.0, 0.5, 6.0], &[2, 3]);
+        let want = format!(
+            "tensor([[ 1.0000,  2.5000, -3.2500],\n        [ 4.0000,  0.5000,  6.0000]]{}",
+            suffix("[2, 3]", "f32")
+        );
+        assert_eq!(m.to_string(), want, "on {name}");
+        assert_eq!(format!("{m:?}"), want, "Debug is Display");
+        let want2 =
+            format!("tensor([[ 1.00,  2.50, -3.25],\n        [ 4.00,  0.50,  6.00]]{}", suffix("[2, 3]", "f32"));
+        assert_eq!(format!("{m:.2}"), want2, "precision from the formatter");
+        // Integral floats, a pending value, scientific notation, NaN and infinities.
+        let pending = t32(&dev, &[1.0, 2.0, 3.0], &[3]).mul_scalar(2.0).unwrap();
+        assert_eq!(pending.to_string(), format!("tensor([2., 4., 6.]{}", suffix("[3]", "f32")));
+        let sci = t32(&dev, &[1e-5, 1.0, f32::NAN, f32::NEG_INFINITY], &[4]);
+        assert_eq!(
+            sci.to_string(),
+            format!("tensor([1.0000e-05, 1.0000e+00,        nan,       -inf]{}", suffix("[4]", "f32"))
+        );
+        let ints = Tensor::from_slice(&[1i32, -20, 300], [3], &dev).unwrap();
+        assert_eq!(ints.to_string(), format!("tensor([  1, -20, 300]{}", suffix("[3]", "i32")));
+        assert_eq!(
+            ints.gt_scalar(0).unwrap().to_string(),
+            format!("tensor([ True, False,  True]{}", suffix("[3]", "bool"))
+        );
+        let scalar = Tensor::scalar(1.5, DType::F32, &dev);
+        assert_eq!(scalar.to_string(), format!("tensor(1.5000{}", suffix("[]", "f32")));
+        let empty = Tensor::zeros([0, 3], DType::F32, &dev).unwrap();
+        assert_eq!(empty.to_string(), format!("tensor([]{}", suffix("[0, 3]", "f32")));
+        let cube = Tensor::arange(0.0, 8.0, 1.0, DType::I32, &dev).unwrap().reshape([2, 2, 2]).unwrap();
+        assert_eq!(
+            cube.to_string(),
+            format!(
+                "tensor([[[0, 1],\n         [2, 3]],\n\n        [[4, 5],\n         [6, 7]]]{}",
+                suffix("[2, 2, 2]", "i32")
+            )
+        );
+    }
+}
+
+#[test]
+fn large_tensors_are_summarized_and_long_rows_wrap() {
+    let dev = Device::cpu();
+    let big = Tensor::arange(0.0, 2000.0, 1.0, DType::I32, &dev).unwrap().reshape([40, 50]).unwrap();
+    let text = big.to_string();
+    let want = "tensor([[   0,    1,    2,  ...,   47,   48,   49],\n        [  50,   51,   52,  ...,   97,   98,   99],\n        [ 100,  101,  102,  ...,  147,  148,  149],\n        ...,\n        [1850, 1851, 1852,  ..., 1897, 1898, 1899],\n        [1900, 1901, 1902,  ..., 1947, 1948, 1949],\n        [1950, 1951, 1952,  ..., 1997, 1998, 1999]], shape=[40, 50], dtype=i32, device=cpu)";
+    assert_eq!(text, want);
+    // `{:#}` prints every element; a row of 30 wraps.
+    let full = format!("{big:#}");
+    assert_eq!(full.matches(',').count(), 2000 - 1 + 4, "every element, then the suffix's four commas");
+    let row = Tensor::arange(0.0, 30.0, 1.0, DType::F32, &dev).unwrap().mul_scalar(0.5).unwrap();
+    let text = row.to_string();
+    let first_line = text.lines().next().unwrap();
+    assert!(first_line.len() <= 80 && text.lines().count() > 1, "{text}");
+    let opts = lazuli::PrintOptions { threshold: 10, edge_items: 2, ..Default::default() };
+    assert!(
+        row.format(&opts).starts_with("tensor([ 0.0000,  0.5000,     ..., 14.0000, 14.5000]"),
+        "{}",
+        row.format(&opts)
+    );
+}
+
+#[test]
+fn a_failed_computation_prints_its_error() {
+    for dev in common::devices() {
+        let x = t32(&dev, &[1.0, 2.0, 3.0], &[3]);
+        let bad = Tensor::from_slice(&[0i32, 7], [2], &dev).unwrap();
+        let y = x.gather(0, &bad).unwrap();
+        let text = y.to_string();
+        assert!(text.starts_with("tensor(<error: ") && text.contains("shape=[2]"), "on {}: {text}", dev.name());
+    }
+}
