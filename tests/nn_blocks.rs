@@ -245,18 +245,20 @@ fn rotary_embedding_matches_the_reference_both_conventions() {
 
 // ---- LSTM / GRU ----
 
+/// One layer's `weight_ih`, `weight_hh`, `bias_ih` and `bias_hh`.
+type LayerParams = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
 /// A multi-layer LSTM (`gates` 4) or GRU (3) over time-major `[t, n, i]`,
 /// with PyTorch's equations; returns the outputs, the final h and c.
-#[allow(clippy::type_complexity)] // Plain vectors, as the reference reads them.
 fn rnn_ref(
     lstm: bool,
     x: &[f64],
     (t, n, input): (usize, usize, usize),
-    layers: &[(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)],
+    layers: &[LayerParams],
     h0: &[f64],
     c0: &[f64],
     hid: usize,
@@ -305,7 +307,7 @@ fn rnn_ref(
     (seq, hn, cn)
 }
 
-fn layer_params(layers: &[lazuli::nn::RnnLayer]) -> Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+fn layer_params(layers: &[lazuli::nn::RnnLayer]) -> Vec<LayerParams> {
     layers
         .iter()
         .map(|l| {

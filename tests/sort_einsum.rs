@@ -309,7 +309,7 @@ fn einsum_matches_a_naive_reference() {
 #[test]
 fn einsum_gradients_match_finite_differences() {
     let dev = Device::cpu();
-    for &(spec, dims) in &SPECS[..] {
+    for &(spec, dims) in SPECS {
         let data = operands(dims, 21);
         for wrt in 0..dims.len() {
             let loss = |x: &[f64]| -> Result<(Tensor, Tensor)> {

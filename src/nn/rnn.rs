@@ -162,7 +162,6 @@ impl Stack {
     /// Runs every layer with `step(cell, gi_t, gh_t, h, c) -> (h, c)` over
     /// the input gates `gi_t` and hidden gates `gh_t`; returns the outputs
     /// (`[t, batch, hidden]`) and the final `h` and `c` per layer.
-    #[allow(clippy::type_complexity)] // The step's state pair is spelled once, here.
     fn run(
         &self,
         x: &Tensor,
