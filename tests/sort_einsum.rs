@@ -443,3 +443,24 @@ fn a_failed_computation_prints_its_error() {
         assert!(text.starts_with("tensor(<error: ") && text.contains("shape=[2]"), "on {}: {text}", dev.name());
     }
 }
+
+/// Counting ranks fuses: the `[rows, n, n]` comparisons are the prologue
+/// of one reduction and the position inverse another, so a sort of one
+/// chunk is a handful of kernels (the two reductions and the values'
+/// gather), not a materialized `n x n` intermediate.
+#[test]
+fn sort_is_a_few_fused_kernels_on_wgpu() {
+    let _lock = common::metrics_lock();
+    let Some(dev) = common::wgpu() else { return };
+    let x = t32(&dev, &common::rand_vec(4 * 1024, 1, -1.0, 1.0), &[4, 1024]);
+    let (v, i) = x.sort(-1, false).unwrap();
+    lazuli::sync(&[&v, &i]).unwrap();
+    dev.wait().unwrap();
+    lazuli::metrics::reset();
+    let (v, i) = x.sort(-1, false).unwrap();
+    lazuli::sync(&[&v, &i]).unwrap();
+    dev.wait().unwrap();
+    let launches = lazuli::metrics::counter("KernelLaunches");
+    assert!((2..=6).contains(&launches), "{launches} kernels: {}", lazuli::metrics::report());
+    assert_eq!(lazuli::metrics::counter("FallbackOps"), 0);
+}
