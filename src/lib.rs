@@ -31,7 +31,7 @@ pub use device::{adapters, CpuDeviceOptions, DeviceExt, DeviceKind, WgpuDeviceOp
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
     debug, einsum, metrics, sync, timeline, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError,
-    PrintOptions, Result, Tensor, TensorState, SORT_MAX_ROW,
+    PrintOptions, Result, Tensor, TensorState, SORT_MAX_ROW, TOPK_SELECT_MAX_K,
 };
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;

@@ -149,6 +149,37 @@ fn long_rows_and_many_rows_are_chunked() {
 }
 
 #[test]
+fn topk_of_rows_longer_than_a_sort_selects() {
+    // A vocabulary-sized row: beyond SORT_MAX_ROW, topk selects in k rounds.
+    let n = lazuli::SORT_MAX_ROW + 3616;
+    let mut x = tied(2 * n, 8);
+    for (i, v) in x.iter_mut().enumerate() {
+        if i % 977 == 5 {
+            *v = f32::NAN;
+        } else if i % 1231 == 7 {
+            *v = if i % 2 == 0 { f32::INFINITY } else { f32::NEG_INFINITY };
+        }
+    }
+    for largest in [true, false] {
+        let (v, i) = reference(&x, n, 40, largest);
+        on_devices(&format!("long topk largest={largest}"), (&v, &i), &[2, 40], |d| {
+            t32(d, &x, &[2, n]).topk(40, 1, largest)
+        });
+    }
+    // Integers, along axis 0.
+    let dev = Device::cpu();
+    let xi: Vec<i32> = x.iter().map(|v| if v.is_finite() { *v as i32 } else { 7 }).collect();
+    let xf: Vec<f32> = xi.iter().map(|&v| v as f32).collect();
+    let (_, want) = reference(&xf[..n], n, 3, false);
+    let t = Tensor::from_slice(&xi[..n], [n, 1], &dev).unwrap();
+    assert_eq!(t.topk(3, 0, false).unwrap().1.to_vec::<i32>().unwrap(), want);
+    let long = t32(&dev, &x[..n], &[n]);
+    let msg = long.topk(lazuli::TOPK_SELECT_MAX_K + 1, 0, true).unwrap_err().to_string();
+    assert!(msg.contains("topk") && msg.contains(&lazuli::TOPK_SELECT_MAX_K.to_string()), "{msg}");
+    assert!(long.sort(0, false).is_err());
+}
+
+#[test]
 fn sort_and_topk_gradients_scatter_through_the_indices() {
     let dev = Device::cpu();
     let x: Vec<f64> = common::rand_vec(12, 6, -2.0, 2.0).into_iter().map(f64::from).collect();

@@ -50,5 +50,5 @@ pub use error::{ExecError, Result};
 pub use explain::CompileEntry;
 pub use ops::{ReshapeDims, TensorIndex};
 pub use print::PrintOptions;
-pub use sort::SORT_MAX_ROW;
+pub use sort::{SORT_MAX_ROW, TOPK_SELECT_MAX_K};
 pub use tensor::{sync, Tensor, TensorState};

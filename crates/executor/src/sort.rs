@@ -17,7 +17,11 @@
 //!
 //! Limits, by design: a row may hold at most [`SORT_MAX_ROW`] elements
 //! (a longer one is an error naming the op and shape, never a slow or
-//! wrong answer). The broadcast comparisons are recorded in chunks of at
+//! wrong answer), except for `topk` with `k` up to [`TOPK_SELECT_MAX_K`]
+//! (sampling from a vocabulary's logits): there it selects, `k` rounds of
+//! "the first remaining element that is the extreme one" (a max or min
+//! reduction, an equality test and an argmax of the hits, NaN handled as a
+//! class of its own), O(k n) per row and the same stable order. The broadcast comparisons are recorded in chunks of at
 //! most 2^24 elements (rows grouped, long rows split), so no backend
 //! holds more than one chunk's intermediate at a time. Rejected
 //! alternative: a new IR op with a bitonic sort in workgroup memory, which
@@ -26,13 +30,17 @@
 //! kernels and is exact by construction.
 
 use crate::{ExecError, Result, Tensor};
-use lazuli_ir::{DType, IrError};
+use lazuli_ir::{DType, IrError, ScalarValue};
 use std::panic::Location;
 
 /// The longest row [`Tensor::sort`], [`Tensor::argsort`] and
 /// [`Tensor::topk`] accept: their rank-by-counting form does O(n^2)
 /// comparisons per row.
 pub const SORT_MAX_ROW: usize = 16384;
+
+/// The largest `k` [`Tensor::topk`] takes for rows longer than
+/// [`SORT_MAX_ROW`], which it answers by `k` rounds of selection (O(k n)).
+pub const TOPK_SELECT_MAX_K: usize = 128;
 
 /// Elements of one recorded broadcast comparison.
 const CHUNK: usize = 1 << 24;
@@ -66,7 +74,8 @@ impl Tensor {
     /// `axis`, in order, and their indices (i32) (PyTorch's `topk` with
     /// `sorted=True`); ties keep their input order, NaN counts as the
     /// largest value. `k` may not exceed the axis' length; rows longer than
-    /// [`SORT_MAX_ROW`] are an error. The values are differentiable.
+    /// [`SORT_MAX_ROW`] take `k` up to [`TOPK_SELECT_MAX_K`] (selected in
+    /// `k` rounds). The values are differentiable.
     #[track_caller]
     pub fn topk(&self, k: usize, axis: isize, largest: bool) -> Result<(Tensor, Tensor)> {
         let at = Location::caller();
@@ -85,12 +94,14 @@ impl Tensor {
                 detail: format!("k = {k} exceeds the {n} elements of axis {axis} of shape {} (at {at})", self.shape()),
             }));
         }
-        if n > SORT_MAX_ROW {
+        let select = n > SORT_MAX_ROW;
+        if select && (op != "topk" || k > TOPK_SELECT_MAX_K) {
             return Err(ExecError::Invalid {
                 op: op.into(),
                 detail: format!(
                     "axis {axis} of shape {} has {n} elements, more than the {SORT_MAX_ROW} a sorted row may hold \
-                     (the rank-by-counting sort does n^2 comparisons per row) (at {at})",
+                     (the rank-by-counting sort does n^2 comparisons per row); only topk with k <= \
+                     {TOPK_SELECT_MAX_K} takes longer rows (k = {k}) (at {at})",
                     self.shape()
                 ),
             });
@@ -109,8 +120,12 @@ impl Tensor {
         let rows: usize = lead.iter().product();
         let flat = moved.reshape_to([rows, n])?;
         let float = flat.dtype().is_float();
-        let ranks = chunked(&flat, n, |part, i0, len| rank_chunk(part, i0, len, descending, float))?;
-        let idx = chunked(&ranks, k, position_chunk)?;
+        let idx = if select {
+            select_first(&flat, k, descending)?
+        } else {
+            let ranks = chunked(&flat, n, |part, i0, len| rank_chunk(part, i0, len, descending, float))?;
+            chunked(&ranks, k, position_chunk)?
+        };
         lead.push(k);
         let idx = idx.reshape_to(lead)?;
         if axis == last {
@@ -175,4 +190,51 @@ fn position_chunk(ranks: &Tensor, r0: usize, len: usize) -> Result<Tensor> {
     let j = Tensor::iota([n], 0, DType::I32, dev)?;
     let zero = Tensor::scalar(0, DType::I32, dev);
     hit.where_(&j, &zero)?.sum(&[2], false)
+}
+
+/// The indices (i32, `[rows, k]`) of the first `k` elements of each row of
+/// `flat` in the stable order, by `k` rounds of selection: the remaining
+/// extreme value, then the first remaining element equal to it. NaN is a
+/// class of its own, before the numbers when descending and after them
+/// when ascending, so no fill value can tie with a real one.
+fn select_first(flat: &Tensor, k: usize, descending: bool) -> Result<Tensor> {
+    let (rows, n) = (flat.dims()[0], flat.dims()[1]);
+    let (dev, dt) = (flat.device(), flat.dtype());
+    let fill = Tensor::scalar(extreme(dt, !descending), dt, dev);
+    let pos = Tensor::iota([n], 0, DType::I32, dev)?;
+    let nan = if dt.is_float() { Some(flat.isnan()?) } else { None };
+    let mut taken = Tensor::full([rows, n], false, DType::Bool, dev)?;
+    let mut picks = Vec::with_capacity(k);
+    let any = |t: &Tensor| -> Result<Tensor> { t.cast(DType::I32)?.max(&[1], true)?.gt_scalar(0) };
+    for _ in 0..k {
+        let free = taken.logical_not()?;
+        let (num_left, nan_left) = match &nan {
+            Some(m) => (free.logical_and(&m.logical_not()?)?, Some(free.logical_and(m)?)),
+            None => (free, None),
+        };
+        let masked = num_left.where_(flat, &fill)?;
+        let m = if descending { masked.max(&[1], true)? } else { masked.min(&[1], true)? };
+        let mut hit = num_left.logical_and(&flat.eq(&m)?)?;
+        if let Some(nl) = nan_left {
+            hit = if descending { any(&nl)?.where_(&nl, &hit)? } else { any(&num_left)?.where_(&hit, &nl)? };
+        }
+        let idx = hit.cast(DType::I32)?.argmax(1, true)?;
+        taken = taken.logical_or(&pos.eq(&idx)?)?;
+        picks.push(idx);
+    }
+    Tensor::concat(&picks.iter().collect::<Vec<_>>(), 1)
+}
+
+/// The dtype's highest (`high`) or lowest value: infinities for floats.
+fn extreme(dt: DType, high: bool) -> ScalarValue {
+    if dt.is_float() {
+        return ScalarValue::Float(if high { f64::INFINITY } else { f64::NEG_INFINITY });
+    }
+    let bits = 8 * dt.size_bytes() as u32;
+    match (dt.is_signed_int(), high) {
+        (true, true) => ScalarValue::Int(((1i128 << (bits - 1)) - 1) as i64),
+        (true, false) => ScalarValue::Int((-(1i128 << (bits - 1))) as i64),
+        (false, true) => ScalarValue::UInt(((1u128 << bits) - 1) as u64),
+        (false, false) => ScalarValue::UInt(0),
+    }
 }
