@@ -427,6 +427,9 @@ fn tensors_print_as_pytorch_does() {
             ints.gt_scalar(0).unwrap().to_string(),
             format!("tensor([ True, False,  True]{}", suffix("[3]", "bool"))
         );
+        let leaf = t32(&dev, &[0.5], &[1]).requires_grad_(true).unwrap();
+        let want = format!("tensor([0.5000], shape=[1], dtype=f32, device={name}, requires_grad=True)");
+        assert_eq!(leaf.to_string(), want);
         let scalar = Tensor::scalar(1.5, DType::F32, &dev);
         assert_eq!(scalar.to_string(), format!("tensor(1.5000{}", suffix("[]", "f32")));
         let empty = Tensor::zeros([0, 3], DType::F32, &dev).unwrap();

@@ -1,7 +1,8 @@
 //! Readable tensor printing in PyTorch's style: `Display` and `Debug` of a
 //! [`Tensor`] read its value through the normal barrier (a pending tensor
 //! is computed, then printed) and write
-//! `tensor([[1.0000, 2.0000], ..], shape=[2, 2], dtype=f32, device=cpu)`.
+//! `tensor([[1.0000, 2.0000], ..], shape=[2, 2], dtype=f32, device=cpu)`
+//! (with `, requires_grad=True` at the end for a tensor that does).
 //!
 //! Floats print as PyTorch prints them: integral values as `1.`, others
 //! with `precision` decimals (4 by default; `{:.2}` sets it), in
@@ -55,7 +56,8 @@ impl Tensor {
             Ok(b) => b,
             Err(e) => format!("<error: {e}>"),
         };
-        format!("tensor({body}, shape={}, dtype={}, device={})", self.shape(), self.dtype(), self.device().name())
+        let grad = if self.requires_grad() { ", requires_grad=True" } else { "" };
+        format!("tensor({body}, shape={}, dtype={}, device={}{grad})", self.shape(), self.dtype(), self.device().name())
     }
 
     #[track_caller]
