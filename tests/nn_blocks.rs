@@ -553,3 +553,65 @@ fn transformer_block_gradient_matches_finite_differences() {
     let x: Vec<f64> = vals(3 * 4, 41).into_iter().map(f64::from).collect();
     gradcheck(&dev, "TransformerBlock", &[(x, vec![1, 3, 4])], 0, |t| b.forward(&t[0]));
 }
+
+/// Gradients of every layer here on wgpu equal the CPU's in f32, with no
+/// op of the backward pass falling back to the CPU.
+#[test]
+fn f32_gradients_agree_across_devices_without_fallback() {
+    let _lock = common::metrics_lock();
+    type Case = (&'static str, Vec<usize>, Box<dyn Fn(&Tensor) -> Result<Tensor>>);
+    let cases: Vec<Case> = vec![
+        (
+            "conv_transpose2d",
+            vec![1, 4, 3, 3],
+            Box::new(|x: &Tensor| {
+                let attrs = conv_t_cases()[2].0.clone();
+                let w = t32(x.device(), &vals(4 * 2 * 3, 3), &[4, 1, 2, 3]);
+                conv_transpose2d(x, &w, None, &attrs)
+            }),
+        ),
+        ("rope", vec![2, 3, 8], Box::new(|x: &Tensor| RotaryEmbedding::new(8, 10000.0)?.apply(x, 5))),
+        (
+            "lstm",
+            vec![3, 2, 4],
+            Box::new(|x: &Tensor| {
+                x.device().manual_seed(5);
+                let l = Lstm::with_options(4, 3, RnnOptions { num_layers: 2, ..Default::default() }, x.device())?;
+                l.forward(x)
+            }),
+        ),
+        (
+            "gru",
+            vec![2, 3, 4],
+            Box::new(|x: &Tensor| {
+                x.device().manual_seed(6);
+                Gru::with_options(4, 3, RnnOptions { batch_first: true, ..Default::default() }, x.device())?.forward(x)
+            }),
+        ),
+        (
+            "transformer_block",
+            vec![2, 3, 8],
+            Box::new(|x: &Tensor| {
+                x.device().manual_seed(7);
+                TransformerBlock::new(8, 2, 16, x.device())?.causal(true).with_dropout(0.0).forward(x)
+            }),
+        ),
+    ];
+    let devs = common::devices();
+    for (name, shape, f) in &cases {
+        let x = vals(shape.iter().product(), 8);
+        let mut grads = Vec::new();
+        for dev in &devs {
+            lazuli::metrics::reset();
+            let leaf = t32(dev, &x, shape).requires_grad_(true).unwrap();
+            let y = f(&leaf).unwrap();
+            let w = t32(dev, &vals(y.numel(), 9), y.dims());
+            y.mul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+            grads.push(leaf.grad().unwrap().to_vec::<f32>().unwrap());
+            no_fallback(&format!("{name} backward"), dev);
+        }
+        for g in &grads[1..] {
+            common::assert_close(g, &grads[0], 1e-4, 1e-5, &format!("{name} gradient across devices"));
+        }
+    }
+}

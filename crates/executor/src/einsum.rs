@@ -10,7 +10,8 @@
 //! Spaces are ignored. Operands are contracted left to right: for each
 //! pair, the letters both hold and something later needs are batch dims,
 //! those only one holds stay, and those both hold and nothing later needs
-//! are summed by the matmul. Not supported, each a clear error: a letter
+//! are summed by the matmul (a pair with nothing to sum, an outer or
+//! elementwise product, is a broadcast multiply instead). Not supported, each a clear error: a letter
 //! repeated within one term (a diagonal, `ii->i`), an ellipsis (`...`),
 //! and dims of one letter that differ in size (no broadcasting of 1s).
 
@@ -178,7 +179,10 @@ fn contract(a: &Tensor, al: &[char], b: &Tensor, bl: &[char], later: &[char]) ->
     let mut dims = dims_of(a, al, &batch);
     dims.extend(dims_of(a, al, &left));
     dims.extend(dims_of(b, bl, &right));
-    let out = pa.matmul(&pb)?.reshape_to(Shape::from(dims))?;
+    // Nothing summed: an outer product per batch, a broadcast multiply
+    // rather than a matmul over a length of 1.
+    let prod = if summed.is_empty() { pa.mul(&pb)? } else { pa.matmul(&pb)? };
+    let out = prod.reshape_to(Shape::from(dims))?;
     let letters = batch.iter().chain(&left).chain(&right).copied().collect();
     Ok((out, letters))
 }
