@@ -243,6 +243,22 @@ fn rotary_embedding_matches_the_reference_both_conventions() {
     assert!(RotaryEmbedding::new(7, 10000.0).is_err());
 }
 
+/// Generation steps at new offsets replay one plan: the offset is a lifted
+/// scalar, never baked into the graph.
+#[test]
+fn rotary_offsets_compile_once() {
+    for dev in common::devices() {
+        let rope = RotaryEmbedding::new(8, 10000.0).unwrap();
+        let x = t32(&dev, &vals(2 * 8, 3), &[1, 2, 8]);
+        let run = |offset: usize| rope.apply(&x, offset).unwrap().to_vec::<f32>().unwrap();
+        run(5);
+        let (uncached, _) = dev.compile_counts();
+        let (a, b) = (run(9), run(1234));
+        assert_eq!(dev.compile_counts().0, uncached, "a new offset compiled on {}", dev.name());
+        assert_ne!(a, b);
+    }
+}
+
 // ---- LSTM / GRU ----
 
 /// One layer's `weight_ih`, `weight_hh`, `bias_ih` and `bias_hh`.

@@ -14,8 +14,8 @@
 //! (NeoX's partial rotary). The angles are computed on the device in the
 //! input's dtype from positions `offset..offset + t` (the offset lets
 //! generation continue a cached prefix; it travels as a lifted scalar, so
-//! a new offset compiles nothing), the inverse frequencies in f64 rounded
-//! once to f32.
+//! a new offset compiles nothing, except that 0 and 1, special constants,
+//! have a plan each), the inverse frequencies in f64 rounded once to f32.
 
 use super::{invalid, Module};
 use crate::{DType, Result, Tensor};
