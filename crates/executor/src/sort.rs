@@ -167,12 +167,15 @@ fn rank_chunk(part: &Tensor, i0: usize, len: usize, descending: bool, float: boo
     let mut before = if descending { b.gt(&a)? } else { b.lt(&a)? };
     let mut same = b.eq(&a)?;
     if float {
-        // NaN is the largest value and ties with NaN.
+        // NaN is the largest value and ties with NaN. The comparisons are
+        // only trusted between numbers: GPU drivers may compile them
+        // assuming no NaN, while `isnan` is a bit test.
         let (na, nb) = (a.isnan()?, b.isnan()?);
+        let numbers = na.logical_or(&nb)?.logical_not()?;
         let nan_before =
             if descending { nb.logical_and(&na.logical_not()?)? } else { na.logical_and(&nb.logical_not()?)? };
-        before = before.logical_or(&nan_before)?;
-        same = same.logical_or(&na.logical_and(&nb)?)?;
+        before = before.logical_and(&numbers)?.logical_or(&nan_before)?;
+        same = same.logical_and(&numbers)?.logical_or(&na.logical_and(&nb)?)?;
     }
     let j = Tensor::iota([len, n], 1, DType::I32, dev)?;
     let i = Tensor::iota([len, n], 0, DType::I32, dev)?.add_scalar(i0 as i64)?;
