@@ -269,56 +269,69 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// A multi-layer LSTM (`gates` 4) or GRU (3) over time-major `[t, n, i]`,
-/// with PyTorch's equations; returns the outputs, the final h and c.
+/// with PyTorch's equations, `dirs` directions per layer (cells in
+/// PyTorch's order); returns the outputs, the final h and c.
+#[allow(clippy::too_many_arguments)] // The reference spells out every input.
 fn rnn_ref(
     lstm: bool,
     x: &[f64],
     (t, n, input): (usize, usize, usize),
-    layers: &[LayerParams],
+    cells: &[LayerParams],
     h0: &[f64],
     c0: &[f64],
     hid: usize,
+    dirs: usize,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let g = if lstm { 4 } else { 3 };
     let mut seq = x.to_vec();
     let mut width = input;
     let (mut hn, mut cn) = (Vec::new(), Vec::new());
-    for (l, (wih, whh, bih, bhh)) in layers.iter().enumerate() {
-        let mut h = h0[l * n * hid..(l + 1) * n * hid].to_vec();
-        let mut c = c0[l * n * hid..(l + 1) * n * hid].to_vec();
-        let mut out = Vec::new();
-        for ti in 0..t {
-            let mut hnew = vec![0.0; n * hid];
-            for b in 0..n {
-                let xv = &seq[(ti * n + b) * width..(ti * n + b + 1) * width];
-                let hv = &h[b * hid..(b + 1) * hid];
-                let gi: Vec<f64> = (0..g * hid)
-                    .map(|r| bih[r] + (0..width).map(|k| wih[r * width + k] * xv[k]).sum::<f64>())
-                    .collect();
-                let gh: Vec<f64> =
-                    (0..g * hid).map(|r| bhh[r] + (0..hid).map(|k| whh[r * hid + k] * hv[k]).sum::<f64>()).collect();
-                for j in 0..hid {
-                    if lstm {
-                        let s = |q: usize| gi[q * hid + j] + gh[q * hid + j];
-                        let (i, f, gg, o) = (sigmoid(s(0)), sigmoid(s(1)), s(2).tanh(), sigmoid(s(3)));
-                        let cc = f * c[b * hid + j] + i * gg;
-                        c[b * hid + j] = cc;
-                        hnew[b * hid + j] = o * cc.tanh();
-                    } else {
-                        let r = sigmoid(gi[j] + gh[j]);
-                        let z = sigmoid(gi[hid + j] + gh[hid + j]);
-                        let nn = (gi[2 * hid + j] + r * gh[2 * hid + j]).tanh();
-                        hnew[b * hid + j] = (1.0 - z) * nn + z * hv[j];
+    for l in 0..cells.len() / dirs {
+        let mut out = vec![0.0; t * n * dirs * hid];
+        for d in 0..dirs {
+            let k = l * dirs + d;
+            let (wih, whh, bih, bhh) = &cells[k];
+            let mut h = h0[k * n * hid..(k + 1) * n * hid].to_vec();
+            let mut c = c0[k * n * hid..(k + 1) * n * hid].to_vec();
+            for step in 0..t {
+                let ti = if d == 0 { step } else { t - 1 - step };
+                let mut hnew = vec![0.0; n * hid];
+                for b in 0..n {
+                    let xv = &seq[(ti * n + b) * width..(ti * n + b + 1) * width];
+                    let hv = &h[b * hid..(b + 1) * hid];
+                    let gi: Vec<f64> = (0..g * hid)
+                        .map(|r| bih[r] + (0..width).map(|q| wih[r * width + q] * xv[q]).sum::<f64>())
+                        .collect();
+                    let gh: Vec<f64> = (0..g * hid)
+                        .map(|r| bhh[r] + (0..hid).map(|q| whh[r * hid + q] * hv[q]).sum::<f64>())
+                        .collect();
+                    for j in 0..hid {
+                        if lstm {
+                            let s = |q: usize| gi[q * hid + j] + gh[q * hid + j];
+                            let (i, f, gg, o) = (sigmoid(s(0)), sigmoid(s(1)), s(2).tanh(), sigmoid(s(3)));
+                            let cc = f * c[b * hid + j] + i * gg;
+                            c[b * hid + j] = cc;
+                            hnew[b * hid + j] = o * cc.tanh();
+                        } else {
+                            let r = sigmoid(gi[j] + gh[j]);
+                            let z = sigmoid(gi[hid + j] + gh[hid + j]);
+                            let nn = (gi[2 * hid + j] + r * gh[2 * hid + j]).tanh();
+                            hnew[b * hid + j] = (1.0 - z) * nn + z * hv[j];
+                        }
+                    }
+                }
+                h = hnew;
+                for b in 0..n {
+                    for j in 0..hid {
+                        out[((ti * n + b) * dirs + d) * hid + j] = h[b * hid + j];
                     }
                 }
             }
-            h = hnew;
-            out.extend_from_slice(&h);
+            hn.extend(h);
+            cn.extend(c);
         }
         seq = out;
-        width = hid;
-        hn.extend(h);
-        cn.extend(c);
+        width = dirs * hid;
     }
     (seq, hn, cn)
 }
@@ -347,26 +360,30 @@ fn lstm_and_gru_match_pytorchs_equations() {
     let _lock = common::metrics_lock();
     let (t, n, i, h, layers) = (4, 2, 3, 5, 2);
     let x = vals(t * n * i, 11);
-    let h0 = vals(layers * n * h, 12);
-    let c0 = vals(layers * n * h, 13);
+    let h0 = vals(2 * layers * n * h, 12);
+    let c0 = vals(2 * layers * n * h, 13);
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let (h064, c064): (Vec<f64>, Vec<f64>) =
         (h0.iter().map(|&v| v as f64).collect(), c0.iter().map(|&v| v as f64).collect());
     for dev in common::devices() {
-        for batch_first in [false, true] {
-            let opts = RnnOptions { num_layers: layers, batch_first, ..Default::default() };
+        for (batch_first, bidirectional) in [(false, false), (true, false), (false, true), (true, true)] {
+            let dirs = if bidirectional { 2 } else { 1 };
+            let opts = RnnOptions { num_layers: layers, batch_first, bidirectional, ..Default::default() };
+            let states = dirs * layers * n * h;
+            let (h0, c0) = (&h0[..states], &c0[..states]);
+            let (h064, c064) = (&h064[..states], &c064[..states]);
             let xin = if batch_first {
                 t32(&dev, &swap01(&x64, t, n, i).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[n, t, i])
             } else {
                 t32(&dev, &x, &[t, n, i])
             };
-            let (hs, cs) = (t32(&dev, &h0, &[layers, n, h]), t32(&dev, &c0, &[layers, n, h]));
+            let (hs, cs) = (t32(&dev, h0, &[dirs * layers, n, h]), t32(&dev, c0, &[dirs * layers, n, h]));
             lazuli::metrics::reset();
             let lstm = Lstm::with_options(i, h, opts.clone(), &dev).unwrap();
             let (out, (hn, cn)) = lstm.forward_with(&xin, Some((&hs, &cs))).unwrap();
-            let (wo, wh, wc) = rnn_ref(true, &x64, (t, n, i), &layer_params(lstm.layers()), &h064, &c064, h);
-            let wo = if batch_first { swap01(&wo, t, n, h) } else { wo };
-            let what = format!("LSTM batch_first={batch_first} on {}", dev.name());
+            let (wo, wh, wc) = rnn_ref(true, &x64, (t, n, i), &layer_params(lstm.layers()), h064, c064, h, dirs);
+            let wo = if batch_first { swap01(&wo, t, n, dirs * h) } else { wo };
+            let what = format!("LSTM batch_first={batch_first} bidirectional={bidirectional} on {}", dev.name());
             let close = |got: &Tensor, want: &[f64], part: &str| {
                 let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
                 common::assert_close(&got.to_vec::<f32>().unwrap(), &want, 1e-5, 1e-5, &format!("{what}: {part}"));
@@ -379,9 +396,9 @@ fn lstm_and_gru_match_pytorchs_equations() {
             lazuli::metrics::reset();
             let gru = Gru::with_options(i, h, opts, &dev).unwrap();
             let (out, hn) = gru.forward_with(&xin, Some(&hs)).unwrap();
-            let (wo, wh, _) = rnn_ref(false, &x64, (t, n, i), &layer_params(gru.layers()), &h064, &c064, h);
-            let wo = if batch_first { swap01(&wo, t, n, h) } else { wo };
-            let what = format!("GRU batch_first={batch_first} on {}", dev.name());
+            let (wo, wh, _) = rnn_ref(false, &x64, (t, n, i), &layer_params(gru.layers()), h064, c064, h, dirs);
+            let wo = if batch_first { swap01(&wo, t, n, dirs * h) } else { wo };
+            let what = format!("GRU batch_first={batch_first} bidirectional={bidirectional} on {}", dev.name());
             let want: Vec<f32> = wo.iter().map(|&v| v as f32).collect();
             common::assert_close(&out.to_vec::<f32>().unwrap(), &want, 1e-5, 1e-5, &what);
             let want: Vec<f32> = wh.iter().map(|&v| v as f32).collect();
@@ -414,6 +431,21 @@ fn rnn_names_shapes_defaults_and_unbatched_inputs() {
     }
     let gru = Gru::new(3, 4, &dev).unwrap();
     assert_eq!(gru.named_parameters()[0].1.dims(), &[12, 3]);
+    let opts = RnnOptions { num_layers: 2, bidirectional: true, bias: false, ..Default::default() };
+    let bi = Gru::with_options(3, 4, opts, &dev).unwrap();
+    let names: Vec<(String, Vec<usize>)> =
+        bi.named_parameters().into_iter().map(|(n, t)| (n, t.dims().to_vec())).collect();
+    let want = [
+        ("weight_ih_l0", vec![12, 3]),
+        ("weight_hh_l0", vec![12, 4]),
+        ("weight_ih_l0_reverse", vec![12, 3]),
+        ("weight_hh_l0_reverse", vec![12, 4]),
+        ("weight_ih_l1", vec![12, 8]),
+        ("weight_hh_l1", vec![12, 4]),
+        ("weight_ih_l1_reverse", vec![12, 8]),
+        ("weight_hh_l1_reverse", vec![12, 4]),
+    ];
+    assert_eq!(names, want.iter().map(|(n, d)| (n.to_string(), d.clone())).collect::<Vec<_>>());
     // Unbatched [t, input] runs as a batch of one.
     let x = t32(&dev, &vals(15, 3), &[5, 3]);
     let (out, hn) = gru.forward_with(&x, None).unwrap();
@@ -461,6 +493,14 @@ fn rnn_gradients_through_time_match_finite_differences() {
             Tensor::concat(&[&out.reshape([-1])?, &hn.reshape([-1])?], 0)
         });
     }
+    // Both directions of a bidirectional layer.
+    let bi_opts = RnnOptions { bidirectional: true, ..Default::default() };
+    let mut bi = Lstm::with_options(2, 3, bi_opts, &dev).unwrap();
+    to_f64(bi.layers_mut());
+    gradcheck(&dev, "bidirectional LSTM", &inputs[..1], 0, |t| {
+        let (out, (hn, cn)) = bi.forward_with(&t[0], None)?;
+        Tensor::concat(&[&out.reshape([-1])?, &hn.reshape([-1])?, &cn.reshape([-1])?], 0)
+    });
     // A weight's gradient too (the hidden weights of the first layer).
     let w = f64s(&lstm.layers()[0].weight_hh);
     let x = vals(3 * 2 * 2, 23).into_iter().map(f64::from).collect();
@@ -601,7 +641,8 @@ fn f32_gradients_agree_across_devices_without_fallback() {
             vec![2, 3, 4],
             Box::new(|x: &Tensor| {
                 x.device().manual_seed(6);
-                Gru::with_options(4, 3, RnnOptions { batch_first: true, ..Default::default() }, x.device())?.forward(x)
+                let opts = RnnOptions { batch_first: true, bidirectional: true, ..Default::default() };
+                Gru::with_options(4, 3, opts, x.device())?.forward(x)
             }),
         ),
         (

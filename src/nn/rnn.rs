@@ -3,18 +3,19 @@
 //! reset, update, new), parameter names (`weight_ih_l0`, `weight_hh_l0`,
 //! `bias_ih_l0`, `bias_hh_l0`, then `_l1`...), shapes, initialization
 //! (every parameter `U(+-1/sqrt(hidden_size))`) and options
-//! ([`RnnOptions`]: layers, bias, `batch_first`, dropout between layers).
+//! ([`RnnOptions`]: layers, bias, `batch_first`, dropout between layers,
+//! bidirectional).
 //!
 //! Inputs are `[t, batch, input]` (`[batch, t, input]` with `batch_first`)
 //! or unbatched `[t, input]`; [`Lstm::forward_with`] and
-//! [`Gru::forward_with`] take optional initial states (`[layers, batch,
-//! hidden]`, zeros by default) and return the last layer's outputs at
+//! [`Gru::forward_with`] take optional initial states (`[layers *
+//! directions, batch, hidden]`, zeros by default) and return the last layer's outputs at
 //! every step with the final states, as PyTorch does; [`Module::forward`]
 //! returns the outputs only. Each layer projects its whole input sequence
 //! with one matmul, then records one small step per time step (the hidden
 //! projection and the gates, fused by the engine); gradients are
 //! backpropagation through time by autodiff. Not supported (errors or
-//! absent options): bidirectional layers, `proj_size`, packed sequences.
+//! absent options): `proj_size`, packed sequences.
 
 use super::init::{parameter, Init};
 use super::{invalid, Mode, Module};
@@ -34,11 +35,16 @@ pub struct RnnOptions {
     /// Dropout on the outputs of every layer but the last, in training
     /// mode (default 0).
     pub dropout: f64,
+    /// A second direction per layer reading the sequence backwards
+    /// (default false): outputs `2 * hidden` wide (forward, then
+    /// reverse), states `[2 * layers, batch, hidden]`, parameters
+    /// `weight_ih_l0_reverse`... after each layer's forward ones.
+    pub bidirectional: bool,
 }
 
 impl Default for RnnOptions {
     fn default() -> Self {
-        RnnOptions { num_layers: 1, bias: true, batch_first: false, dropout: 0.0 }
+        RnnOptions { num_layers: 1, bias: true, batch_first: false, dropout: 0.0, bidirectional: false }
     }
 }
 
@@ -91,27 +97,32 @@ impl Stack {
         let b = 1.0 / (hidden_size as f64).sqrt();
         let init = Init::Uniform(-b, b);
         let h = hidden_size;
+        let dirs = if options.bidirectional { 2 } else { 1 };
         let mut cells = Vec::new();
         for l in 0..options.num_layers {
-            let inp = if l == 0 { input_size } else { h };
+            let inp = if l == 0 { input_size } else { dirs * h };
             let p = |shape: &[usize]| parameter(init, shape, inp, gates * h, device);
-            cells.push(RnnLayer {
-                weight_ih: p(&[gates * h, inp])?,
-                weight_hh: p(&[gates * h, h])?,
-                bias_ih: if options.bias { Some(p(&[gates * h])?) } else { None },
-                bias_hh: if options.bias { Some(p(&[gates * h])?) } else { None },
-            });
+            for _ in 0..dirs {
+                cells.push(RnnLayer {
+                    weight_ih: p(&[gates * h, inp])?,
+                    weight_hh: p(&[gates * h, h])?,
+                    bias_ih: if options.bias { Some(p(&[gates * h])?) } else { None },
+                    bias_hh: if options.bias { Some(p(&[gates * h])?) } else { None },
+                });
+            }
         }
         Ok(Stack { op, cells, input_size, hidden_size, gates, options, training: Mode::new(true) })
     }
 
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = Vec::new();
-        for (l, c) in self.cells.iter().enumerate() {
-            v.push((format!("weight_ih_l{l}"), c.weight_ih.clone()));
-            v.push((format!("weight_hh_l{l}"), c.weight_hh.clone()));
-            v.extend(c.bias_ih.iter().map(|b| (format!("bias_ih_l{l}"), b.clone())));
-            v.extend(c.bias_hh.iter().map(|b| (format!("bias_hh_l{l}"), b.clone())));
+        let dirs = self.directions();
+        for (k, c) in self.cells.iter().enumerate() {
+            let (l, suffix) = (k / dirs, if k % dirs == 1 { "_reverse" } else { "" });
+            v.push((format!("weight_ih_l{l}{suffix}"), c.weight_ih.clone()));
+            v.push((format!("weight_hh_l{l}{suffix}"), c.weight_hh.clone()));
+            v.extend(c.bias_ih.iter().map(|b| (format!("bias_ih_l{l}{suffix}"), b.clone())));
+            v.extend(c.bias_hh.iter().map(|b| (format!("bias_hh_l{l}{suffix}"), b.clone())));
         }
         v
     }
@@ -159,9 +170,10 @@ impl Stack {
         }
     }
 
-    /// Runs every layer with `step(cell, gi_t, gh_t, h, c) -> (h, c)` over
-    /// the input gates `gi_t` and hidden gates `gh_t`; returns the outputs
-    /// (`[t, batch, hidden]`) and the final `h` and `c` per layer.
+    /// Runs every layer (both directions of it when bidirectional) with
+    /// `step(gi_t, gh_t, h, c) -> (h, c)` over the input gates `gi_t` and
+    /// hidden gates `gh_t`; returns the outputs (`[t, batch, directions *
+    /// hidden]`) and the final `h` and `c` per layer and direction.
     fn run(
         &self,
         x: &Tensor,
@@ -171,41 +183,62 @@ impl Stack {
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let (t_len, n) = (x.dims()[0], x.dims()[1]);
         let h = self.hidden_size;
+        let dirs = self.directions();
         let mut input = x.clone();
         let (mut hs, mut cs) = (Vec::new(), Vec::new());
-        for (l, cell) in self.cells.iter().enumerate() {
-            let mut gi = input.matmul(&cell.weight_ih.t()?)?; // [t, n, G h]
-            if let Some(b) = &cell.bias_ih {
-                gi = gi.add(b)?;
-            }
-            let whh = cell.weight_hh.t()?;
-            let mut hl = h0.narrow(0, l, 1)?.reshape([n, h])?;
-            let mut cl = match &c0 {
-                Some(c) => Some(c.narrow(0, l, 1)?.reshape([n, h])?),
-                None => None,
-            };
-            let mut outs = Vec::with_capacity(t_len);
-            for t in 0..t_len {
-                let git = gi.narrow(0, t, 1)?.reshape([n, self.gates * h])?;
-                let mut ght = hl.matmul(&whh)?;
-                if let Some(b) = &cell.bias_hh {
-                    ght = ght.add(b)?;
+        for l in 0..self.options.num_layers {
+            let mut outputs = Vec::with_capacity(dirs);
+            for d in 0..dirs {
+                let k = l * dirs + d;
+                let cell = &self.cells[k];
+                let mut gi = input.matmul(&cell.weight_ih.t()?)?; // [t, n, G h]
+                if let Some(b) = &cell.bias_ih {
+                    gi = gi.add(b)?;
                 }
-                let (hn, cn) = step(&git, &ght, &hl, cl.as_ref())?;
-                outs.push(hn.clone());
-                hl = hn;
-                cl = cn;
+                let whh = cell.weight_hh.t()?;
+                let mut hl = h0.narrow(0, k, 1)?.reshape([n, h])?;
+                let mut cl = match &c0 {
+                    Some(c) => Some(c.narrow(0, k, 1)?.reshape([n, h])?),
+                    None => None,
+                };
+                let mut outs = Vec::with_capacity(t_len);
+                for i in 0..t_len {
+                    // The reverse direction reads the sequence backwards.
+                    let t = if d == 0 { i } else { t_len - 1 - i };
+                    let git = gi.narrow(0, t, 1)?.reshape([n, self.gates * h])?;
+                    let mut ght = hl.matmul(&whh)?;
+                    if let Some(b) = &cell.bias_hh {
+                        ght = ght.add(b)?;
+                    }
+                    let (hn, cn) = step(&git, &ght, &hl, cl.as_ref())?;
+                    outs.push(hn.clone());
+                    hl = hn;
+                    cl = cn;
+                }
+                if d == 1 {
+                    outs.reverse();
+                }
+                outputs.push(Tensor::stack(&outs.iter().collect::<Vec<_>>(), 0)?);
+                hs.push(hl);
+                cs.extend(cl);
             }
-            input = Tensor::stack(&outs.iter().collect::<Vec<_>>(), 0)?;
-            if l + 1 < self.cells.len() && self.options.dropout > 0.0 {
+            input = Tensor::concat(&outputs.iter().collect::<Vec<_>>(), -1)?;
+            if l + 1 < self.options.num_layers && self.options.dropout > 0.0 {
                 input = input.dropout(self.options.dropout, self.training.get())?;
             }
-            hs.push(hl);
-            cs.extend(cl);
         }
         let hn = Tensor::stack(&hs.iter().collect::<Vec<_>>(), 0)?;
         let cn = if cs.is_empty() { None } else { Some(Tensor::stack(&cs.iter().collect::<Vec<_>>(), 0)?) };
         Ok((input, hn, cn))
+    }
+
+    /// 2 when bidirectional, else 1.
+    fn directions(&self) -> usize {
+        if self.options.bidirectional {
+            2
+        } else {
+            1
+        }
     }
 
     /// The outputs in the caller's layout and the states unbatched if the
@@ -252,7 +285,8 @@ impl Lstm {
         &self.stack.options
     }
 
-    /// The layers' parameters, first layer first.
+    /// The layers' parameters, first layer first (its reverse direction
+    /// right after it when bidirectional).
     pub fn layers(&self) -> &[RnnLayer] {
         &self.stack.cells
     }
@@ -264,9 +298,9 @@ impl Lstm {
     }
 
     /// The outputs (`[t, batch, hidden]`, `[batch, t, hidden]` with
-    /// `batch_first`, `[t, hidden]` unbatched) and the final `(h, c)`
-    /// (`[layers, batch, hidden]`), from the initial `state` (zeros when
-    /// `None`).
+    /// `batch_first`, `[t, hidden]` unbatched; `2 * hidden` wide when
+    /// bidirectional) and the final `(h, c)` (`[layers * directions,
+    /// batch, hidden]`), from the initial `state` (zeros when `None`).
     #[track_caller]
     pub fn forward_with(&self, x: &Tensor, state: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, (Tensor, Tensor))> {
         let at = Location::caller();
@@ -330,7 +364,8 @@ impl Gru {
         &self.stack.options
     }
 
-    /// The layers' parameters, first layer first.
+    /// The layers' parameters, first layer first (its reverse direction
+    /// right after it when bidirectional).
     pub fn layers(&self) -> &[RnnLayer] {
         &self.stack.cells
     }
@@ -341,8 +376,9 @@ impl Gru {
         &mut self.stack.cells
     }
 
-    /// The outputs (laid out as the input) and the final `h` (`[layers,
-    /// batch, hidden]`), from the initial `h0` (zeros when `None`).
+    /// The outputs (laid out as the input, `2 * hidden` wide when
+    /// bidirectional) and the final `h` (`[layers * directions, batch,
+    /// hidden]`), from the initial `h0` (zeros when `None`).
     #[track_caller]
     pub fn forward_with(&self, x: &Tensor, h0: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
         let at = Location::caller();
