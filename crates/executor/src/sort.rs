@@ -21,9 +21,11 @@
 //! (sampling from a vocabulary's logits): there it selects, `k` rounds of
 //! "the first remaining element that is the extreme one" (a max or min
 //! reduction, an equality test and an argmax of the hits, NaN handled as a
-//! class of its own), O(k n) per row and the same stable order. The broadcast comparisons are recorded in chunks of at
-//! most 2^24 elements (rows grouped, long rows split), so no backend
-//! holds more than one chunk's intermediate at a time. Rejected
+//! class of its own), O(k n) per row and the same stable order. The
+//! broadcast comparisons are recorded in chunks of at most 2^24 elements
+//! (rows grouped, long rows split), so no backend holds more than one
+//! chunk's intermediate at a time; on wgpu a chunk's comparisons are the
+//! prologue of its reduction and never reach memory. Rejected
 //! alternative: a new IR op with a bitonic sort in workgroup memory, which
 //! would be O(n log^2 n) but needs a kernel family, a CPU kernel and
 //! coverage in every layer; the counting form reuses the fused reduction
@@ -33,9 +35,9 @@ use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{DType, IrError, ScalarValue};
 use std::panic::Location;
 
-/// The longest row [`Tensor::sort`], [`Tensor::argsort`] and
-/// [`Tensor::topk`] accept: their rank-by-counting form does O(n^2)
-/// comparisons per row.
+/// The longest row [`Tensor::sort`] and [`Tensor::argsort`] accept (and
+/// [`Tensor::topk`] with `k` over [`TOPK_SELECT_MAX_K`]): their
+/// rank-by-counting form does O(n^2) comparisons per row.
 pub const SORT_MAX_ROW: usize = 16384;
 
 /// The largest `k` [`Tensor::topk`] takes for rows longer than
