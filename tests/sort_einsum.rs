@@ -256,6 +256,12 @@ fn naive_einsum(spec: &str, inputs: &[(&[f64], &[usize])]) -> (Vec<f64>, Vec<usi
             }
         }
     }
+    for (term, (_, dims)) in terms.iter().zip(inputs) {
+        for (c, &d) in term.iter().zip(dims.iter()) {
+            let e = letters.iter_mut().find(|(l, _)| l == c).unwrap();
+            e.1 = e.1.max(d); // a size of 1 broadcasts
+        }
+    }
     let size = |c: char| letters.iter().find(|(l, _)| *l == c).unwrap().1;
     let out_dims: Vec<usize> = out.iter().map(|&c| size(c)).collect();
     let mut result = vec![0.0; out_dims.iter().product()];
@@ -267,7 +273,9 @@ fn naive_einsum(spec: &str, inputs: &[(&[f64], &[usize])]) -> (Vec<f64>, Vec<usi
             e /= d;
         }
         let at = |c: char| val[letters.iter().position(|(l, _)| *l == c).unwrap()];
-        let flat = |term: &[char], dims: &[usize]| term.iter().zip(dims).fold(0, |acc, (&c, &d)| acc * d + at(c));
+        let flat = |term: &[char], dims: &[usize]| {
+            term.iter().zip(dims).fold(0, |acc, (&c, &d)| acc * d + if d == 1 { 0 } else { at(c) })
+        };
         let prod: f64 = terms.iter().zip(inputs).map(|(t, (data, dims))| data[flat(t, dims)]).product();
         result[flat(&out, &out_dims)] += prod;
     }
@@ -289,6 +297,8 @@ const SPECS: &[(&str, &[&[usize]])] = &[
     ("ijk,j->k", &[&[2, 3, 4], &[3]]),
     ("ij,ij->ij", &[&[3, 4], &[3, 4]]),
     ("bi,bj,b->bji", &[&[2, 3], &[2, 4], &[2]]),
+    ("bij,bjk->bik", &[&[1, 3, 4], &[2, 4, 5]]),
+    ("ij,j->ij", &[&[3, 1], &[4]]),
 ];
 
 fn operands(dims: &[&[usize]], seed: u64) -> Vec<Vec<f64>> {

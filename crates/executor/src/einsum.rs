@@ -11,9 +11,11 @@
 //! pair, the letters both hold and something later needs are batch dims,
 //! those only one holds stay, and those both hold and nothing later needs
 //! are summed by the matmul (a pair with nothing to sum, an outer or
-//! elementwise product, is a broadcast multiply instead). Not supported, each a clear error: a letter
-//! repeated within one term (a diagonal, `ii->i`), an ellipsis (`...`),
-//! and dims of one letter that differ in size (no broadcasting of 1s).
+//! elementwise product, is a broadcast multiply instead). A letter of
+//! size 1 in one operand broadcasts to its size in the others, as in
+//! PyTorch. Not supported, each a clear error: a letter repeated within
+//! one term (a diagonal, `ii->i`), an ellipsis (`...`), and sizes of one
+//! letter that differ where neither is 1.
 
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{IrError, Shape};
@@ -79,11 +81,13 @@ fn einsum_at(spec: &str, operands: &[&Tensor], at: &Location<'_>) -> Result<Tens
                 )));
             }
             let d = t.dims()[i];
-            match sizes.iter().find(|(l, _)| *l == c) {
-                Some(&(_, s)) if s != d => {
-                    return Err(fail(format!("letter {c:?} stands for sizes {s} and {d}")));
+            match sizes.iter_mut().find(|(l, _)| *l == c) {
+                Some((_, s)) if *s != d && *s != 1 && d != 1 => {
+                    return Err(fail(format!(
+                        "letter {c:?} stands for sizes {s} and {d} (only a size of 1 broadcasts)"
+                    )));
                 }
-                Some(_) => {}
+                Some((_, s)) => *s = (*s).max(d),
                 None => sizes.push((c, d)),
             }
         }
@@ -117,6 +121,21 @@ fn einsum_at(spec: &str, operands: &[&Tensor], at: &Location<'_>) -> Result<Tens
     if operands.is_empty() {
         return Err(fail("needs at least one operand".into()));
     }
+    // A letter of size 1 in one operand broadcasts to its size elsewhere.
+    let size_of = |c: &char| sizes.iter().find(|(l, _)| l == c).map_or(1, |&(_, s)| s);
+    let expanded: Vec<Tensor> = terms
+        .iter()
+        .zip(operands)
+        .map(|(term, t)| {
+            let dims: Vec<usize> = term.iter().map(size_of).collect();
+            if dims == t.dims() {
+                Ok((*t).clone())
+            } else {
+                t.expand(Shape::from(dims))
+            }
+        })
+        .collect::<Result<_>>()?;
+    let operands: Vec<&Tensor> = expanded.iter().collect();
     // Contract left to right; `needed(k)` is what the output and the
     // operands after `k` hold.
     let needed = |k: usize| -> Vec<char> {
