@@ -9,9 +9,9 @@
 //! Inputs are `[t, batch, input]` (`[batch, t, input]` with `batch_first`)
 //! or unbatched `[t, input]`; [`Lstm::forward_with`] and
 //! [`Gru::forward_with`] take optional initial states (`[layers *
-//! directions, batch, hidden]`, zeros by default) and return the last layer's outputs at
-//! every step with the final states, as PyTorch does; [`Module::forward`]
-//! returns the outputs only. Each layer projects its whole input sequence
+//! directions, batch, hidden]`, zeros by default) and return the last
+//! layer's outputs at every step with the final states, as PyTorch does;
+//! [`Module::forward`] returns the outputs only. Each layer projects its whole input sequence
 //! with one matmul, then records one small step per time step (the hidden
 //! projection and the gates, fused by the engine); gradients are
 //! backpropagation through time by autodiff. Not supported (errors or
@@ -151,8 +151,9 @@ impl Stack {
         }
     }
 
-    /// An initial state: given (`[layers, batch, hidden]`, or `[layers,
-    /// hidden]` unbatched), checked and made batched, or zeros.
+    /// An initial state: given (`[layers * directions, batch, hidden]`,
+    /// or without the batch dim for an unbatched input), checked and made
+    /// batched, or zeros.
     fn state(&self, s: Option<&Tensor>, what: &str, x: &Tensor, unbatched: bool, at: &Location<'_>) -> Result<Tensor> {
         let (l, n, h) = (self.cells.len(), x.dims()[1], self.hidden_size);
         let Some(s) = s else { return Tensor::zeros([l, n, h], x.dtype(), x.device()) };
