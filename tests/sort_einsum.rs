@@ -462,7 +462,15 @@ fn large_tensors_are_summarized_and_long_rows_wrap() {
     let dev = Device::cpu();
     let big = Tensor::arange(0.0, 2000.0, 1.0, DType::I32, &dev).unwrap().reshape([40, 50]).unwrap();
     let text = big.to_string();
-    let want = "tensor([[   0,    1,    2,  ...,   47,   48,   49],\n        [  50,   51,   52,  ...,   97,   98,   99],\n        [ 100,  101,  102,  ...,  147,  148,  149],\n        ...,\n        [1850, 1851, 1852,  ..., 1897, 1898, 1899],\n        [1900, 1901, 1902,  ..., 1947, 1948, 1949],\n        [1950, 1951, 1952,  ..., 1997, 1998, 1999]], shape=[40, 50], dtype=i32, device=cpu)";
+    let want = concat!(
+        "tensor([[   0,    1,    2,  ...,   47,   48,   49],\n",
+        "        [  50,   51,   52,  ...,   97,   98,   99],\n",
+        "        [ 100,  101,  102,  ...,  147,  148,  149],\n",
+        "        ...,\n",
+        "        [1850, 1851, 1852,  ..., 1897, 1898, 1899],\n",
+        "        [1900, 1901, 1902,  ..., 1947, 1948, 1949],\n",
+        "        [1950, 1951, 1952,  ..., 1997, 1998, 1999]], shape=[40, 50], dtype=i32, device=cpu)",
+    );
     assert_eq!(text, want);
     // `{:#}` prints every element; a row of 30 wraps.
     let full = format!("{big:#}");

@@ -30,7 +30,8 @@
 //!
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
 //! `norm`, `conv`, `conv_transpose`, `pool`, `dropout`, `embedding`,
-//! `attention`, `transformer`, `rope`, `rnn`, `ffn` and `sequential`; everything public is re-exported here, so every path is
+//! `attention`, `transformer`, `rope`, `rnn`, `ffn` and `sequential`;
+//! everything public is re-exported here, so every path is
 //! `lazuli::nn::Name`. This file holds the [`Module`] and [`ModuleExt`]
 //! traits and the train/eval flag the layers with a mode share.
 
