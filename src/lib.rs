@@ -19,6 +19,8 @@
 //! `lazuli-wgpu`) to the executor and re-exports the public API.
 
 pub mod bench;
+pub mod checkpoint;
+pub mod data;
 mod device;
 pub mod generate;
 pub mod nn;
@@ -31,7 +33,7 @@ pub use device::{adapters, CpuDeviceOptions, DeviceExt, DeviceKind, WgpuDeviceOp
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
     debug, einsum, metrics, sync, timeline, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError,
-    PrintOptions, Result, Tensor, TensorState, SORT_MAX_ROW, TOPK_SELECT_MAX_K,
+    PrintOptions, Result, RngState, Tensor, TensorState, SORT_MAX_ROW, TOPK_SELECT_MAX_K,
 };
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;

@@ -23,6 +23,7 @@
 use crate::nn::{Module, ModuleExt};
 use crate::serialize::{self, SerializeError};
 use crate::{no_grad, DType, Device, DeviceExt, ExecError, Result, ScalarValue, Tensor};
+use std::collections::HashMap;
 use std::path::Path;
 
 pub mod lr_scheduler;
@@ -148,6 +149,18 @@ pub trait Optimizer {
     /// Gives parameter group `group` its own learning rate (compiles
     /// nothing new); a group index past the last group is an error.
     fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()>;
+
+    /// The optimizer's state by name, what its `save_state_dict` writes
+    /// (moments, momentum buffers and step counts by PyTorch's names with
+    /// the parameter's index); what a [`crate::checkpoint::Checkpoint`]
+    /// saves.
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>>;
+
+    /// Replaces the state with `state`, named as
+    /// [`Optimizer::state_tensors`] names it and read from `source` (named
+    /// in errors), for an optimizer over parameters of the same types in
+    /// the same order; on an error nothing changes.
+    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()>;
 }
 
 /// Rank-0 lifted scalars (never baked into kernels), one per role, group,
@@ -259,9 +272,9 @@ impl Sgd {
     /// nothing changes. A parameter without a buffer in the file starts
     /// its momentum afresh at its next gradient.
     pub fn load_state_dict(&mut self, path: impl AsRef<Path>) -> Result<()> {
-        let (mut bufs, _) = load_state(path.as_ref(), &self.params, &["momentum_buffer"], &[])?;
-        self.bufs = bufs.remove(0);
-        Ok(())
+        let path = path.as_ref();
+        let state = serialize::load(path, &state_device(&self.params))?;
+        self.load_state_tensors(state, path)
     }
 }
 
@@ -315,6 +328,16 @@ impl Optimizer for Sgd {
 
     fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         set_group_lr("Sgd::set_group_lr", &mut self.group_lr, group, lr)
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.state_dict())
+    }
+
+    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
+        let (mut bufs, _) = load_state(source, state, &self.params, &["momentum_buffer"], &[])?;
+        self.bufs = bufs.remove(0);
+        Ok(())
     }
 }
 
@@ -414,7 +437,8 @@ impl Adam {
             detail: format!("step count {} exceeds i64", self.t),
         })?;
         let dev = self.params.first().map_or_else(Device::cpu, |p| p.device().clone());
-        let mut v = vec![("step".to_string(), Tensor::scalar(step, DType::I64, &dev))];
+        // Host data: an i64 scalar node would not compile on wgpu.
+        let mut v = vec![("step".to_string(), Tensor::from_slice(&[step], [], &dev)?)];
         v.extend(indexed("exp_avg", &self.m));
         v.extend(indexed("exp_avg_sq", &self.v));
         Ok(v)
@@ -433,7 +457,15 @@ impl Adam {
     /// error nothing changes.
     pub fn load_state_dict(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let (mut moments, scalars) = load_state(path, &self.params, &["exp_avg", "exp_avg_sq"], &["step"])?;
+        let state = serialize::load(path, &state_device(&self.params))?;
+        self.load_state_tensors(state, path)
+    }
+}
+
+impl Adam {
+    /// [`Optimizer::load_state_tensors`] for Adam (see [`Adam::load_state_dict`]).
+    fn load_adam_state(&mut self, state: HashMap<String, Tensor>, path: &Path) -> Result<()> {
+        let (mut moments, scalars) = load_state(path, state, &self.params, &["exp_avg", "exp_avg_sq"], &["step"])?;
         let (m, v) = (moments.remove(0), moments.remove(0));
         if let Some(i) = (0..m.len()).find(|&i| m[i].is_some() != v[i].is_some()) {
             let name = if m[i].is_some() { format!("exp_avg_sq.{i}") } else { format!("exp_avg.{i}") };
@@ -510,6 +542,14 @@ impl Optimizer for Adam {
     fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         set_group_lr("Adam::set_group_lr", &mut self.group_lr, group, lr)
     }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.state_dict()
+    }
+
+    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
+        self.load_adam_state(state, source)
+    }
 }
 
 /// `(format!("{kind}.{i}"), buffer)` for every parameter index `i` that
@@ -522,24 +562,30 @@ fn mismatch(path: &Path, name: &str, detail: String) -> SerializeError {
     SerializeError::Mismatch { path: path.display().to_string(), name: name.into(), detail }
 }
 
+/// The device an optimizer's state loads onto: its parameters' (the CPU
+/// for an optimizer without parameters).
+fn state_device(params: &[Tensor]) -> Device {
+    params.first().map_or_else(Device::cpu, |p| p.device().clone())
+}
+
 /// One optional state tensor per parameter.
 type Buffers = Vec<Option<Tensor>>;
 
-/// Reads an optimizer's state from `path`: for each of `kinds`, one
+/// Reads an optimizer's state from `state` (loaded from `path`): for each of `kinds`, one
 /// optional buffer per parameter (named `"{kind}.{i}"`, with parameter
 /// `i`'s type, on its device), and each of `scalars` (rank 0, i64,
 /// required). Anything else in the file is an error, found before the
 /// caller changes anything.
 fn load_state(
     path: &Path,
+    state: HashMap<String, Tensor>,
     params: &[Tensor],
     kinds: &[&str],
     scalars: &[&str],
 ) -> std::result::Result<(Vec<Buffers>, Vec<Tensor>), SerializeError> {
-    let dev = params.first().map_or_else(Device::cpu, |p| p.device().clone());
     let mut bufs = vec![vec![None; params.len()]; kinds.len()];
     let mut found = vec![None; scalars.len()];
-    let mut names: Vec<(String, Tensor)> = serialize::load(path, &dev)?.into_iter().collect();
+    let mut names: Vec<(String, Tensor)> = state.into_iter().collect();
     names.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, t) in names {
         if let Some(j) = scalars.iter().position(|s| *s == name) {

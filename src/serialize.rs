@@ -1,16 +1,23 @@
 //! Saving and loading named tensors in the safetensors format
 //! (<https://github.com/huggingface/safetensors>), e.g. a model's
-//! [`ModuleExt::named_parameters`](crate::nn::ModuleExt::named_parameters).
+//! [`ModuleExt::state_dict`](crate::nn::ModuleExt::state_dict).
 //!
-//! Saving reads every tensor (a barrier). Loading creates host-data tensors
-//! on the given device; [`load_into`] assigns them to existing tensors, so
-//! parameters keep their identity (and `requires_grad`) and optimizers keep
-//! working on them.
+//! Saving reads every tensor (a barrier). Loading memory-maps the file (or
+//! every shard named by a `*.safetensors.index.json`, the Hugging Face
+//! layout of large checkpoints) and copies out only the tensors it needs,
+//! as host-data tensors on the given device; [`load_into`] and
+//! [`load_into_with`] assign them to existing tensors, so parameters keep
+//! their identity (and `requires_grad`) and optimizers keep working on
+//! them. Loading into tensors converts float dtypes as PyTorch's
+//! `load_state_dict` copies do (f16 and bf16 checkpoints into f32
+//! parameters, each value rounded once); [`LoadOptions`] chooses strict or
+//! non-strict keys (a [`LoadReport`] names the missing and unexpected
+//! ones) and renames the file's keys.
 
 use crate::{DType, Device, ExecError, Tensor};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use std::collections::HashMap;
-use std::path::Path;
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// An error while saving or loading tensors.
@@ -52,6 +59,14 @@ pub enum SerializeError {
         /// The tensor.
         name: String,
         /// What differs.
+        detail: String,
+    },
+    /// A `*.safetensors.index.json` that is not a valid shard index.
+    #[error("{path}: not a safetensors shard index: {detail}")]
+    Index {
+        /// The index file.
+        path: String,
+        /// What is wrong.
         detail: String,
     },
     /// Reading or creating a tensor failed.
@@ -127,72 +142,421 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<(), 
     std::fs::write(path, data).map_err(|source| SerializeError::Io { path: p, source })
 }
 
-/// Reads every tensor of the safetensors file at `path` onto `device`.
+/// Reads every tensor of the safetensors file at `path` (or of every
+/// shard of a `*.safetensors.index.json`) onto `device`, in the file's
+/// dtypes (a bf16 tensor, which Lazuli has no dtype for, is an error here;
+/// [`load_into`] converts it).
 pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<HashMap<String, Tensor>, SerializeError> {
-    let path = path.as_ref();
-    let p = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| SerializeError::Io { path: p.clone(), source })?;
-    let st = SafeTensors::deserialize(&data).map_err(|source| SerializeError::Format { path: p.clone(), source })?;
+    let archive = Archive::open(path.as_ref())?;
     let mut out = HashMap::new();
-    for (name, view) in st.tensors() {
-        let dtype = from_st(view.dtype()).ok_or_else(|| SerializeError::UnsupportedDType {
-            path: p.clone(),
-            name: name.clone(),
-            dtype: format!("{:?}", view.dtype()),
-        })?;
-        let ty = crate::ir::ValueType::new(view.shape().to_vec(), dtype);
-        out.insert(name, Tensor::from_bytes(view.data().to_vec(), ty, device)?);
+    for name in archive.names() {
+        let t = archive.tensor(&name, device)?;
+        out.insert(name, t);
     }
     Ok(out)
 }
 
 /// Loads `path` and assigns each of `targets` (name, tensor) the stored
-/// tensor of that name, which must exist with the same shape and dtype.
-/// The targets keep their identity and gradient settings. Tensors in the
-/// file that no target names are ignored (see [`load_state_dict`]).
+/// tensor of that name, which must exist with the same shape (a float
+/// tensor of another float dtype is converted). The targets keep their
+/// identity and gradient settings. Tensors in the file that no target
+/// names are ignored (see [`load_state_dict`] and [`load_into_with`]).
 pub fn load_into(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<(), SerializeError> {
-    load_checked(path.as_ref(), targets, false)
+    let archive = Archive::open(path.as_ref())?;
+    load_checked(&archive, targets, &LoadOptions::strict(), Keys { missing: false, unexpected: true }).map(|_| ())
 }
 
 /// [`load_into`] that also refuses a file holding tensors no target names
 /// (a checkpoint of another model): what
 /// [`ModuleExt::load_state_dict`](crate::nn::ModuleExt::load_state_dict) does.
 pub fn load_state_dict(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<(), SerializeError> {
-    load_checked(path.as_ref(), targets, true)
+    load_into_with(path, targets, &LoadOptions::strict()).map(|_| ())
 }
 
-/// Checks every target against the file before assigning any, so a
-/// failed load leaves the targets as they were.
-fn load_checked(path: &Path, targets: &[(String, Tensor)], strict: bool) -> Result<(), SerializeError> {
-    let Some((_, first)) = targets.first() else { return Ok(()) };
-    let mut stored = load(path, first.device())?;
-    let mismatch = |name: &str, detail: String| SerializeError::Mismatch {
-        path: path.display().to_string(),
+/// Loads `path` into `targets` as `options` say: keys renamed first, then
+/// matched to the targets' names; with [`LoadOptions::strict`] every
+/// target must be found and every (renamed) key used, otherwise the
+/// [`LoadReport`] lists what was not. Each found tensor must have its
+/// target's shape; float dtypes convert. Everything is checked before
+/// anything is assigned, so a failed load leaves the targets as they were.
+pub fn load_into_with(
+    path: impl AsRef<Path>,
+    targets: &[(String, Tensor)],
+    options: &LoadOptions<'_>,
+) -> Result<LoadReport, SerializeError> {
+    load_archive(&Archive::open(path.as_ref())?, targets, options)
+}
+
+/// How [`load_into_with`] matches a file's keys to a model's tensors.
+pub struct LoadOptions<'a> {
+    /// Every target must be in the file and every key of the file (after
+    /// renaming, and not dropped by it) must name a target. PyTorch's
+    /// `strict` (default true).
+    pub strict: bool,
+    rename: Option<Rename<'a>>,
+}
+
+/// A key renaming: the model's name for a key of the file, or `None` to
+/// drop the key.
+type Rename<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
+impl std::fmt::Debug for LoadOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions").field("strict", &self.strict).field("rename", &self.rename.is_some()).finish()
+    }
+}
+
+impl Default for LoadOptions<'_> {
+    fn default() -> Self {
+        LoadOptions::strict()
+    }
+}
+
+impl<'a> LoadOptions<'a> {
+    /// Strict keys, no renaming.
+    pub fn strict() -> LoadOptions<'a> {
+        LoadOptions { strict: true, rename: None }
+    }
+
+    /// Non-strict keys (PyTorch's `strict=False`): targets not in the file
+    /// keep their values and are reported as missing, keys naming no
+    /// target are reported as unexpected.
+    pub fn non_strict() -> LoadOptions<'a> {
+        LoadOptions { strict: false, rename: None }
+    }
+
+    /// Renames every key of the file before matching: `rename(key)` gives
+    /// the model's name for it, or `None` to drop the key (it is then
+    /// neither loaded nor unexpected).
+    pub fn rename(mut self, rename: impl Fn(&str) -> Option<String> + 'a) -> LoadOptions<'a> {
+        self.rename = Some(Box::new(rename));
+        self
+    }
+
+    /// Renames keys by a map from the file's names to the model's; keys
+    /// not in the map keep their names.
+    pub fn rename_map(self, map: HashMap<String, String>) -> LoadOptions<'a> {
+        self.rename(move |k| Some(map.get(k).cloned().unwrap_or_else(|| k.to_string())))
+    }
+
+    pub(crate) fn renamed(&self, key: &str) -> Option<String> {
+        match &self.rename {
+            Some(f) => f(key),
+            None => Some(key.to_string()),
+        }
+    }
+}
+
+/// What a non-strict load did not match, by PyTorch's names: targets
+/// that were not in the file (they keep their values) and keys of the
+/// file (after renaming) that named no target, both sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Targets the file did not have.
+    pub missing_keys: Vec<String>,
+    /// Keys of the file that named no target.
+    pub unexpected_keys: Vec<String>,
+}
+
+/// Which unmatched keys a load accepts.
+#[derive(Clone, Copy)]
+struct Keys {
+    missing: bool,
+    unexpected: bool,
+}
+
+impl Keys {
+    const ALL: Keys = Keys { missing: true, unexpected: true };
+}
+
+/// One or more memory-mapped safetensors files: a single file, or the
+/// shards of a `*.safetensors.index.json`, with each tensor's file.
+pub(crate) struct Archive {
+    /// What was opened (the file or the index), for errors.
+    path: String,
+    /// Each file, its header parsed once.
+    files: Vec<Shard>,
+    /// Each tensor's file (an index into `files`), by name.
+    tensors: BTreeMap<String, usize>,
+}
+
+/// One safetensors file of an [`Archive`].
+struct Shard {
+    path: String,
+    contents: Contents,
+    /// Where the tensor data starts (after the length and the header).
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl Shard {
+    fn open(path: &Path) -> Result<Shard, SerializeError> {
+        let p = path.display().to_string();
+        let contents = map_file(path)?;
+        let (n, metadata) = SafeTensors::read_metadata(&contents)
+            .map_err(|source| SerializeError::Format { path: p.clone(), source })?;
+        Ok(Shard { path: p, contents, data_start: 8 + n, metadata })
+    }
+}
+
+/// A stored tensor: its dtype, shape and bytes (borrowed from the file).
+struct Stored<'a> {
+    dtype: Dtype,
+    shape: &'a [usize],
+    data: &'a [u8],
+}
+
+/// A file's bytes: memory-mapped where the platform allows, else read.
+enum Contents {
+    Mapped(memmap2::Mmap),
+    Read(Vec<u8>),
+}
+
+impl std::ops::Deref for Contents {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Contents::Mapped(m) => m,
+            Contents::Read(v) => v,
+        }
+    }
+}
+
+/// Maps `path` into memory (an empty file, which cannot be mapped, is read).
+// Mapping a file is `unsafe` because another process could change the
+// file while it is mapped; a checkpoint being rewritten while it loads
+// is outside what this API promises (as with every mmap-based loader,
+// e.g. safetensors' own Python `safe_open`). The map is read only.
+#[allow(unsafe_code)]
+fn map_file(path: &Path) -> Result<Contents, SerializeError> {
+    let p = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| SerializeError::Io { path: p.clone(), source })?;
+    let len = file.metadata().map_err(|source| SerializeError::Io { path: p.clone(), source })?.len();
+    if len == 0 {
+        return Ok(Contents::Read(Vec::new()));
+    }
+    // SAFETY: read-only map of a file we opened; see the comment above.
+    match unsafe { memmap2::Mmap::map(&file) } {
+        Ok(m) => Ok(Contents::Mapped(m)),
+        Err(_) => std::fs::read(path).map(Contents::Read).map_err(|source| SerializeError::Io { path: p, source }),
+    }
+}
+
+impl Archive {
+    /// Opens a safetensors file, or the shards of an index (a path ending
+    /// in `.json`: `{"weight_map": {"name": "shard file", ...}}`, shard
+    /// paths relative to the index's folder).
+    pub(crate) fn open(path: &Path) -> Result<Archive, SerializeError> {
+        let p = path.display().to_string();
+        if path.extension().is_some_and(|e| e == "json") {
+            return Archive::open_index(path);
+        }
+        let shard = Shard::open(path)?;
+        let tensors = shard.metadata.tensors().into_keys().map(|n| (n, 0)).collect();
+        Ok(Archive { path: p, files: vec![shard], tensors })
+    }
+
+    fn open_index(path: &Path) -> Result<Archive, SerializeError> {
+        let p = path.display().to_string();
+        let bad = |detail: String| SerializeError::Index { path: p.clone(), detail };
+        let text = std::fs::read_to_string(path).map_err(|source| SerializeError::Io { path: p.clone(), source })?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let map =
+            json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut shards: Vec<String> = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| bad(format!("tensor {name:?}: the shard is not a string")))?;
+            if Path::new(file).components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+                return Err(bad(format!("tensor {name:?}: shard {file:?} is not a plain file name beside the index")));
+            }
+            let i = match shards.iter().position(|s| s == file) {
+                Some(i) => i,
+                None => {
+                    shards.push(file.to_string());
+                    shards.len() - 1
+                }
+            };
+            tensors.insert(name.clone(), i);
+        }
+        let mut files = Vec::with_capacity(shards.len());
+        for shard in &shards {
+            let sp: PathBuf = dir.join(shard);
+            files.push(Shard::open(&sp)?);
+        }
+        let archive = Archive { path: p, files, tensors };
+        // Every tensor the index names must be in its shard.
+        for name in archive.tensors.keys() {
+            archive.view(name)?;
+        }
+        Ok(archive)
+    }
+
+    /// Every tensor name, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
+    }
+
+    /// The file holding `name` (the archive's path if none does).
+    fn file_of(&self, name: &str) -> String {
+        self.tensors.get(name).map_or_else(|| self.path.clone(), |&i| self.files[i].path.clone())
+    }
+
+    /// The stored tensor `name`.
+    fn view(&self, name: &str) -> Result<Stored<'_>, SerializeError> {
+        let missing = |path: &str| SerializeError::Mismatch {
+            path: path.to_string(),
+            name: name.to_string(),
+            detail: "not in the file".into(),
+        };
+        let &i = self.tensors.get(name).ok_or_else(|| missing(&self.path))?;
+        let shard = &self.files[i];
+        let info = shard.metadata.info(name).ok_or_else(|| missing(&shard.path))?;
+        // `read_metadata` validated the offsets against the file's length.
+        let (start, end) = info.data_offsets;
+        let data = &shard.contents[shard.data_start + start..shard.data_start + end];
+        Ok(Stored { dtype: info.dtype, shape: &info.shape, data })
+    }
+
+    /// The stored tensor `name` on `device` in its stored dtype (an error
+    /// for a dtype Lazuli lacks).
+    pub(crate) fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, SerializeError> {
+        let view = self.view(name)?;
+        let dtype = from_st(view.dtype).ok_or_else(|| SerializeError::UnsupportedDType {
+            path: self.file_of(name),
+            name: name.to_string(),
+            dtype: format!("{:?}", view.dtype),
+        })?;
+        let ty = crate::ir::ValueType::new(view.shape.to_vec(), dtype);
+        Ok(Tensor::from_bytes(view.data.to_vec(), ty, device)?)
+    }
+
+    /// The tensors whose names start with `prefix`, by the rest of their
+    /// names, on `device` in their stored dtypes.
+    pub(crate) fn with_prefix(&self, prefix: &str, device: &Device) -> Result<HashMap<String, Tensor>, SerializeError> {
+        let mut out = HashMap::new();
+        for name in self.tensors.keys() {
+            if let Some(rest) = name.strip_prefix(prefix) {
+                out.insert(rest.to_string(), self.tensor(name, device)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The path opened, for errors.
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// [`load_into_with`] from an opened archive.
+pub(crate) fn load_archive(
+    archive: &Archive,
+    targets: &[(String, Tensor)],
+    options: &LoadOptions<'_>,
+) -> Result<LoadReport, SerializeError> {
+    let keys = if options.strict { Keys { missing: false, unexpected: false } } else { Keys::ALL };
+    load_checked(archive, targets, options, keys)
+}
+
+/// Matches the archive's tensors to `targets` by `options`, checks every
+/// match and unmatched key against `accept`, converts dtypes, and only
+/// then assigns every found tensor.
+fn load_checked(
+    archive: &Archive,
+    targets: &[(String, Tensor)],
+    options: &LoadOptions<'_>,
+    accept: Keys,
+) -> Result<LoadReport, SerializeError> {
+    let mismatch = |file: String, name: &str, detail: String| SerializeError::Mismatch {
+        path: file,
         name: name.to_string(),
         detail,
     };
-    let mut found = Vec::with_capacity(targets.len());
-    for (name, t) in targets {
-        let s = stored.remove(name).ok_or_else(|| mismatch(name, "not in the file".into()))?;
-        if s.ty() != t.ty() {
-            let detail = format!("stored as {}{}, expected {}{}", s.dtype(), s.shape(), t.dtype(), t.shape());
-            return Err(mismatch(name, detail));
+    // The file's keys by the model's names.
+    let mut by_target: HashMap<String, String> = HashMap::new();
+    for key in archive.names() {
+        let Some(to) = options.renamed(&key) else { continue };
+        if let Some(other) = by_target.insert(to.clone(), key.clone()) {
+            let detail = format!("keys {other:?} and {key:?} of the file are both renamed to it");
+            return Err(mismatch(archive.path().to_string(), &to, detail));
         }
-        found.push(s);
     }
-    if strict && !stored.is_empty() {
-        let mut extra: Vec<&String> = stored.keys().collect();
-        extra.sort();
-        let detail = format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len());
-        return Err(mismatch(extra[0], detail));
-    }
-    for ((_, t), s) in targets.iter().zip(found) {
-        let s = if t.device().same(s.device()) {
-            s
-        } else {
-            Tensor::from_bytes(s.to_bytes()?, s.ty().clone(), t.device())?
+    let mut report = LoadReport::default();
+    let mut found = Vec::with_capacity(targets.len());
+    let mut used = std::collections::HashSet::new();
+    for (name, t) in targets {
+        // `get`, not `remove`: a state dict may list one tensor under two
+        // names (tied weights), and each name loads.
+        let Some(key) = by_target.get(name).cloned() else {
+            if !accept.missing {
+                return Err(mismatch(archive.path().to_string(), name, "not in the file".into()));
+            }
+            report.missing_keys.push(name.clone());
+            continue;
         };
+        let view = archive.view(&key)?;
+        let file = archive.file_of(&key);
+        let label = if &key == name { name.clone() } else { format!("{name} (stored as {key:?})") };
+        if view.shape != t.dims() {
+            let detail = format!("stored as {:?}{:?}, expected {}{}", view.dtype, view.shape, t.dtype(), t.shape());
+            return Err(mismatch(file, &label, detail));
+        }
+        let bytes = convert(view.data, view.dtype, t.dtype()).ok_or_else(|| {
+            let detail = format!(
+                "stored as {:?}{:?}, expected {}{} (only float dtypes convert)",
+                view.dtype,
+                view.shape,
+                t.dtype(),
+                t.shape()
+            );
+            mismatch(file, &label, detail)
+        })?;
+        found.push((t, bytes));
+        used.insert(name.as_str());
+    }
+    let mut extra: Vec<String> = by_target.into_keys().filter(|k| !used.contains(k.as_str())).collect();
+    extra.sort();
+    if !extra.is_empty() && !accept.unexpected {
+        let detail = format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len());
+        return Err(mismatch(archive.path().to_string(), &extra[0], detail));
+    }
+    report.unexpected_keys = extra;
+    report.missing_keys.sort();
+    let stored = found
+        .into_iter()
+        .map(|(t, bytes)| Ok((t, Tensor::from_bytes(bytes, t.ty().clone(), t.device())?)))
+        .collect::<Result<Vec<_>, ExecError>>()?;
+    for (t, s) in stored {
         t.assign(&s)?;
     }
-    Ok(())
+    Ok(report)
+}
+
+/// `data` (stored as `from`) as the canonical bytes of `to`: the same
+/// bytes when the dtypes agree, each value rounded once to `to` when both
+/// are float dtypes (f16, bf16, f32, f64), else `None`.
+fn convert(data: &[u8], from: Dtype, to: DType) -> Option<Vec<u8>> {
+    if from_st(from) == Some(to) {
+        return Some(data.to_vec());
+    }
+    let read: fn(&[u8]) -> f64 = match from {
+        Dtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        Dtype::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        Dtype::F32 => |b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::F64 => |b| f64::from_le_bytes(b.try_into().expect("8 bytes")),
+        _ => return None,
+    };
+    let size = from.bitsize() / 8;
+    let values = data.chunks_exact(size).map(read);
+    // Every f16, bf16 and f32 value is exact in f64, so the one rounding
+    // is the final cast.
+    Some(match to {
+        DType::F16 => values.flat_map(|v| half::f16::from_f64(v).to_le_bytes()).collect(),
+        DType::F32 => values.flat_map(|v| (v as f32).to_le_bytes()).collect(),
+        DType::F64 => values.flat_map(|v| v.to_le_bytes()).collect(),
+        _ => return None,
+    })
 }

@@ -286,7 +286,7 @@ fn batch_norm1d_trains_updates_running_stats_and_evaluates() {
             let bn = nn::BatchNorm1d::new(c, dev).unwrap();
             assert!(bn.is_training());
             let names: Vec<String> = bn.state_dict().into_iter().map(|(n, _)| n).collect();
-            assert_eq!(names, ["weight", "bias", "running_mean", "running_var"]);
+            assert_eq!(names, ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]);
             let (w, b) = ([2.0, 0.5, -1.0], [0.1, -0.3, 0.25]);
             bn.weight.assign(&Tensor::from_slice(&[2.0f32, 0.5, -1.0], [3], dev).unwrap()).unwrap();
             bn.bias.assign(&Tensor::from_slice(&[0.1f32, -0.3, 0.25], [3], dev).unwrap()).unwrap();

@@ -143,7 +143,8 @@ fn batch_norm_training_statistics_running_updates_and_eval() {
         close(&f64s(&bn.running_mean), &rm, 1e-6, "running mean");
         close(&f64s(&bn.running_var), &rv, 1e-6, "running var");
         let names: Vec<String> = bn.state_dict().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["weight", "bias", "running_mean", "running_var"]);
+        assert_eq!(names, ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]);
+        assert_eq!(bn.num_batches_tracked.item::<i64>().unwrap(), 1, "one training forward");
         // Evaluation uses the running statistics and updates nothing.
         bn.eval();
         assert!(!bn.is_training());
@@ -298,7 +299,7 @@ fn nested_names_modes_and_state_dict_round_trip() {
         ]
     );
     let buffers: Vec<String> = m.named_buffers().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(buffers, ["features.1.running_mean", "features.1.running_var"]);
+    assert_eq!(buffers, ["features.1.running_mean", "features.1.running_var", "features.1.num_batches_tracked"]);
     let mut no_decay = m.no_weight_decay();
     no_decay.sort();
     assert_eq!(no_decay, ["emb.weight", "features.0.bias", "features.1.bias", "features.1.weight", "head.bias"]);

@@ -28,6 +28,9 @@
 //! softmax) stays available as the reference,
 //! [`scaled_dot_product_attention_unfused`].
 //!
+//! `#[derive(Module)]` (from `lazuli_derive`, re-exported here beside the
+//! trait) writes a struct's [`Module`] lists from its fields.
+//!
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
 //! `norm`, `conv`, `conv_transpose`, `pool`, `dropout`, `embedding`,
 //! `attention`, `transformer`, `rope`, `rnn`, `ffn` and `sequential`;
@@ -63,6 +66,9 @@ pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
 pub use ffn::{glu, Glu, SwiGlu};
 pub use init::Init;
+/// `#[derive(Module)]`: parameters, buffers and children from a struct's
+/// fields, `forward` from its inherent method (see `lazuli_derive`).
+pub use lazuli_derive::Module;
 pub use linear::Linear;
 pub use loss::{
     binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, huber_loss, kl_div, l1_loss, mse, nll_loss,
@@ -75,6 +81,7 @@ pub use rope::RotaryEmbedding;
 pub use sequential::{Flatten, Sequential};
 pub use transformer::TransformerBlock;
 
+use crate::serialize::{LoadOptions, LoadReport};
 use crate::{ExecError, Result, Tensor};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +100,48 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// one of them and leave the others behind: every walk sees the same
 /// tree. A module that lists a sub-module's tensors must return it from
 /// [`Module::children`].
+///
+/// `#[derive(Module)]` writes those lists from the fields (tensors are
+/// parameters, or buffers with `#[module(buffer)]`; other fields are
+/// children, `Vec`s of them lists of children; numbers and flags are left
+/// out; `#[module(skip)]` leaves out anything) and makes `forward` the
+/// type's inherent `forward`:
+///
+/// ```
+/// use lazuli::nn::{self, Module, ModuleExt};
+/// use lazuli::prelude::*;
+///
+/// #[derive(Module)]
+/// struct Mlp {
+///     fc1: nn::Linear,
+///     drop: nn::Dropout,
+///     fc2: nn::Linear,
+/// }
+///
+/// impl Mlp {
+///     fn forward(&self, x: &Tensor) -> lazuli::Result<Tensor> {
+///         self.fc2.forward(&self.drop.forward(&self.fc1.forward(x)?.relu()?)?)
+///     }
+/// }
+///
+/// # fn main() -> lazuli::Result<()> {
+/// let dev = Device::cpu();
+/// let m = Mlp { fc1: nn::Linear::new(4, 8, &dev)?, drop: nn::Dropout::new(0.1), fc2: nn::Linear::new(8, 2, &dev)? };
+/// let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+/// m.eval(); // reaches the dropout
+/// # Ok(()) }
+/// ```
+///
+/// Without an inherent `forward` the derive does not compile (its
+/// `Module::forward` would call itself):
+///
+/// ```compile_fail
+/// #[derive(lazuli::nn::Module)]
+/// struct NoForward {
+///     fc: lazuli::nn::Linear,
+/// }
+/// ```
 pub trait Module {
     /// Applies the module to `x`.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
@@ -223,15 +272,41 @@ pub trait ModuleExt: Module {
     }
 
     /// Loads a safetensors file written by [`ModuleExt::save_state_dict`]
-    /// (or by PyTorch with the same names) into this module's tensors in
-    /// place: every entry of the state dict must be in the file with the
-    /// same shape and dtype, and the file may hold nothing else. Parameters
-    /// keep their identity, so optimizers keep working on them.
+    /// (or by PyTorch with the same names; or a sharded checkpoint's
+    /// `*.safetensors.index.json`) into this module's tensors in place:
+    /// every entry of the state dict must be in the file with the same
+    /// shape (float tensors of another float dtype, f16 and bf16 included,
+    /// are converted to the entry's dtype), and the file may hold nothing
+    /// else. Parameters keep their identity, so optimizers keep working on
+    /// them.
     fn load_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
     where
         Self: Sized,
     {
         Ok(crate::serialize::load_state_dict(path, &self.state_dict())?)
+    }
+
+    /// [`ModuleExt::load_state_dict`] with options: non-strict keys and
+    /// key renaming ([`LoadOptions`]); the [`LoadReport`] names the missing
+    /// and unexpected keys of a non-strict load.
+    ///
+    /// ```no_run
+    /// # use lazuli::prelude::*;
+    /// # use lazuli::serialize::LoadOptions;
+    /// # fn main() -> lazuli::Result<()> {
+    /// # let dev = Device::cpu();
+    /// let head = lazuli::nn::Linear::new(768, 10, &dev)?;
+    /// // The file's "classifier.weight" is this module's "weight".
+    /// let opts = LoadOptions::non_strict().rename(|k| k.strip_prefix("classifier.").map(str::to_string));
+    /// let report = head.load_state_dict_with("model.safetensors", &opts)?;
+    /// assert!(report.missing_keys.is_empty());
+    /// # Ok(()) }
+    /// ```
+    fn load_state_dict_with(&self, path: impl AsRef<Path>, options: &LoadOptions<'_>) -> Result<LoadReport>
+    where
+        Self: Sized,
+    {
+        Ok(crate::serialize::load_into_with(path, &self.state_dict(), options)?)
     }
 }
 

@@ -203,9 +203,15 @@ pub struct BatchNorm2d {
     pub running_mean: Tensor,
     /// Running variance, `[C]` (a buffer).
     pub running_var: Tensor,
+    /// Training forwards so far: a rank-0 i64 buffer, PyTorch's
+    /// `num_batches_tracked` (counted on the host, so it never makes a
+    /// device kernel or a fallback).
+    pub num_batches_tracked: Tensor,
     /// Added to the variance.
     pub eps: f64,
-    /// Weight of the batch statistics in the running ones.
+    /// Weight of the batch statistics in the running ones (PyTorch's
+    /// `momentum=None`, a cumulative average over `num_batches_tracked`,
+    /// is not offered).
     pub momentum: f64,
     training: Mode,
 }
@@ -214,7 +220,17 @@ impl BatchNorm2d {
     /// Batch norm over `channels`, eps 1e-5, momentum 0.1, training mode.
     pub fn new(channels: usize, device: &Device) -> Result<BatchNorm2d> {
         let (weight, bias, running_mean, running_var) = batch_norm_state(channels, device)?;
-        Ok(BatchNorm2d { weight, bias, running_mean, running_var, eps: 1e-5, momentum: 0.1, training: Mode::new(true) })
+        let num_batches_tracked = Tensor::from_slice(&[0i64], [], device)?;
+        Ok(BatchNorm2d {
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            num_batches_tracked,
+            eps: 1e-5,
+            momentum: 0.1,
+            training: Mode::new(true),
+        })
     }
 
     /// True in training mode.
@@ -237,7 +253,11 @@ impl Module for BatchNorm2d {
     }
 
     fn own_buffers(&self) -> Vec<(String, Tensor)> {
-        vec![("running_mean".into(), self.running_mean.clone()), ("running_var".into(), self.running_var.clone())]
+        vec![
+            ("running_mean".into(), self.running_mean.clone()),
+            ("running_var".into(), self.running_var.clone()),
+            ("num_batches_tracked".into(), self.num_batches_tracked.clone()),
+        ]
     }
 
     fn set_own_training(&self, training: bool) {
@@ -259,9 +279,15 @@ pub struct BatchNorm1d {
     pub running_mean: Tensor,
     /// Running variance, `[C]` (a buffer).
     pub running_var: Tensor,
+    /// Training forwards so far: a rank-0 i64 buffer, PyTorch's
+    /// `num_batches_tracked` (counted on the host, so it never makes a
+    /// device kernel or a fallback).
+    pub num_batches_tracked: Tensor,
     /// Added to the variance.
     pub eps: f64,
-    /// Weight of the batch statistics in the running ones.
+    /// Weight of the batch statistics in the running ones (PyTorch's
+    /// `momentum=None`, a cumulative average over `num_batches_tracked`,
+    /// is not offered).
     pub momentum: f64,
     training: Mode,
 }
@@ -270,7 +296,17 @@ impl BatchNorm1d {
     /// Batch norm over `channels`, eps 1e-5, momentum 0.1, training mode.
     pub fn new(channels: usize, device: &Device) -> Result<BatchNorm1d> {
         let (weight, bias, running_mean, running_var) = batch_norm_state(channels, device)?;
-        Ok(BatchNorm1d { weight, bias, running_mean, running_var, eps: 1e-5, momentum: 0.1, training: Mode::new(true) })
+        let num_batches_tracked = Tensor::from_slice(&[0i64], [], device)?;
+        Ok(BatchNorm1d {
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            num_batches_tracked,
+            eps: 1e-5,
+            momentum: 0.1,
+            training: Mode::new(true),
+        })
     }
 
     /// True in training mode.
@@ -296,7 +332,11 @@ impl Module for BatchNorm1d {
     }
 
     fn own_buffers(&self) -> Vec<(String, Tensor)> {
-        vec![("running_mean".into(), self.running_mean.clone()), ("running_var".into(), self.running_var.clone())]
+        vec![
+            ("running_mean".into(), self.running_mean.clone()),
+            ("running_var".into(), self.running_var.clone()),
+            ("num_batches_tracked".into(), self.num_batches_tracked.clone()),
+        ]
     }
 
     fn set_own_training(&self, training: bool) {
@@ -321,6 +361,7 @@ trait BatchNormConfig {
     fn eps(&self) -> f64;
     fn momentum(&self) -> f64;
     fn training(&self) -> bool;
+    fn num_batches_tracked(&self) -> &Tensor;
 }
 
 impl BatchNormConfig for BatchNorm1d {
@@ -333,6 +374,9 @@ impl BatchNormConfig for BatchNorm1d {
     fn training(&self) -> bool {
         self.training.get()
     }
+    fn num_batches_tracked(&self) -> &Tensor {
+        &self.num_batches_tracked
+    }
 }
 
 impl BatchNormConfig for BatchNorm2d {
@@ -344,6 +388,9 @@ impl BatchNormConfig for BatchNorm2d {
     }
     fn training(&self) -> bool {
         self.training.get()
+    }
+    fn num_batches_tracked(&self) -> &Tensor {
+        &self.num_batches_tracked
     }
 }
 
@@ -359,7 +406,17 @@ fn batch_norm_layer(
     cfg: &dyn BatchNormConfig,
 ) -> Result<Tensor> {
     let stats = BatchStats { running_mean: Some(running_mean), running_var: Some(running_var) };
-    batch_norm_named(layer, x, stats, Some(weight), Some(bias), cfg.training(), cfg.momentum(), cfg.eps())
+    let y = batch_norm_named(layer, x, stats, Some(weight), Some(bias), cfg.training(), cfg.momentum(), cfg.eps())?;
+    if cfg.training() {
+        // PyTorch counts every training forward. The counter is read and
+        // replaced on the host (it holds host data unless a program uses
+        // it in a graph): an i64 add on the device would run on the CPU
+        // fallback of wgpu every step.
+        let tracked = cfg.num_batches_tracked();
+        let n = tracked.item::<i64>()?;
+        tracked.assign(&Tensor::from_slice(&[n.saturating_add(1)], [], tracked.device())?)?;
+    }
+    Ok(y)
 }
 
 /// Batch normalization of `x` (`[N, C, ...]`) over every dim but the

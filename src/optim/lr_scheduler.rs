@@ -24,6 +24,7 @@
 use super::{mismatch, Optimizer};
 use crate::serialize;
 use crate::{DType, Device, DeviceExt, ExecError, Result, Tensor};
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::path::Path;
 
@@ -486,7 +487,19 @@ impl LrScheduler {
     /// `opt`; on an error nothing changes.
     pub fn load_state_dict(&mut self, path: impl AsRef<Path>, opt: &mut (impl Optimizer + ?Sized)) -> Result<()> {
         let path = path.as_ref();
-        let mut loaded = serialize::load(path, &Device::cpu())?;
+        let loaded = serialize::load(path, &Device::cpu())?;
+        self.load_state_tensors(loaded, path, opt)
+    }
+
+    /// [`LrScheduler::load_state_dict`] from tensors already read from
+    /// `source` (named in errors), as [`LrScheduler::state_dict`] names them.
+    pub fn load_state_tensors(
+        &mut self,
+        mut loaded: HashMap<String, Tensor>,
+        source: &Path,
+        opt: &mut (impl Optimizer + ?Sized),
+    ) -> Result<()> {
+        let path = source;
         let groups = opt.group_lrs().len();
         let mut names: Vec<&String> = loaded.keys().collect();
         names.sort();

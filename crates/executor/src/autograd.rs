@@ -125,7 +125,14 @@ pub(crate) struct GradFn {
     output: Arc<LazyNode>,
     /// Where each operand's gradient goes; `None` for operands that need none.
     edges: Vec<Option<Edge>>,
+    /// A backward of its own (a [`checkpoint`]ed segment) instead of the
+    /// op's rule: its name and the gradient of each edge's input.
+    custom: Option<(&'static str, CustomVjp)>,
 }
+
+/// A backward given by a closure: from the output gradient, the gradient
+/// of each input (in edge order).
+type CustomVjp = Arc<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
 
 enum Edge {
     /// Accumulate into this leaf's `grad`.
@@ -151,7 +158,7 @@ pub(crate) fn track(out: &Tensor, operands: &[&Tensor]) {
     if edges.is_empty() {
         return;
     }
-    let f = GradFn { output: out.node(), edges };
+    let f = GradFn { output: out.node(), edges, custom: None };
     out.grad_state().grad_fn = Some(Arc::new(f));
     out.0.grad_tracked.store(true, Ordering::Relaxed);
 }
@@ -222,7 +229,10 @@ impl Tensor {
     /// The name of the op that produced this value, when it has gradient
     /// history (e.g. "matmul").
     pub fn grad_fn_name(&self) -> Option<String> {
-        self.grad_state().grad_fn.as_ref().map(|f| f.op().name())
+        self.grad_state().grad_fn.as_ref().map(|f| match &f.custom {
+            Some((name, _)) => (*name).to_string(),
+            None => f.op().name(),
+        })
     }
 
     /// The gradient accumulated into this leaf by [`Tensor::backward`]: a
@@ -322,6 +332,121 @@ fn add_into(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
         None => g,
     });
     Ok(())
+}
+
+/// Gradient checkpointing (PyTorch's `torch.utils.checkpoint`): runs the
+/// segment `f` on `inputs` and returns its output, but keeps no gradient
+/// record of the segment's inside; [`Tensor::backward`] records `f` again
+/// on the same inputs (and the same RNG state, so dropout draws the same
+/// masks) and backpropagates through that recomputation. Gradients are
+/// those of the plain `f(inputs)`: into the inputs that require grad and
+/// into every leaf `f` uses (a layer's parameters).
+///
+/// `f` is kept until backward, so it must own what it uses: clone the
+/// layers into it (their tensors are shared handles) or hold them in an
+/// `Arc`. Under [`no_grad`], or when nothing `f` uses requires grad, this
+/// is `f(inputs)`.
+///
+/// Memory: the recomputed segment is more lazy IR, structurally the
+/// forward segment again. Within one sync the compiler's CSE may merge
+/// much of it with the forward (then little is recomputed, and the
+/// activations are kept as without checkpointing); the recomputation is
+/// real, and the segment's activations are freed, when the forward was
+/// materialized before the backward runs (e.g. `sync` of each segment's
+/// output between forward and backward, the pattern that bounds a long
+/// model's peak memory).
+#[track_caller]
+pub fn checkpoint<F>(f: F, inputs: &[Tensor]) -> Result<Tensor>
+where
+    F: Fn(&[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+{
+    if !is_grad_enabled() {
+        return f(inputs);
+    }
+    let rng = inputs.first().map(|t| t.device().rng_state());
+    // The forward with gradient tracking, on fresh leaves standing for the
+    // inputs: whether the output needs a gradient at all, then the record
+    // is dropped (only the output's value is kept).
+    let leaves = |from: &[Tensor]| -> Result<Vec<Tensor>> {
+        from.iter()
+            .map(|t| {
+                let l = Tensor::unregistered(t.device(), t.node());
+                if t.requires_grad() && t.dtype().is_float() {
+                    l.requires_grad_(true)?;
+                }
+                Ok(l)
+            })
+            .collect()
+    };
+    let out = f(&leaves(inputs)?)?;
+    if !out.requires_grad() {
+        return Ok(out);
+    }
+    let dev = out.device().clone();
+    let rng = rng.unwrap_or_else(|| dev.rng_state());
+    let edges: Vec<Option<Edge>> = inputs.iter().map(Tensor::edge).collect();
+    // Unregistered: `mark_step` need not sync the saved inputs.
+    let saved: Vec<Tensor> = inputs.iter().map(|t| Tensor::unregistered(t.device(), t.node())).collect();
+    let needs: Vec<bool> = edges.iter().map(Option::is_some).collect();
+    let out_ty = out.ty().clone();
+    let vjp = move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
+        let now = dev.rng_state();
+        dev.set_rng_state(rng);
+        let recomputed = {
+            let _on = GradEnabledGuard::new(true);
+            let xs: Vec<Tensor> = saved
+                .iter()
+                .zip(&needs)
+                .map(|(t, &need)| {
+                    let l = Tensor::unregistered(t.device(), t.node());
+                    if need {
+                        l.requires_grad_(true)?;
+                    }
+                    Ok(l)
+                })
+                .collect::<Result<_>>()?;
+            f(&xs).map(|y| (xs, y))
+        };
+        dev.set_rng_state(now);
+        let (xs, y) = recomputed?;
+        if y.ty() != &out_ty {
+            return Err(ExecError::Invalid {
+                op: "checkpoint".into(),
+                detail: format!(
+                    "the segment's recomputation gave {}{}, its forward {}{}: it must be deterministic",
+                    y.dtype(),
+                    y.shape(),
+                    out_ty.dtype,
+                    out_ty.shape
+                ),
+            });
+        }
+        y.backward_with(g)?;
+        Ok(xs.iter().zip(&needs).map(|(x, &need)| if need { x.grad() } else { None }).collect())
+    };
+    let result = out.detach();
+    let f = GradFn { output: result.node(), edges, custom: Some(("checkpoint", Arc::new(vjp))) };
+    result.grad_state().grad_fn = Some(Arc::new(f));
+    result.0.grad_tracked.store(true, Ordering::Relaxed);
+    Ok(result)
+}
+
+/// Sets gradient tracking on this thread until dropped (then restores the
+/// previous setting).
+struct GradEnabledGuard {
+    previous: bool,
+}
+
+impl GradEnabledGuard {
+    fn new(enabled: bool) -> GradEnabledGuard {
+        GradEnabledGuard { previous: set_grad_enabled(enabled) }
+    }
+}
+
+impl Drop for GradEnabledGuard {
+    fn drop(&mut self) {
+        set_grad_enabled(self.previous);
+    }
 }
 
 /// Reverse-mode sweep from `root` with output gradient `seed`.
@@ -480,6 +605,9 @@ impl GradFn {
 
     /// The gradient of each operand that has an edge, given the output gradient `g`.
     fn vjp(&self, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        if let Some((_, custom)) = &self.custom {
+            return custom(g);
+        }
         let dev = g.device();
         let x: Vec<Tensor> = self.output.operands.iter().map(|n| Tensor::unregistered(dev, n.clone())).collect();
         let y = Tensor::unregistered(dev, self.output.clone());

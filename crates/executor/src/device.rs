@@ -173,10 +173,15 @@ impl LiveSet {
     }
 }
 
-/// The seed and step counter of the device RNG.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct RngState {
+/// The state of the device RNG: everything the next random op's stream
+/// depends on ([`Device::rng_state`] reads it, [`Device::set_rng_state`]
+/// restores it, e.g. from a training checkpoint, so a resumed run draws
+/// the very streams the uninterrupted run would).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RngState {
+    /// The seed given to [`Device::manual_seed`] (0 by default).
     pub seed: u64,
+    /// Steps marked since seeding ([`Device::mark_step`] advances it).
     pub step: u64,
     /// Random ops recorded in the current step (each gets its own stream).
     pub offset: u64,
@@ -389,6 +394,19 @@ impl Device {
     /// Seeds the device RNG and restarts its step counter.
     pub fn manual_seed(&self, seed: u64) {
         *self.0.rng.lock().unwrap_or_else(|e| e.into_inner()) = RngState { seed, step: 0, offset: 0 };
+    }
+
+    /// The RNG state now: seed, step counter and the number of random ops
+    /// recorded in the current step.
+    pub fn rng_state(&self) -> RngState {
+        *self.0.rng.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Restores an RNG state read by [`Device::rng_state`] (on this device
+    /// or another of any backend: streams depend on the state only), so the
+    /// next random op draws what it would have drawn there.
+    pub fn set_rng_state(&self, state: RngState) {
+        *self.0.rng.lock().unwrap_or_else(|e| e.into_inner()) = state;
     }
 
     /// Waits until every submitted execution has finished (LTC's

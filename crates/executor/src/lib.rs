@@ -38,12 +38,12 @@ pub mod timeline;
 mod trace;
 mod validate;
 
-pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
+pub use autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
     LaunchCost,
 };
-pub use device::{Device, DeviceSettings};
+pub use device::{Device, DeviceSettings, RngState};
 pub use einsum::einsum;
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
 pub use error::{ExecError, Result};
