@@ -7,8 +7,8 @@
 mod common;
 
 use lazuli::nn::{
-    conv_transpose2d, layer_norm, scaled_dot_product_attention_unfused, AttentionOptions, ConvTranspose2d,
-    ConvTranspose2dAttrs, Gru, Lstm, RnnOptions, RotaryEmbedding, TransformerBlock,
+    conv_transpose1d, conv_transpose2d, layer_norm, scaled_dot_product_attention_unfused, AttentionOptions,
+    ConvTranspose1d, ConvTranspose2d, ConvTranspose2dAttrs, Gru, Lstm, RnnOptions, RotaryEmbedding, TransformerBlock,
 };
 use lazuli::prelude::*;
 use lazuli::{no_grad, Result};
@@ -184,6 +184,50 @@ fn conv_transpose2d_gradients_and_errors() {
     let layer = ConvTranspose2d::new(2, 2, 3, &dev).unwrap();
     let err = layer.forward(&Tensor::zeros([1, 3, 4, 4], DType::F32, &dev).unwrap()).unwrap_err().to_string();
     assert!(err.contains("conv_transpose2d") && err.contains("[1, 3, 4, 4]"), "{err}");
+}
+
+#[test]
+fn conv_transpose1d_is_the_2d_layer_over_a_height_of_one() {
+    let _lock = common::metrics_lock();
+    let attrs =
+        ConvTranspose2dAttrs { stride: [1, 3], padding: [0, 1], output_padding: [0, 2], dilation: [1, 2], groups: 2 };
+    let (xd, wd) = ([2, 4, 1, 5], [4, 3, 1, 3]);
+    let (x, w, b) = (vals(40, 51), vals(36, 52), vals(6, 53));
+    let want = conv_t_ref(&x, xd, &w, wd, &b, &attrs);
+    for dev in common::devices() {
+        lazuli::metrics::reset();
+        let y = conv_transpose1d(
+            &t32(&dev, &x, &[2, 4, 5]),
+            &t32(&dev, &w, &[4, 3, 3]),
+            Some(&t32(&dev, &b, &[6])),
+            &attrs,
+        )
+        .unwrap();
+        assert_eq!(y.dims(), &[2, 6, (5 - 1) * 3 - 2 + 2 * 2 + 2 + 1]);
+        common::assert_close(
+            &y.to_vec::<f32>().unwrap(),
+            &want,
+            1e-5,
+            1e-5,
+            &format!("conv_transpose1d on {}", dev.name()),
+        );
+        no_fallback("conv_transpose1d", &dev);
+    }
+    let dev = Device::cpu();
+    let layer = ConvTranspose1d::builder(4, 6, 3).stride(2).padding(1).output_padding(1).groups(2).build(&dev).unwrap();
+    assert_eq!(layer.weight.dims(), &[4, 3, 3]);
+    assert!(layer.weight.requires_grad());
+    assert_eq!(layer.forward(&Tensor::zeros([4, 5], DType::F32, &dev).unwrap()).unwrap().dims(), &[6, 10]);
+    let inputs = vec![
+        (vals(8, 54).into_iter().map(f64::from).collect(), vec![1, 2, 4]),
+        (vals(12, 55).into_iter().map(f64::from).collect(), vec![2, 2, 3]),
+    ];
+    let a = ConvTranspose2dAttrs { stride: [1, 2], padding: [0, 1], ..Default::default() };
+    for wrt in 0..2 {
+        gradcheck(&dev, "conv_transpose1d", &inputs, wrt, |t| conv_transpose1d(&t[0], &t[1], None, &a));
+    }
+    let err = layer.forward(&Tensor::zeros([4, 5, 1, 1], DType::F32, &dev).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("conv_transpose1d") && err.contains("nn_blocks.rs"), "{err}");
 }
 
 // ---- RotaryEmbedding ----

@@ -1,5 +1,6 @@
 //! The transposed convolution, [`ConvTranspose2d`] with its
-//! [`ConvTranspose2dBuilder`], and the functional [`conv_transpose2d`]:
+//! [`ConvTranspose2dBuilder`], and the functional [`conv_transpose2d`]
+//! ([`ConvTranspose1d`] and [`conv_transpose1d`] run over a height of 1):
 //! PyTorch's `nn.ConvTranspose2d` (the gradient of a convolution with
 //! respect to its input), weight layout `[in, out / groups, kh, kw]`.
 //!
@@ -318,4 +319,147 @@ fn flip(t: &Tensor, d: usize) -> Result<Tensor> {
     starts[d] = n as i64 - 1;
     steps[d] = -1;
     Tensor::record(Op::Slice { starts, steps, lens: t.dims().to_vec() }, &[t])
+}
+
+/// A 1-d transposed convolution layer, PyTorch's `nn.ConvTranspose1d`:
+/// `weight` is `[in, out / groups, k]`, `bias` is `[out]`; inputs are
+/// `[N, C, L]` (or `[C, L]`), the output length `(L - 1) * stride - 2 *
+/// padding + dilation * (k - 1) + output_padding + 1`. It runs as
+/// [`conv_transpose2d`] over a height of 1 and draws its parameters as
+/// [`ConvTranspose2d`] does (PyTorch's default).
+#[derive(Clone, Debug)]
+pub struct ConvTranspose1d {
+    /// `[in_channels, out_channels / groups, k]`.
+    pub weight: Tensor,
+    /// `[out_channels]`.
+    pub bias: Option<Tensor>,
+    /// The settings; the width entries (index 1) are the length's, the
+    /// height entries are unused.
+    pub attrs: ConvTranspose2dAttrs,
+}
+
+/// Settings of a [`ConvTranspose1d`] before its parameters are drawn;
+/// every setting has PyTorch's default.
+#[derive(Clone, Debug)]
+pub struct ConvTranspose1dBuilder {
+    inner: ConvTranspose2dBuilder,
+}
+
+impl ConvTranspose1dBuilder {
+    /// Stride (default 1).
+    pub fn stride(mut self, s: usize) -> Self {
+        self.inner = self.inner.stride([1, s]);
+        self
+    }
+
+    /// Padding removed from both ends (default 0).
+    pub fn padding(mut self, p: usize) -> Self {
+        self.inner = self.inner.padding([0, p]);
+        self
+    }
+
+    /// Length added at the end (default 0).
+    pub fn output_padding(mut self, p: usize) -> Self {
+        self.inner = self.inner.output_padding([0, p]);
+        self
+    }
+
+    /// Dilation (default 1).
+    pub fn dilation(mut self, d: usize) -> Self {
+        self.inner = self.inner.dilation([1, d]);
+        self
+    }
+
+    /// Groups (default 1); both channel counts must be multiples of it.
+    pub fn groups(mut self, g: usize) -> Self {
+        self.inner = self.inner.groups(g);
+        self
+    }
+
+    /// With a bias (default true).
+    pub fn bias(mut self, bias: bool) -> Self {
+        self.inner = self.inner.bias(bias);
+        self
+    }
+
+    /// Weight initialization (default [`Init::LecunUniform`], PyTorch's).
+    pub fn weight_init(mut self, init: Init) -> Self {
+        self.inner = self.inner.weight_init(init);
+        self
+    }
+
+    /// Bias initialization (default `U(+-1/sqrt(fan_in))`, PyTorch's).
+    pub fn bias_init(mut self, init: Init) -> Self {
+        self.inner = self.inner.bias_init(init);
+        self
+    }
+
+    /// Checks the settings and draws the parameters on `device`.
+    #[track_caller]
+    pub fn build(self, device: &Device) -> Result<ConvTranspose1d> {
+        let layer = self.inner.build(device)?;
+        let weight = layer.weight.detach().squeeze(&[2])?.requires_grad_(true)?;
+        Ok(ConvTranspose1d { weight, bias: layer.bias, attrs: layer.attrs })
+    }
+}
+
+impl ConvTranspose1d {
+    /// A layer with stride 1, no padding and a bias.
+    #[track_caller]
+    pub fn new(in_channels: usize, out_channels: usize, kernel: usize, device: &Device) -> Result<ConvTranspose1d> {
+        ConvTranspose1d::builder(in_channels, out_channels, kernel).build(device)
+    }
+
+    /// Settings starting from PyTorch's defaults.
+    pub fn builder(in_channels: usize, out_channels: usize, kernel: usize) -> ConvTranspose1dBuilder {
+        ConvTranspose1dBuilder { inner: ConvTranspose2d::builder(in_channels, out_channels, [1, kernel]) }
+    }
+}
+
+impl Module for ConvTranspose1d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        conv_transpose1d(x, &self.weight, self.bias.as_ref(), &self.attrs)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+}
+
+/// PyTorch's `F.conv_transpose1d` on `x` (`[N, C_in, L]` or `[C_in, L]`)
+/// with `weight` (`[C_in, C_out / groups, k]`) and an optional `bias`;
+/// `attrs`' width entries (index 1) are the length's settings.
+#[track_caller]
+pub fn conv_transpose1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    attrs: &ConvTranspose2dAttrs,
+) -> Result<Tensor> {
+    let at = Location::caller();
+    if !(x.rank() == 2 || x.rank() == 3) || weight.rank() != 3 {
+        return Err(invalid(
+            "conv_transpose1d",
+            format!(
+                "expected an [N, C_in, L] or [C_in, L] input and a [C_in, C_out / groups, k] weight, got {} and {} \
+                 (at {at})",
+                x.shape(),
+                weight.shape()
+            ),
+        ));
+    }
+    let line = ConvTranspose2dAttrs {
+        stride: [1, attrs.stride[1]],
+        padding: [0, attrs.padding[1]],
+        output_padding: [0, attrs.output_padding[1]],
+        dilation: [1, attrs.dilation[1]],
+        groups: attrs.groups,
+    };
+    let w = weight.unsqueeze(2)?;
+    let h = x.rank() as isize - 1;
+    let y = batched("conv_transpose1d", &x.unsqueeze(h)?, |x| conv_transpose2d_at(x, &w, bias, &line, at))?;
+    y.squeeze(&[h])
 }

@@ -7,7 +7,7 @@
 //! [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`],
 //! [`LayerNorm`], [`RmsNorm`], [`Embedding`], [`Dropout`],
 //! [`MultiheadAttention`], [`TransformerBlock`], [`RotaryEmbedding`],
-//! [`ConvTranspose2d`], [`Lstm`], [`Gru`], [`Glu`], [`SwiGlu`],
+//! [`ConvTranspose1d`], [`ConvTranspose2d`], [`Lstm`], [`Gru`], [`Glu`], [`SwiGlu`],
 //! [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
 //! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
@@ -61,7 +61,10 @@ pub use attention::{
     MultiheadAttention,
 };
 pub use conv::{conv1d, Conv1d, Conv1dBuilder, Conv2d, Conv2dBuilder, Size2};
-pub use conv_transpose::{conv_transpose2d, ConvTranspose2d, ConvTranspose2dAttrs, ConvTranspose2dBuilder};
+pub use conv_transpose::{
+    conv_transpose1d, conv_transpose2d, ConvTranspose1d, ConvTranspose1dBuilder, ConvTranspose2d, ConvTranspose2dAttrs,
+    ConvTranspose2dBuilder,
+};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
 pub use ffn::{glu, Glu, SwiGlu};
