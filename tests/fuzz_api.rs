@@ -3,7 +3,8 @@
 //! dtypes, zero and huge dims, zero and negative steps, empty concat,
 //! reading with the wrong element type, operands of two devices, extreme
 //! integers, out-of-range gather and scatter-add indices, injected device
-//! failures, `assign`, `mark_step` and drops in between, and tensors of huge and
+//! failures, `assign`, `mark_step` and drops in between, sorting, `einsum`
+//! and printing, and tensors of huge and
 //! near-limit sizes computed and read (1 TiB, beyond the address space,
 //! exactly at and just over a CPU device's memory budget, beyond u32
 //! element indexing, and on a wgpu device binding 64 KiB windows just
@@ -170,7 +171,7 @@ impl Api {
         let x = self.t(c.a);
         let y = self.t(c.b);
         let dev = self.devs[(c.a as usize / 7) % self.devs.len()].clone();
-        match c.op % 41 {
+        match c.op % 42 {
             // Every elementwise op, from the IR's lists: a new op is fuzzed
             // here without a change.
             0 => {
@@ -393,6 +394,37 @@ impl Api {
                     }),
                 };
                 self.unit("huge", r);
+            }
+            40 => {
+                // Sorting, einsum and printing: typed errors for bad axes,
+                // k, specs and operands; printing never fails or panics.
+                match c.b % 4 {
+                    0 => self.keep("sort", x.sort(axis(c.c), c.d % 2 == 0).map(|(v, _)| v)),
+                    1 => {
+                        let k = c.d.unsigned_abs() as usize % 6;
+                        self.keep("topk", x.topk(k, axis(c.c), c.b % 8 < 4).map(|(_, i)| i))
+                    }
+                    2 => {
+                        let specs: [(&str, usize); 8] = [
+                            ("ij,jk->ik", 2),
+                            ("ij->ji", 1),
+                            ("i,i->", 2),
+                            ("ij,j->i", 2),
+                            ("bij->b", 1),
+                            ("ii->i", 1),
+                            ("i,j->ij", 2),
+                            ("ij,jk", 3),
+                        ];
+                        let (spec, n) = specs[c.d.rem_euclid(8) as usize];
+                        let ops = [&x, &y, &x];
+                        self.keep("einsum", lazuli::einsum(spec, &ops[..n]))
+                    }
+                    _ => {
+                        let text = if c.d % 2 == 0 { x.to_string() } else { format!("{x:.2?}") };
+                        assert!(text.starts_with("tensor(") && text.ends_with(')'), "printing gave {text:?}");
+                        self.log.push(format!("print -> {} chars", text.len()));
+                    }
+                }
             }
             _ => {
                 // Operator sugar.

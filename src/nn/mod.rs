@@ -6,7 +6,9 @@
 //! [`MaxPool2d`], [`AvgPool2d`], [`AdaptiveAvgPool2d`],
 //! [`AdaptiveMaxPool2d`], [`BatchNorm1d`], [`BatchNorm2d`], [`GroupNorm`],
 //! [`LayerNorm`], [`RmsNorm`], [`Embedding`], [`Dropout`],
-//! [`MultiheadAttention`], [`Glu`], [`SwiGlu`], [`Sequential`]),
+//! [`MultiheadAttention`], [`TransformerBlock`], [`RotaryEmbedding`],
+//! [`ConvTranspose1d`], [`ConvTranspose2d`], [`Lstm`], [`Gru`], [`Glu`], [`SwiGlu`],
+//! [`Sequential`]),
 //! attention ([`scaled_dot_product_attention`], its unfused reference
 //! [`scaled_dot_product_attention_unfused`], [`causal_mask`]), losses
 //! ([`cross_entropy`], [`cross_entropy_with`], [`mse`]) and seeded
@@ -30,14 +32,16 @@
 //! trait) writes a struct's [`Module`] lists from its fields.
 //!
 //! One file per layer family: `init`, `linear`, `activation`, `loss`,
-//! `norm`, `conv`, `pool`, `dropout`, `embedding`, `attention`, `ffn` and
-//! `sequential`; everything public is re-exported here, so every path is
+//! `norm`, `conv`, `conv_transpose`, `pool`, `dropout`, `embedding`,
+//! `attention`, `transformer`, `rope`, `rnn`, `ffn` and `sequential`;
+//! everything public is re-exported here, so every path is
 //! `lazuli::nn::Name`. This file holds the [`Module`] and [`ModuleExt`]
 //! traits and the train/eval flag the layers with a mode share.
 
 mod activation;
 mod attention;
 mod conv;
+mod conv_transpose;
 mod dropout;
 mod embedding;
 mod ffn;
@@ -46,7 +50,10 @@ mod linear;
 mod loss;
 mod norm;
 mod pool;
+mod rnn;
+mod rope;
 mod sequential;
+mod transformer;
 
 pub use activation::{gelu, leaky_relu, log_softmax, relu, sigmoid, silu, softmax, tanh, Activation};
 pub use attention::{
@@ -54,6 +61,10 @@ pub use attention::{
     MultiheadAttention,
 };
 pub use conv::{conv1d, Conv1d, Conv1dBuilder, Conv2d, Conv2dBuilder, Size2};
+pub use conv_transpose::{
+    conv_transpose1d, conv_transpose2d, ConvTranspose1d, ConvTranspose1dBuilder, ConvTranspose2d, ConvTranspose2dAttrs,
+    ConvTranspose2dBuilder,
+};
 pub use dropout::{dropout, Dropout};
 pub use embedding::{one_hot, Embedding};
 pub use ffn::{glu, Glu, SwiGlu};
@@ -68,7 +79,10 @@ pub use loss::{
 };
 pub use norm::{batch_norm, group_norm, layer_norm, rms_norm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{adaptive_avg_pool2d, adaptive_max_pool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
+pub use rnn::{Gru, Lstm, RnnLayer, RnnOptions};
+pub use rope::RotaryEmbedding;
 pub use sequential::{Flatten, Sequential};
+pub use transformer::TransformerBlock;
 
 use crate::serialize::{LoadOptions, LoadReport};
 use crate::{ExecError, Result, Tensor};

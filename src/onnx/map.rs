@@ -565,7 +565,14 @@ impl<'a> Node<'a> {
     fn einsum(&self) -> R<Vec<Tensor>> {
         let eq = self.string("equation", "")?;
         let xs = self.all_inputs()?;
-        one(einsum(&eq, &xs)?)
+        // The public einsum (batched matmuls, nothing materialized beyond
+        // each pair's product) where it applies; the general product below
+        // for what it refuses (ellipses, diagonals, broadcast 1s).
+        let refs: Vec<&Tensor> = xs.iter().collect();
+        match Tensor::einsum(&eq, &refs) {
+            Ok(t) => one(t),
+            Err(_) => one(einsum(&eq, &xs)?),
+        }
     }
 
     // ---- reductions --------------------------------------------------------

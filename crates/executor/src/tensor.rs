@@ -9,7 +9,6 @@ use crate::lazy::{CellState, DataCell, LazyNode, Operands};
 use crate::{metrics, ExecError, Result};
 use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, StableHasher, ValueType};
 use smallvec::SmallVec;
-use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -535,18 +534,4 @@ pub fn sync(tensors: &[&Tensor]) -> Result<()> {
     let loc = Location::caller();
     let Some(first) = tensors.first() else { return Ok(()) };
     first.device().sync_tensors(tensors, &format!("sync at {}:{}", loc.file(), loc.line()))
-}
-
-impl fmt::Debug for Tensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Tensor(id={}, {}{}, {:?}, on {})",
-            self.id(),
-            self.dtype(),
-            self.shape(),
-            self.state(),
-            self.device().name()
-        )
-    }
 }
