@@ -14,8 +14,8 @@
 use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
 use crate::{metrics, no_grad, Device, ExecError, Tensor};
+use lazuli_executor::platform::Instant;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 use thiserror::Error;
 
 /// Pixels per image.
