@@ -70,7 +70,13 @@ impl Digits {
         };
         let raw = read("images.f32")?;
         let labels = read("labels.u8")?;
-        let bad = |detail: String| TrainError::Data { path: dir.display().to_string(), detail };
+        Digits::from_bytes(&raw, labels, &dir.display().to_string())
+    }
+
+    /// The dataset from the bytes of `images.f32` and `labels.u8` (a page
+    /// embeds them); `path` names their origin in errors.
+    pub fn from_bytes(raw: &[u8], labels: Vec<u8>, path: &str) -> Result<Digits, TrainError> {
+        let bad = |detail: String| TrainError::Data { path: path.to_string(), detail };
         if raw.len() % (4 * DIGITS_FEATURES) != 0 || raw.len() / (4 * DIGITS_FEATURES) != labels.len() {
             return Err(bad(format!("{} image bytes do not match {} labels", raw.len(), labels.len())));
         }

@@ -1,0 +1,137 @@
+//! Differential checks inside the page: each program runs on the page's
+//! device (the browser's WebGPU) and on the CPU backend (the executable
+//! spec), and their values must agree within a tolerance — the
+//! elementwise, reduction, matmul, softmax and training-step cases of
+//! the native differential suite, small enough for a software adapter.
+//!
+//! A case's result says which values disagreed, so a failure in the
+//! browser is readable from the test log.
+
+use crate::WebError;
+use lazuli::nn::{cross_entropy, ModuleExt};
+use lazuli::optim::{Optimizer, Sgd};
+use lazuli::prelude::*;
+use lazuli::train::Mlp;
+use serde_json::json;
+
+/// One case: builds its outputs on a device.
+type Program = fn(&Device) -> lazuli::Result<Vec<Tensor>>;
+
+/// The cases, each with its tolerance (absolute, plus relative to the
+/// value's magnitude).
+const CASES: &[(&str, Program, f32)] = &[
+    ("elementwise_broadcast", elementwise, 1e-5),
+    ("reductions", reductions, 1e-4),
+    ("matmul", matmul, 1e-4),
+    ("softmax", softmax, 1e-5),
+    ("training_step", training_step, 1e-4),
+];
+
+/// Runs every case on `dev` and on a CPU device; one JSON object per
+/// case: `name`, `ok`, `max_error`, `detail`.
+pub async fn run(dev: &Device) -> Result<serde_json::Value, WebError> {
+    let cpu = Device::cpu();
+    let mut results = Vec::new();
+    for &(name, program, tol) in CASES {
+        let got = values(program, dev).await;
+        let want = values(program, &cpu).await?;
+        let (ok, max_error, detail) = match got {
+            Ok(got) => compare(&got, &want, tol),
+            Err(e) => (false, f32::INFINITY, format!("failed on {}: {e}", dev.name())),
+        };
+        crate::page::set_text("checks", &format!("{name}: {}", if ok { "ok" } else { "FAILED" }));
+        results.push(json!({ "name": name, "ok": ok, "max_error": max_error, "detail": detail }));
+    }
+    Ok(json!({ "device": dev.name(), "cases": results }))
+}
+
+/// The outputs of `program` on `dev`, read back without blocking.
+async fn values(program: Program, dev: &Device) -> Result<Vec<Vec<f32>>, WebError> {
+    dev.manual_seed(7);
+    let outs = program(dev)?;
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    lazuli::sync(&refs)?;
+    let mut v = Vec::with_capacity(outs.len());
+    for t in &outs {
+        v.push(t.to_vec_async::<f32>().await?);
+    }
+    Ok(v)
+}
+
+/// Whether `got` matches `want` within `tol`; the largest error and the
+/// first disagreement.
+fn compare(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32) -> (bool, f32, String) {
+    let mut max_error = 0f32;
+    let mut detail = String::new();
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.len() != w.len() {
+            return (false, f32::INFINITY, format!("output {k}: {} values, expected {}", g.len(), w.len()));
+        }
+        for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
+            let err = (a - b).abs();
+            let bad = !(err <= tol * (1.0 + b.abs()));
+            max_error = max_error.max(if err.is_nan() { f32::INFINITY } else { err });
+            if bad && detail.is_empty() {
+                detail = format!("output {k}[{i}]: {a} on the device, {b} on the CPU");
+            }
+        }
+    }
+    (detail.is_empty(), max_error, detail)
+}
+
+/// Deterministic values in [-1, 1).
+fn data(n: usize, salt: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.5 - 1.0).collect()
+}
+
+fn input(dims: &[usize], salt: usize, dev: &Device) -> lazuli::Result<Tensor> {
+    Tensor::from_slice(&data(dims.iter().product(), salt), dims.to_vec(), dev)
+}
+
+/// A fused elementwise chain with broadcasting and a scalar.
+fn elementwise(dev: &Device) -> lazuli::Result<Vec<Tensor>> {
+    let x = input(&[37, 53], 1, dev)?;
+    let y = input(&[53], 2, dev)?;
+    let z = x.mul(&y)?.add_scalar(0.5)?.exp()?.sub(&x.tanh()?)?.relu()?.sqrt()?;
+    let w = x.abs()?.add_scalar(1.0)?.log()?.div(&y.abs()?.add_scalar(0.25)?)?;
+    Ok(vec![z, w])
+}
+
+/// Sums, means and maxima over each axis and all of them.
+fn reductions(dev: &Device) -> lazuli::Result<Vec<Tensor>> {
+    let x = input(&[19, 301], 3, dev)?;
+    Ok(vec![x.sum(&[1], false)?, x.mean(&[0], false)?, x.max(&[1], true)?, x.sum(&[0, 1], false)?])
+}
+
+/// A matmul with odd sizes and a batched one.
+fn matmul(dev: &Device) -> lazuli::Result<Vec<Tensor>> {
+    let a = input(&[33, 47], 4, dev)?;
+    let b = input(&[47, 29], 5, dev)?;
+    let c = input(&[3, 16, 24], 6, dev)?;
+    let d = input(&[3, 24, 8], 7, dev)?;
+    Ok(vec![a.matmul(&b)?, c.matmul(&d)?])
+}
+
+/// Softmax over the last axis and over the first.
+fn softmax(dev: &Device) -> lazuli::Result<Vec<Tensor>> {
+    let x = input(&[12, 130], 8, dev)?.mul_scalar(4.0)?;
+    Ok(vec![x.softmax(-1)?, x.softmax(0)?])
+}
+
+/// Two SGD steps of a small MLP (forward, cross-entropy, backward,
+/// update); the parameters afterwards.
+fn training_step(dev: &Device) -> lazuli::Result<Vec<Tensor>> {
+    let model = Mlp::new(64, 32, 10, dev)?;
+    let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9);
+    let x = input(&[16, 64], 9, dev)?;
+    let labels: Vec<i32> = (0..16).map(|i| (i * 7 % 10) as i32).collect();
+    let y = Tensor::from_slice(&labels, [16], dev)?;
+    for _ in 0..2 {
+        let loss = cross_entropy(&model.forward(&x)?, &y)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        dev.mark_step()?;
+    }
+    Ok(model.parameters())
+}
