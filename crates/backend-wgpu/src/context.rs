@@ -77,10 +77,12 @@ fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
     }
 }
 
-/// `wgpu: <adapter> (<backend>, <type>)`.
+/// `wgpu: <adapter> (<backend>, <type>)` (a browser may keep the name to
+/// itself: then "unnamed adapter").
 fn describe(a: &wgpu::Adapter) -> String {
     let info = a.get_info();
-    format!("wgpu: {} ({:?}, {:?})", info.name, info.backend, info.device_type)
+    let name = if info.name.is_empty() { "unnamed adapter" } else { &info.name };
+    format!("wgpu: {name} ({:?}, {:?})", info.backend, info.device_type)
 }
 
 /// A `BackendError::Device` of device `name`.

@@ -14,7 +14,8 @@
 //!
 //! `std::time::Instant` panics on `wasm32-unknown-unknown`; [`Instant`] is
 //! the one clock every crate uses (`web-time`'s on the web, std's
-//! elsewhere).
+//! elsewhere). A tab has no environment either: listing it panics there,
+//! so [`env_names`] is empty (single variables read as unset).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,3 +39,12 @@ pub const CAN_BLOCK: bool = cfg!(not(target_arch = "wasm32"));
 /// A boxed future that need not be `Send` (WebGPU's futures are not), as
 /// the asynchronous methods of the object-safe `Backend` trait return.
 pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// The names of the process environment's variables (none in a browser
+/// tab, where `std::env::vars_os` panics).
+pub fn env_names() -> Vec<String> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
+    #[cfg(target_arch = "wasm32")]
+    Vec::new()
+}

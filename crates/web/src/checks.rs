@@ -81,7 +81,7 @@ fn compare(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32) -> (bool, f32, String)
 
 /// Deterministic values in [-1, 1).
 fn data(n: usize, salt: usize) -> Vec<f32> {
-    (0..n).map(|i| ((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.5 - 1.0).collect()
+    (0..n as u64).map(|i| ((i * 7919 + salt as u64 * 104_729) % 2003) as f32 / 1001.5 - 1.0).collect()
 }
 
 fn input(dims: &[usize], salt: usize, dev: &Device) -> lazuli::Result<Tensor> {

@@ -104,7 +104,7 @@ async fn accuracy(model: &Mlp, data: &Digits, rows: std::ops::Range<usize>, dev:
 /// one graph; shows its kernels' WGSL and values.
 pub async fn fused(dev: &Device) -> Result<serde_json::Value, WebError> {
     let n = 1024usize;
-    let data: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+    let data: Vec<f32> = (0..(n * n) as u64).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
     let x = Tensor::from_slice(&data, [n, n], dev)?;
     let y = (((&x * 1.5)? + 0.5)?.relu()? - 0.25)?.tanh()?.mul_scalar(2.0)?;
     let row_sums = y.sum(&[1], false)?;

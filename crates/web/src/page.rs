@@ -47,7 +47,15 @@ pub fn report(result: Result<serde_json::Value, WebError>) -> Result<serde_json:
 /// Shows a panic (a bug) on the page: the module is dead afterwards, but
 /// the tab is not frozen and says what happened.
 pub fn install_panic_hook() {
-    std::panic::set_hook(Box::new(|info| error(&format!("panic (a bug in Lazuli): {info}"))));
+    std::panic::set_hook(Box::new(|info| {
+        error(&format!("panic (a bug in Lazuli): {info}"));
+        // The module traps after the hook, and a promise it was driving
+        // never settles: tell the page the run is over.
+        if let Some(state) = web_sys::window().and_then(|w| js_sys::Reflect::get(&w, &"lazuli".into()).ok()) {
+            let _ = js_sys::Reflect::set(&state, &"error".into(), &format!("panic: {info}").into());
+            let _ = js_sys::Reflect::set(&state, &"done".into(), &true.into());
+        }
+    }));
 }
 
 /// Draws `losses` (one per step) as a polyline on canvas `id`, scaled to
