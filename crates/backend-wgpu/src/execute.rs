@@ -255,18 +255,23 @@ impl ErrorSlots {
         let found: Vec<(IndexError, bool)> =
             self.checking.iter().map(|&k| index_error_template(g, &kernels[k])).collect();
         let (bytes, step, deferred) = (self.bytes(), (self.stride / 4) as usize, ctx.deferred.clone());
+        deferred.begin();
         crate::platform::spawn(async move {
-            if crate::platform::map_read(read.buffer(), bytes).await.is_err() {
-                return;
-            }
-            let claimed = read.buffer().get_mapped_range(0..bytes).ok().and_then(|view| {
-                let words: &[u32] = bytemuck::cast_slice(&view);
-                (0..found.len()).find(|&j| words[j * step] != 0).map(|j| (j, words[j * step + 1]))
-            });
-            read.buffer().unmap();
+            let claimed = match crate::platform::map_read(read.buffer(), bytes).await {
+                Ok(()) => {
+                    let claimed = read.buffer().get_mapped_range(0..bytes).ok().and_then(|view| {
+                        let words: &[u32] = bytemuck::cast_slice(&view);
+                        (0..found.len()).find(|&j| words[j * step] != 0).map(|j| (j, words[j * step + 1]))
+                    });
+                    read.buffer().unmap();
+                    claimed
+                }
+                Err(_) => None,
+            };
             if let Some((j, bits)) = claimed {
                 deferred.report(with_index(found[j].clone(), bits));
             }
+            deferred.end();
         });
         self
     }

@@ -41,19 +41,72 @@ pub(crate) const DISK_CACHE: bool = cfg!(not(target_arch = "wasm32"));
 
 /// The first asynchronous error of a device that nothing has reported yet
 /// (on the web; natively errors are returned where they happen and this
-/// stays empty).
+/// stays empty), and the checks still running that may report one.
 #[derive(Clone, Default)]
-pub(crate) struct Deferred(Arc<Mutex<Option<BackendError>>>);
+pub(crate) struct Deferred(Arc<Mutex<DeferredState>>);
+
+#[derive(Default)]
+struct DeferredState {
+    error: Option<BackendError>,
+    /// Checks started ([`Deferred::begin`]) and not yet ended.
+    running: usize,
+    /// Who waits for the running checks to end.
+    waiting: Vec<std::task::Waker>,
+}
 
 impl Deferred {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeferredState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Keeps `e` unless an earlier error is waiting.
     pub fn report(&self, e: BackendError) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+        self.lock().error.get_or_insert(e);
     }
 
     /// The waiting error, if any, which is then reported.
     pub fn take(&self) -> Result<(), BackendError> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take().map_or(Ok(()), Err)
+        self.lock().error.take().map_or(Ok(()), Err)
+    }
+
+    /// Notes a check that will report its finding later (an execution's
+    /// error slots); [`Deferred::end`] when it has.
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the web checks later"))]
+    pub fn begin(&self) {
+        self.lock().running += 1;
+    }
+
+    /// Ends a check [`Deferred::begin`] started.
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the web checks later"))]
+    pub fn end(&self) {
+        let waiting = {
+            let mut st = self.lock();
+            st.running -= 1;
+            if st.running == 0 {
+                std::mem::take(&mut st.waiting)
+            } else {
+                Vec::new()
+            }
+        };
+        waiting.into_iter().for_each(std::task::Waker::wake);
+    }
+
+    /// The waiting error once every running check has ended (the checks
+    /// of earlier submissions settle before a later read's mapping, so
+    /// this waits little after one).
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the web checks later"))]
+    pub async fn settled(&self) -> Result<(), BackendError> {
+        std::future::poll_fn(|cx| {
+            let mut st = self.lock();
+            if st.running == 0 {
+                std::task::Poll::Ready(())
+            } else {
+                st.waiting.push(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        self.take()
     }
 }
 
@@ -171,7 +224,7 @@ pub(crate) async fn finish_async(ctx: &crate::context::Context) -> Result<(), Ba
     let (send, recv) = oneshot();
     ctx.queue.on_submitted_work_done(move || send(()));
     recv.await;
-    ctx.deferred.take()
+    ctx.deferred.settled().await
 }
 
 /// The value of `buffer` in the host format, read back after all
@@ -197,15 +250,20 @@ pub(crate) async fn download_async(
         enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
         ctx.queue.submit([enc.finish()]);
         map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
-        ctx.deferred.take()?;
-        {
-            let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&ctx.name, e))?;
-            crate::transfer::decode(&mut out, &view, buffer.ty.dtype);
-        }
+        let viewed = staging
+            .buffer()
+            .get_mapped_range(0..len)
+            .map(|view| crate::transfer::decode(&mut out, &view, buffer.ty.dtype))
+            .map_err(|e| device_err(&ctx.name, e));
+        // Unmapped before any return: the staging buffer goes back to the
+        // pool.
         staging.buffer().unmap();
+        viewed?;
+        // An error found by an earlier execution's checks (their mappings
+        // settled before this one) is this read's answer.
+        ctx.deferred.settled().await?;
         offset += len;
     }
-    ctx.deferred.take()?;
     Ok(out)
 }
 

@@ -4,6 +4,8 @@
 //! elementwise, reduction, matmul, softmax and training-step cases of
 //! the native differential suite, small enough for a software adapter.
 //!
+//! Two more cases check that errors reach the page as errors: an index
+//! out of range (found asynchronously on the web) and out of memory.
 //! A case's result says which values disagreed, so a failure in the
 //! browser is readable from the test log.
 
@@ -42,7 +44,48 @@ pub async fn run(dev: &Device) -> Result<serde_json::Value, WebError> {
         crate::page::set_text("checks", &format!("{name}: {}", if ok { "ok" } else { "FAILED" }));
         results.push(json!({ "name": name, "ok": ok, "max_error": max_error, "detail": detail }));
     }
+    for (name, outcome) in
+        [("index_error_reported", index_error(dev).await), ("out_of_memory_reported", out_of_memory().await)]
+    {
+        let (ok, detail) = match outcome {
+            Ok(message) => (true, message),
+            Err(e) => (false, e),
+        };
+        results.push(json!({ "name": name, "ok": ok, "max_error": 0.0, "detail": detail }));
+    }
     Ok(json!({ "device": dev.name(), "cases": results }))
+}
+
+/// A gather with an index out of range must fail its read with
+/// `IndexOutOfRange` (found when the kernel's error slot is read back,
+/// see `lazuli_wgpu::platform`), and the device must work afterwards.
+async fn index_error(dev: &Device) -> Result<String, String> {
+    let data = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4], dev).map_err(|e| e.to_string())?;
+    let idx = Tensor::from_slice(&[0i32, 9, 1], [3], dev).map_err(|e| e.to_string())?;
+    let bad = data.gather(0, &idx).map_err(|e| e.to_string())?;
+    let message = match bad.to_vec_async::<f32>().await {
+        Ok(v) => return Err(format!("the out-of-range gather read {v:?}")),
+        Err(e) if e.to_string().contains("out of range") => e.to_string(),
+        Err(e) => return Err(format!("an error, but not the index's: {e}")),
+    };
+    let ok = data.mul_scalar(2.0).map_err(|e| e.to_string())?.to_vec_async::<f32>().await.map_err(|e| e.to_string())?;
+    if ok != [2.0, 4.0, 6.0, 8.0] {
+        return Err(format!("after the error the device computed {ok:?}"));
+    }
+    Ok(message)
+}
+
+/// A device with a 1 MiB memory budget must refuse a 4 MiB tensor with
+/// `OutOfMemory` (an error on the page, not a dead tab).
+async fn out_of_memory() -> Result<String, String> {
+    let options = lazuli::WgpuDeviceOptions { memory_budget: Some(1 << 20), ..Default::default() };
+    let dev = lazuli::wgpu_async(options).await.map_err(|e| e.to_string())?;
+    let big = Tensor::zeros([1024, 1024], DType::F32, &dev).map_err(|e| e.to_string())?;
+    match big.add_scalar(1.0).map_err(|e| e.to_string())?.to_vec_async::<f32>().await {
+        Ok(_) => Err("a 4 MiB tensor fit a 1 MiB budget".into()),
+        Err(e) if e.to_string().contains("out of memory") => Ok(e.to_string()),
+        Err(e) => Err(format!("an error, but not out of memory: {e}")),
+    }
 }
 
 /// The outputs of `program` on `dev`, read back without blocking.
