@@ -11,7 +11,7 @@ import path from "node:path";
 import os from "node:os";
 
 const root = path.resolve(process.argv[2] || "target/web");
-const epochs = Number(process.argv[3] || 20);
+const epochs = Number(process.argv[3] || 50);
 const types = { ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm", ".png": "image/png" };
 const server = http
   .createServer((req, res) => {
