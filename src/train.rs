@@ -77,7 +77,7 @@ impl Digits {
     /// embeds them); `path` names their origin in errors.
     pub fn from_bytes(raw: &[u8], labels: Vec<u8>, path: &str) -> Result<Digits, TrainError> {
         let bad = |detail: String| TrainError::Data { path: path.to_string(), detail };
-        if raw.len() % (4 * DIGITS_FEATURES) != 0 || raw.len() / (4 * DIGITS_FEATURES) != labels.len() {
+        if raw.len() != labels.len() * 4 * DIGITS_FEATURES {
             return Err(bad(format!("{} image bytes do not match {} labels", raw.len(), labels.len())));
         }
         if labels.len() <= DIGITS_TRAIN_ROWS || labels.iter().any(|&l| l as usize >= DIGITS_CLASSES) {

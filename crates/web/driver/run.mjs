@@ -72,7 +72,7 @@ console.log(JSON.stringify({ checks: s.checks, demo: s.demo, fused: s.fused, err
 check(!s.error && gpu.state.errors === "", `no error on the page (${s.error || gpu.state.errors || "none"})`);
 check(s.demo && /WebGpu|BrowserWebGpu/i.test(s.demo.device), `the demo ran on WebGPU (${s.demo && s.demo.device})`);
 for (const c of (s.checks && s.checks.cases) || []) check(c.ok, `check ${c.name} (max error ${c.max_error}) ${c.detail}`);
-check(s.checks && s.checks.cases.length === 7, "all seven checks ran (five differential, two errors)");
+check(s.checks && s.checks.cases.length === 8, "all eight checks ran (five differential, three of errors)");
 check(s.demo && s.demo.test_accuracy >= 0.95, `test accuracy ${s.demo && s.demo.test_accuracy} >= 0.95`);
 check(s.fused && s.fused.kernels >= 1 && s.fused.wgsl_bytes > 100, "the fused panel shows generated WGSL");
 fs.mkdirSync(root, { recursive: true });

@@ -44,9 +44,11 @@ pub async fn run(dev: &Device) -> Result<serde_json::Value, WebError> {
         crate::page::set_text("checks", &format!("{name}: {}", if ok { "ok" } else { "FAILED" }));
         results.push(json!({ "name": name, "ok": ok, "max_error": max_error, "detail": detail }));
     }
-    for (name, outcome) in
-        [("index_error_reported", index_error(dev).await), ("out_of_memory_reported", out_of_memory().await)]
-    {
+    for (name, outcome) in [
+        ("index_error_reported", index_error(dev).await),
+        ("out_of_memory_reported", out_of_memory().await),
+        ("blocking_calls_are_errors", blocking().await),
+    ] {
         let (ok, detail) = match outcome {
             Ok(message) => (true, message),
             Err(e) => (false, e),
@@ -73,6 +75,31 @@ async fn index_error(dev: &Device) -> Result<String, String> {
         return Err(format!("after the error the device computed {ok:?}"));
     }
     Ok(message)
+}
+
+/// In a tab the blocking calls return `WouldBlock` naming their
+/// asynchronous forms, and so does a CPU fallback segment, which would
+/// have to read GPU data synchronously (`exp` forced onto the CPU
+/// between two GPU segments).
+async fn blocking() -> Result<String, String> {
+    let dev = lazuli::wgpu_async(Default::default()).await.map_err(|e| e.to_string())?;
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4], &dev).map_err(|e| e.to_string())?;
+    let y = x.mul_scalar(0.5).map_err(|e| e.to_string())?;
+    let mut seen = Vec::new();
+    let mut expect = |what: &str, r: Result<(), String>, instead: &str| match r {
+        Err(e) if e.contains("would block") && e.contains(instead) => {
+            seen.push(e);
+            Ok(())
+        }
+        other => Err(format!("{what}: expected a WouldBlock error naming {instead}, got {other:?}")),
+    };
+    expect("to_vec", y.to_vec::<f32>().map(drop).map_err(|e| e.to_string()), "to_vec_async")?;
+    expect("Device::wait", dev.wait().map_err(|e| e.to_string()), "wait_async")?;
+    dev.set_force_fallback(&["exp"]);
+    let z = y.exp().and_then(|t| t.add_scalar(1.0)).map_err(|e| e.to_string())?;
+    let read = z.to_vec_async::<f32>().await.map(drop).map_err(|e| e.to_string());
+    expect("a CPU fallback segment", read, "to_vec_async")?;
+    Ok(seen.join(" | "))
 }
 
 /// A device with a 1 MiB memory budget must refuse a 4 MiB tensor with
