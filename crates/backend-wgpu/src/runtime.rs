@@ -272,7 +272,9 @@ impl Backend for WgpuBackend {
             return Err(BackendError::WouldBlock {
                 op: "reading a tensor".into(),
                 device: self.name(),
-                instead: "Tensor::to_vec_async".into(),
+                instead: "Tensor::to_vec_async (a CPU fallback segment cannot read GPU data in a tab: its ops \
+                          need the CPU backend's device, or a form the GPU runs)"
+                    .into(),
             });
         }
         self.inner.ctx.download(buffer)

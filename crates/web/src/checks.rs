@@ -139,7 +139,8 @@ fn compare(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32) -> (bool, f32, String)
         }
         for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
             let err = (a - b).abs();
-            let bad = !(err <= tol * (1.0 + b.abs()));
+            // NaN anywhere is a disagreement.
+            let bad = err.is_nan() || err > tol * (1.0 + b.abs());
             max_error = max_error.max(if err.is_nan() { f32::INFINITY } else { err });
             if bad && detail.is_empty() {
                 detail = format!("output {k}[{i}]: {a} on the device, {b} on the CPU");
@@ -194,7 +195,7 @@ fn training_step(dev: &Device) -> lazuli::Result<Vec<Tensor>> {
     let model = Mlp::new(64, 32, 10, dev)?;
     let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9);
     let x = input(&[16, 64], 9, dev)?;
-    let labels: Vec<i32> = (0..16).map(|i| (i * 7 % 10) as i32).collect();
+    let labels: Vec<i32> = (0..16).map(|i| i * 7 % 10).collect();
     let y = Tensor::from_slice(&labels, [16], dev)?;
     for _ in 0..2 {
         let loss = cross_entropy(&model.forward(&x)?, &y)?;
