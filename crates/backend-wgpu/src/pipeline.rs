@@ -134,7 +134,7 @@ impl Pipelines {
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
     /// Creates pipelines on up to `threads` threads (`None`: the machine's
     /// cores, at most 8; one where there are no threads, see
-    /// [`crate::platform`]).
+    /// `platform`).
     pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>, threads: Option<usize>) -> Pipelines {
         let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
         let threads = if platform::THREADS { threads.max(1) } else { 1 };

@@ -6,7 +6,7 @@
 //! requests, buffer mappings, popped error scopes) settle only when
 //! control returns to the event loop. So on `wasm32`:
 //!
-//! - the device is opened asynchronously ([`open_async`]; the blocking
+//! - the device is opened asynchronously (`Context::open_async`; the blocking
 //!   `WgpuBackend::new` is `BackendError::WouldBlock` there);
 //! - an execution submits its work and returns without waiting ([`wait`]
 //!   is a no-op: WebGPU orders every later submission, copy and mapping

@@ -48,7 +48,7 @@ impl WgpuBackend {
     }
 
     /// [`WgpuBackend::new`] without blocking: in a browser tab, the
-    /// browser's WebGPU adapter (see [`crate::platform`]); natively the
+    /// browser's WebGPU adapter (see `platform`); natively the
     /// same as `new`.
     pub async fn new_async(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
         let (options, sources) = options.resolve(&config::process)?;
