@@ -113,6 +113,14 @@ impl DeviceExt for Device {
     }
 }
 
+/// A device on a wgpu backend built with `options`, opened without
+/// blocking: in a browser tab (wasm32) the browser's WebGPU adapter, where
+/// [`DeviceExt::wgpu_with`] is `BackendError::WouldBlock`; natively the
+/// same as `wgpu_with`.
+pub async fn wgpu_async(options: WgpuOptions) -> Result<Device, BackendError> {
+    Ok(Device::new(Arc::new(WgpuBackend::new_async(options).await?), cpu_backend()))
+}
+
 /// Every wgpu adapter visible to this process, described in one line each.
 pub fn adapters() -> Vec<String> {
     lazuli_wgpu::list_adapters()

@@ -11,7 +11,8 @@
 
 use crate::nn;
 use crate::{metrics, DType, Device, Result, Tensor};
-use std::time::{Duration, Instant};
+use lazuli_executor::platform::Instant;
+use std::time::Duration;
 
 /// Model and run sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,8 +21,8 @@ use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleEx
 use crate::optim::{Optimizer, Sgd};
 use crate::{metrics, no_grad, Device, ExecError, Tensor};
 use lazuli_distributed::{DataParallel, DistError, DistributedSampler, ProcessGroup};
+use lazuli_executor::platform::Instant;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 use thiserror::Error;
 
 /// Pixels per image.
@@ -80,8 +80,14 @@ impl Digits {
         };
         let raw = read("images.f32")?;
         let labels = read("labels.u8")?;
-        let bad = |detail: String| TrainError::Data { path: dir.display().to_string(), detail };
-        if raw.len() % (4 * DIGITS_FEATURES) != 0 || raw.len() / (4 * DIGITS_FEATURES) != labels.len() {
+        Digits::from_bytes(&raw, labels, &dir.display().to_string())
+    }
+
+    /// The dataset from the bytes of `images.f32` and `labels.u8` (a page
+    /// embeds them); `path` names their origin in errors.
+    pub fn from_bytes(raw: &[u8], labels: Vec<u8>, path: &str) -> Result<Digits, TrainError> {
+        let bad = |detail: String| TrainError::Data { path: path.to_string(), detail };
+        if raw.len() != labels.len() * 4 * DIGITS_FEATURES {
             return Err(bad(format!("{} image bytes do not match {} labels", raw.len(), labels.len())));
         }
         if labels.len() <= DIGITS_TRAIN_ROWS || labels.iter().any(|&l| l as usize >= DIGITS_CLASSES) {

@@ -5,9 +5,10 @@
 
 use super::{uniform_data, BenchConfig, BenchResult, ConvSizes};
 use crate::{ExecError, Result};
+use lazuli_executor::platform::Instant;
 use lazuli_wgpu::baseline::{Baseline, BaselineBinding, MATMUL_NAIVE, W1_VEC4};
 use lazuli_wgpu::WgpuBackend;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The C1 baseline: the `gemm` crate (through `lazuli_cpu::sgemm`, on the
 /// same rayon pool) on the three products of a convolution's forward and

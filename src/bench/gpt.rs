@@ -22,7 +22,8 @@
 use crate::nn::{self, Embedding, Init, LayerNorm, Linear, Module, ModuleExt};
 use crate::optim::{Adam, Optimizer};
 use crate::{metrics, DType, Device, Result, Tensor};
-use std::time::{Duration, Instant};
+use lazuli_executor::platform::Instant;
+use std::time::Duration;
 
 /// The sizes of a GPT training step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,8 @@
 
 use super::{w5_input, BenchConfig, BenchDevice, BenchResult};
 use crate::{metrics, Result};
-use std::time::{Duration, Instant};
+use lazuli_executor::platform::Instant;
+use std::time::Duration;
 
 /// Ops recorded per H1 iteration (100 multiplies and 100 adds).
 pub const HOST_OPS: usize = 200;

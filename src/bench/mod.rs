@@ -47,9 +47,10 @@
 //! progress bar, the table and the ratios) is the `lazuli` binary's.
 
 use crate::{metrics, Device, ExecError, Result, Tensor};
+use lazuli_executor::platform::Instant;
 use lazuli_wgpu::{WgpuBackend, WgpuOptions};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod attention;
 mod baseline;

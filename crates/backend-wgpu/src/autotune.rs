@@ -41,6 +41,7 @@ use crate::context::{dispatch_size, Context, READBACK, STORAGE};
 use crate::diskcache::DiskCache;
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::profile::read_timestamps;
+use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::VerifiedGraph;
@@ -232,7 +233,7 @@ pub(crate) fn measure(
     if !tuner.budget_left() {
         return Ok(None);
     }
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     let mut candidates = Vec::new();
     for form in codegen::matmul::candidates(k, graph) {
         let limits = with_form(base, form);
@@ -253,7 +254,7 @@ pub(crate) fn measure(
         if best.is_some() && measuring >= KEY_BUDGET {
             break;
         }
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         let ms = time_kernel(ctx, k, graph, wgsl, pipeline);
         measuring += t.elapsed();
         metrics::inc("AutotuneRuns", 1);
@@ -351,7 +352,7 @@ fn time_kernel(
     if !ctx.timestamps {
         let mut best = f64::INFINITY;
         for r in 0..runs {
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             let mut enc = dev.create_command_encoder(&Default::default());
             dispatch(&mut enc.begin_compute_pass(&Default::default()));
             ctx.queue.submit([enc.finish()]);

@@ -9,8 +9,9 @@
 
 use crate::runtime::WgpuBackend;
 use crate::validate::validate_wgsl;
+use lazuli_executor::platform::Instant;
 use lazuli_executor::BackendError;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use wgpu::util::DeviceExt as _;
 
 /// W1 by hand: `y = tanh(relu(x * a + b) - c) * d`, one vec4 per

@@ -16,6 +16,7 @@ use crate::context::Context;
 use crate::generic::Families;
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::window::{self, KernelWindows};
+use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo, LaunchCost};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
 use lazuli_ir::{Node, NodeId, Op, VerifiedGraph};
@@ -62,7 +63,7 @@ impl Compiler {
         graph: &VerifiedGraph,
         hints: CompileHints<'_>,
     ) -> Result<WgpuExecutable, BackendError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let generic = hints.sizes_vary && self.families.enabled();
         if generic {
             // A generic earlier executable's sources are members of their

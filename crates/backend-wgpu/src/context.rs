@@ -8,10 +8,11 @@
 //! context is what both compiling and executing stand on.
 
 use crate::binds::{self, Binding};
+use crate::codegen;
 use crate::options::WgpuOptions;
+use crate::platform::{self, Deferred};
 use crate::pool::{self, Pool, PoolOptions, WgpuStorage};
 use crate::window::Windows;
-use crate::{adapter, codegen};
 use lazuli_executor::{BackendError, BackendKind, Buffer};
 use lazuli_ir::{DType, ScalarValue, ValueType};
 use std::sync::Arc;
@@ -46,8 +47,13 @@ pub(crate) struct Context {
     /// Loop iterations one invocation may run, where the adapter caps them
     /// silently (llvmpipe: [`codegen::LLVMPIPE_LOOP_BUDGET`]); `None` on GPUs.
     pub loop_budget: Option<u64>,
-    /// The device has `TIMESTAMP_QUERY` (per-kernel GPU times).
+    /// The device has `TIMESTAMP_QUERY` (per-kernel GPU times) and the
+    /// platform can read them back (not on the web: see
+    /// [`crate::platform`]).
     pub timestamps: bool,
+    /// The first asynchronous device error not reported yet (the web's
+    /// uncaptured errors, lost device, index errors found late).
+    pub deferred: Deferred,
 }
 
 /// What opening a device tells the compile side about the adapter.
@@ -60,6 +66,25 @@ pub(crate) struct Opened {
     pub max_storage_buffers: usize,
 }
 
+/// What a backend asks of the device: timestamps and the driver's
+/// pipeline cache where offered, every limit the adapter has.
+fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    wgpu::DeviceDescriptor {
+        label: Some("lazuli"),
+        required_features: a.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE),
+        required_limits: a.limits(),
+        ..Default::default()
+    }
+}
+
+/// `wgpu: <adapter> (<backend>, <type>)` (a browser may keep the name to
+/// itself: then "unnamed adapter").
+fn describe(a: &wgpu::Adapter) -> String {
+    let info = a.get_info();
+    let name = if info.name.is_empty() { "unnamed adapter" } else { &info.name };
+    format!("wgpu: {name} ({:?}, {:?})", info.backend, info.device_type)
+}
+
 /// A `BackendError::Device` of device `name`.
 pub(crate) fn device_err(name: &str, message: impl ToString) -> BackendError {
     BackendError::Device { device: name.to_string(), message: message.to_string() }
@@ -67,26 +92,74 @@ pub(crate) fn device_err(name: &str, message: impl ToString) -> BackendError {
 
 impl Context {
     /// Opens an adapter and device for `options` (resolved against the
-    /// environment: see [`WgpuOptions::resolve`]). Fails with
-    /// `BackendError::Device` when no adapter matches.
+    /// environment: see [`WgpuOptions::resolve`]), blocking. Fails with
+    /// `BackendError::Device` when no adapter matches, and with
+    /// `BackendError::WouldBlock` where the platform cannot block (use
+    /// [`Context::open_async`]).
     pub fn open(options: &WgpuOptions) -> Result<Opened, BackendError> {
-        let inst = adapter::instance();
-        let a = adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
-            .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let inst = crate::adapter::instance();
+            let a = crate::adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
+                .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
+            let (device, queue) =
+                platform::request_device(&a, &device_descriptor(&a)).map_err(|e| device_err(&describe(&a), e))?;
+            Ok(Context::with_device(options, &a, device, queue))
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = options;
+            Err(BackendError::WouldBlock {
+                op: "WgpuBackend::new".into(),
+                device: "wgpu".into(),
+                instead: "WgpuBackend::new_async".into(),
+            })
+        }
+    }
+
+    /// [`Context::open`] without blocking: on the web, the browser's
+    /// WebGPU adapter (`BackendError::Device` naming what is missing
+    /// when the browser offers none); natively the blocking open.
+    pub async fn open_async(options: &WgpuOptions) -> Result<Opened, BackendError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return Context::open(options);
+        #[cfg(target_arch = "wasm32")]
+        {
+            let a = platform::web_adapter().await.ok_or_else(|| {
+                device_err("wgpu", "the browser offers no WebGPU adapter (is WebGPU enabled? navigator.gpu)")
+            })?;
+            let (device, queue) =
+                a.request_device(&device_descriptor(&a)).await.map_err(|e| device_err(&describe(&a), e))?;
+            Ok(Context::with_device(options, &a, device, queue))
+        }
+    }
+
+    /// The context of an opened device.
+    fn with_device(options: &WgpuOptions, a: &wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Opened {
         let info = a.get_info();
-        let name = format!("wgpu: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+        let name = describe(a);
         let limits = a.limits();
-        let (device, queue) = pollster::block_on(a.request_device(&wgpu::DeviceDescriptor {
-            label: Some("lazuli"),
-            required_features: a.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE),
-            required_limits: limits.clone(),
-            ..Default::default()
-        }))
-        .map_err(|e| device_err(&name, e))?;
-        let log_name = name.clone();
+        let deferred = Deferred::default();
+        let (log_name, sink) = (name.clone(), deferred.clone());
         device.on_uncaptured_error(Arc::new(move |e| {
             tracing::error!(device = %log_name, "uncaptured wgpu error: {e}");
+            // Only the web leaves errors uncaptured on purpose (natively
+            // every operation that can fail is inside an error scope).
+            if !platform::CAN_BLOCK {
+                sink.report(match e {
+                    wgpu::Error::OutOfMemory { .. } => {
+                        BackendError::OutOfMemory { bytes: 0, in_use: 0, device: format!("{log_name}: {e}") }
+                    }
+                    _ => device_err(&log_name, e),
+                });
+            }
         }));
+        if !platform::CAN_BLOCK {
+            let (lost_name, sink) = (name.clone(), deferred.clone());
+            device.set_device_lost_callback(move |reason, message| {
+                sink.report(device_err(&lost_name, format!("the device was lost ({reason:?}): {message}")));
+            });
+        }
         // Every binding of a kernel sits in one bind group: the uniform of
         // lifted scalars beside the storage buffers.
         let mut max_sb = (limits.max_storage_buffers_per_shader_stage as usize)
@@ -117,17 +190,16 @@ impl Context {
             windows,
             max_buffer: limits.max_buffer_size & !3,
             loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
-            timestamps: a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps: platform::CAN_BLOCK && a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+            deferred,
         };
-        Ok(Opened { context, info, limits, max_storage_buffers: max_sb })
+        Opened { context, info, limits, max_storage_buffers: max_sb }
     }
 
-    /// Waits until the device has finished all submitted work.
+    /// Waits until the device has finished all submitted work (on the web
+    /// returns at once: see [`crate::platform`]).
     pub fn wait(&self) -> Result<(), BackendError> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map(|_| ())
-            .map_err(|e| device_err(&self.name, e))
+        platform::wait(&self.device).map_err(|e| device_err(&self.name, e))
     }
 
     /// The wgpu storage of `b`, which must be this backend's.

@@ -264,11 +264,10 @@ fn write_entry(dir: &Path, path: &Path, full: u64, data: &[u8]) -> std::io::Resu
     bytes.extend_from_slice(&checksum(&[data]).to_le_bytes());
     bytes.extend_from_slice(data);
     let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
         // No fsync: a file a crash leaves short or empty fails its length
-        // or checksum check and is ignored.
-        f.write_all(&bytes)?;
-        drop(f);
+        // or checksum check and is ignored. The file is closed before the
+        // rename.
+        std::fs::File::create(&tmp)?.write_all(&bytes)?;
         std::fs::rename(&tmp, path)
     })();
     if written.is_err() {

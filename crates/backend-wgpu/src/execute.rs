@@ -13,8 +13,10 @@
 use crate::binds::{self, BindCache, Binding};
 use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
 use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
+use crate::platform::Scope;
 use crate::pool::WgpuStorage;
 use crate::profile::{place_on_timeline, read_intervals, Profiler};
+use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
@@ -49,8 +51,8 @@ pub(crate) fn execute(
     drop(allocating);
     let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));
     let dev = &ctx.device;
-    let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-    let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+    let oom = Scope::push(dev, wgpu::ErrorFilter::OutOfMemory);
+    let val = Scope::push(dev, wgpu::ErrorFilter::Validation);
     let encoding = timeline::span("Encode");
     let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
     let slots = ErrorSlots::new(ctx, exe, &kernels, &mut cache, &mut enc)?;
@@ -71,19 +73,23 @@ pub(crate) fn execute(
     drop(encoding);
     let submitting = timeline::span("QueueSubmit");
     ctx.queue.submit([commands]);
+    // Where the thread cannot wait (the web), the slots are read when
+    // their mapping settles and a claimed one is reported later.
+    #[cfg(target_arch = "wasm32")]
+    let slots = slots.check_later(ctx, g, &exe.plan.kernels);
     let rx = slots.map();
     drop(submitting);
     let waiting = timeline::span("Wait");
     let waited = ctx.wait();
-    let done = std::time::Instant::now();
+    let done = Instant::now();
     drop(waiting);
     // The first claimed slot, in kernel order, as (kernel, index bits).
     let claimed = match rx {
         Some(rx) if waited.is_ok() => slots.claimed(ctx, rx)?,
         _ => None,
     };
-    let val_err = pollster::block_on(val.pop());
-    let oom_err = pollster::block_on(oom.pop());
+    let val_err = val.pop();
+    let oom_err = oom.pop();
     metrics::inc("KernelLaunches", launched);
     if let Some(e) = oom_err {
         // Give the cache back so that the next execution can succeed.
@@ -238,6 +244,36 @@ impl ErrorSlots {
         if let Some((device_slots, read)) = &self.buffers {
             enc.copy_buffer_to_buffer(device_slots.buffer(), 0, read.buffer(), 0, self.bytes());
         }
+    }
+
+    /// On the web: moves the readback buffer into a task that reads the
+    /// slots once their mapping settles and reports the first claimed
+    /// one as the device's deferred error (see [`crate::platform`]).
+    #[cfg(target_arch = "wasm32")]
+    fn check_later(mut self, ctx: &Context, g: &VerifiedGraph, kernels: &[Kernel]) -> ErrorSlots {
+        let Some((_, read)) = self.buffers.take() else { return self };
+        let found: Vec<(IndexError, bool)> =
+            self.checking.iter().map(|&k| index_error_template(g, &kernels[k])).collect();
+        let (bytes, step, deferred) = (self.bytes(), (self.stride / 4) as usize, ctx.deferred.clone());
+        deferred.begin();
+        crate::platform::spawn(async move {
+            let claimed = match crate::platform::map_read(read.buffer(), bytes).await {
+                Ok(()) => {
+                    let claimed = read.buffer().get_mapped_range(0..bytes).ok().and_then(|view| {
+                        let words: &[u32] = bytemuck::cast_slice(&view);
+                        (0..found.len()).find(|&j| words[j * step] != 0).map(|j| (j, words[j * step + 1]))
+                    });
+                    read.buffer().unmap();
+                    claimed
+                }
+                Err(_) => None,
+            };
+            if let Some((j, bits)) = claimed {
+                deferred.report(with_index(found[j].clone(), bits));
+            }
+            deferred.end();
+        });
+        self
     }
 
     /// Maps the readback buffer after the submission (the wait completes
@@ -481,21 +517,27 @@ fn encode(enc: &mut wgpu::CommandEncoder, work: &[Launch], queries: Option<&Quer
 /// The error of an index out of range that kernel `k` (a gather or a
 /// scatter-add) reported: `bits` are the index as its kernel read it.
 fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
+    with_index(index_error_template(g, k), bits)
+}
+
+/// The error of kernel `k`'s index check with its index left 0, and
+/// whether the index is signed.
+fn index_error_template(g: &VerifiedGraph, k: &Kernel) -> (IndexError, bool) {
     let root = g.node(k.root());
     let axis = match root.op {
         Op::Gather { axis } | Op::ScatterAdd { axis } => axis,
         _ => unreachable!("only gathers and scatter-adds check indices"),
     };
     let data = g.node(root.inputs[0]);
-    let index = match g.node(root.inputs[1]).dtype {
-        DType::I32 => bits as i32 as i128,
-        _ => bits as i128,
-    };
-    BackendError::IndexOutOfRange(Box::new(IndexError {
-        op: root.op.name(),
-        index,
-        axis,
-        size: data.shape.dims()[axis],
-        shape: data.shape.clone(),
-    }))
+    let signed = g.node(root.inputs[1]).dtype == DType::I32;
+    let error =
+        IndexError { op: root.op.name(), index: 0, axis, size: data.shape.dims()[axis], shape: data.shape.clone() };
+    (error, signed)
+}
+
+/// The error of a template from [`index_error_template`] with the index
+/// whose bits a slot holds.
+fn with_index((mut error, signed): (IndexError, bool), bits: u32) -> BackendError {
+    error.index = if signed { bits as i32 as i128 } else { bits as i128 };
+    BackendError::IndexOutOfRange(Box::new(error))
 }

@@ -76,6 +76,9 @@
 //! Architecture invariant: this crate never sees a lazy tensor; it gets
 //! verified graphs and buffers through `lazuli_executor::Backend`.
 
+// Native adapter enumeration (the web has one adapter, asked for
+// asynchronously: see `platform`).
+#[cfg(not(target_arch = "wasm32"))]
 pub mod adapter;
 pub mod autotune;
 pub mod baseline;
@@ -90,6 +93,7 @@ mod fault;
 pub mod generic;
 pub mod options;
 pub mod pipeline;
+mod platform;
 pub mod pool;
 mod profile;
 pub mod runtime;
@@ -98,9 +102,12 @@ pub mod validate;
 mod wgsl_text;
 pub mod window;
 
+#[cfg(not(target_arch = "wasm32"))]
 pub use adapter::list_adapters;
 pub use compile::WgpuExecutable;
 pub use options::{kernel_forms, WgpuOptions};
+#[cfg(target_arch = "wasm32")]
+pub use platform::list_adapters;
 pub use profile::LaunchSample;
 pub use runtime::WgpuBackend;
 pub use validate::validate_wgsl;

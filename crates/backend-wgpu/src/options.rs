@@ -100,7 +100,26 @@ pub struct WgpuOptions {
 /// code, the environment or (left unset) the default, by variable.
 pub type Sources = Vec<(&'static str, Source)>;
 
+/// WebGPU's default `maxStorageBuffersPerShaderStage`: what every browser
+/// adapter offers at least, and what a page gets without asking for more.
+pub const WEBGPU_DEFAULT_STORAGE_BUFFERS: u32 = 8;
+
+/// WebGPU's default `maxStorageBufferBindingSize` (128 MiB).
+pub const WEBGPU_DEFAULT_BINDING_BYTES: u64 = 128 << 20;
+
 impl WgpuOptions {
+    /// Options that clamp the device to WebGPU's default limits (8
+    /// storage buffers per shader stage, 128 MiB per storage binding):
+    /// native tests prove with them that every graph also runs in a
+    /// browser tab that asks for no more than the defaults.
+    pub fn webgpu_default_limits() -> WgpuOptions {
+        WgpuOptions {
+            max_storage_buffers: Some(WEBGPU_DEFAULT_STORAGE_BUFFERS),
+            binding_window: Some(WEBGPU_DEFAULT_BINDING_BYTES),
+            ..WgpuOptions::default()
+        }
+    }
+
     /// These options with every unset one that has an environment
     /// fallback filled from `lookup`, and where each came from. A
     /// malformed value is the error, naming the variable.

@@ -10,7 +10,9 @@
 
 use crate::context::Context;
 use crate::diskcache::{self, DiskCache};
+use crate::platform::{self, Scope};
 use crate::validate::validate_wgsl;
+use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -114,9 +116,9 @@ pub(crate) struct Pipelines {
     driver_saved: AtomicU64,
     /// When the driver cache was last saved (or loaded), while pipelines
     /// made since are not saved yet: `None` when nothing is pending.
-    unsaved_since: Mutex<Option<std::time::Instant>>,
+    unsaved_since: Mutex<Option<Instant>>,
     /// When the driver cache was last saved or loaded.
-    last_save: Mutex<std::time::Instant>,
+    last_save: Mutex<Instant>,
     /// Threads creating the pipelines of one plan.
     threads: usize,
 }
@@ -131,10 +133,11 @@ impl Pipelines {
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
     /// Creates pipelines on up to `threads` threads (`None`: the machine's
-    /// cores, at most 8).
+    /// cores, at most 8; one where there are no threads, see
+    /// `platform`).
     pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>, threads: Option<usize>) -> Pipelines {
-        let threads =
-            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)).max(1);
+        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
+        let threads = if platform::THREADS { threads.max(1) } else { 1 };
         let mut loaded = 0;
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
@@ -150,7 +153,7 @@ impl Pipelines {
             driver_cache,
             driver_saved: AtomicU64::new(loaded),
             unsaved_since: Mutex::new(None),
-            last_save: Mutex::new(std::time::Instant::now()),
+            last_save: Mutex::new(Instant::now()),
             threads,
         }
     }
@@ -179,7 +182,7 @@ impl Pipelines {
         if self.driver_cache.is_none() {
             return;
         }
-        self.unsaved_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(std::time::Instant::now);
+        self.unsaved_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
         let due = self.last_save.lock().unwrap_or_else(|e| e.into_inner()).elapsed() >= DRIVER_SAVE_INTERVAL
             || self.driver_saved.load(Ordering::Relaxed) == 0;
         if due {
@@ -190,7 +193,7 @@ impl Pipelines {
     /// Saves the driver's pipeline cache in the disk cache when its blob
     /// changed since it was last loaded or saved.
     fn save_driver_cache(&self) {
-        *self.last_save.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+        *self.last_save.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let _span = lazuli_executor::timeline::span("SaveDriverCache");
         let (Some(disk), Some(cache)) = (&self.disk, &self.driver_cache) else { return };
         if let Some(data) = cache.get_data() {
@@ -264,7 +267,7 @@ impl Pipelines {
     fn create(&self, ctx: &Context, k: &Prepared, key: u64) -> Result<PipelineEntry, BackendError> {
         let name = k.name.as_str();
         crate::validate::log_source(&k.source);
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         // A source that passed naga in an earlier process of this build
         // (the key hashes the source and entry point) is not validated
         // again; wgpu still validates it when it makes the module.
@@ -281,9 +284,9 @@ impl Pipelines {
             }
         }
         metrics::record_time("CompileNaga", started.elapsed());
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let dev = &ctx.device;
-        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = Scope::push(dev, wgpu::ErrorFilter::Validation);
         let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(name),
             source: wgpu::ShaderSource::Wgsl(k.source.as_str().into()),
@@ -308,7 +311,7 @@ impl Pipelines {
             },
             cache: self.driver_cache.as_ref(),
         });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = scope.pop() {
             return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", k.source) });
         }
         metrics::record_time("CompilePipeline", started.elapsed());

@@ -43,6 +43,7 @@
 //! (idle buffers released for a budget or after a failed allocation).
 //! [`Pool::stats`] gives the bytes in use and idle.
 
+use crate::platform::Scope;
 use lazuli_executor::{metrics, BackendError, DeviceStorage};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -380,18 +381,18 @@ impl Pool {
     /// or internal error instead of leaving an invalid buffer behind.
     fn create(&self, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, wgpu::Error> {
         let _span = lazuli_executor::timeline::span("PoolCreateBuffer");
-        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let internal = Scope::push(&self.device, wgpu::ErrorFilter::Internal);
+        let validation = Scope::push(&self.device, wgpu::ErrorFilter::Validation);
+        let oom = Scope::push(&self.device, wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("lazuli"),
             size,
             usage,
             mapped_at_creation: false,
         });
-        let oom = pollster::block_on(oom.pop());
-        let validation = pollster::block_on(validation.pop());
-        let internal = pollster::block_on(internal.pop());
+        let oom = oom.pop();
+        let validation = validation.pop();
+        let internal = internal.pop();
         match oom.or(validation).or(internal) {
             Some(e) => Err(e),
             None => {

@@ -8,6 +8,7 @@
 //! placement of an execution's kernels on the timeline's clock.
 
 use crate::context::{device_err, Context};
+use lazuli_executor::platform::Instant;
 use lazuli_executor::{timeline, BackendError, LaunchCost};
 use std::sync::Mutex;
 
@@ -72,7 +73,7 @@ pub(crate) fn read_timestamps(ctx: &Context, read: &wgpu::Buffer, pairs: usize) 
 /// timeline (see [`lazuli_executor::timeline`]): `intervals` are their
 /// begin and end in µs of GPU time; the last end is placed at `done`, the
 /// moment the execution's wait returned.
-pub(crate) fn place_on_timeline(names: &[String], intervals: &[(f64, f64)], done: std::time::Instant) {
+pub(crate) fn place_on_timeline(names: &[String], intervals: &[(f64, f64)], done: Instant) {
     let Some(last) = intervals.iter().map(|i| i.1).reduce(f64::max) else { return };
     let end = timeline::micros(done);
     for (name, &(begin, stop)) in names.iter().zip(intervals) {

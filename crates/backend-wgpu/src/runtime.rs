@@ -14,6 +14,7 @@ use crate::pipeline::Pipelines;
 use crate::pool::{Pool, PoolStats};
 use crate::profile::{LaunchSample, Profiler};
 use lazuli_executor::config::{self, Setting, Source};
+use lazuli_executor::platform::LocalFuture;
 use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::fusion::FusionLimits;
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
@@ -37,10 +38,26 @@ impl WgpuBackend {
     /// Opens an adapter and device. Fails with `BackendError::Device` when
     /// no adapter matches, and with `BackendError::Config` naming the
     /// variable when a `LAZULI_*` variable an unset option falls back to
-    /// is malformed (see [`WgpuOptions::resolve`]).
+    /// is malformed (see [`WgpuOptions::resolve`]). Blocks while the
+    /// device opens: in a browser tab it is `BackendError::WouldBlock`
+    /// (use [`WgpuBackend::new_async`]).
     pub fn new(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
         let (options, sources) = options.resolve(&config::process)?;
         let opened = Context::open(&options)?;
+        Ok(WgpuBackend::opened(options, &sources, opened))
+    }
+
+    /// [`WgpuBackend::new`] without blocking: in a browser tab, the
+    /// browser's WebGPU adapter (see `platform`); natively the
+    /// same as `new`.
+    pub async fn new_async(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
+        let (options, sources) = options.resolve(&config::process)?;
+        let opened = Context::open_async(&options).await?;
+        Ok(WgpuBackend::opened(options, &sources, opened))
+    }
+
+    /// The backend on an opened device.
+    fn opened(options: WgpuOptions, sources: &[(&'static str, Source)], opened: crate::context::Opened) -> WgpuBackend {
         let (ctx, info, limits) = (opened.context, opened.info, opened.limits);
         let max_sb = opened.max_storage_buffers;
         let forms = kernel_forms(&options, info.device_type);
@@ -49,7 +66,9 @@ impl WgpuBackend {
             "{} vendor {:x} device {:x} {:?} {} {}",
             info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
         );
-        let cache_dir = options.cache_dir.clone().unwrap_or_else(autotune::cache_dir);
+        // No file system in a browser tab: caches stay in memory there.
+        let cache_dir =
+            options.cache_dir.clone().unwrap_or_else(autotune::cache_dir).filter(|_| crate::platform::DISK_CACHE);
         // Everything that changes lowering salts the disk cache's keys
         // besides the adapter and the build.
         let disk = DiskCache::open(
@@ -77,7 +96,9 @@ impl WgpuBackend {
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             ..LowerLimits::default()
         };
-        let mut tuner = Tuner::new(autotune::enabled(options.autotune, software), &adapter_id, disk.clone());
+        // Tuning times candidates by reading results back synchronously.
+        let tune = crate::platform::CAN_BLOCK && autotune::enabled(options.autotune, software);
+        let mut tuner = Tuner::new(tune, &adapter_id, disk.clone());
         tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
         let compiler = Compiler::new(
             fusion,
@@ -87,8 +108,8 @@ impl WgpuBackend {
             Families::new(generic::enabled(options.generic_sizes), 4096),
             options.fault_kernel.clone(),
         );
-        let settings = effective_settings(&options, &sources, &ctx, &compiler, software, cache_dir.as_deref());
-        Ok(WgpuBackend { inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default(), settings }) })
+        let settings = effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref());
+        WgpuBackend { inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default(), settings }) }
     }
 
     /// The fusion limits this backend plans with.
@@ -247,7 +268,41 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
+        if !crate::platform::CAN_BLOCK {
+            return Err(BackendError::WouldBlock {
+                op: "reading a tensor".into(),
+                device: self.name(),
+                instead: "Tensor::to_vec_async (a CPU fallback segment cannot read GPU data in a tab: its ops \
+                          need the CPU backend's device, or a form the GPU runs)"
+                    .into(),
+            });
+        }
         self.inner.ctx.download(buffer)
+    }
+
+    fn download_async<'a>(&'a self, buffer: &'a Buffer) -> LocalFuture<'a, Result<Vec<u8>, BackendError>> {
+        #[cfg(target_arch = "wasm32")]
+        return Box::pin(crate::platform::download_async(&self.inner.ctx, buffer));
+        #[cfg(not(target_arch = "wasm32"))]
+        Box::pin(std::future::ready(self.download(buffer)))
+    }
+
+    fn finish(&self) -> Result<(), BackendError> {
+        if !crate::platform::CAN_BLOCK {
+            return Err(BackendError::WouldBlock {
+                op: "Device::wait".into(),
+                device: self.name(),
+                instead: "Device::wait_async".into(),
+            });
+        }
+        self.inner.ctx.deferred.take()
+    }
+
+    fn finish_async(&self) -> LocalFuture<'_, Result<(), BackendError>> {
+        #[cfg(target_arch = "wasm32")]
+        return Box::pin(crate::platform::finish_async(&self.inner.ctx));
+        #[cfg(not(target_arch = "wasm32"))]
+        Box::pin(std::future::ready(self.finish()))
     }
 
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError> {

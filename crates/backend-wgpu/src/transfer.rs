@@ -74,16 +74,22 @@ impl Context {
             rx.recv().map_err(|e| device_err(&self.name, e))?.map_err(|e| device_err(&self.name, e))?;
             {
                 let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.name, e))?;
-                if buffer.ty.dtype == DType::Bool {
-                    let words: &[u32] = bytemuck::cast_slice(&view);
-                    out.extend(words.iter().map(|&w| (w != 0) as u8));
-                } else {
-                    out.extend_from_slice(&view);
-                }
+                decode(&mut out, &view, buffer.ty.dtype);
             }
             staging.buffer().unmap();
             offset += len;
         }
         Ok(out)
+    }
+}
+
+/// Appends the device words of `view` to `out` in the host format (bools
+/// are one `u32` on the device, one byte on the host).
+pub(crate) fn decode(out: &mut Vec<u8>, view: &[u8], dtype: DType) {
+    if dtype == DType::Bool {
+        let words: &[u32] = bytemuck::cast_slice(view);
+        out.extend(words.iter().map(|&w| (w != 0) as u8));
+    } else {
+        out.extend_from_slice(view);
     }
 }

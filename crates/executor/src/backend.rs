@@ -10,6 +10,7 @@
 //! Host byte format ("canonical bytes"): elements in row-major order, little
 //! endian, `dtype.size_bytes()` each; bool is one byte, 0 or 1.
 
+use crate::platform::LocalFuture;
 use lazuli_ir::{DType, Node, ScalarValue, ValueType, VerifiedGraph};
 use std::any::Any;
 use std::fmt;
@@ -197,6 +198,19 @@ pub enum BackendError {
     /// An execution failed for another reason.
     #[error("execution failed: {0}")]
     Execution(String),
+    /// The call would have to block until the device is done, which this
+    /// platform cannot do (a browser tab's thread: see
+    /// [`crate::platform`]); the asynchronous form named does the same
+    /// without blocking.
+    #[error("{op} would block on {device}, which cannot wait here (a browser tab); use {instead}")]
+    WouldBlock {
+        /// The blocking call.
+        op: String,
+        /// Device name.
+        device: String,
+        /// The asynchronous call to use instead.
+        instead: String,
+    },
 }
 
 /// The details of [`BackendError::IndexOutOfRange`].
@@ -256,8 +270,29 @@ pub trait Backend: Send + Sync + 'static {
     /// Copies canonical host bytes into a new buffer of type `ty`.
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError>;
 
-    /// Reads a buffer back as canonical host bytes (blocking).
+    /// Reads a buffer back as canonical host bytes (blocking; where the
+    /// platform cannot block, [`BackendError::WouldBlock`]).
     fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError>;
+
+    /// [`Backend::download`] without blocking the caller: the future
+    /// yields while the device works (a browser tab's event loop runs
+    /// meanwhile). By default the blocking download, done when polled.
+    fn download_async<'a>(&'a self, buffer: &'a Buffer) -> LocalFuture<'a, Result<Vec<u8>, BackendError>> {
+        Box::pin(std::future::ready(self.download(buffer)))
+    }
+
+    /// Waits until the device has finished all work submitted so far and
+    /// returns an asynchronous device error found meanwhile. By default
+    /// nothing: where [`Backend::execute`] returns after the device has
+    /// finished, there is nothing left to wait for.
+    fn finish(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// [`Backend::finish`] without blocking the caller.
+    fn finish_async(&self) -> LocalFuture<'_, Result<(), BackendError>> {
+        Box::pin(std::future::ready(self.finish()))
+    }
 
     /// Compiles a verified graph whose nodes this backend all supports.
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError>;
@@ -281,7 +316,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Runs `exe` on `inputs` (one per graph parameter, in order) and the
     /// lifted `scalars` (one per scalar slot, already cast to its dtype).
     /// Returns one buffer per graph output, in order, once the device has
-    /// finished (the executor calls this from its worker thread). Inputs are
+    /// finished (the executor calls this from its worker thread; where
+    /// there is none, see [`crate::platform`], a backend may return once
+    /// the work is submitted, and [`Backend::finish_async`] waits for it). Inputs are
     /// passed by value so a backend may donate a uniquely held input buffer.
     fn execute(
         &self,

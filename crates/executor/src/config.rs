@@ -404,7 +404,7 @@ pub fn unknown(names: impl IntoIterator<Item = String>) -> Vec<(String, Option<&
 
 /// The `LAZULI_*` names set in the process environment.
 pub fn process_names() -> Vec<String> {
-    std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).filter(|k| k.starts_with("LAZULI_")).collect()
+    crate::platform::env_names().into_iter().filter(|k| k.starts_with("LAZULI_")).collect()
 }
 
 /// Warns (once per process) about every unknown `LAZULI_*` variable in the

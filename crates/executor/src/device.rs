@@ -15,6 +15,7 @@ use crate::compile_cache::CompileCache;
 use crate::config::{self, ConfigError, Lookup, Setting, Source};
 use crate::lazy::{CellState, DataCell, LazyNode};
 use crate::plan::Plan;
+use crate::platform::{self, Instant};
 use crate::tensor::TensorInner;
 use crate::trace::{replay, roots_key, trace, Traced};
 use crate::{metrics, Backend, BackendError, BackendKind, Buffer, ExecError, Result};
@@ -27,7 +28,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
 static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
@@ -243,13 +243,15 @@ impl Device {
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
         shared.validate.store(settings.validate, Ordering::Relaxed);
-        let worker = {
+        // Where there are no threads (a browser tab) the syncing caller
+        // runs every plan (see `Device::inline`).
+        let worker = platform::WORKER_THREAD.then(|| {
             let (main, cpu, shared) = (main.clone(), cpu.clone(), shared.clone());
             std::thread::Builder::new()
                 .name("lazuli-worker".into())
                 .spawn(move || worker_loop(rx, main, cpu, shared))
                 .expect("spawning the device worker thread")
-        };
+        });
         Device(Arc::new(DeviceInner {
             id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             main,
@@ -267,7 +269,7 @@ impl Device {
             dump_dir: settings.dump_dir,
             lookup,
             config_error,
-            worker: Some(worker),
+            worker,
         }))
     }
 
@@ -412,8 +414,28 @@ impl Device {
     /// Waits until every submitted execution has finished (LTC's
     /// WaitDeviceOps) and returns the first asynchronous failure since the
     /// last `wait` that no read has reported yet, if any (reading a value
-    /// whose computation failed reports that failure).
+    /// whose computation failed reports that failure). Where the device
+    /// cannot be waited for without blocking (a browser tab, see
+    /// [`crate::platform`]), [`BackendError::WouldBlock`]: use
+    /// [`Device::wait_async`].
     pub fn wait(&self) -> Result<()> {
+        self.wait_for_jobs();
+        let finished = self.0.main.finish();
+        self.finished(finished)
+    }
+
+    /// [`Device::wait`] without blocking the caller where the device works
+    /// asynchronously (a browser tab): the future yields until the device
+    /// is done. On native targets it blocks like [`Device::wait`].
+    pub async fn wait_async(&self) -> Result<()> {
+        self.wait_for_jobs();
+        let finished = self.0.main.finish_async().await;
+        self.finished(finished)
+    }
+
+    /// Blocks until the worker has run every job handed to it (none is
+    /// ever outstanding where the caller runs them).
+    fn wait_for_jobs(&self) {
         let started = Instant::now();
         let shared = &self.0.shared;
         let mut n = shared.outstanding.lock().unwrap_or_else(|e| e.into_inner());
@@ -422,6 +444,13 @@ impl Device {
         }
         drop(n);
         metrics::record_time("BarrierWait", started.elapsed());
+    }
+
+    /// The end of a wait: the backend's own error (`finished`), else the
+    /// first unreported failure.
+    fn finished(&self, finished: std::result::Result<(), BackendError>) -> Result<()> {
+        finished.map_err(|source| ExecError::Backend { context: "waiting for the device".into(), source })?;
+        let shared = &self.0.shared;
         let mut unreported = shared.unreported.lock().unwrap_or_else(|e| e.into_inner());
         match std::mem::take(&mut *unreported).into_iter().next() {
             Some((_, e)) => Err(e),
@@ -590,7 +619,7 @@ impl Device {
         };
         let id = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
         let job = Job { id, plan, inputs, scalars, outputs, context, locations };
-        if idle && self.inline(&job.plan) {
+        if !platform::WORKER_THREAD || (idle && self.inline(&job.plan)) {
             // Nothing queued (the sync lock keeps it so): this thread runs
             // the job exactly as the worker would, results and failures
             // going to the cells and the device the same way.
@@ -721,22 +750,55 @@ impl Device {
 
     /// Reads the canonical bytes of a cell (barrier + download).
     pub(crate) fn read_cell(&self, cell: &DataCell, op: &str) -> Result<Vec<u8>> {
+        let (owner, buf) = match self.readable(cell, op)? {
+            Readable::Host(bytes) => return Ok(bytes),
+            Readable::Device(owner, buf) => (owner, buf),
+        };
+        self.downloaded(owner.download(&buf), op)
+    }
+
+    /// [`Device::read_cell`] without blocking the caller where the device
+    /// works asynchronously (see [`crate::platform`]).
+    pub(crate) async fn read_cell_async(&self, cell: &DataCell, op: &str) -> Result<Vec<u8>> {
+        let (owner, buf) = match self.readable(cell, op)? {
+            Readable::Host(bytes) => return Ok(bytes),
+            Readable::Device(owner, buf) => (owner, buf),
+        };
+        let bytes = owner.download_async(&buf).await;
+        self.downloaded(bytes, op)
+    }
+
+    /// A cell's host bytes, or its buffer and the backend holding it
+    /// (after the barrier).
+    fn readable(&self, cell: &DataCell, op: &str) -> Result<Readable<'_>> {
         {
             let st = cell.state.lock().unwrap_or_else(|e| e.into_inner());
             if let CellState::Host(bytes) = &*st {
                 let mut v = self.host_vec(bytes.len(), op)?;
                 v.extend_from_slice(bytes);
-                return Ok(v);
+                return Ok(Readable::Host(v));
             }
         }
         let buf = self.buffer_of(cell, op)?;
         let owner = if buf.kind == self.0.cpu.kind() { &self.0.cpu } else { &self.0.main };
-        let bytes = owner
-            .download(&buf)
-            .map_err(|source| ExecError::Backend { context: format!("{op}: reading back a tensor"), source })?;
+        Ok(Readable::Device(owner, buf))
+    }
+
+    /// The result of a download, counted.
+    fn downloaded(&self, bytes: std::result::Result<Vec<u8>, BackendError>, op: &str) -> Result<Vec<u8>> {
+        let bytes =
+            bytes.map_err(|source| ExecError::Backend { context: format!("{op}: reading back a tensor"), source })?;
         metrics::record_value("BytesDownloaded", bytes.len() as f64);
         Ok(bytes)
     }
+}
+
+/// What reading a cell starts from.
+enum Readable<'d> {
+    /// Host data, copied.
+    Host(Vec<u8>),
+    /// A buffer and the backend that holds it.
+    Device(&'d Arc<dyn Backend>, Buffer),
 }
 
 impl fmt::Debug for Device {

@@ -2,11 +2,11 @@
 //! segments (native and CPU fallback), and compiled. [`Plan::run`] executes
 //! the segments in order, moving data across at segment boundaries only.
 
+use crate::platform::Instant;
 use crate::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::{Graph, NodeId, Op, ScalarValue};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Where a value comes from when a segment or the plan reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -396,6 +396,54 @@ impl Tensor {
         Ok(out)
     }
 
+    /// [`Tensor::to_vec`] without blocking the caller where the device
+    /// works asynchronously (a browser tab, see [`crate::platform`]): the
+    /// future yields to the event loop until the values are back. On
+    /// native targets it is `to_vec`, done when first polled.
+    #[track_caller]
+    pub fn to_vec_async<T: Element>(&self) -> impl std::future::Future<Output = Result<Vec<T>>> + '_ {
+        let loc = Location::caller();
+        async move {
+            let op = format!("to_vec_async at {}:{}", loc.file(), loc.line());
+            self.check_read::<T>("to_vec_async")?;
+            let bytes = self.read_bytes_async(&op).await?;
+            let mut out = self.device().host_vec(self.numel(), &op)?;
+            out.extend(bytes.chunks_exact(T::DTYPE.size_bytes()).map(T::read_bytes));
+            Ok(out)
+        }
+    }
+
+    /// [`Tensor::item`] without blocking the caller (see
+    /// [`Tensor::to_vec_async`]).
+    #[track_caller]
+    pub fn item_async<T: Element>(&self) -> impl std::future::Future<Output = Result<T>> + '_ {
+        let loc = Location::caller();
+        async move {
+            if self.numel() != 1 {
+                return Err(ExecError::Invalid {
+                    op: "item_async".into(),
+                    detail: format!("tensor of shape {} has {} elements, not 1", self.shape(), self.numel()),
+                });
+            }
+            self.check_read::<T>("item_async")?;
+            let bytes = self.read_bytes_async(&format!("item_async at {}:{}", loc.file(), loc.line())).await?;
+            Ok(T::read_bytes(&bytes))
+        }
+    }
+
+    /// `T` must be this tensor's dtype.
+    fn check_read<T: Element>(&self, op: &str) -> Result<()> {
+        if T::DTYPE != self.dtype() {
+            return Err(ExecError::ReadDType {
+                op: op.into(),
+                actual: self.dtype(),
+                expected: T::DTYPE,
+                shape: self.shape().clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Reads the single value of a one-element tensor (a barrier).
     #[track_caller]
     pub fn item<T: Element>(&self) -> Result<T> {
@@ -444,6 +492,13 @@ impl Tensor {
         self.device().sync_nodes(&[(self.clone(), node.clone())], trigger)?;
         let cell = node.cell().expect("a synced node holds a data cell");
         self.device().read_cell(cell, trigger)
+    }
+
+    async fn read_bytes_async(&self, trigger: &str) -> Result<Vec<u8>> {
+        let node = self.node();
+        self.device().sync_nodes(&[(self.clone(), node.clone())], trigger)?;
+        let cell = node.cell().expect("a synced node holds a data cell");
+        self.device().read_cell_async(cell, trigger).await
     }
 
     /// Replaces this tensor's value with `other`'s (same shape and dtype),
@@ -534,4 +589,18 @@ pub fn sync(tensors: &[&Tensor]) -> Result<()> {
     let loc = Location::caller();
     let Some(first) = tensors.first() else { return Ok(()) };
     first.device().sync_tensors(tensors, &format!("sync at {}:{}", loc.file(), loc.line()))
+}
+
+/// [`sync`], then [`Device::wait_async`]: materializes the tensors as one
+/// graph and waits, without blocking the caller where the device works
+/// asynchronously (a browser tab, see [`crate::platform`]), until the
+/// device is done with them.
+#[track_caller]
+pub fn sync_async<'a>(tensors: &'a [&'a Tensor]) -> impl std::future::Future<Output = Result<()>> + 'a {
+    let loc = Location::caller();
+    async move {
+        let Some(first) = tensors.first() else { return Ok(()) };
+        first.device().sync_tensors(tensors, &format!("sync_async at {}:{}", loc.file(), loc.line()))?;
+        first.device().wait_async().await
+    }
 }

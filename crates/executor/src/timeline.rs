@@ -25,10 +25,11 @@
 //! At most [`MAX_EVENTS`] events are kept; later ones are counted as
 //! `TimelineDropped` and the file says how many were dropped.
 
+use crate::platform::Instant;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Most events kept in memory.
 pub const MAX_EVENTS: usize = 4 << 20;
