@@ -34,8 +34,8 @@ pub mod train;
 pub use device::{adapters, CpuDeviceOptions, DeviceExt, DeviceKind, WgpuDeviceOptions};
 pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
-    debug, metrics, sync, timeline, Backend, BackendError, BackendKind, Device, Element, ExecError, IndexError, Result,
-    RngState, Tensor, TensorState,
+    debug, metrics, sync, timeline, Backend, BackendError, BackendKind, Collective, CollectiveError, Device, Element,
+    ExecError, IndexError, PendingCollective, Result, RngState, Tensor, TensorState,
 };
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;
