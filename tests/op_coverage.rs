@@ -298,7 +298,7 @@ fn examples(kind: OpKind) -> Vec<Example> {
                 let x = g.param(&[2, 3], f);
                 let e = g.push(Op::Unary(UnaryOp::Exp), &[x]);
                 let y = g.push(Op::AllReduce { op, bucket: 0 }, &[e]);
-                g.done(format!("{}", Op::AllReduce { op, bucket: 0 }.name()), &[y])
+                g.done(Op::AllReduce { op, bucket: 0 }.name(), &[y])
             })
             .collect(),
     }

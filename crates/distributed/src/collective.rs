@@ -102,7 +102,7 @@ pub(crate) struct Pending {
 
 impl Pending {
     /// [`PendingCollective::wait`].
-    pub fn wait_result(self: Box<Self>) -> Result<Vec<f32>, CollectiveError> {
+    pub fn wait_result(self) -> Result<Vec<f32>, CollectiveError> {
         let started = Instant::now();
         let result = self.inner.wait();
         let waited = started.elapsed();
@@ -138,6 +138,6 @@ impl Pending {
 
 impl PendingCollective for Pending {
     fn wait(self: Box<Self>) -> Result<Vec<f32>, CollectiveError> {
-        self.wait_result()
+        (*self).wait_result()
     }
 }

@@ -307,7 +307,7 @@ impl DataParallel {
             match collective.start(b as u32, CollectiveOp::Mean, zeros, true) {
                 // Waited for, so that the next collective of the group
                 // starts after it; its result is this rank's own failure.
-                Ok(p) => drop(Box::new(p).wait_result()),
+                Ok(p) => drop(p.wait_result()),
                 Err(_) => break,
             }
         }

@@ -53,6 +53,9 @@ struct Shadow {
 /// Runs `plan` like [`Plan::run`], validating every native segment
 /// against the CPU backend. `locations` are the source locations of the
 /// traced graph's nodes (`plan.graph`).
+// Plan::run's arguments plus the validation report's context; a struct
+// would be built for this one call and taken apart at once.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_validated(
     plan: &Plan,
     inputs: Vec<Buffer>,
