@@ -307,7 +307,8 @@ impl ProcessGroup {
 pub(crate) struct Link {
     pub rank: usize,
     pub world_size: usize,
-    pub timeout: Duration,
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // only MPI collectives are waited for
+    timeout: Duration,
     broken: Arc<AtomicBool>,
     #[cfg(feature = "mpi")]
     jobs: Option<Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<mpi_thread::Job>>>>>,
