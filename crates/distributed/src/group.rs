@@ -11,7 +11,10 @@
 //! ("exited without calling finalize"). Collectives started with
 //! [`ProcessGroup::start_all_reduce_sum`] run while the caller goes on
 //! (the next bucket's download), and are waited for where their result is
-//! needed.
+//! needed. A [`Link`] is a handle on the communication thread that a
+//! device's registered collective holds (the all-reduces of recorded
+//! steps); it shares the group's broken flag and fails once the group is
+//! dropped.
 //!
 //! Without the `mpi` feature, or when the process was not launched by an
 //! MPI launcher, the group has one rank and every collective returns its
