@@ -475,6 +475,37 @@ mod tests {
     }
 
     #[test]
+    fn in_the_step_one_rank_keeps_its_gradients_and_counts_the_all_reduces() {
+        let dev = device();
+        let w = param(3, &dev);
+        let b = param(2, &dev);
+        let loss = (w.sum(&[0], false).unwrap() * 2.0).unwrap().add(&b.sum(&[0], false).unwrap()).unwrap();
+        loss.backward().unwrap();
+        let options = DistOptions { bucket_bytes: 8, ..DistOptions::default() };
+        let mut dp =
+            DataParallel::new(ProcessGroup::local(options), vec![("w".into(), w.clone()), ("b".into(), b.clone())])
+                .unwrap();
+        assert!(!dev.has_collective());
+        dp.reduce_in_graph().unwrap();
+        assert!(dev.has_collective(), "the collective is registered on the parameters' device");
+        assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0; 3]);
+        assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0; 2]);
+        let stats = dp.take_stats();
+        assert_eq!((stats.bytes, stats.buckets), (20, 2));
+        assert_eq!(dp.take_stats(), ReduceStats::default(), "taken once");
+    }
+
+    #[test]
+    fn abandoning_a_step_is_this_ranks_failure() {
+        let dev = device();
+        let mut dp =
+            DataParallel::new(ProcessGroup::local(DistOptions::default()), vec![("w".into(), param(4, &dev))]).unwrap();
+        let err = dp.abandon_step("bad shape in forward");
+        let DistError::RankFailed { rank, world, message, .. } = &err else { panic!("{err:?}") };
+        assert_eq!((*rank, *world, message.as_str()), (0, 1, "bad shape in forward"));
+    }
+
+    #[test]
     fn a_local_failure_is_reported_as_a_failed_rank() {
         let dev = device();
         let mut dp =
