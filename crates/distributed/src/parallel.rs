@@ -35,6 +35,12 @@
 //! step is recorded joins them with [`DataParallel::abandon_step`], and
 //! the peers' step fails at its next barrier naming the failed rank. A
 //! rank that stalls is bounded by the group's timeout either way.
+//!
+//! The communication thread runs collectives in the order they reach it,
+//! and every rank must run them in the same order: while a step with
+//! all-reduces may still run on the device, call none of the group's host
+//! collectives (`agree`, `barrier`, the host path) without
+//! `Device::wait` first ([`DataParallel::abandon_step`] waits itself).
 
 use crate::collective::{GroupCollective, InGraphTotals};
 use crate::{DistError, ProcessGroup};
@@ -287,13 +293,12 @@ impl DataParallel {
     /// and returns this rank's [`DistError::RankFailed`]. Use it only in
     /// the in-graph mode.
     pub fn abandon_step<E: Display>(&mut self, local: E) -> DistError {
-        const OP: &str = "in-graph all-reduce of gradients";
-        let failed = DistError::RankFailed {
-            rank: self.group.rank(),
-            world: self.group.world_size(),
-            op: OP,
-            message: local.to_string(),
-        };
+        // The device's earlier steps first: their all-reduces reach the
+        // communication thread before these, on every rank alike.
+        let mut message = local.to_string();
+        if let Some(Err(e)) = self.params.first().map(|(_, p)| p.device().wait()) {
+            message = format!("{message} (and before it: {e})");
+        }
         let collective = self
             .collective
             .get_or_insert_with(|| Arc::new(GroupCollective { link: self.group.link(), totals: self.totals.clone() }));
@@ -311,7 +316,12 @@ impl DataParallel {
                 Err(_) => break,
             }
         }
-        failed
+        DistError::RankFailed {
+            rank: self.group.rank(),
+            world: self.group.world_size(),
+            op: "in-graph all-reduce of gradients",
+            message,
+        }
     }
 
     /// What the in-graph all-reduces moved and cost since the last call
