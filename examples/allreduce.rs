@@ -5,12 +5,16 @@
 //! rank's device (sync, download, all-reduce in 25 MB buckets, upload).
 //! With `--gpt`, instead: the small GPT step of `GPU.md` (G8-small: 2
 //! layers, n_embd 64, context 64, a global batch of 48 sequences split
-//! between the ranks) trained data-parallel, with where each step's time
-//! goes. Rank 0 prints the figures BENCHMARKS.md quotes.
+//! between the ranks) trained data-parallel with the all-reduce recorded
+//! into the step (`DataParallel::reduce_in_graph`), with how much of the
+//! all-reduce time the rest of the step hid; `--host` averages on the
+//! host after backward instead (`DataParallel::average_gradients`). The
+//! bucket size is `LAZULI_DIST_BUCKET_BYTES` (default 25 MiB). Rank 0
+//! prints the figures BENCHMARKS.md quotes.
 //!
 //! ```text
 //! cargo build --features mpi --example allreduce
-//! mpirun -np 2 --oversubscribe target/debug/examples/allreduce [--params N] [--iters N] [--gpt]
+//! mpirun -np 2 --oversubscribe target/debug/examples/allreduce [--params N] [--iters N] [--gpt [--host]]
 //! ```
 
 use lazuli::bench::{GptModel, GptSizes};
@@ -23,18 +27,26 @@ use std::time::Instant;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut params = 3_300_000usize;
     let mut iters = 20usize;
+    let (mut gpt, mut host) = (false, false);
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--gpt") {
-        return gpt_steps(iters);
-    }
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let v = it.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
-            "--params" => params = v.parse()?,
-            "--iters" => iters = v.parse()?,
+            "--gpt" => gpt = true,
+            "--host" => host = true,
+            "--params" | "--iters" => {
+                let v = it.next().ok_or(format!("{a} needs a value"))?;
+                if a == "--params" {
+                    params = v.parse()?;
+                } else {
+                    iters = v.parse()?;
+                }
+            }
             other => return Err(format!("unknown option {other:?}").into()),
         }
+    }
+    if gpt {
+        return gpt_steps(iters, host);
     }
     let group = ProcessGroup::init()?;
     let (world, rank) = (group.world_size(), group.rank());
@@ -93,9 +105,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// G8-small trained data-parallel: per step, the wall time, the wait for
-/// the backward pass and the gradient exchange (and its all-reduce wait).
-fn gpt_steps(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
+/// G8-small trained data-parallel: per step, the wall time and the
+/// gradient exchange, recorded into the step (how much of its all-reduce
+/// time the step hid) or, with `host`, on the host after backward.
+fn gpt_steps(iters: usize, host: bool) -> Result<(), Box<dyn std::error::Error>> {
     let group = ProcessGroup::init()?;
     let (world, rank) = (group.world_size(), group.rank());
     let global = 48;
@@ -110,40 +123,69 @@ fn gpt_steps(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     let mut opt = Adam::adamw(model.parameters(), 3e-4, 0.01);
     let (ids, targets) = tokens(sizes, rank, &dev)?;
     let (mut total, mut backward, mut exchange, mut wait) = (0.0, 0.0, 0.0, 0.0);
+    let mut compiled_at_2 = 0;
     for i in 0..iters + 2 {
         let started = Instant::now();
         opt.zero_grad();
         cross_entropy(&model.forward(&ids)?, &targets)?.backward()?;
-        let s = dp.average_gradients()?;
+        let s = if host { Some(dp.average_gradients()?) } else { None };
+        if !host {
+            dp.reduce_in_graph()?;
+        }
         opt.step()?;
         dev.mark_step()?;
         dev.wait()?;
+        if i == 1 {
+            // The first two steps compile: left out.
+            dp.take_stats();
+            compiled_at_2 = dev.compile_counts().0;
+        }
         if i >= 2 {
             total += started.elapsed().as_secs_f64();
-            backward += s.backward_seconds;
-            exchange += s.seconds;
-            wait += s.wait_seconds;
+            if let Some(s) = s {
+                backward += s.backward_seconds;
+                exchange += s.seconds;
+                wait += s.wait_seconds;
+            }
         }
+    }
+    if !host {
+        let s = dp.take_stats();
+        exchange = s.seconds;
+        wait = s.wait_seconds;
     }
     if rank == 0 {
         let ms = |x: f64| x * 1e3 / iters as f64;
-        let bytes = dp.last_stats().bytes;
         println!(
-            "G8-small, {world} rank(s) of {} sequences, device {}, {:.2} MB of gradients in {} bucket(s)",
+            "G8-small, {world} rank(s) of {} sequences, device {}, {:.2} MB of gradients in {} bucket(s), {}",
             sizes.batch,
             dev.name(),
-            bytes as f64 / 1e6,
-            dp.buckets()
+            dp.bytes_per_step() as f64 / 1e6,
+            dp.buckets(),
+            if host { "averaged on the host after backward" } else { "all-reduce recorded into the step" }
         );
-        println!(
-            "step {:.2} ms: recording + backward until the gradients exist {:.2} ms, exchange {:.2} ms \
-             (of which waiting for the all-reduce {:.2} ms), optimizer and the rest {:.2} ms",
-            ms(total),
-            ms(backward),
-            ms(exchange),
-            ms(wait),
-            ms(total - backward - exchange)
-        );
+        if host {
+            println!(
+                "step {:.2} ms: recording + backward until the gradients exist {:.2} ms, exchange {:.2} ms \
+                 (of which waiting for the all-reduce {:.2} ms), optimizer and the rest {:.2} ms",
+                ms(total),
+                ms(backward),
+                ms(exchange),
+                ms(wait),
+                ms(total - backward - exchange)
+            );
+        } else {
+            let hidden = if exchange > 0.0 { 100.0 * (1.0 - wait / exchange).max(0.0) } else { 0.0 };
+            println!(
+                "step {:.2} ms: all-reduce {:.2} ms per step, of which the step waited {:.2} ms \
+                 ({hidden:.0}% hidden behind the backward pass and the optimizer); \
+                 plans compiled after step 2: {}",
+                ms(total),
+                ms(exchange),
+                ms(wait),
+                dev.compile_counts().0 - compiled_at_2
+            );
+        }
     }
     Ok(())
 }

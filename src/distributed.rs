@@ -16,9 +16,9 @@
 //! let mut opt = Sgd::new(model.parameters(), 0.1);
 //! let x = lazuli::Tensor::ones([8, 4], lazuli::DType::F32, &dev)?; // this rank's shard
 //! model.forward(&x)?.sum(&[0, 1], false)?.backward()?;
-//! dp.average_gradients()?;
+//! dp.reduce_in_graph()?; // the all-reduce becomes part of the step
 //! opt.step()?;
-//! dev.mark_step()?;
+//! dev.mark_step()?; // runs the step; all-reduces overlap the backward pass
 //! # Ok(()) }
 //! ```
 

@@ -15,7 +15,9 @@
 //! same model data-parallel across the ranks of a [`ProcessGroup`]: each
 //! rank takes its shard of every global batch from a
 //! [`DistributedSampler`] and the gradients are averaged across ranks
-//! before the optimizer.
+//! before the optimizer, inside the recorded step
+//! (`DataParallel::reduce_in_graph`: the all-reduces overlap the rest of
+//! the backward pass).
 
 use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
@@ -266,15 +268,13 @@ pub struct DistributedReport {
     pub allreduce_bytes_per_step: u64,
     /// All-reduce buckets per step.
     pub buckets: usize,
-    /// Mean wall time of the gradient exchange per step once the
-    /// gradients exist (downloads, all-reduces, uploads), steady state,
-    /// milliseconds.
+    /// Mean time per step the communication thread spent in the
+    /// all-reduces recorded into the step (`DataParallel::reduce_in_graph`),
+    /// steady state, milliseconds.
     pub allreduce_ms_per_step: f64,
-    /// Of that, time waiting for all-reduces, milliseconds.
+    /// Of that, time the device waited for all-reduces (the rest was
+    /// hidden behind the backward pass and the optimizer), milliseconds.
     pub allreduce_wait_ms_per_step: f64,
-    /// Mean time per step spent waiting for this rank's backward pass
-    /// before the exchange could start, milliseconds.
-    pub backward_wait_ms_per_step: f64,
 }
 
 impl TrainReport {
@@ -313,7 +313,6 @@ impl TrainReport {
                 "buckets": d.buckets,
                 "allreduce_ms_per_step": d.allreduce_ms_per_step,
                 "allreduce_wait_ms_per_step": d.allreduce_wait_ms_per_step,
-                "backward_wait_ms_per_step": d.backward_wait_ms_per_step,
             });
         }
         v
@@ -508,7 +507,6 @@ fn train_loop(
     let mut order: Vec<usize> = (0..DIGITS_TRAIN_ROWS).collect();
     let mut xb = vec![0f32; bl * DIGITS_FEATURES];
     let mut yb = vec![0i32; bl];
-    let mut reduce_stats: Vec<lazuli_distributed::ReduceStats> = Vec::new();
     let mut step_ms: Vec<f64> = Vec::new();
     let mut epoch_losses = Vec::new();
     let mut after_step_2 = None;
@@ -544,13 +542,10 @@ fn train_loop(
                 // that every rank reports its error instead of waiting.
                 Some(dp) => match forward_backward() {
                     Ok(loss) => {
-                        reduce_stats.push(dp.average_gradients()?);
+                        dp.reduce_in_graph()?;
                         loss
                     }
-                    Err(e) => {
-                        dp.finish_step(Err(&e))?;
-                        return Err(e.into());
-                    }
+                    Err(e) => return Err(dp.abandon_step(&e).into()),
                 },
             };
             opt.step()?;
@@ -566,6 +561,10 @@ fn train_loop(
             }
             if step == 2 {
                 after_step_2 = Some(device.cached_plans());
+                // The first steps compile: their all-reduces are left out.
+                if let Some(dp) = &mut dp {
+                    dp.take_stats();
+                }
             }
             step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
             let epoch_loss = if s + 1 == steps_per_epoch {
@@ -627,18 +626,18 @@ fn train_loop(
         fallback_ops,
         fallback_by_op,
         model: cfg.model.name().to_string(),
-        distributed: dp.map(|dp| {
-            // Steady state: leave out the first two steps (they compile).
-            let steady = if reduce_stats.len() > 2 { &reduce_stats[2..] } else { &reduce_stats[..] };
-            let n = steady.len().max(1) as f64;
+        distributed: dp.map(|mut dp| {
+            // Steady state: the all-reduces waited for since step 2, as
+            // whole steps of `buckets` each.
+            let s = dp.take_stats();
+            let n = (s.buckets as f64 / dp.buckets().max(1) as f64).max(1.0);
             DistributedReport {
                 world_size: world,
                 batch_per_rank: bl,
-                allreduce_bytes_per_step: steady.first().map_or(0, |s| s.bytes),
+                allreduce_bytes_per_step: dp.bytes_per_step(),
                 buckets: dp.buckets(),
-                allreduce_ms_per_step: steady.iter().map(|s| s.seconds).sum::<f64>() * 1e3 / n,
-                allreduce_wait_ms_per_step: steady.iter().map(|s| s.wait_seconds).sum::<f64>() * 1e3 / n,
-                backward_wait_ms_per_step: steady.iter().map(|s| s.backward_seconds).sum::<f64>() * 1e3 / n,
+                allreduce_ms_per_step: s.seconds * 1e3 / n,
+                allreduce_wait_ms_per_step: s.wait_seconds * 1e3 / n,
             }
         }),
     })

@@ -6,6 +6,12 @@
 //! --features mpi --test distributed`; on wgpu with
 //! `WGPU_BACKEND=vulkan LAZULI_REQUIRE_ADAPTER=1` (lavapipe in CI).
 //!
+//! Each scenario runs in two modes (`DP_MODE`): `host` averages the
+//! gradients on the host between backward and the optimizer
+//! (`DataParallel::finish_step`), `graph` records the all-reduce into the
+//! step (`DataParallel::reduce_in_graph`, the executor's collective
+//! segments) and checks that nothing compiles after step 2.
+//!
 //! Scenarios: `train` (N ranks with batch B/N reach the parameters one
 //! process reaches with batch B; broadcast makes the initial parameters
 //! equal), `mismatch` (different parameter lists: the same clear error on
@@ -30,7 +36,7 @@ use std::time::{Duration, Instant};
 /// Rows of the global batch.
 const GLOBAL_BATCH: usize = 12;
 /// Training steps compared.
-const STEPS: usize = 3;
+const STEPS: usize = 4;
 const FEATURES: usize = 6;
 const CLASSES: usize = 3;
 
@@ -47,6 +53,7 @@ fn values(params: &[(String, Tensor)]) -> Result<BTreeMap<String, Vec<f32>>, laz
 
 /// What a rank ran: the scenario's outcome, or the error it ended with.
 fn run_rank(scenario: &str, group: ProcessGroup, dev: &Device) -> Result<Value, String> {
+    let in_graph = std::env::var("DP_MODE").as_deref() == Ok("graph");
     let (world, rank) = (group.world_size(), group.rank());
     let mut out = json!({
         "world": world,
@@ -89,11 +96,31 @@ fn run_rank(scenario: &str, group: ProcessGroup, dev: &Device) -> Result<Value, 
             let yt = Tensor::from_slice(&y[rows.clone()], [per_rank], dev)?;
             cross_entropy(&model.forward(&xt)?, &yt)?.backward()
         })();
-        let stats = dp.finish_step(local).map_err(|e| e.to_string())?;
-        out["bytes_per_step"] = json!(stats.bytes);
+        if in_graph {
+            match local {
+                Ok(()) => dp.reduce_in_graph().map_err(|e| e.to_string())?,
+                Err(e) => return Err(dp.abandon_step(e).to_string()),
+            }
+            out["bytes_per_step"] = json!(dp.bytes_per_step());
+        } else {
+            let stats = dp.finish_step(local).map_err(|e| e.to_string())?;
+            out["bytes_per_step"] = json!(stats.bytes);
+        }
         opt.step().map_err(|e| e.to_string())?;
         opt.zero_grad();
         dev.mark_step().map_err(|e| e.to_string())?;
+        if in_graph {
+            // The step's errors (a peer's failure, a timeout) surface here.
+            dev.wait().map_err(|e| e.to_string())?;
+            if step == 1 {
+                out["uncached_at_step_2"] = json!(dev.compile_counts().0);
+            }
+        }
+    }
+    if in_graph {
+        let after = dev.compile_counts().0 - out["uncached_at_step_2"].as_u64().unwrap_or(0);
+        out["uncached_after_step_2"] = json!(after);
+        out["reduces"] = json!(dp.take_stats().buckets);
     }
     out["final"] = json!(values(&model.named_parameters()).map_err(|e| e.to_string())?);
     Ok(out)
@@ -121,8 +148,28 @@ fn rank_worker() {
 
 /// `mpirun` with the flags CI needs, or the worker alone for `ranks == 0`.
 fn launch(ranks: usize, scenario: &str, env: &[(&str, &str)], limit: Duration) -> (Output, Duration, PathBuf) {
+    launch_in(Mode::Host, ranks, scenario, env, limit)
+}
+
+/// Where the gradients are averaged (`DP_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `DataParallel::finish_step`.
+    Host,
+    /// `DataParallel::reduce_in_graph`.
+    Graph,
+}
+
+fn launch_in(
+    mode: Mode,
+    ranks: usize,
+    scenario: &str,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (Output, Duration, PathBuf) {
     let exe = std::env::current_exe().expect("the test binary");
-    let out = std::env::temp_dir().join(format!("lazuli-dp-{}-{scenario}-{ranks}-{}", std::process::id(), unique()));
+    let out =
+        std::env::temp_dir().join(format!("lazuli-dp-{}-{mode:?}-{scenario}-{ranks}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&out).expect("output folder");
     let worker = [exe.to_str().expect("a UTF-8 path"), "--ignored", "--exact", "rank_worker", "--test-threads=1"];
     let mut cmd = if ranks == 0 {
@@ -137,6 +184,7 @@ fn launch(ranks: usize, scenario: &str, env: &[(&str, &str)], limit: Duration) -
         c.args(["--oversubscribe", "-np", &ranks.to_string()]).args(worker);
         c
     };
+    cmd.env("DP_MODE", if mode == Mode::Graph { "graph" } else { "host" });
     cmd.env("DP_SCENARIO", scenario).env("DP_OUT", &out).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
@@ -208,17 +256,18 @@ fn assert_close(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>, 
 /// One process with the global batch, then 2 and 3 ranks with a third and
 /// a half of it: the same parameters after the steps; every rank starts
 /// from rank 0's values, which differ from what it drew itself.
-fn ranks_match_one_process(device: &str) {
-    let env = [("LAZULI_DEVICE", device)];
+fn ranks_match_one_process(device: &str, mode: Mode) {
+    // Small buckets in the recorded step: several all-reduces per step.
+    let env = [("LAZULI_DEVICE", device), ("LAZULI_DIST_BUCKET_BYTES", "200")];
     let limit = Duration::from_secs(300);
-    let (o, _, dir) = launch(0, "train", &env, limit);
+    let (o, _, dir) = launch_in(mode, 0, "train", &env, limit);
     assert!(o.status.success(), "{}", describe(&o));
     let alone = &results(&dir, 1, &o)[0];
     assert_eq!((alone["world"].as_u64(), alone["transport"].as_str()), (Some(1), Some("Local")), "{alone}");
     let reference = params(alone, "final");
     assert_ne!(reference, params(alone, "init"), "training changed the parameters");
     for ranks in [2, 3] {
-        let (o, _, dir) = launch(ranks, "train", &env, limit);
+        let (o, _, dir) = launch_in(mode, ranks, "train", &env, limit);
         assert!(o.status.success(), "{}", describe(&o));
         let all = results(&dir, ranks, &o);
         let root_before = params(&all[0], "before");
@@ -235,13 +284,19 @@ fn ranks_match_one_process(device: &str) {
             assert_close(&params(v, "final"), &reference, &format!("{ranks} ranks, rank {r}, vs one process"));
             // fc1 (8x6 + 8) and fc2 (3x8 + 3), f32.
             assert_eq!(v["bytes_per_step"].as_u64(), Some(4 * (48 + 8 + 24 + 3)), "{v}");
+            if mode == Mode::Graph {
+                assert_eq!(v["uncached_after_step_2"].as_u64(), Some(0), "one cached plan per step: {v}");
+                // Buckets of 200 bytes, last layer first: fc2.bias, fc2.weight
+                // and fc1.bias (140 bytes), then fc1.weight (192 bytes).
+                assert_eq!(v["reduces"].as_u64(), Some(2 * STEPS as u64), "{v}");
+            }
         }
     }
 }
 
 #[test]
 fn cpu_ranks_with_a_share_of_the_batch_match_one_process() {
-    ranks_match_one_process("cpu");
+    ranks_match_one_process("cpu", Mode::Host);
 }
 
 #[test]
@@ -249,7 +304,61 @@ fn wgpu_ranks_with_a_share_of_the_batch_match_one_process() {
     if common::wgpu().is_none() {
         return;
     }
-    ranks_match_one_process("wgpu");
+    ranks_match_one_process("wgpu", Mode::Host);
+}
+
+#[test]
+fn cpu_ranks_reducing_in_the_step_match_one_process() {
+    ranks_match_one_process("cpu", Mode::Graph);
+}
+
+#[test]
+fn wgpu_ranks_reducing_in_the_step_match_one_process() {
+    if common::wgpu().is_none() {
+        return;
+    }
+    ranks_match_one_process("wgpu", Mode::Graph);
+}
+
+#[test]
+fn in_the_step_a_failing_rank_is_an_error_on_every_rank() {
+    let (o, elapsed, dir) = launch_in(Mode::Graph, 3, "fail", &[("LAZULI_DEVICE", "cpu")], Duration::from_secs(120));
+    assert!(o.status.success(), "{}", describe(&o));
+    let all = results(&dir, 3, &o);
+    for (r, v) in all.iter().enumerate() {
+        let e = v["error"].as_str().unwrap_or_else(|| panic!("{v}"));
+        assert!(e.contains("rank 1 of 3 failed"), "rank {r}: {e}");
+        if r == 1 {
+            assert!(e.contains("matmul"), "names the failing op: {e}");
+        }
+    }
+    eprintln!("in the step, a failing rank: every rank knew within {elapsed:?}");
+}
+
+#[test]
+fn in_the_step_a_device_failure_on_one_rank_is_an_error_on_every_rank() {
+    for ranks in [2, 3] {
+        let (o, _, dir) =
+            launch_in(Mode::Graph, ranks, "device", &[("LAZULI_DEVICE", "cpu")], Duration::from_secs(120));
+        assert!(o.status.success(), "{}", describe(&o));
+        for (r, v) in results(&dir, ranks, &o).iter().enumerate() {
+            let e = v["error"].as_str().unwrap_or_else(|| panic!("{v}"));
+            let want = if r == 1 { "fault injection".to_string() } else { format!("rank 1 of {ranks} failed") };
+            assert!(e.contains(&want), "rank {r}: {e}");
+        }
+    }
+}
+
+#[test]
+fn in_the_step_a_stalled_rank_makes_its_peer_time_out_and_the_job_end() {
+    let env = [("LAZULI_DEVICE", "cpu"), ("LAZULI_DIST_TIMEOUT_SECS", "3")];
+    let (o, elapsed, dir) = launch_in(Mode::Graph, 2, "stall", &env, Duration::from_secs(100));
+    assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+    assert!(!o.status.success(), "a rank that timed out ends the job with a failure\n{}", describe(&o));
+    let text = std::fs::read_to_string(dir.join("rank0.json")).unwrap_or_else(|e| panic!("{e}\n{}", describe(&o)));
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let e = v["error"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(e.contains("no result from every rank within 3 s"), "{e}");
 }
 
 #[test]

@@ -17,16 +17,22 @@ mod common;
 use lazuli::autograd::{NON_DIFFERENTIABLE_BINARY, NON_DIFFERENTIABLE_UNARY};
 use lazuli::ir::fusion::{self, FusionLimits};
 use lazuli::ir::{
-    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, Graph, NodeId, Op, OpKind,
-    PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
+    ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, CollectiveOp, ConvAttrs, DType, Graph, NodeId,
+    Op, OpKind, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
 use lazuli::prelude::*;
 use lazuli::Backend;
 use lazuli_wgpu::codegen::{lower, LowerLimits};
+use std::sync::Arc;
 
 /// Op kinds the wgpu backend never lowers: they always run on the CPU
 /// fallback. None today.
 const WGPU_FALLBACK: &[OpKind] = &[];
+
+/// Collectives: no backend runs them (both refuse them in `supports` and
+/// in `compile`, never treating them as an identity); the executor runs
+/// them through a registered `Collective` (`tests/collective.rs`).
+const COLLECTIVES: &[OpKind] = &[OpKind::AllReduce];
 
 /// One example graph of an op, with the values of its scalar slots.
 struct Example {
@@ -285,6 +291,16 @@ fn examples(kind: OpKind) -> Vec<Example> {
                 g.done(format!("attention {part:?}"), &[y])
             })
             .collect(),
+        OpKind::AllReduce => CollectiveOp::ALL
+            .iter()
+            .map(|&op| {
+                let mut g = G::new();
+                let x = g.param(&[2, 3], f);
+                let e = g.push(Op::Unary(UnaryOp::Exp), &[x]);
+                let y = g.push(Op::AllReduce { op, bucket: 0 }, &[e]);
+                g.done(Op::AllReduce { op, bucket: 0 }.name(), &[y])
+            })
+            .collect(),
     }
 }
 
@@ -339,6 +355,33 @@ fn runs_on_cpu(e: &Example) -> Result<(), String> {
     Ok(())
 }
 
+/// A collective: neither backend's `supports` accepts it and both refuse
+/// to compile it (an `Unsupported` error naming it).
+fn refused_by_every_backend(e: &Example) -> Result<(), String> {
+    let v = e.graph.clone().verify().map_err(|err| format!("verify: {err}"))?;
+    let node = e.graph.nodes().iter().find(|n| n.op.is_collective()).ok_or("no collective")?;
+    let inputs: Vec<_> = node.inputs.iter().map(|x| e.graph.node(*x)).collect();
+    let mut backends: Vec<Arc<dyn Backend>> = vec![Arc::new(lazuli_cpu::CpuBackend::new())];
+    if let Some(dev) = common::wgpu() {
+        backends.push(dev.backend().clone());
+    }
+    // The WGSL side says so too, adapter or not.
+    if lazuli_wgpu::codegen::node_supported(node) {
+        return Err("codegen::node_supported accepts it".into());
+    }
+    for be in backends {
+        if be.supports(node, &inputs) {
+            return Err(format!("{} supports it", be.name()));
+        }
+        match be.compile(&v) {
+            Err(lazuli::BackendError::Unsupported { op, .. }) if op == node.op.name() => {}
+            Err(other) => return Err(format!("{} refuses it with {other}", be.name())),
+            Ok(_) => return Err(format!("{} compiles it", be.name())),
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn every_op_lowers_to_wgsl_and_runs_on_the_cpu() {
     let mut failures = Vec::new();
@@ -350,6 +393,12 @@ fn every_op_lowers_to_wgsl_and_runs_on_the_cpu() {
             seen += 1;
             let kinds: Vec<OpKind> = e.graph.nodes().iter().map(|n| n.op.kind()).collect();
             assert!(kinds.contains(&kind), "example {} has no {kind:?} node", e.name);
+            if COLLECTIVES.contains(&kind) {
+                if let Err(err) = refused_by_every_backend(e) {
+                    failures.push(format!("{}: {err}", e.name));
+                }
+                continue;
+            }
             if let Err(err) = runs_on_cpu(e) {
                 failures.push(format!("{} on the CPU: {err}", e.name));
             }

@@ -418,6 +418,10 @@ fn eval_node(
             let mut out = attention::attention(mem, graph, &[id], &|k| arg(k))?;
             out.pop().expect("one part asked, one computed")
         }
+        // `CpuBackend::compile` refuses collectives; never an identity.
+        Op::AllReduce { .. } => {
+            return Err(BackendError::Unsupported { backend: "cpu".into(), op: node.op.name(), dtype: node.dtype })
+        }
         Op::Parameter(_) | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
             unreachable!("{} is bound or fused, never interpreted", node.op.name())
         }

@@ -157,8 +157,10 @@ impl Backend for CpuBackend {
         vec![Setting::new("LAZULI_CPU_MEMORY_BYTES", budget, self.budget_source)]
     }
 
-    fn supports(&self, _node: &Node, _inputs: &[&Node]) -> bool {
-        true
+    /// Every op but the collectives ([`lazuli_ir::Op::AllReduce`]), which
+    /// the executor runs in segments of their own.
+    fn supports(&self, node: &Node, _inputs: &[&Node]) -> bool {
+        !node.op.is_collective()
     }
 
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
@@ -183,6 +185,11 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, graph: &VerifiedGraph) -> Result<Arc<dyn Executable>, BackendError> {
+        if let Some(n) = graph.nodes().iter().find(|n| n.op.is_collective()) {
+            // Never an identity: a collective needs the executor's
+            // registered `Collective`.
+            return Err(BackendError::Unsupported { backend: self.name(), op: n.op.name(), dtype: n.dtype });
+        }
         Ok(Arc::new(CpuExecutable::with_memory(graph.clone(), self.memory.clone())))
     }
 

@@ -64,6 +64,10 @@ impl Compiler {
         hints: CompileHints<'_>,
     ) -> Result<WgpuExecutable, BackendError> {
         let started = Instant::now();
+        if let Some(n) = graph.nodes().iter().find(|n| n.op.is_collective()) {
+            // The executor runs collectives in segments of their own.
+            return Err(BackendError::Unsupported { backend: "wgpu".into(), op: n.op.name(), dtype: n.dtype });
+        }
         let generic = hints.sizes_vary && self.families.enabled();
         if generic {
             // A generic earlier executable's sources are members of their

@@ -11,7 +11,10 @@
 //! ("exited without calling finalize"). Collectives started with
 //! [`ProcessGroup::start_all_reduce_sum`] run while the caller goes on
 //! (the next bucket's download), and are waited for where their result is
-//! needed.
+//! needed. A [`Link`] is a handle on the communication thread that a
+//! device's registered collective holds (the all-reduces of recorded
+//! steps); it shares the group's broken flag and fails once the group is
+//! dropped.
 //!
 //! Without the `mpi` feature, or when the process was not launched by an
 //! MPI launcher, the group has one rank and every collective returns its
@@ -22,6 +25,7 @@ use lazuli_executor::config::{self, Lookup};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Settings of a process group, from code or from `LAZULI_DIST_*`.
@@ -74,7 +78,7 @@ pub struct ProcessGroup {
     local_rank: usize,
     local_size: usize,
     options: DistOptions,
-    broken: AtomicBool,
+    broken: Arc<AtomicBool>,
     #[cfg(feature = "mpi")]
     comm: Option<mpi_thread::Comm>,
 }
@@ -123,7 +127,7 @@ impl ProcessGroup {
             local_rank: 0,
             local_size: 1,
             options,
-            broken: AtomicBool::new(false),
+            broken: Arc::new(AtomicBool::new(false)),
             #[cfg(feature = "mpi")]
             comm: None,
         }
@@ -138,7 +142,7 @@ impl ProcessGroup {
             local_rank: info.local_rank,
             local_size: info.local_size,
             options,
-            broken: AtomicBool::new(false),
+            broken: Arc::new(AtomicBool::new(false)),
             comm: Some(comm),
         })
     }
@@ -285,6 +289,84 @@ impl ProcessGroup {
     }
 }
 
+impl ProcessGroup {
+    /// A handle on this group's communication thread that outlives a
+    /// borrow of the group (the device's registered collective holds one):
+    /// it starts all-reduces and shares the group's broken flag; once the
+    /// group is dropped it fails with [`DistError::Broken`].
+    pub(crate) fn link(&self) -> Link {
+        Link {
+            rank: self.rank,
+            world_size: self.world_size,
+            timeout: self.options.timeout,
+            broken: self.broken.clone(),
+            #[cfg(feature = "mpi")]
+            jobs: self.comm.as_ref().map(|c| c.jobs.clone()),
+        }
+    }
+}
+
+/// See [`ProcessGroup::link`].
+pub(crate) struct Link {
+    pub rank: usize,
+    pub world_size: usize,
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // only MPI collectives are waited for
+    timeout: Duration,
+    broken: Arc<AtomicBool>,
+    #[cfg(feature = "mpi")]
+    jobs: Option<Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<mpi_thread::Job>>>>>,
+}
+
+/// An all-reduce started through a [`Link`].
+pub(crate) enum LinkPending {
+    Ready(Vec<f32>),
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // only MPI collectives are waited for
+    Waiting {
+        rx: Receiver<(Vec<f32>, Duration)>,
+        timeout: Duration,
+        broken: Arc<AtomicBool>,
+        op: &'static str,
+    },
+}
+
+impl Link {
+    /// Starts the sum of every rank's `buf` (as
+    /// [`ProcessGroup::start_all_reduce_sum`]).
+    pub fn start_sum(&self, op: &'static str, buf: Vec<f32>) -> Result<LinkPending, DistError> {
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(DistError::Broken { op });
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(jobs) = &self.jobs {
+            let rx = mpi_thread::submit(jobs, op, |reply| mpi_thread::Job::AllReduce { buf, reply })?;
+            let (timeout, broken) = (self.timeout, self.broken.clone());
+            return Ok(LinkPending::Waiting { rx, timeout, broken, op });
+        }
+        Ok(LinkPending::Ready(buf))
+    }
+}
+
+impl LinkPending {
+    /// The sum and the time the communication thread spent in MPI for it
+    /// (zero for one process), bounded by the group's timeout.
+    pub fn wait(self) -> Result<(Vec<f32>, Duration), DistError> {
+        match self {
+            LinkPending::Ready(v) => Ok((v, Duration::ZERO)),
+            LinkPending::Waiting { rx, timeout, broken, op } => match rx.recv_timeout(timeout) {
+                Ok(v) => Ok(v),
+                Err(RecvTimeoutError::Timeout) => {
+                    broken.store(true, Ordering::Relaxed);
+                    Err(DistError::Timeout { op, timeout })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    broken.store(true, Ordering::Relaxed);
+                    Err(DistError::Broken { op })
+                }
+            },
+        }
+    }
+}
+
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         #[cfg(feature = "mpi")]
@@ -297,7 +379,7 @@ impl Drop for ProcessGroup {
 enum Pending {
     Ready(Vec<f32>),
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // only MPI collectives are waited for
-    Waiting(Receiver<Vec<f32>>),
+    Waiting(Receiver<(Vec<f32>, Duration)>),
 }
 
 /// An all-reduce in flight.
@@ -313,7 +395,7 @@ impl PendingReduce<'_> {
     pub fn wait(self) -> Result<Vec<f32>, DistError> {
         match self.state {
             Pending::Ready(v) => Ok(v),
-            Pending::Waiting(rx) => self.group.wait(self.op, rx),
+            Pending::Waiting(rx) => self.group.wait(self.op, rx).map(|(v, _)| v),
         }
     }
 }
@@ -327,6 +409,7 @@ mod mpi_thread {
     use mpi::collective::SystemOperation;
     use mpi::traits::*;
     use std::sync::mpsc::{channel, Receiver, Sender};
+    use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
     use std::time::Duration;
 
@@ -340,11 +423,13 @@ mod mpi_thread {
     pub(super) enum Job {
         AllGather { local: Vec<u8>, reply: Sender<Vec<Vec<u8>>> },
         Broadcast { buf: Vec<u8>, reply: Sender<Vec<u8>> },
-        AllReduce { buf: Vec<f32>, reply: Sender<Vec<f32>> },
+        AllReduce { buf: Vec<f32>, reply: Sender<(Vec<f32>, Duration)> },
     }
 
     pub(super) struct Comm {
-        jobs: Sender<Job>,
+        /// Shared with the group's [`super::Link`]s; taken (closing the
+        /// channel) when the group ends.
+        pub jobs: Arc<Mutex<Option<Sender<Job>>>>,
         done: Receiver<()>,
         thread: JoinHandle<()>,
     }
@@ -365,7 +450,7 @@ mod mpi_thread {
                     return Err(DistError::Init(format!("MPI_Init did not finish within {} s", timeout.as_secs())))
                 }
             };
-            Ok((Comm { jobs, done, thread }, info))
+            Ok((Comm { jobs: Arc::new(Mutex::new(Some(jobs))), done, thread }, info))
         }
 
         pub fn submit<T>(
@@ -373,9 +458,7 @@ mod mpi_thread {
             op: &'static str,
             job: impl FnOnce(Sender<T>) -> Job,
         ) -> Result<Receiver<T>, DistError> {
-            let (tx, rx) = channel();
-            self.jobs.send(job(tx)).map_err(|_| DistError::Broken { op })?;
-            Ok(rx)
+            submit(&self.jobs, op, job)
         }
 
         /// Ends the thread: when the group is sound, waits (bounded) for
@@ -383,11 +466,24 @@ mod mpi_thread {
         /// left behind.
         pub fn finish(self, sound: bool, timeout: Duration) {
             let Comm { jobs, done, thread } = self;
-            drop(jobs);
+            jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
             if sound && done.recv_timeout(timeout).is_ok() {
                 let _ = thread.join();
             }
         }
+    }
+
+    /// Hands `job` to the communication thread; the reply comes on the
+    /// returned receiver.
+    pub(super) fn submit<T>(
+        jobs: &Mutex<Option<Sender<Job>>>,
+        op: &'static str,
+        job: impl FnOnce(Sender<T>) -> Job,
+    ) -> Result<Receiver<T>, DistError> {
+        let (tx, rx) = channel();
+        let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.as_ref().ok_or(DistError::Broken { op })?.send(job(tx)).map_err(|_| DistError::Broken { op })?;
+        Ok(rx)
     }
 
     fn serve(jobs: Receiver<Job>, info: Sender<Result<Info, String>>, done: Sender<()>) {
@@ -416,9 +512,10 @@ mod mpi_thread {
                         let _ = reply.send(buf);
                     }
                     Job::AllReduce { buf, reply } => {
+                        let started = std::time::Instant::now();
                         let mut sum = vec![0f32; buf.len()];
                         world.all_reduce_into(&buf[..], &mut sum[..], SystemOperation::sum());
-                        let _ = reply.send(sum);
+                        let _ = reply.send((sum, started.elapsed()));
                     }
                 }
             }

@@ -16,6 +16,7 @@
 //! rank that fails or stalls makes its peers fail with an error within a
 //! bounded time instead of hanging.
 
+mod collective;
 mod error;
 mod group;
 mod parallel;

@@ -2,56 +2,86 @@
 //! averaged across ranks before the optimizer.
 //!
 //! At construction every rank's parameter list (names, dtypes, shapes) is
-//! compared with rank 0's, and rank 0's values are broadcast. Each step,
-//! after `backward`, [`DataParallel::average_gradients`] syncs the
-//! gradients (one graph), then downloads them bucket by bucket (about
-//! [`DistOptions::bucket_bytes`](crate::DistOptions) each, last layer
-//! first as backward produces them), starting each bucket's all-reduce as
-//! soon as it is on the host, so that the communication of one bucket
-//! overlaps the download of the next; the averaged gradients are uploaded
-//! and installed with `Tensor::set_grad`. The step's graphs keep their
-//! structure from step to step, so nothing recompiles.
+//! compared with rank 0's, and rank 0's values are broadcast. Gradients
+//! are averaged in buckets of about
+//! [`DistOptions::bucket_bytes`](crate::DistOptions) each (last layer
+//! first, as backward produces them), one of two ways:
+//!
+//! - **In the recorded step** ([`DataParallel::reduce_in_graph`], what
+//!   the demo and `examples/allreduce.rs` use): after `backward`, each
+//!   bucket's gradients are flattened and concatenated into one tensor,
+//!   an `Op::AllReduce` node (mean) is recorded over it, and its slices
+//!   become the new gradients; nothing runs yet. At the step's sync the
+//!   executor's plan starts each bucket's all-reduce as soon as the
+//!   segment that computes its gradients has run, through the collective
+//!   this type registers on the device (`collective`: the group's
+//!   communication thread), while the rest of the backward pass runs;
+//!   the optimizer's segments wait for the buckets they read. The step's
+//!   graph keeps its structure from step to step, so it stays one cached
+//!   plan. [`DataParallel::take_stats`] says how much of the all-reduce
+//!   time the step hid (`ReduceStats::wait_seconds` against `seconds`).
+//! - **On the host** ([`DataParallel::average_gradients`] /
+//!   [`DataParallel::finish_step`]): the gradients are synced (one
+//!   graph), downloaded bucket by bucket with each bucket's all-reduce
+//!   started as soon as it is on the host, then uploaded and installed
+//!   with `Tensor::set_grad`. Communication overlaps the downloads only.
 //!
 //! Every bucket carries one extra element, this rank's failure flag: a
-//! rank whose step failed (an error before the all-reduce, or while
-//! reading its gradients) still runs every collective, with zeros, so its
-//! peers never wait for it, and all ranks then learn its error
-//! ([`DistError::RankFailed`]).
+//! rank whose step failed still runs every collective, with zeros, so its
+//! peers never wait for it, and all ranks then learn of its failure. On
+//! the host path every rank returns the same [`DistError::RankFailed`]; in
+//! the recorded step a plan that fails joins its remaining all-reduces
+//! with its flag (the executor does it), a rank that fails before its
+//! step is recorded joins them with [`DataParallel::abandon_step`], and
+//! the peers' step fails at its next barrier naming the failed rank. A
+//! rank that stalls is bounded by the group's timeout either way.
 //!
-//! Not yet done: overlap with the backward pass. The exchange starts once
-//! the whole backward graph has run, because a plan's outputs become
-//! readable together. Overlap needs the all-reduce inside the recorded
-//! step: a vocabulary-only IR op that no backend supports, a collective
-//! segment that the executor's plan cuts out like a CPU fallback segment
-//! and runs through a `Collective` trait object registered on the
-//! `Device` (implemented here, on the communication thread), and a
-//! partition that splits backward into native segments between which the
-//! started all-reduces run, waited for only where the optimizer reads
-//! them. BENCHMARKS.md measures what that would win.
+//! The communication thread runs collectives in the order they reach it,
+//! and every rank must run them in the same order: while a step with
+//! all-reduces may still run on the device, call none of the group's host
+//! collectives (`agree`, `barrier`, the host path) without
+//! `Device::wait` first ([`DataParallel::abandon_step`] waits itself).
 
+use crate::collective::{GroupCollective, InGraphTotals};
 use crate::{DistError, ProcessGroup};
-use lazuli_executor::{sync, Tensor};
-use lazuli_ir::{DType, ValueType};
+use lazuli_executor::{no_grad, sync, Tensor};
+use lazuli_ir::{CollectiveOp, DType, ValueType};
 use std::fmt::Display;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// What one gradient average moved and cost on this rank.
+/// What gradient averaging moved and cost on this rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ReduceStats {
     /// Gradient bytes this rank contributed (each rank receives as many).
     pub bytes: u64,
     /// All-reduce buckets.
     pub buckets: usize,
-    /// Time waiting for this rank's gradients to be computed (the
-    /// backward pass still running on the device), seconds.
+    /// Host path: time waiting for this rank's gradients to be computed
+    /// (the backward pass still running on the device), seconds. Zero in
+    /// the recorded step, where that wait does not exist.
     pub backward_seconds: f64,
-    /// Time of the exchange once the gradients existed: downloads,
-    /// all-reduces, uploads, seconds.
+    /// Host path: time of the exchange once the gradients existed
+    /// (downloads, all-reduces, uploads). Recorded step: time the
+    /// communication thread spent in the all-reduces. Seconds.
     pub seconds: f64,
-    /// Of that, time spent waiting for all-reduces not hidden behind
-    /// downloads, seconds.
+    /// Of that, time something waited for all-reduces: the host path's
+    /// caller, or the device's worker in the recorded step (the part the
+    /// rest of the step did not hide). Seconds.
     pub wait_seconds: f64,
+}
+
+impl ReduceStats {
+    /// The part of the all-reduce time not spent waiting (hidden behind
+    /// other work), from 0 to 1; 0 without all-reduce time.
+    pub fn hidden_fraction(&self) -> f64 {
+        if self.seconds > 0.0 {
+            (1.0 - self.wait_seconds / self.seconds).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Parameters kept equal across the ranks of a [`ProcessGroup`].
@@ -61,6 +91,10 @@ pub struct DataParallel {
     /// Ranges of `params` (in reverse order) per bucket.
     buckets: Vec<Range<usize>>,
     last: ReduceStats,
+    /// The collective registered on the parameters' device (in-graph mode),
+    /// and what its all-reduces cost since [`DataParallel::take_stats`].
+    collective: Option<Arc<GroupCollective>>,
+    totals: Arc<Mutex<InGraphTotals>>,
 }
 
 impl DataParallel {
@@ -74,7 +108,14 @@ impl DataParallel {
         }
         broadcast_parameters(&group, &params)?;
         let buckets = make_buckets(&params, group.options().bucket_bytes);
-        Ok(DataParallel { group, params, buckets, last: ReduceStats::default() })
+        Ok(DataParallel {
+            group,
+            params,
+            buckets,
+            last: ReduceStats::default(),
+            collective: None,
+            totals: Arc::default(),
+        })
     }
 
     /// The process group.
@@ -199,6 +240,108 @@ impl DataParallel {
             wait_seconds,
         };
         Ok(self.last)
+    }
+}
+
+impl DataParallel {
+    /// Records the average of every parameter's gradient over the ranks
+    /// into the step (a parameter without a gradient counts as zeros) and
+    /// installs the averaged gradients; nothing runs until the step syncs
+    /// (the optimizer's step, `mark_step`). Call it on every rank after
+    /// `backward` and before the optimizer. The first call registers this
+    /// group's collective on the parameters' device
+    /// (`Device::set_collective`). Errors of the exchange (a failed or
+    /// stalled peer) surface at the device's next barrier.
+    pub fn reduce_in_graph(&mut self) -> Result<(), DistError> {
+        let Some((_, first)) = self.params.first() else { return Ok(()) };
+        let device = first.device().clone();
+        if self.collective.is_none() {
+            let c = Arc::new(GroupCollective { link: self.group.link(), totals: self.totals.clone() });
+            device.set_collective(c.clone());
+            self.collective = Some(c);
+        }
+        // The average is no computation to differentiate.
+        no_grad(|| -> Result<(), DistError> {
+            for (b, range) in self.buckets.iter().enumerate() {
+                let members: Vec<&Tensor> = range.clone().map(|i| &self.params[self.params.len() - 1 - i].1).collect();
+                let flat: Vec<Tensor> = members
+                    .iter()
+                    .map(|p| match p.grad() {
+                        Some(g) => g.reshape([p.numel()]),
+                        None => Tensor::zeros([p.numel()], DType::F32, &device),
+                    })
+                    .collect::<Result<_, _>>()?;
+                let refs: Vec<&Tensor> = flat.iter().collect();
+                let bucket = if refs.len() == 1 { refs[0].clone() } else { Tensor::concat(&refs, 0)? };
+                let reduced = bucket.all_reduce(CollectiveOp::Mean, b as u32)?;
+                let mut at = 0usize;
+                for p in members {
+                    let n = p.numel();
+                    let g = if n == reduced.numel() { reduced.clone() } else { reduced.narrow(0, at, n)? };
+                    p.set_grad(Some(g.reshape_to(p.shape().clone())?))?;
+                    at += n;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// For a rank whose step failed before [`DataParallel::reduce_in_graph`]
+    /// recorded it (`local`, e.g. a bad shape in forward): joins every
+    /// bucket's all-reduce with zeros and this rank's failure flag, so
+    /// that the peers' steps fail (naming this rank) instead of waiting,
+    /// and returns this rank's [`DistError::RankFailed`]. Use it only in
+    /// the in-graph mode.
+    pub fn abandon_step<E: Display>(&mut self, local: E) -> DistError {
+        // The device's earlier steps first: their all-reduces reach the
+        // communication thread before these, on every rank alike.
+        let mut message = local.to_string();
+        if let Some(Err(e)) = self.params.first().map(|(_, p)| p.device().wait()) {
+            message = format!("{message} (and before it: {e})");
+        }
+        let collective = self
+            .collective
+            .get_or_insert_with(|| Arc::new(GroupCollective { link: self.group.link(), totals: self.totals.clone() }));
+        for (b, range) in self.buckets.iter().enumerate() {
+            let numel: usize = range.clone().map(|i| self.params[self.params.len() - 1 - i].1.numel()).sum();
+            let mut zeros = Vec::new();
+            if zeros.try_reserve_exact(numel).is_err() {
+                break;
+            }
+            zeros.resize(numel, 0.0);
+            match collective.start(b as u32, CollectiveOp::Mean, zeros, true) {
+                // Waited for, so that the next collective of the group
+                // starts after it; its result is this rank's own failure.
+                Ok(p) => drop(p.wait_result()),
+                Err(_) => break,
+            }
+        }
+        DistError::RankFailed {
+            rank: self.group.rank(),
+            world: self.group.world_size(),
+            op: "in-graph all-reduce of gradients",
+            message,
+        }
+    }
+
+    /// What the in-graph all-reduces moved and cost since the last call
+    /// (every step's buckets that were waited for), read after the steps
+    /// synced: `seconds` is the time in MPI, `wait_seconds` the time the
+    /// device waited for results; `buckets` counts all-reduces.
+    pub fn take_stats(&mut self) -> ReduceStats {
+        let t = std::mem::take(&mut *self.totals.lock().unwrap_or_else(|e| e.into_inner()));
+        ReduceStats {
+            bytes: t.bytes,
+            buckets: t.reduces,
+            backward_seconds: 0.0,
+            seconds: t.reduce.as_secs_f64(),
+            wait_seconds: t.wait.as_secs_f64(),
+        }
+    }
+
+    /// The bytes of gradients one step's all-reduces carry on this rank.
+    pub fn bytes_per_step(&self) -> u64 {
+        self.params.iter().map(|(_, p)| 4 * p.numel() as u64).sum()
     }
 }
 
@@ -339,6 +482,37 @@ mod tests {
         assert_eq!((stats.bytes, stats.buckets), (20, 2));
         assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0; 3]);
         assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0; 2]);
+    }
+
+    #[test]
+    fn in_the_step_one_rank_keeps_its_gradients_and_counts_the_all_reduces() {
+        let dev = device();
+        let w = param(3, &dev);
+        let b = param(2, &dev);
+        let loss = (w.sum(&[0], false).unwrap() * 2.0).unwrap().add(&b.sum(&[0], false).unwrap()).unwrap();
+        loss.backward().unwrap();
+        let options = DistOptions { bucket_bytes: 8, ..DistOptions::default() };
+        let mut dp =
+            DataParallel::new(ProcessGroup::local(options), vec![("w".into(), w.clone()), ("b".into(), b.clone())])
+                .unwrap();
+        assert!(!dev.has_collective());
+        dp.reduce_in_graph().unwrap();
+        assert!(dev.has_collective(), "the collective is registered on the parameters' device");
+        assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0; 3]);
+        assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0; 2]);
+        let stats = dp.take_stats();
+        assert_eq!((stats.bytes, stats.buckets), (20, 2));
+        assert_eq!(dp.take_stats(), ReduceStats::default(), "taken once");
+    }
+
+    #[test]
+    fn abandoning_a_step_is_this_ranks_failure() {
+        let dev = device();
+        let mut dp =
+            DataParallel::new(ProcessGroup::local(DistOptions::default()), vec![("w".into(), param(4, &dev))]).unwrap();
+        let err = dp.abandon_step("bad shape in forward");
+        let DistError::RankFailed { rank, world, message, .. } = &err else { panic!("{err:?}") };
+        assert_eq!((*rank, *world, message.as_str()), (0, 1, "bad shape in forward"));
     }
 
     #[test]

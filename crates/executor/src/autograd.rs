@@ -734,7 +734,8 @@ impl GradFn {
             | Op::ScalarParam(_)
             | Op::Iota { .. }
             | Op::Random { .. }
-            | Op::ArgReduce { .. }) => return Err(not_implemented(&op.name())),
+            | Op::ArgReduce { .. }
+            | Op::AllReduce { .. }) => return Err(not_implemented(&op.name())),
         }
         for (i, o) in out.iter_mut().enumerate() {
             if !need(i) {

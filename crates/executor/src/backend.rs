@@ -153,6 +153,18 @@ pub enum BackendError {
         /// What the driver said.
         message: String,
     },
+    /// A collective of the step (an all-reduce) failed on this rank or a
+    /// peer, or no [`crate::Collective`] is registered on the device.
+    #[error("{op} (bucket {bucket}): {source}")]
+    Collective {
+        /// The op (`all_reduce_mean`, ...).
+        op: String,
+        /// Its bucket tag.
+        bucket: u32,
+        /// What went wrong.
+        #[source]
+        source: crate::CollectiveError,
+    },
     /// The backend cannot run a node (the executor routes such nodes to
     /// the CPU fallback, so users see this only if that is impossible).
     #[error("{backend} does not support {op} on {dtype}")]

@@ -198,6 +198,8 @@ struct Shared {
     faults: Mutex<crate::fault::Faults>,
     /// Shadow validation against the CPU backend (`crate::validate`).
     validate: std::sync::atomic::AtomicBool,
+    /// Runs the collectives of plans (`Device::set_collective`).
+    collective: RwLock<Option<Arc<dyn crate::Collective>>>,
 }
 
 struct Job {
@@ -209,6 +211,9 @@ struct Job {
     context: String,
     /// Source locations of the traced graph's nodes (for validation reports).
     locations: Vec<&'static std::panic::Location<'static>>,
+    /// Set once the plan starts running (its collectives are then its own
+    /// business; before, a failure still joins them: `Plan::join_failed`).
+    ran: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -387,6 +392,19 @@ impl Device {
     /// True while shadow validation is on.
     pub fn validating(&self) -> bool {
         self.0.shared.validate.load(Ordering::Relaxed)
+    }
+
+    /// Registers what runs the collectives ([`lazuli_ir::Op::AllReduce`])
+    /// of this device's plans (`lazuli-distributed` registers its process
+    /// group's). A plan with a collective fails to compile on a device
+    /// without one.
+    pub fn set_collective(&self, collective: Arc<dyn crate::Collective>) {
+        *self.0.shared.collective.write().unwrap_or_else(|e| e.into_inner()) = Some(collective);
+    }
+
+    /// True if a [`crate::Collective`] is registered.
+    pub fn has_collective(&self) -> bool {
+        self.0.shared.collective.read().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     pub(crate) fn force_fallback(&self) -> BTreeSet<String> {
@@ -618,7 +636,7 @@ impl Device {
             *n == 1
         };
         let id = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
-        let job = Job { id, plan, inputs, scalars, outputs, context, locations };
+        let job = Job { id, plan, inputs, scalars, outputs, context, locations, ran: Default::default() };
         if !platform::WORKER_THREAD || (idle && self.inline(&job.plan)) {
             // Nothing queued (the sync lock keeps it so): this thread runs
             // the job exactly as the worker would, results and failures
@@ -641,6 +659,7 @@ impl Device {
         let shared = &self.0.shared;
         self.0.main.kind() == BackendKind::Cpu
             && plan.work <= INLINE_MAX_WORK
+            && !plan.has_collectives()
             && !shared.validate.load(Ordering::Relaxed)
             && shared.faults.lock().unwrap_or_else(|e| e.into_inner()).delay.is_none()
     }
@@ -711,12 +730,18 @@ impl Device {
         if earlier.is_some() {
             metrics::inc("SizeVariantCompile", 1);
         }
+        let context = || format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len());
+        if let Some(n) = traced.graph.nodes().iter().find(|n| n.op.is_collective()) {
+            if !self.has_collective() {
+                let lazuli_ir::Op::AllReduce { bucket, .. } = n.op else { unreachable!("the one collective") };
+                let source = crate::CollectiveError::new(crate::plan::NO_COLLECTIVE);
+                let source = BackendError::Collective { op: n.op.name(), bucket, source };
+                return Err(ExecError::Backend { context: context(), source });
+            }
+        }
         let plan =
             Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force, earlier.as_deref())
-                .map_err(|source| ExecError::Backend {
-                    context: format!("compiling graph {hash:016x} ({} nodes) for {trigger}", traced.graph.len()),
-                    source,
-                })?;
+                .map_err(|source| ExecError::Backend { context: context(), source })?;
         metrics::record_time("Compile", started.elapsed());
         let plan = Arc::new(plan);
         if let Some(dir) = &self.0.dump_dir {
@@ -961,6 +986,23 @@ fn execute_job(job: Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared)
 }
 
 fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) -> Result<Vec<Buffer>> {
+    let collective = shared.collective.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let result = run_job_with(job, main, cpu, shared, collective.as_deref());
+    if result.is_err() && !job.ran.load(Ordering::Relaxed) {
+        // The plan did not run: its collectives still start (with the
+        // failure flag) so that no peer waits for this rank.
+        job.plan.join_failed(collective.as_deref());
+    }
+    result
+}
+
+fn run_job_with(
+    job: &Job,
+    main: &dyn Backend,
+    cpu: &dyn Backend,
+    shared: &Shared,
+    collective: Option<&dyn crate::Collective>,
+) -> Result<Vec<Buffer>> {
     let mut inputs = Vec::with_capacity(job.inputs.len());
     for cell in &job.inputs {
         let mut st = cell.wait();
@@ -991,11 +1033,13 @@ fn run_job(job: &Job, main: &dyn Backend, cpu: &dyn Backend, shared: &Shared) ->
         inputs.push(buf);
     }
     crate::fault::before_execute(&shared.faults, &job.context)?;
+    job.ran.store(true, Ordering::Relaxed);
     if shared.validate.load(Ordering::Relaxed) {
         let (plan, scalars, locations) = (&job.plan, &job.scalars, &job.locations);
-        return crate::validate::run_validated(plan, inputs, scalars, main, cpu, locations, &job.context);
+        let context = &job.context;
+        return crate::validate::run_validated(plan, inputs, scalars, main, cpu, locations, context, collective);
     }
     job.plan
-        .run(inputs, &job.scalars, main, cpu)
+        .run(inputs, &job.scalars, main, cpu, collective)
         .map_err(|source| ExecError::Backend { context: job.context.clone(), source })
 }

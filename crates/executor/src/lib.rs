@@ -15,6 +15,7 @@
 
 pub mod autograd;
 pub mod backend;
+mod collective;
 mod compile_cache;
 mod compose;
 pub mod config;
@@ -44,6 +45,7 @@ pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
     LaunchCost,
 };
+pub use collective::{Collective, CollectiveError, PendingCollective};
 pub use device::{Device, DeviceSettings, RngState};
 pub use einsum::einsum;
 pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};

@@ -393,6 +393,17 @@ impl Tensor {
         Tensor::record(Op::ArgReduce { op, axis, keepdim, select_last }, &[self])
     }
 
+    /// The elementwise sum or mean of this f32 tensor over every rank of
+    /// the process group whose [`crate::Collective`] is registered on the
+    /// device; `bucket` tags it within the step (every rank records the
+    /// same all-reduces in the same order). It runs when the step syncs,
+    /// started as soon as this tensor is computed; a step that records one
+    /// fails to compile on a device without a collective.
+    #[track_caller]
+    pub fn all_reduce(&self, op: lazuli_ir::CollectiveOp, bucket: u32) -> Result<Tensor> {
+        Tensor::record(Op::AllReduce { op, bucket }, &[self])
+    }
+
     /// Prefix sum along `axis`.
     #[track_caller]
     pub fn cumsum(&self, axis: isize, exclusive: bool, reverse: bool) -> Result<Tensor> {

@@ -53,6 +53,9 @@ struct Shadow {
 /// Runs `plan` like [`Plan::run`], validating every native segment
 /// against the CPU backend. `locations` are the source locations of the
 /// traced graph's nodes (`plan.graph`).
+// Plan::run's arguments plus the validation report's context; a struct
+// would be built for this one call and taken apart at once.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_validated(
     plan: &Plan,
     inputs: Vec<Buffer>,
@@ -61,11 +64,14 @@ pub(crate) fn run_validated(
     cpu: &dyn Backend,
     locations: &[&'static Location<'static>],
     context: &str,
+    collective: Option<&dyn crate::Collective>,
 ) -> Result<Vec<Buffer>, ExecError> {
-    if main.kind() == cpu.kind() {
-        // The main backend is the reference: nothing to compare.
+    if main.kind() == cpu.kind() || plan.has_collectives() {
+        // The main backend is the reference: nothing to compare. A plan
+        // with collectives runs as it is (its native segments are not
+        // compared: a collective is run once per step, by every rank).
         return plan
-            .run(inputs, scalars, main, cpu)
+            .run(inputs, scalars, main, cpu, collective)
             .map_err(|source| ExecError::Backend { context: context.to_string(), source });
     }
     let backend_err = |source: BackendError| ExecError::Backend { context: context.to_string(), source };

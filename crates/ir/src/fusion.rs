@@ -285,6 +285,10 @@ fn class(op: &Op) -> Class {
         Op::ScatterAdd { .. } => Class::Root(KernelKind::ScatterAdd),
         Op::PoolGrad(_) => Class::Root(KernelKind::PoolGrad),
         Op::Attention { .. } => Class::Root(KernelKind::Attention),
+        // No backend accepts a collective (`Backend::supports`), and both
+        // backends refuse a graph holding one before planning it: the
+        // executor's plan runs it in a segment of its own.
+        Op::AllReduce { .. } => unreachable!("a collective reached the fusion planner"),
     }
 }
 

@@ -303,6 +303,7 @@ pub fn describe(op: &Op) -> String {
             p.pads_end
         ),
         Op::Attention { attrs, .. } => format!("{} causal={} mask={:?}", op.name(), attrs.causal, attrs.mask),
+        Op::AllReduce { bucket, .. } => format!("{} bucket={bucket}", op.name()),
         other => other.name(),
     }
 }

@@ -24,7 +24,7 @@ pub use error::IrError;
 pub use graph::{describe, Graph, Node, NodeId, VerifiedGraph};
 pub use hash::{stable_hash, StableHasher};
 pub use op::{
-    reduced_shape, ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, Op, OpKind, PadMode,
-    PoolAttrs, PoolKind, RandomDist, ReduceOp, UnaryOp, ValueType,
+    reduced_shape, ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, CollectiveOp, ConvAttrs, Op,
+    OpKind, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp, UnaryOp, ValueType,
 };
 pub use shape::Shape;

@@ -353,6 +353,19 @@ pub enum OpKind {
     PoolGrad,
     /// [`Op::Attention`].
     Attention,
+    /// [`Op::AllReduce`].
+    AllReduce,
+}
+}
+
+closed_enum! {
+/// How an [`Op::AllReduce`] combines the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CollectiveOp {
+    /// The elementwise sum over the ranks.
+    Sum,
+    /// The elementwise mean over the ranks (the sum divided by the world size).
+    Mean,
 }
 }
 
@@ -686,6 +699,18 @@ pub enum Op {
         /// Which value this node is.
         part: AttentionPart,
     },
+    /// The elementwise `op` (sum or mean) of this tensor over every rank of
+    /// the process group the executing device's collective connects; f32,
+    /// result of the operand's type. `bucket` tags the collective (every
+    /// rank runs the same buckets in the same order). No backend computes
+    /// it: the executor runs it as a collective segment (stage to host,
+    /// start the collective, upload where the result is read).
+    AllReduce {
+        /// Sum or mean.
+        op: CollectiveOp,
+        /// The tag of this all-reduce within its step.
+        bucket: u32,
+    },
 }
 
 /// How `Op::Pad` fills the border.
@@ -729,6 +754,7 @@ impl Op {
             Op::Pool(_) => OpKind::Pool,
             Op::PoolGrad(_) => OpKind::PoolGrad,
             Op::Attention { .. } => OpKind::Attention,
+            Op::AllReduce { .. } => OpKind::AllReduce,
         }
     }
 
@@ -783,6 +809,8 @@ impl Op {
                 AttentionPart::GradK => "attention_grad_k",
                 AttentionPart::GradV => "attention_grad_v",
             },
+            Op::AllReduce { op: CollectiveOp::Sum, .. } => "all_reduce_sum",
+            Op::AllReduce { op: CollectiveOp::Mean, .. } => "all_reduce_mean",
         }
     }
 
@@ -803,6 +831,12 @@ impl Op {
             self,
             Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. }
         )
+    }
+
+    /// Collectives across ranks ([`Op::AllReduce`]): no backend runs them;
+    /// the executor's plan gives each one a segment of its own.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce { .. })
     }
 
     /// Reductions over axes, including arg-reductions and softmax.
@@ -1252,6 +1286,13 @@ impl Op {
                 Ok(ValueType::new(dims, x.dtype))
             }
             Op::Attention { attrs, part } => infer_attention(op, attrs, *part, inputs),
+            Op::AllReduce { .. } => {
+                arity(1)?;
+                if inputs[0].dtype != DType::F32 {
+                    return Err(IrError::dtype(op, "f32 (the collective reduces f32 only)", &dtypes()));
+                }
+                Ok(inputs[0].clone())
+            }
         }
     }
 }
@@ -1468,6 +1509,17 @@ mod tests {
             .with_strides(&[1, 1])
             .with_padding(&[1, 1]);
         assert_eq!(Op::Pool(a).infer(&[x], &[], &[]).unwrap().shape, Shape::new([2, 3, 6, 5]));
+    }
+
+    #[test]
+    fn all_reduce_keeps_its_type_and_takes_f32_only() {
+        let op = Op::AllReduce { op: CollectiveOp::Mean, bucket: 3 };
+        let x = vt(&[4, 5], DType::F32);
+        assert_eq!(op.infer(std::slice::from_ref(&x), &[], &[]).unwrap(), x);
+        assert!(op.is_collective() && !op.is_elementwise());
+        let err = op.infer(&[vt(&[4], DType::F16)], &[], &[]).unwrap_err();
+        assert!(matches!(err, IrError::DType { ref op, .. } if op == "all_reduce_mean"), "{err:?}");
+        assert!(matches!(op.infer(&[], &[], &[]), Err(IrError::Arity { .. })));
     }
 
     fn attn(causal: bool, mask: AttentionMask, part: AttentionPart) -> Op {

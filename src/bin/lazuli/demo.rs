@@ -129,14 +129,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     );
     if let Some(d) = &report.distributed {
         println!(
-            "all-reduce: {} ranks, {:.3} MB of gradients per step in {} bucket(s), {:.3} ms per step \
-             ({:.3} ms waiting for all-reduces), after {:.3} ms waiting for the backward pass",
+            "all-reduce in the step: {} ranks, {:.3} MB of gradients per step in {} bucket(s), {:.3} ms per step, \
+             of which the step waited {:.3} ms (the rest hidden behind the backward pass)",
             d.world_size,
             d.allreduce_bytes_per_step as f64 / 1e6,
             d.buckets,
             d.allreduce_ms_per_step,
-            d.allreduce_wait_ms_per_step,
-            d.backward_wait_ms_per_step
+            d.allreduce_wait_ms_per_step
         );
     }
     if !report.fallback_by_op.is_empty() {

@@ -195,7 +195,8 @@ impl Writer<'_> {
                 | Op::Conv2d(_)
                 | Op::Pool(_)
                 | Op::PoolGrad(_)
-                | Op::Attention { .. } => unreachable!("straight_line_width admits only elementwise ops"),
+                | Op::Attention { .. }
+                | Op::AllReduce { .. } => unreachable!("straight_line_width admits only elementwise ops"),
             };
             if self.defined.insert(('v', id.0)) {
                 let _ =

@@ -166,7 +166,10 @@ pub fn dtype_supported(d: DType) -> bool {
 /// True for the nodes this generator handles: supported dtypes, and
 /// convolutions in f32 only (their kernels accumulate in f32).
 pub fn node_supported(node: &lazuli_ir::Node) -> bool {
-    dtype_supported(node.dtype) && (!matches!(node.op, Op::Conv2d(_)) || node.dtype == DType::F32)
+    // A collective is no kernel: the executor runs it (stage, MPI, upload).
+    !node.op.is_collective()
+        && dtype_supported(node.dtype)
+        && (!matches!(node.op, Op::Conv2d(_)) || node.dtype == DType::F32)
 }
 
 /// Fails when a node of `kernel` has no WGSL lowering or more elements
@@ -699,7 +702,8 @@ impl Writer<'_> {
             | Op::Conv2d(_)
             | Op::Pool(_)
             | Op::PoolGrad(_)
-            | Op::Attention { .. }) => {
+            | Op::Attention { .. }
+            | Op::AllReduce { .. }) => {
                 return Err(LowerError::Unsupported { op: other.name(), dtype: n.dtype });
             }
         };
