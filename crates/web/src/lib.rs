@@ -1,11 +1,11 @@
 //! `lazuli-web`: Lazuli in a browser tab, on the browser's WebGPU
 //! (`wasm32-unknown-unknown`, built by `scripts/web`).
 //!
-//! The page (`www/index.html`) calls three exports: [`run_demo`] trains
+//! The page (`www/index.html`) calls three exports: `run_demo` trains
 //! the digits MLP with a progress bar per epoch, the loss curve on a
 //! canvas, the test accuracy, the time per step and the adapter's name
-//! (`demo`); [`run_fused`] runs the fused-kernel example and shows its
-//! generated WGSL; [`run_checks`] runs the in-page differential checks
+//! (`demo`); `run_fused` runs the fused-kernel example and shows its
+//! generated WGSL; `run_checks` runs the in-page differential checks
 //! of the WebGPU device against the CPU backend (`checks`), which
 //! `scripts/test-web` drives in headless Chromium. Every read is an
 //! `_async` one (the tab never blocks, see `lazuli::platform`), every
