@@ -35,7 +35,9 @@ pub struct DistOptions {
     /// [`DistError::Timeout`] (`LAZULI_DIST_TIMEOUT_SECS`, default 300 s).
     pub timeout: Duration,
     /// Gradient bytes per all-reduce bucket (`LAZULI_DIST_BUCKET_BYTES`,
-    /// default 25 MiB).
+    /// default 25 MiB); the first bucket stops at
+    /// [`FIRST_BUCKET_BYTES`](crate::FIRST_BUCKET_BYTES) (1 MiB) when that
+    /// is smaller, as in PyTorch's DDP.
     pub bucket_bytes: usize,
 }
 

@@ -24,5 +24,5 @@ mod sampler;
 
 pub use error::DistError;
 pub use group::{DistOptions, PendingReduce, ProcessGroup, Transport};
-pub use parallel::{DataParallel, ReduceStats};
+pub use parallel::{DataParallel, ReduceStats, FIRST_BUCKET_BYTES};
 pub use sampler::DistributedSampler;

@@ -5,7 +5,8 @@
 //! compared with rank 0's, and rank 0's values are broadcast. Gradients
 //! are averaged in buckets of about
 //! [`DistOptions::bucket_bytes`](crate::DistOptions) each (last layer
-//! first, as backward produces them), one of two ways:
+//! first, as backward produces them; the first bucket at most
+//! [`FIRST_BUCKET_BYTES`], as PyTorch's DDP), one of two ways:
 //!
 //! - **In the recorded step** ([`DataParallel::reduce_in_graph`], what
 //!   the demo and `examples/allreduce.rs` use): after `backward`, each
@@ -417,8 +418,15 @@ fn broadcast_parameters(group: &ProcessGroup, params: &[(String, Tensor)]) -> Re
     Ok(())
 }
 
-/// Buckets of about `bucket_bytes` over the parameters in reverse order
-/// (indices into the reversed list); a parameter larger than a bucket is a
+/// The first bucket's size limit, PyTorch DDP's (`_DEFAULT_FIRST_BUCKET_BYTES`,
+/// 1 MiB): the last layers' gradients, ready first, start their all-reduce
+/// while the rest of the backward pass runs, even when the whole model
+/// fits one bucket of `bucket_bytes`.
+pub const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
+/// Buckets over the parameters in reverse order (indices into the reversed
+/// list): the first of at most `min(FIRST_BUCKET_BYTES, bucket_bytes)`, the
+/// others of about `bucket_bytes`; a parameter larger than a bucket is a
 /// bucket of its own.
 fn make_buckets(params: &[(String, Tensor)], bucket_bytes: usize) -> Vec<Range<usize>> {
     let mut out = Vec::new();
@@ -426,7 +434,8 @@ fn make_buckets(params: &[(String, Tensor)], bucket_bytes: usize) -> Vec<Range<u
     let mut bytes = 0usize;
     for (i, (_, t)) in params.iter().rev().enumerate() {
         let b = 4 * t.numel();
-        if i > start && bytes + b > bucket_bytes {
+        let cap = if out.is_empty() { bucket_bytes.min(FIRST_BUCKET_BYTES) } else { bucket_bytes };
+        if i > start && bytes + b > cap {
             out.push(start..i);
             start = i;
             bytes = 0;
@@ -464,6 +473,11 @@ mod tests {
         assert_eq!(make_buckets(&params, 100), vec![0..1, 1..2, 2..4, 4..5]);
         assert_eq!(make_buckets(&params, 1 << 20), vec![0..5]);
         assert_eq!(make_buckets(&[], 100), Vec::<Range<usize>>::new());
+        // The first bucket stops at FIRST_BUCKET_BYTES, later ones at
+        // bucket_bytes: 3 x 0.75 MiB gives [0.75] then [0.75, 0.75].
+        let quarter = FIRST_BUCKET_BYTES / 4 / 4;
+        let big: Vec<(String, Tensor)> = (0..3).map(|i| (format!("q{i}"), param(3 * quarter, &dev))).collect();
+        assert_eq!(make_buckets(&big, 25 << 20), vec![0..1, 1..3]);
     }
 
     #[test]
