@@ -15,6 +15,7 @@
 
 use crate::ir::ValueType;
 use crate::{DType, Device, Element, ExecError, Result, Tensor};
+use lazuli_executor::splitmix64;
 use std::panic::Location;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -326,10 +327,10 @@ impl<D: Dataset + 'static> DataLoader<D> {
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if let Some(seed) = self.shuffle {
             // Fisher-Yates over SplitMix64 seeded from (seed, epoch).
-            let mut state = mix(seed ^ mix(epoch.wrapping_add(0x5EED)));
+            let mut state = splitmix64(seed ^ splitmix64(epoch.wrapping_add(0x5EED)));
             for i in (1..order.len()).rev() {
                 state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let r = mix(state);
+                let r = splitmix64(state);
                 // Multiply-shift maps r to 0..=i without modulo bias worth
                 // measuring at dataset sizes (below 2^32 samples).
                 let j = ((u128::from(r) * (i as u128 + 1)) >> 64) as usize;
@@ -434,14 +435,6 @@ impl Drop for Batches {
             }
         }
     }
-}
-
-/// SplitMix64 finalizer.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn invalid(op: &str, detail: String) -> ExecError {

@@ -24,6 +24,7 @@ use crate::optim::{Optimizer, Sgd};
 use crate::{metrics, no_grad, Device, ExecError, Tensor};
 use lazuli_distributed::{DataParallel, DistError, DistributedSampler, ProcessGroup};
 use lazuli_executor::platform::Instant;
+use lazuli_executor::HostRng;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -392,26 +393,6 @@ impl Module for LeNet {
     }
 }
 
-/// A small seeded RNG for the host-side shuffles (SplitMix64).
-struct HostRng(u64);
-
-impl HostRng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            v.swap(i, j);
-        }
-    }
-}
-
 /// Accuracy of `model` on rows `rows` of `data` (one sync, no gradients).
 pub fn accuracy(
     model: &(impl Module + ?Sized),
@@ -503,7 +484,7 @@ fn train_loop(
         None => None,
     };
     let steps_per_epoch = sampler.as_ref().map_or(DIGITS_TRAIN_ROWS / b, |s| s.num_samples() / bl);
-    let mut rng = HostRng(cfg.seed ^ 0xD1_6175);
+    let mut rng = HostRng::new(cfg.seed ^ 0xD1_6175);
     let mut order: Vec<usize> = (0..DIGITS_TRAIN_ROWS).collect();
     let mut xb = vec![0f32; bl * DIGITS_FEATURES];
     let mut yb = vec![0i32; bl];

@@ -2,7 +2,7 @@
 //! PyTorch's `torch.utils.data.DistributedSampler`.
 //!
 //! The permutation of epoch `e` is a seeded shuffle of `0..len` (the seed
-//! is `seed + e`, the same on every rank; SplitMix64 and Fisher-Yates, not
+//! is `seed + e`, the same on every rank; `HostRng`: SplitMix64 and Fisher-Yates, not
 //! PyTorch's generator, so the orders differ from PyTorch's). Without
 //! `drop_last` the permutation is padded with its own first indices to a
 //! multiple of the world size; with it, the tail that does not divide is
@@ -13,6 +13,7 @@
 //! permutation.
 
 use crate::DistError;
+use lazuli_executor::HostRng;
 
 /// Which indices of a dataset this rank visits each epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,11 +77,7 @@ impl DistributedSampler {
     pub fn permutation(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
-            let mut state = self.seed.wrapping_add(self.epoch);
-            for i in (1..order.len()).rev() {
-                let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
-                order.swap(i, j);
-            }
+            HostRng::new(self.seed.wrapping_add(self.epoch)).shuffle(&mut order);
         }
         order
     }
@@ -99,14 +96,6 @@ impl DistributedSampler {
         order.truncate(total);
         order.into_iter().skip(self.rank).step_by(self.world).collect()
     }
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

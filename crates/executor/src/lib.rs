@@ -53,5 +53,6 @@ pub use error::{ExecError, Result};
 pub use explain::CompileEntry;
 pub use ops::{ReshapeDims, TensorIndex};
 pub use print::PrintOptions;
+pub use random::{splitmix64, HostRng};
 pub use sort::{SORT_MAX_ROW, TOPK_SELECT_MAX_K};
 pub use tensor::{sync, sync_async, Tensor, TensorState};

@@ -11,12 +11,43 @@
 use crate::{Device, Result, Tensor};
 use lazuli_ir::{DType, Op, RandomDist, ScalarValue, Shape};
 
-/// SplitMix64 finalizer: a bijective 64-bit mix.
-fn mix(mut z: u64) -> u64 {
+/// SplitMix64's step and finalizer: a bijective 64-bit mix, used for
+/// device key words here and for host-side seeds elsewhere.
+pub fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+use splitmix64 as mix;
+
+/// A small seeded generator for host-side choices such as the order of
+/// training samples (SplitMix64; not the device's Philox stream): the same
+/// seed gives the same numbers on every platform and rank.
+#[derive(Clone, Debug)]
+pub struct HostRng(u64);
+
+impl HostRng {
+    /// The generator whose state starts at `seed`.
+    pub fn new(seed: u64) -> HostRng {
+        HostRng(seed)
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        let z = self.0;
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        splitmix64(z)
+    }
+
+    /// Shuffles `v` in place (Fisher-Yates, last element first).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
 }
 
 /// The key words of the next random op on `device`, as lifted u32 scalars.

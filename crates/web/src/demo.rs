@@ -14,6 +14,7 @@ use lazuli::optim::{Optimizer, Sgd};
 use lazuli::platform::Instant;
 use lazuli::prelude::*;
 use lazuli::train::{Digits, Mlp, TrainConfig, DIGITS_CLASSES, DIGITS_FEATURES, DIGITS_TRAIN_ROWS};
+use lazuli::HostRng;
 use serde_json::json;
 
 /// The dataset, embedded (see `data/digits/README.md`).
@@ -32,14 +33,15 @@ pub async fn train(dev: &Device, epochs: usize) -> Result<serde_json::Value, Web
     let b = cfg.batch_size;
     let steps_per_epoch = DIGITS_TRAIN_ROWS / b;
     let mut order: Vec<usize> = (0..DIGITS_TRAIN_ROWS).collect();
-    let mut rng = cfg.seed ^ 0xD1_6175;
+    // The host shuffle of `train_digits`.
+    let mut rng = HostRng::new(cfg.seed ^ 0xD1_6175);
     let (mut xb, mut yb) = (vec![0f32; b * DIGITS_FEATURES], vec![0i32; b]);
     let mut curve: Vec<f32> = Vec::new();
     let mut step_ms: Vec<f64> = Vec::new();
     let started = Instant::now();
     page::set_text("status", "training");
     for epoch in 0..epochs {
-        shuffle(&mut order, &mut rng);
+        rng.shuffle(&mut order);
         let mut pending: Option<Tensor> = None;
         for s in 0..steps_per_epoch {
             let t0 = Instant::now();
@@ -125,18 +127,6 @@ pub async fn fused(dev: &Device) -> Result<serde_json::Value, WebError> {
     );
     page::set_text("wgsl", &wgsl);
     Ok(json!({ "kernels": code.len(), "row_sums": &sums[..4], "wgsl_bytes": wgsl.len() }))
-}
-
-/// Fisher-Yates with SplitMix64 (the host shuffle of `train_digits`).
-fn shuffle(v: &mut [usize], state: &mut u64) {
-    for i in (1..v.len()).rev() {
-        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        let j = ((z ^ (z >> 31)) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
 }
 
 /// The median of `v` (sorted in place); 0 when empty.
