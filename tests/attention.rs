@@ -414,7 +414,12 @@ fn diff_cases() -> Vec<(DiffCase, bool)> {
         ),
         // Head dims 64, 100 (two output chunks, the second partial), 256;
         // one query and one key.
-        (DiffCase::new(&[1, 2, 77, 64], &[1, 2, 77, 64], &[1, 2, 77, 64], true, None), false),
+        (DiffCase::new(&[1, 2, 77, 64], &[1, 2, 77, 64], &[1, 2, 77, 64], true, None), true),
+        // Head dim 32 (the flash forward's 64 x 32 tile on lavapipe's 32
+        // KiB), t_q != t_k, several query blocks and key tiles, a keep
+        // mask; and head dim 128 (the slice-staged tiled form there).
+        (DiffCase::new(&[2, 130, 32], &[2, 75, 32], &[2, 75, 32], false, Keep(vec![130, 75])), true),
+        (DiffCase::new(&[1, 40, 128], &[1, 70, 128], &[1, 70, 128], true, None), true),
         (DiffCase::new(&[3, 1, 100], &[3, 9, 100], &[3, 9, 36], false, None), true),
         (DiffCase::new(&[1, 1, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], true, None), false),
         (DiffCase::new(&[1, 12, 256], &[1, 19, 256], &[1, 19, 256], true, None), true),
@@ -494,6 +499,31 @@ fn fully_masked_rows_are_nan_in_both_paths() {
             for k in 0..4 {
                 common::assert_close(&got[k], &want[k], 1e-4, 1e-5, &format!("part {k} on {name} (keep {keep})"));
             }
+        }
+    }
+}
+
+/// NaN and dead rows through the GPU forms' forward (the flash form at
+/// head dim 64) and backward, against the CPU's fused kernels: a NaN in
+/// one query poisons its row only, a NaN in a key poisons the rows that
+/// see it (causal: from that key's index on), a row whose keys the mask
+/// removes is NaN with a log-sum-exp of -inf, an infinite score is NaN in
+/// its row; every other row stays finite and matches.
+#[test]
+fn nan_and_dead_rows_match_the_cpu_on_every_form() {
+    let c = DiffCase::new(&[1, 70, 64], &[1, 45, 64], &[1, 45, 64], true, MaskSpec::Add(vec![70, 45]));
+    let mut data = diff_data(&c, 31);
+    data.mask_f = (0..70 * 45).map(|i| if i / 45 == 10 { f32::NEG_INFINITY } else { 0.25 }).collect();
+    data.q[3 * 64 + 7] = f32::NAN;
+    data.k[40 * 64 + 1] = f32::NAN;
+    data.q[20 * 64 + 5] = f32::INFINITY;
+    let want = diff_run(&Device::cpu(), &c, &data, nn::scaled_dot_product_attention);
+    let row_nan = |r: usize| want[0][r * 64..(r + 1) * 64].iter().all(|x| x.is_nan());
+    assert!(row_nan(3) && row_nan(10) && row_nan(20) && row_nan(41) && !row_nan(0) && !row_nan(39));
+    for (name, dev) in form_devices() {
+        let got = diff_run(dev, &c, &data, nn::scaled_dot_product_attention);
+        for k in 0..4 {
+            common::assert_close(&got[k], &want[k], 1e-4, 1e-5, &format!("part {k} on {name}"));
         }
     }
 }
