@@ -472,6 +472,37 @@ fn fused_matches_unfused_on_every_backend_and_form() {
     }
 }
 
+/// Random shapes through the GPU kernel forms (the flash forward at every
+/// plan lavapipe's 32 KiB admits, the slice-staged gradients): lengths on
+/// and off the tile edges, head and value dims on and off multiples of 4
+/// (vec4 and scalar loads), causal or not, with each mask kind; fused on
+/// wgpu against the unfused composition on the CPU.
+#[test]
+fn random_shapes_match_the_cpu_on_the_gpu_forms() {
+    let Some((_, gpu)) = form_devices().iter().find(|(n, _)| *n == "gpu forms") else { return };
+    let cpu = Device::cpu();
+    let pick = |r: f32, from: &[usize]| from[((r * from.len() as f32) as usize).min(from.len() - 1)];
+    for case in 0..6u64 {
+        let r = common::rand_vec(8, 9000 + case, 0.0, 1.0);
+        let (tq, tk) = (1 + (r[0] * 140.0) as usize, 1 + (r[1] * 140.0) as usize);
+        let d = pick(r[2], &[4, 8, 12, 16, 20, 32, 40, 48, 64, 7]);
+        let dv = pick(r[3], &[4, 8, 16, 24, 32, 64, 5, d]);
+        let mask = match (r[5] * 3.0) as usize {
+            0 => MaskSpec::None,
+            1 => MaskSpec::Add(vec![tq, tk]),
+            _ => MaskSpec::Keep(vec![2, 1, tk]),
+        };
+        let c = DiffCase::new(&[2, tq, d], &[2, tk, d], &[2, tk, dv], r[4] < 0.5, mask);
+        let data = diff_data(&c, 7000 + case);
+        let want = diff_run(&cpu, &c, &data, nn::scaled_dot_product_attention_unfused);
+        let got = diff_run(gpu, &c, &data, nn::scaled_dot_product_attention);
+        let tol = 3e-5 * (d.max(dv).max(tk) as f32).sqrt();
+        for (k, what) in ["output", "dq", "dk", "dv"].iter().enumerate() {
+            common::assert_close(&got[k], &want[k], tol, tol, &format!("{what} of random case {case} {c:?}"));
+        }
+    }
+}
+
 /// A query whose keys are all masked: NaN output in both paths and the
 /// same gradients (NaN for the keys and values it weighs, 0 for its own
 /// query, as the keep mask's `where` passes nothing back); no causal

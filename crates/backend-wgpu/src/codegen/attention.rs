@@ -11,7 +11,22 @@
 //! nothing needs atomics.
 //!
 //! Two forms ([`AttentionForm`]):
-//! - `Tiled` (GPUs): a workgroup owns [`AttnTile::br`] rows (queries, or
+//! - `Tiled` (GPUs), forward: the flash forward ([`FlashPlan`]), as
+//!   FlashAttention-2 does it: a workgroup per (batch slice, block of
+//!   [`FlashTile::br`] queries), the query block staged once in workgroup
+//!   memory; per tile of [`FlashTile::bc`] keys, the key and value tiles
+//!   staged with vec4 loads (adjacent lanes on adjacent vec4s of a row),
+//!   each invocation's 4 x 4 block of scores and its output block in
+//!   registers, the online softmax's row maxima combined through a small
+//!   array, the probabilities written once to workgroup memory; four
+//!   barriers per tile; the output and log-sum-exp written once at the end.
+//!   Causal kernels walk only the tiles their block sees, heaviest blocks
+//!   first, and mask only the tiles crossing the diagonal or the last key.
+//!   The plan is the largest of [`FLASH_TILES`] whose memory (which grows
+//!   with the head dim) fits the adapter's limit; heads too wide for any
+//!   take the slice-staged kernel below.
+//! - `Tiled` (GPUs), gradients, and forwards too wide for a flash tile: a
+//!   workgroup owns [`AttnTile::br`] rows (queries, or
 //!   keys for the key/value gradients) and walks the other side in tiles
 //!   of [`AttnTile::bc`]. Each invocation holds a 4 x 4 block of the
 //!   tile's scores in registers; score blocks are dot products of operand
