@@ -1412,3 +1412,35 @@ fn attn_masked_scores(a: &Attn, walk: u64, b: &mut String) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flash plans at the limits that matter: NVIDIA's 48 KiB (A1 and
+    /// G8 at head dim 64 get 64 x 32 tiles of 128 invocations), lavapipe's
+    /// 32 KiB and WebGPU's 16 KiB minimum; every plan's memory fits its
+    /// limit and heads too wide for any tile get none.
+    #[test]
+    fn flash_plans_fit_the_limits() {
+        let plan = |d: u64, limit: u64| flash_plan_for(d, d, true, limit).map(|p| (p.tile.br, p.tile.bc, p.v_in_k));
+        assert_eq!(plan(64, 49152), Some((64, 32, false)));
+        assert_eq!(plan(32, 49152), Some((64, 64, true)));
+        assert_eq!(plan(128, 49152), Some((32, 32, true)));
+        assert_eq!(plan(64, 32768), Some((32, 32, false)));
+        assert_eq!(plan(96, 32768), Some((32, 32, true)));
+        assert_eq!(plan(32, 16384), Some((32, 32, true)));
+        assert_eq!(plan(64, 16384), None);
+        assert_eq!(plan(256, 49152), None);
+        for d in 0..=160 {
+            for limit in [16384, 32768, 49152, 65536] {
+                if let Some(p) = flash_plan_for(d, d + 3, true, limit) {
+                    assert!(p.tile.workgroup_bytes(d, d + 3, true, p.v_in_k) <= limit);
+                    assert!(p.tile.lanes() <= 256);
+                }
+            }
+        }
+        // Without the output there is no value or probability tile.
+        assert!(FLASH_TILES[0].workgroup_bytes(64, 64, false, false) < FLASH_TILES[0].workgroup_bytes(64, 64, true, false));
+    }
+}
