@@ -498,7 +498,8 @@ fn attention_lowers_for_every_tile_and_form() {
                                     _ => unreachable!("attention kernels output attention parts"),
                                 })
                                 .collect();
-                            let forward = parts.iter().any(|p| matches!(p, AttentionPart::Out | AttentionPart::LogSumExp));
+                            let forward =
+                                parts.iter().any(|p| matches!(p, AttentionPart::Out | AttentionPart::LogSumExp));
                             let tiled_form = l.forms.attention == lazuli_wgpu::codegen::AttentionForm::Tiled;
                             let out = parts.contains(&AttentionPart::Out);
                             let flash = tiled_form

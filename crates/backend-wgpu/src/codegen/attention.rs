@@ -402,9 +402,7 @@ pub fn flash_vec4_operands(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     }
     [(a.q, a.d), (a.k, a.d), (a.v, a.dv)]
         .into_iter()
-        .filter(|&(id, w)| {
-            w > 0 && w.is_multiple_of(4) && k.inputs.contains(&id) && g.node(id).dtype == DType::F32
-        })
+        .filter(|&(id, w)| w > 0 && w.is_multiple_of(4) && k.inputs.contains(&id) && g.node(id).dtype == DType::F32)
         .map(|(id, _)| id)
         .collect()
 }
@@ -492,7 +490,11 @@ impl Writer<'_> {
             b,
             "{ind}let gi = wid.x + wid.y * nwg.x;\n{}{order}\n{ind}let tr = lid / {c4}u;\n{ind}let tc = lid % {c4}u;",
             // Workgroup-uniform: a return here keeps barriers uniform.
-            if groups > 65535 { format!("{ind}if (gi >= {groups}u) {{\n{ind}    return;\n{ind}}}\n") } else { String::new() }
+            if groups > 65535 {
+                format!("{ind}if (gi >= {groups}u) {{\n{ind}    return;\n{ind}}}\n")
+            } else {
+                String::new()
+            }
         );
         b.push_str(&a.bases(ind));
         let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
@@ -587,11 +589,13 @@ impl Writer<'_> {
             tk.max(1) - 1
         );
         for r in 0..4 {
-            let sc: Vec<String> = LANE.iter().map(|l| a.score(&format!("s{r}.{l}"), &format!("rc{r}"), &format!("cc.{l}"))).collect();
+            let sc: Vec<String> =
+                LANE.iter().map(|l| a.score(&format!("s{r}.{l}"), &format!("rc{r}"), &format!("cc.{l}"))).collect();
             let _ = writeln!(b, "{i2}var x{r} = vec4<f32>({});", sc.join(", "));
         }
         // Only tiles past the last key or across the diagonal mask.
-        let full = if a.causal { format!("c0 + {bc}u <= min({tk}u, row0 + 1u)") } else { format!("c0 + {bc}u <= {tk}u") };
+        let full =
+            if a.causal { format!("c0 + {bc}u <= min({tk}u, row0 + 1u)") } else { format!("c0 + {bc}u <= {tk}u") };
         let _ = writeln!(b, "{i2}if (!({full})) {{");
         for r in 0..4 {
             let causal = if a.causal { format!(" & (cv <= vec4<u32>(ri{r}))") } else { String::new() };
@@ -1441,6 +1445,8 @@ mod tests {
             }
         }
         // Without the output there is no value or probability tile.
-        assert!(FLASH_TILES[0].workgroup_bytes(64, 64, false, false) < FLASH_TILES[0].workgroup_bytes(64, 64, true, false));
+        assert!(
+            FLASH_TILES[0].workgroup_bytes(64, 64, false, false) < FLASH_TILES[0].workgroup_bytes(64, 64, true, false)
+        );
     }
 }
