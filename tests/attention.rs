@@ -420,6 +420,9 @@ fn diff_cases() -> Vec<(DiffCase, bool)> {
         // mask; and head dim 128 (the slice-staged tiled form there).
         (DiffCase::new(&[2, 130, 32], &[2, 75, 32], &[2, 75, 32], false, Keep(vec![130, 75])), true),
         (DiffCase::new(&[1, 40, 128], &[1, 70, 128], &[1, 70, 128], true, None), true),
+        // Head dim 48: the 64 x 32 tile with the values in the keys'
+        // memory on lavapipe; an additive mask broadcast along queries.
+        (DiffCase::new(&[3, 66, 48], &[3, 50, 48], &[3, 50, 48], true, Add(vec![1, 50])), true),
         (DiffCase::new(&[3, 1, 100], &[3, 9, 100], &[3, 9, 36], false, None), true),
         (DiffCase::new(&[1, 1, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], true, None), false),
         (DiffCase::new(&[1, 12, 256], &[1, 19, 256], &[1, 19, 256], true, None), true),

@@ -314,9 +314,11 @@ pub struct FlashTile {
 
 /// The tiles of the flash forward, largest first (each also tried with
 /// the value tile sharing the key tile's memory, see
-/// [`FlashPlan::v_in_k`]).
-pub const FLASH_TILES: [FlashTile; 3] =
-    [FlashTile { br: 64, bc: 64 }, FlashTile { br: 64, bc: 32 }, FlashTile { br: 32, bc: 32 }];
+/// [`FlashPlan::v_in_k`]). Every plan runs on lavapipe's 32 KiB at some
+/// head dim, so the differential tests prove each one; a 64 x 64 tile
+/// (256 invocations) would fit 48 KiB only at head dims up to 32, and
+/// nowhere on lavapipe.
+pub const FLASH_TILES: [FlashTile; 2] = [FlashTile { br: 64, bc: 32 }, FlashTile { br: 32, bc: 32 }];
 
 /// `n` rounded up to an odd number: row strides (in vec4s) of workgroup
 /// arrays whose rows adjacent lanes read, so that they hit different
@@ -1429,7 +1431,9 @@ mod tests {
     fn flash_plans_fit_the_limits() {
         let plan = |d: u64, limit: u64| flash_plan_for(d, d, true, limit).map(|p| (p.tile.br, p.tile.bc, p.v_in_k));
         assert_eq!(plan(64, 49152), Some((64, 32, false)));
-        assert_eq!(plan(32, 49152), Some((64, 64, true)));
+        assert_eq!(plan(32, 49152), Some((64, 32, false)));
+        assert_eq!(plan(80, 49152), Some((64, 32, true)));
+        assert_eq!(plan(48, 32768), Some((64, 32, true)));
         assert_eq!(plan(128, 49152), Some((32, 32, true)));
         assert_eq!(plan(64, 32768), Some((32, 32, false)));
         assert_eq!(plan(96, 32768), Some((32, 32, true)));
