@@ -411,13 +411,14 @@ pub fn flash_vec4_operands(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
 
 /// Loop trips of the flash forward per workgroup, under llvmpipe's loop
 /// budget: the query staging once, then per tile the key and value
-/// staging loops, the score product (`d / 4` steps), the row maxima
-/// (`bc / 4`) and the product with the values (`bc`); the row sums once.
+/// staging loops, the score product (at most `d / 4` steps), the row
+/// maxima (`bc / 4`) and the product with the values (`bc / 4` steps of
+/// 4 keys); the row sums once.
 fn flash_trips(plan: FlashPlan, tk: u64, d: u64, dv: u64) -> u64 {
     let FlashTile { br, bc } = plan.tile;
     let lanes = plan.tile.lanes();
     let (d4, v4) = (d.div_ceil(4), plan.tile.v_stride(dv));
-    let tile = (bc * d4).div_ceil(lanes) + (bc * v4).div_ceil(lanes) + d4 + bc / 4 + bc + 1;
+    let tile = (bc * d4).div_ceil(lanes) + (bc * v4).div_ceil(lanes) + d4 + bc / 4 + bc / 4 + 1;
     (br * d4).div_ceil(lanes) + tk.div_ceil(bc) * tile + bc / 4
 }
 
@@ -564,20 +565,28 @@ impl Writer<'_> {
             let _ = writeln!(b, "{i2}var s{r} = vec4<f32>(0.0);");
         }
         if d4 > 0 {
-            let _ = writeln!(b, "{i2}for (var p = 0u; p < {d4}u; p = p + 1u) {{");
-            for r in 0..4 {
-                let _ = writeln!(b, "{i3}let q{r} = fq[qr{r} + p];");
-            }
-            for e in 0..4 {
-                let _ = writeln!(b, "{i3}let k{e} = fk[kr{e} + p];");
-            }
-            for r in 0..4 {
-                for l in LANE {
-                    let _ = writeln!(
-                        b,
-                        "{i3}s{r} = fma(vec4<f32>(q{r}.{l}), vec4<f32>(k0.{l}, k1.{l}, k2.{l}, k3.{l}), s{r});"
-                    );
+            // Unrolled by up to 4 in the source: naga bounds every loop
+            // with a counter of its own, which may keep a driver from
+            // unrolling it.
+            let us = [4, 2, 1].into_iter().find(|u| d4.is_multiple_of(*u)).unwrap_or(1);
+            let _ = writeln!(b, "{i2}for (var p = 0u; p < {d4}u; p = p + {us}u) {{");
+            for u in 0..us {
+                let _ = writeln!(b, "{i3}{{");
+                for r in 0..4 {
+                    let _ = writeln!(b, "{i3}    let q{r} = fq[qr{r} + p + {u}u];");
                 }
+                for e in 0..4 {
+                    let _ = writeln!(b, "{i3}    let k{e} = fk[kr{e} + p + {u}u];");
+                }
+                for r in 0..4 {
+                    for l in LANE {
+                        let _ = writeln!(
+                            b,
+                            "{i3}    s{r} = fma(vec4<f32>(q{r}.{l}), vec4<f32>(k0.{l}, k1.{l}, k2.{l}, k3.{l}), s{r});"
+                        );
+                    }
+                }
+                let _ = writeln!(b, "{i3}}}");
             }
             let _ = writeln!(b, "{i2}}}");
         }
@@ -643,15 +652,20 @@ impl Writer<'_> {
                 // tile's memory takes the values.
                 stage(b, "fk", a.v, "vb", dv, vs, vs);
             }
-            let _ = writeln!(
-                b,
-                "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 1u) {{\n{i3}let pv = fp[j * {rs}u + tr];\n{i3}let vr = j * {vs}u + tc;"
-            );
-            for c in 0..nch {
-                let _ = writeln!(b, "{i3}let xv{c} = {fv}[vr + {}u];", c * c4);
-                for (r, lane) in LANE.iter().enumerate() {
-                    let _ = writeln!(b, "{i3}acc_o{r}_{c} = fma(vec4<f32>(pv.{lane}), xv{c}, acc_o{r}_{c});");
+            // Unrolled by 4 in the source (`bc` is a multiple of 4).
+            let _ = writeln!(b, "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 4u) {{");
+            for u in 0..4 {
+                let _ = writeln!(
+                    b,
+                    "{i3}{{\n{i3}    let pv = fp[(j + {u}u) * {rs}u + tr];\n{i3}    let vr = (j + {u}u) * {vs}u + tc;"
+                );
+                for c in 0..nch {
+                    let _ = writeln!(b, "{i3}    let xv{c} = {fv}[vr + {}u];", c * c4);
+                    for (r, lane) in LANE.iter().enumerate() {
+                        let _ = writeln!(b, "{i3}    acc_o{r}_{c} = fma(vec4<f32>(pv.{lane}), xv{c}, acc_o{r}_{c});");
+                    }
                 }
+                let _ = writeln!(b, "{i3}}}");
             }
             let _ = writeln!(b, "{i2}}}");
         }

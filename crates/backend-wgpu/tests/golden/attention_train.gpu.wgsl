@@ -128,31 +128,59 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var s1 = vec4<f32>(0.0);
         var s2 = vec4<f32>(0.0);
         var s3 = vec4<f32>(0.0);
-        for (var p = 0u; p < 6u; p = p + 1u) {
-            let q0 = fq[qr0 + p];
-            let q1 = fq[qr1 + p];
-            let q2 = fq[qr2 + p];
-            let q3 = fq[qr3 + p];
-            let k0 = fk[kr0 + p];
-            let k1 = fk[kr1 + p];
-            let k2 = fk[kr2 + p];
-            let k3 = fk[kr3 + p];
-            s0 = fma(vec4<f32>(q0.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s0);
-            s0 = fma(vec4<f32>(q0.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s0);
-            s0 = fma(vec4<f32>(q0.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s0);
-            s0 = fma(vec4<f32>(q0.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s0);
-            s1 = fma(vec4<f32>(q1.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s1);
-            s1 = fma(vec4<f32>(q1.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s1);
-            s1 = fma(vec4<f32>(q1.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s1);
-            s1 = fma(vec4<f32>(q1.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s1);
-            s2 = fma(vec4<f32>(q2.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s2);
-            s2 = fma(vec4<f32>(q2.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s2);
-            s2 = fma(vec4<f32>(q2.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s2);
-            s2 = fma(vec4<f32>(q2.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s2);
-            s3 = fma(vec4<f32>(q3.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s3);
-            s3 = fma(vec4<f32>(q3.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s3);
-            s3 = fma(vec4<f32>(q3.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s3);
-            s3 = fma(vec4<f32>(q3.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s3);
+        for (var p = 0u; p < 6u; p = p + 2u) {
+            {
+                let q0 = fq[qr0 + p + 0u];
+                let q1 = fq[qr1 + p + 0u];
+                let q2 = fq[qr2 + p + 0u];
+                let q3 = fq[qr3 + p + 0u];
+                let k0 = fk[kr0 + p + 0u];
+                let k1 = fk[kr1 + p + 0u];
+                let k2 = fk[kr2 + p + 0u];
+                let k3 = fk[kr3 + p + 0u];
+                s0 = fma(vec4<f32>(q0.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s0);
+                s0 = fma(vec4<f32>(q0.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s0);
+                s0 = fma(vec4<f32>(q0.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s0);
+                s0 = fma(vec4<f32>(q0.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s0);
+                s1 = fma(vec4<f32>(q1.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s1);
+                s1 = fma(vec4<f32>(q1.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s1);
+                s1 = fma(vec4<f32>(q1.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s1);
+                s1 = fma(vec4<f32>(q1.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s1);
+                s2 = fma(vec4<f32>(q2.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s2);
+                s2 = fma(vec4<f32>(q2.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s2);
+                s2 = fma(vec4<f32>(q2.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s2);
+                s2 = fma(vec4<f32>(q2.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s2);
+                s3 = fma(vec4<f32>(q3.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s3);
+                s3 = fma(vec4<f32>(q3.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s3);
+                s3 = fma(vec4<f32>(q3.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s3);
+                s3 = fma(vec4<f32>(q3.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s3);
+            }
+            {
+                let q0 = fq[qr0 + p + 1u];
+                let q1 = fq[qr1 + p + 1u];
+                let q2 = fq[qr2 + p + 1u];
+                let q3 = fq[qr3 + p + 1u];
+                let k0 = fk[kr0 + p + 1u];
+                let k1 = fk[kr1 + p + 1u];
+                let k2 = fk[kr2 + p + 1u];
+                let k3 = fk[kr3 + p + 1u];
+                s0 = fma(vec4<f32>(q0.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s0);
+                s0 = fma(vec4<f32>(q0.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s0);
+                s0 = fma(vec4<f32>(q0.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s0);
+                s0 = fma(vec4<f32>(q0.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s0);
+                s1 = fma(vec4<f32>(q1.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s1);
+                s1 = fma(vec4<f32>(q1.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s1);
+                s1 = fma(vec4<f32>(q1.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s1);
+                s1 = fma(vec4<f32>(q1.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s1);
+                s2 = fma(vec4<f32>(q2.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s2);
+                s2 = fma(vec4<f32>(q2.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s2);
+                s2 = fma(vec4<f32>(q2.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s2);
+                s2 = fma(vec4<f32>(q2.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s2);
+                s3 = fma(vec4<f32>(q3.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s3);
+                s3 = fma(vec4<f32>(q3.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s3);
+                s3 = fma(vec4<f32>(q3.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s3);
+                s3 = fma(vec4<f32>(q3.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s3);
+            }
         }
         let cv = vec4<u32>(c0 + tc) + vec4<u32>(0u, 8u, 16u, 24u);
         let cc = min(cv, vec4<u32>(55u));
@@ -194,14 +222,43 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             fk[rr * 8u + pp] = select(vec4<f32>(0.0), in2[(vb + (min(c0 + rr, 55u)) * 20u) / 4u + min(pp, 4u)], c0 + rr < 56u && pp < 5u);
         }
         workgroupBarrier();
-        for (var j = 0u; j < 32u; j = j + 1u) {
-            let pv = fp[j * 9u + tr];
-            let vr = j * 8u + tc;
-            let xv0 = fk[vr + 0u];
-            acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
-            acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
-            acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
-            acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+        for (var j = 0u; j < 32u; j = j + 4u) {
+            {
+                let pv = fp[(j + 0u) * 9u + tr];
+                let vr = (j + 0u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
+            {
+                let pv = fp[(j + 1u) * 9u + tr];
+                let vr = (j + 1u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
+            {
+                let pv = fp[(j + 2u) * 9u + tr];
+                let vr = (j + 2u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
+            {
+                let pv = fp[(j + 3u) * 9u + tr];
+                let vr = (j + 3u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
         }
     }
     workgroupBarrier();
