@@ -506,6 +506,24 @@ fn random_shapes_match_the_cpu_on_the_gpu_forms() {
     }
 }
 
+/// More query blocks than one dispatch dimension holds (65,537 batch
+/// slices of one block each): the GPU forms' forward (the flash kernel,
+/// causal, so blocks are ordered heaviest first) runs a 2-D grid and
+/// matches the CPU.
+#[test]
+fn a_forward_grid_beyond_one_dispatch_dimension_matches_the_cpu() {
+    let Some((_, gpu)) = form_devices().iter().find(|(n, _)| *n == "gpu forms") else { return };
+    let (b, t, d) = (65537, 3, 4);
+    let q = common::rand_vec(b * t * d, 61, -1.0, 1.0);
+    let k = common::rand_vec(b * t * d, 62, -1.0, 1.0);
+    let v = common::rand_vec(b * t * d, 63, -1.0, 1.0);
+    let run = |dev: &Device| {
+        let x = |v: &[f32]| Tensor::from_slice(v, vec![b, t, d], dev).unwrap();
+        x(&q).attention(&x(&k), &x(&v), 0.5, true, None).unwrap().to_vec::<f32>().unwrap()
+    };
+    common::assert_close(&run(gpu), &run(&Device::cpu()), 1e-5, 1e-6, "forward over a 2-D grid");
+}
+
 /// A query whose keys are all masked: NaN output in both paths and the
 /// same gradients (NaN for the keys and values it weighs, 0 for its own
 /// query, as the keep mask's `where` passes nothing back); no causal
