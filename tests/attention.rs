@@ -414,7 +414,15 @@ fn diff_cases() -> Vec<(DiffCase, bool)> {
         ),
         // Head dims 64, 100 (two output chunks, the second partial), 256;
         // one query and one key.
-        (DiffCase::new(&[1, 2, 77, 64], &[1, 2, 77, 64], &[1, 2, 77, 64], true, None), false),
+        (DiffCase::new(&[1, 2, 77, 64], &[1, 2, 77, 64], &[1, 2, 77, 64], true, None), true),
+        // Head dim 32 (the flash forward's 64 x 32 tile on lavapipe's 32
+        // KiB), t_q != t_k, several query blocks and key tiles, a keep
+        // mask; and head dim 128 (the slice-staged tiled form there).
+        (DiffCase::new(&[2, 130, 32], &[2, 75, 32], &[2, 75, 32], false, Keep(vec![130, 75])), true),
+        (DiffCase::new(&[1, 40, 128], &[1, 70, 128], &[1, 70, 128], true, None), true),
+        // Head dim 48: the 64 x 32 tile with the values in the keys'
+        // memory on lavapipe; an additive mask broadcast along queries.
+        (DiffCase::new(&[3, 66, 48], &[3, 50, 48], &[3, 50, 48], true, Add(vec![1, 50])), true),
         (DiffCase::new(&[3, 1, 100], &[3, 9, 100], &[3, 9, 36], false, None), true),
         (DiffCase::new(&[1, 1, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], true, None), false),
         (DiffCase::new(&[1, 12, 256], &[1, 19, 256], &[1, 19, 256], true, None), true),
@@ -467,6 +475,55 @@ fn fused_matches_unfused_on_every_backend_and_form() {
     }
 }
 
+/// Random shapes through the GPU kernel forms (the flash forward at every
+/// plan lavapipe's 32 KiB admits, the slice-staged gradients): lengths on
+/// and off the tile edges, head and value dims on and off multiples of 4
+/// (vec4 and scalar loads), causal or not, with each mask kind; fused on
+/// wgpu against the unfused composition on the CPU.
+#[test]
+fn random_shapes_match_the_cpu_on_the_gpu_forms() {
+    let Some((_, gpu)) = form_devices().iter().find(|(n, _)| *n == "gpu forms") else { return };
+    let cpu = Device::cpu();
+    let pick = |r: f32, from: &[usize]| from[((r * from.len() as f32) as usize).min(from.len() - 1)];
+    for case in 0..6u64 {
+        let r = common::rand_vec(8, 9000 + case, 0.0, 1.0);
+        let (tq, tk) = (1 + (r[0] * 140.0) as usize, 1 + (r[1] * 140.0) as usize);
+        let d = pick(r[2], &[4, 8, 12, 16, 20, 32, 40, 48, 64, 7]);
+        let dv = pick(r[3], &[4, 8, 16, 24, 32, 64, 5, d]);
+        let mask = match (r[5] * 3.0) as usize {
+            0 => MaskSpec::None,
+            1 => MaskSpec::Add(vec![tq, tk]),
+            _ => MaskSpec::Keep(vec![2, 1, tk]),
+        };
+        let c = DiffCase::new(&[2, tq, d], &[2, tk, d], &[2, tk, dv], r[4] < 0.5, mask);
+        let data = diff_data(&c, 7000 + case);
+        let want = diff_run(&cpu, &c, &data, nn::scaled_dot_product_attention_unfused);
+        let got = diff_run(gpu, &c, &data, nn::scaled_dot_product_attention);
+        let tol = 3e-5 * (d.max(dv).max(tk) as f32).sqrt();
+        for (k, what) in ["output", "dq", "dk", "dv"].iter().enumerate() {
+            common::assert_close(&got[k], &want[k], tol, tol, &format!("{what} of random case {case} {c:?}"));
+        }
+    }
+}
+
+/// More query blocks than one dispatch dimension holds (65,537 batch
+/// slices of one block each): the GPU forms' forward (the flash kernel,
+/// causal, so blocks are ordered heaviest first) runs a 2-D grid and
+/// matches the CPU.
+#[test]
+fn a_forward_grid_beyond_one_dispatch_dimension_matches_the_cpu() {
+    let Some((_, gpu)) = form_devices().iter().find(|(n, _)| *n == "gpu forms") else { return };
+    let (b, t, d) = (65537, 3, 4);
+    let q = common::rand_vec(b * t * d, 61, -1.0, 1.0);
+    let k = common::rand_vec(b * t * d, 62, -1.0, 1.0);
+    let v = common::rand_vec(b * t * d, 63, -1.0, 1.0);
+    let run = |dev: &Device| {
+        let x = |v: &[f32]| Tensor::from_slice(v, vec![b, t, d], dev).unwrap();
+        x(&q).attention(&x(&k), &x(&v), 0.5, true, None).unwrap().to_vec::<f32>().unwrap()
+    };
+    common::assert_close(&run(gpu), &run(&Device::cpu()), 1e-5, 1e-6, "forward over a 2-D grid");
+}
+
 /// A query whose keys are all masked: NaN output in both paths and the
 /// same gradients (NaN for the keys and values it weighs, 0 for its own
 /// query, as the keep mask's `where` passes nothing back); no causal
@@ -494,6 +551,31 @@ fn fully_masked_rows_are_nan_in_both_paths() {
             for k in 0..4 {
                 common::assert_close(&got[k], &want[k], 1e-4, 1e-5, &format!("part {k} on {name} (keep {keep})"));
             }
+        }
+    }
+}
+
+/// NaN and dead rows through the GPU forms' forward (the flash form at
+/// head dim 64) and backward, against the CPU's fused kernels: a NaN in
+/// one query poisons its row only, a NaN in a key poisons the rows that
+/// see it (causal: from that key's index on), a row whose keys the mask
+/// removes is NaN with a log-sum-exp of -inf, an infinite score is NaN in
+/// its row; every other row stays finite and matches.
+#[test]
+fn nan_and_dead_rows_match_the_cpu_on_every_form() {
+    let c = DiffCase::new(&[1, 70, 64], &[1, 45, 64], &[1, 45, 64], true, MaskSpec::Add(vec![70, 45]));
+    let mut data = diff_data(&c, 31);
+    data.mask_f = (0..70 * 45).map(|i| if i / 45 == 10 { f32::NEG_INFINITY } else { 0.25 }).collect();
+    data.q[3 * 64 + 7] = f32::NAN;
+    data.k[40 * 64 + 1] = f32::NAN;
+    data.q[20 * 64 + 5] = f32::INFINITY;
+    let want = diff_run(&Device::cpu(), &c, &data, nn::scaled_dot_product_attention);
+    let row_nan = |r: usize| want[0][r * 64..(r + 1) * 64].iter().all(|x| x.is_nan());
+    assert!(row_nan(3) && row_nan(10) && row_nan(20) && row_nan(41) && !row_nan(0) && !row_nan(39));
+    for (name, dev) in form_devices() {
+        let got = diff_run(dev, &c, &data, nn::scaled_dot_product_attention);
+        for k in 0..4 {
+            common::assert_close(&got[k], &want[k], 1e-4, 1e-5, &format!("part {k} on {name}"));
         }
     }
 }

@@ -416,11 +416,16 @@ fn generic_graphs() -> Vec<(&'static str, Graph, Graph)> {
 /// and, over the same operands, the log-sum-exp, delta and the three
 /// gradients; q read through a transpose, a mask of `mask`'s kind.
 fn attention_graph(mask: AttentionMask, causal: bool) -> Graph {
+    attention_graph_dims(mask, causal, 24, 20)
+}
+
+/// [`attention_graph`] with head dim `d` and value dim `dv`.
+fn attention_graph_dims(mask: AttentionMask, causal: bool, d: usize, dv: usize) -> Graph {
     let mut g = Graph::new();
-    let qp = f32p(&mut g, &[2, 24, 40]);
+    let qp = f32p(&mut g, &[2, d, 40]);
     let q = push(&mut g, Op::Permute(vec![0, 2, 1]), &[qp]);
-    let k = f32p(&mut g, &[2, 56, 24]);
-    let v = f32p(&mut g, &[2, 56, 20]);
+    let k = f32p(&mut g, &[2, 56, d]);
+    let v = f32p(&mut g, &[2, 56, dv]);
     let s = g.scalar(DType::F32);
     let mut fwd = vec![q, k, v, s];
     match mask {
@@ -431,7 +436,7 @@ fn attention_graph(mask: AttentionMask, causal: bool) -> Graph {
     let attrs = AttentionAttrs { causal, mask };
     let o = push(&mut g, Op::Attention { attrs, part: AttentionPart::Out }, &fwd);
     let lse = push(&mut g, Op::Attention { attrs, part: AttentionPart::LogSumExp }, &fwd);
-    let go = f32p(&mut g, &[2, 40, 20]);
+    let go = f32p(&mut g, &[2, 40, dv]);
     let prod = bin(&mut g, BinaryOp::Mul, go, o);
     let delta = reduce(&mut g, ReduceOp::Sum, prod, &[2], false);
     let mut ins = fwd.clone();
@@ -446,36 +451,68 @@ fn attention_graph(mask: AttentionMask, causal: bool) -> Graph {
 
 /// Every attention tile and form lowers to valid WGSL for every mask kind,
 /// causal or not, and in generic mode: the tiles an adapter with more
-/// workgroup memory than the golden profiles' 16 KiB would pick included.
+/// workgroup memory than the golden profiles' 16 KiB would pick included,
+/// and every plan of the flash forward (each tile, with the value tile
+/// apart and in the key tile's memory) at head dims that pick them on
+/// adapters with 32 KiB (lavapipe) and 48 KiB (NVIDIA).
 #[test]
 fn attention_lowers_for_every_tile_and_form() {
-    use lazuli_wgpu::codegen::attention::TILES;
-    for mask in [AttentionMask::None, AttentionMask::Additive, AttentionMask::Keep] {
-        for causal in [false, true] {
-            let v = attention_graph(mask, causal).verify().unwrap();
-            let fl = FusionLimits { max_storage_buffers: 16, ..FusionLimits::default() };
-            let plan = fusion::plan(&v, &fl);
-            // No tile fits 0 bytes of workgroup memory: both profiles fall
-            // back to the per-row form.
-            let mut limits = vec![
-                LowerLimits::software(),
-                LowerLimits { generic: true, ..LowerLimits::software() },
-                LowerLimits { workgroup_storage: 0, ..LowerLimits::gpu() },
-            ];
-            for t in TILES {
-                let storage = t.workgroup_bytes() as u32;
-                limits.push(LowerLimits { workgroup_storage: storage, ..LowerLimits::gpu() });
-                limits.push(LowerLimits { workgroup_storage: storage, generic: true, ..LowerLimits::gpu() });
-            }
-            for l in &limits {
-                for k in &plan.kernels {
-                    let w = lower(k, &v, l).unwrap();
-                    lazuli_wgpu::validate_wgsl(&w.source)
-                        .unwrap_or_else(|e| panic!("{mask:?} causal {causal} {l:?}: {e}\n{}", w.source));
-                    if k.kind == fusion::KernelKind::Attention {
-                        let tiled = l.forms.attention == lazuli_wgpu::codegen::AttentionForm::Tiled
-                            && l.workgroup_storage as u64 >= TILES[2].workgroup_bytes();
-                        assert_eq!(w.source.contains("var<workgroup> sp"), tiled, "form under {l:?}");
+    use lazuli_wgpu::codegen::attention::{flash_plan_for, FLASH_TILES, TILES};
+    for (d, dv) in [(24, 20), (64, 64), (128, 128), (3, 5)] {
+        for mask in [AttentionMask::None, AttentionMask::Additive, AttentionMask::Keep] {
+            for causal in [false, true] {
+                let v = attention_graph_dims(mask, causal, d, dv).verify().unwrap();
+                let fl = FusionLimits { max_storage_buffers: 16, ..FusionLimits::default() };
+                let plan = fusion::plan(&v, &fl);
+                // No tile fits 0 bytes of workgroup memory: both profiles
+                // fall back to the per-row form.
+                let mut limits = vec![
+                    LowerLimits::software(),
+                    LowerLimits { generic: true, ..LowerLimits::software() },
+                    LowerLimits { workgroup_storage: 0, ..LowerLimits::gpu() },
+                    LowerLimits { workgroup_storage: 32768, ..LowerLimits::gpu() },
+                    LowerLimits { workgroup_storage: 49152, ..LowerLimits::gpu() },
+                ];
+                let mut storages: Vec<u64> = TILES.iter().map(|t| t.workgroup_bytes()).collect();
+                for t in FLASH_TILES {
+                    for v_in_k in [false, true] {
+                        storages.push(t.workgroup_bytes(d as u64, dv as u64, true, v_in_k));
+                    }
+                }
+                for storage in storages {
+                    let storage = storage as u32;
+                    limits.push(LowerLimits { workgroup_storage: storage, ..LowerLimits::gpu() });
+                    limits.push(LowerLimits { workgroup_storage: storage, generic: true, ..LowerLimits::gpu() });
+                }
+                for l in &limits {
+                    for k in &plan.kernels {
+                        let w = lower(k, &v, l).unwrap();
+                        lazuli_wgpu::validate_wgsl(&w.source)
+                            .unwrap_or_else(|e| panic!("{mask:?} causal {causal} {l:?}: {e}\n{}", w.source));
+                        if k.kind == fusion::KernelKind::Attention {
+                            let parts: Vec<AttentionPart> = k
+                                .outputs
+                                .iter()
+                                .map(|&o| match v.node(o).op {
+                                    Op::Attention { part, .. } => part,
+                                    _ => unreachable!("attention kernels output attention parts"),
+                                })
+                                .collect();
+                            let forward =
+                                parts.iter().any(|p| matches!(p, AttentionPart::Out | AttentionPart::LogSumExp));
+                            let tiled_form = l.forms.attention == lazuli_wgpu::codegen::AttentionForm::Tiled;
+                            let out = parts.contains(&AttentionPart::Out);
+                            let flash = tiled_form
+                                && forward
+                                && flash_plan_for(d as u64, dv as u64, out, l.workgroup_storage as u64).is_some();
+                            // The per-row form's rows too wide for registers take the tiled form.
+                            let wide = !lazuli_wgpu::codegen::attention::per_row_in_registers(d as u64, dv as u64);
+                            let tiled = !flash
+                                && (tiled_form || wide)
+                                && l.workgroup_storage as u64 >= TILES[2].workgroup_bytes();
+                            assert_eq!(w.source.contains("var<workgroup> fm"), flash, "flash form under {l:?}");
+                            assert_eq!(w.source.contains("var<workgroup> sp"), tiled, "tiled form under {l:?}");
+                        }
                     }
                 }
             }

@@ -11,7 +11,22 @@
 //! nothing needs atomics.
 //!
 //! Two forms ([`AttentionForm`]):
-//! - `Tiled` (GPUs): a workgroup owns [`AttnTile::br`] rows (queries, or
+//! - `Tiled` (GPUs), forward: the flash forward ([`FlashPlan`]), as
+//!   FlashAttention-2 does it: a workgroup per (batch slice, block of
+//!   [`FlashTile::br`] queries), the query block staged once in workgroup
+//!   memory; per tile of [`FlashTile::bc`] keys, the key and value tiles
+//!   staged with vec4 loads (adjacent lanes on adjacent vec4s of a row),
+//!   each invocation's 4 x 4 block of scores and its output block in
+//!   registers, the online softmax's row maxima combined through a small
+//!   array, the probabilities written once to workgroup memory; four
+//!   barriers per tile; the output and log-sum-exp written once at the end.
+//!   Causal kernels walk only the tiles their block sees, heaviest blocks
+//!   first, and mask only the tiles crossing the diagonal or the last key.
+//!   The plan is the largest of [`FLASH_TILES`] whose memory (which grows
+//!   with the head dim) fits the adapter's limit; heads too wide for any
+//!   take the slice-staged kernel below.
+//! - `Tiled` (GPUs), gradients, and forwards too wide for a flash tile: a
+//!   workgroup owns [`AttnTile::br`] rows (queries, or
 //!   keys for the key/value gradients) and walks the other side in tiles
 //!   of [`AttnTile::bc`]. Each invocation holds a 4 x 4 block of the
 //!   tile's scores in registers; score blocks are dot products of operand
@@ -285,6 +300,410 @@ pub fn per_row_in_registers(d: u64, dv: u64) -> bool {
     d.div_ceil(4) + dv.div_ceil(4) <= PER_ROW_REGISTER_CHUNKS
 }
 
+/// A tile of the flash forward (see [`FlashPlan`]): `br` queries per
+/// workgroup, keys walked `bc` at a time; each invocation holds a 4 x 4
+/// block of the tile's scores, so a workgroup has `br / 4 * bc / 4`
+/// invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashTile {
+    /// Queries per workgroup.
+    pub br: u64,
+    /// Keys per tile of the walk.
+    pub bc: u64,
+}
+
+/// The tiles of the flash forward, largest first (each also tried with
+/// the value tile sharing the key tile's memory, see
+/// [`FlashPlan::v_in_k`]). Every plan runs on lavapipe's 32 KiB at some
+/// head dim, so the differential tests prove each one; a 64 x 64 tile
+/// (256 invocations) would fit 48 KiB only at head dims up to 32, and
+/// nowhere on lavapipe.
+pub const FLASH_TILES: [FlashTile; 2] = [FlashTile { br: 64, bc: 32 }, FlashTile { br: 32, bc: 32 }];
+
+/// `n` rounded up to an odd number: row strides (in vec4s) of workgroup
+/// arrays whose rows adjacent lanes read, so that they hit different
+/// banks.
+fn odd(n: u64) -> u64 {
+    n | 1
+}
+
+impl FlashTile {
+    /// Invocations per workgroup.
+    pub fn lanes(self) -> u64 {
+        self.br / 4 * (self.bc / 4)
+    }
+
+    /// Row stride (vec4s) of the staged value tile: every invocation
+    /// reads the same number of vec4 columns (`tc + c * bc/4`), the ones
+    /// past `dv` are zeros.
+    fn v_stride(self, dv: u64) -> u64 {
+        (dv.div_ceil(4).div_ceil(self.bc / 4) * (self.bc / 4)).max(1)
+    }
+
+    /// Bytes of workgroup memory of the forward with head dim `d`, value
+    /// dim `dv`, with or without the output (`out`), the value tile in
+    /// its own array or in the key tile's (`v_in_k`): the query block
+    /// (staged once), the key (and value) tile, the probability tile and
+    /// the row partials.
+    pub fn workgroup_bytes(self, d: u64, dv: u64, out: bool, v_in_k: bool) -> u64 {
+        let qs = odd(d.div_ceil(4));
+        let (q, k) = (self.br * qs, self.bc * qs);
+        let v = if out { self.bc * self.v_stride(dv) } else { 0 };
+        let kv = if v_in_k { k.max(v) } else { k + v };
+        let rs = odd(self.br / 4);
+        let p = if out { self.bc * rs } else { 0 };
+        16 * (q + kv + p + self.bc / 4 * rs)
+    }
+}
+
+/// How the flash forward is written for one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashPlan {
+    /// The tile.
+    pub tile: FlashTile,
+    /// The value tile is staged into the key tile's memory once the scores
+    /// are computed (one array less; its loads are not overlapped with
+    /// the score products).
+    pub v_in_k: bool,
+}
+
+/// The flash forward's plan for a forward pass with head dim `d`, value
+/// dim `dv` (writing the output when `out`) under `workgroup_storage`
+/// bytes: the largest of [`FLASH_TILES`] that fits, its value tile apart
+/// if that fits too; `None` when no tile fits (wide heads: the
+/// slice-staged tiled form takes them).
+pub fn flash_plan_for(d: u64, dv: u64, out: bool, workgroup_storage: u64) -> Option<FlashPlan> {
+    FLASH_TILES.iter().find_map(|&tile| {
+        [false, true]
+            .into_iter()
+            .find(|&v_in_k| tile.workgroup_bytes(d, dv, out, v_in_k) <= workgroup_storage)
+            .map(|v_in_k| FlashPlan { tile, v_in_k })
+    })
+}
+
+/// The flash plan of attention kernel `k` under `limits`: forward
+/// kernels in the tiled form whose tile fits.
+fn flash_plan(a: &Attn, limits: &LowerLimits) -> Option<FlashPlan> {
+    if limits.forms.attention != AttentionForm::Tiled || a.pass != Pass::Forward {
+        return None;
+    }
+    flash_plan_for(a.d, a.dv, a.slot(AttentionPart::Out).is_some(), limits.workgroup_storage as u64)
+}
+
+/// The operands of attention kernel `k` that the flash forward reads as
+/// vec4s (bound as `array<vec4<f32>>`): q, k and v where they are f32
+/// kernel inputs whose rows are a multiple of 4 wide, in kernels that
+/// are not generic over sizes; none for other kernels and forms.
+pub fn flash_vec4_operands(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Vec<NodeId> {
+    if k.kind != lazuli_ir::fusion::KernelKind::Attention || limits.generic {
+        return Vec::new();
+    }
+    let a = Attn::new(k, g);
+    if flash_plan(&a, limits).is_none() {
+        return Vec::new();
+    }
+    [(a.q, a.d), (a.k, a.d), (a.v, a.dv)]
+        .into_iter()
+        .filter(|&(id, w)| w > 0 && w.is_multiple_of(4) && k.inputs.contains(&id) && g.node(id).dtype == DType::F32)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// Loop trips of the flash forward per workgroup, under llvmpipe's loop
+/// budget: the query staging once, then per tile the key and value
+/// staging loops, the score product (at most `d / 4` steps), the row
+/// maxima (`bc / 4`) and the product with the values (`bc / 4` steps of
+/// 4 keys); the row sums once.
+fn flash_trips(plan: FlashPlan, tk: u64, d: u64, dv: u64) -> u64 {
+    let FlashTile { br, bc } = plan.tile;
+    let lanes = plan.tile.lanes();
+    let (d4, v4) = (d.div_ceil(4), plan.tile.v_stride(dv));
+    let tile = (bc * d4).div_ceil(lanes) + (bc * v4).div_ceil(lanes) + d4 + bc / 4 + bc / 4 + 1;
+    (br * d4).div_ceil(lanes) + tk.div_ceil(bc) * tile + bc / 4
+}
+
+impl Writer<'_> {
+    /// The flash forward (FlashAttention-2's): a workgroup per (batch
+    /// slice, block of `br` queries), the block staged once in workgroup
+    /// memory; per tile of `bc` keys: the key (and value) tile staged with
+    /// coalesced vec4 loads, each invocation's 4 x 4 score block in
+    /// registers, the online softmax's row maxima combined through
+    /// workgroup memory, the probabilities written there once and the
+    /// output block (4 rows x a vec4 of every `bc`-wide chunk of the value
+    /// dim) accumulated and rescaled in registers; the output and the
+    /// log-sum-exp written once at the end. Four barriers per tile. An
+    /// invocation's rows and keys are strided (`tr + r * br/4`, `tc + e *
+    /// bc/4`), so the lanes of a warp read adjacent rows of the staged
+    /// tiles, whose odd row strides put them in different banks. Causal
+    /// kernels walk only the tiles a block sees, heaviest blocks first, and
+    /// mask only the tiles that cross the diagonal or the last key.
+    fn attention_flash(&mut self, a: &Attn, k: &Kernel, plan: FlashPlan, b: &mut String) -> u64 {
+        let FlashPlan { tile, v_in_k } = plan;
+        let FlashTile { br, bc } = tile;
+        let (tq, tk, d, dv) = (a.tq, a.tk, a.d, a.dv);
+        let lanes = tile.lanes();
+        let (r4, c4) = (br / 4, bc / 4);
+        let d4 = d.div_ceil(4);
+        let qs = odd(d4);
+        let rs = odd(r4);
+        let vs = tile.v_stride(dv);
+        let so = a.slot(AttentionPart::Out);
+        let nch = if so.is_some() { vs / c4 } else { 0 };
+        let nrb = tq.div_ceil(br);
+        let groups = a.nb * nrb;
+        self.workgroup = Some(lanes as u32);
+        self.use_helper(Helper::IsNegInfF);
+        self.use_helper(Helper::IsNegInf4);
+        let vecs = flash_vec4_operands(k, self.g, &self.limits);
+        let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).filter(|_| vecs.contains(&id));
+        for (id, w) in [(a.q, d), (a.k, d), (a.v, dv)] {
+            if slot(id).is_none() {
+                self.row_loader(id, w);
+            }
+        }
+        // vec4 chunk `p` of row `row` (in range) of operand `id`, `w` wide,
+        // whose slice starts at `base`.
+        let load = |id: NodeId, base: &str, row: &str, w: u64, p: &str| match slot(id) {
+            Some(s) => format!("in{s}[({base} + ({row}) * {w}u) / 4u + {p}]"),
+            None => format!("ld{}({base} + ({row}) * {w}u, {p})", id.0),
+        };
+        let kv_len = if v_in_k { (bc * qs).max(bc * vs) } else { bc * qs };
+        let _ = writeln!(self.shared, "var<workgroup> fq: array<vec4<f32>, {}>;", br * qs);
+        let _ = writeln!(self.shared, "var<workgroup> fk: array<vec4<f32>, {kv_len}>;");
+        let fv = if v_in_k { "fk" } else { "fv" };
+        if so.is_some() {
+            if !v_in_k {
+                let _ = writeln!(self.shared, "var<workgroup> fv: array<vec4<f32>, {}>;", bc * vs);
+            }
+            let _ = writeln!(self.shared, "var<workgroup> fp: array<vec4<f32>, {}>;", bc * rs);
+        }
+        let _ = writeln!(self.shared, "var<workgroup> fm: array<vec4<f32>, {}>;\n", c4 * rs);
+        let ind = "    ";
+        let i2 = "        ";
+        let i3 = "            ";
+        // Causal: the blocks with the most tiles first (block index
+        // reversed, the slowest-varying); otherwise neighbouring
+        // workgroups share their keys.
+        let order = if a.causal {
+            format!("{ind}let bi = gi % {nb}u;\n{ind}let row0 = ({nrb}u - 1u - gi / {nb}u) * {br}u;", nb = a.nb)
+        } else {
+            format!("{ind}let bi = gi / {nrb}u;\n{ind}let row0 = (gi % {nrb}u) * {br}u;")
+        };
+        let _ = writeln!(
+            b,
+            "{ind}let gi = wid.x + wid.y * nwg.x;\n{}{order}\n{ind}let tr = lid / {c4}u;\n{ind}let tc = lid % {c4}u;",
+            // Workgroup-uniform: a return here keeps barriers uniform.
+            if groups > 65535 {
+                format!("{ind}if (gi >= {groups}u) {{\n{ind}    return;\n{ind}}}\n")
+            } else {
+                String::new()
+            }
+        );
+        b.push_str(&a.bases(ind));
+        let _ = writeln!(b, "{ind}let sc = n{}(0u);", a.scale.0);
+        // Rows of this invocation: row0 + tr + r * br/4, clamped for loads.
+        for r in 0..4 {
+            let _ = writeln!(
+                b,
+                "{ind}let ri{r} = row0 + tr + {}u;\n{ind}let rc{r} = min(ri{r}, {}u);\n{ind}let qr{r} = (tr + {}u) * {qs}u;",
+                r * r4,
+                tq.max(1) - 1,
+                r * r4
+            );
+        }
+        for e in 0..4 {
+            let _ = writeln!(b, "{ind}let kr{e} = (tc + {}u) * {qs}u;", e * c4);
+        }
+        // The query block, once: element e is (row e / (d/4), chunk e % (d/4)),
+        // adjacent lanes on adjacent chunks of a row.
+        if d4 > 0 {
+            let _ = writeln!(
+                b,
+                "{ind}for (var e = lid; e < {}u; e = e + {lanes}u) {{\n{i2}let rr = e / {d4}u;\n{i2}let pp = e % {d4}u;\n{i2}fq[rr * {qs}u + pp] = select(vec4<f32>(0.0), {}, row0 + rr < {tq}u);\n{ind}}}",
+                br * d4,
+                load(a.q, "qb", &format!("min(row0 + rr, {}u)", tq.max(1) - 1), d, "pp")
+            );
+        }
+        for c in 0..nch {
+            for r in 0..4 {
+                let _ = writeln!(b, "{ind}var acc_o{r}_{c} = vec4<f32>(0.0);");
+            }
+        }
+        let _ = writeln!(b, "{ind}var m = vec4<f32>(-inf_f());\n{ind}var l = vec4<f32>(0.0);");
+        // The walk: a causal block stops after its last row's key.
+        let end = if a.causal { format!("min({tk}u, row0 + {br}u)") } else { format!("{tk}u") };
+        let _ = writeln!(b, "{ind}for (var c0 = 0u; c0 < {end}; c0 = c0 + {bc}u) {{");
+        // Stage: a tile's row `rr` (zeros past the last key), chunk `pp`.
+        // `chunks` vec4s of each row of the tile (those past the operand's
+        // width are zeros); its row `rr` past the last key is zeros.
+        let stage = |b: &mut String, arr: &str, id: NodeId, base: &str, w: u64, stride: u64, chunks: u64| {
+            let w4 = w.div_ceil(4);
+            if w4 == 0 {
+                return;
+            }
+            let (pp, live) = if chunks > w4 {
+                (format!("min(pp, {}u)", w4 - 1), format!("c0 + rr < {tk}u && pp < {w4}u"))
+            } else {
+                ("pp".to_string(), format!("c0 + rr < {tk}u"))
+            };
+            let value = load(id, base, &format!("min(c0 + rr, {}u)", tk.max(1) - 1), w, &pp);
+            let _ = writeln!(
+                b,
+                "{i2}for (var e = lid; e < {}u; e = e + {lanes}u) {{\n{i3}let rr = e / {chunks}u;\n{i3}let pp = e % {chunks}u;\n{i3}{arr}[rr * {stride}u + pp] = select(vec4<f32>(0.0), {value}, {live});\n{i2}}}",
+                bc * chunks
+            );
+        };
+        let _ = writeln!(b, "{i2}workgroupBarrier();");
+        stage(b, "fk", a.k, "kb", d, qs, d4);
+        if so.is_some() && !v_in_k {
+            stage(b, "fv", a.v, "vb", dv, vs, vs);
+        }
+        let _ = writeln!(b, "{i2}workgroupBarrier();");
+        // Scores: 4 x 4 dot products over the head dim, a vec4 of depth at
+        // a time (16 vec4 multiply-adds per 8 reads).
+        for r in 0..4 {
+            let _ = writeln!(b, "{i2}var s{r} = vec4<f32>(0.0);");
+        }
+        if d4 > 0 {
+            // Unrolled by up to 4 in the source: naga bounds every loop
+            // with a counter of its own, which may keep a driver from
+            // unrolling it.
+            let us = [4, 2, 1].into_iter().find(|u| d4.is_multiple_of(*u)).unwrap_or(1);
+            let _ = writeln!(b, "{i2}for (var p = 0u; p < {d4}u; p = p + {us}u) {{");
+            for u in 0..us {
+                let _ = writeln!(b, "{i3}{{");
+                for r in 0..4 {
+                    let _ = writeln!(b, "{i3}    let q{r} = fq[qr{r} + p + {u}u];");
+                }
+                for e in 0..4 {
+                    let _ = writeln!(b, "{i3}    let k{e} = fk[kr{e} + p + {u}u];");
+                }
+                for r in 0..4 {
+                    for l in LANE {
+                        let _ = writeln!(
+                            b,
+                            "{i3}    s{r} = fma(vec4<f32>(q{r}.{l}), vec4<f32>(k0.{l}, k1.{l}, k2.{l}, k3.{l}), s{r});"
+                        );
+                    }
+                }
+                let _ = writeln!(b, "{i3}}}");
+            }
+            let _ = writeln!(b, "{i2}}}");
+        }
+        // Keys of this invocation: c0 + tc + e * bc/4.
+        let _ = writeln!(
+            b,
+            "{i2}let cv = vec4<u32>(c0 + tc) + vec4<u32>(0u, {}u, {}u, {}u);\n{i2}let cc = min(cv, vec4<u32>({}u));",
+            c4,
+            2 * c4,
+            3 * c4,
+            tk.max(1) - 1
+        );
+        for r in 0..4 {
+            let sc: Vec<String> =
+                LANE.iter().map(|l| a.score(&format!("s{r}.{l}"), &format!("rc{r}"), &format!("cc.{l}"))).collect();
+            let _ = writeln!(b, "{i2}var x{r} = vec4<f32>({});", sc.join(", "));
+        }
+        // Only tiles past the last key or across the diagonal mask.
+        let full =
+            if a.causal { format!("c0 + {bc}u <= min({tk}u, row0 + 1u)") } else { format!("c0 + {bc}u <= {tk}u") };
+        let _ = writeln!(b, "{i2}if (!({full})) {{");
+        for r in 0..4 {
+            let causal = if a.causal { format!(" & (cv <= vec4<u32>(ri{r}))") } else { String::new() };
+            let _ = writeln!(b, "{i3}x{r} = select(vec4<f32>(-inf_f()), x{r}, (cv < vec4<u32>({tk}u)){causal});");
+        }
+        let _ = writeln!(b, "{i2}}}");
+        // Row maxima: this invocation's, then over the row's invocations.
+        let mx = |r: usize| format!("max_nan(max_nan(x{r}.x, x{r}.y), max_nan(x{r}.z, x{r}.w))");
+        let _ = writeln!(
+            b,
+            "{i2}fm[tc * {rs}u + tr] = vec4<f32>({}, {}, {}, {});\n{i2}workgroupBarrier();\n{i2}var mt = m;\n{i2}for (var u = 0u; u < {c4}u; u = u + 1u) {{\n{i3}let pm = fm[u * {rs}u + tr];\n{i3}mt = vec4<f32>(max_nan(mt.x, pm.x), max_nan(mt.y, pm.y), max_nan(mt.z, pm.z), max_nan(mt.w, pm.w));\n{i2}}}\n{i2}let al = select(exp(m - mt), vec4<f32>(1.0), isninf4(mt));",
+            mx(0),
+            mx(1),
+            mx(2),
+            mx(3)
+        );
+        for (r, lane) in LANE.iter().enumerate() {
+            let _ = writeln!(
+                b,
+                "{i2}let p{r} = select(exp(x{r} - vec4<f32>(mt.{lane})), vec4<f32>(0.0), isninf4(x{r}) | vec4<bool>(isninf_f(mt.{lane})));"
+            );
+        }
+        let _ = writeln!(
+            b,
+            "{i2}l = l * al + vec4<f32>(dot(p0, vec4<f32>(1.0)), dot(p1, vec4<f32>(1.0)), dot(p2, vec4<f32>(1.0)), dot(p3, vec4<f32>(1.0)));\n{i2}m = mt;"
+        );
+        if so.is_some() {
+            for c in 0..nch {
+                for (r, lane) in LANE.iter().enumerate() {
+                    let _ = writeln!(b, "{i2}acc_o{r}_{c} = acc_o{r}_{c} * al.{lane};");
+                }
+            }
+            // P transposed: fp[key * rs + tr] holds this invocation's rows.
+            for (e, l) in LANE.iter().enumerate() {
+                let _ = writeln!(
+                    b,
+                    "{i2}fp[(tc + {}u) * {rs}u + tr] = vec4<f32>(p0.{l}, p1.{l}, p2.{l}, p3.{l});",
+                    e as u64 * c4
+                );
+            }
+            if v_in_k {
+                // Every score is computed (the barrier above): the key
+                // tile's memory takes the values.
+                stage(b, "fk", a.v, "vb", dv, vs, vs);
+            }
+            // Unrolled by 4 in the source (`bc` is a multiple of 4).
+            let _ = writeln!(b, "{i2}workgroupBarrier();\n{i2}for (var j = 0u; j < {bc}u; j = j + 4u) {{");
+            for u in 0..4 {
+                let _ = writeln!(
+                    b,
+                    "{i3}{{\n{i3}    let pv = fp[(j + {u}u) * {rs}u + tr];\n{i3}    let vr = (j + {u}u) * {vs}u + tc;"
+                );
+                for c in 0..nch {
+                    let _ = writeln!(b, "{i3}    let xv{c} = {fv}[vr + {}u];", c * c4);
+                    for (r, lane) in LANE.iter().enumerate() {
+                        let _ = writeln!(b, "{i3}    acc_o{r}_{c} = fma(vec4<f32>(pv.{lane}), xv{c}, acc_o{r}_{c});");
+                    }
+                }
+                let _ = writeln!(b, "{i3}}}");
+            }
+            let _ = writeln!(b, "{i2}}}");
+        }
+        let _ = writeln!(b, "{ind}}}");
+        // The row sums over the row's invocations; the stores.
+        let _ = writeln!(
+            b,
+            "{ind}workgroupBarrier();\n{ind}fm[tc * {rs}u + tr] = l;\n{ind}workgroupBarrier();\n{ind}var lt = vec4<f32>(0.0);\n{ind}for (var u = 0u; u < {c4}u; u = u + 1u) {{\n{i2}lt = lt + fm[u * {rs}u + tr];\n{ind}}}\n{ind}let obase = bi * {tq}u;"
+        );
+        let dead = if tk == 0 { "vec4<bool>(false)" } else { "isninf4(m)" };
+        let _ = writeln!(b, "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / lt, vec4<f32>(0.0), isninf4(m));");
+        if let Some(s) = a.slot(AttentionPart::LogSumExp) {
+            for (r, lane) in LANE.iter().enumerate() {
+                let _ = writeln!(
+                    b,
+                    "{ind}if (tc == 0u && ri{r} < {tq}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
+                );
+            }
+        }
+        if let Some(s) = so {
+            for c in 0..nch {
+                for (r, lane) in LANE.iter().enumerate() {
+                    let _ = writeln!(b, "{ind}if (ri{r} < {tq}u) {{");
+                    for (e, comp) in LANE.iter().enumerate() {
+                        let col = format!("(tc + {}u) * 4u + {e}u", c * c4);
+                        let _ = writeln!(
+                            b,
+                            "{i2}if ({col} < {dv}u) {{\n{i3}out{s}[(obase + ri{r}) * {dv}u + {col}] = select(acc_o{r}_{c}.{comp} * rl.{lane}, nan_f(), dead.{lane});\n{i2}}}"
+                        );
+                    }
+                    let _ = writeln!(b, "{ind}}}");
+                }
+            }
+        }
+        groups * lanes
+    }
+}
+
 /// vec4 component names.
 const LANE: [&str; 4] = ["x", "y", "z", "w"];
 
@@ -296,6 +715,9 @@ impl Writer<'_> {
         self.use_helper(Helper::InfF);
         self.use_helper(Helper::NanF);
         self.use_helper(Helper::MaxNan);
+        if let Some(plan) = flash_plan(&a, &self.limits) {
+            return self.attention_flash(&a, k, plan, b);
+        }
         match (self.limits.forms.attention, choose_tile(&self.limits)) {
             (AttentionForm::Tiled, Some(tile)) => self.attention_tiled(&a, tile, b),
             // Rows too wide for registers: the tiled kernel is also the
@@ -937,7 +1359,18 @@ pub fn within_loop_budget(
                 walk.div_ceil(t.bc) * (2 * dot + t.bc / 4 + 2 * acc + 1) + t.bc / 4
             })
             .max()
-            .unwrap_or(0),
+            .unwrap_or(0)
+            // The flash forward (forward kernels of the tiled form), at
+            // each of its tiles.
+            .max(if matches!(part, AttentionPart::Out | AttentionPart::LogSumExp) {
+                FLASH_TILES
+                    .iter()
+                    .map(|&tile| flash_trips(FlashPlan { tile, v_in_k: false }, tk, d, dv))
+                    .max()
+                    .unwrap_or(0)
+            } else {
+                0
+            }),
     };
     trips <= budget
 }
@@ -996,6 +1429,42 @@ fn attn_masked_scores(a: &Attn, walk: u64, b: &mut String) {
             b,
             "{i2}let ok{r} = {valid};\n{i2}let x{r} = select(vec4<f32>(-inf_f()), vec4<f32>({}), ok{r});",
             sc.join(", ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flash plans at the limits that matter: NVIDIA's 48 KiB (A1 and
+    /// G8 at head dim 64 get 64 x 32 tiles of 128 invocations), lavapipe's
+    /// 32 KiB and WebGPU's 16 KiB minimum; every plan's memory fits its
+    /// limit and heads too wide for any tile get none.
+    #[test]
+    fn flash_plans_fit_the_limits() {
+        let plan = |d: u64, limit: u64| flash_plan_for(d, d, true, limit).map(|p| (p.tile.br, p.tile.bc, p.v_in_k));
+        assert_eq!(plan(64, 49152), Some((64, 32, false)));
+        assert_eq!(plan(32, 49152), Some((64, 32, false)));
+        assert_eq!(plan(80, 49152), Some((64, 32, true)));
+        assert_eq!(plan(48, 32768), Some((64, 32, true)));
+        assert_eq!(plan(128, 49152), Some((32, 32, true)));
+        assert_eq!(plan(64, 32768), Some((32, 32, false)));
+        assert_eq!(plan(96, 32768), Some((32, 32, true)));
+        assert_eq!(plan(32, 16384), Some((32, 32, true)));
+        assert_eq!(plan(64, 16384), None);
+        assert_eq!(plan(256, 49152), None);
+        for d in 0..=160 {
+            for limit in [16384, 32768, 49152, 65536] {
+                if let Some(p) = flash_plan_for(d, d + 3, true, limit) {
+                    assert!(p.tile.workgroup_bytes(d, d + 3, true, p.v_in_k) <= limit);
+                    assert!(p.tile.lanes() <= 256);
+                }
+            }
+        }
+        // Without the output there is no value or probability tile.
+        assert!(
+            FLASH_TILES[0].workgroup_bytes(64, 64, false, false) < FLASH_TILES[0].workgroup_bytes(64, 64, true, false)
         );
     }
 }

@@ -209,7 +209,9 @@ pub enum AttentionForm {
     PerRow,
     /// A workgroup per block of rows; score tiles in registers, operand
     /// slices and probabilities in workgroup memory (the tile fitted to
-    /// the adapter's limit; per-row when none fits).
+    /// the adapter's limit; per-row when none fits). The forward is the
+    /// flash kernel (the query block staged once, the output in
+    /// registers) where a flash tile fits the head dim.
     Tiled,
 }
 

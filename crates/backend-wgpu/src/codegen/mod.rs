@@ -228,6 +228,9 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         mm.as_ref()
             .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
     };
+    // The flash attention forward reads aligned q, k, v as vectors.
+    let attn_vec = attention::flash_vec4_operands(kernel, graph, limits);
+    let mm_vec = |id: NodeId| mm_vec(id) || attn_vec.contains(&id);
     let vector_input = |id: NodeId| {
         (width == Some(4) && graph.node(id).shape.numel() == root_numel)
             || (row_vec && kernel.inputs[0] == id)

@@ -14,8 +14,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> in0: array<f32>;
-@group(0) @binding(2) var<storage, read> in1: array<f32>;
-@group(0) @binding(3) var<storage, read> in2: array<f32>;
+@group(0) @binding(2) var<storage, read> in1: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> in2: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> in3: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out0: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out1: array<f32>;
@@ -49,11 +49,11 @@ fn n0(i: u32) -> f32 {
 }
 
 fn n2(i: u32) -> f32 {
-    return in1[i];
+    return in1[i >> 2u][i & 3u];
 }
 
 fn n3(i: u32) -> f32 {
-    return in2[i];
+    return in2[i >> 2u][i & 3u];
 }
 
 fn n5(i: u32) -> f32 {
@@ -68,15 +68,20 @@ fn n4(i: u32) -> f32 {
     return P.s0;
 }
 
-var<workgroup> sh: array<vec4<f32>, 256>;
-var<workgroup> sp: array<vec4<f32>, 256>;
+fn ld1(base: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(n1(base + c * 4u + 0u), n1(base + c * 4u + 1u), n1(base + c * 4u + 2u), n1(base + c * 4u + 3u));
+}
+
+var<workgroup> fq: array<vec4<f32>, 224>;
+var<workgroup> fk: array<vec4<f32>, 256>;
+var<workgroup> fp: array<vec4<f32>, 288>;
+var<workgroup> fm: array<vec4<f32>, 72>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let gi = wid.x + wid.y * nwg.x;
-    let t = gi * 64u + lid;
-    let bi = gi / 2u;
-    let row0 = (gi % 2u) * 32u;
+    let bi = gi % 2u;
+    let row0 = (2u - 1u - gi / 2u) * 32u;
     let tr = lid / 8u;
     let tc = lid % 8u;
     let qb = (bi) * 960u;
@@ -84,15 +89,27 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let vb = (bi) * 1120u;
     let mb = (0u) * 2240u;
     let sc = n4(0u);
-    let ri0 = row0 + tr * 4u + 0u;
+    let ri0 = row0 + tr + 0u;
     let rc0 = min(ri0, 39u);
-    let ri1 = row0 + tr * 4u + 1u;
+    let qr0 = (tr + 0u) * 7u;
+    let ri1 = row0 + tr + 8u;
     let rc1 = min(ri1, 39u);
-    let ri2 = row0 + tr * 4u + 2u;
+    let qr1 = (tr + 8u) * 7u;
+    let ri2 = row0 + tr + 16u;
     let rc2 = min(ri2, 39u);
-    let ri3 = row0 + tr * 4u + 3u;
+    let qr2 = (tr + 16u) * 7u;
+    let ri3 = row0 + tr + 24u;
     let rc3 = min(ri3, 39u);
-    let riv = vec4<u32>(ri0, ri1, ri2, ri3);
+    let qr3 = (tr + 24u) * 7u;
+    let kr0 = (tc + 0u) * 7u;
+    let kr1 = (tc + 8u) * 7u;
+    let kr2 = (tc + 16u) * 7u;
+    let kr3 = (tc + 24u) * 7u;
+    for (var e = lid; e < 192u; e = e + 64u) {
+        let rr = e / 6u;
+        let pp = e % 6u;
+        fq[rr * 7u + pp] = select(vec4<f32>(0.0), ld1(qb + (min(row0 + rr, 39u)) * 24u, pp), row0 + rr < 40u);
+    }
     var acc_o0_0 = vec4<f32>(0.0);
     var acc_o1_0 = vec4<f32>(0.0);
     var acc_o2_0 = vec4<f32>(0.0);
@@ -100,51 +117,88 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var m = vec4<f32>(-inf_f());
     var l = vec4<f32>(0.0);
     for (var c0 = 0u; c0 < min(56u, row0 + 32u); c0 = c0 + 32u) {
-        let cv = vec4<u32>(c0 + tc * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
-        let cc = min(cv, vec4<u32>(55u));
+        workgroupBarrier();
+        for (var e = lid; e < 192u; e = e + 64u) {
+            let rr = e / 6u;
+            let pp = e % 6u;
+            fk[rr * 7u + pp] = select(vec4<f32>(0.0), in1[(kb + (min(c0 + rr, 55u)) * 24u) / 4u + pp], c0 + rr < 56u);
+        }
+        workgroupBarrier();
         var s0 = vec4<f32>(0.0);
         var s1 = vec4<f32>(0.0);
         var s2 = vec4<f32>(0.0);
         var s3 = vec4<f32>(0.0);
-        for (var d0 = 0u; d0 < 24u; d0 = d0 + 16u) {
-            workgroupBarrier();
-            for (var e = lid; e < 512u; e = e + 64u) {
-                let rr = e / 16u;
-                let dd = e % 16u;
-                let gr = row0 + rr;
-                let gd = d0 + dd;
-                sh[0u + dd * 8u + rr / 4u][rr % 4u] = select(0.0, n1(qb + min(gr, 39u) * 24u + min(gd, 23u)), gr < 40u && gd < 24u);
+        for (var p = 0u; p < 6u; p = p + 2u) {
+            {
+                let q0 = fq[qr0 + p + 0u];
+                let q1 = fq[qr1 + p + 0u];
+                let q2 = fq[qr2 + p + 0u];
+                let q3 = fq[qr3 + p + 0u];
+                let k0 = fk[kr0 + p + 0u];
+                let k1 = fk[kr1 + p + 0u];
+                let k2 = fk[kr2 + p + 0u];
+                let k3 = fk[kr3 + p + 0u];
+                s0 = fma(vec4<f32>(q0.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s0);
+                s0 = fma(vec4<f32>(q0.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s0);
+                s0 = fma(vec4<f32>(q0.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s0);
+                s0 = fma(vec4<f32>(q0.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s0);
+                s1 = fma(vec4<f32>(q1.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s1);
+                s1 = fma(vec4<f32>(q1.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s1);
+                s1 = fma(vec4<f32>(q1.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s1);
+                s1 = fma(vec4<f32>(q1.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s1);
+                s2 = fma(vec4<f32>(q2.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s2);
+                s2 = fma(vec4<f32>(q2.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s2);
+                s2 = fma(vec4<f32>(q2.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s2);
+                s2 = fma(vec4<f32>(q2.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s2);
+                s3 = fma(vec4<f32>(q3.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s3);
+                s3 = fma(vec4<f32>(q3.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s3);
+                s3 = fma(vec4<f32>(q3.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s3);
+                s3 = fma(vec4<f32>(q3.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s3);
             }
-            for (var e = lid; e < 512u; e = e + 64u) {
-                let rr = e / 16u;
-                let dd = e % 16u;
-                let gr = c0 + rr;
-                let gd = d0 + dd;
-                sh[128u + dd * 8u + rr / 4u][rr % 4u] = select(0.0, n2(kb + min(gr, 55u) * 24u + min(gd, 23u)), gr < 56u && gd < 24u);
-            }
-            workgroupBarrier();
-            for (var dd = 0u; dd < 16u; dd = dd + 1u) {
-                let av = sh[dd * 8u + tr];
-                let bv = sh[128u + dd * 8u + tc];
-                s0 = fma(vec4<f32>(av.x), bv, s0);
-                s1 = fma(vec4<f32>(av.y), bv, s1);
-                s2 = fma(vec4<f32>(av.z), bv, s2);
-                s3 = fma(vec4<f32>(av.w), bv, s3);
+            {
+                let q0 = fq[qr0 + p + 1u];
+                let q1 = fq[qr1 + p + 1u];
+                let q2 = fq[qr2 + p + 1u];
+                let q3 = fq[qr3 + p + 1u];
+                let k0 = fk[kr0 + p + 1u];
+                let k1 = fk[kr1 + p + 1u];
+                let k2 = fk[kr2 + p + 1u];
+                let k3 = fk[kr3 + p + 1u];
+                s0 = fma(vec4<f32>(q0.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s0);
+                s0 = fma(vec4<f32>(q0.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s0);
+                s0 = fma(vec4<f32>(q0.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s0);
+                s0 = fma(vec4<f32>(q0.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s0);
+                s1 = fma(vec4<f32>(q1.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s1);
+                s1 = fma(vec4<f32>(q1.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s1);
+                s1 = fma(vec4<f32>(q1.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s1);
+                s1 = fma(vec4<f32>(q1.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s1);
+                s2 = fma(vec4<f32>(q2.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s2);
+                s2 = fma(vec4<f32>(q2.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s2);
+                s2 = fma(vec4<f32>(q2.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s2);
+                s2 = fma(vec4<f32>(q2.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s2);
+                s3 = fma(vec4<f32>(q3.x), vec4<f32>(k0.x, k1.x, k2.x, k3.x), s3);
+                s3 = fma(vec4<f32>(q3.y), vec4<f32>(k0.y, k1.y, k2.y, k3.y), s3);
+                s3 = fma(vec4<f32>(q3.z), vec4<f32>(k0.z, k1.z, k2.z, k3.z), s3);
+                s3 = fma(vec4<f32>(q3.w), vec4<f32>(k0.w, k1.w, k2.w, k3.w), s3);
             }
         }
-        let ok0 = (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri0));
-        let x0 = select(vec4<f32>(-inf_f()), vec4<f32>(s0.x * sc + n5(mb + (rc0) * 56u + (cc.x) * 1u), s0.y * sc + n5(mb + (rc0) * 56u + (cc.y) * 1u), s0.z * sc + n5(mb + (rc0) * 56u + (cc.z) * 1u), s0.w * sc + n5(mb + (rc0) * 56u + (cc.w) * 1u)), ok0);
-        let ok1 = (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri1));
-        let x1 = select(vec4<f32>(-inf_f()), vec4<f32>(s1.x * sc + n5(mb + (rc1) * 56u + (cc.x) * 1u), s1.y * sc + n5(mb + (rc1) * 56u + (cc.y) * 1u), s1.z * sc + n5(mb + (rc1) * 56u + (cc.z) * 1u), s1.w * sc + n5(mb + (rc1) * 56u + (cc.w) * 1u)), ok1);
-        let ok2 = (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri2));
-        let x2 = select(vec4<f32>(-inf_f()), vec4<f32>(s2.x * sc + n5(mb + (rc2) * 56u + (cc.x) * 1u), s2.y * sc + n5(mb + (rc2) * 56u + (cc.y) * 1u), s2.z * sc + n5(mb + (rc2) * 56u + (cc.z) * 1u), s2.w * sc + n5(mb + (rc2) * 56u + (cc.w) * 1u)), ok2);
-        let ok3 = (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri3));
-        let x3 = select(vec4<f32>(-inf_f()), vec4<f32>(s3.x * sc + n5(mb + (rc3) * 56u + (cc.x) * 1u), s3.y * sc + n5(mb + (rc3) * 56u + (cc.y) * 1u), s3.z * sc + n5(mb + (rc3) * 56u + (cc.z) * 1u), s3.w * sc + n5(mb + (rc3) * 56u + (cc.w) * 1u)), ok3);
-        sp[tc * 8u + tr] = vec4<f32>(max_nan(max_nan(x0.x, x0.y), max_nan(x0.z, x0.w)), max_nan(max_nan(x1.x, x1.y), max_nan(x1.z, x1.w)), max_nan(max_nan(x2.x, x2.y), max_nan(x2.z, x2.w)), max_nan(max_nan(x3.x, x3.y), max_nan(x3.z, x3.w)));
+        let cv = vec4<u32>(c0 + tc) + vec4<u32>(0u, 8u, 16u, 24u);
+        let cc = min(cv, vec4<u32>(55u));
+        var x0 = vec4<f32>(s0.x * sc + n5(mb + (rc0) * 56u + (cc.x) * 1u), s0.y * sc + n5(mb + (rc0) * 56u + (cc.y) * 1u), s0.z * sc + n5(mb + (rc0) * 56u + (cc.z) * 1u), s0.w * sc + n5(mb + (rc0) * 56u + (cc.w) * 1u));
+        var x1 = vec4<f32>(s1.x * sc + n5(mb + (rc1) * 56u + (cc.x) * 1u), s1.y * sc + n5(mb + (rc1) * 56u + (cc.y) * 1u), s1.z * sc + n5(mb + (rc1) * 56u + (cc.z) * 1u), s1.w * sc + n5(mb + (rc1) * 56u + (cc.w) * 1u));
+        var x2 = vec4<f32>(s2.x * sc + n5(mb + (rc2) * 56u + (cc.x) * 1u), s2.y * sc + n5(mb + (rc2) * 56u + (cc.y) * 1u), s2.z * sc + n5(mb + (rc2) * 56u + (cc.z) * 1u), s2.w * sc + n5(mb + (rc2) * 56u + (cc.w) * 1u));
+        var x3 = vec4<f32>(s3.x * sc + n5(mb + (rc3) * 56u + (cc.x) * 1u), s3.y * sc + n5(mb + (rc3) * 56u + (cc.y) * 1u), s3.z * sc + n5(mb + (rc3) * 56u + (cc.z) * 1u), s3.w * sc + n5(mb + (rc3) * 56u + (cc.w) * 1u));
+        if (!(c0 + 32u <= min(56u, row0 + 1u))) {
+            x0 = select(vec4<f32>(-inf_f()), x0, (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri0)));
+            x1 = select(vec4<f32>(-inf_f()), x1, (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri1)));
+            x2 = select(vec4<f32>(-inf_f()), x2, (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri2)));
+            x3 = select(vec4<f32>(-inf_f()), x3, (cv < vec4<u32>(56u)) & (cv <= vec4<u32>(ri3)));
+        }
+        fm[tc * 9u + tr] = vec4<f32>(max_nan(max_nan(x0.x, x0.y), max_nan(x0.z, x0.w)), max_nan(max_nan(x1.x, x1.y), max_nan(x1.z, x1.w)), max_nan(max_nan(x2.x, x2.y), max_nan(x2.z, x2.w)), max_nan(max_nan(x3.x, x3.y), max_nan(x3.z, x3.w)));
         workgroupBarrier();
         var mt = m;
         for (var u = 0u; u < 8u; u = u + 1u) {
-            let pm = sp[u * 8u + tr];
+            let pm = fm[u * 9u + tr];
             mt = vec4<f32>(max_nan(mt.x, pm.x), max_nan(mt.y, pm.y), max_nan(mt.z, pm.z), max_nan(mt.w, pm.w));
         }
         let al = select(exp(m - mt), vec4<f32>(1.0), isninf4(mt));
@@ -158,37 +212,63 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         acc_o1_0 = acc_o1_0 * al.y;
         acc_o2_0 = acc_o2_0 * al.z;
         acc_o3_0 = acc_o3_0 * al.w;
-        workgroupBarrier();
-        sp[(tc * 4u + 0u) * 8u + tr] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
-        sp[(tc * 4u + 1u) * 8u + tr] = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
-        sp[(tc * 4u + 2u) * 8u + tr] = vec4<f32>(p0.z, p1.z, p2.z, p3.z);
-        sp[(tc * 4u + 3u) * 8u + tr] = vec4<f32>(p0.w, p1.w, p2.w, p3.w);
-        workgroupBarrier();
-        for (var e = lid; e < 1024u; e = e + 64u) {
-            let rr = e / 32u;
-            let ww = e % 32u;
-            let gr = c0 + rr;
-            let gw = 0u + ww;
-            sh[rr * 8u + ww / 4u][ww % 4u] = select(0.0, n3(vb + min(gr, 55u) * 20u + min(gw, 19u)), gr < 56u && gw < 20u);
+        fp[(tc + 0u) * 9u + tr] = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
+        fp[(tc + 8u) * 9u + tr] = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
+        fp[(tc + 16u) * 9u + tr] = vec4<f32>(p0.z, p1.z, p2.z, p3.z);
+        fp[(tc + 24u) * 9u + tr] = vec4<f32>(p0.w, p1.w, p2.w, p3.w);
+        for (var e = lid; e < 256u; e = e + 64u) {
+            let rr = e / 8u;
+            let pp = e % 8u;
+            fk[rr * 8u + pp] = select(vec4<f32>(0.0), in2[(vb + (min(c0 + rr, 55u)) * 20u) / 4u + min(pp, 4u)], c0 + rr < 56u && pp < 5u);
         }
         workgroupBarrier();
-        for (var j = 0u; j < 32u; j = j + 1u) {
-            let pv = sp[j * 8u + tr];
-            let xv = sh[j * 8u + tc];
-            acc_o0_0 = fma(vec4<f32>(pv.x), xv, acc_o0_0);
-            acc_o1_0 = fma(vec4<f32>(pv.y), xv, acc_o1_0);
-            acc_o2_0 = fma(vec4<f32>(pv.z), xv, acc_o2_0);
-            acc_o3_0 = fma(vec4<f32>(pv.w), xv, acc_o3_0);
+        for (var j = 0u; j < 32u; j = j + 4u) {
+            {
+                let pv = fp[(j + 0u) * 9u + tr];
+                let vr = (j + 0u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
+            {
+                let pv = fp[(j + 1u) * 9u + tr];
+                let vr = (j + 1u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
+            {
+                let pv = fp[(j + 2u) * 9u + tr];
+                let vr = (j + 2u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
+            {
+                let pv = fp[(j + 3u) * 9u + tr];
+                let vr = (j + 3u) * 8u + tc;
+                let xv0 = fk[vr + 0u];
+                acc_o0_0 = fma(vec4<f32>(pv.x), xv0, acc_o0_0);
+                acc_o1_0 = fma(vec4<f32>(pv.y), xv0, acc_o1_0);
+                acc_o2_0 = fma(vec4<f32>(pv.z), xv0, acc_o2_0);
+                acc_o3_0 = fma(vec4<f32>(pv.w), xv0, acc_o3_0);
+            }
         }
     }
-    let obase = bi * 40u;
     workgroupBarrier();
-    sp[tc * 8u + tr] = l;
+    fm[tc * 9u + tr] = l;
     workgroupBarrier();
     var lt = vec4<f32>(0.0);
     for (var u = 0u; u < 8u; u = u + 1u) {
-        lt = lt + sp[u * 8u + tr];
+        lt = lt + fm[u * 9u + tr];
     }
+    let obase = bi * 40u;
     let dead = isninf4(m);
     let rl = select(1.0 / lt, vec4<f32>(0.0), isninf4(m));
     if (tc == 0u && ri0 < 40u) {
@@ -203,53 +283,61 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (tc == 0u && ri3 < 40u) {
         out1[obase + ri3] = select(m.w + log(lt.w), -inf_f(), isninf_f(m.w));
     }
-    if (ri0 < 40u && 0u + tc * 4u + 0u < 20u) {
-        out0[(obase + ri0) * 20u + 0u + tc * 4u + 0u] = select(acc_o0_0.x * rl.x, nan_f(), dead.x);
+    if (ri0 < 40u) {
+        if ((tc + 0u) * 4u + 0u < 20u) {
+            out0[(obase + ri0) * 20u + (tc + 0u) * 4u + 0u] = select(acc_o0_0.x * rl.x, nan_f(), dead.x);
+        }
+        if ((tc + 0u) * 4u + 1u < 20u) {
+            out0[(obase + ri0) * 20u + (tc + 0u) * 4u + 1u] = select(acc_o0_0.y * rl.x, nan_f(), dead.x);
+        }
+        if ((tc + 0u) * 4u + 2u < 20u) {
+            out0[(obase + ri0) * 20u + (tc + 0u) * 4u + 2u] = select(acc_o0_0.z * rl.x, nan_f(), dead.x);
+        }
+        if ((tc + 0u) * 4u + 3u < 20u) {
+            out0[(obase + ri0) * 20u + (tc + 0u) * 4u + 3u] = select(acc_o0_0.w * rl.x, nan_f(), dead.x);
+        }
     }
-    if (ri0 < 40u && 0u + tc * 4u + 1u < 20u) {
-        out0[(obase + ri0) * 20u + 0u + tc * 4u + 1u] = select(acc_o0_0.y * rl.x, nan_f(), dead.x);
+    if (ri1 < 40u) {
+        if ((tc + 0u) * 4u + 0u < 20u) {
+            out0[(obase + ri1) * 20u + (tc + 0u) * 4u + 0u] = select(acc_o1_0.x * rl.y, nan_f(), dead.y);
+        }
+        if ((tc + 0u) * 4u + 1u < 20u) {
+            out0[(obase + ri1) * 20u + (tc + 0u) * 4u + 1u] = select(acc_o1_0.y * rl.y, nan_f(), dead.y);
+        }
+        if ((tc + 0u) * 4u + 2u < 20u) {
+            out0[(obase + ri1) * 20u + (tc + 0u) * 4u + 2u] = select(acc_o1_0.z * rl.y, nan_f(), dead.y);
+        }
+        if ((tc + 0u) * 4u + 3u < 20u) {
+            out0[(obase + ri1) * 20u + (tc + 0u) * 4u + 3u] = select(acc_o1_0.w * rl.y, nan_f(), dead.y);
+        }
     }
-    if (ri0 < 40u && 0u + tc * 4u + 2u < 20u) {
-        out0[(obase + ri0) * 20u + 0u + tc * 4u + 2u] = select(acc_o0_0.z * rl.x, nan_f(), dead.x);
+    if (ri2 < 40u) {
+        if ((tc + 0u) * 4u + 0u < 20u) {
+            out0[(obase + ri2) * 20u + (tc + 0u) * 4u + 0u] = select(acc_o2_0.x * rl.z, nan_f(), dead.z);
+        }
+        if ((tc + 0u) * 4u + 1u < 20u) {
+            out0[(obase + ri2) * 20u + (tc + 0u) * 4u + 1u] = select(acc_o2_0.y * rl.z, nan_f(), dead.z);
+        }
+        if ((tc + 0u) * 4u + 2u < 20u) {
+            out0[(obase + ri2) * 20u + (tc + 0u) * 4u + 2u] = select(acc_o2_0.z * rl.z, nan_f(), dead.z);
+        }
+        if ((tc + 0u) * 4u + 3u < 20u) {
+            out0[(obase + ri2) * 20u + (tc + 0u) * 4u + 3u] = select(acc_o2_0.w * rl.z, nan_f(), dead.z);
+        }
     }
-    if (ri0 < 40u && 0u + tc * 4u + 3u < 20u) {
-        out0[(obase + ri0) * 20u + 0u + tc * 4u + 3u] = select(acc_o0_0.w * rl.x, nan_f(), dead.x);
-    }
-    if (ri1 < 40u && 0u + tc * 4u + 0u < 20u) {
-        out0[(obase + ri1) * 20u + 0u + tc * 4u + 0u] = select(acc_o1_0.x * rl.y, nan_f(), dead.y);
-    }
-    if (ri1 < 40u && 0u + tc * 4u + 1u < 20u) {
-        out0[(obase + ri1) * 20u + 0u + tc * 4u + 1u] = select(acc_o1_0.y * rl.y, nan_f(), dead.y);
-    }
-    if (ri1 < 40u && 0u + tc * 4u + 2u < 20u) {
-        out0[(obase + ri1) * 20u + 0u + tc * 4u + 2u] = select(acc_o1_0.z * rl.y, nan_f(), dead.y);
-    }
-    if (ri1 < 40u && 0u + tc * 4u + 3u < 20u) {
-        out0[(obase + ri1) * 20u + 0u + tc * 4u + 3u] = select(acc_o1_0.w * rl.y, nan_f(), dead.y);
-    }
-    if (ri2 < 40u && 0u + tc * 4u + 0u < 20u) {
-        out0[(obase + ri2) * 20u + 0u + tc * 4u + 0u] = select(acc_o2_0.x * rl.z, nan_f(), dead.z);
-    }
-    if (ri2 < 40u && 0u + tc * 4u + 1u < 20u) {
-        out0[(obase + ri2) * 20u + 0u + tc * 4u + 1u] = select(acc_o2_0.y * rl.z, nan_f(), dead.z);
-    }
-    if (ri2 < 40u && 0u + tc * 4u + 2u < 20u) {
-        out0[(obase + ri2) * 20u + 0u + tc * 4u + 2u] = select(acc_o2_0.z * rl.z, nan_f(), dead.z);
-    }
-    if (ri2 < 40u && 0u + tc * 4u + 3u < 20u) {
-        out0[(obase + ri2) * 20u + 0u + tc * 4u + 3u] = select(acc_o2_0.w * rl.z, nan_f(), dead.z);
-    }
-    if (ri3 < 40u && 0u + tc * 4u + 0u < 20u) {
-        out0[(obase + ri3) * 20u + 0u + tc * 4u + 0u] = select(acc_o3_0.x * rl.w, nan_f(), dead.w);
-    }
-    if (ri3 < 40u && 0u + tc * 4u + 1u < 20u) {
-        out0[(obase + ri3) * 20u + 0u + tc * 4u + 1u] = select(acc_o3_0.y * rl.w, nan_f(), dead.w);
-    }
-    if (ri3 < 40u && 0u + tc * 4u + 2u < 20u) {
-        out0[(obase + ri3) * 20u + 0u + tc * 4u + 2u] = select(acc_o3_0.z * rl.w, nan_f(), dead.w);
-    }
-    if (ri3 < 40u && 0u + tc * 4u + 3u < 20u) {
-        out0[(obase + ri3) * 20u + 0u + tc * 4u + 3u] = select(acc_o3_0.w * rl.w, nan_f(), dead.w);
+    if (ri3 < 40u) {
+        if ((tc + 0u) * 4u + 0u < 20u) {
+            out0[(obase + ri3) * 20u + (tc + 0u) * 4u + 0u] = select(acc_o3_0.x * rl.w, nan_f(), dead.w);
+        }
+        if ((tc + 0u) * 4u + 1u < 20u) {
+            out0[(obase + ri3) * 20u + (tc + 0u) * 4u + 1u] = select(acc_o3_0.y * rl.w, nan_f(), dead.w);
+        }
+        if ((tc + 0u) * 4u + 2u < 20u) {
+            out0[(obase + ri3) * 20u + (tc + 0u) * 4u + 2u] = select(acc_o3_0.z * rl.w, nan_f(), dead.w);
+        }
+        if ((tc + 0u) * 4u + 3u < 20u) {
+            out0[(obase + ri3) * 20u + (tc + 0u) * 4u + 3u] = select(acc_o3_0.w * rl.w, nan_f(), dead.w);
+        }
     }
 }
 
