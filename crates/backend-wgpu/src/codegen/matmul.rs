@@ -246,7 +246,8 @@ fn rows_contiguous(k: &Kernel, g: &VerifiedGraph, x: NodeId) -> bool {
 /// module may skip wgpu's runtime checks (see [`super::Wgsl::trusted`]):
 /// sizes fixed and nonzero, every node of the kernel f32 (no integer
 /// division by data, no booleans), and every inlined node a reshape,
-/// permute, expand, constant, unary or binary op or the product itself,
+/// permute, expand, constant, lifted scalar (a uniform field), unary or
+/// binary op or the product itself,
 /// whose value functions only decode in-range indices by nonzero
 /// constants. The tiled form clamps every global load index (rows,
 /// columns and k) into its operand and masks out-of-range k with a
@@ -267,6 +268,7 @@ pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
                 | Op::Permute(_)
                 | Op::Expand(_)
                 | Op::Constant(..)
+                | Op::ScalarParam(_)
                 | Op::Unary(_)
                 | Op::Binary(_)
         )
@@ -1138,8 +1140,11 @@ mod tests {
         let mut y = g.push(Op::MatMul, &[a, b]).unwrap();
         if epilogue {
             let bias = g.param(ValueType::new([n], DType::F32));
-            let half = g.push(Op::Constant(ScalarValue::Float(0.5), DType::F32), &[]).unwrap();
+            // A lifted scalar (as `Tensor::scalar` records 0.5) and a constant.
+            let half = g.scalar(DType::F32);
+            let one = g.push(Op::Constant(ScalarValue::Float(1.0), DType::F32), &[]).unwrap();
             y = g.push(Op::Binary(BinaryOp::Mul), &[y, half]).unwrap();
+            y = g.push(Op::Binary(BinaryOp::Mul), &[y, one]).unwrap();
             y = g.push(Op::Binary(BinaryOp::Add), &[y, bias]).unwrap();
             y = g.push(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
         }
