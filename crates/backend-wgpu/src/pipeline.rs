@@ -335,6 +335,7 @@ impl Pipelines {
         };
         let module = if self.trusts(k) {
             metrics::inc("TrustedModules", 1);
+            tracing::debug!(kernel = name, "trusted shader module (no runtime checks)");
             // SAFETY: the generator proved every index of this source in
             // bounds, every loop bounded by a constant and every integer
             // divisor a nonzero constant (`codegen::matmul::trusted`), and
