@@ -46,7 +46,7 @@ fn operand(dev: &Device, batch: &[usize], rows: usize, cols: usize, layout: Layo
         Layout::Rows => f32s(dev, &dims(rows, cols), seed),
         Layout::Transposed => f32s(dev, &dims(cols, rows), seed).transpose(-2, -1).unwrap(),
         Layout::ReshapedTransposed => {
-            assert!(batch.is_empty() && cols % 2 == 0, "2-D, even K");
+            assert!(batch.is_empty() && cols.is_multiple_of(2), "2-D, even K");
             f32s(dev, &[2, cols / 2, rows], seed).reshape([cols, rows]).unwrap().t().unwrap()
         }
     }
@@ -100,7 +100,8 @@ fn cases() -> Vec<Case> {
     }
     v.push(Case { ba: &[], bb: &[], mkn: (96, 200, 64), la: Rows, lb: ReshapedTransposed, epilogue: true });
     // Batched, and broadcast batches (either side, and both ways at once).
-    let batched: [(&'static [usize], &'static [usize], (usize, usize, usize)); 5] = [
+    type Batched = (&'static [usize], &'static [usize], (usize, usize, usize));
+    let batched: [Batched; 5] = [
         (&[3], &[3], (65, 40, 33)),
         (&[2, 3], &[], (64, 32, 129)),
         (&[], &[4], (33, 20, 64)),
