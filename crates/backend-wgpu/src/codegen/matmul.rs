@@ -3,6 +3,13 @@
 //! products over ranges of K into scratch, then their sum through the
 //! epilogue, for products with too few output tiles to fill a GPU) and
 //! the barrier-free register-blocked form.
+//!
+//! The tiled form loads every operand layout along its contiguous axis
+//! (row-major, transposed views, transposed views of reshaped inputs,
+//! batched and broadcast) and transposes it into one k-major
+//! workgroup-memory layout, so its inner loop is the same for all; its
+//! loads are clamped into the operands and its stores guarded, which
+//! [`trusted`] turns into a shader module without runtime checks.
 
 use super::common::*;
 use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
