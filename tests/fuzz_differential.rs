@@ -5,8 +5,9 @@
 //! mid-program syncs) on random shapes (size-1, zero-size and odd dims)
 //! run on the wgpu device and on the CPU reference device, outputs
 //! compared. Cases alternate between the wgpu kernel forms of software
-//! adapters and those of GPUs (forced with `KernelForms`), so every form
-//! is fuzzed on any adapter. A third property runs each program at three
+//! adapters and those of GPUs (forced with `KernelForms`; every other GPU
+//! case with the tiled matmul forced on every shape), so every form is
+//! fuzzed on any adapter. A third property runs each program at three
 //! base shapes, so graphs that differ only in sizes go through the
 //! kernels generic over sizes (size variants, widenings, reuse).
 //!
@@ -715,18 +716,37 @@ impl Interp {
     }
 }
 
+/// The wgpu devices of one run: one per kernel-form profile, and the GPU
+/// profile with the tiled matmul forced on every shape (by shape, the
+/// small products fuzz cases make take the register-blocked form).
+type Devices = (Device, Device, Device, Device);
+
+/// The GPU profile with the tiled matmul (64 x 64 tiles) whatever the shape.
+fn tiled_matmul() -> lazuli::KernelForms {
+    lazuli::KernelForms {
+        matmul: lazuli::MatmulForm::Tiled(lazuli::MatmulTile { bm: 64, bn: 64 }),
+        ..lazuli::KernelForms::gpu()
+    }
+}
+
 /// The devices cases run on (made once for the whole run, so the compile
-/// and pipeline caches help): the CPU reference and two wgpu devices, one
-/// with each kernel-form profile.
-fn devices() -> Option<&'static (Device, Device, Device)> {
-    static DEVS: OnceLock<Option<(Device, Device, Device)>> = OnceLock::new();
+/// and pipeline caches help): the CPU reference and three wgpu devices,
+/// one with each kernel-form profile and one with the GPU profile's tiled
+/// matmul forced ([`tiled_matmul`]).
+fn devices() -> Option<&'static Devices> {
+    static DEVS: OnceLock<Option<Devices>> = OnceLock::new();
     DEVS.get_or_init(|| {
         let with = |forms: lazuli::KernelForms| {
             let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
             Device::wgpu_with(opts).ok()
         };
         common::wgpu()?;
-        Some((Device::cpu(), with(lazuli::KernelForms::software())?, with(lazuli::KernelForms::gpu())?))
+        Some((
+            Device::cpu(),
+            with(lazuli::KernelForms::software())?,
+            with(lazuli::KernelForms::gpu())?,
+            with(tiled_matmul())?,
+        ))
     })
     .as_ref()
 }
@@ -775,8 +795,8 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
 /// devices binding 8 KiB windows, one per kernel-form profile, with
 /// lavapipe's 32 storage buffers per stage on any adapter (so the same
 /// programs split or are refused everywhere).
-fn windowed_devices() -> Option<&'static (Device, Device, Device)> {
-    static DEVS: OnceLock<Option<(Device, Device, Device)>> = OnceLock::new();
+fn windowed_devices() -> Option<&'static Devices> {
+    static DEVS: OnceLock<Option<Devices>> = OnceLock::new();
     DEVS.get_or_init(|| {
         let with = |forms: lazuli::KernelForms| {
             let opts = lazuli::WgpuDeviceOptions {
@@ -788,7 +808,12 @@ fn windowed_devices() -> Option<&'static (Device, Device, Device)> {
             Device::wgpu_with(opts).ok()
         };
         common::wgpu()?;
-        Some((Device::cpu(), with(lazuli::KernelForms::software())?, with(lazuli::KernelForms::gpu())?))
+        Some((
+            Device::cpu(),
+            with(lazuli::KernelForms::software())?,
+            with(lazuli::KernelForms::gpu())?,
+            with(tiled_matmul())?,
+        ))
     })
     .as_ref()
 }
@@ -811,9 +836,13 @@ fn run(p: &Program) -> Result<(), String> {
 /// Runs a program on the CPU and one of the wgpu devices of `devs` and
 /// compares the outputs; `Ok(false)` when `windowed` and the wgpu device
 /// refused a kernel as too large for its bindings.
-fn run_on(p: &Program, devs: &(Device, Device, Device), windowed: bool) -> Result<bool, String> {
-    let (cpu, software, gpu_forms) = devs;
-    let (gpu, forms) = if p.seed.is_multiple_of(2) { (software, "software") } else { (gpu_forms, "gpu") };
+fn run_on(p: &Program, devs: &Devices, windowed: bool) -> Result<bool, String> {
+    let (cpu, software, gpu_forms, tiled) = devs;
+    let (gpu, forms) = match p.seed % 4 {
+        0 | 2 => (software, "software"),
+        1 => (gpu_forms, "gpu"),
+        _ => (tiled, "gpu, tiled matmul forced"),
+    };
     let mut it = Interp {
         cpu: cpu.clone(),
         gpu: gpu.clone(),

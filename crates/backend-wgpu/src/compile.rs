@@ -144,8 +144,17 @@ impl Compiler {
         mut wgsl: Wgsl,
     ) -> Result<Lowered, BackendError> {
         let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
-        if self.fault_kernel.as_deref().is_some_and(|f| name.contains(f)) {
+        let faulty = self.fault_kernel.as_deref().is_some_and(|f| name.contains(f));
+        if faulty {
             wgsl.source = crate::fault::perturb(&wgsl.source);
+        }
+        // Trust was proven for the source as lowered: a rewritten one
+        // (windows, fault injection) keeps its runtime checks.
+        if faulty || windows.is_windowed() {
+            wgsl.trusted = false;
+            if let Some(p) = wgsl.pre.as_deref_mut() {
+                p.trusted = false;
+            }
         }
         let (pre_cost, cost) = crate::cost::launches(k, graph, &name, &wgsl);
         Ok(Lowered { name, wgsl, windows, pre_cost, cost })
@@ -185,6 +194,8 @@ impl Compiler {
                     inputs: w.inputs,
                     outputs: w.outputs,
                     error_slot: w.error_slot,
+                    // A source made generic over sizes was not proven.
+                    trusted: w.trusted && s.dims.is_empty(),
                     dims: s.dims,
                 });
             }

@@ -90,6 +90,12 @@ pub struct WgpuOptions {
     /// `LAZULI_COMPILE_THREADS`, a positive integer, else the machine's
     /// cores, at most 8).
     pub compile_threads: Option<usize>,
+    /// Whether kernels whose generator proves every index in bounds (the
+    /// tiled matmul) get shader modules without wgpu's runtime checks
+    /// (bounds clamps, loop bounding, division guards; see
+    /// `crate::pipeline`). Default on (never on wasm32); the flag
+    /// `LAZULI_TRUSTED_SHADERS` overrides: `0` keeps every module checked.
+    pub trusted_shaders: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -158,6 +164,9 @@ impl WgpuOptions {
         let generic = config::flag(lookup, "LAZULI_GENERIC_SIZES")?;
         note("LAZULI_GENERIC_SIZES", self.generic_sizes.is_some(), generic.is_some());
         out.generic_sizes = self.generic_sizes.or(generic);
+        let trusted = config::flag(lookup, "LAZULI_TRUSTED_SHADERS")?;
+        note("LAZULI_TRUSTED_SHADERS", self.trusted_shaders.is_some(), trusted.is_some());
+        out.trusted_shaders = self.trusted_shaders.or(trusted);
         let threads = config::count(lookup, "LAZULI_COMPILE_THREADS")?;
         note("LAZULI_COMPILE_THREADS", self.compile_threads.is_some(), threads.is_some());
         out.compile_threads = self.compile_threads.or(threads);

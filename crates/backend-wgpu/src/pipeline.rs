@@ -7,6 +7,17 @@
 //!
 //! The missing pipelines of a plan are created on several threads at
 //! once (`LAZULI_COMPILE_THREADS`, default the machine's cores, at most 8).
+//!
+//! Trusted modules: a kernel whose generator proves every index in
+//! bounds ([`crate::codegen::Wgsl::trusted`]: the tiled matmul) is created
+//! with `create_shader_module_trusted` and
+//! `ShaderRuntimeChecks::unchecked()`: naga then emits no index clamps on
+//! storage and workgroup arrays, no loop-bounding counters and no guards
+//! on integer division. Natively only, with the switch on
+//! (`WgpuOptions::trusted_shaders`, `LAZULI_TRUSTED_SHADERS`); on wasm32
+//! the browser's WebGPU checks every module anyway. Every other kernel
+//! keeps a checked module. The pipeline key includes whether the module
+//! is trusted.
 
 use crate::context::Context;
 use crate::diskcache::{self, DiskCache};
@@ -43,9 +54,14 @@ impl PipelineCache {
         PipelineCache { map: Mutex::new(lru::LruCache::new(cap)) }
     }
 
-    /// The cache key of a source and entry point.
-    pub fn key(source: &str, entry: &str) -> u64 {
-        lazuli_ir::stable_hash(&(source, entry))
+    /// The cache key of a source and entry point, and whether its module
+    /// is created trusted (unchecked).
+    pub fn key(source: &str, entry: &str, trusted: bool) -> u64 {
+        if trusted {
+            lazuli_ir::stable_hash(&(source, entry, "trusted"))
+        } else {
+            lazuli_ir::stable_hash(&(source, entry))
+        }
     }
 
     /// The cached pipeline for the key, if any.
@@ -82,6 +98,9 @@ pub(crate) struct Prepared {
     pub error_slot: bool,
     /// Values of the sizes buffer `LZD` (empty: a static kernel).
     pub dims: Vec<u32>,
+    /// The source is proven in bounds (see [`crate::codegen::Wgsl::trusted`]):
+    /// its module may be created unchecked where [`Pipelines`] allows it.
+    pub trusted: bool,
 }
 
 impl Prepared {
@@ -95,6 +114,7 @@ impl Prepared {
             outputs: wgsl.outputs,
             error_slot: wgsl.error_slot,
             dims: Vec::new(),
+            trusted: wgsl.trusted,
         }
     }
 }
@@ -121,6 +141,9 @@ pub(crate) struct Pipelines {
     last_save: Mutex<Instant>,
     /// Threads creating the pipelines of one plan.
     threads: usize,
+    /// Whether kernels proven in bounds get unchecked (trusted) modules:
+    /// the switch, and never on wasm32 (see the module doc).
+    trusted: bool,
 }
 
 /// Least time between two saves of the driver cache while pipelines keep
@@ -135,7 +158,15 @@ impl Pipelines {
     /// Creates pipelines on up to `threads` threads (`None`: the machine's
     /// cores, at most 8; one where there are no threads, see
     /// `platform`).
-    pub fn new(device: &wgpu::Device, cap: usize, disk: Option<Arc<DiskCache>>, threads: Option<usize>) -> Pipelines {
+    /// Kernels proven in bounds get trusted modules where `trusted` (and
+    /// [`platform::TRUSTED_SHADERS`]).
+    pub fn new(
+        device: &wgpu::Device,
+        cap: usize,
+        disk: Option<Arc<DiskCache>>,
+        threads: Option<usize>,
+        trusted: bool,
+    ) -> Pipelines {
         let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
         let threads = if platform::THREADS { threads.max(1) } else { 1 };
         let mut loaded = 0;
@@ -155,12 +186,23 @@ impl Pipelines {
             unsaved_since: Mutex::new(None),
             last_save: Mutex::new(Instant::now()),
             threads,
+            trusted: trusted && platform::TRUSTED_SHADERS,
         }
     }
 
     /// Threads creating the pipelines of one plan.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Whether kernels proven in bounds get trusted modules here.
+    pub fn trusted(&self) -> bool {
+        self.trusted
+    }
+
+    /// Whether kernel `k`'s module is created trusted (unchecked).
+    pub fn trusts(&self, k: &Prepared) -> bool {
+        self.trusted && k.trusted
     }
 
     /// Number of cached pipelines.
@@ -207,7 +249,7 @@ impl Pipelines {
     /// Pipelines for `kernels`, from the cache or created (validated
     /// first), the missing ones on several threads at once.
     pub fn get_or_create(&self, ctx: &Context, kernels: &[Prepared]) -> Result<Vec<Arc<PipelineEntry>>, BackendError> {
-        let keys: Vec<u64> = kernels.iter().map(|k| PipelineCache::key(&k.source, k.entry)).collect();
+        let keys: Vec<u64> = kernels.iter().map(|k| PipelineCache::key(&k.source, k.entry, self.trusts(k))).collect();
         let mut found: HashMap<u64, Arc<PipelineEntry>> = HashMap::new();
         // One creation per distinct missing source.
         let mut missing: Vec<usize> = Vec::new();
@@ -287,10 +329,26 @@ impl Pipelines {
         let started = Instant::now();
         let dev = &ctx.device;
         let scope = Scope::push(dev, wgpu::ErrorFilter::Validation);
-        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(name),
             source: wgpu::ShaderSource::Wgsl(k.source.as_str().into()),
-        });
+        };
+        let module = if self.trusts(k) {
+            metrics::inc("TrustedModules", 1);
+            tracing::debug!(kernel = name, "trusted shader module (no runtime checks)");
+            // SAFETY: the generator proved every index of this source in
+            // bounds, every loop bounded by a constant and every integer
+            // divisor a nonzero constant (`codegen::matmul::trusted`), and
+            // no rewrite touched it since (`Wgsl::trusted` is cleared by
+            // windows, size families and fault injection); naga validated
+            // it above.
+            #[allow(unsafe_code)]
+            unsafe {
+                dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        } else {
+            dev.create_shader_module(desc)
+        };
         let (layout, dims_layout) = layouts(dev, k);
         let pl = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),

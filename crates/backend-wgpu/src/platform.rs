@@ -36,6 +36,10 @@ pub(crate) const THREADS: bool = cfg!(not(target_arch = "wasm32"));
 /// and profiling).
 pub(crate) const CAN_BLOCK: bool = cfg!(not(target_arch = "wasm32"));
 
+/// True where kernels proven in bounds may get unchecked (trusted) shader
+/// modules; a browser's WebGPU checks every module anyway.
+pub(crate) const TRUSTED_SHADERS: bool = cfg!(not(target_arch = "wasm32"));
+
 /// True where the persistent compile cache may be written.
 pub(crate) const DISK_CACHE: bool = cfg!(not(target_arch = "wasm32"));
 

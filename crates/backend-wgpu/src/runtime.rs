@@ -103,7 +103,13 @@ impl WgpuBackend {
         let compiler = Compiler::new(
             fusion,
             lower,
-            Pipelines::new(&ctx.device, options.pipeline_cache_size.unwrap_or(1024), disk, options.compile_threads),
+            Pipelines::new(
+                &ctx.device,
+                options.pipeline_cache_size.unwrap_or(1024),
+                disk,
+                options.compile_threads,
+                options.trusted_shaders.unwrap_or(true),
+            ),
             tuner,
             Families::new(generic::enabled(options.generic_sizes), 4096),
             options.fault_kernel.clone(),
@@ -239,6 +245,7 @@ fn effective_settings(
         ),
         Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
         Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
+        Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new("LAZULI_COMPILE_THREADS", compiler.pipelines.threads(), source("LAZULI_COMPILE_THREADS")),
     ]
 }

@@ -236,6 +236,25 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(gx);
         out.push(("matmul_transposed", g));
     }
+    // Transposed views of reshaped inputs (a weight gradient over flattened
+    // tokens, read as vec4 by the tiled form) and of an odd-sized one (M
+    // = 63: element-wise loads with adjacent lanes along M).
+    {
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[2, 64, 64]);
+        let gy = f32p(&mut g, &[128, 96]);
+        let x2 = push(&mut g, Op::Reshape(Shape::new([128, 64])), &[x]);
+        let xt = push(&mut g, Op::Permute(vec![1, 0]), &[x2]);
+        let gw = push(&mut g, Op::MatMul, &[xt, gy]);
+        let z = f32p(&mut g, &[2, 20, 63]);
+        let z2 = push(&mut g, Op::Reshape(Shape::new([40, 63])), &[z]);
+        let zt = push(&mut g, Op::Permute(vec![1, 0]), &[z2]);
+        let gz2 = f32p(&mut g, &[40, 96]);
+        let gz = push(&mut g, Op::MatMul, &[zt, gz2]);
+        g.outputs.push(gw);
+        g.outputs.push(gz);
+        out.push(("matmul_reshaped_transposed", g));
+    }
     {
         let mut g = Graph::new();
         let q = f32p(&mut g, &[4, 64, 32]);

@@ -147,6 +147,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::generic_sizes)",
     ),
     var(
+        "LAZULI_TRUSTED_SHADERS",
+        Kind::Flag,
+        "on (never on wasm32)",
+        "kernels proven in bounds (the tiled matmul) get shader modules without runtime checks",
+        "lazuli-wgpu (WgpuOptions::trusted_shaders)",
+    ),
+    var(
         "LAZULI_COMPILE_THREADS",
         Kind::Count,
         "the machine's cores, at most 8",

@@ -3,6 +3,13 @@
 //! products over ranges of K into scratch, then their sum through the
 //! epilogue, for products with too few output tiles to fill a GPU) and
 //! the barrier-free register-blocked form.
+//!
+//! The tiled form loads every operand layout along its contiguous axis
+//! (row-major, transposed views, transposed views of reshaped inputs,
+//! batched and broadcast) and transposes it into one k-major
+//! workgroup-memory layout, so its inner loop is the same for all; its
+//! loads are clamped into the operands and its stores guarded, which
+//! [`trusted`] turns into a shader module without runtime checks.
 
 use super::common::*;
 use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
@@ -213,6 +220,73 @@ pub fn candidates(k: &Kernel, g: &VerifiedGraph) -> Vec<MatmulForm> {
     v
 }
 
+/// `x` with the inlined reshapes of kernel `k` above it peeled off: the
+/// kernel input they view, where they lead to one (a reshape keeps the
+/// flat order, so the input is read at the same flat index), else `x`.
+fn reshape_source(k: &Kernel, g: &VerifiedGraph, x: NodeId) -> NodeId {
+    let mut y = x;
+    while k.inline.contains(&y) && matches!(g.node(y).op, Op::Reshape(_)) {
+        y = g.node(y).inputs[0];
+    }
+    if k.inputs.contains(&y) {
+        y
+    } else {
+        x
+    }
+}
+
+/// Whether matmul operand `x` of kernel `k` is an inlined permute that
+/// brings its source's innermost (contiguous) axis to the second-to-last
+/// place: a transposed view, whose elements are adjacent along the
+/// operand's rows (M of A, K of B) rather than along its last axis. The
+/// tiled form's element-wise tile loads then put adjacent lanes along the
+/// rows, so that their global reads stay coalesced.
+fn rows_contiguous(k: &Kernel, g: &VerifiedGraph, x: NodeId) -> bool {
+    let xn = g.node(x);
+    let Op::Permute(perm) = &xn.op else { return false };
+    let r = perm.len();
+    r >= 2 && k.inline.contains(&x) && perm[r - 2] == r - 1
+}
+
+/// Whether the tiled matmul of kernel `k` (first pass of split-K
+/// included) is proven in bounds at every index, so that its shader
+/// module may skip wgpu's runtime checks (see [`super::Wgsl::trusted`]):
+/// sizes fixed and nonzero, every node of the kernel f32 (no integer
+/// division by data, no booleans), and every inlined node a reshape,
+/// permute, expand, constant, lifted scalar (a uniform field), unary or
+/// binary op or the product itself,
+/// whose value functions only decode in-range indices by nonzero
+/// constants. The tiled form clamps every global load index (rows,
+/// columns and k) into its operand and masks out-of-range k with a
+/// `select` (both sides in bounds), guards every store, indexes its
+/// workgroup arrays with constants plus lane ids below the tile, and
+/// bounds every loop by a constant.
+pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
+    let Some(mm) = k.matmul_node(g) else { return false };
+    let rn = g.node(mm);
+    let a = g.node(rn.inputs[0]);
+    let sizes_ok = rn.shape.numel() > 0 && a.shape.dims()[a.shape.rank() - 1] > 0;
+    let f32_only = k.inputs.iter().chain(&k.inline).chain(&k.outputs).all(|&x| g.node(x).dtype == DType::F32);
+    let ops_ok = k.inline.iter().chain(&k.outputs).all(|&x| {
+        matches!(
+            g.node(x).op,
+            Op::MatMul
+                | Op::Reshape(_)
+                | Op::Permute(_)
+                | Op::Expand(_)
+                | Op::Constant(..)
+                | Op::ScalarParam(_)
+                | Op::Unary(_)
+                | Op::Binary(_)
+        )
+    });
+    !limits.generic
+        && sizes_ok
+        && f32_only
+        && ops_ok
+        && matches!(resolve_form(k, g, limits), MatmulForm::Tiled(_) | MatmulForm::SplitK { .. })
+}
+
 /// Most invocations per matmul workgroup.
 pub const MATMUL_LANES: u64 = 128;
 
@@ -251,7 +325,13 @@ pub(super) struct MatMulShape {
 /// `lanes * 4 * vecs` columns, so loads of A are uniform across the
 /// workgroup (one load broadcast to all lanes on llvmpipe) and loads of B
 /// are vec4 per lane where aligned.
-pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatMulShape {
+pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatMulShape {
+    let generic = limits.generic;
+    // The tiled forms also read operands that are inlined reshapes of a
+    // kernel input (flat order unchanged) as vectors; the register-blocked
+    // form (llvmpipe's) keeps its layouts as they were.
+    let tiled = !generic && !matches!(resolve_form(k, g, limits), MatmulForm::RegisterBlocked);
+    let source = |x: NodeId| if tiled { reshape_source(k, g, x) } else { x };
     let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
     let r = rn.shape.rank();
     let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
@@ -260,6 +340,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatM
     let vec_ok = |id: NodeId, dim: u64| {
         !generic && k.inputs.contains(&id) && g.node(id).dtype != DType::Bool && dim.is_multiple_of(4) && dim > 0
     };
+    let vec_src = |x: NodeId, dim: u64| Some(source(x)).filter(|&id| vec_ok(id, dim));
     // Wide outputs: the workgroup shares its rows, lanes split columns.
     // Narrow ones (fewer than 8 lanes' worth of columns): each lane takes
     // all (or most) columns and lanes split rows too. The layout follows
@@ -300,7 +381,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatM
                     d
                 }
         });
-        let src = xn.inputs[0];
+        let src = source(xn.inputs[0]);
         (swapped
             && !generic
             && k.inline.contains(&x)
@@ -319,8 +400,8 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, generic: bool) -> MatM
         row_lanes,
         a_t,
         b_t,
-        a_vec: vec_ok(rn.inputs[0], kk).then_some(rn.inputs[0]),
-        b_vec: vec_ok(rn.inputs[1], n).then_some(rn.inputs[1]),
+        a_vec: vec_src(rn.inputs[0], kk),
+        b_vec: vec_src(rn.inputs[1], n),
         out_vec: !generic && n.is_multiple_of(4),
     }
 }
@@ -337,8 +418,11 @@ impl Writer<'_> {
     /// 64 apart so its workgroup-memory reads are vec4 and conflict-free.
     /// Aligned operands (see [`MatMulShape`]) are loaded as vec4, straight or
     /// transposed; others through their value functions (views, partial
-    /// tiles). Out-of-range k loads as zero; out-of-range rows and columns
-    /// load clamped and are not stored. The epilogue, if any, is applied at
+    /// tiles), adjacent lanes along the operand's contiguous axis (see
+    /// [`rows_contiguous`]), so every layout's global reads coalesce and
+    /// the inner loop is the same for all. Out-of-range k loads clamped
+    /// and masked to zero (no mask where K is a multiple of the slice);
+    /// out-of-range rows and columns load clamped and are not stored. The epilogue, if any, is applied at
     /// the store. Returns the invocation count.
     ///
     /// With `parts` > 1 (split-K) this is the first pass: workgroup `gi`
@@ -350,7 +434,7 @@ impl Writer<'_> {
         let g = self.g;
         let rn_id = k.matmul_node(g).expect("matmul kernel");
         let rn = g.node(rn_id);
-        let p = matmul_shape(k, g, self.limits.generic);
+        let p = matmul_shape(k, g, &self.limits);
         let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let r = rn.shape.rank();
         let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
@@ -377,6 +461,7 @@ impl Writer<'_> {
             (format!("gi / {per_batch}"), String::new())
         };
         self.workgroup = Some(WORKGROUP_SIZE);
+        self.trusted = trusted(k, g, &self.limits);
         let t_ty = ty(rn.dtype);
         let v_ty = format!("vec4<{t_ty}>");
         let z = zero(rn.dtype);
@@ -465,6 +550,16 @@ impl Writer<'_> {
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
         let mut slice = SliceCode::default();
         let (bm4, bn4) = (bm / 4, bnn / 4);
+        // Rows of A and columns of B past the edge load clamped (their
+        // products land in outputs that are never stored). K divisible by
+        // the slice depth: every slice lies inside K, so its loads need
+        // neither a clamp nor a mask along k; otherwise k is clamped into
+        // the operand (every load in bounds) and the value past K masked
+        // to zero with a `select`, no branch.
+        let k_exact = kk > 0 && kk.is_multiple_of(bk);
+        let kidx = |e: &str, last: u64| if k_exact { format!("({e})") } else { format!("min({e}, {last}u)") };
+        let kmask =
+            |zero: &str, v: String, k: &str| if k_exact { v } else { format!("select({zero}, {v}, {k} < {kk}u)") };
         // A: sa[(buf * BK + k) * bm/4 + m/4][m % 4].
         if let Some(id) = p.a_vec {
             // vec4 along k from row-major A; stored transposed.
@@ -474,7 +569,7 @@ impl Writer<'_> {
                 bm * bk / 4,
                 v_ty,
                 &format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;", bk / 4, bk / 4),
-                &format!("select({zv}, in{src}[(abase + min(row0 + am, {}u) * {kk}u + k0 + ak) / 4u], k0 + ak < {kk}u)", m - 1),
+                &kmask(zv, format!("in{src}[(abase + min(row0 + am, {}u) * {kk}u + {}) / 4u]", m - 1, kidx("k0 + ak", kk - 4)), "k0 + ak"),
                 &format!("let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {{reg}}.x;\n                sa[ai + {bm4}u][am % 4u] = {{reg}}.y;\n                sa[ai + {}u][am % 4u] = {{reg}}.z;\n                sa[ai + {}u][am % 4u] = {{reg}}.w;", 2 * bm4, 3 * bm4),
             );
         } else if let Some(id) = p.a_t {
@@ -485,16 +580,35 @@ impl Writer<'_> {
                 bm * bk / 4,
                 v_ty,
                 &format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;"),
-                &format!("select({zv}, in{src}[(abase + min(k0 + ak, {}u) * {m}u + min(row0 + am, {}u)) / 4u], k0 + ak < {kk}u)", kk.max(1) - 1, m - 4),
+                &kmask(
+                    zv,
+                    format!(
+                        "in{src}[(abase + {} * {m}u + min(row0 + am, {}u)) / 4u]",
+                        kidx("k0 + ak", kk.max(1) - 1),
+                        m - 4
+                    ),
+                    "k0 + ak",
+                ),
                 &format!("sa[(nb0 + ak) * {bm4}u + am / 4u] = {{reg}};"),
             );
         } else {
+            // Adjacent lanes along the operand's contiguous axis: k for
+            // a row-major view, m for a transposed one.
+            let decode = if rows_contiguous(k, self.g, rn.inputs[0]) {
+                format!("let ak = l / {bm}u;\n                let am = l % {bm}u;")
+            } else {
+                format!("let am = l / {bk}u;\n                let ak = l % {bk}u;")
+            };
             slice.add(
                 "pa",
                 bm * bk,
                 t_ty,
-                &format!("let am = l / {bk}u;\n                let ak = l % {bk}u;"),
-                &format!("select({z}, n{na}(abase + min(row0 + am, {}u) * {kk}u + min(k0 + ak, {}u)), row0 + am < {m}u && k0 + ak < {kk}u)", m - 1, kk.max(1) - 1),
+                &decode,
+                &kmask(
+                    z,
+                    format!("n{na}(abase + min(row0 + am, {}u) * {kk}u + {})", m - 1, kidx("k0 + ak", kk.max(1) - 1)),
+                    "k0 + ak",
+                ),
                 &format!("sa[(nb0 + ak) * {bm4}u + am / 4u][am % 4u] = {{reg}};"),
             );
         }
@@ -506,7 +620,15 @@ impl Writer<'_> {
                 bnn * bk / 4,
                 v_ty,
                 &format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;"),
-                &format!("select({zv}, in{src}[(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)) / 4u], k0 + bk < {kk}u)", kk.max(1) - 1, nn - 4),
+                &kmask(
+                    zv,
+                    format!(
+                        "in{src}[(bbase + {} * {nn}u + min(col0 + bn, {}u)) / 4u]",
+                        kidx("k0 + bk", kk.max(1) - 1),
+                        nn - 4
+                    ),
+                    "k0 + bk",
+                ),
                 &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u] = {{reg}};"),
             );
         } else if let Some(id) = p.b_t {
@@ -517,16 +639,30 @@ impl Writer<'_> {
                 bnn * bk / 4,
                 v_ty,
                 &format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;", bk / 4, bk / 4),
-                &format!("select({zv}, in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + k0 + bk) / 4u], k0 + bk < {kk}u)", nn - 1),
+                &kmask(zv, format!("in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + {}) / 4u]", nn - 1, kidx("k0 + bk", kk - 4)), "k0 + bk"),
                 &format!("let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {{reg}}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {{reg}}.y;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.z;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.w;", 2 * bn4, 3 * bn4),
             );
         } else {
+            // Adjacent lanes along k where B is a transposed view.
+            let decode = if rows_contiguous(k, self.g, rn.inputs[1]) {
+                format!("let bn = l / {bk}u;\n                let bk = l % {bk}u;")
+            } else {
+                format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;")
+            };
             slice.add(
                 "pb",
                 bnn * bk,
                 t_ty,
-                &format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;"),
-                &format!("select({z}, n{nbid}(bbase + min(k0 + bk, {}u) * {nn}u + min(col0 + bn, {}u)), k0 + bk < {kk}u && col0 + bn < {nn}u)", kk.max(1) - 1, nn - 1),
+                &decode,
+                &kmask(
+                    z,
+                    format!(
+                        "n{nbid}(bbase + {} * {nn}u + min(col0 + bn, {}u))",
+                        kidx("k0 + bk", kk.max(1) - 1),
+                        nn - 1
+                    ),
+                    "k0 + bk",
+                ),
                 &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u][bn % 4u] = {{reg}};"),
             );
         }
@@ -601,7 +737,7 @@ impl Writer<'_> {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         let g = self.g;
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let p = matmul_shape(k, g, self.limits.generic);
+        let p = matmul_shape(k, g, &self.limits);
         let total = rn.shape.numel() as u64;
         let value = |o: NodeId, idx: String, acc: String| {
             let od = g.node(o).dtype;
@@ -645,7 +781,7 @@ impl Writer<'_> {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         let g = self.g;
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let p = matmul_shape(k, g, self.limits.generic);
+        let p = matmul_shape(k, g, &self.limits);
         let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let r = rn.shape.rank();
         let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
@@ -952,5 +1088,203 @@ impl Grid {
         let (mbs, nbs) = (ceil_div(m, bm, generic), ceil_div(n, bn, generic));
         let per_batch = if generic { format!("max({mbs} * {nbs}, 1u)") } else { format!("{}u", (mb * nb).max(1)) };
         Grid { mb, nb, mbs, nbs, per_batch }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{lower, KernelForms, LowerLimits, MatmulForm, MatmulTile};
+    use super::*;
+    use lazuli_ir::fusion::{self, FusionLimits};
+    use lazuli_ir::{BinaryOp, Graph, PadMode, ScalarValue, UnaryOp, ValueType};
+
+    /// Operand A of a test product: row-major, a transposed view, or a
+    /// transposed view of a reshaped input (a 3-D activation flattened to
+    /// tokens, as a Linear layer's weight gradient reads it).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Layout {
+        Rows,
+        Transposed,
+        ReshapedTransposed,
+    }
+
+    /// The one kernel of `a [.., m, k] @ b [.., k, n]` (operands in the
+    /// given layouts, B never reshaped), with `relu(0.5 y + bias)` as
+    /// epilogue where `epilogue`.
+    fn product(
+        batch: &[usize],
+        (m, k, n): (usize, usize, usize),
+        la: Layout,
+        tb: bool,
+        epilogue: bool,
+    ) -> (VerifiedGraph, Kernel) {
+        let mut g = Graph::new();
+        let dims = |lead: &[usize], r: usize, c: usize| [lead, &[r, c]].concat();
+        let swap = |r: usize| {
+            let mut p: Vec<usize> = (0..r).collect();
+            p.swap(r - 2, r - 1);
+            p
+        };
+        let a = match la {
+            Layout::Rows => g.param(ValueType::new(dims(batch, m, k), DType::F32)),
+            Layout::Transposed => {
+                let x = g.param(ValueType::new(dims(batch, k, m), DType::F32));
+                g.push(Op::Permute(swap(batch.len() + 2)), &[x]).unwrap()
+            }
+            Layout::ReshapedTransposed => {
+                assert!(batch.is_empty() && k.is_multiple_of(2));
+                let x = g.param(ValueType::new([2, k / 2, m], DType::F32));
+                let x2 = g.push(Op::Reshape(Shape::new([k, m])), &[x]).unwrap();
+                g.push(Op::Permute(vec![1, 0]), &[x2]).unwrap()
+            }
+        };
+        let b = if tb {
+            let x = g.param(ValueType::new(dims(batch, n, k), DType::F32));
+            g.push(Op::Permute(swap(batch.len() + 2)), &[x]).unwrap()
+        } else {
+            g.param(ValueType::new(dims(batch, k, n), DType::F32))
+        };
+        let mut y = g.push(Op::MatMul, &[a, b]).unwrap();
+        if epilogue {
+            let bias = g.param(ValueType::new([n], DType::F32));
+            // A lifted scalar (as `Tensor::scalar` records 0.5) and a constant.
+            let half = g.scalar(DType::F32);
+            let one = g.push(Op::Constant(ScalarValue::Float(1.0), DType::F32), &[]).unwrap();
+            y = g.push(Op::Binary(BinaryOp::Mul), &[y, half]).unwrap();
+            y = g.push(Op::Binary(BinaryOp::Mul), &[y, one]).unwrap();
+            y = g.push(Op::Binary(BinaryOp::Add), &[y, bias]).unwrap();
+            y = g.push(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+        }
+        g.outputs.push(y);
+        one_kernel(g)
+    }
+
+    fn one_kernel(g: Graph) -> (VerifiedGraph, Kernel) {
+        let v = g.verify().unwrap();
+        let mut plan = fusion::plan(&v, &FusionLimits { matmul_epilogue: true, ..FusionLimits::default() });
+        assert_eq!(plan.kernels.len(), 1, "one kernel");
+        let k = plan.kernels.remove(0);
+        (v, k)
+    }
+
+    fn forced(form: MatmulForm) -> LowerLimits {
+        LowerLimits { forms: KernelForms { matmul: form, ..KernelForms::gpu() }, ..LowerLimits::gpu() }
+    }
+
+    /// Function-scope `var` arrays: a dynamically indexed one ends up in
+    /// local memory on a GPU; the tiled form keeps its registers in named
+    /// vec4s.
+    fn local_arrays(source: &str) -> Vec<&str> {
+        source.lines().filter(|l| l.trim_start().starts_with("var ") && l.contains("array<")).collect()
+    }
+
+    /// Every tile (and a split of K) over every operand layout, batched,
+    /// broadcast, odd sizes and an epilogue: each source passes naga, holds
+    /// no function-scope array, and is trusted exactly where the
+    /// generator proves its indices (f32, fixed sizes).
+    #[test]
+    fn tiled_forms_validate_keep_registers_named_and_are_trusted() {
+        let mut forms: Vec<MatmulForm> = MatmulTile::ALL.iter().map(|&t| MatmulForm::Tiled(t)).collect();
+        forms.push(MatmulForm::SplitK { tile: MatmulTile { bm: 64, bn: 64 }, parts: 3 });
+        type Case = (&'static [usize], (usize, usize, usize));
+        let cases: [Case; 4] = [(&[], (65, 40, 129)), (&[], (7, 1, 63)), (&[2], (64, 36, 200)), (&[], (128, 24, 128))];
+        for (batch, mkn) in cases {
+            for la in [Layout::Rows, Layout::Transposed, Layout::ReshapedTransposed] {
+                if la == Layout::ReshapedTransposed && (!batch.is_empty() || !mkn.1.is_multiple_of(2)) {
+                    continue;
+                }
+                for (tb, epi) in [(false, false), (true, true), (false, true), (true, false)] {
+                    let (v, k) = product(batch, mkn, la, tb, epi);
+                    for &form in &forms {
+                        let limits = forced(form);
+                        let w = lower(&k, &v, &limits).unwrap();
+                        let what = format!("{batch:?} {mkn:?} {la:?} tb={tb} epi={epi} {form:?}");
+                        for src in std::iter::once(&w.source).chain(w.pre.as_ref().map(|p| &p.source)) {
+                            crate::validate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
+                            assert!(local_arrays(src).is_empty(), "{what}: {:?}", local_arrays(src));
+                        }
+                        let split = w.pre.is_some();
+                        // The tiled pass is trusted; the split's sum is not.
+                        let tiled_pass = if split { w.pre.as_deref().unwrap() } else { &w };
+                        assert!(tiled_pass.trusted, "{what}");
+                        assert!(!split || !w.trusted, "{what}");
+                        assert!(tiled_pass.source.contains("workgroupBarrier"), "{what}");
+                    }
+                    // The register-blocked form keeps checked modules.
+                    assert!(!lower(&k, &v, &forced(MatmulForm::RegisterBlocked)).unwrap().trusted);
+                }
+            }
+        }
+    }
+
+    /// Integer products, kernels generic over sizes, empty K and inlined
+    /// views whose value functions may read past their source (padding)
+    /// are not trusted.
+    #[test]
+    fn only_proven_kernels_are_trusted() {
+        let tile = forced(MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }));
+        let (v, k) = product(&[], (64, 32, 64), Layout::Rows, false, false);
+        assert!(trusted(&k, &v, &tile));
+        assert!(!trusted(&k, &v, &LowerLimits { generic: true, ..tile }));
+        assert!(!trusted(&k, &v, &LowerLimits::software()));
+        let int = {
+            let mut g = Graph::new();
+            let a = g.param(ValueType::new([64, 32], DType::I32));
+            let b = g.param(ValueType::new([32, 64], DType::I32));
+            let y = g.push(Op::MatMul, &[a, b]).unwrap();
+            g.outputs.push(y);
+            one_kernel(g)
+        };
+        assert!(!trusted(&int.1, &int.0, &tile));
+        assert!(!lower(&int.1, &int.0, &tile).unwrap().trusted);
+        let empty_k = {
+            let mut g = Graph::new();
+            let a = g.param(ValueType::new([64, 0], DType::F32));
+            let b = g.param(ValueType::new([0, 64], DType::F32));
+            let y = g.push(Op::MatMul, &[a, b]).unwrap();
+            g.outputs.push(y);
+            one_kernel(g)
+        };
+        assert!(!trusted(&empty_k.1, &empty_k.0, &tile));
+        let padded = {
+            let mut g = Graph::new();
+            let a = g.param(ValueType::new([64, 30], DType::F32));
+            let zero = g.push(Op::Constant(ScalarValue::Float(0.0), DType::F32), &[]).unwrap();
+            let ap =
+                g.push(Op::Pad { before: vec![0, 1], after: vec![0, 1], mode: PadMode::Constant }, &[a, zero]).unwrap();
+            let b = g.param(ValueType::new([32, 64], DType::F32));
+            let y = g.push(Op::MatMul, &[ap, b]).unwrap();
+            g.outputs.push(y);
+            one_kernel(g)
+        };
+        assert!(!trusted(&padded.1, &padded.0, &tile));
+    }
+
+    /// Global tile loads follow each operand's contiguous axis: a
+    /// transposed view is read as vec4 along M (A) or K (B), through an
+    /// inlined reshape too; one that cannot be (M not divisible by 4) is
+    /// read element-wise with adjacent lanes along M.
+    #[test]
+    fn transposed_operands_load_along_their_contiguous_axis() {
+        let tile = forced(MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }));
+        let (v, k) = product(&[], (64, 40, 64), Layout::ReshapedTransposed, true, false);
+        let p = matmul_shape(&k, &v, &tile);
+        assert_eq!(p.a_t, Some(k.inputs[0]), "A^T of a reshaped input read as vec4 along M");
+        assert_eq!(p.b_t, Some(k.inputs[1]), "B^T read as vec4 along K");
+        // The software profile keeps its layouts: no look-through there.
+        let soft = matmul_shape(&k, &v, &LowerLimits::software());
+        assert_eq!(soft.a_t, None);
+        // M = 63: element-wise, lanes along M (l % 64 is the row).
+        let (v, k) = product(&[], (63, 40, 64), Layout::Transposed, false, false);
+        let w = lower(&k, &v, &tile).unwrap();
+        assert!(w.source.contains("let ak = l / 64u;\n                let am = l % 64u;"), "{}", w.source);
+        // Row-major with K = 39 (no vec4): lanes along K.
+        let (v, k) = product(&[], (63, 39, 64), Layout::Rows, false, false);
+        let w = lower(&k, &v, &tile).unwrap();
+        assert!(w.source.contains("let am = l / 8u;\n                let ak = l % 8u;"), "{}", w.source);
+        // K = 39 with B^T: not vec4; element-wise with lanes along K.
+        let (v, k) = product(&[], (64, 39, 64), Layout::Rows, true, false);
+        let w = lower(&k, &v, &tile).unwrap();
+        assert!(w.source.contains("let bn = l / 8u;\n                let bk = l % 8u;"), "{}", w.source);
     }
 }

@@ -135,6 +135,14 @@ pub struct Wgsl {
     /// The kernel checks indices and binds an error slot after its
     /// outputs (see [`index`]).
     pub error_slot: bool,
+    /// The generator proves every index of this source in bounds (clamped
+    /// loads, guarded stores, workgroup arrays indexed by constants plus
+    /// lane ids, divisions by nonzero constants, loops bounded by
+    /// constants), so its module may be created without runtime checks
+    /// (see [`matmul::trusted`] and `crate::pipeline`). Only the tiled
+    /// matmul at fixed sizes (and split-K's first pass) sets it; a later
+    /// rewrite (windows, size families, fault injection) clears it.
+    pub trusted: bool,
 }
 
 /// Why a kernel cannot be lowered.
@@ -203,6 +211,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         defined: BTreeSet::new(),
         error_slot: false,
         split: None,
+        trusted: false,
     };
     check_lowerable(kernel, graph, limits)?;
     if kernel.kind == KernelKind::MultiTensor {
@@ -223,7 +232,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     // Whether input `id` is read as one vector per invocation step.
     let row_vec = vector_rows(kernel, graph, limits);
     // Both matmul forms read aligned operands as vectors.
-    let mm = (kernel.kind == KernelKind::MatMul).then(|| matmul_shape(kernel, graph, limits.generic));
+    let mm = (kernel.kind == KernelKind::MatMul).then(|| matmul_shape(kernel, graph, limits));
     let mm_vec = |id: NodeId| {
         mm.as_ref()
             .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
@@ -309,6 +318,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         scratch: 0,
         error_slot: w.error_slot,
         binds_inputs: false,
+        trusted: w.trusted,
     };
     if let Some(sp) = split {
         return Ok(w.split_k_second_pass(kernel, sp, &input_decls, first));
@@ -339,6 +349,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         scratch: 0,
         error_slot: false,
         binds_inputs: false,
+        trusted: false,
     })
 }
 
@@ -469,6 +480,7 @@ impl Writer<'_> {
             scratch: 0,
             error_slot: false,
             binds_inputs: true,
+            trusted: false,
         }
     }
 }
@@ -540,6 +552,9 @@ struct Writer<'a> {
     /// second, which also binds the kernel's inputs (see
     /// [`Wgsl::binds_inputs`]).
     split: Option<matmul::SplitSum>,
+    /// Set by the tiled matmul where [`matmul::trusted`] holds: see
+    /// [`Wgsl::trusted`].
+    trusted: bool,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the

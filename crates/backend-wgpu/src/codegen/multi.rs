@@ -198,6 +198,7 @@ impl Writer<'_> {
             workgroup_size: WORKGROUP_SIZE,
             pre: None,
             scratch: 0,
+            trusted: false,
             error_slot: false,
             binds_inputs: false,
         })

@@ -49,7 +49,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let am = l / 2u;
                 let ak = (l % 2u) * 4u;
-                pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 63u) * 32u + k0 + ak) / 4u], k0 + ak < 32u);
+                pa0 = in0[(abase + min(row0 + am, 63u) * 32u + (k0 + ak)) / 4u];
             }
         }
         {
@@ -57,7 +57,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 31u) * 64u + min(col0 + bn, 60u)) / 4u], k0 + bk < 32u);
+                pb0 = in1[(bbase + (k0 + bk) * 64u + min(col0 + bn, 60u)) / 4u];
             }
         }
     }
@@ -95,7 +95,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let am = l / 2u;
                     let ak = (l % 2u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 63u) * 32u + k0 + ak) / 4u], k0 + ak < 32u);
+                    pa0 = in0[(abase + min(row0 + am, 63u) * 32u + (k0 + ak)) / 4u];
                 }
             }
             {
@@ -103,7 +103,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 31u) * 64u + min(col0 + bn, 60u)) / 4u], k0 + bk < 32u);
+                    pb0 = in1[(bbase + (k0 + bk) * 64u + min(col0 + bn, 60u)) / 4u];
                 }
             }
         }

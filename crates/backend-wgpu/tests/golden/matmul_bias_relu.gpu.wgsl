@@ -73,7 +73,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let am = l / 2u;
                 let ak = (l % 2u) * 4u;
-                pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 255u) * 64u + k0 + ak) / 4u], k0 + ak < 64u);
+                pa0 = in0[(abase + min(row0 + am, 255u) * 64u + (k0 + ak)) / 4u];
             }
         }
         {
@@ -81,7 +81,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 63u) * 256u + min(col0 + bn, 252u)) / 4u], k0 + bk < 64u);
+                pb0 = in1[(bbase + (k0 + bk) * 256u + min(col0 + bn, 252u)) / 4u];
             }
         }
     }
@@ -119,7 +119,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let am = l / 2u;
                     let ak = (l % 2u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 255u) * 64u + k0 + ak) / 4u], k0 + ak < 64u);
+                    pa0 = in0[(abase + min(row0 + am, 255u) * 64u + (k0 + ak)) / 4u];
                 }
             }
             {
@@ -127,7 +127,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 63u) * 256u + min(col0 + bn, 252u)) / 4u], k0 + bk < 64u);
+                    pb0 = in1[(bbase + (k0 + bk) * 256u + min(col0 + bn, 252u)) / 4u];
                 }
             }
         }

@@ -77,7 +77,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let ak = l / 16u;
                 let am = (l % 16u) * 4u;
-                pa0 = select(vec4<f32>(0.0), in0[(abase + min(k0 + ak, 4095u) * 256u + min(row0 + am, 252u)) / 4u], k0 + ak < 4096u);
+                pa0 = in0[(abase + (k0 + ak) * 256u + min(row0 + am, 252u)) / 4u];
             }
         }
         {
@@ -85,7 +85,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 4095u) * 256u + min(col0 + bn, 252u)) / 4u], k0 + bk < 4096u);
+                pb0 = in1[(bbase + (k0 + bk) * 256u + min(col0 + bn, 252u)) / 4u];
             }
         }
     }
@@ -119,7 +119,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let ak = l / 16u;
                     let am = (l % 16u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(k0 + ak, 4095u) * 256u + min(row0 + am, 252u)) / 4u], k0 + ak < 4096u);
+                    pa0 = in0[(abase + (k0 + ak) * 256u + min(row0 + am, 252u)) / 4u];
                 }
             }
             {
@@ -127,7 +127,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 4095u) * 256u + min(col0 + bn, 252u)) / 4u], k0 + bk < 4096u);
+                    pb0 = in1[(bbase + (k0 + bk) * 256u + min(col0 + bn, 252u)) / 4u];
                 }
             }
         }

@@ -52,14 +52,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let l = lid + 0u;
             let am = l / 2u;
                 let ak = (l % 2u) * 4u;
-                pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 1023u) * 1024u + k0 + ak) / 4u], k0 + ak < 1024u);
+                pa0 = in0[(abase + min(row0 + am, 1023u) * 1024u + (k0 + ak)) / 4u];
         }
         {
             let l = lid + 0u;
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 1023u) * 1024u + min(col0 + bn, 1020u)) / 4u], k0 + bk < 1024u);
+                pb0 = in1[(bbase + (k0 + bk) * 1024u + min(col0 + bn, 1020u)) / 4u];
             }
         }
     }
@@ -94,14 +94,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 let l = lid + 0u;
                 let am = l / 2u;
                     let ak = (l % 2u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 1023u) * 1024u + k0 + ak) / 4u], k0 + ak < 1024u);
+                    pa0 = in0[(abase + min(row0 + am, 1023u) * 1024u + (k0 + ak)) / 4u];
             }
             {
                 let l = lid + 0u;
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 1023u) * 1024u + min(col0 + bn, 1020u)) / 4u], k0 + bk < 1024u);
+                    pb0 = in1[(bbase + (k0 + bk) * 1024u + min(col0 + bn, 1020u)) / 4u];
                 }
             }
         }

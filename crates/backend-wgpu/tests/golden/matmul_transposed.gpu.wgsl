@@ -54,7 +54,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let ak = l / 16u;
                 let am = (l % 16u) * 4u;
-                pa0 = select(vec4<f32>(0.0), in0[(abase + min(k0 + ak, 255u) * 64u + min(row0 + am, 60u)) / 4u], k0 + ak < 256u);
+                pa0 = in0[(abase + (k0 + ak) * 64u + min(row0 + am, 60u)) / 4u];
             }
         }
         {
@@ -62,7 +62,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 255u) * 128u + min(col0 + bn, 124u)) / 4u], k0 + bk < 256u);
+                pb0 = in1[(bbase + (k0 + bk) * 128u + min(col0 + bn, 124u)) / 4u];
             }
         }
     }
@@ -96,7 +96,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let ak = l / 16u;
                     let am = (l % 16u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(k0 + ak, 255u) * 64u + min(row0 + am, 60u)) / 4u], k0 + ak < 256u);
+                    pa0 = in0[(abase + (k0 + ak) * 64u + min(row0 + am, 60u)) / 4u];
                 }
             }
             {
@@ -104,7 +104,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(k0 + bk, 255u) * 128u + min(col0 + bn, 124u)) / 4u], k0 + bk < 256u);
+                    pb0 = in1[(bbase + (k0 + bk) * 128u + min(col0 + bn, 124u)) / 4u];
                 }
             }
         }
@@ -276,7 +276,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let am = l / 2u;
                 let ak = (l % 2u) * 4u;
-                pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 255u) * 128u + k0 + ak) / 4u], k0 + ak < 128u);
+                pa0 = in0[(abase + min(row0 + am, 255u) * 128u + (k0 + ak)) / 4u];
             }
         }
         {
@@ -284,7 +284,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bn = l / 2u;
                 let bk = (l % 2u) * 4u;
-                pb0 = select(vec4<f32>(0.0), in1[(bbase + min(col0 + bn, 63u) * 128u + k0 + bk) / 4u], k0 + bk < 128u);
+                pb0 = in1[(bbase + min(col0 + bn, 63u) * 128u + (k0 + bk)) / 4u];
             }
         }
     }
@@ -326,7 +326,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let am = l / 2u;
                     let ak = (l % 2u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), in0[(abase + min(row0 + am, 255u) * 128u + k0 + ak) / 4u], k0 + ak < 128u);
+                    pa0 = in0[(abase + min(row0 + am, 255u) * 128u + (k0 + ak)) / 4u];
                 }
             }
             {
@@ -334,7 +334,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bn = l / 2u;
                     let bk = (l % 2u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), in1[(bbase + min(col0 + bn, 63u) * 128u + k0 + bk) / 4u], k0 + bk < 128u);
+                    pb0 = in1[(bbase + min(col0 + bn, 63u) * 128u + (k0 + bk)) / 4u];
                 }
             }
         }

@@ -119,25 +119,25 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let l = lid + 0u;
             let am = l / 8u;
                 let ak = l % 8u;
-                pa0 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
+                pa0 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), k0 + ak < 29u);
         }
         {
             let l = lid + 256u;
             let am = l / 8u;
                 let ak = l % 8u;
-                pa1 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
+                pa1 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), k0 + ak < 29u);
         }
         {
             let l = lid + 0u;
             let bk = l / 64u;
                 let bn = l % 64u;
-                pb0 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+                pb0 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u);
         }
         {
             let l = lid + 256u;
             let bk = l / 64u;
                 let bn = l % 64u;
-                pb1 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+                pb1 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u);
         }
     }
     {
@@ -177,25 +177,25 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 let l = lid + 0u;
                 let am = l / 8u;
                     let ak = l % 8u;
-                    pa0 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
+                    pa0 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), k0 + ak < 29u);
             }
             {
                 let l = lid + 256u;
                 let am = l / 8u;
                     let ak = l % 8u;
-                    pa1 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), row0 + am < 37u && k0 + ak < 29u);
+                    pa1 = select(0.0, n0(abase + min(row0 + am, 36u) * 29u + min(k0 + ak, 28u)), k0 + ak < 29u);
             }
             {
                 let l = lid + 0u;
                 let bk = l / 64u;
                     let bn = l % 64u;
-                    pb0 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+                    pb0 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u);
             }
             {
                 let l = lid + 256u;
                 let bk = l / 64u;
                     let bn = l % 64u;
-                    pb1 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u && col0 + bn < 53u);
+                    pb1 = select(0.0, n1(bbase + min(k0 + bk, 28u) * 53u + min(col0 + bn, 52u)), k0 + bk < 29u);
             }
         }
         {

@@ -103,7 +103,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let ak = l / 16u;
                 let am = (l % 16u) * 4u;
-                pa0 = select(vec4<f32>(0.0), ld_in0((abase + min(k0 + ak, 1023u) * 64u + min(row0 + am, 60u)) / 4u), k0 + ak < 1024u);
+                pa0 = ld_in0((abase + (k0 + ak) * 64u + min(row0 + am, 60u)) / 4u);
             }
         }
         {
@@ -111,7 +111,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), ld_in1((bbase + min(k0 + bk, 1023u) * 64u + min(col0 + bn, 60u)) / 4u), k0 + bk < 1024u);
+                pb0 = ld_in1((bbase + (k0 + bk) * 64u + min(col0 + bn, 60u)) / 4u);
             }
         }
     }
@@ -145,7 +145,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let ak = l / 16u;
                     let am = (l % 16u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), ld_in0((abase + min(k0 + ak, 1023u) * 64u + min(row0 + am, 60u)) / 4u), k0 + ak < 1024u);
+                    pa0 = ld_in0((abase + (k0 + ak) * 64u + min(row0 + am, 60u)) / 4u);
                 }
             }
             {
@@ -153,7 +153,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), ld_in1((bbase + min(k0 + bk, 1023u) * 64u + min(col0 + bn, 60u)) / 4u), k0 + bk < 1024u);
+                    pb0 = ld_in1((bbase + (k0 + bk) * 64u + min(col0 + bn, 60u)) / 4u);
                 }
             }
         }
