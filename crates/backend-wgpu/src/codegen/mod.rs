@@ -77,6 +77,16 @@ pub struct LowerLimits {
     /// need a size divisible by 4, and matmul layouts from coarse
     /// power-of-two buckets.
     pub generic: bool,
+    /// The device has subgroup operations and they are on
+    /// (`WgpuOptions::subgroups`): row kernels combine the lanes of a row
+    /// with them (see [`rows`]): their `main` takes the subgroup builtins.
+    /// The source differs, so every cache keyed by source (pipelines, the
+    /// disk cache's naga marks) tells the two apart. (No `enable
+    /// subgroups;` directive: naga 30 rejects it and takes subgroup
+    /// operations without it, as wgpu's native backends do; a browser,
+    /// which would need it, never gets subgroup kernels, see
+    /// `WgpuBackend`'s setup.)
+    pub subgroups: bool,
 }
 
 impl Default for LowerLimits {
@@ -93,6 +103,7 @@ impl LowerLimits {
             forms: KernelForms::gpu(),
             workgroup_storage: 16384,
             generic: false,
+            subgroups: false,
         }
     }
 
@@ -203,6 +214,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         defined: BTreeSet::new(),
         error_slot: false,
         split: None,
+        subgroups: false,
     };
     check_lowerable(kernel, graph, limits)?;
     if kernel.kind == KernelKind::MultiTensor {
@@ -324,7 +336,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         s.push_str(h.source());
         s.push('\n');
     }
-    s.push_str(&cooperative_main(second.acc, &second.body));
+    s.push_str(&cooperative_main(second.acc, &second.body, false));
     Ok(Wgsl {
         source: s,
         entry: "main",
@@ -414,7 +426,7 @@ impl Writer<'_> {
         } else if let Some(shared) = self.cooperative {
             // Cooperative kernels: invocations work together through
             // workgroup memory and barriers, so none may return early.
-            s.push_str(&cooperative_main(shared, body));
+            s.push_str(&cooperative_main(shared, body, self.subgroups));
         } else {
             let _ = write!(
                 s,
@@ -496,11 +508,18 @@ fn params_header(graph: &VerifiedGraph) -> String {
 }
 
 /// `main` of a cooperative kernel: the workgroup array `red` of `shared`
-/// elements, and `body` with `lid`, `wid` and `nwg` in scope; no early
-/// return, so every barrier stays uniform.
-fn cooperative_main(shared: &str, body: &str) -> String {
+/// elements, and `body` with `lid`, `wid` and `nwg` in scope (with
+/// `subgroups`, also `sii`, `ssz`, `sid` and `nsg`: the subgroup
+/// invocation id, subgroup size, subgroup id and subgroup count); no
+/// early return, so every barrier stays uniform.
+fn cooperative_main(shared: &str, body: &str, subgroups: bool) -> String {
+    let sg = if subgroups {
+        ", @builtin(subgroup_invocation_id) sii: u32, @builtin(subgroup_size) ssz: u32, @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) nsg: u32"
+    } else {
+        ""
+    };
     format!(
-        "var<workgroup> red: array<{shared}, {WORKGROUP_SIZE}>;\n\n@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
+        "var<workgroup> red: array<{shared}, {WORKGROUP_SIZE}>;\n\n@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>{sg}) {{\n{body}}}\n"
     )
 }
 
@@ -537,6 +556,9 @@ struct Writer<'a> {
     /// second, which also binds the kernel's inputs (see
     /// [`Wgsl::binds_inputs`]).
     split: Option<matmul::SplitSum>,
+    /// Set by row kernels that combine lanes with subgroup operations
+    /// (see [`rows`]): `main` takes the subgroup builtins.
+    subgroups: bool,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
@@ -997,7 +1019,7 @@ impl Writer<'_> {
                     }
                 }
             }
-            KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
+            KernelKind::Rows => invocations = self.rows_kernel(k, &mut b)?,
             KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
             KernelKind::Conv2d => invocations = self.conv_kernel(k, &mut b),
             KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),

@@ -3,7 +3,7 @@
 use super::common::*;
 use super::{SecondPass, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{ArgReduceOp, DType, NodeId, Op, ReduceOp, Shape};
+use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape};
 use std::fmt::Write as _;
 
 /// Reductions at least this long with at most
@@ -165,24 +165,24 @@ impl Writer<'_> {
         } else if self.limits.forms.reduce.cooperative() && trailing && len > 1 {
             // Contiguous rows on a GPU: `lanes` invocations per output
             // stride over its row together (adjacent lanes, adjacent
-            // addresses), `256 / lanes` outputs per workgroup, then a tree
-            // over the row's lanes in workgroup memory.
+            // addresses), `256 / lanes` outputs per workgroup, then the
+            // row's lanes combine (`Writer::row_combine`: subgroup
+            // shuffles where the device has them, else a tree in
+            // workgroup memory). Each element is read once.
             let lanes = reduce_lanes(len);
             let per_group = WORKGROUP_SIZE as u64 / lanes;
             invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
             self.cooperative = Some(acc_ty);
             let main = len / (lanes * u) * (lanes * u);
+            let head = self.row_prologue(lanes, outputs);
             let _ = write!(
                 b,
-                "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
+                "{head}    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
                 lanes * u,
                 step("            ", "r0", lanes)
             );
-            b.push_str(&lane_tree("    ", lanes / 2, "tid", &combine));
-            let _ = writeln!(
-                b,
-                "    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}"
-            );
+            b.push_str(&self.row_combine("    ", lanes, &combine));
+            let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
         } else if cooperative {
             // Few long reductions: one workgroup per output, its
             // invocations striding over the reduced elements, then
@@ -244,68 +244,6 @@ impl Writer<'_> {
             lane_tree("    ", lanes / 2, "tid", combine)
         );
         SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts, acc: acc_ty, out }
-    }
-
-    /// A row kernel ([`KernelKind::Rows`]): `lanes` invocations per row of
-    /// the output shape ([`reduce_lanes`] of its length), `256 / lanes`
-    /// rows per workgroup. Each inlined reduction, in order, strides over
-    /// its operand's row (adjacent lanes on adjacent elements), combines
-    /// in a tree and leaves its value in workgroup memory (`rvK[lrow]`),
-    /// where the value function of the reduction node reads it; then the
-    /// outputs are written along the row (an output of the row shape once
-    /// per row). The operand of a later
-    /// reduction may use an earlier one (layer norm's variance its mean).
-    /// A row re-read by several phases comes from cache, not memory.
-    pub(super) fn rows_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
-        let g = self.g;
-        let shape = &g.node(k.root()).shape;
-        let len = shape.dims()[shape.rank() - 1] as u64;
-        let rows = (shape.numel() as u64).checked_div(len).unwrap_or(0);
-        let lanes = reduce_lanes(len);
-        let per_group = WORKGROUP_SIZE as u64 / lanes;
-        self.cooperative = Some("f32");
-        let _ = writeln!(self.decls, "var<private> lrow: u32;\n");
-        let _ = writeln!(
-            b,
-            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    lrow = lid / {lanes}u;\n    let valid = t < {rows}u;\n    let base = t * {len}u;"
-        );
-        let mut slot = 0;
-        for &id in &k.inline {
-            let n = g.node(id);
-            let Op::Reduce { op, .. } = n.op else { continue };
-            let (_, init, combine, fin) = self.reduce_parts(op, DType::F32, len as usize);
-            let _ = writeln!(self.decls, "var<workgroup> rv{slot}: array<f32, {per_group}>;\n");
-            let _ = writeln!(self.funcs, "fn n{}(i: u32) -> f32 {{\n    return rv{slot}[lrow];\n}}\n", id.0);
-            let _ = writeln!(
-                b,
-                "    {{\n        var acc = {init};\n        if (valid) {{\n            for (var j = tid; j < {len}u; j = j + {lanes}u) {{\n                let v = n{}(base + j);\n                acc = {combine};\n            }}\n        }}\n{}        if (tid == 0u) {{\n            let acc = red[lid];\n            rv{slot}[lrow] = {fin};\n        }}\n        workgroupBarrier();\n    }}",
-                n.inputs[0].0,
-                lane_tree("        ", lanes / 2, "tid", &combine)
-            );
-            slot += 1;
-        }
-        // Outputs of the row's shape along the row; outputs of the row
-        // shape (one value per row: the planner keeps them when later
-        // kernels read them) once, by the row's first lane.
-        let per_row = |id: &NodeId| g.node(*id).shape.numel() as u64 == rows && len != 1;
-        let _ = writeln!(b, "    if (valid) {{\n        for (var j = tid; j < {len}u; j = j + {lanes}u) {{");
-        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
-            let _ = writeln!(
-                b,
-                "            out{o}[base + j] = {};",
-                store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
-            );
-        }
-        b.push_str("        }\n");
-        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| per_row(id)) {
-            let _ = writeln!(
-                b,
-                "        if (tid == 0u) {{\n            out{o}[t] = {};\n        }}",
-                store(g.node(id).dtype, &format!("n{}(t)", id.0))
-            );
-        }
-        b.push_str("    }\n");
-        rows.div_ceil(per_group) * WORKGROUP_SIZE as u64
     }
 
     /// An arg-reduction: one invocation per output line.
