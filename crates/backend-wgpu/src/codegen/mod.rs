@@ -56,7 +56,7 @@ use matmul::matmul_shape;
 pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
 pub use reduce::{reduce_lanes, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
 use rows::vector_rows;
-pub use rows::{row_lanes, ROW_MAX_CACHED, ROW_MAX_LANES};
+pub use rows::{row_lanes, rows_layout, RowsLayout, ROWS_MAX_HELD, ROW_MAX_CACHED, ROW_MAX_LANES};
 
 /// Invocations per workgroup of every generated kernel.
 pub const WORKGROUP_SIZE: u32 = 256;
@@ -240,16 +240,23 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         mm.as_ref()
             .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
     };
+    // A held row kernel in the vec4 layout reads and writes everything of
+    // the row's size as vectors (see `rows::rows_layout`).
+    let rows_vec = kernel.kind == KernelKind::Rows
+        && root_numel > 0
+        && rows::rows_layout(kernel, graph, limits).vec4;
+    let rows_vec_input = |id: NodeId| rows_vec && graph.node(id).shape.numel() == root_numel;
     let vector_input = |id: NodeId| {
         (width == Some(4) && graph.node(id).shape.numel() == root_numel)
             || (row_vec && kernel.inputs[0] == id)
             || mm_vec(id)
+            || rows_vec_input(id)
     };
-    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec);
+    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec) || rows_vec;
     // Inputs read in `main` by the straight-line or vector-row path need
     // no function.
     let in_main = |id: NodeId| (width.is_some() && graph.node(id).shape.numel() == root_numel) || row_vec;
-    w.input_fns(kernel, &in_main, &mm_vec);
+    w.input_fns(kernel, &in_main, &|id| mm_vec(id) || rows_vec_input(id));
     // A kernel that checks indices runs even when its output is empty:
     // an index out of range is an error whether or not it moves anything.
     let checks_only =

@@ -43,16 +43,23 @@ pub const COLUMN_TARGET_INVOCATIONS: u64 = 1 << 18;
 /// Parts each output of a reduction over strided elements is split into
 /// (1: one pass): when one invocation per output leaves a large GPU
 /// mostly idle and each output has many elements, enough parts to reach
-/// [`COLUMN_TARGET_INVOCATIONS`], each of at least 64 elements, and
-/// enough that no part's loop exceeds half of llvmpipe's loop budget
-/// ([`LLVMPIPE_LOOP_BUDGET`]; only tensors beyond one binding have such
-/// long columns).
+/// [`COLUMN_TARGET_INVOCATIONS`] (a bias gradient over [4096, 1024]: 256
+/// parts of 16 rows, 1024 workgroups, four per SM of an H100), each of
+/// at least [`COLUMN_MIN_PART`] elements, and enough that no part's loop
+/// exceeds half of llvmpipe's loop budget ([`LLVMPIPE_LOOP_BUDGET`];
+/// only tensors beyond one binding have such long columns).
 pub fn column_parts(outputs: u64, len: u64) -> u64 {
     if outputs >= COLUMN_TARGET_INVOCATIONS || outputs * len < 1 << 22 || len < 128 {
         return 1;
     }
-    (COLUMN_TARGET_INVOCATIONS / outputs).clamp(2, (len / 64).min(1024)).max(len.div_ceil(LLVMPIPE_LOOP_BUDGET / 2))
+    (COLUMN_TARGET_INVOCATIONS / outputs)
+        .clamp(2, (len / COLUMN_MIN_PART).min(1024))
+        .max(len.div_ceil(LLVMPIPE_LOOP_BUDGET / 2))
 }
+
+/// Fewest elements of one part of a split column reduction (see
+/// [`column_parts`]): two unrolled steps of [`REDUCE_UNROLL`].
+pub const COLUMN_MIN_PART: u64 = 2 * REDUCE_UNROLL;
 
 /// Whether a reduction of `len` elements per output, written with one
 /// workgroup per output, would loop past half of llvmpipe's loop budget
@@ -135,14 +142,17 @@ impl Writer<'_> {
             // Many outputs over strided elements (sums over leading axes,
             // such as bias gradients): one invocation per (output, part),
             // adjacent lanes on adjacent outputs (coalesced), each summing
-            // one chunk of its output's elements; pass 2 reduces the parts.
+            // one chunk of its output's elements, `REDUCE_UNROLL` loads
+            // per step (independent, so they are in flight together);
+            // pass 2 reduces the parts, in order (deterministic).
             let parts = column_parts;
             let chunk = len.div_ceil(parts);
             invocations = outputs * parts;
             let obase = base_of("o");
             let _ = writeln!(
                 b,
-                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    for (var r = p * {chunk}u; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;"
+                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    var r0 = p * {chunk}u;\n    while (r0 + {u}u <= hi) {{\n{}        r0 = r0 + {u}u;\n    }}\n    for (var r = r0; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;",
+                step("        ", "r0", 1)
             );
             self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
         } else if parts > 1 && (self.limits.forms.reduce.cooperative() || beyond_one_workgroup(len)) {

@@ -4,9 +4,10 @@
 //!
 //! In the cooperative forms a group of `lanes` invocations shares a row
 //! (lane `tid` takes elements `tid, tid + lanes, ...`, so a subgroup reads
-//! one contiguous block per step). Rows that fit
-//! ([`ROW_MAX_CACHED`] units per lane) are read from memory once into
-//! named registers (`v0`, `v1`, ...: constant indices after unrolling,
+//! one contiguous block per step). Rows that fit ([`ROW_MAX_CACHED`]
+//! units per lane in softmax, [`ROWS_MAX_HELD`] elements in a fused row
+//! kernel; vec4 units where the row length is a multiple of 4) are read
+//! from memory once into named registers (`v0`, `v1`, ...: constant indices after unrolling,
 //! never a dynamically indexed local array, which NVIDIA puts in local
 //! memory); every phase (max, sum, mean, variance, the outputs) works on
 //! those registers. Longer rows keep a multi-pass path that reads the row
@@ -304,67 +305,113 @@ impl Writer<'_> {
 
 /// Most elements of a row one lane of a fused row kernel
 /// ([`KernelKind::Rows`]) holds in registers: rows of up to
-/// `ROW_MAX_LANES * ROWS_MAX_CACHED` elements are read once.
-pub const ROWS_MAX_CACHED: u64 = ROW_MAX_CACHED;
+/// `ROW_MAX_LANES * ROWS_MAX_HELD` elements (8192) are read once.
+pub const ROWS_MAX_HELD: u64 = 32;
+
+/// How a fused row kernel is laid out (see [`Writer::rows_kernel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowsLayout {
+    /// Lanes per row.
+    pub lanes: u64,
+    /// The row is held in registers (read once).
+    pub held: bool,
+    /// Held, and the inputs and outputs of the row's size are bound and
+    /// accessed as vec4: the row length is a multiple of 4, every output
+    /// has the row's size (no per-row output) and sizes are fixed.
+    pub vec4: bool,
+}
+
+/// The layout of row kernel `k`: vec4 where [`RowsLayout::vec4`] allows,
+/// [`row_lanes`] lanes of the row's units (elements, or vec4s) where a
+/// lane then holds at most [`ROWS_MAX_HELD`] elements, else
+/// [`super::reduce::reduce_lanes`] lanes and a pass per phase.
+pub fn rows_layout(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> RowsLayout {
+    let shape = &g.node(k.root()).shape;
+    let len = shape.dims().last().copied().unwrap_or(1) as u64;
+    let n = shape.numel() as u64;
+    let all_full = k.outputs.iter().all(|&o| g.node(o).shape.numel() as u64 == n);
+    let w = if !limits.generic && len > 0 && len.is_multiple_of(4) && all_full { 4 } else { 1 };
+    let units = len / w;
+    let lanes = row_lanes(units);
+    if units.div_ceil(lanes) * w <= ROWS_MAX_HELD {
+        return RowsLayout { lanes, held: true, vec4: w == 4 };
+    }
+    RowsLayout { lanes: super::reduce::reduce_lanes(len), held: false, vec4: false }
+}
 
 impl Writer<'_> {
     /// A fused row kernel ([`KernelKind::Rows`]): `lanes` invocations per
-    /// row of the output shape, `256 / lanes` rows per workgroup. Each
-    /// inlined reduction, in order, combines its operand's row
-    /// ([`Writer::row_combine`]) into a private `rvK` that every lane of
-    /// the row holds and the reduction's value function returns; then the
-    /// outputs are written along the row (an output of the row shape,
-    /// one value per row, once by the row's first lane). The operand of a
-    /// later reduction may use an earlier one (layer norm's variance its
-    /// mean).
+    /// row of the output shape, `256 / lanes` rows per workgroup (see
+    /// [`rows_layout`]). Each inlined reduction, in order, combines its
+    /// operand's row ([`Writer::row_combine`]) into a private `rvK` that
+    /// every lane of the row holds and the reduction's value function
+    /// returns; then the outputs are written along the row (an output of
+    /// the row shape, one value per row, once by the row's first lane).
+    /// The operand of a later reduction may use an earlier one (layer
+    /// norm's variance its mean).
     ///
-    /// Rows of at most `lanes * ROWS_MAX_CACHED` elements ([`row_lanes`]
-    /// lanes) are held: each input of the row's size is loaded once into
-    /// registers (`xK_e`, element `tid + e * lanes`), and every node of the
-    /// row's size computed from them is a value function applied per
-    /// register (`vK(operands)`, the expressions of the indexed form), so
-    /// the row is read from memory once. Other values (a broadcast weight,
-    /// a per-row value, a view with index math) are their index functions
-    /// at the element. Longer rows ([`reduce_lanes`] lanes) read their
-    /// operand in each phase.
+    /// A held row is read once: each input of the row's size is loaded
+    /// into registers (`xK_e`, unit `tid + e * lanes` of the row, a vec4 in
+    /// the vec4 layout), and every node of the row's size computed from
+    /// them is a value function applied per element (`vK(operands)`, the
+    /// expressions of the indexed form) into `rK_s`. Other values (a
+    /// broadcast weight, a per-row value, a view with index math) are
+    /// their index functions at the element. Rows too long to hold read
+    /// their operand in each phase.
     pub(super) fn rows_kernel(&mut self, k: &Kernel, b: &mut String) -> Result<u64, LowerError> {
         let g = self.g;
         let shape = &g.node(k.root()).shape;
         let len = shape.dims()[shape.rank() - 1] as u64;
         let n = shape.numel() as u64;
         let rows = n.checked_div(len).unwrap_or(0);
-        let held_lanes = row_lanes(len);
-        let held = len.div_ceil(held_lanes) <= ROWS_MAX_CACHED;
-        let lanes = if held { held_lanes } else { super::reduce::reduce_lanes(len) };
+        let RowsLayout { lanes, held, vec4 } = rows_layout(k, g, &self.limits);
+        let w = if vec4 { 4 } else { 1 };
+        let units = len / w;
         let per_group = WORKGROUP_SIZE as u64 / lanes;
-        let per_lane = len.div_ceil(lanes);
+        let per_lane = units.div_ceil(lanes);
         self.cooperative = Some("f32");
         let head = self.row_prologue(lanes, rows);
         let _ = writeln!(b, "{head}    let base = t * {len}u;");
-        // Element `e` of this lane: its index and whether it is in the row.
-        let exact = len.is_multiple_of(lanes);
-        let cond = |e: u64| if exact { "valid".to_string() } else { format!("valid && tid + {}u < {len}u", e * lanes) };
+        // Unit `e` of this lane: whether it is in the row; element slot
+        // `s` is lane `s % w` of unit `s / w`.
+        let exact = units.is_multiple_of(lanes);
+        let cond =
+            |e: u64| if exact { "valid".to_string() } else { format!("valid && tid + {}u < {units}u", e * lanes) };
+        let slots = per_lane * w;
         let mut lanes_of = Lanes { vals: HashMap::new(), held };
         if held {
-            for e in 0..per_lane {
-                let _ = writeln!(b, "    let i{e} = base + tid + {}u;", e * lanes);
+            for s in 0..slots {
+                let (e, c) = (s / w, s % w);
+                let _ = writeln!(b, "    let i{s} = base + (tid + {}u) * {w}u + {c}u;", e * lanes);
             }
             // Every input of the row's size, read once.
-            for &id in &k.inputs {
+            for (slot, &id) in k.inputs.iter().enumerate() {
                 let d = g.node(id);
                 if d.shape.numel() as u64 != n {
                     continue;
                 }
                 for e in 0..per_lane {
+                    let (t, load) = if vec4 {
+                        (format!("vec4<{}>", storage_ty(d.dtype)), format!("in{slot}[t * {units}u + tid + {}u]", e * lanes))
+                    } else {
+                        (ty(d.dtype).to_string(), format!("n{}(i{e})", id.0))
+                    };
                     let _ = writeln!(
                         b,
-                        "    var x{0}_{e}: {1} = {2};\n    if ({3}) {{\n        x{0}_{e} = n{0}(i{e});\n    }}",
+                        "    var x{0}_{e} = {t}();\n    if ({1}) {{\n        x{0}_{e} = {load};\n    }}",
                         id.0,
-                        ty(d.dtype),
-                        zero(d.dtype),
                         cond(e)
                     );
-                    lanes_of.vals.insert((id, e), format!("x{}_{e}", id.0));
+                    for c in 0..w {
+                        let v = if !vec4 {
+                            format!("x{}_{e}", id.0)
+                        } else if d.dtype == DType::Bool {
+                            format!("(x{}_{e}[{c}] != 0u)", id.0)
+                        } else {
+                            format!("x{}_{e}[{c}]", id.0)
+                        };
+                        lanes_of.vals.insert((id, e * w + c), v);
+                    }
                 }
             }
         }
@@ -378,12 +425,12 @@ impl Writer<'_> {
             let x = node.inputs[0];
             if held {
                 let _ = writeln!(b, "    var acc{slot} = {init};");
-                for e in 0..per_lane {
-                    let v = self.lane_value(&mut lanes_of, k, n, x, e, b)?;
+                for s in 0..slots {
+                    let v = self.lane_value(&mut lanes_of, k, n, x, s, b)?;
                     let _ = writeln!(
                         b,
                         "    if ({}) {{\n        let acc = acc{slot};\n        let v = {v};\n        acc{slot} = {combine};\n    }}",
-                        cond(e)
+                        cond(s / w)
                     );
                 }
             } else {
@@ -408,8 +455,22 @@ impl Writer<'_> {
             for e in 0..per_lane {
                 let mut stores = Vec::new();
                 for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
-                    let v = self.lane_value(&mut lanes_of, k, n, id, e, b)?;
-                    stores.push(format!("        out{o}[i{e}] = {};\n", store(g.node(id).dtype, &v)));
+                    let d = g.node(id).dtype;
+                    let mut vals = Vec::new();
+                    for c in 0..w {
+                        let v = self.lane_value(&mut lanes_of, k, n, id, e * w + c, b)?;
+                        vals.push(store(d, &v));
+                    }
+                    stores.push(if vec4 {
+                        format!(
+                            "        out{o}[t * {units}u + tid + {}u] = vec4<{}>({});\n",
+                            e * lanes,
+                            storage_ty(d),
+                            vals.join(", ")
+                        )
+                    } else {
+                        format!("        out{o}[i{e}] = {};\n", vals[0])
+                    });
                 }
                 if !stores.is_empty() {
                     let _ = writeln!(b, "    if ({}) {{\n{}    }}", cond(e), stores.concat());
@@ -438,11 +499,11 @@ impl Writer<'_> {
         Ok(rows.div_ceil(per_group) * WORKGROUP_SIZE as u64)
     }
 
-    /// The value of node `id` at element `e` of this lane in a held row
-    /// kernel (see [`Writer::rows_kernel`]): a register, a value function
-    /// applied to its operands' values (written to `b` as `let rK_e` the
-    /// first time, after everything it needs), or the node's index
-    /// function at the element. `n` is the row kernel's element count:
+    /// The value of node `id` at element slot `e` of this lane in a held
+    /// row kernel (see [`Writer::rows_kernel`]): a register, a value
+    /// function applied to its operands' values (written to `b` as `let
+    /// rK_e` the first time, after everything it needs), or the node's
+    /// index function at the element (`iE`). `n` is the row kernel's element count:
     /// nodes of that size share its linear index.
     fn lane_value(
         &mut self,
