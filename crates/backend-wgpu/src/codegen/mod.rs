@@ -245,7 +245,13 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     let rows_vec = kernel.kind == KernelKind::Rows
         && root_numel > 0
         && rows::rows_layout(kernel, graph, limits).vec4;
-    let rows_vec_input = |id: NodeId| rows_vec && graph.node(id).shape.numel() == root_numel;
+    // A row reduction reading its input as vec4 (see
+    // `reduce::vector_reduce`).
+    let reduce_vec = reduce::vector_reduce(kernel, graph, limits);
+    let rows_vec_input = |id: NodeId| {
+        (rows_vec && graph.node(id).shape.numel() == root_numel)
+            || (reduce_vec && kernel.inputs[0] == id)
+    };
     let vector_input = |id: NodeId| {
         (width == Some(4) && graph.node(id).shape.numel() == root_numel)
             || (row_vec && kernel.inputs[0] == id)

@@ -1,9 +1,9 @@
 //! Reductions (`Op::Reduce`), arg-reductions and cumulative sums.
 
 use super::common::*;
-use super::{SecondPass, Writer, WORKGROUP_SIZE};
-use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape};
+use super::{LowerLimits, SecondPass, Writer, WORKGROUP_SIZE};
+use lazuli_ir::fusion::{Kernel, KernelKind};
+use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape, VerifiedGraph};
 use std::fmt::Write as _;
 
 /// Reductions at least this long with at most
@@ -67,6 +67,28 @@ pub const COLUMN_MIN_PART: u64 = 2 * REDUCE_UNROLL;
 /// tensors beyond one binding) run in two passes in every form.
 pub fn beyond_one_workgroup(len: u64) -> bool {
     len / (WORKGROUP_SIZE as u64 * REDUCE_UNROLL) > LLVMPIPE_LOOP_BUDGET / 2
+}
+
+/// Whether reduction kernel `k` reads its rows as vec4 in the cooperative
+/// form: one trailing axis of a length divisible by 4 reduced straight
+/// from the kernel's one input (no prologue), f32, i32 or u32, sizes fixed.
+pub fn vector_reduce(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
+    let rn = g.node(k.root());
+    let Op::Reduce { axes, .. } = &rn.op else { return false };
+    let x = g.node(rn.inputs[0]);
+    let len = x.shape.dims().last().copied().unwrap_or(0) as u64;
+    k.kind == KernelKind::Reduce
+        && limits.forms.reduce.cooperative()
+        && !limits.generic
+        && axes.len() == 1
+        && axes[0] + 1 == x.shape.rank()
+        && len > 4
+        && len.is_multiple_of(4)
+        && matches!(x.dtype, DType::F32 | DType::I32 | DType::U32)
+        && k.inputs.len() == 1
+        && k.inputs[0] == rn.inputs[0]
+        && two_pass_parts(rn.shape.numel() as u64, len) == 1
+        && column_parts(rn.shape.numel() as u64, len) == 1
 }
 
 /// Invocations per output in the cooperative form for rows of `len`
@@ -179,12 +201,37 @@ impl Writer<'_> {
             // row's lanes combine (`Writer::row_combine`: subgroup
             // shuffles where the device has them, else a tree in
             // workgroup memory). Each element is read once.
-            let lanes = reduce_lanes(len);
+            // Rows read straight from the input with a length divisible
+            // by 4 are read as vec4 (see `vector_reduce`).
+            let vec = vector_reduce(k, self.g, &self.limits);
+            let units = if vec { len / 4 } else { len };
+            let lanes = reduce_lanes(units);
             let per_group = WORKGROUP_SIZE as u64 / lanes;
             invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
             self.cooperative = Some(acc_ty);
-            let main = len / (lanes * u) * (lanes * u);
+            let main = units / (lanes * u) * (lanes * u);
             let head = self.row_prologue(lanes, outputs);
+            if vec {
+                // Unit `r` of the row: four elements, combined in order.
+                let unit = |ind: &str, r: &str| {
+                    let mut s = format!("{ind}{{\n{ind}    let x4 = in0[t * {units}u + {r}];\n");
+                    for c in ["x", "y", "z", "w"] {
+                        let _ = writeln!(s, "{ind}    {{\n{ind}        let v = x4.{c};\n{ind}        acc = {combine};\n{ind}    }}");
+                    }
+                    s.push_str(&format!("{ind}}}\n"));
+                    s
+                };
+                let steps: String = (0..u).map(|q| unit("            ", &format!("r0 + {}u", q * lanes))).collect();
+                let _ = write!(
+                    b,
+                    "{head}    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{steps}        }}\n        for (var r = {main}u + tid; r < {units}u; r = r + {lanes}u) {{\n{}        }}\n    }}\n",
+                    lanes * u,
+                    unit("            ", "r")
+                );
+                b.push_str(&self.row_combine("    ", lanes, &combine));
+                let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
+                return invocations;
+            }
             let _ = write!(
                 b,
                 "{head}    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
