@@ -29,7 +29,8 @@ fn devices() -> Vec<(&'static str, Device)> {
         return Vec::new();
     }
     let with = |forms: lazuli::KernelForms, subgroups: bool| {
-        let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), subgroups: Some(subgroups), ..Default::default() };
+        let opts =
+            lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), subgroups: Some(subgroups), ..Default::default() };
         Device::wgpu_with(opts).expect("a wgpu device")
     };
     vec![
@@ -175,4 +176,47 @@ fn subgroup_kernels_only_where_switched_on() {
             assert!(!on, "subgroups switched off, yet reported on");
         }
     }
+}
+
+/// Column sums (the bias gradient: a sum over the leading axis) and large
+/// row reductions against the CPU: at [4096, 1024], where the GPU form
+/// splits the rows into parts of 16 and adds the parts in a second pass,
+/// at odd shapes around the split's thresholds, over two leading axes, and
+/// an i32 sum (exact); and row reductions of [1024, 4096] read as vec4.
+#[test]
+fn column_sums_and_large_row_reductions_match_the_cpu() {
+    let devs = devices();
+    let cpu = Device::cpu();
+    type Case = (&'static str, Vec<usize>, Box<dyn Fn(&Tensor) -> Result<Tensor>>);
+    let cases: Vec<Case> = vec![
+        ("bias gradient", vec![4096, 1024], Box::new(|x: &Tensor| x.sum(&[0], false))),
+        ("column mean", vec![4096, 1024], Box::new(|x: &Tensor| x.mean(&[0], true))),
+        ("column max", vec![4099, 1023], Box::new(|x: &Tensor| x.max(&[0], false))),
+        ("odd column sum", vec![333, 517], Box::new(|x: &Tensor| x.sum(&[0], false))),
+        ("long odd columns", vec![20001, 211], Box::new(|x: &Tensor| x.sum(&[0], false))),
+        ("two leading axes", vec![16, 256, 1024], Box::new(|x: &Tensor| x.sum(&[0, 1], false))),
+        ("prologue column sum", vec![4096, 1024], Box::new(|x: &Tensor| x.mul(x)?.sum(&[0], false))),
+        (
+            "i32 column sum",
+            vec![4096, 1024],
+            Box::new(|x: &Tensor| x.mul_scalar(4.0)?.cast(DType::I32)?.sum(&[0], false)?.cast(DType::F32)),
+        ),
+        ("large row sum", vec![1024, 4096], Box::new(|x: &Tensor| x.sum(&[-1], false))),
+        ("large row max", vec![1024, 4096], Box::new(|x: &Tensor| x.max(&[-1], true))),
+    ];
+    let mut failures = Vec::new();
+    for (name, dims, f) in &cases {
+        let n: usize = dims.iter().product();
+        let x = common::rand_vec(n, n as u64, -1.0, 1.0);
+        let eval =
+            |dev: &Device| f(&Tensor::from_slice(&x, dims.clone(), dev).unwrap()).unwrap().to_vec::<f32>().unwrap();
+        let want = eval(&cpu);
+        let len = (n / want.len()) as f32;
+        for (dname, dev) in &devs {
+            if let Some(m) = mismatch(&eval(dev), &want, 1e-4, 1e-5 * len) {
+                failures.push(format!("{name} {dims:?} on {dname}: {m}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }

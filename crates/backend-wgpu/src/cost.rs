@@ -289,12 +289,13 @@ mod tests {
         g.outputs.push(y);
         let c = rows_plan(g);
         assert_eq!((c.len(), c[0].bytes, c[0].workgroups), (1, 2 * 16384 * 4096 * 4, 8192), "{c:?}");
-        // G5: 256 lanes per row, one row a workgroup.
+        // G5: read as vec4, 64 lanes of 16 vec4s per row, 4 rows a
+        // workgroup.
         let mut g = Graph::new();
         let x = f32p(&mut g, &[16384, 4096]);
         let y = reduce(&mut g, ReduceOp::Sum, x, 1);
         g.outputs.push(y);
-        assert_eq!(rows_plan(g), [cost("k0", 16384 * 4096, (16384 * 4096 + 16384) * 4, 16384)]);
+        assert_eq!(rows_plan(g), [cost("k0", 16384 * 4096, (16384 * 4096 + 16384) * 4, 4096)]);
         // G6: one row kernel, 32 lanes of 8 vec4s per row, 8 rows a
         // workgroup; x, the weight, the bias and y once each.
         let mut g = Graph::new();

@@ -610,8 +610,14 @@ fn snapshots() -> Vec<(String, String)> {
 
 /// The graphs whose GPU kernels are row kernels, snapshotted with
 /// subgroups too.
-const ROW_GRAPHS: &[&str] =
-    &["softmax_rows", "softmax_middle_axis", "log_softmax_prologue", "layer_norm", "reduce_rows_short", "reduce_rows_long"];
+const ROW_GRAPHS: &[&str] = &[
+    "softmax_rows",
+    "softmax_middle_axis",
+    "log_softmax_prologue",
+    "layer_norm",
+    "reduce_rows_short",
+    "reduce_rows_long",
+];
 
 #[test]
 fn generated_wgsl_matches_golden_files() {

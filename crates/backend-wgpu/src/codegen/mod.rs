@@ -242,16 +242,12 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     };
     // A held row kernel in the vec4 layout reads and writes everything of
     // the row's size as vectors (see `rows::rows_layout`).
-    let rows_vec = kernel.kind == KernelKind::Rows
-        && root_numel > 0
-        && rows::rows_layout(kernel, graph, limits).vec4;
+    let rows_vec = kernel.kind == KernelKind::Rows && root_numel > 0 && rows::rows_layout(kernel, graph, limits).vec4;
     // A row reduction reading its input as vec4 (see
     // `reduce::vector_reduce`).
     let reduce_vec = reduce::vector_reduce(kernel, graph, limits);
-    let rows_vec_input = |id: NodeId| {
-        (rows_vec && graph.node(id).shape.numel() == root_numel)
-            || (reduce_vec && kernel.inputs[0] == id)
-    };
+    let rows_vec_input =
+        |id: NodeId| (rows_vec && graph.node(id).shape.numel() == root_numel) || (reduce_vec && kernel.inputs[0] == id);
     let vector_input = |id: NodeId| {
         (width == Some(4) && graph.node(id).shape.numel() == root_numel)
             || (row_vec && kernel.inputs[0] == id)

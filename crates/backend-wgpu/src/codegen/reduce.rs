@@ -88,7 +88,6 @@ pub fn vector_reduce(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> boo
         && k.inputs.len() == 1
         && k.inputs[0] == rn.inputs[0]
         && two_pass_parts(rn.shape.numel() as u64, len) == 1
-        && column_parts(rn.shape.numel() as u64, len) == 1
 }
 
 /// Invocations per output in the cooperative form for rows of `len`
@@ -216,7 +215,10 @@ impl Writer<'_> {
                 let unit = |ind: &str, r: &str| {
                     let mut s = format!("{ind}{{\n{ind}    let x4 = in0[t * {units}u + {r}];\n");
                     for c in ["x", "y", "z", "w"] {
-                        let _ = writeln!(s, "{ind}    {{\n{ind}        let v = x4.{c};\n{ind}        acc = {combine};\n{ind}    }}");
+                        let _ = writeln!(
+                            s,
+                            "{ind}    {{\n{ind}        let v = x4.{c};\n{ind}        acc = {combine};\n{ind}    }}"
+                        );
                     }
                     s.push_str(&format!("{ind}}}\n"));
                     s

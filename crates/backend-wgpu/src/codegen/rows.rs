@@ -392,7 +392,10 @@ impl Writer<'_> {
                 }
                 for e in 0..per_lane {
                     let (t, load) = if vec4 {
-                        (format!("vec4<{}>", storage_ty(d.dtype)), format!("in{slot}[t * {units}u + tid + {}u]", e * lanes))
+                        (
+                            format!("vec4<{}>", storage_ty(d.dtype)),
+                            format!("in{slot}[t * {units}u + tid + {}u]", e * lanes),
+                        )
                     } else {
                         (ty(d.dtype).to_string(), format!("n{}(i{e})", id.0))
                     };
