@@ -220,3 +220,28 @@ fn column_sums_and_large_row_reductions_match_the_cpu() {
     }
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Layer norm's forward and backward row kernels hold their rows at
+/// C = 1024 on the GPU profile: every row kernel (one with a per-row
+/// value, `rv0`) reads its inputs once into registers and never walks the
+/// row in a phase loop.
+#[test]
+fn layer_norm_row_kernels_read_each_row_once() {
+    let devs = devices();
+    let Some((_, dev)) = devs.first() else { return };
+    let (rows, len) = (64, 1024);
+    let x = Tensor::from_slice(&data(rows, len, 3, false), [rows, len], dev).unwrap().requires_grad_(true).unwrap();
+    let w = Tensor::from_slice(&common::rand_vec(len, 4, 0.5, 1.5), [len], dev).unwrap().requires_grad_(true).unwrap();
+    let y = lazuli::nn::layer_norm(&x, 1, Some(&w), None, 1e-5).unwrap();
+    let dy = Tensor::from_slice(&common::rand_vec(rows * len, 5, -1.0, 1.0), [rows, len], dev).unwrap();
+    y.mul(&dy).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    let gx = x.grad().unwrap();
+    for (what, t) in [("forward", &y), ("input gradient", &gx)] {
+        let code = lazuli::debug::backend_code(&[t]).unwrap();
+        let row_kernels: Vec<&String> = code.iter().map(|(_, s)| s).filter(|s| s.contains("rv0")).collect();
+        assert!(!row_kernels.is_empty(), "{what}: no row kernel in {code:?}");
+        for s in row_kernels {
+            assert!(s.contains("    var x") && !s.contains("for (var j = tid"), "{what}: a row kernel not held:\n{s}");
+        }
+    }
+}
