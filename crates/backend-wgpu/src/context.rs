@@ -70,13 +70,14 @@ pub(crate) struct Opened {
 }
 
 /// What a backend asks of the device: timestamps, the driver's pipeline
-/// cache and subgroup operations where offered, every limit the adapter
-/// has.
+/// cache and subgroup operations (where kernels may use them:
+/// [`platform::SUBGROUPS`]) where offered, every limit the adapter has.
 fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    let subgroups = if platform::SUBGROUPS { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
     wgpu::DeviceDescriptor {
         label: Some("lazuli"),
         required_features: a.features()
-            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | wgpu::Features::SUBGROUP),
+            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | subgroups),
         required_limits: a.limits(),
         ..Default::default()
     }
