@@ -19,7 +19,9 @@
 //! `main_body`).
 //!
 //! One module per kernel family: [`elementwise`], [`reduce`] (reductions,
-//! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax),
+//! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax,
+//! the fused row kernels, and the combine of a row's lanes: subgroup
+//! shuffles where [`LowerLimits::subgroups`], else a workgroup tree),
 //! [`matmul`], [`attention`] (fused attention, forward and backward),
 //! [`index`] (gather and scatter-add, which check their indices and report
 //! one out of range through an error slot) and [`pool`] (pooling and its
