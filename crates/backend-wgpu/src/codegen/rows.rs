@@ -191,7 +191,8 @@ impl Writer<'_> {
     /// row takes units `i, i + P, ...`, so the lanes of a subgroup read
     /// one contiguous block per step. Rows of at most `P` x
     /// [`ROW_MAX_CACHED`] units are held in registers: the input is read
-    /// once and the output written once. Longer rows keep a running max
+    /// once and the output written once (softmax keeps each element's exp
+    /// in its register: one exp per element). Longer rows keep a running max
     /// and rescaled sum per lane (online softmax), combine the pairs
     /// ([`Writer::row_combine`]), and read the row a second time to write it. With `vec` a
     /// unit is a vec4 (see [`vector_rows`]). Returns the invocation count.
@@ -264,18 +265,31 @@ impl Writer<'_> {
             }
             b.push_str(&self.row_combine("    ", lanes, "max_nan(acc, v)"));
             b.push_str("    let mx = acc;\n    acc = 0.0;\n");
+            // Softmax keeps each exp in its register (one exp per
+            // element); log-softmax writes from the inputs.
+            let m = if vec { "vec4<f32>(mx)" } else { "mx" };
             for e in 0..per_lane {
-                let _ = writeln!(b, "    if ({}) {{\n        acc = acc + {};\n    }}", cond(e), usum(&format!("v{e}")));
+                if log {
+                    let _ =
+                        writeln!(b, "    if ({}) {{\n        acc = acc + {};\n    }}", cond(e), usum(&format!("v{e}")));
+                } else {
+                    let term = if vec { format!("dot(v{e}, vec4<f32>(1.0))") } else { format!("v{e}") };
+                    let _ = writeln!(
+                        b,
+                        "    v{e} = exp(v{e} - {m});\n    if ({}) {{\n        acc = acc + {term};\n    }}",
+                        cond(e)
+                    );
+                }
             }
             b.push_str(&self.row_combine("    ", lanes, "acc + v"));
             let _ = writeln!(b, "    let sm = acc;\n    {fin}");
             for e in 0..per_lane {
+                let value = if log { write(&format!("v{e}")) } else { format!("v{e} * rsm") };
                 let _ = writeln!(
                     b,
-                    "    if ({}) {{\n        {} = {};\n    }}",
+                    "    if ({}) {{\n        {} = {value};\n    }}",
                     cond(e),
                     dst(&format!("tid + {}u", e * lanes)),
-                    write(&format!("v{e}"))
                 );
             }
         } else {

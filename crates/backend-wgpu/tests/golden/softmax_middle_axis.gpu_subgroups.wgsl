@@ -103,20 +103,25 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     let mx = acc;
     acc = 0.0;
+    v0 = exp(v0 - mx);
     if (valid) {
-        acc = acc + exp(v0 - mx);
+        acc = acc + v0;
     }
+    v1 = exp(v1 - mx);
     if (valid) {
-        acc = acc + exp(v1 - mx);
+        acc = acc + v1;
     }
+    v2 = exp(v2 - mx);
     if (valid) {
-        acc = acc + exp(v2 - mx);
+        acc = acc + v2;
     }
+    v3 = exp(v3 - mx);
     if (valid) {
-        acc = acc + exp(v3 - mx);
+        acc = acc + v3;
     }
+    v4 = exp(v4 - mx);
     if (valid) {
-        acc = acc + exp(v4 - mx);
+        acc = acc + v4;
     }
     if (sgm != 0u) {
         for (var h = 1u; h < min(8u, ssz); h = h << 1u) {
@@ -153,18 +158,18 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let sm = acc;
     let rsm = 1.0 / sm;
     if (valid) {
-        out0[base + (tid + 0u) * 8u] = exp(v0 - mx) * rsm;
+        out0[base + (tid + 0u) * 8u] = v0 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 8u) * 8u] = exp(v1 - mx) * rsm;
+        out0[base + (tid + 8u) * 8u] = v1 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 16u) * 8u] = exp(v2 - mx) * rsm;
+        out0[base + (tid + 16u) * 8u] = v2 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 24u) * 8u] = exp(v3 - mx) * rsm;
+        out0[base + (tid + 24u) * 8u] = v3 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 32u) * 8u] = exp(v4 - mx) * rsm;
+        out0[base + (tid + 32u) * 8u] = v4 * rsm;
     }
 }

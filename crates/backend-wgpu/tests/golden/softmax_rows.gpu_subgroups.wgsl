@@ -114,29 +114,37 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     let mx = acc;
     acc = 0.0;
+    v0 = exp(v0 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v0 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v0, vec4<f32>(1.0));
     }
+    v1 = exp(v1 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v1 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v1, vec4<f32>(1.0));
     }
+    v2 = exp(v2 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v2 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v2, vec4<f32>(1.0));
     }
+    v3 = exp(v3 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v3 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v3, vec4<f32>(1.0));
     }
+    v4 = exp(v4 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v4 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v4, vec4<f32>(1.0));
     }
+    v5 = exp(v5 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v5 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v5, vec4<f32>(1.0));
     }
+    v6 = exp(v6 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v6 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v6, vec4<f32>(1.0));
     }
+    v7 = exp(v7 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v7 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v7, vec4<f32>(1.0));
     }
     if (sgm != 0u) {
         for (var h = 1u; h < min(32u, ssz); h = h << 1u) {
@@ -173,27 +181,27 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let sm = acc;
     let rsm = 1.0 / sm;
     if (valid) {
-        out0[t * 256u + tid + 0u] = exp(v0 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 0u] = v0 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 32u] = exp(v1 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 32u] = v1 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 64u] = exp(v2 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 64u] = v2 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 96u] = exp(v3 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 96u] = v3 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 128u] = exp(v4 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 128u] = v4 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 160u] = exp(v5 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 160u] = v5 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 192u] = exp(v6 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 192u] = v6 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 224u] = exp(v7 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 224u] = v7 * rsm;
     }
 }
