@@ -794,7 +794,9 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
 /// The devices of the windowed property: the CPU reference and two wgpu
 /// devices binding 8 KiB windows, one per kernel-form profile, with
 /// lavapipe's 32 storage buffers per stage on any adapter (so the same
-/// programs split or are refused everywhere).
+/// programs split or are refused everywhere), and subgroups off: the row
+/// kernels' workgroup-memory combine is fuzzed here, their subgroup
+/// combine by [`devices`] (where the adapter has subgroups).
 fn windowed_devices() -> Option<&'static Devices> {
     static DEVS: OnceLock<Option<Devices>> = OnceLock::new();
     DEVS.get_or_init(|| {
@@ -803,6 +805,7 @@ fn windowed_devices() -> Option<&'static Devices> {
                 kernel_forms: Some(forms),
                 binding_window: Some(8 << 10),
                 max_storage_buffers: Some(32),
+                subgroups: Some(false),
                 ..Default::default()
             };
             Device::wgpu_with(opts).ok()

@@ -51,6 +51,9 @@ pub(crate) struct Context {
     /// platform can read them back (not on the web: see
     /// [`crate::platform`]).
     pub timestamps: bool,
+    /// The device was opened with `wgpu::Features::SUBGROUP` (the adapter
+    /// has it): kernels may `enable subgroups;`.
+    pub subgroups: bool,
     /// The first asynchronous device error not reported yet (the web's
     /// uncaptured errors, lost device, index errors found late).
     pub deferred: Deferred,
@@ -66,12 +69,15 @@ pub(crate) struct Opened {
     pub max_storage_buffers: usize,
 }
 
-/// What a backend asks of the device: timestamps and the driver's
-/// pipeline cache where offered, every limit the adapter has.
+/// What a backend asks of the device: timestamps, the driver's pipeline
+/// cache and subgroup operations (where kernels may use them:
+/// [`platform::SUBGROUPS`]) where offered, every limit the adapter has.
 fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    let subgroups = if platform::SUBGROUPS { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
     wgpu::DeviceDescriptor {
         label: Some("lazuli"),
-        required_features: a.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE),
+        required_features: a.features()
+            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | subgroups),
         required_limits: a.limits(),
         ..Default::default()
     }
@@ -181,6 +187,7 @@ impl Context {
                 device_name: name.clone(),
             },
         );
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let context = Context {
             device,
             queue,
@@ -191,6 +198,7 @@ impl Context {
             max_buffer: limits.max_buffer_size & !3,
             loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
             timestamps: platform::CAN_BLOCK && a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroups,
             deferred,
         };
         Opened { context, info, limits, max_storage_buffers: max_sb }

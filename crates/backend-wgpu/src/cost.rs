@@ -260,6 +260,80 @@ mod tests {
         assert_eq!(costs(g, &LowerLimits::software()), [cost("k0", 4 * 65536, input + output, 4)]);
     }
 
+    /// The row workloads at their benchmark sizes (G4 softmax, G5 row
+    /// sum, G6 layer norm, a bias gradient's column sum), planned with row
+    /// kernels as the GPU profile is: each tensor moves once (the held
+    /// rows read their input once, so the model's bytes are the kernels'
+    /// own), and the workgroups are those the GPU forms launch.
+    #[test]
+    fn row_workloads_move_each_element_once_in_the_workgroups_of_their_layout() {
+        let rows_plan = |g: Graph| -> Vec<LaunchCost> {
+            let g = g.verify().unwrap();
+            let fl = FusionLimits { row_kernels: true, inline_outputs: true, ..FusionLimits::default() };
+            let plan = fusion::plan(&g, &fl);
+            let mut out = Vec::new();
+            for (i, k) in plan.kernels.iter().enumerate() {
+                let wgsl = lower(k, &g, &LowerLimits { subgroups: true, ..LowerLimits::gpu() }).unwrap();
+                let (pre, main) = launches(k, &g, &format!("k{i}"), &wgsl);
+                out.extend(pre.into_iter().chain([main]));
+            }
+            out
+        };
+        let reduce = |g: &mut Graph, op, x, axis: usize| {
+            g.push(Op::Reduce { op, axes: vec![axis], keepdim: true }, &[x]).unwrap()
+        };
+        // G4: 128 lanes of 8 vec4s per row, 2 rows a workgroup.
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[16384, 4096]);
+        let y = g.push(Op::Softmax { axis: 1, log: false }, &[x]).unwrap();
+        g.outputs.push(y);
+        let c = rows_plan(g);
+        assert_eq!((c.len(), c[0].bytes, c[0].workgroups), (1, 2 * 16384 * 4096 * 4, 8192), "{c:?}");
+        // G5: read as vec4, 64 lanes of 16 vec4s per row, 4 rows a
+        // workgroup.
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[16384, 4096]);
+        let y = reduce(&mut g, ReduceOp::Sum, x, 1);
+        g.outputs.push(y);
+        assert_eq!(rows_plan(g), [cost("k0", 16384 * 4096, (16384 * 4096 + 16384) * 4, 4096)]);
+        // G6: one row kernel, 32 lanes of 8 vec4s per row, 8 rows a
+        // workgroup; x, the weight, the bias and y once each.
+        let mut g = Graph::new();
+        let (n, c) = (16384usize, 1024usize);
+        let x = f32p(&mut g, &[n, c]);
+        let w = f32p(&mut g, &[c]);
+        let b = f32p(&mut g, &[c]);
+        let mu = reduce(&mut g, ReduceOp::Mean, x, 1);
+        let xc = g.push(Op::Binary(BinaryOp::Sub), &[x, mu]).unwrap();
+        let sq = g.push(Op::Binary(BinaryOp::Mul), &[xc, xc]).unwrap();
+        let var = reduce(&mut g, ReduceOp::Mean, sq, 1);
+        let eps = g.scalar(DType::F32);
+        let ve = g.push(Op::Binary(BinaryOp::Add), &[var, eps]).unwrap();
+        let r = g.push(Op::Unary(UnaryOp::Rsqrt), &[ve]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Mul), &[xc, r]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Mul), &[y, w]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Add), &[y, b]).unwrap();
+        g.outputs.push(y);
+        let k = rows_plan(g);
+        assert_eq!(k.len(), 1, "{k:?}");
+        assert_eq!((k[0].bytes, k[0].workgroups), (((2 * n * c + 2 * c) * 4) as u64, 2048), "{k:?}");
+        // A bias gradient: 256 parts of 16 rows (1024 workgroups, about
+        // four per SM of an H100), then 16 lanes adding each column's
+        // 256 partials (64 workgroups).
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[4096, 1024]);
+        let y = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[x]).unwrap();
+        g.outputs.push(y);
+        let scratch = 1024 * 256;
+        assert_eq!(
+            rows_plan(g),
+            [
+                cost("k0_pass1", 4096 * 1024, (4096 * 1024 + scratch) * 4, 1024),
+                cost("k0", scratch, (scratch + 1024) * 4, 64)
+            ]
+        );
+    }
+
     #[test]
     fn workgroups_count_a_two_dimensional_grid_with_its_padding() {
         assert_eq!(workgroups(0, 256), 0);

@@ -86,6 +86,12 @@ pub struct WgpuOptions {
     /// one multi-tensor dispatch (see `lazuli_ir::fusion::multi`); default
     /// on, the flag `LAZULI_MULTI_TENSOR` overrides.
     pub multi_tensor: Option<bool>,
+    /// Whether row kernels (softmax, layer norm, row reductions) combine
+    /// the lanes sharing a row with subgroup operations where the adapter
+    /// has `wgpu::Features::SUBGROUP` (default on; the flag
+    /// `LAZULI_SUBGROUPS` overrides); off, or without the feature, they
+    /// combine through workgroup-memory trees.
+    pub subgroups: Option<bool>,
     /// Threads creating the pipelines of one plan (else
     /// `LAZULI_COMPILE_THREADS`, a positive integer, else the machine's
     /// cores, at most 8).
@@ -167,6 +173,9 @@ impl WgpuOptions {
         let trusted = config::flag(lookup, "LAZULI_TRUSTED_SHADERS")?;
         note("LAZULI_TRUSTED_SHADERS", self.trusted_shaders.is_some(), trusted.is_some());
         out.trusted_shaders = self.trusted_shaders.or(trusted);
+        let subgroups = config::flag(lookup, "LAZULI_SUBGROUPS")?;
+        note("LAZULI_SUBGROUPS", self.subgroups.is_some(), subgroups.is_some());
+        out.subgroups = self.subgroups.or(subgroups);
         let threads = config::count(lookup, "LAZULI_COMPILE_THREADS")?;
         note("LAZULI_COMPILE_THREADS", self.compile_threads.is_some(), threads.is_some());
         out.compile_threads = self.compile_threads.or(threads);

@@ -21,7 +21,8 @@
 //! - pipelines are created on the calling thread ([`THREADS`]), nothing
 //!   is written to disk ([`DISK_CACHE`]: caches stay in memory), matmul
 //!   forms are not autotuned and kernels are not timed ([`CAN_BLOCK`]:
-//!   both read results back synchronously).
+//!   both read results back synchronously), and kernels use no subgroup
+//!   operations ([`SUBGROUPS`]).
 //!
 //! Natively every function here is the blocking code the backend always
 //! ran.
@@ -42,6 +43,11 @@ pub(crate) const TRUSTED_SHADERS: bool = cfg!(not(target_arch = "wasm32"));
 
 /// True where the persistent compile cache may be written.
 pub(crate) const DISK_CACHE: bool = cfg!(not(target_arch = "wasm32"));
+
+/// True where kernels may use subgroup operations (on a device with
+/// `wgpu::Features::SUBGROUP`): a browser compiles the WGSL itself and
+/// wants `enable subgroups;`, which naga 30, our validator, rejects.
+pub(crate) const SUBGROUPS: bool = cfg!(not(target_arch = "wasm32"));
 
 /// The first asynchronous error of a device that nothing has reported yet
 /// (on the web; natively errors are returned where they happen and this

@@ -61,6 +61,10 @@ impl WgpuBackend {
         let (ctx, info, limits) = (opened.context, opened.info, opened.limits);
         let max_sb = opened.max_storage_buffers;
         let forms = kernel_forms(&options, info.device_type);
+        // Subgroup operations where the device has them, unless turned
+        // off (`WgpuOptions::subgroups`); never in a browser
+        // (`platform::SUBGROUPS`).
+        let subgroups = ctx.subgroups && crate::platform::SUBGROUPS && options.subgroups.unwrap_or(true);
         let software = info.device_type == wgpu::DeviceType::Cpu;
         let adapter_id = format!(
             "{} vendor {:x} device {:x} {:?} {} {}",
@@ -73,7 +77,7 @@ impl WgpuBackend {
         // besides the adapter and the build.
         let disk = DiskCache::open(
             cache_dir.as_deref(),
-            &format!("{adapter_id} limits {limits:?} forms {forms:?} sb {max_sb}"),
+            &format!("{adapter_id} limits {limits:?} forms {forms:?} sb {max_sb} subgroups {subgroups}"),
             options.cache_max_bytes,
         )
         .map(Arc::new);
@@ -94,6 +98,7 @@ impl WgpuBackend {
         let lower = LowerLimits {
             forms,
             workgroup_storage: limits.max_compute_workgroup_storage_size,
+            subgroups,
             ..LowerLimits::default()
         };
         // Tuning times candidates by reading results back synchronously.
@@ -244,6 +249,15 @@ fn effective_settings(
             source("LAZULI_DEVICE_MEMORY_BYTES"),
         ),
         Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new(
+            "LAZULI_SUBGROUPS",
+            match (compiler.lower.subgroups, ctx.subgroups) {
+                (true, _) => "on".to_string(),
+                (false, true) => "off".to_string(),
+                (false, false) => "off (the adapter has none)".to_string(),
+            },
+            source("LAZULI_SUBGROUPS"),
+        ),
         Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new("LAZULI_COMPILE_THREADS", compiler.pipelines.threads(), source("LAZULI_COMPILE_THREADS")),

@@ -5,10 +5,12 @@
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 /// Parses and validates `source`; the error message includes the
-/// diagnostic with its location.
+/// diagnostic with its location. Subgroup operations are allowed: a
+/// kernel uses them only where the device was opened with
+/// `wgpu::Features::SUBGROUP` (`LowerLimits::subgroups`).
 pub fn validate_wgsl(source: &str) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    Validator::new(ValidationFlags::all(), Capabilities::empty())
+    Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
         .validate(&module)
         .map(|_| ())
         .map_err(|e| e.emit_to_string(source))

@@ -7,7 +7,9 @@
 //! pin the two rewrites applied after lowering: `windowed_*` kernels bind
 //! tensors as several windows (`window::apply`), `generic_*` kernels are
 //! the members of a size family whose literals were read from the sizes
-//! buffer (`Families::specialize` after `Families::observe`).
+//! buffer (`Families::specialize` after `Families::observe`); the row
+//! graphs are snapshotted a third time, `*.gpu_subgroups`, with the GPU
+//! profile on a device with subgroups (`LowerLimits::subgroups`).
 //!
 //! Lowering is pure (no device), so these tests run everywhere. After an
 //! intended change, regenerate with `LAZULI_BLESS=1 cargo test -p
@@ -651,8 +653,27 @@ fn snapshots() -> Vec<(String, String)> {
             out.push((format!("generic_{gname}.{pname}"), render_generic(earlier, later, &limits)));
         }
     }
+    // The row kernels again on a device with subgroups (the lanes of a
+    // row combine by subgroup shuffles, see `codegen::rows`).
+    let subgroups = LowerLimits { subgroups: true, ..LowerLimits::gpu() };
+    for (gname, g) in graphs() {
+        if ROW_GRAPHS.contains(&gname) {
+            out.push((format!("{gname}.gpu_subgroups"), render(g, &subgroups)));
+        }
+    }
     out
 }
+
+/// The graphs whose GPU kernels are row kernels, snapshotted with
+/// subgroups too.
+const ROW_GRAPHS: &[&str] = &[
+    "softmax_rows",
+    "softmax_middle_axis",
+    "log_softmax_prologue",
+    "layer_norm",
+    "reduce_rows_short",
+    "reduce_rows_long",
+];
 
 #[test]
 fn generated_wgsl_matches_golden_files() {

@@ -140,6 +140,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::multi_tensor)",
     ),
     var(
+        "LAZULI_SUBGROUPS",
+        Kind::Flag,
+        "on where the adapter has subgroups",
+        "row kernels combine lanes with subgroup operations (off: workgroup-memory trees)",
+        "lazuli-wgpu (WgpuOptions::subgroups)",
+    ),
+    var(
         "LAZULI_GENERIC_SIZES",
         Kind::Flag,
         "on",

@@ -19,7 +19,9 @@
 //! `main_body`).
 //!
 //! One module per kernel family: [`elementwise`], [`reduce`] (reductions,
-//! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax),
+//! arg-reductions, cumulative sums), [`rows`] (softmax and log-softmax,
+//! the fused row kernels, and the combine of a row's lanes: subgroup
+//! shuffles where [`LowerLimits::subgroups`], else a workgroup tree),
 //! [`matmul`], [`attention`] (fused attention, forward and backward),
 //! [`index`] (gather and scatter-add, which check their indices and report
 //! one out of range through an error slot) and [`pool`] (pooling and its
@@ -56,7 +58,7 @@ use matmul::matmul_shape;
 pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
 pub use reduce::{reduce_lanes, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
 use rows::vector_rows;
-pub use rows::{row_lanes, ROW_MAX_CACHED, ROW_MAX_LANES};
+pub use rows::{row_lanes, rows_layout, RowsLayout, ROWS_MAX_HELD, ROW_MAX_CACHED, ROW_MAX_LANES};
 
 /// Invocations per workgroup of every generated kernel.
 pub const WORKGROUP_SIZE: u32 = 256;
@@ -77,6 +79,16 @@ pub struct LowerLimits {
     /// need a size divisible by 4, and matmul layouts from coarse
     /// power-of-two buckets.
     pub generic: bool,
+    /// The device has subgroup operations and they are on
+    /// (`WgpuOptions::subgroups`): row kernels combine the lanes of a row
+    /// with them (see [`rows`]): their `main` takes the subgroup builtins.
+    /// The source differs, so every cache keyed by source (pipelines, the
+    /// disk cache's naga marks) tells the two apart. (No `enable
+    /// subgroups;` directive: naga 30 rejects it and takes subgroup
+    /// operations without it, as wgpu's native backends do; a browser,
+    /// which would need it, never gets subgroup kernels, see
+    /// `WgpuBackend`'s setup.)
+    pub subgroups: bool,
 }
 
 impl Default for LowerLimits {
@@ -93,6 +105,7 @@ impl LowerLimits {
             forms: KernelForms::gpu(),
             workgroup_storage: 16384,
             generic: false,
+            subgroups: false,
         }
     }
 
@@ -212,6 +225,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         error_slot: false,
         split: None,
         trusted: false,
+        subgroups: false,
     };
     check_lowerable(kernel, graph, limits)?;
     if kernel.kind == KernelKind::MultiTensor {
@@ -237,6 +251,14 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         mm.as_ref()
             .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
     };
+    // A held row kernel in the vec4 layout reads and writes everything of
+    // the row's size as vectors (see `rows::rows_layout`).
+    let rows_vec = kernel.kind == KernelKind::Rows && root_numel > 0 && rows::rows_layout(kernel, graph, limits).vec4;
+    // A row reduction reading its input as vec4 (see
+    // `reduce::vector_reduce`).
+    let reduce_vec = reduce::vector_reduce(kernel, graph, limits);
+    let rows_vec_input =
+        |id: NodeId| (rows_vec && graph.node(id).shape.numel() == root_numel) || (reduce_vec && kernel.inputs[0] == id);
     // The flash attention forward reads aligned q, k, v as vectors.
     let attn_vec = attention::flash_vec4_operands(kernel, graph, limits);
     let mm_vec = |id: NodeId| mm_vec(id) || attn_vec.contains(&id);
@@ -244,12 +266,13 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         (width == Some(4) && graph.node(id).shape.numel() == root_numel)
             || (row_vec && kernel.inputs[0] == id)
             || mm_vec(id)
+            || rows_vec_input(id)
     };
-    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec);
+    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec) || rows_vec;
     // Inputs read in `main` by the straight-line or vector-row path need
     // no function.
     let in_main = |id: NodeId| (width.is_some() && graph.node(id).shape.numel() == root_numel) || row_vec;
-    w.input_fns(kernel, &in_main, &mm_vec);
+    w.input_fns(kernel, &in_main, &|id| mm_vec(id) || rows_vec_input(id));
     // A kernel that checks indices runs even when its output is empty:
     // an index out of range is an error whether or not it moves anything.
     let checks_only =
@@ -337,7 +360,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
         s.push_str(h.source());
         s.push('\n');
     }
-    s.push_str(&cooperative_main(second.acc, &second.body));
+    s.push_str(&cooperative_main(second.acc, &second.body, false));
     Ok(Wgsl {
         source: s,
         entry: "main",
@@ -428,7 +451,7 @@ impl Writer<'_> {
         } else if let Some(shared) = self.cooperative {
             // Cooperative kernels: invocations work together through
             // workgroup memory and barriers, so none may return early.
-            s.push_str(&cooperative_main(shared, body));
+            s.push_str(&cooperative_main(shared, body, self.subgroups));
         } else {
             let _ = write!(
                 s,
@@ -511,11 +534,18 @@ fn params_header(graph: &VerifiedGraph) -> String {
 }
 
 /// `main` of a cooperative kernel: the workgroup array `red` of `shared`
-/// elements, and `body` with `lid`, `wid` and `nwg` in scope; no early
-/// return, so every barrier stays uniform.
-fn cooperative_main(shared: &str, body: &str) -> String {
+/// elements, and `body` with `lid`, `wid` and `nwg` in scope (with
+/// `subgroups`, also `sii`, `ssz`, `sid` and `nsg`: the subgroup
+/// invocation id, subgroup size, subgroup id and subgroup count); no
+/// early return, so every barrier stays uniform.
+fn cooperative_main(shared: &str, body: &str, subgroups: bool) -> String {
+    let sg = if subgroups {
+        ", @builtin(subgroup_invocation_id) sii: u32, @builtin(subgroup_size) ssz: u32, @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) nsg: u32"
+    } else {
+        ""
+    };
     format!(
-        "var<workgroup> red: array<{shared}, {WORKGROUP_SIZE}>;\n\n@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n{body}}}\n"
+        "var<workgroup> red: array<{shared}, {WORKGROUP_SIZE}>;\n\n@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>{sg}) {{\n{body}}}\n"
     )
 }
 
@@ -555,6 +585,9 @@ struct Writer<'a> {
     /// Set by the tiled matmul where [`matmul::trusted`] holds: see
     /// [`Wgsl::trusted`].
     trusted: bool,
+    /// Set by row kernels that combine lanes with subgroup operations
+    /// (see [`rows`]): `main` takes the subgroup builtins.
+    subgroups: bool,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
@@ -1015,7 +1048,7 @@ impl Writer<'_> {
                     }
                 }
             }
-            KernelKind::Rows => invocations = self.rows_kernel(k, &mut b),
+            KernelKind::Rows => invocations = self.rows_kernel(k, &mut b)?,
             KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
             KernelKind::Conv2d => invocations = self.conv_kernel(k, &mut b),
             KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),

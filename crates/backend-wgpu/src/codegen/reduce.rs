@@ -1,9 +1,9 @@
 //! Reductions (`Op::Reduce`), arg-reductions and cumulative sums.
 
 use super::common::*;
-use super::{SecondPass, Writer, WORKGROUP_SIZE};
-use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{ArgReduceOp, DType, NodeId, Op, ReduceOp, Shape};
+use super::{LowerLimits, SecondPass, Writer, WORKGROUP_SIZE};
+use lazuli_ir::fusion::{Kernel, KernelKind};
+use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape, VerifiedGraph};
 use std::fmt::Write as _;
 
 /// Reductions at least this long with at most
@@ -43,16 +43,23 @@ pub const COLUMN_TARGET_INVOCATIONS: u64 = 1 << 18;
 /// Parts each output of a reduction over strided elements is split into
 /// (1: one pass): when one invocation per output leaves a large GPU
 /// mostly idle and each output has many elements, enough parts to reach
-/// [`COLUMN_TARGET_INVOCATIONS`], each of at least 64 elements, and
-/// enough that no part's loop exceeds half of llvmpipe's loop budget
-/// ([`LLVMPIPE_LOOP_BUDGET`]; only tensors beyond one binding have such
-/// long columns).
+/// [`COLUMN_TARGET_INVOCATIONS`] (a bias gradient over [4096, 1024]: 256
+/// parts of 16 rows, 1024 workgroups, four per SM of an H100), each of
+/// at least [`COLUMN_MIN_PART`] elements, and enough that no part's loop
+/// exceeds half of llvmpipe's loop budget ([`LLVMPIPE_LOOP_BUDGET`];
+/// only tensors beyond one binding have such long columns).
 pub fn column_parts(outputs: u64, len: u64) -> u64 {
     if outputs >= COLUMN_TARGET_INVOCATIONS || outputs * len < 1 << 22 || len < 128 {
         return 1;
     }
-    (COLUMN_TARGET_INVOCATIONS / outputs).clamp(2, (len / 64).min(1024)).max(len.div_ceil(LLVMPIPE_LOOP_BUDGET / 2))
+    (COLUMN_TARGET_INVOCATIONS / outputs)
+        .clamp(2, (len / COLUMN_MIN_PART).min(1024))
+        .max(len.div_ceil(LLVMPIPE_LOOP_BUDGET / 2))
 }
+
+/// Fewest elements of one part of a split column reduction (see
+/// [`column_parts`]): two unrolled steps of [`REDUCE_UNROLL`].
+pub const COLUMN_MIN_PART: u64 = 2 * REDUCE_UNROLL;
 
 /// Whether a reduction of `len` elements per output, written with one
 /// workgroup per output, would loop past half of llvmpipe's loop budget
@@ -60,6 +67,27 @@ pub fn column_parts(outputs: u64, len: u64) -> u64 {
 /// tensors beyond one binding) run in two passes in every form.
 pub fn beyond_one_workgroup(len: u64) -> bool {
     len / (WORKGROUP_SIZE as u64 * REDUCE_UNROLL) > LLVMPIPE_LOOP_BUDGET / 2
+}
+
+/// Whether reduction kernel `k` reads its rows as vec4 in the cooperative
+/// form: one trailing axis of a length divisible by 4 reduced straight
+/// from the kernel's one input (no prologue), f32, i32 or u32, sizes fixed.
+pub fn vector_reduce(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
+    let rn = g.node(k.root());
+    let Op::Reduce { axes, .. } = &rn.op else { return false };
+    let x = g.node(rn.inputs[0]);
+    let len = x.shape.dims().last().copied().unwrap_or(0) as u64;
+    k.kind == KernelKind::Reduce
+        && limits.forms.reduce.cooperative()
+        && !limits.generic
+        && axes.len() == 1
+        && axes[0] + 1 == x.shape.rank()
+        && len > 4
+        && len.is_multiple_of(4)
+        && matches!(x.dtype, DType::F32 | DType::I32 | DType::U32)
+        && k.inputs.len() == 1
+        && k.inputs[0] == rn.inputs[0]
+        && two_pass_parts(rn.shape.numel() as u64, len) == 1
 }
 
 /// Invocations per output in the cooperative form for rows of `len`
@@ -135,14 +163,17 @@ impl Writer<'_> {
             // Many outputs over strided elements (sums over leading axes,
             // such as bias gradients): one invocation per (output, part),
             // adjacent lanes on adjacent outputs (coalesced), each summing
-            // one chunk of its output's elements; pass 2 reduces the parts.
+            // one chunk of its output's elements, `REDUCE_UNROLL` loads
+            // per step (independent, so they are in flight together);
+            // pass 2 reduces the parts, in order (deterministic).
             let parts = column_parts;
             let chunk = len.div_ceil(parts);
             invocations = outputs * parts;
             let obase = base_of("o");
             let _ = writeln!(
                 b,
-                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    for (var r = p * {chunk}u; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;"
+                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    var r0 = p * {chunk}u;\n    while (r0 + {u}u <= hi) {{\n{}        r0 = r0 + {u}u;\n    }}\n    for (var r = r0; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;",
+                step("        ", "r0", 1)
             );
             self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
         } else if parts > 1 && (self.limits.forms.reduce.cooperative() || beyond_one_workgroup(len)) {
@@ -165,24 +196,52 @@ impl Writer<'_> {
         } else if self.limits.forms.reduce.cooperative() && trailing && len > 1 {
             // Contiguous rows on a GPU: `lanes` invocations per output
             // stride over its row together (adjacent lanes, adjacent
-            // addresses), `256 / lanes` outputs per workgroup, then a tree
-            // over the row's lanes in workgroup memory.
-            let lanes = reduce_lanes(len);
+            // addresses), `256 / lanes` outputs per workgroup, then the
+            // row's lanes combine (`Writer::row_combine`: subgroup
+            // shuffles where the device has them, else a tree in
+            // workgroup memory). Each element is read once.
+            // Rows read straight from the input with a length divisible
+            // by 4 are read as vec4 (see `vector_reduce`).
+            let vec = vector_reduce(k, self.g, &self.limits);
+            let units = if vec { len / 4 } else { len };
+            let lanes = reduce_lanes(units);
             let per_group = WORKGROUP_SIZE as u64 / lanes;
             invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
             self.cooperative = Some(acc_ty);
-            let main = len / (lanes * u) * (lanes * u);
+            let main = units / (lanes * u) * (lanes * u);
+            let head = self.row_prologue(lanes, outputs);
+            if vec {
+                // Unit `r` of the row: four elements, combined in order.
+                let unit = |ind: &str, r: &str| {
+                    let mut s = format!("{ind}{{\n{ind}    let x4 = in0[t * {units}u + {r}];\n");
+                    for c in ["x", "y", "z", "w"] {
+                        let _ = writeln!(
+                            s,
+                            "{ind}    {{\n{ind}        let v = x4.{c};\n{ind}        acc = {combine};\n{ind}    }}"
+                        );
+                    }
+                    s.push_str(&format!("{ind}}}\n"));
+                    s
+                };
+                let steps: String = (0..u).map(|q| unit("            ", &format!("r0 + {}u", q * lanes))).collect();
+                let _ = write!(
+                    b,
+                    "{head}    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{steps}        }}\n        for (var r = {main}u + tid; r < {units}u; r = r + {lanes}u) {{\n{}        }}\n    }}\n",
+                    lanes * u,
+                    unit("            ", "r")
+                );
+                b.push_str(&self.row_combine("    ", lanes, &combine));
+                let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
+                return invocations;
+            }
             let _ = write!(
                 b,
-                "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
+                "{head}    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
                 lanes * u,
                 step("            ", "r0", lanes)
             );
-            b.push_str(&lane_tree("    ", lanes / 2, "tid", &combine));
-            let _ = writeln!(
-                b,
-                "    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}"
-            );
+            b.push_str(&self.row_combine("    ", lanes, &combine));
+            let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
         } else if cooperative {
             // Few long reductions: one workgroup per output, its
             // invocations striding over the reduced elements, then
@@ -244,68 +303,6 @@ impl Writer<'_> {
             lane_tree("    ", lanes / 2, "tid", combine)
         );
         SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts, acc: acc_ty, out }
-    }
-
-    /// A row kernel ([`KernelKind::Rows`]): `lanes` invocations per row of
-    /// the output shape ([`reduce_lanes`] of its length), `256 / lanes`
-    /// rows per workgroup. Each inlined reduction, in order, strides over
-    /// its operand's row (adjacent lanes on adjacent elements), combines
-    /// in a tree and leaves its value in workgroup memory (`rvK[lrow]`),
-    /// where the value function of the reduction node reads it; then the
-    /// outputs are written along the row (an output of the row shape once
-    /// per row). The operand of a later
-    /// reduction may use an earlier one (layer norm's variance its mean).
-    /// A row re-read by several phases comes from cache, not memory.
-    pub(super) fn rows_kernel(&mut self, k: &Kernel, b: &mut String) -> u64 {
-        let g = self.g;
-        let shape = &g.node(k.root()).shape;
-        let len = shape.dims()[shape.rank() - 1] as u64;
-        let rows = (shape.numel() as u64).checked_div(len).unwrap_or(0);
-        let lanes = reduce_lanes(len);
-        let per_group = WORKGROUP_SIZE as u64 / lanes;
-        self.cooperative = Some("f32");
-        let _ = writeln!(self.decls, "var<private> lrow: u32;\n");
-        let _ = writeln!(
-            b,
-            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    lrow = lid / {lanes}u;\n    let valid = t < {rows}u;\n    let base = t * {len}u;"
-        );
-        let mut slot = 0;
-        for &id in &k.inline {
-            let n = g.node(id);
-            let Op::Reduce { op, .. } = n.op else { continue };
-            let (_, init, combine, fin) = self.reduce_parts(op, DType::F32, len as usize);
-            let _ = writeln!(self.decls, "var<workgroup> rv{slot}: array<f32, {per_group}>;\n");
-            let _ = writeln!(self.funcs, "fn n{}(i: u32) -> f32 {{\n    return rv{slot}[lrow];\n}}\n", id.0);
-            let _ = writeln!(
-                b,
-                "    {{\n        var acc = {init};\n        if (valid) {{\n            for (var j = tid; j < {len}u; j = j + {lanes}u) {{\n                let v = n{}(base + j);\n                acc = {combine};\n            }}\n        }}\n{}        if (tid == 0u) {{\n            let acc = red[lid];\n            rv{slot}[lrow] = {fin};\n        }}\n        workgroupBarrier();\n    }}",
-                n.inputs[0].0,
-                lane_tree("        ", lanes / 2, "tid", &combine)
-            );
-            slot += 1;
-        }
-        // Outputs of the row's shape along the row; outputs of the row
-        // shape (one value per row: the planner keeps them when later
-        // kernels read them) once, by the row's first lane.
-        let per_row = |id: &NodeId| g.node(*id).shape.numel() as u64 == rows && len != 1;
-        let _ = writeln!(b, "    if (valid) {{\n        for (var j = tid; j < {len}u; j = j + {lanes}u) {{");
-        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
-            let _ = writeln!(
-                b,
-                "            out{o}[base + j] = {};",
-                store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
-            );
-        }
-        b.push_str("        }\n");
-        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| per_row(id)) {
-            let _ = writeln!(
-                b,
-                "        if (tid == 0u) {{\n            out{o}[t] = {};\n        }}",
-                store(g.node(id).dtype, &format!("n{}(t)", id.0))
-            );
-        }
-        b.push_str("    }\n");
-        rows.div_ceil(per_group) * WORKGROUP_SIZE as u64
     }
 
     /// An arg-reduction: one invocation per output line.

@@ -1,9 +1,38 @@
-//! Row kernels: softmax and log-softmax along one axis.
+//! Row kernels: softmax and log-softmax along one axis, and the fused row
+//! kernels of the GPU profile ([`KernelKind::Rows`]: layer norm forward
+//! and backward, reductions sharing a prologue).
+//!
+//! In the cooperative forms a group of `lanes` invocations shares a row
+//! (lane `tid` takes elements `tid, tid + lanes, ...`, so a subgroup reads
+//! one contiguous block per step). Rows that fit ([`ROW_MAX_CACHED`]
+//! units per lane in softmax, [`ROWS_MAX_HELD`] elements in a fused row
+//! kernel; vec4 units where the row length is a multiple of 4) are read
+//! from memory once into named registers (`v0`, `v1`, ...: constant indices after unrolling,
+//! never a dynamically indexed local array, which NVIDIA puts in local
+//! memory); every phase (max, sum, mean, variance, the outputs) works on
+//! those registers. Longer rows keep a multi-pass path that reads the row
+//! once per phase.
+//!
+//! The lanes of a row combine their partial values (`Writer::row_combine`)
+//! with subgroup shuffles where the device has subgroups
+//! ([`LowerLimits::subgroups`]): a butterfly of `subgroupShuffleXor` over
+//! the row's lanes within a subgroup, then, for rows wider than a
+//! subgroup, one value per subgroup through workgroup memory (two
+//! barriers). The lanes are numbered by subgroup (`sid * ssz + sii`), so
+//! the lanes of a row never straddle subgroups whatever the adapter's
+//! mapping of invocations; a workgroup whose subgroups are not all full
+//! with a power-of-two size (checked at run time, uniformly through
+//! `workgroupUniformLoad`) takes the workgroup-memory tree instead, as do
+//! devices without subgroups. The subgroup size is never assumed.
+//! Shuffles, not `subgroupAdd`/`subgroupMax`, so that every combine keeps
+//! the reference's semantics (NaN-propagating max, the online softmax's
+//! pairs).
 
 use super::common::*;
-use super::{LowerLimits, Writer, WORKGROUP_SIZE};
+use super::{LowerError, LowerLimits, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
-use lazuli_ir::{Op, VerifiedGraph};
+use lazuli_ir::{DType, NodeId, Op, VerifiedGraph};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// Most invocations that share one row in the cooperative form (one
@@ -40,6 +69,61 @@ pub fn row_lanes(units: u64) -> u64 {
 }
 
 impl Writer<'_> {
+    /// The start of a cooperative row kernel's `main` with `lanes` lanes
+    /// per row and `256 / lanes` rows per workgroup, `rows` rows in all:
+    /// defines `f` (the invocation's slot: `lid`, or with subgroups
+    /// `sid * ssz + sii` where every subgroup of the workgroup is full and
+    /// of a power-of-two size), `tid` (its lane in the row), `t` (its row),
+    /// `valid` (`t` is a row) and, with subgroups, `sgm` (0: the tree,
+    /// 1: rows within a subgroup, 2: rows of several subgroups), uniform
+    /// over the workgroup.
+    pub(super) fn row_prologue(&mut self, lanes: u64, rows: u64) -> String {
+        let per_group = WORKGROUP_SIZE as u64 / lanes;
+        let mut b = String::new();
+        if self.limits.subgroups && lanes > 1 {
+            self.subgroups = true;
+            let _ = writeln!(self.decls, "var<workgroup> sgmode: u32;\n");
+            let _ = writeln!(
+                b,
+                "    if (lid == 0u) {{\n        let full = nsg * ssz == {WORKGROUP_SIZE}u && (ssz & (ssz - 1u)) == 0u;\n        sgmode = select(0u, select(2u, 1u, {lanes}u <= ssz), full);\n    }}\n    let sgm = workgroupUniformLoad(&sgmode);\n    let f = select(lid, sid * ssz + sii, sgm != 0u);"
+            );
+        } else {
+            b.push_str("    let f = lid;\n");
+        }
+        let _ = writeln!(
+            b,
+            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + f / {lanes}u;\n    let tid = f % {lanes}u;\n    let valid = t < {rows}u;"
+        );
+        b
+    }
+
+    /// Combines `acc` over the `lanes` lanes of each row with `combine` (an
+    /// expression over `acc` and `v`, commutative), leaving the row's value
+    /// in `acc` in every lane (bit-identical in all of them). With
+    /// subgroups (see [`Writer::row_prologue`]): a butterfly of
+    /// `subgroupShuffleXor` over the row's lanes (all of a subgroup's lanes
+    /// where the row is wider), then for rows wider than a subgroup one
+    /// value per subgroup through `red` and two barriers; otherwise, or
+    /// where the run-time check failed, a tree in `red`. Called in uniform
+    /// control flow (barriers); `red`'s element type is `acc`'s.
+    pub(super) fn row_combine(&self, ind: &str, lanes: u64, combine: &str) -> String {
+        if lanes <= 1 {
+            return String::new();
+        }
+        let tree = format!(
+            "{ind}red[f] = acc;\n{ind}workgroupBarrier();\n{ind}for (var h = {}u; h > 0u; h = h >> 1u) {{\n{ind}    if (tid < h) {{\n{ind}        let acc = red[f];\n{ind}        let v = red[f + h];\n{ind}        red[f] = {combine};\n{ind}    }}\n{ind}    workgroupBarrier();\n{ind}}}\n{ind}acc = red[f - tid];\n{ind}workgroupBarrier();\n",
+            lanes / 2
+        );
+        if !self.subgroups {
+            return tree;
+        }
+        let i2 = format!("{ind}    ");
+        let tree = tree.lines().map(|l| format!("    {l}\n")).collect::<String>();
+        format!(
+            "{ind}if (sgm != 0u) {{\n{i2}for (var h = 1u; h < min({lanes}u, ssz); h = h << 1u) {{\n{i2}    let v = subgroupShuffleXor(acc, h);\n{i2}    acc = {combine};\n{i2}}}\n{i2}if (sgm == 2u) {{\n{i2}    if (sii == 0u) {{\n{i2}        red[sid] = acc;\n{i2}    }}\n{i2}    workgroupBarrier();\n{i2}    let first = (f / {lanes}u) * ({lanes}u / ssz);\n{i2}    acc = red[first];\n{i2}    for (var q = 1u; q < {lanes}u / ssz; q = q + 1u) {{\n{i2}        let v = red[first + q];\n{i2}        acc = {combine};\n{i2}    }}\n{i2}    workgroupBarrier();\n{i2}}}\n{ind}}} else {{\n{tree}{ind}}}\n"
+        )
+    }
+
     /// Softmax with one invocation per row and vec4 accesses (see
     /// [`vector_rows`]): one pass for the max and the sum (online), one
     /// pass writing; two reads and one write per element.
@@ -107,9 +191,10 @@ impl Writer<'_> {
     /// row takes units `i, i + P, ...`, so the lanes of a subgroup read
     /// one contiguous block per step. Rows of at most `P` x
     /// [`ROW_MAX_CACHED`] units are held in registers: the input is read
-    /// once and the output written once. Longer rows keep a running max
-    /// and rescaled sum per lane (online softmax), combine the pairs in a
-    /// tree, and read the row a second time to write it. With `vec` a
+    /// once and the output written once (softmax keeps each element's exp
+    /// in its register: one exp per element). Longer rows keep a running max
+    /// and rescaled sum per lane (online softmax), combine the pairs
+    /// ([`Writer::row_combine`]), and read the row a second time to write it. With `vec` a
     /// unit is a vec4 (see [`vector_rows`]). Returns the invocation count.
     fn softmax_cooperative(&mut self, k: &Kernel, vec: bool, b: &mut String) -> u64 {
         let g = self.g;
@@ -158,18 +243,9 @@ impl Writer<'_> {
         };
         let dst =
             |j: &str| if vec { format!("out0[t * {units}u + {j}]") } else { format!("out0[base + ({j}) * {stride}u]") };
+        let head = self.row_prologue(lanes, rows);
+        let _ = writeln!(b, "{head}    let base = {base};");
         let fin = if log { "let lsm = log(sm);" } else { "let rsm = 1.0 / sm;" };
-        let _ = writeln!(
-            b,
-            "    let t = (wid.x + wid.y * nwg.x) * {rows_per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let first = lid - tid;\n    let valid = t < {rows}u;\n    let base = {base};"
-        );
-        // A tree over the row's lanes in `red`, combining `a` and `b`.
-        let tree = |comb: &str| {
-            format!(
-                "    workgroupBarrier();\n    for (var h = {}u; h > 0u; h = h >> 1u) {{\n        if (tid < h) {{\n            let a = red[lid];\n            let b = red[lid + h];\n            red[lid] = {comb};\n        }}\n        workgroupBarrier();\n    }}\n",
-                lanes / 2
-            )
-        };
         if cached {
             // Units past the row end stay -inf and are skipped below.
             let exact = units.is_multiple_of(lanes);
@@ -187,22 +263,33 @@ impl Writer<'_> {
             for e in 0..per_lane {
                 let _ = writeln!(b, "    acc = max_nan(acc, {});", umax(&format!("v{e}")));
             }
-            let _ = write!(
-                b,
-                "    red[lid] = acc;\n{}    let mx = red[first];\n    workgroupBarrier();\n    acc = 0.0;\n",
-                tree("max_nan(a, b)")
-            );
+            b.push_str(&self.row_combine("    ", lanes, "max_nan(acc, v)"));
+            b.push_str("    let mx = acc;\n    acc = 0.0;\n");
+            // Softmax keeps each exp in its register (one exp per
+            // element); log-softmax writes from the inputs.
+            let m = if vec { "vec4<f32>(mx)" } else { "mx" };
             for e in 0..per_lane {
-                let _ = writeln!(b, "    if ({}) {{\n        acc = acc + {};\n    }}", cond(e), usum(&format!("v{e}")));
+                if log {
+                    let _ =
+                        writeln!(b, "    if ({}) {{\n        acc = acc + {};\n    }}", cond(e), usum(&format!("v{e}")));
+                } else {
+                    let term = if vec { format!("dot(v{e}, vec4<f32>(1.0))") } else { format!("v{e}") };
+                    let _ = writeln!(
+                        b,
+                        "    v{e} = exp(v{e} - {m});\n    if ({}) {{\n        acc = acc + {term};\n    }}",
+                        cond(e)
+                    );
+                }
             }
-            let _ = write!(b, "    red[lid] = acc;\n{}    let sm = red[first];\n    {fin}\n", tree("a + b"));
+            b.push_str(&self.row_combine("    ", lanes, "acc + v"));
+            let _ = writeln!(b, "    let sm = acc;\n    {fin}");
             for e in 0..per_lane {
+                let value = if log { write(&format!("v{e}")) } else { format!("v{e} * rsm") };
                 let _ = writeln!(
                     b,
-                    "    if ({}) {{\n        {} = {};\n    }}",
+                    "    if ({}) {{\n        {} = {value};\n    }}",
                     cond(e),
                     dst(&format!("tid + {}u", e * lanes)),
-                    write(&format!("v{e}"))
                 );
             }
         } else {
@@ -212,15 +299,15 @@ impl Writer<'_> {
             let term = if vec { "dot(exp(v - vec4<f32>(mn)), vec4<f32>(1.0))" } else { "exp(v - mn)" };
             let _ = writeln!(
                 b,
-                "    var m = -inf_f();\n    var s = 0.0;\n    if (valid) {{\n        {each}\n            let v = {};\n            let mn = max_nan(m, {});\n            if (mn > -inf_f()) {{\n                s = s * exp(m - mn) + {term};\n            }}\n            m = mn;\n        }}\n    }}\n    red[lid] = vec2<f32>(m, s);",
+                "    var m = -inf_f();\n    var s = 0.0;\n    if (valid) {{\n        {each}\n            let v = {};\n            let mn = max_nan(m, {});\n            if (mn > -inf_f()) {{\n                s = s * exp(m - mn) + {term};\n            }}\n            m = mn;\n        }}\n    }}\n    var acc = vec2<f32>(m, s);",
                 load("j"),
                 umax("v")
             );
             // Pairs (max, sum) combine; a pair with sum 0 adds nothing.
+            b.push_str(&self.row_combine("    ", lanes, "vec2<f32>(max_nan(acc.x, v.x), select(0.0, acc.y * exp(acc.x - max_nan(acc.x, v.x)), acc.y > 0.0) + select(0.0, v.y * exp(v.x - max_nan(acc.x, v.x)), v.y > 0.0))"));
             let _ = write!(
                 b,
-                "{}    let mx = red[first].x;\n    let sm = red[first].y;\n    {fin}\n    if (valid) {{\n        {each}\n            let v = {};\n            {} = {};\n        }}\n    }}\n",
-                tree("vec2<f32>(max_nan(a.x, b.x), select(0.0, a.y * exp(a.x - max_nan(a.x, b.x)), a.y > 0.0) + select(0.0, b.y * exp(b.x - max_nan(a.x, b.x)), b.y > 0.0))"),
+                "    let mx = acc.x;\n    let sm = acc.y;\n    {fin}\n    if (valid) {{\n        {each}\n            let v = {};\n            {} = {};\n        }}\n    }}\n",
                 load("j"),
                 dst("j"),
                 write("v")
@@ -228,4 +315,276 @@ impl Writer<'_> {
         }
         rows.div_ceil(rows_per_group) * WORKGROUP_SIZE as u64
     }
+}
+
+/// Most elements of a row one lane of a fused row kernel
+/// ([`KernelKind::Rows`]) holds in registers: rows of up to
+/// `ROW_MAX_LANES * ROWS_MAX_HELD` elements (8192) are read once.
+pub const ROWS_MAX_HELD: u64 = 32;
+
+/// How a fused row kernel is laid out (see [`Writer::rows_kernel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowsLayout {
+    /// Lanes per row.
+    pub lanes: u64,
+    /// The row is held in registers (read once).
+    pub held: bool,
+    /// Held, and the inputs and outputs of the row's size are bound and
+    /// accessed as vec4: the row length is a multiple of 4, every output
+    /// has the row's size (no per-row output) and sizes are fixed.
+    pub vec4: bool,
+}
+
+/// The layout of row kernel `k`: vec4 where [`RowsLayout::vec4`] allows,
+/// [`row_lanes`] lanes of the row's units (elements, or vec4s) where a
+/// lane then holds at most [`ROWS_MAX_HELD`] elements, else
+/// [`super::reduce::reduce_lanes`] lanes and a pass per phase.
+pub fn rows_layout(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> RowsLayout {
+    let shape = &g.node(k.root()).shape;
+    let len = shape.dims().last().copied().unwrap_or(1) as u64;
+    let n = shape.numel() as u64;
+    let all_full = k.outputs.iter().all(|&o| g.node(o).shape.numel() as u64 == n);
+    let w = if !limits.generic && len > 0 && len.is_multiple_of(4) && all_full { 4 } else { 1 };
+    let units = len / w;
+    let lanes = row_lanes(units);
+    if units.div_ceil(lanes) * w <= ROWS_MAX_HELD {
+        return RowsLayout { lanes, held: true, vec4: w == 4 };
+    }
+    RowsLayout { lanes: super::reduce::reduce_lanes(len), held: false, vec4: false }
+}
+
+impl Writer<'_> {
+    /// A fused row kernel ([`KernelKind::Rows`]): `lanes` invocations per
+    /// row of the output shape, `256 / lanes` rows per workgroup (see
+    /// [`rows_layout`]). Each inlined reduction, in order, combines its
+    /// operand's row ([`Writer::row_combine`]) into a private `rvK` that
+    /// every lane of the row holds and the reduction's value function
+    /// returns; then the outputs are written along the row (an output of
+    /// the row shape, one value per row, once by the row's first lane).
+    /// The operand of a later reduction may use an earlier one (layer
+    /// norm's variance its mean).
+    ///
+    /// A held row is read once: each input of the row's size is loaded
+    /// into registers (`xK_e`, unit `tid + e * lanes` of the row, a vec4 in
+    /// the vec4 layout), and every node of the row's size computed from
+    /// them is a value function applied per element (`vK(operands)`, the
+    /// expressions of the indexed form) into `rK_s`. Other values (a
+    /// broadcast weight, a per-row value, a view with index math) are
+    /// their index functions at the element. Rows too long to hold read
+    /// their operand in each phase.
+    pub(super) fn rows_kernel(&mut self, k: &Kernel, b: &mut String) -> Result<u64, LowerError> {
+        let g = self.g;
+        let shape = &g.node(k.root()).shape;
+        let len = shape.dims()[shape.rank() - 1] as u64;
+        let n = shape.numel() as u64;
+        let rows = n.checked_div(len).unwrap_or(0);
+        let RowsLayout { lanes, held, vec4 } = rows_layout(k, g, &self.limits);
+        let w = if vec4 { 4 } else { 1 };
+        let units = len / w;
+        let per_group = WORKGROUP_SIZE as u64 / lanes;
+        let per_lane = units.div_ceil(lanes);
+        self.cooperative = Some("f32");
+        let head = self.row_prologue(lanes, rows);
+        let _ = writeln!(b, "{head}    let base = t * {len}u;");
+        // Unit `e` of this lane: whether it is in the row; element slot
+        // `s` is lane `s % w` of unit `s / w`.
+        let exact = units.is_multiple_of(lanes);
+        let cond =
+            |e: u64| if exact { "valid".to_string() } else { format!("valid && tid + {}u < {units}u", e * lanes) };
+        let slots = per_lane * w;
+        let mut lanes_of = Lanes { vals: HashMap::new(), held };
+        if held {
+            for s in 0..slots {
+                let (e, c) = (s / w, s % w);
+                let _ = writeln!(b, "    let i{s} = base + (tid + {}u) * {w}u + {c}u;", e * lanes);
+            }
+            // Every input of the row's size, read once.
+            for (slot, &id) in k.inputs.iter().enumerate() {
+                let d = g.node(id);
+                if d.shape.numel() as u64 != n {
+                    continue;
+                }
+                for e in 0..per_lane {
+                    let (t, load) = if vec4 {
+                        (
+                            format!("vec4<{}>", storage_ty(d.dtype)),
+                            format!("in{slot}[t * {units}u + tid + {}u]", e * lanes),
+                        )
+                    } else {
+                        (ty(d.dtype).to_string(), format!("n{}(i{e})", id.0))
+                    };
+                    let _ = writeln!(
+                        b,
+                        "    var x{0}_{e} = {t}();\n    if ({1}) {{\n        x{0}_{e} = {load};\n    }}",
+                        id.0,
+                        cond(e)
+                    );
+                    for c in 0..w {
+                        let v = if !vec4 {
+                            format!("x{}_{e}", id.0)
+                        } else if d.dtype == DType::Bool {
+                            format!("(x{}_{e}[{c}] != 0u)", id.0)
+                        } else {
+                            format!("x{}_{e}[{c}]", id.0)
+                        };
+                        lanes_of.vals.insert((id, e * w + c), v);
+                    }
+                }
+            }
+        }
+        let mut slot = 0;
+        for &id in &k.inline {
+            let node = g.node(id);
+            let Op::Reduce { op, .. } = node.op else { continue };
+            let (_, init, combine, fin) = self.reduce_parts(op, DType::F32, len as usize);
+            let _ = writeln!(self.decls, "var<private> rv{slot}: f32;\n");
+            let _ = writeln!(self.funcs, "fn n{}(i: u32) -> f32 {{\n    return rv{slot};\n}}\n", id.0);
+            let x = node.inputs[0];
+            if held {
+                let _ = writeln!(b, "    var acc{slot} = {init};");
+                for s in 0..slots {
+                    let v = self.lane_value(&mut lanes_of, k, n, x, s, b)?;
+                    let _ = writeln!(
+                        b,
+                        "    if ({}) {{\n        let acc = acc{slot};\n        let v = {v};\n        acc{slot} = {combine};\n    }}",
+                        cond(s / w)
+                    );
+                }
+            } else {
+                let _ = writeln!(
+                    b,
+                    "    var acc{slot} = {init};\n    if (valid) {{\n        for (var j = tid; j < {len}u; j = j + {lanes}u) {{\n            let acc = acc{slot};\n            let v = n{}(base + j);\n            acc{slot} = {combine};\n        }}\n    }}",
+                    x.0
+                );
+            }
+            let _ = write!(
+                b,
+                "    {{\n        var acc = acc{slot};\n{}        rv{slot} = {fin};\n    }}\n",
+                self.row_combine("        ", lanes, &combine)
+            );
+            slot += 1;
+        }
+        // Outputs of the row's shape along the row; outputs of the row
+        // shape (one value per row: the planner keeps them when later
+        // kernels read them) once, by the row's first lane.
+        let per_row = |id: &NodeId| g.node(*id).shape.numel() as u64 == rows && len != 1;
+        if held {
+            for e in 0..per_lane {
+                let mut stores = Vec::new();
+                for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
+                    let d = g.node(id).dtype;
+                    let mut vals = Vec::new();
+                    for c in 0..w {
+                        let v = self.lane_value(&mut lanes_of, k, n, id, e * w + c, b)?;
+                        vals.push(store(d, &v));
+                    }
+                    stores.push(if vec4 {
+                        format!(
+                            "        out{o}[t * {units}u + tid + {}u] = vec4<{}>({});\n",
+                            e * lanes,
+                            storage_ty(d),
+                            vals.join(", ")
+                        )
+                    } else {
+                        format!("        out{o}[i{e}] = {};\n", vals[0])
+                    });
+                }
+                if !stores.is_empty() {
+                    let _ = writeln!(b, "    if ({}) {{\n{}    }}", cond(e), stores.concat());
+                }
+            }
+            b.push_str("    if (valid) {\n");
+        } else {
+            let _ = writeln!(b, "    if (valid) {{\n        for (var j = tid; j < {len}u; j = j + {lanes}u) {{");
+            for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
+                let _ = writeln!(
+                    b,
+                    "            out{o}[base + j] = {};",
+                    store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
+                );
+            }
+            b.push_str("        }\n");
+        }
+        for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| per_row(id)) {
+            let _ = writeln!(
+                b,
+                "        if (tid == 0u) {{\n            out{o}[t] = {};\n        }}",
+                store(g.node(id).dtype, &format!("n{}(t)", id.0))
+            );
+        }
+        b.push_str("    }\n");
+        Ok(rows.div_ceil(per_group) * WORKGROUP_SIZE as u64)
+    }
+
+    /// The value of node `id` at element slot `e` of this lane in a held
+    /// row kernel (see [`Writer::rows_kernel`]): a register, a value
+    /// function applied to its operands' values (written to `b` as `let
+    /// rK_e` the first time, after everything it needs), or the node's
+    /// index function at the element (`iE`). `n` is the row kernel's element count:
+    /// nodes of that size share its linear index.
+    fn lane_value(
+        &mut self,
+        lanes: &mut Lanes,
+        k: &Kernel,
+        n: u64,
+        id: NodeId,
+        e: u64,
+        b: &mut String,
+    ) -> Result<String, LowerError> {
+        if let Some(v) = lanes.vals.get(&(id, e)) {
+            return Ok(v.clone());
+        }
+        let g = self.g;
+        let node = g.node(id);
+        let call = format!("n{}(i{e})", id.0);
+        let full = |x: NodeId| g.node(x).shape.numel() as u64 == n;
+        if !lanes.held || !full(id) || !k.inline.contains(&id) {
+            return Ok(call);
+        }
+        let ops = &node.inputs;
+        let d = |j: usize| g.node(ops[j]).dtype;
+        // An operand at this element: its lane value where it shares the
+        // node's linear index, else its index function.
+        let same = |j: usize| full(ops[j]) && g.node(ops[j]).shape == node.shape;
+        let (params, expr, operand_ok): (String, String, Vec<bool>) = match &node.op {
+            Op::Reshape(_) | Op::Expand(_) if full(ops[0]) => {
+                let v = self.lane_value(lanes, k, n, ops[0], e, b)?;
+                lanes.vals.insert((id, e), v.clone());
+                return Ok(v);
+            }
+            Op::Unary(u) => (format!("x: {}", ty(d(0))), self.unary(*u, d(0))?, vec![true]),
+            Op::Cast(to) => (format!("x: {}", ty(d(0))), self.cast(d(0), *to), vec![true]),
+            Op::Binary(op) => {
+                (format!("a: {}, b: {}", ty(d(0)), ty(d(1))), self.binary(*op, d(0))?, vec![same(0), same(1)])
+            }
+            Op::Where => (
+                format!("c: bool, a: {}, b: {}", ty(d(1)), ty(d(2))),
+                "select(b, a, c)".to_string(),
+                vec![same(0), same(1), same(2)],
+            ),
+            _ => return Ok(call),
+        };
+        let mut args = Vec::new();
+        for (j, &ok) in operand_ok.iter().enumerate() {
+            args.push(if ok {
+                self.lane_value(lanes, k, n, ops[j], e, b)?
+            } else {
+                format!("n{}({})", ops[j].0, bcast_index(&format!("i{e}"), &node.shape, &g.node(ops[j]).shape))
+            });
+        }
+        if self.defined.insert(('v', id.0)) {
+            let _ = writeln!(self.funcs, "fn v{}({params}) -> {} {{\n    return {expr};\n}}\n", id.0, ty(node.dtype));
+        }
+        let _ = writeln!(b, "    let r{0}_{e} = v{0}({1});", id.0, args.join(", "));
+        let v = format!("r{}_{e}", id.0);
+        lanes.vals.insert((id, e), v.clone());
+        Ok(v)
+    }
+}
+
+/// The values a held row kernel has at each of a lane's elements, by
+/// (node, element).
+struct Lanes {
+    vals: HashMap<(NodeId, u64), String>,
+    held: bool,
 }

@@ -371,8 +371,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 128u + lid / 2u;
-    let tid = lid % 2u;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 128u + f / 2u;
+    let tid = f % 2u;
     let valid = t < 80u;
     let base = (t / 40u) * 800u + (t % 40u) * 20u;
     var acc: f32 = 0.0;
@@ -424,18 +425,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             acc = acc + v;
         }
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 1u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let acc = red[lid];
-            let v = red[lid + h];
-            red[lid] = acc + v;
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = acc + v;
         }
         workgroupBarrier();
     }
+    acc = red[f - tid];
+    workgroupBarrier();
     if (valid && tid == 0u) {
-        let acc = red[lid];
         out0[t] = acc;
     }
 }

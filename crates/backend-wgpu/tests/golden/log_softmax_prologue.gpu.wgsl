@@ -42,9 +42,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 128u + lid / 2u;
-    let tid = lid % 2u;
-    let first = lid - tid;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 128u + f / 2u;
+    let tid = f % 2u;
     let valid = t < 33u;
     let base = (t / 1u) * 10u + t % 1u;
     var v0 = f32(-inf_f());
@@ -73,18 +73,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     acc = max_nan(acc, v2);
     acc = max_nan(acc, v3);
     acc = max_nan(acc, v4);
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 1u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = max_nan(a, b);
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = max_nan(acc, v);
         }
         workgroupBarrier();
     }
-    let mx = red[first];
+    acc = red[f - tid];
     workgroupBarrier();
+    let mx = acc;
     acc = 0.0;
     if (valid) {
         acc = acc + exp(v0 - mx);
@@ -101,17 +102,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (valid) {
         acc = acc + exp(v4 - mx);
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 1u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = a + b;
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = acc + v;
         }
         workgroupBarrier();
     }
-    let sm = red[first];
+    acc = red[f - tid];
+    workgroupBarrier();
+    let sm = acc;
     let lsm = log(sm);
     if (valid) {
         out0[base + (tid + 0u) * 1u] = (v0 - mx) - lsm;

@@ -36,8 +36,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 64u + lid / 4u;
-    let tid = lid % 4u;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 64u + f / 4u;
+    let tid = f % 4u;
     let valid = t < 1000u;
     let base = t * 37u;
     var acc: f32 = -inf_f();
@@ -89,18 +90,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             acc = max_nan(acc, v);
         }
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 2u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let acc = red[lid];
-            let v = red[lid + h];
-            red[lid] = max_nan(acc, v);
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = max_nan(acc, v);
         }
         workgroupBarrier();
     }
+    acc = red[f - tid];
+    workgroupBarrier();
     if (valid && tid == 0u) {
-        let acc = red[lid];
         out0[t] = acc;
     }
 }

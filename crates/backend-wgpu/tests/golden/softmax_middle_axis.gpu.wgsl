@@ -31,9 +31,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 32u + lid / 8u;
-    let tid = lid % 8u;
-    let first = lid - tid;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 32u + f / 8u;
+    let tid = f % 8u;
     let valid = t < 128u;
     let base = (t / 8u) * 320u + t % 8u;
     var v0 = f32(-inf_f());
@@ -62,59 +62,67 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     acc = max_nan(acc, v2);
     acc = max_nan(acc, v3);
     acc = max_nan(acc, v4);
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 4u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = max_nan(a, b);
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = max_nan(acc, v);
         }
         workgroupBarrier();
     }
-    let mx = red[first];
+    acc = red[f - tid];
     workgroupBarrier();
+    let mx = acc;
     acc = 0.0;
+    v0 = exp(v0 - mx);
     if (valid) {
-        acc = acc + exp(v0 - mx);
+        acc = acc + v0;
     }
+    v1 = exp(v1 - mx);
     if (valid) {
-        acc = acc + exp(v1 - mx);
+        acc = acc + v1;
     }
+    v2 = exp(v2 - mx);
     if (valid) {
-        acc = acc + exp(v2 - mx);
+        acc = acc + v2;
     }
+    v3 = exp(v3 - mx);
     if (valid) {
-        acc = acc + exp(v3 - mx);
+        acc = acc + v3;
     }
+    v4 = exp(v4 - mx);
     if (valid) {
-        acc = acc + exp(v4 - mx);
+        acc = acc + v4;
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 4u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = a + b;
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = acc + v;
         }
         workgroupBarrier();
     }
-    let sm = red[first];
+    acc = red[f - tid];
+    workgroupBarrier();
+    let sm = acc;
     let rsm = 1.0 / sm;
     if (valid) {
-        out0[base + (tid + 0u) * 8u] = exp(v0 - mx) * rsm;
+        out0[base + (tid + 0u) * 8u] = v0 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 8u) * 8u] = exp(v1 - mx) * rsm;
+        out0[base + (tid + 8u) * 8u] = v1 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 16u) * 8u] = exp(v2 - mx) * rsm;
+        out0[base + (tid + 16u) * 8u] = v2 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 24u) * 8u] = exp(v3 - mx) * rsm;
+        out0[base + (tid + 24u) * 8u] = v3 * rsm;
     }
     if (valid) {
-        out0[base + (tid + 32u) * 8u] = exp(v4 - mx) * rsm;
+        out0[base + (tid + 32u) * 8u] = v4 * rsm;
     }
 }

@@ -27,9 +27,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 8u + lid / 32u;
-    let tid = lid % 32u;
-    let first = lid - tid;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 8u + f / 32u;
+    let tid = f % 32u;
     let valid = t < 256u;
     let base = (t / 1u) * 1024u + t % 1u;
     var v0 = vec4<f32>(-inf_f());
@@ -73,77 +73,88 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     acc = max_nan(acc, max_nan(max_nan(v5.x, v5.y), max_nan(v5.z, v5.w)));
     acc = max_nan(acc, max_nan(max_nan(v6.x, v6.y), max_nan(v6.z, v6.w)));
     acc = max_nan(acc, max_nan(max_nan(v7.x, v7.y), max_nan(v7.z, v7.w)));
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 16u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = max_nan(a, b);
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = max_nan(acc, v);
         }
         workgroupBarrier();
     }
-    let mx = red[first];
+    acc = red[f - tid];
     workgroupBarrier();
+    let mx = acc;
     acc = 0.0;
+    v0 = exp(v0 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v0 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v0, vec4<f32>(1.0));
     }
+    v1 = exp(v1 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v1 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v1, vec4<f32>(1.0));
     }
+    v2 = exp(v2 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v2 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v2, vec4<f32>(1.0));
     }
+    v3 = exp(v3 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v3 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v3, vec4<f32>(1.0));
     }
+    v4 = exp(v4 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v4 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v4, vec4<f32>(1.0));
     }
+    v5 = exp(v5 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v5 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v5, vec4<f32>(1.0));
     }
+    v6 = exp(v6 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v6 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v6, vec4<f32>(1.0));
     }
+    v7 = exp(v7 - vec4<f32>(mx));
     if (valid) {
-        acc = acc + dot(exp(v7 - vec4<f32>(mx)), vec4<f32>(1.0));
+        acc = acc + dot(v7, vec4<f32>(1.0));
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 16u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = a + b;
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = acc + v;
         }
         workgroupBarrier();
     }
-    let sm = red[first];
+    acc = red[f - tid];
+    workgroupBarrier();
+    let sm = acc;
     let rsm = 1.0 / sm;
     if (valid) {
-        out0[t * 256u + tid + 0u] = exp(v0 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 0u] = v0 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 32u] = exp(v1 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 32u] = v1 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 64u] = exp(v2 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 64u] = v2 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 96u] = exp(v3 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 96u] = v3 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 128u] = exp(v4 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 128u] = v4 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 160u] = exp(v5 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 160u] = v5 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 192u] = exp(v6 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 192u] = v6 * rsm;
     }
     if (valid) {
-        out0[t * 256u + tid + 224u] = exp(v7 - vec4<f32>(mx)) * rsm;
+        out0[t * 256u + tid + 224u] = v7 * rsm;
     }
 }
