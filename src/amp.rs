@@ -16,7 +16,7 @@
 //! let (x, y) = (Tensor::randn([8, 16], DType::F32, &dev)?, Tensor::randn([8, 4], DType::F32, &dev)?);
 //! for _ in 0..10 {
 //!     // f16 matmul inside, f32 loss out; the parameters stay f32.
-//!     let loss = amp::autocast(DType::F16, || lazuli::nn::loss::mse(&model.forward(&x)?, &y))?;
+//!     let loss = amp::autocast(DType::F16, || lazuli::nn::mse(&model.forward(&x)?, &y))?;
 //!     scaler.scale(&loss)?.backward()?;
 //!     scaler.step(&mut opt)?; // skipped on the device if a gradient is inf/nan
 //!     scaler.update()?;
