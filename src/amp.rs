@@ -279,15 +279,18 @@ impl GradScaler {
     /// an error nothing changes.
     pub fn load_state_tensors(&mut self, mut state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
         let mut take = |name: &str| -> Result<Tensor> {
-            let mismatch =
-                |detail: String| SerializeError::Mismatch { path: source.display().to_string(), name: name.into(), detail };
+            let mismatch = |detail: String| SerializeError::Mismatch {
+                path: source.display().to_string(),
+                name: name.into(),
+                detail,
+            };
             let t = state.remove(name).ok_or_else(|| mismatch("not in the file".into()))?;
             if t.rank() != 0 || !t.dtype().is_float() {
                 return Err(mismatch(format!("stored as {}{}, expected a float scalar", t.dtype(), t.shape())).into());
             }
             let t = t.cast(DType::F32)?;
             // Onto this scaler's device, as device data.
-            Ok(Tensor::from_slice(&[t.item::<f32>()?], [], &self.device)?)
+            Tensor::from_slice(&[t.item::<f32>()?], [], &self.device)
         };
         let scale = take("scale")?;
         let tracker = take("_growth_tracker")?;

@@ -19,9 +19,9 @@
 //! (`DataParallel::reduce_in_graph`: the all-reduces overlap the rest of
 //! the backward pass).
 
+use crate::amp::{GradScaler, GradScalerOptions};
 use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
-use crate::amp::{GradScaler, GradScalerOptions};
 use crate::{metrics, no_grad, DType, Device, ExecError, Tensor};
 use lazuli_distributed::{DataParallel, DistError, DistributedSampler, ProcessGroup};
 use lazuli_executor::platform::Instant;

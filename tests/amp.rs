@@ -147,7 +147,13 @@ fn digits_demo_under_autocast_follows_the_f32_loss_curve() {
         // of the f32 run's (lavapipe and CPU: within 2e-4 relative), and
         // the same accuracy within 2 points.
         for (a, f) in amp_run.epoch_losses.iter().zip(&f32_run.epoch_losses) {
-            assert!((a - f).abs() <= 0.02 * f + 0.005, "{}: {:?} vs {:?}", dev.name(), amp_run.epoch_losses, f32_run.epoch_losses);
+            assert!(
+                (a - f).abs() <= 0.02 * f + 0.005,
+                "{}: {:?} vs {:?}",
+                dev.name(),
+                amp_run.epoch_losses,
+                f32_run.epoch_losses
+            );
         }
         assert!((amp_run.test_accuracy - f32_run.test_accuracy).abs() <= 0.02, "{}", dev.name());
         assert_eq!(amp_run.uncached_compiles_after_step_2, 0, "{}", dev.name());

@@ -149,6 +149,9 @@ pub fn float32(t: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// An op's operands after autocast's casts, and its trailing scalar node.
+pub(crate) type CastOperands = (Vec<Tensor>, Option<Arc<LazyNode>>);
+
 /// The operands (and trailing scalar node) of `op` as autocast casts them,
 /// or `None` when nothing changes (outside a scope, nearly always).
 pub(crate) fn apply(
@@ -156,7 +159,7 @@ pub(crate) fn apply(
     operands: &[&Tensor],
     scalar: Option<&Arc<LazyNode>>,
     location: &'static Location<'static>,
-) -> Result<Option<(Vec<Tensor>, Option<Arc<LazyNode>>)>> {
+) -> Result<Option<CastOperands>> {
     let Some(low) = autocast_dtype() else { return Ok(None) };
     let target = |d: DType| -> Option<DType> {
         match policy(op) {
