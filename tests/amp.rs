@@ -11,8 +11,10 @@
 mod common;
 
 use lazuli::amp::{self, GradScaler, GradScalerOptions};
+use lazuli::autograd::checkpoint;
 use lazuli::bench::{Gpt, GptSizes};
 use lazuli::checkpoint::Checkpoint;
+use lazuli::ir::ConvAttrs;
 use lazuli::metrics;
 use lazuli::nn::{self, Linear, Module};
 use lazuli::optim::{Optimizer, Sgd};
@@ -48,6 +50,13 @@ fn autocast_casts_by_the_op_lists() {
             assert_eq!(y.mul_scalar(3.0)?.dtype(), DType::F16);
             let lin = Linear::new(8, 3, &dev)?;
             assert_eq!(lin.forward(&a)?.dtype(), DType::F32, "f16 matmul + f32 bias: f32 (PyTorch's addmm is f16)");
+            let img = data(&dev, [2, 18], 13).reshape([1, 2, 3, 6])?;
+            let kernel = data(&dev, [4, 2], 14).reshape([4, 2, 1, 1])?;
+            assert_eq!(img.conv2d(&kernel, ConvAttrs::default())?.dtype(), DType::F16, "conv is on the low list");
+            let q = data(&dev, [5, 4], 15).reshape([1, 5, 4])?;
+            assert_eq!(q.attention(&q, &q, 0.5, true, None)?.dtype(), DType::F16, "attention is on the low list");
+            let e = lazuli::einsum("ij,jk->ik", &[&a, &w])?;
+            assert_eq!(e.dtype(), DType::F16, "einsum lowers to matmul");
             let ln = nn::layer_norm(&y, 1, None, None, 1e-5)?;
             assert_eq!(ln.dtype(), DType::F32, "norms run in f32");
             let labels = Tensor::from_slice(&[0i32, 1, 2, 0], [4], &dev)?;
@@ -127,6 +136,31 @@ fn gradients_reach_f32_parameters_in_f32_and_match_within_f16_tolerance() {
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             common::assert_close(got, want, 2e-2, 2e-2 * scale, &format!("autocast gradient on {}", dev.name()));
         }
+    }
+}
+
+#[test]
+fn a_checkpointed_segment_recomputes_under_its_autocast_setting() {
+    for dev in common::devices() {
+        let run = |checkpointed: bool| -> Vec<Vec<f32>> {
+            dev.manual_seed(4);
+            let lin = Linear::new(8, 6, &dev).unwrap();
+            let x = data(&dev, [3, 8], 21);
+            let inner = lin.clone();
+            let segment = move |xs: &[Tensor]| inner.forward(&xs[0])?.tanh();
+            let y = amp::autocast(DType::F16, || {
+                if checkpointed {
+                    checkpoint(segment, std::slice::from_ref(&x))
+                } else {
+                    segment(std::slice::from_ref(&x))
+                }
+            })
+            .unwrap();
+            // Backward outside the scope: the recomputation must still be f16.
+            y.sum(&[], false).unwrap().backward().unwrap();
+            lin.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect()
+        };
+        assert_eq!(run(true), run(false), "{}: checkpointed autocast gradients", dev.name());
     }
 }
 
