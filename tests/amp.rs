@@ -84,6 +84,19 @@ fn autocast_casts_by_the_op_lists() {
 }
 
 #[test]
+fn f16_matmul_accumulates_in_f32() {
+    // 4096 ones: an f16 accumulator stops at 2048 (2048 + 1 rounds to
+    // 2048), an f32 one reaches 4096, which f16 holds exactly.
+    for dev in common::devices() {
+        // Host data, so no pass can fold the product.
+        let ones = Tensor::from_slice(&[1.0f32; 4096], [1, 4096], &dev).unwrap();
+        let y = amp::autocast(DType::F16, || ones.matmul(&ones.t()?)).unwrap();
+        assert_eq!(y.dtype(), DType::F16);
+        assert_eq!(y.cast(DType::F32).unwrap().to_vec::<f32>().unwrap(), [4096.0], "{}", dev.name());
+    }
+}
+
+#[test]
 fn casts_are_explicit_ir_nodes() {
     let dev = Device::cpu();
     let (a, w) = (data(&dev, [2, 4], 5), data(&dev, [4, 2], 6));
