@@ -55,6 +55,18 @@ pub fn autocast_guard(dtype: impl Into<Option<DType>>) -> Result<AutocastGuard> 
     AutocastGuard::new(dtype)
 }
 
+/// A layer's `bias` for adding to its product `y`: inside an autocast
+/// scope in `y`'s dtype, as PyTorch's `addmm` and convolutions (on the
+/// low-precision list) take it, so the layer's output stays 16-bit;
+/// outside, `bias` itself.
+pub(crate) fn bias_like(bias: &Tensor, y: &Tensor) -> Result<Tensor> {
+    if autocast_dtype().is_some() {
+        bias.cast(y.dtype())
+    } else {
+        Ok(bias.clone())
+    }
+}
+
 /// The settings of a [`GradScaler`], PyTorch's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GradScalerOptions {

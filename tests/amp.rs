@@ -49,7 +49,7 @@ fn autocast_casts_by_the_op_lists() {
             assert_eq!(y.add(&b)?.dtype(), DType::F32, "f16 + f32 promotes to f32");
             assert_eq!(y.mul_scalar(3.0)?.dtype(), DType::F16);
             let lin = Linear::new(8, 3, &dev)?;
-            assert_eq!(lin.forward(&a)?.dtype(), DType::F32, "f16 matmul + f32 bias: f32 (PyTorch's addmm is f16)");
+            assert_eq!(lin.forward(&a)?.dtype(), DType::F16, "linear's bias joins its f16 product (PyTorch's addmm)");
             let img = data(&dev, [2, 18], 13).reshape([1, 2, 3, 6])?;
             let kernel = data(&dev, [4, 2], 14).reshape([4, 2, 1, 1])?;
             assert_eq!(img.conv2d(&kernel, ConvAttrs::default())?.dtype(), DType::F16, "conv is on the low list");
