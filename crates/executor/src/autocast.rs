@@ -166,7 +166,7 @@ pub(crate) fn apply(
             CastPolicy::Low => (d.is_float() && d != DType::F64 && d != low).then_some(low),
             CastPolicy::Float32 => is_low_precision(d).then_some(DType::F32),
             CastPolicy::Promote => {
-                let widest = operands.iter().map(|t| t.dtype()).filter(|d| d.is_float()).max_by_key(|d| rank(*d))?;
+                let widest = promoted(operands)?;
                 (d.is_float() && d != widest).then_some(widest)
             }
             CastPolicy::Keep => None,
@@ -191,10 +191,14 @@ pub(crate) fn apply(
     Ok(Some((cast, scalar)))
 }
 
-/// Promotion order of floats: wider first by size, f16 below bf16 (PyTorch
-/// promotes f16 with bf16 to f32; with no bf16 yet, size decides).
-fn rank(d: DType) -> usize {
-    d.size_bytes()
+/// The float dtype the float operands promote to: the widest, and f32 when
+/// two different floats share the widest size (f16 with bf16, as PyTorch
+/// promotes them); `None` without float operands.
+fn promoted(operands: &[&Tensor]) -> Option<DType> {
+    let floats = || operands.iter().map(|t| t.dtype()).filter(|d| d.is_float());
+    let widest = floats().max_by_key(|d| d.size_bytes())?;
+    let tie = floats().any(|d| d != widest && d.size_bytes() == widest.size_bytes());
+    Some(if tie { DType::F32 } else { widest })
 }
 
 fn retype_scalar(s: &Arc<LazyNode>, dtype: DType, location: &'static Location<'static>) -> Arc<LazyNode> {
