@@ -168,7 +168,10 @@ pub trait Optimizer {
     /// device with no read of `skip` (what [`crate::amp::GradScaler`]
     /// uses to drop a step with inf/nan gradients). This default keeps
     /// the parameters; an optimizer with state tensors overrides it to
-    /// keep those too ([`Sgd`] and [`Adam`] do).
+    /// keep those too ([`Sgd`] and [`Adam`] do). Host-side counters are
+    /// not device data and still advance (Adam's step count, so the bias
+    /// correction of the steps after a skipped one differs from
+    /// PyTorch's, whose `GradScaler` reads the flag on the host).
     fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
         let old = kept_params(self.parameters());
         self.step()?;
