@@ -5,7 +5,8 @@
 //! run, bit for bit.
 //!
 //! A [`Checkpoint`] collects the parts under fixed prefixes (`model.`,
-//! `optimizer.`, `scheduler.`, `rng.`, and `extra.` for the caller's own
+//! `optimizer.`, `scheduler.`, `rng.`, `scaler.` for a mixed-precision
+//! run's [`GradScaler`], and `extra.` for the caller's own
 //! tensors, e.g. the epoch) and saves them in one file;
 //! [`Checkpoint::load`] memory-maps a saved one into a
 //! [`LoadedCheckpoint`], whose `restore_*` methods put each part back.
@@ -34,6 +35,7 @@
 //! seed and epoch), and the same hyperparameters (they are settings, not
 //! state).
 
+use crate::amp::GradScaler;
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{LrScheduler, Optimizer};
 use crate::serialize::{self, load_archive, Archive, LoadOptions, LoadReport, SerializeError};
@@ -45,6 +47,7 @@ const OPTIMIZER: &str = "optimizer.";
 const SCHEDULER: &str = "scheduler.";
 const RNG: &str = "rng.";
 const EXTRA: &str = "extra.";
+const SCALER: &str = "scaler.";
 const RNG_FIELDS: [&str; 3] = ["seed", "step", "offset"];
 
 /// The parts of a training run to save in one file (see the module doc).
@@ -106,6 +109,13 @@ impl Checkpoint {
         Ok(self)
     }
 
+    /// Adds a [`GradScaler`]'s state (its scale and growth counter,
+    /// [`GradScaler::state_tensors`]), as `scaler.*`.
+    pub fn grad_scaler(mut self, scaler: &GradScaler) -> Checkpoint {
+        self.add(SCALER, scaler.state_tensors());
+        self
+    }
+
     /// Adds a tensor of the caller's (an epoch counter, a data-loader
     /// position), as `extra.<name>`.
     pub fn extra(mut self, name: &str, tensor: &Tensor) -> Checkpoint {
@@ -155,7 +165,7 @@ impl LoadedCheckpoint {
     }
 
     /// True if the checkpoint holds a part: `"model"`, `"optimizer"`,
-    /// `"scheduler"`, `"rng"` or `"extra"`.
+    /// `"scheduler"`, `"rng"`, `"scaler"` or `"extra"`.
     pub fn has(&self, part: &str) -> bool {
         let prefix = format!("{part}.");
         self.archive.names().iter().any(|n| n.starts_with(&prefix))
@@ -212,6 +222,13 @@ impl LoadedCheckpoint {
     pub fn restore_scheduler<O: Optimizer + ?Sized>(&self, scheduler: &mut LrScheduler, opt: &mut O) -> Result<()> {
         let state = self.part(SCHEDULER, &Device::cpu())?;
         scheduler.load_state_tensors(state, &self.path, opt)
+    }
+
+    /// Restores the scaler part (saved by [`Checkpoint::grad_scaler`])
+    /// into `scaler`.
+    pub fn restore_grad_scaler(&self, scaler: &mut GradScaler) -> Result<()> {
+        let state = self.part(SCALER, &Device::cpu())?;
+        scaler.load_state_tensors(state, &self.path)
     }
 
     /// Restores the RNG part into `device` ([`Device::set_rng_state`]).

@@ -18,6 +18,7 @@
 //! This crate is the facade: it wires the backends (`lazuli-cpu`,
 //! `lazuli-wgpu`) to the executor and re-exports the public API.
 
+pub mod amp;
 pub mod bench;
 pub mod checkpoint;
 pub mod data;

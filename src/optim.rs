@@ -161,6 +161,55 @@ pub trait Optimizer {
     /// in errors), for an optimizer over parameters of the same types in
     /// the same order; on an error nothing changes.
     fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()>;
+
+    /// Records one update ([`Optimizer::step`]) that takes effect only
+    /// where `skip` (a bool rank-0 tensor, lazy) is false: every parameter
+    /// that has a gradient gets `where(skip, old, new)`, decided on the
+    /// device with no read of `skip` (what [`crate::amp::GradScaler`]
+    /// uses to drop a step with inf/nan gradients). This default keeps
+    /// the parameters; an optimizer with state tensors overrides it to
+    /// keep those too ([`Sgd`] and [`Adam`] do). Host-side counters are
+    /// not device data and still advance (Adam's step count, so the bias
+    /// correction of the steps after a skipped one differs from
+    /// PyTorch's, whose `GradScaler` reads the flag on the host).
+    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        let old = kept_params(self.parameters());
+        self.step()?;
+        keep_params_if(skip, &old)
+    }
+}
+
+/// Each parameter that has a gradient, and its value before a step.
+fn kept_params(params: &[Tensor]) -> Vec<(Tensor, Tensor)> {
+    params.iter().filter(|p| p.grad().is_some()).map(|p| (p.clone(), p.detach())).collect()
+}
+
+/// After a step: each parameter of `old` back to its old value where `skip`.
+fn keep_params_if(skip: &Tensor, old: &[(Tensor, Tensor)]) -> Result<()> {
+    no_grad(|| {
+        for (p, before) in old {
+            p.assign(&skip.where_(before, &p.detach())?)?;
+        }
+        Ok(())
+    })
+}
+
+/// After a step: each state buffer back to its old value where `skip`; a
+/// buffer the step created (first step) becomes zeros there, the state
+/// from which a step with a zero buffer continues as from none (exactly so
+/// for Adam's moments; for SGD's momentum without dampening too).
+fn keep_state_if(skip: &Tensor, old: &[Option<Tensor>], new: &mut [Option<Tensor>]) -> Result<()> {
+    no_grad(|| {
+        for (o, n) in old.iter().zip(new.iter_mut()) {
+            let Some(fresh) = n.take() else { continue };
+            let before = match o {
+                Some(b) => b.clone(),
+                None => Tensor::zeros(fresh.shape().clone(), fresh.dtype(), fresh.device())?,
+            };
+            *n = Some(skip.where_(&before, &fresh)?);
+        }
+        Ok(())
+    })
 }
 
 /// Rank-0 lifted scalars (never baked into kernels), one per role, group,
@@ -328,6 +377,13 @@ impl Optimizer for Sgd {
 
     fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         set_group_lr("Sgd::set_group_lr", &mut self.group_lr, group, lr)
+    }
+
+    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        let (old, bufs) = (kept_params(&self.params), self.bufs.clone());
+        self.step()?;
+        keep_params_if(skip, &old)?;
+        keep_state_if(skip, &bufs, &mut self.bufs)
     }
 
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
@@ -541,6 +597,14 @@ impl Optimizer for Adam {
 
     fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         set_group_lr("Adam::set_group_lr", &mut self.group_lr, group, lr)
+    }
+
+    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        let (old, m, v) = (kept_params(&self.params), self.m.clone(), self.v.clone());
+        self.step()?;
+        keep_params_if(skip, &old)?;
+        keep_state_if(skip, &m, &mut self.m)?;
+        keep_state_if(skip, &v, &mut self.v)
     }
 
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {

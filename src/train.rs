@@ -19,9 +19,10 @@
 //! (`DataParallel::reduce_in_graph`: the all-reduces overlap the rest of
 //! the backward pass).
 
+use crate::amp::{GradScaler, GradScalerOptions};
 use crate::nn::{cross_entropy, Conv2d, Init, Linear, MaxPool2d, Module, ModuleExt};
 use crate::optim::{Optimizer, Sgd};
-use crate::{metrics, no_grad, Device, ExecError, Tensor};
+use crate::{metrics, no_grad, DType, Device, ExecError, Tensor};
 use lazuli_distributed::{DataParallel, DistError, DistributedSampler, ProcessGroup};
 use lazuli_executor::platform::Instant;
 use lazuli_executor::HostRng;
@@ -161,6 +162,11 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Seed of the device RNG (initialization) and of the shuffles.
     pub seed: u64,
+    /// Mixed precision: the forward pass and loss under
+    /// [`crate::amp::autocast`] to this 16-bit float dtype, with a
+    /// [`crate::amp::GradScaler`] (PyTorch's defaults) for f16; `None`
+    /// trains in f32.
+    pub autocast: Option<DType>,
 }
 
 impl Default for TrainConfig {
@@ -177,6 +183,7 @@ impl Default for TrainConfig {
             momentum: 0.9,
             weight_decay: 1e-4,
             seed: 0,
+            autocast: None,
         }
     }
 }
@@ -464,6 +471,13 @@ fn train_loop(
         .nesterov(cfg.momentum != 0.0)
         .weight_decay(cfg.weight_decay);
 
+    let mut scaler = match cfg.autocast {
+        Some(d) => Some(GradScaler::with_options(
+            device,
+            GradScalerOptions { enabled: d == DType::F16, ..GradScalerOptions::default() },
+        )?),
+        None => None,
+    };
     let b = cfg.batch_size.clamp(1, DIGITS_TRAIN_ROWS);
     let mut dp = match group {
         Some(g) => Some(DataParallel::new(g, model.named_parameters())?),
@@ -513,8 +527,11 @@ fn train_loop(
             let forward_backward = || -> crate::Result<Tensor> {
                 let x = Tensor::from_slice(&xb, [bl, DIGITS_FEATURES], device)?;
                 let y = Tensor::from_slice(&yb, [bl], device)?;
-                let loss = cross_entropy(&model.forward(&x)?, &y)?;
-                loss.backward()?;
+                let loss = crate::amp::autocast(cfg.autocast, || cross_entropy(&model.forward(&x)?, &y))?;
+                match &scaler {
+                    Some(s) => s.scale(&loss)?.backward()?,
+                    None => loss.backward()?,
+                }
                 Ok(loss)
             };
             let loss = match &mut dp {
@@ -529,7 +546,13 @@ fn train_loop(
                     Err(e) => return Err(dp.abandon_step(&e).into()),
                 },
             };
-            opt.step()?;
+            match &mut scaler {
+                Some(s) => {
+                    s.step(&mut opt)?;
+                    s.update()?;
+                }
+                None => opt.step()?,
+            }
             opt.zero_grad();
             losses.push(loss.detach());
             drop(loss);

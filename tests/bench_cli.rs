@@ -6,7 +6,11 @@
 //! table and the ratios live with the command line: the unit tests of
 //! `src/bin/lazuli/bench.rs` (`cargo test -p lazuli --bin lazuli`).
 
-use lazuli::bench::{gpu_row_name, host_split, run_gpu_workload, BenchConfig, BenchDevice, GpuSizes, Workload};
+use lazuli::bench::{
+    amp_row_name, gpu_row_name, host_split, run_amp_workload, run_gpu_workload, BenchConfig, BenchDevice, GpuSizes,
+    Workload, AMP_DTYPES,
+};
+use lazuli::DType;
 use std::process::{Command, Output};
 
 /// Runs the `lazuli` binary with `args` (the compile cache off, as under
@@ -77,6 +81,32 @@ fn row_names_match_the_pytorch_twin() {
         ]
     );
     assert_eq!(gpu_row_name(Workload::G8, &GpuSizes::small()), "G8 GPT train step [L2 C64 T64 B16]");
+}
+
+#[test]
+fn amp_row_names_match_the_pytorch_twin_and_run_at_tiny_size() {
+    let full = GpuSizes::default();
+    assert_eq!(amp_row_name(Workload::G3, &full, DType::F16).unwrap(), "G3 matmul 4096^3 f16");
+    assert_eq!(amp_row_name(Workload::G8, &full, DType::F16).unwrap(), "G8 GPT train step autocast f16");
+    assert_eq!(amp_row_name(Workload::G1, &full, DType::F16), None);
+    assert!(AMP_DTYPES.contains(&DType::F16));
+    let bd = BenchDevice::cpu();
+    let cfg = BenchConfig { warmup: 1, iterations: 1 };
+    let sizes = GpuSizes::tiny();
+    for w in [Workload::G3, Workload::G8] {
+        for &dtype in AMP_DTYPES {
+            let r = run_amp_workload(w, &bd, &cfg, &sizes, dtype).expect("G3 and G8 have amp rows");
+            assert_eq!(r.error, None, "{}", r.workload);
+            assert_eq!(Some(r.workload.clone()), amp_row_name(w, &sizes, dtype));
+            assert!(r.median_ms.is_finite(), "{r:?}");
+            if w == Workload::G3 {
+                assert!(r.gflops.is_some_and(f64::is_finite), "{r:?}");
+            } else {
+                assert!(r.host_ms.is_some() && r.device_ms.is_some(), "{r:?}");
+            }
+        }
+    }
+    assert!(run_amp_workload(Workload::G5, &bd, &cfg, &sizes, DType::F16).is_none());
 }
 
 #[test]

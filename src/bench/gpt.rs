@@ -19,6 +19,7 @@
 //! backward and optimizer on the host), the sync (trace, hash, cache
 //! lookup, submit) and the worker's execution.
 
+use crate::amp::{GradScaler, GradScalerOptions};
 use crate::nn::{self, Embedding, Init, LayerNorm, Linear, Module, ModuleExt};
 use crate::optim::{Adam, Optimizer};
 use crate::{metrics, DType, Device, Result, Tensor};
@@ -194,6 +195,9 @@ pub struct Gpt {
     opt: Adam,
     ids: Tensor,
     targets: Tensor,
+    /// Autocast dtype of the forward pass and its loss scaler (enabled
+    /// for f16, as the twin's `GradScaler(enabled=(dt == float16))`).
+    amp: Option<(DType, GradScaler)>,
 }
 
 impl Gpt {
@@ -218,13 +222,29 @@ impl Gpt {
         // Parameters and data on the device before any step.
         dev.mark_step()?;
         dev.wait()?;
-        Ok(Gpt { model, opt, ids, targets })
+        Ok(Gpt { model, opt, ids, targets, amp: None })
+    }
+
+    /// The same step with the forward pass and loss under
+    /// [`crate::amp::autocast`] to `dtype` (a 16-bit float; `None`: f32),
+    /// and for f16 a [`GradScaler`] with PyTorch's defaults (the G8
+    /// autocast rows of `torch_twin.py --engines amp`).
+    pub fn with_autocast(mut self, dtype: Option<DType>) -> Result<Gpt> {
+        self.amp = match dtype {
+            None => None,
+            Some(d) => {
+                let opts = GradScalerOptions { enabled: d == DType::F16, ..GradScalerOptions::default() };
+                Some((d, GradScaler::with_options(self.ids.device(), opts)?))
+            }
+        };
+        Ok(self)
     }
 
     /// The loss of the current parameters on the batch (lazy; recorded
-    /// with gradient tracking).
+    /// with gradient tracking), under autocast if the step has it.
     pub fn loss(&self) -> Result<Tensor> {
-        nn::cross_entropy(&self.model.forward(&self.ids)?, &self.targets)
+        let dtype = self.amp.as_ref().map(|(d, _)| *d);
+        crate::amp::autocast(dtype, || nn::cross_entropy(&self.model.forward(&self.ids)?, &self.targets))
     }
 
     /// One training step: zero grads, forward, cross-entropy, backward,
@@ -236,8 +256,17 @@ impl Gpt {
         let started = Instant::now();
         self.opt.zero_grad();
         let loss = self.loss()?;
-        loss.backward()?;
-        self.opt.step()?;
+        match &mut self.amp {
+            None => {
+                loss.backward()?;
+                self.opt.step()?;
+            }
+            Some((_, scaler)) => {
+                scaler.scale(&loss)?.backward()?;
+                scaler.step(&mut self.opt)?;
+                scaler.update()?;
+            }
+        }
         let recorded = Instant::now();
         dev.mark_step()?;
         let synced = Instant::now();

@@ -3,14 +3,16 @@
 //! names (those of the PyTorch twin), building one ready to time
 //! ([`prepare_gpu`]) and running it into a row, an error row when it
 //! cannot run on the device ([`run_gpu_workload`]); G8 adds its host and
-//! device split.
+//! device split. G3 and G8 also have mixed-precision rows
+//! ([`run_amp_workload`], one per [`AMP_DTYPES`] entry: G3 on 16-bit
+//! inputs, G8 under autocast), named as the twin's `--engines amp` rows.
 
 use super::{
     on_device, time_iterations, uniform_data, w1_step, w2_step, w3_step, AttnSizes, BenchConfig, BenchDevice,
     BenchResult, Gpt, GptSizes, Mlp, MlpSizes, StepTimes, Workload,
 };
 use crate::nn;
-use crate::{metrics, Device, ExecError, Result, Tensor};
+use crate::{metrics, DType, Device, ExecError, Result, Tensor};
 use std::time::Duration;
 
 /// The sizes of the G workloads. [`GpuSizes::default`] gives those of
@@ -124,6 +126,53 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
     }
 }
 
+/// The 16-bit float dtypes of the mixed-precision rows (`lazuli bench
+/// --amp`), in the order of `torch_twin.py --engines amp`'s G3 rows; bf16
+/// joins with one more entry once `DType` has it.
+pub const AMP_DTYPES: &[DType] = &[DType::F16];
+
+/// The row name of workload `w`'s mixed-precision row in `dtype`, as the
+/// PyTorch twin's `--engines amp` names it: `"G3 matmul 4096^3 f16"` (f16
+/// inputs, f32 accumulation) and `"G8 GPT train step autocast f16"` (the
+/// step under autocast); `None` for workloads without one.
+pub fn amp_row_name(w: Workload, sizes: &GpuSizes, dtype: DType) -> Option<String> {
+    match w {
+        Workload::G3 => Some(format!("{} {dtype}", gpu_row_name(w, sizes))),
+        Workload::G8 => Some(format!("{} autocast {dtype}", gpu_row_name(w, sizes))),
+        _ => None,
+    }
+}
+
+/// Runs the mixed-precision row of `w` in `dtype` (see [`amp_row_name`]):
+/// G3 on `dtype` inputs made on the device from G3's f32 ones, G8 with
+/// [`Gpt::with_autocast`]. `None` for workloads without one; a row that
+/// cannot run has NaN times and the error, as [`run_gpu_workload`].
+pub fn run_amp_workload(
+    w: Workload,
+    bd: &BenchDevice,
+    cfg: &BenchConfig,
+    sizes: &GpuSizes,
+    dtype: DType,
+) -> Option<BenchResult> {
+    let name = amp_row_name(w, sizes, dtype)?;
+    let measured = match w {
+        Workload::G8 => run_g8(bd, cfg, sizes, Some(dtype)),
+        _ => (|| {
+            let n = sizes.matmul_g3;
+            let a = on_device(uniform_input(&bd.device, [n, n], 12)?.cast(dtype)?)?;
+            let b = on_device(uniform_input(&bd.device, [n, n], 13)?.cast(dtype)?)?;
+            let (times, kernels) = time_iterations(cfg, || w2_step(&a, &b))?;
+            let mut r = BenchResult::from_times(&name, bd.label, &times).with_flops(2.0 * (n as f64).powi(3));
+            r.kernels = Some(kernels);
+            Ok(r)
+        })(),
+    };
+    Some(measured.unwrap_or_else(|e| {
+        let _ = bd.device.wait();
+        BenchResult::failed(&name, bd.label, e.to_string())
+    }))
+}
+
 /// f32 [rows, cols] uniform in [-1, 1], on the device.
 #[track_caller]
 fn uniform_input(dev: &Device, [rows, cols]: [usize; 2], seed: u64) -> Result<Tensor> {
@@ -203,7 +252,7 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
 /// with NaN times and the error instead of failing the whole run.
 pub fn run_gpu_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> BenchResult {
     if w == Workload::G8 {
-        return run_g8(bd, cfg, sizes).unwrap_or_else(|e| {
+        return run_g8(bd, cfg, sizes, None).unwrap_or_else(|e| {
             let _ = bd.device.wait();
             BenchResult::failed(&gpu_row_name(w, sizes), bd.label, e.to_string())
         });
@@ -230,9 +279,10 @@ pub fn run_gpu_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes:
 }
 
 /// G8: the GPT step timed with its split: median total, host (recording
-/// and `mark_step`) and device (the worker's execution) ms per step.
-fn run_g8(bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> Result<BenchResult> {
-    let mut gpt = Gpt::new(&bd.device, sizes.gpt)?;
+/// and `mark_step`) and device (the worker's execution) ms per step; with
+/// `autocast`, the step under it (its [`amp_row_name`]).
+fn run_g8(bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes, autocast: Option<DType>) -> Result<BenchResult> {
+    let mut gpt = Gpt::new(&bd.device, sizes.gpt)?.with_autocast(autocast)?;
     for _ in 0..cfg.warmup {
         gpt.step()?;
     }
@@ -246,7 +296,11 @@ fn run_g8(bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> Result<Bench
         v[v.len() / 2]
     };
     let totals: Vec<Duration> = steps.iter().map(|s| s.total).collect();
-    let mut r = BenchResult::from_times(&gpu_row_name(Workload::G8, sizes), bd.label, &totals);
+    let name = match autocast {
+        Some(d) => amp_row_name(Workload::G8, sizes, d).expect("G8 has an autocast row"),
+        None => gpu_row_name(Workload::G8, sizes),
+    };
+    let mut r = BenchResult::from_times(&name, bd.label, &totals);
     r.kernels = Some(kernels);
     r.host_ms = Some(median(&|s| s.host()));
     r.device_ms = Some(median(&|s| s.device));

@@ -66,7 +66,9 @@ pub use attention::{AttnSizes, AttnStep};
 pub use baseline::{conv_gemm_baseline, matmul_naive_baseline, memcpy, w1_vec4_baseline};
 pub use conv::{ConvSizes, ConvStep};
 pub use gpt::{Gpt, GptModel, GptSizes, StepTimes};
-pub use gpu::{gpu_row_name, prepare_gpu, run_gpu_workload, GpuRun, GpuSizes};
+pub use gpu::{
+    amp_row_name, gpu_row_name, prepare_gpu, run_amp_workload, run_gpu_workload, GpuRun, GpuSizes, AMP_DTYPES,
+};
 pub use host::{host_split, HOST_OPS};
 pub use profile::{profile, KernelProfile, Profile};
 pub use small::{w1_chain, w1_input, w1_step, w2_inputs, w2_step, w3_input, w3_step, w5_input, w5_step, Mlp, MlpSizes};

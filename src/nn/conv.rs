@@ -181,7 +181,8 @@ impl Module for Conv2d {
         batched("Conv2d", x, |x| {
             let y = x.conv2d(&self.weight, self.attrs.clone())?;
             match &self.bias {
-                Some(b) => y.add(&b.reshape([b.numel(), 1, 1])?),
+                // Under autocast in the convolution's dtype.
+                Some(b) => y.add(&crate::amp::bias_like(&b.reshape([b.numel(), 1, 1])?, &y)?),
                 None => Ok(y),
             }
         })
@@ -341,7 +342,7 @@ pub fn conv1d(
     let line = x.rank() as isize - 1;
     let y = batched("conv1d", &x.unsqueeze(line)?, |x| x.conv2d(&w, attrs))?.squeeze(&[line])?;
     match bias {
-        Some(b) => y.add(&b.reshape([b.numel(), 1])?),
+        Some(b) => y.add(&crate::amp::bias_like(&b.reshape([b.numel(), 1])?, &y)?),
         None => Ok(y),
     }
 }

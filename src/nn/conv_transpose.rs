@@ -289,7 +289,7 @@ fn conv_transpose2d_at(
         }
     }
     match bias {
-        Some(b) => y.add(&b.reshape([cout, 1, 1])?),
+        Some(b) => y.add(&crate::amp::bias_like(&b.reshape([cout, 1, 1])?, &y)?),
         None => Ok(y),
     }
 }

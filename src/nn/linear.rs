@@ -54,7 +54,8 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.matmul(&self.weight.t()?)?;
         match &self.bias {
-            Some(b) => y.add(b),
+            // Under autocast in the product's dtype (PyTorch's `addmm`).
+            Some(b) => y.add(&crate::amp::bias_like(b, &y)?),
             None => Ok(y),
         }
     }

@@ -81,6 +81,8 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
 /// path, whose ops are counted as fallback ops.
 #[track_caller]
 pub fn cross_entropy_with(logits: &Tensor, labels: &Tensor, opts: &CrossEntropyOptions) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let logits = &crate::amp::float32(logits)?;
     let op = "cross_entropy";
     if logits.rank() == 0 || labels.dims() != &logits.dims()[..logits.rank() - 1] {
         return Err(invalid(
@@ -170,6 +172,9 @@ fn narrow_labels(labels: &Tensor, ignore: Option<i64>) -> Result<Tensor> {
 
 /// Mean squared error over all elements (`target` broadcasts to `pred`).
 pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let pred = &crate::amp::float32(pred)?;
+    let target = &crate::amp::float32(target)?;
     let d = pred.sub(target)?;
     d.mul(&d)?.mean(&[], false)
 }
@@ -248,6 +253,9 @@ pub fn binary_cross_entropy_with_logits(
     target: &Tensor,
     opts: &BceWithLogitsOptions,
 ) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let input = &crate::amp::float32(input)?;
+    let target = &crate::amp::float32(target)?;
     let (op, at) = ("binary_cross_entropy_with_logits", Location::caller());
     check_pair(op, input, target, true, at)?;
     for (name, w) in [("weight", &opts.weight), ("pos_weight", &opts.pos_weight)] {
@@ -287,6 +295,9 @@ pub fn binary_cross_entropy_with_logits(
 /// and `input` broadcast).
 #[track_caller]
 pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let input = &crate::amp::float32(input)?;
+    let target = &crate::amp::float32(target)?;
     let (op, at) = ("l1_loss", Location::caller());
     check_pair(op, input, target, false, at)?;
     if reduction == Reduction::BatchMean {
@@ -308,6 +319,9 @@ fn quadratic_then_linear(
     reduction: Reduction,
     at: &Location<'_>,
 ) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let input = &crate::amp::float32(input)?;
+    let target = &crate::amp::float32(target)?;
     check_pair(op, input, target, false, at)?;
     if reduction == Reduction::BatchMean {
         return Err(batch_mean_error(op, at));
@@ -384,6 +398,8 @@ impl Default for NllLossOptions {
 /// [`cross_entropy_with`] does, so nothing runs on the CPU fallback.
 #[track_caller]
 pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let input = &crate::amp::float32(input)?;
     let (op, at) = ("nll_loss", Location::caller());
     if input.rank() == 0 || target.dims() != &input.dims()[..input.rank() - 1] {
         return Err(invalid(
@@ -461,6 +477,9 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Resul
 /// default, divides by the number of elements.
 #[track_caller]
 pub fn kl_div(input: &Tensor, target: &Tensor, reduction: Reduction, log_target: bool) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let input = &crate::amp::float32(input)?;
+    let target = &crate::amp::float32(target)?;
     let (op, at) = ("kl_div", Location::caller());
     check_pair(op, input, target, false, at)?;
     let loss = if log_target {

@@ -17,6 +17,8 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let x = &crate::amp::float32(x)?;
     if normalized_dims == 0 || normalized_dims > x.rank() {
         return Err(ExecError::Invalid {
             op: "layer_norm".into(),
@@ -80,6 +82,8 @@ impl Module for LayerNorm {
 /// of `normalized_shape`. `eps` of `None` is PyTorch's default, the
 /// machine epsilon of `x`'s dtype.
 pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let x = &crate::amp::float32(x)?;
     let k = normalized_shape.len();
     if k == 0 || k > x.rank() || x.dims()[x.rank() - k..] != *normalized_shape {
         return Err(invalid(
@@ -462,6 +466,8 @@ fn batch_norm_named(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let x = &crate::amp::float32(x)?;
     if x.rank() < 2 {
         return Err(invalid(op, format!("expected an [N, C, ...] input, got {}", x.shape())));
     }
@@ -570,6 +576,8 @@ pub fn group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
+    let x = &crate::amp::float32(x)?;
     if x.rank() < 2 || groups == 0 || !x.dims()[1].is_multiple_of(groups) {
         return Err(invalid(
             "group_norm",

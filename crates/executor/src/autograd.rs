@@ -307,6 +307,8 @@ impl Tensor {
             });
         };
         let _guard = NoGradGuard::new();
+        // Each rule works in the dtypes its forward recorded.
+        let _autocast = crate::autocast::AutocastGuard::disabled();
         match root {
             Edge::Leaf(t) => accumulate(&t, grad.clone()),
             Edge::Node(f) => run_backward(f, grad.clone()),
@@ -389,11 +391,13 @@ where
     let saved: Vec<Tensor> = inputs.iter().map(|t| Tensor::unregistered(t.device(), t.node())).collect();
     let needs: Vec<bool> = edges.iter().map(Option::is_some).collect();
     let out_ty = out.ty().clone();
+    let autocast = crate::autocast::autocast_dtype();
     let vjp = move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
         let now = dev.rng_state();
         dev.set_rng_state(rng);
         let recomputed = {
             let _on = GradEnabledGuard::new(true);
+            let _autocast = crate::autocast::AutocastGuard::restore(autocast);
             let xs: Vec<Tensor> = saved
                 .iter()
                 .zip(&needs)

@@ -230,6 +230,11 @@ impl Tensor {
         })
     }
 
+    /// The node of [`Tensor::lifted_scalar`], without a handle.
+    pub(crate) fn lifted_node(value: ScalarValue, dtype: DType, location: &'static Location<'static>) -> Arc<LazyNode> {
+        Arc::new(LazyNode::scalar(value.cast(dtype), ValueType::new(Shape::scalar(), dtype), location))
+    }
+
     /// A rank-0 tensor that is always a lifted parameter, never baked (for
     /// values that change every step, like RNG keys).
     #[track_caller]
@@ -326,6 +331,17 @@ impl Tensor {
                 return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });
             }
         }
+        // Inside an autocast scope, operands may be cast first (explicit
+        // `Op::Cast` nodes, differentiable like any op).
+        let autocast = crate::autocast::apply(&op, operands, scalar.as_ref(), location)?;
+        let cast_refs: SmallVec<[&Tensor; 3]>;
+        let (operands, scalar) = match &autocast {
+            Some((cast, s)) => {
+                cast_refs = cast.iter().collect();
+                (&cast_refs[..], s.clone())
+            }
+            None => (operands, scalar),
+        };
         let mut nodes = Operands::new();
         for t in operands {
             nodes.push(t.node());

@@ -9,8 +9,8 @@
 //! has timestamp queries its GPU time, achieved GB/s and TFLOP/s.
 
 use lazuli::bench::{
-    conv_gemm_baseline, matmul_naive_baseline, memcpy, profile, run_workload, w1_vec4_baseline, BenchConfig,
-    BenchDevice, BenchResult, ConvSizes, GpuSizes, Profile, Workload,
+    conv_gemm_baseline, matmul_naive_baseline, memcpy, profile, run_amp_workload, run_workload, w1_vec4_baseline,
+    BenchConfig, BenchDevice, BenchResult, ConvSizes, GpuSizes, Profile, Workload, AMP_DTYPES,
 };
 
 /// Which set of workloads `lazuli bench` runs when none is named.
@@ -69,16 +69,19 @@ pub struct BenchArgs {
     /// The sizes of the G workloads: `WORKLOADS.md`'s, or with `--size
     /// small` [`GpuSizes::small`].
     pub sizes: GpuSizes,
+    /// `--amp`: after G3 and G8, their mixed-precision rows (one per
+    /// [`AMP_DTYPES`] entry), beside `torch_twin.py --engines amp`'s.
+    pub amp: bool,
 }
 
 impl BenchArgs {
     /// Parses `[W1 ... G1 ...] [--scale small|gpu] [--size full|small]
-    /// [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]`.
+    /// [--device cpu|wgpu|all] [--json] [--profile] [--amp] [--iterations N]`.
     pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
         let mut workloads = Vec::new();
         let mut scale = Scale::default();
         let (mut cpu, mut wgpu) = (true, true);
-        let (mut json, mut profile) = (false, false);
+        let (mut json, mut profile, mut amp) = (false, false, false);
         let mut iterations = None;
         let mut sizes = GpuSizes::default();
         let mut it = args.iter();
@@ -101,6 +104,7 @@ impl BenchArgs {
                 },
                 "--json" => json = true,
                 "--profile" => profile = true,
+                "--amp" => amp = true,
                 "--iterations" => {
                     iterations = Some(
                         it.next()
@@ -115,7 +119,7 @@ impl BenchArgs {
         if workloads.is_empty() {
             workloads = scale.workloads();
         }
-        Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations, sizes })
+        Ok(BenchArgs { workloads, cpu, wgpu, json, profile, iterations, sizes, amp })
     }
 
     /// The iterations of workload `w` on the device labelled `device`
@@ -136,7 +140,7 @@ impl BenchArgs {
 }
 
 /// `lazuli bench [W1 ... G1 ...] [--scale small|gpu] [--size full|small]
-/// [--device cpu|wgpu|all] [--json] [--profile] [--iterations N]`: runs the
+/// [--device cpu|wgpu|all] [--json] [--profile] [--amp] [--iterations N]`: runs the
 /// workloads (the `--scale` set by default: W1–W6 and H1, or G1–G8 with
 /// `--scale gpu`; G workloads at `--size`) and
 /// the baselines on the chosen devices (default all), with a progress bar
@@ -207,6 +211,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let ran = measured.iter().all(|r| r.error.is_none());
             let first_row = (!measured.is_empty()).then_some(rows.len());
             rows.extend(measured);
+            if args.amp {
+                for &dtype in AMP_DTYPES {
+                    bar.set_message(format!("{} {dtype} ({})", w.name(), d.label));
+                    rows.extend(run_amp_workload(w, d, &args.config(w, kind), &args.sizes, dtype));
+                }
+            }
             if args.profile && d.wgpu.is_some() && w != Workload::W6 {
                 let p = if !w.is_gpu_scale() {
                     Ok(profile(w, d, &args.sizes, profile_iterations).map_err(|e| e.to_string())?)
@@ -404,6 +414,14 @@ mod tests {
         assert_eq!(small.config(Workload::G8, "cpu").iterations, 10);
         assert_eq!(GpuSizes::small().gpt.parameter_tensors(), 28);
         assert_eq!(GptSizes::G8.parameter_tensors(), 52);
+    }
+
+    #[test]
+    fn amp_adds_the_mixed_precision_rows() {
+        assert!(!parse("G3 G8").unwrap().amp);
+        let a = parse("G3 G8 --amp").unwrap();
+        assert!(a.amp);
+        assert_eq!(a.workloads, vec![Workload::G3, Workload::G8]);
     }
 
     #[test]

@@ -49,7 +49,7 @@ commands:
                             run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
                             ../shared/conformance/onnx) and print the per-op table
   bench [W1 ... G1 ... H1 C1 A1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
-        [--json] [--profile] [--iterations N]
+        [--json] [--profile] [--amp] [--iterations N]
                             run the benchmark workloads and baselines; prints a table.
                             --scale small (default) runs W1-W6 and H1 (host cost per op, by
                             phase); --scale gpu runs G1-G8 of WORKLOADS.md (G8: the GPT
@@ -64,7 +64,10 @@ commands:
                             on a software adapter unless --iterations is given; one that
                             cannot run on a device (e.g. a tensor over the adapter's binding
                             limit) gives a row with NaN times and the error (key 'error' in
-                            --json), and the run goes on
+                            --json), and the run goes on. --amp adds mixed-precision rows
+                            after G3 (f16 inputs: 'G3 matmul 4096^3 f16') and G8 (under
+                            autocast f16 with a grad scaler: 'G8 GPT train step autocast
+                            f16'), named as torch_twin.py --engines amp names its rows
   generate [--device cpu|wgpu] [--window growing|fixed|both] [--tokens N] [--json]
                             greedy generation with a small GPT (context up to 64, 12-token
                             prompt): the growing context is a new size every step; prints
