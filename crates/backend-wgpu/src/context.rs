@@ -51,6 +51,9 @@ pub(crate) struct Context {
     /// platform can read them back (not on the web: see
     /// [`crate::platform`]).
     pub timestamps: bool,
+    /// The device has `SHADER_F16` (requested wherever the adapter offers
+    /// it): f16 tensors may be stored as `array<f16>` ([`crate::halves`]).
+    pub shader_f16: bool,
     /// The first asynchronous device error not reported yet (the web's
     /// uncaptured errors, lost device, index errors found late).
     pub deferred: Deferred,
@@ -66,12 +69,13 @@ pub(crate) struct Opened {
     pub max_storage_buffers: usize,
 }
 
-/// What a backend asks of the device: timestamps and the driver's
-/// pipeline cache where offered, every limit the adapter has.
+/// What a backend asks of the device: timestamps, the driver's pipeline
+/// cache and f16 in shaders where offered, every limit the adapter has.
 fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
     wgpu::DeviceDescriptor {
         label: Some("lazuli"),
-        required_features: a.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE),
+        required_features: a.features()
+            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | wgpu::Features::SHADER_F16),
         required_limits: a.limits(),
         ..Default::default()
     }
@@ -181,6 +185,7 @@ impl Context {
                 device_name: name.clone(),
             },
         );
+        let shader_f16 = device.features().contains(wgpu::Features::SHADER_F16);
         let context = Context {
             device,
             queue,
@@ -191,6 +196,7 @@ impl Context {
             max_buffer: limits.max_buffer_size & !3,
             loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
             timestamps: platform::CAN_BLOCK && a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
+            shader_f16,
             deferred,
         };
         Opened { context, info, limits, max_storage_buffers: max_sb }
@@ -220,7 +226,7 @@ impl Context {
         prefer: &[u64],
         what: impl FnOnce() -> String,
     ) -> Result<Buffer, BackendError> {
-        let bytes = (ty.shape.numel() as u64).saturating_mul(4).max(4);
+        let bytes = device_bytes(ty);
         if bytes > self.max_buffer {
             return Err(BackendError::TooLarge {
                 op: what(),
@@ -312,6 +318,9 @@ pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) ->
     for (k, d) in dtypes.iter().enumerate() {
         words.push(values.map_or(0, |vs| match d {
             DType::F32 => (vs[k].as_f64() as f32).to_bits(),
+            // f16 and bf16 scalars are f32 in registers (values already
+            // rounded to their dtype by the executor).
+            DType::F16 | DType::BF16 => (vs[k].cast(*d).as_f64() as f32).to_bits(),
             DType::I32 => vs[k].as_i64() as i32 as u32,
             DType::Bool => vs[k].as_bool() as u32,
             _ => vs[k].as_u64() as u32,
@@ -321,6 +330,19 @@ pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) ->
         words.push(0);
     }
     words
+}
+
+/// Bytes of the device buffer of a value of type `ty`: 4 per element,
+/// except f16 and bf16 (2, the total rounded up to whole `u32` words; see
+/// `crate::halves`); at least 4.
+pub(crate) fn device_bytes(ty: &ValueType) -> u64 {
+    let n = ty.shape.numel() as u64;
+    let bytes = if matches!(ty.dtype, DType::F16 | DType::BF16) {
+        n.saturating_mul(2).next_multiple_of(4)
+    } else {
+        n.saturating_mul(4)
+    };
+    bytes.max(4)
 }
 
 /// The 2-D dispatch size for `invocations` in workgroups of `size`.

@@ -91,6 +91,7 @@ pub mod diskcache;
 mod execute;
 mod fault;
 pub mod generic;
+pub mod halves;
 pub mod options;
 pub mod pipeline;
 mod platform;

@@ -90,6 +90,11 @@ pub struct WgpuOptions {
     /// `LAZULI_COMPILE_THREADS`, a positive integer, else the machine's
     /// cores, at most 8).
     pub compile_threads: Option<usize>,
+    /// Store f16 tensors packed two per `u32` even where the adapter has
+    /// `SHADER_F16` (else `LAZULI_F16_PACKED`, else off: native
+    /// `array<f16>` where the adapter has the feature; see
+    /// `crate::halves`). Tests use it to prove the packed form on lavapipe.
+    pub f16_packed: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -161,6 +166,9 @@ impl WgpuOptions {
         let threads = config::count(lookup, "LAZULI_COMPILE_THREADS")?;
         note("LAZULI_COMPILE_THREADS", self.compile_threads.is_some(), threads.is_some());
         out.compile_threads = self.compile_threads.or(threads);
+        let packed = config::flag(lookup, "LAZULI_F16_PACKED")?;
+        note("LAZULI_F16_PACKED", self.f16_packed.is_some(), packed.is_some());
+        out.f16_packed = self.f16_packed.or(packed);
         Ok((out, sources))
     }
 }

@@ -154,6 +154,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::compile_threads)",
     ),
     var(
+        "LAZULI_F16_PACKED",
+        Kind::Flag,
+        "off",
+        "store f16 tensors packed two per u32 even where the adapter has SHADER_F16 (tests prove the packed form)",
+        "lazuli-wgpu (WgpuOptions::f16_packed)",
+    ),
+    var(
         "LAZULI_WGSL_LOG_DIR",
         Kind::Path,
         "off",
