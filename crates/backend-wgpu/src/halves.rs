@@ -132,10 +132,15 @@ pub fn rewrite_source(source: &str, f16: HalfStorage) -> Result<String, HalfErro
     let mut pos = 0;
     let mut helpers = String::new();
     let mut needs_bf16 = false;
+    // Every declaration in place (halves retyped), the helpers after the
+    // last one, so the declarations stay one block as codegen wrote them.
     for d in &decls {
-        let Some(h) = halves.get(&d.name) else { continue };
         out.push_str(&rewrite(&source[pos..d.line.start], &halves)?);
         pos = d.line.end;
+        let Some(h) = halves.get(&d.name) else {
+            out.push_str(&source[d.line.clone()]);
+            continue;
+        };
         let ty = match (h.packed, h.vec4, h.writable) {
             (false, false, _) => "array<f16>",
             (false, true, _) => "array<vec4<f16>>",
