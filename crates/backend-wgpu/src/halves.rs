@@ -13,12 +13,14 @@
 //! binding are returned byte-identical.
 //!
 //! Storage forms ([`HalfStorage`]):
-//! - native f16 (adapters with `wgpu::Features::SHADER_F16`): `enable f16;`
+//! - native f16 (GPUs with `wgpu::Features::SHADER_F16`; on a software
+//!   adapter only when forced, since llvmpipe runs it slower than packed):
+//!   `enable f16;`
 //!   heads the kernel, the binding stays `array<f16>`, reads convert with
 //!   `f32(..)` and writes with `f16(..)` (the WGSL conversion; round to
 //!   nearest even on the adapters we checked).
-//! - packed (bf16 always; f16 without `SHADER_F16`, or when forced with
-//!   `LAZULI_F16_PACKED=1`): two elements per `u32`, element `2k` in the
+//! - packed (bf16 always; f16 without `SHADER_F16`, on software adapters,
+//!   or when forced with `LAZULI_F16_PACKED=1`): two elements per `u32`, element `2k` in the
 //!   low half. bf16 unpacks by a shift (`bits << 16`) and packs with round
 //!   to nearest even (NaN kept, made quiet); packed f16 uses
 //!   `unpack2x16float` / `pack2x16float`. A vec4 binding is

@@ -90,10 +90,11 @@ pub struct WgpuOptions {
     /// `LAZULI_COMPILE_THREADS`, a positive integer, else the machine's
     /// cores, at most 8).
     pub compile_threads: Option<usize>,
-    /// Store f16 tensors packed two per `u32` even where the adapter has
-    /// `SHADER_F16` (else `LAZULI_F16_PACKED`, else off: native
-    /// `array<f16>` where the adapter has the feature; see
-    /// `crate::halves`). Tests use it to prove the packed form on lavapipe.
+    /// Store f16 tensors packed two per `u32` (true) or natively as
+    /// `array<f16>` where the adapter has `SHADER_F16` (false); else
+    /// `LAZULI_F16_PACKED`, else native on GPUs with the feature and packed
+    /// on software adapters, where llvmpipe runs native f16 slower (see
+    /// `crate::halves`). Tests force both forms on lavapipe.
     pub f16_packed: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation

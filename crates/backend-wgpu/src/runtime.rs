@@ -91,9 +91,10 @@ impl WgpuBackend {
             window_elements: ctx.windows.elements(),
             ..FusionLimits::default()
         };
-        // f16 natively where the device has SHADER_F16 (unless forced
-        // packed), packed in u32 elsewhere.
-        let f16 = if ctx.shader_f16 && !options.f16_packed.unwrap_or(false) {
+        // f16 natively where the device has SHADER_F16 and is a GPU,
+        // packed in u32 elsewhere: llvmpipe runs native f16 slower than
+        // packed (BENCHMARKS.md, "f16 and bf16"); the option forces either.
+        let f16 = if ctx.shader_f16 && !options.f16_packed.unwrap_or(software) {
             crate::halves::HalfStorage::Native
         } else {
             crate::halves::HalfStorage::Packed
@@ -252,6 +253,7 @@ fn effective_settings(
             "LAZULI_F16_PACKED",
             match compiler.lower.f16 {
                 crate::halves::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
+                crate::halves::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
                 crate::halves::HalfStorage::Packed if ctx.shader_f16 => "on",
                 crate::halves::HalfStorage::Packed => "on (the adapter lacks SHADER_F16)",
             },

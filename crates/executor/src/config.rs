@@ -156,8 +156,8 @@ pub const VARS: &[Var] = &[
     var(
         "LAZULI_F16_PACKED",
         Kind::Flag,
-        "off",
-        "store f16 tensors packed two per u32 even where the adapter has SHADER_F16 (tests prove the packed form)",
+        "off on GPUs with SHADER_F16, on for software adapters",
+        "store f16 tensors packed two per u32 (1) or as array<f16> where the adapter has SHADER_F16 (0)",
         "lazuli-wgpu (WgpuOptions::f16_packed)",
     ),
     var(
