@@ -167,6 +167,9 @@ pub fn rewrite_source(source: &str, f16: HalfStorage) -> Result<String, HalfErro
 /// NaN kept (quieted) rather than rounded into infinity.
 const BF16_FNS: &str = "fn bf16_unpack(h: u32) -> f32 {\n    return bitcast<f32>(h << 16u);\n}\n\nfn bf16_pack(v: f32) -> u32 {\n    let x = bitcast<u32>(v);\n    if ((x & 0x7fffffffu) > 0x7f800000u) {\n        return (x >> 16u) | 0x40u;\n    }\n    return (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;\n}\n\n";
 
+/// A conversion written as WGSL: the expression of an argument's.
+type Conv = fn(&str) -> String;
+
 /// `ld_NAME(i)` (and `st_NAME(i, v)` for a writable binding) of one half
 /// binding.
 fn access_fns(name: &str, h: &Half) -> String {
@@ -181,7 +184,7 @@ fn access_fns(name: &str, h: &Half) -> String {
         return s;
     }
     // 16 bits of element to f32, f32 to 16 bits.
-    let (un, pk): (fn(&str) -> String, fn(&str) -> String) = if h.bf16 {
+    let (un, pk): (Conv, Conv) = if h.bf16 {
         (|b| format!("bf16_unpack({b})"), |v| format!("bf16_pack({v})"))
     } else {
         (|b| format!("unpack2x16float({b}).x"), |v| format!("(pack2x16float(vec2<f32>({v}, 0.0)) & 0xffffu)"))
