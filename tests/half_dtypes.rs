@@ -152,3 +152,66 @@ fn bf16_rounds_to_nearest_even_on_the_device() {
         assert_eq!(t.add_scalar(0.0).unwrap().to_vec::<half::f16>().unwrap(), f, "{label}");
     }
 }
+
+/// The fallback counters that moved between `before` and now.
+fn fallbacks_since(before: &[(String, u64)]) -> Vec<String> {
+    metrics::counters()
+        .into_iter()
+        .filter(|(name, n)| {
+            name.starts_with("Fallback::") && before.iter().find(|(b, _)| b == name).map_or(0, |b| b.1) != *n
+        })
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// One training step of a small MLP (matmul, bias, relu, cross-entropy,
+/// and their gradients) in f16 and bf16: the loss and every gradient match
+/// the CPU, and no op falls back.
+#[test]
+fn an_mlp_training_step_runs_in_half_precision_without_fallback() {
+    let _g = common::metrics_lock();
+    let step = |dtype: DType, dev: &Device| -> Vec<Vec<f32>> {
+        let x = input(&common::rand_vec(16 * 13, 11, -1.0, 1.0), &[16, 13], dtype, dev);
+        let w1 = input(&common::rand_vec(13 * 32, 12, -0.4, 0.4), &[13, 32], dtype, dev);
+        let b1 = input(&common::rand_vec(32, 13, -0.1, 0.1), &[32], dtype, dev);
+        let w2 = input(&common::rand_vec(32 * 10, 14, -0.4, 0.4), &[32, 10], dtype, dev);
+        let params = [&w1, &b1, &w2];
+        for p in params {
+            p.requires_grad_(true).unwrap();
+        }
+        let labels: Vec<i32> = (0..16).map(|i| (i * 7 % 10) as i32).collect();
+        let labels = Tensor::from_slice(&labels, [16], dev).unwrap();
+        let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
+        let loss = lazuli::nn::cross_entropy(&h.matmul(&w2).unwrap(), &labels).unwrap();
+        loss.backward().unwrap();
+        let mut out = vec![loss.cast(DType::F32).unwrap().to_vec::<f32>().unwrap()];
+        for p in params {
+            let g = p.grad().expect("a gradient");
+            assert_eq!(g.dtype(), dtype);
+            out.push(g.cast(DType::F32).unwrap().to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    let devs = devices();
+    for dtype in [DType::F16, DType::BF16] {
+        let want = step(dtype, &Device::cpu());
+        let tol = if dtype == DType::F16 { 4e-3 } else { 3e-2 };
+        for (label, dev) in &devs {
+            let before = metrics::counters();
+            let got = step(dtype, dev);
+            let fell = fallbacks_since(&before);
+            assert!(fell.is_empty(), "{dtype} on {label}: fell back: {fell:?}");
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                common::assert_close(g, w, tol, tol, &format!("{dtype} loss/gradient {k} on {label}"));
+            }
+        }
+        // Shadow validation compares every kernel with the CPU within the
+        // dtype's tolerance: the step passes it.
+        if let Some((label, dev)) = devs.first() {
+            dev.set_validate(true);
+            step(dtype, dev);
+            dev.set_validate(false);
+            dev.wait().unwrap_or_else(|e| panic!("{dtype} on {label}, validated: {e}"));
+        }
+    }
+}

@@ -33,8 +33,8 @@
 //!
 //! Arithmetic is f32 between loads and stores, as PyTorch's compiled
 //! (inductor) kernels do for f16 and bf16: a fused chain rounds once, at
-//! its store, and at every explicit cast to f16 or bf16 (codegen rounds
-//! there). The CPU backend rounds after every op, so the two agree within
+//! its store, and at every explicit cast to or from f16 or bf16 (codegen
+//! rounds there, so a cast's result is that of a value of the dtype). The CPU backend rounds after every op, so the two agree within
 //! a rounding per fused op (tests compare with dtype-appropriate
 //! tolerances).
 //!

@@ -966,20 +966,29 @@ impl Writer<'_> {
         // f16 and bf16 are f32 in registers: a cast to them rounds the
         // f32 value to their precision (the only rounding inside a fused
         // chain besides the store, see `crate::halves`).
-        if is_half(to) {
-            let x = self.cast(reg(from), DType::F32);
-            let (key, name, src) = if to == DType::BF16 {
-                (0, "round_bf16", crate::halves::ROUND_BF16)
-            } else {
-                (1, "round_f16", crate::halves::ROUND_F16)
-            };
-            if self.defined.insert(('r', key)) {
-                self.funcs.push_str(src);
-                self.funcs.push('\n');
+        // A cast from them rounds its operand to their precision first (a
+        // fused chain carries unrounded f32 values), so the result is that
+        // of a value of the dtype, as on the CPU.
+        if is_half(from) {
+            let round = self.round_fn(from);
+            let inner = self.cast(DType::F32, to);
+            let mut out = String::new();
+            let mut copied = 0;
+            for tok in crate::wgsl_text::Lexer::new(&inner) {
+                if tok.kind == crate::wgsl_text::Kind::Ident && &inner[tok.start..tok.end] == "x" {
+                    out.push_str(&inner[copied..tok.start]);
+                    out.push_str(&format!("{round}(x)"));
+                    copied = tok.end;
+                }
             }
+            out.push_str(&inner[copied..]);
+            return out;
+        }
+        if is_half(to) {
+            let x = self.cast(from, DType::F32);
+            let name = self.round_fn(to);
             return format!("{name}({x})");
         }
-        let from = reg(from);
         if from == to {
             return "x".into();
         }
@@ -998,6 +1007,21 @@ impl Writer<'_> {
             (DType::U32, DType::I32) => "bitcast<i32>(x)".into(),
             (_, t) => format!("{}(x)", ty(t)),
         }
+    }
+
+    /// The name of the helper rounding an f32 value to `half`'s precision
+    /// (f16 or bf16), written into the kernel once.
+    fn round_fn(&mut self, half: DType) -> &'static str {
+        let (key, name, src) = if half == DType::BF16 {
+            (0, "round_bf16", crate::halves::ROUND_BF16)
+        } else {
+            (1, "round_f16", crate::halves::ROUND_F16)
+        };
+        if self.defined.insert(('r', key)) {
+            self.funcs.push_str(src);
+            self.funcs.push('\n');
+        }
+        name
     }
 
     /// The statements of `main` (after the bounds check on `t`) and the

@@ -601,20 +601,20 @@ fn n9(i: u32) -> f32 {
     return bitcast<f32>(1036831949u);
 }
 
-fn v8(x: f32) -> f32 {
-    return x;
-}
-
-fn v10(a: f32, b: f32) -> f32 {
-    return a * b;
-}
-
 fn round_bf16(v: f32) -> f32 {
     let x = bitcast<u32>(v);
     if ((x & 0x7fffffffu) > 0x7f800000u) {
         return v;
     }
     return bitcast<f32>(((x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u) << 16u);
+}
+
+fn v8(x: f32) -> f32 {
+    return round_bf16(x);
+}
+
+fn v10(a: f32, b: f32) -> f32 {
+    return a * b;
 }
 
 fn v11(x: f32) -> f32 {

@@ -422,16 +422,16 @@ fn n9(i: u32) -> f32 {
     return bitcast<f32>(1036831949u);
 }
 
+fn round_f16(v: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+}
+
 fn v8(x: f32) -> f32 {
-    return x;
+    return round_f16(x);
 }
 
 fn v10(a: f32, b: f32) -> f32 {
     return a * b;
-}
-
-fn round_f16(v: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
 }
 
 fn v11(x: f32) -> f32 {
