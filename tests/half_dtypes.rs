@@ -179,7 +179,7 @@ fn an_mlp_training_step_runs_in_half_precision_without_fallback() {
         for p in params {
             p.requires_grad_(true).unwrap();
         }
-        let labels: Vec<i32> = (0..16).map(|i| (i * 7 % 10) as i32).collect();
+        let labels: Vec<i32> = (0..16).map(|i| i * 7 % 10).collect();
         let labels = Tensor::from_slice(&labels, [16], dev).unwrap();
         let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
         let loss = lazuli::nn::cross_entropy(&h.matmul(&w2).unwrap(), &labels).unwrap();
