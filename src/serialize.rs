@@ -10,7 +10,9 @@
 //! their identity (and `requires_grad`) and optimizers keep working on
 //! them. Loading into tensors converts float dtypes as PyTorch's
 //! `load_state_dict` copies do (f16 and bf16 checkpoints into f32
-//! parameters, each value rounded once); [`LoadOptions`] chooses strict or
+//! parameters, each value rounded once; a bf16 or f16 target keeps the
+//! stored bits when the file has its dtype); [`load`] keeps every stored
+//! dtype, bf16 included; [`LoadOptions`] chooses strict or
 //! non-strict keys (a [`LoadReport`] names the missing and unexpected
 //! ones) and renames the file's keys.
 
@@ -98,6 +100,7 @@ fn to_st(d: DType) -> Dtype {
         DType::U32 => Dtype::U32,
         DType::U64 => Dtype::U64,
         DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
     }
@@ -115,6 +118,7 @@ fn from_st(d: Dtype) -> Option<DType> {
         Dtype::U32 => DType::U32,
         Dtype::U64 => DType::U64,
         Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
         Dtype::F32 => DType::F32,
         Dtype::F64 => DType::F64,
         _ => return None,
@@ -144,8 +148,9 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<(), 
 
 /// Reads every tensor of the safetensors file at `path` (or of every
 /// shard of a `*.safetensors.index.json`) onto `device`, in the file's
-/// dtypes (a bf16 tensor, which Lazuli has no dtype for, is an error here;
-/// [`load_into`] converts it).
+/// dtypes: f16 and bf16 stay f16 and bf16, bit for bit (a dtype Lazuli
+/// lacks, such as f8, is [`SerializeError::UnsupportedDType`]).
+/// [`load_into`] instead converts to each target's dtype.
 pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<HashMap<String, Tensor>, SerializeError> {
     let archive = Archive::open(path.as_ref())?;
     let mut out = HashMap::new();
@@ -554,7 +559,8 @@ fn convert(data: &[u8], from: Dtype, to: DType) -> Option<Vec<u8>> {
     // Every f16, bf16 and f32 value is exact in f64, so the one rounding
     // is the final cast.
     Some(match to {
-        DType::F16 => values.flat_map(|v| half::f16::from_f64(v).to_le_bytes()).collect(),
+        DType::F16 => values.flat_map(|v| lazuli_ir::f16_from_f64(v).to_le_bytes()).collect(),
+        DType::BF16 => values.flat_map(|v| lazuli_ir::bf16_from_f64(v).to_le_bytes()).collect(),
         DType::F32 => values.flat_map(|v| (v as f32).to_le_bytes()).collect(),
         DType::F64 => values.flat_map(|v| v.to_le_bytes()).collect(),
         _ => return None,

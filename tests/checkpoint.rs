@@ -210,9 +210,33 @@ fn loading_converts_half_precision_and_renames_keys() {
     assert_eq!(lin.bias.as_ref().unwrap().to_vec::<f32>().unwrap(), want_b);
     assert_eq!(lin.weight.dtype(), DType::F32);
     assert!(lin.weight.requires_grad());
-    // `load` keeps file dtypes and refuses bf16, which Lazuli lacks.
-    let e = lazuli::serialize::load(&path, &dev).unwrap_err().to_string();
-    assert!(e.contains("bias") && e.contains("BF16"), "{e}");
+    // `load` keeps file dtypes, f16 and bf16 bit for bit.
+    let kept = lazuli::serialize::load(&path, &dev).unwrap();
+    assert_eq!(kept["weight"].dtype(), DType::F16);
+    assert_eq!(kept["bias"].dtype(), DType::BF16);
+    assert_eq!(kept["weight"].to_bytes().unwrap(), f16_bytes(&w));
+    assert_eq!(kept["bias"].to_bytes().unwrap(), bf16_bytes(&b));
+    // Saving them writes the same dtypes and bytes back.
+    let again = dir.join("again.safetensors");
+    let pairs: Vec<(String, Tensor)> = ["weight", "bias"].iter().map(|k| (k.to_string(), kept[*k].clone())).collect();
+    lazuli::serialize::save(&again, &pairs).unwrap();
+    let reread = lazuli::serialize::load(&again, &dev).unwrap();
+    assert_eq!(reread["bias"].dtype(), DType::BF16);
+    assert_eq!(reread["bias"].to_vec::<half::bf16>().unwrap(), b.map(half::bf16::from_f32));
+    // A bf16 target keeps a bf16 tensor's bits, and rounds an f32 one to
+    // nearest even.
+    let bias16 = Tensor::zeros([2], DType::BF16, &dev).unwrap();
+    lazuli::serialize::load_into(&path, &[("bias".to_string(), bias16.clone())]).unwrap();
+    assert_eq!(bias16.to_bytes().unwrap(), bf16_bytes(&b));
+    let tie = [f32::from_bits(0x3F80_8000), f32::from_bits(0x3F80_8001)];
+    write_raw(&again, &[("bias", safetensors::Dtype::F32, vec![2], f32_bytes(&tie))]);
+    lazuli::serialize::load_into(&again, &[("bias".to_string(), bias16.clone())]).unwrap();
+    let bits: Vec<u16> = bias16.to_vec::<half::bf16>().unwrap().iter().map(|x| x.to_bits()).collect();
+    assert_eq!(bits, [0x3F80, 0x3F81]);
+    // A dtype Lazuli lacks is still refused by name.
+    write_raw(&again, &[("bias", safetensors::Dtype::F8_E4M3, vec![2], vec![0; 2])]);
+    let e = lazuli::serialize::load(&again, &dev).unwrap_err().to_string();
+    assert!(e.contains("bias") && e.contains("F8_E4M3"), "{e}");
     // A shape mismatch, or an int tensor into a float one, is refused by name.
     write_raw(
         &path,

@@ -2,7 +2,8 @@
 //! (unary, binary with broadcasting, where, cast, reductions with keepdim,
 //! arg-reductions, softmax, cumsum, matmul, reshape, permute, expand,
 //! slices with negative steps, concat, pad, gather, scatter-add,
-//! mid-program syncs) on random shapes (size-1, zero-size and odd dims)
+//! mid-program syncs, trips through f16 and bf16: a cast, one op of each
+//! family wgpu runs on them, a cast back) on random shapes (size-1, zero-size and odd dims)
 //! run on the wgpu device and on the CPU reference device, outputs
 //! compared. Cases alternate between the wgpu kernel forms of software
 //! adapters and those of GPUs (forced with `KernelForms`; every other GPU
@@ -50,6 +51,10 @@ use lazuli::prelude::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 use std::sync::OnceLock;
+
+/// Rounded f32 ops one rounding of f16 and of bf16 counts as (2^13 and
+/// 2^16 f32 ulps, scaled to the tolerance's 2e-5 per rounded op).
+const HALF_DEPTH: (u32, u32) = (16, 128);
 
 /// Most elements of one value of a program (see `Interp::push`).
 const MAX_VALUE_ELEMENTS: usize = 1 << 20;
@@ -169,6 +174,47 @@ impl Interp {
         assert!(v.dtype() == DType::F32 || v.exact(), "non-float values must be exact");
         self.pool.push(v.clone());
         Some(v)
+    }
+
+    /// `a` cast to f16 or bf16, one op there (scale and add, tanh, a sum
+    /// or softmax over the last axis, or a matmul with its transpose:
+    /// each kernel family that runs these dtypes on wgpu), and cast back
+    /// to f32. The CPU rounds every op to the dtype, wgpu once per fused
+    /// chain: each rounding of the dtype counts as `HALF_DEPTH` rounded
+    /// f32 ops in the tolerance.
+    fn half_trip(&mut self, a: &Val, s: Step) {
+        let x = self.tame(a, 32.0);
+        let (to, r) = if s.b.is_multiple_of(2) { (DType::F16, HALF_DEPTH.0) } else { (DType::BF16, HALF_DEPTH.1) };
+        let rank = x.dims().len();
+        let n = x.dims().last().copied().unwrap_or(1);
+        let kind = s.c % 5;
+        if rank == 0 && kind >= 2 {
+            return;
+        }
+        let t = self.apply(&format!("{to}_trip{kind}"), &[&x], |v| {
+            let h = v[0].cast(to)?;
+            let y = match kind {
+                0 => h.mul_scalar(0.75)?.add(&h)?,
+                1 => h.tanh()?,
+                2 => h.sum(&[-1], true)?,
+                3 => h.softmax(-1)?,
+                _ => {
+                    // The last two axes swapped.
+                    let p: Vec<isize> = (0..rank)
+                        .map(|d| if rank > 1 && d + 2 >= rank { (2 * rank - 3 - d) as isize } else { d as isize })
+                        .collect();
+                    h.matmul(&h.permute(&p)?)?
+                }
+            };
+            y.cast(DType::F32)
+        });
+        let (bound, extra) = match kind {
+            0 => (x.bound * 1.75, 0),
+            1 | 3 => (1.0, 0),
+            2 => (x.bound * n.max(1) as f64, reduction_depth(n)),
+            _ => (x.bound * x.bound * n.max(1) as f64, reduction_depth(n)),
+        };
+        self.push(t, bound, None, x.depth + 3 * r + extra);
     }
 
     /// Picks an operand, mostly among the latest values (deep chains).
@@ -361,9 +407,13 @@ impl Interp {
                 let t = self.apply("where", &[&cond, &x, &p], |v| v[0].where_(v[1], v[2]));
                 self.push(t, x.bound.max(p.bound), both_frac(&x, &p), x.depth.max(p.depth));
             }
-            // Casts: f32 <-> i32 (exact values only), bool -> f32/i32.
+            // Casts: f32 <-> i32 (exact values only), bool -> f32/i32; a
+            // rounded f32 value takes a trip through f16 or bf16 instead.
             7 => {
                 if !a.exact() {
+                    if a.dtype() == DType::F32 {
+                        self.half_trip(&a, s);
+                    }
                     return;
                 }
                 let to = match (a.dtype(), s.b % 2) {

@@ -118,6 +118,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
 fn machine_epsilon(dtype: DType) -> Option<f64> {
     match dtype {
         DType::F16 => Some(f64::from(half::f16::EPSILON)),
+        DType::BF16 => Some(f64::from(half::bf16::EPSILON)),
         DType::F32 => Some(f64::from(f32::EPSILON)),
         DType::F64 => Some(f64::EPSILON),
         _ => None,

@@ -168,7 +168,7 @@ pub fn dtype_from_onnx(code: i64) -> Result<DType, MapError> {
         13 => DType::U64,
         8 => return unsupported("string tensors are outside a numeric tensor engine"),
         14 | 15 => return unsupported("complex dtypes are not Lazuli dtypes"),
-        16 => return unsupported("bfloat16 is not a Lazuli dtype"),
+        16 => DType::BF16,
         17..=20 | 23 => return unsupported("float8 / float4 dtypes are not Lazuli dtypes"),
         21 | 22 | 25..=27 => return unsupported("4-bit and 2-bit integer dtypes are not Lazuli dtypes"),
         other => return invalid(format!("unknown ONNX dtype code {other}")),
@@ -1444,8 +1444,13 @@ mod tests {
         let c = case(13, &[], vec![Some(x)], 1);
         assert!(matches!(lower("Acosh", &c, &dev), Err(MapError::Unsupported(_))));
         assert!(matches!(lower("Gemm", &c, &dev), Err(MapError::Invalid(_))));
-        let c = case(13, &[("to", Attr::Int(16))], c.inputs.clone(), 1);
+        let c = case(13, &[("to", Attr::Int(17))], c.inputs.clone(), 1);
         assert!(matches!(lower("Cast", &c, &dev), Err(MapError::Unsupported(_))));
+        // bfloat16 (code 16) is a Lazuli dtype: the cast rounds to it.
+        let c = case(13, &[("to", Attr::Int(16))], c.inputs.clone(), 1);
+        let out = lower("Cast", &c, &dev).unwrap();
+        assert_eq!(out[0].dtype(), DType::BF16);
+        assert_eq!(f64s(&out[0]), vec![1., 2., 3.]);
     }
 
     #[test]

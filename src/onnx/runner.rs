@@ -110,6 +110,9 @@ pub fn tolerance(op: &str, dtype: DType) -> (f64, f64) {
         DType::F32 => (1e-4, 1e-5),
         DType::F16 if tr => (1e-2, 1e-3),
         DType::F16 => (1e-3, 1e-3),
+        // bf16 keeps 8 significand bits: 2^-8 relative per rounding.
+        DType::BF16 if tr => (2e-2, 1e-2),
+        DType::BF16 => (1e-2, 1e-2),
         DType::F64 => (1e-7, 1e-9),
         _ => (0.0, 0.0),
     }

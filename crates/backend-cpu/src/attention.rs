@@ -11,12 +11,12 @@
 //! recomputed from the given log-sum-exp). Causal blocks stop at the last
 //! key their queries can see. Batch slices run on the rayon pool; a
 //! problem with fewer slices than threads lets each product split itself
-//! instead. f32 computes in f32, f64 in f64, f16 widened to f32.
+//! instead. f32 computes in f32, f64 in f64, f16 and bf16 widened to f32.
 
 use crate::matmul::{gemm_strided, Dims, Strided};
 use crate::memory::Memory;
 use crate::storage::CpuData;
-use half::f16;
+use half::{bf16, f16};
 use lazuli_executor::BackendError;
 use lazuli_ir::{AttentionMask, AttentionPart, DType, Graph, NodeId, Op};
 use rayon::prelude::*;
@@ -102,12 +102,12 @@ pub(crate) fn attention<'a>(
     };
     let dtype = first.dtype;
     let results = match dtype {
-        DType::F32 | DType::F16 => {
+        DType::F32 | DType::F16 | DType::BF16 => {
             let r = solve::<f32>(mem, &p, nb, [arg(0), arg(1), arg(2)], mask, [go, lse, delta], want)?;
-            if dtype == DType::F32 {
-                r.try_into_data(|v| Ok(CpuData::F32(v)))?
-            } else {
-                r.try_into_data(|v| Ok(CpuData::F16(mem.collect(v.len(), |i| f16::from_f32(v[i]))?)))?
+            match dtype {
+                DType::F32 => r.try_into_data(|v| Ok(CpuData::F32(v)))?,
+                DType::F16 => r.try_into_data(|v| Ok(CpuData::F16(mem.collect(v.len(), |i| f16::from_f32(v[i]))?)))?,
+                _ => r.try_into_data(|v| Ok(CpuData::BF16(mem.collect(v.len(), |i| bf16::from_f32(v[i]))?)))?,
             }
         }
         DType::F64 => {
@@ -188,7 +188,7 @@ enum Mask<'a, T> {
 }
 
 /// `x` in the computation's precision: borrowed when it already is,
-/// else converted (f16 widened).
+/// else converted (f16 and bf16 widened).
 fn as_real<'a, T: Real>(mem: &Memory, x: &'a CpuData) -> Result<Cow<'a, [T]>, BackendError> {
     if let Some(v) = T::view(x) {
         return Ok(Cow::Borrowed(v));
@@ -197,6 +197,7 @@ fn as_real<'a, T: Real>(mem: &Memory, x: &'a CpuData) -> Result<Cow<'a, [T]>, Ba
         CpuData::F32(v) => mem.collect(v.len(), |i| T::from_f64(v[i] as f64))?,
         CpuData::F64(v) => mem.collect(v.len(), |i| T::from_f64(v[i]))?,
         CpuData::F16(v) => mem.collect(v.len(), |i| T::from_f64(v[i].to_f64()))?,
+        CpuData::BF16(v) => mem.collect(v.len(), |i| T::from_f64(v[i].to_f64()))?,
         _ => unreachable!("attention operands are floats in a verified graph"),
     }))
 }
@@ -330,6 +331,7 @@ fn scalar_f64(x: &CpuData) -> f64 {
         CpuData::F32(v) => v[0] as f64,
         CpuData::F64(v) => v[0],
         CpuData::F16(v) => v[0].to_f64(),
+        CpuData::BF16(v) => v[0].to_f64(),
         _ => unreachable!("the attention scale is a float in a verified graph"),
     }
 }

@@ -22,7 +22,7 @@
 //! transposed into place. Chunks hold at most `COL_BUDGET` patch elements;
 //! packing is split over the rayon pool by output row and large GEMMs split
 //! themselves. f32 and f64 accumulate in their own type (reassociated, FMA
-//! where the CPU has it, like matmul); f16 is widened to f32 and rounded
+//! where the CPU has it, like matmul); f16 and bf16 are widened to f32 and rounded
 //! back.
 //!
 //! Pooling precomputes, per spatial dim and output position, the valid
@@ -36,7 +36,7 @@ use crate::elem::{Float, Num};
 use crate::matmul::{Dims, GemmFloat, PAR_FLOPS};
 use crate::memory::Memory;
 use crate::storage::{same_float, same_num, CpuData};
-use half::f16;
+use half::{bf16, f16};
 use lazuli_executor::BackendError;
 use lazuli_ir::{ConvAttrs, DType, PoolAttrs, PoolKind};
 use rayon::prelude::*;
@@ -73,6 +73,12 @@ pub(crate) fn conv2d(
             let bf = mem.collect(b.len(), |i| b[i].to_f32())?;
             let r = conv_gemm(mem, &af, xd, &bf, wd, out, c, mem.zeroed(n)?, COL_BUDGET)?;
             CpuData::F16(mem.collect(r.len(), |i| f16::from_f32(r[i]))?)
+        }
+        (CpuData::BF16(a), CpuData::BF16(b)) => {
+            let af = mem.collect(a.len(), |i| a[i].to_f32())?;
+            let bf = mem.collect(b.len(), |i| b[i].to_f32())?;
+            let r = conv_gemm(mem, &af, xd, &bf, wd, out, c, mem.zeroed(n)?, COL_BUDGET)?;
+            CpuData::BF16(mem.collect(r.len(), |i| bf16::from_f32(r[i]))?)
         }
         _ => unreachable!("conv2d takes two operands of one float dtype in a verified graph"),
     })
@@ -507,6 +513,7 @@ pub(crate) fn pool_grad(
     }
     Ok(match (x, g) {
         (CpuData::F16(a), CpuData::F16(b)) => CpuData::F16(typed(mem, a, b, xd, gd, &win, p.kind)?),
+        (CpuData::BF16(a), CpuData::BF16(b)) => CpuData::BF16(typed(mem, a, b, xd, gd, &win, p.kind)?),
         (CpuData::F32(a), CpuData::F32(b)) => CpuData::F32(typed(mem, a, b, xd, gd, &win, p.kind)?),
         (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(typed(mem, a, b, xd, gd, &win, p.kind)?),
         _ => unreachable!("pool_grad operands are one float dtype in a verified graph"),

@@ -9,7 +9,7 @@
 //! products accumulate in `f64`. Float `pow`, `modulo` and `rem` are the
 //! `f64` reference ([`lazuli_ir::semantics`]) rounded to the element type.
 
-use half::f16;
+use half::{bf16, f16};
 use lazuli_ir::{semantics, BinaryOp};
 use std::fmt::Debug;
 
@@ -345,7 +345,22 @@ impl Elem for f16 {
         match v {
             CastVal::I(x) => f16::from_f32(x as f32),
             CastVal::U(x) => f16::from_f32(x as f32),
-            CastVal::F(x) => f16::from_f64(x),
+            CastVal::F(x) => lazuli_ir::f16_from_f64(x),
+        }
+    }
+}
+
+impl Elem for bf16 {
+    #[inline]
+    fn to_cv(self) -> CastVal {
+        CastVal::F(self.to_f64())
+    }
+    #[inline]
+    fn from_cv(v: CastVal) -> Self {
+        match v {
+            CastVal::I(x) => lazuli_ir::bf16_from_f64(x as f64),
+            CastVal::U(x) => lazuli_ir::bf16_from_f64(x as f64),
+            CastVal::F(x) => lazuli_ir::bf16_from_f64(x),
         }
     }
 }
@@ -441,6 +456,7 @@ fn reference<T: Float>(op: BinaryOp, a: T, b: T) -> T {
 float_num!(f32, 0.0, 1.0, f32::NEG_INFINITY, f32::INFINITY);
 float_num!(f64, 0.0, 1.0, f64::NEG_INFINITY, f64::INFINITY);
 float_num!(f16, f16::ZERO, f16::ONE, f16::NEG_INFINITY, f16::INFINITY);
+float_num!(bf16, bf16::ZERO, bf16::ONE, bf16::NEG_INFINITY, bf16::INFINITY);
 
 impl Float for f32 {
     #[inline]
@@ -471,7 +487,18 @@ impl Float for f16 {
     }
     #[inline]
     fn from_f64(v: f64) -> f16 {
-        f16::from_f64(v)
+        lazuli_ir::f16_from_f64(v)
+    }
+}
+
+impl Float for bf16 {
+    #[inline]
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+    #[inline]
+    fn from_f64(v: f64) -> bf16 {
+        lazuli_ir::bf16_from_f64(v)
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! f32 and f64 go through the `gemm` crate's packed SIMD GEMM (f32
 //! accumulation for f32; the kernels use FMA where the CPU has it, so sums
-//! are reassociated and contracted, never widened); f16 is widened to f32,
+//! are reassociated and contracted, never widened); f16 and bf16 are widened to f32,
 //! multiplied there and rounded back; integers use plain wrapping loops
 //! (i-p-j order, contiguous inner loop). Large products run on the rayon
 //! pool: batches split by matrix, a single matrix inside the GEMM (the
@@ -17,7 +17,7 @@ use crate::elem::Num;
 use crate::layout::{broadcast_strides, walk};
 use crate::memory::Memory;
 use crate::storage::CpuData;
-use half::f16;
+use half::{bf16, f16};
 use lazuli_executor::BackendError;
 use rayon::prelude::*;
 
@@ -54,6 +54,12 @@ pub(crate) fn matmul(
             let yf = mem.collect(y.len(), |i| y[i].to_f32())?;
             let c = batched(mem, &xf, &yf, &pairs, dims, gemm_f32)?;
             CpuData::F16(mem.collect(c.len(), |i| f16::from_f32(c[i]))?)
+        }
+        (CpuData::BF16(x), CpuData::BF16(y)) => {
+            let xf = mem.collect(x.len(), |i| x[i].to_f32())?;
+            let yf = mem.collect(y.len(), |i| y[i].to_f32())?;
+            let c = batched(mem, &xf, &yf, &pairs, dims, gemm_f32)?;
+            CpuData::BF16(mem.collect(c.len(), |i| bf16::from_f32(c[i]))?)
         }
         _ => crate::storage::same_all2!(a, b, x, y => batched(mem, x, y, &pairs, dims, gemm_loops)?),
     })

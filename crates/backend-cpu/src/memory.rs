@@ -27,7 +27,7 @@
 //! is not counted and allocates normally.
 
 use crate::storage::{CpuData, CpuStorage};
-use half::f16;
+use half::{bf16, f16};
 use lazuli_executor::BackendError;
 use lazuli_ir::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,6 +164,7 @@ impl Memory {
             DType::U32 => CpuData::U32(self.zeroed(n)?),
             DType::U64 => CpuData::U64(self.zeroed(n)?),
             DType::F16 => CpuData::F16(self.zeroed::<f16>(n)?),
+            DType::BF16 => CpuData::BF16(self.zeroed::<bf16>(n)?),
             DType::F32 => CpuData::F32(self.zeroed(n)?),
             DType::F64 => CpuData::F64(self.zeroed(n)?),
         })

@@ -124,6 +124,7 @@ pub(crate) fn concat(
         CpuData::U32(_) => go!(U32),
         CpuData::U64(_) => go!(U64),
         CpuData::F16(_) => go!(F16),
+        CpuData::BF16(_) => go!(BF16),
         CpuData::F32(_) => go!(F32),
         CpuData::F64(_) => go!(F64),
     })

@@ -2,13 +2,13 @@
 //! between it and canonical little-endian bytes.
 //!
 //! Each dtype has its own `Vec` variant; bool is stored as `u8` 0 or 1 and
-//! f16 as `half::f16`. The dispatch macros here (`same_all!`, `each_all!`,
+//! f16 and bf16 as `half::f16` and `half::bf16`. The dispatch macros here (`same_all!`, `each_all!`,
 //! ...) turn a generic kernel over an element type into a match over the
 //! variants, so every kernel is written once.
 
 use crate::elem::{CastVal, Elem};
 use crate::memory::Memory;
-use half::f16;
+use half::{bf16, f16};
 use lazuli_executor::{BackendError, DeviceStorage};
 use lazuli_ir::DType;
 use std::any::Any;
@@ -37,6 +37,8 @@ pub enum CpuData {
     U64(Vec<u64>),
     /// f16 elements.
     F16(Vec<f16>),
+    /// bf16 elements (computed in f32, rounded to nearest even on store).
+    BF16(Vec<bf16>),
     /// f32 elements.
     F32(Vec<f32>),
     /// f64 elements.
@@ -58,6 +60,7 @@ macro_rules! same_all {
             $crate::storage::CpuData::U32($v) => $crate::storage::CpuData::U32($body),
             $crate::storage::CpuData::U64($v) => $crate::storage::CpuData::U64($body),
             $crate::storage::CpuData::F16($v) => $crate::storage::CpuData::F16($body),
+            $crate::storage::CpuData::BF16($v) => $crate::storage::CpuData::BF16($body),
             $crate::storage::CpuData::F32($v) => $crate::storage::CpuData::F32($body),
             $crate::storage::CpuData::F64($v) => $crate::storage::CpuData::F64($body),
         }
@@ -78,6 +81,7 @@ macro_rules! same_num {
             $crate::storage::CpuData::U32($v) => $crate::storage::CpuData::U32($body),
             $crate::storage::CpuData::U64($v) => $crate::storage::CpuData::U64($body),
             $crate::storage::CpuData::F16($v) => $crate::storage::CpuData::F16($body),
+            $crate::storage::CpuData::BF16($v) => $crate::storage::CpuData::BF16($body),
             $crate::storage::CpuData::F32($v) => $crate::storage::CpuData::F32($body),
             $crate::storage::CpuData::F64($v) => $crate::storage::CpuData::F64($body),
             $crate::storage::CpuData::Bool(_) => unreachable!("numeric op on bool in a verified graph"),
@@ -90,6 +94,7 @@ macro_rules! same_float {
     ($d:expr, $v:ident => $body:expr) => {
         match $d {
             $crate::storage::CpuData::F16($v) => $crate::storage::CpuData::F16($body),
+            $crate::storage::CpuData::BF16($v) => $crate::storage::CpuData::BF16($body),
             $crate::storage::CpuData::F32($v) => $crate::storage::CpuData::F32($body),
             $crate::storage::CpuData::F64($v) => $crate::storage::CpuData::F64($body),
             _ => unreachable!("float op on a non-float dtype in a verified graph"),
@@ -112,6 +117,7 @@ macro_rules! each_all {
             $crate::storage::CpuData::U32($v) => $body,
             $crate::storage::CpuData::U64($v) => $body,
             $crate::storage::CpuData::F16($v) => $body,
+            $crate::storage::CpuData::BF16($v) => $body,
             $crate::storage::CpuData::F32($v) => $body,
             $crate::storage::CpuData::F64($v) => $body,
         }
@@ -148,6 +154,9 @@ macro_rules! same_all2 {
             }
             ($crate::storage::CpuData::F16($a), $crate::storage::CpuData::F16($b)) => {
                 $crate::storage::CpuData::F16($body)
+            }
+            ($crate::storage::CpuData::BF16($a), $crate::storage::CpuData::BF16($b)) => {
+                $crate::storage::CpuData::BF16($body)
             }
             ($crate::storage::CpuData::F32($a), $crate::storage::CpuData::F32($b)) => {
                 $crate::storage::CpuData::F32($body)
@@ -188,6 +197,9 @@ macro_rules! same_num2 {
             ($crate::storage::CpuData::F16($a), $crate::storage::CpuData::F16($b)) => {
                 $crate::storage::CpuData::F16($body)
             }
+            ($crate::storage::CpuData::BF16($a), $crate::storage::CpuData::BF16($b)) => {
+                $crate::storage::CpuData::BF16($body)
+            }
             ($crate::storage::CpuData::F32($a), $crate::storage::CpuData::F32($b)) => {
                 $crate::storage::CpuData::F32($body)
             }
@@ -215,6 +227,7 @@ impl CpuData {
             CpuData::U32(_) => DType::U32,
             CpuData::U64(_) => DType::U64,
             CpuData::F16(_) => DType::F16,
+            CpuData::BF16(_) => DType::BF16,
             CpuData::F32(_) => DType::F32,
             CpuData::F64(_) => DType::F64,
         }
@@ -256,6 +269,7 @@ impl CpuData {
             DType::U32 => CpuData::U32(build(mem, n, f)?),
             DType::U64 => CpuData::U64(build(mem, n, f)?),
             DType::F16 => CpuData::F16(build(mem, n, f)?),
+            DType::BF16 => CpuData::BF16(build(mem, n, f)?),
             DType::F32 => CpuData::F32(build(mem, n, f)?),
             DType::F64 => CpuData::F64(build(mem, n, f)?),
         })
@@ -295,6 +309,7 @@ impl CpuData {
             DType::I16 => CpuData::I16(dec(mem, bytes, n, i16::from_le_bytes)?),
             DType::U16 => CpuData::U16(dec(mem, bytes, n, u16::from_le_bytes)?),
             DType::F16 => CpuData::F16(dec(mem, bytes, n, |c| f16::from_bits(u16::from_le_bytes(c)))?),
+            DType::BF16 => CpuData::BF16(dec(mem, bytes, n, |c| bf16::from_bits(u16::from_le_bytes(c)))?),
             DType::I32 => CpuData::I32(dec(mem, bytes, n, i32::from_le_bytes)?),
             DType::U32 => CpuData::U32(dec(mem, bytes, n, u32::from_le_bytes)?),
             DType::F32 => CpuData::F32(dec(mem, bytes, n, f32::from_le_bytes)?),
@@ -319,6 +334,7 @@ impl CpuData {
             CpuData::I16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
             CpuData::U16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
             CpuData::F16(v) => out.extend(v.iter().flat_map(|x| x.to_bits().to_le_bytes())),
+            CpuData::BF16(v) => out.extend(v.iter().flat_map(|x| x.to_bits().to_le_bytes())),
             CpuData::I32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
             CpuData::U32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
             CpuData::F32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),

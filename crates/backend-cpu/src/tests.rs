@@ -2,7 +2,7 @@
 //! public `Backend` interface on verified graphs.
 
 use super::*;
-use half::f16;
+use half::{bf16, f16};
 use lazuli_executor::Backend;
 use lazuli_ir::{
     ArgReduceOp, BinaryOp, ConvAttrs, DType, Graph, NodeId, Op, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp,
@@ -71,6 +71,7 @@ fn bools(v: &[u8]) -> CpuData {
 fn floats(d: &CpuData) -> Vec<f64> {
     match d {
         CpuData::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        CpuData::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
         CpuData::F32(v) => v.iter().map(|&x| x as f64).collect(),
         CpuData::F64(v) => v.clone(),
         other => panic!("not float: {other:?}"),
@@ -955,4 +956,71 @@ fn every_kernel_allocates_within_the_memory_budget() {
         assert_eq!(be.bytes_in_use(), 0, "{name}");
     }
     assert!(be.peak_bytes_in_use() <= BUDGET);
+}
+
+/// bf16 bit patterns of a cast from f32 bit patterns.
+fn bf16_bits_of(f32_bits: &[u32]) -> Vec<u16> {
+    let x = f32s(&f32_bits.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>());
+    let n = x.len();
+    match eval(Op::Cast(DType::BF16), &[(x, &[n])]) {
+        CpuData::BF16(v) => v.iter().map(|h| h.to_bits()).collect(),
+        other => panic!("cast to bf16 gave {other:?}"),
+    }
+}
+
+/// f32 -> bf16 rounds to nearest, ties to even, as PyTorch's `.to(bfloat16)`:
+/// ties, just-above-ties, NaN (a payload only in the low bits stays NaN,
+/// never becomes inf), infinities, overflow to inf, subnormals, signs.
+#[test]
+fn bf16_cast_rounds_to_nearest_even() {
+    let cases: [(u32, u16); 14] = [
+        (0x3F80_0000, 0x3F80), // 1.0 exact
+        (0x3F80_8000, 0x3F80), // 1 + 2^-8: tie, even stays down
+        (0x3F81_8000, 0x3F82), // tie with an odd mantissa rounds up
+        (0x3F80_8001, 0x3F81), // just above the tie rounds up
+        (0x3F80_7FFF, 0x3F80), // just below the tie rounds down
+        (0xBF80_8000, 0xBF80), // negative tie
+        (0x7F80_0000, 0x7F80), // +inf
+        (0xFF80_0000, 0xFF80), // -inf
+        (0x7F7F_FFFF, 0x7F80), // f32::MAX rounds up to inf
+        (0x0001_8000, 0x0002), // subnormal tie, odd: up
+        (0x0000_8000, 0x0000), // subnormal tie, even: down to +0
+        (0x8000_0000, 0x8000), // -0 keeps its sign
+        (0x007F_FFFF, 0x0080), // largest f32 subnormal rounds to the smallest bf16 normal
+        (0x0000_0001, 0x0000), // the smallest f32 subnormal flushes to +0 by rounding
+    ];
+    let got = bf16_bits_of(&cases.map(|c| c.0));
+    for ((from, want), got) in cases.iter().zip(&got) {
+        assert_eq!(*got, *want, "f32 bits {from:#010x}: got {got:#06x}, want {want:#06x}");
+    }
+    // NaNs stay NaN whatever their payload, with their sign.
+    let nans = bf16_bits_of(&[0x7FC0_0000, 0x7F80_0001, 0xFF80_0001, 0x7FFF_FFFF]);
+    for (i, b) in nans.iter().enumerate() {
+        assert!(bf16::from_bits(*b).is_nan(), "NaN {i} became {b:#06x}");
+    }
+    assert_eq!(nans[2] & 0x8000, 0x8000, "the sign of a NaN survives");
+    // bf16 -> f32 is exact (a shift).
+    let back = eval(Op::Cast(DType::F32), &[(CpuData::BF16(vec![bf16::from_bits(0x3F81)]), &[1])]);
+    assert_eq!(back, f32s(&[f32::from_bits(0x3F81_0000)]));
+}
+
+/// bf16 arithmetic computes in f32 and rounds once on store; reductions and
+/// matmul accumulate in f32 or wider, so 512 products of 2^-8 sum to 2
+/// (a bf16 accumulator would stall at 1).
+#[test]
+fn bf16_computes_in_f32_and_accumulates_wide() {
+    let b = |v: &[f32]| CpuData::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect());
+    let r = bin(BinaryOp::Add, b(&[1.0, 1.0, 3.0]), &[3], b(&[2f32.powi(-8), 3.0 * 2f32.powi(-8), 0.5]), &[3]);
+    assert_eq!(r, b(&[1.0, 1.0 + 2f32.powi(-6), 3.5]));
+    let r = bin(BinaryOp::Mul, b(&[3.0]), &[1], b(&[1.0 / 3.0]), &[1]);
+    assert_eq!(r, CpuData::BF16(vec![bf16::from_f32(3.0 * bf16::from_f32(1.0 / 3.0).to_f32())]));
+    let k = 512;
+    let ones = b(&vec![1.0; k]);
+    let small = b(&vec![2f32.powi(-8); k]);
+    close(&eval(Op::MatMul, &[(ones, &[1, k]), (small.clone(), &[k, 1])]), &[2.0], 0.0);
+    let sum = eval(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[(small, &[k])]);
+    close(&sum, &[2.0], 0.0);
+    // Exp rounds the f64 reference once.
+    let r = un(UnaryOp::Exp, b(&[1.0]));
+    close(&r, &[lazuli_ir::bf16_from_f64(std::f64::consts::E).to_f64()], 0.0);
 }

@@ -328,10 +328,19 @@ impl Compiler {
                 .filter(|n| !matches!(n.op, Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }))
                 .count()
                 < self.fusion.max_storage_buffers;
+        // f16 and bf16 operands only for the ops proven on them, and only
+        // within one storage binding (windows address 32-bit elements).
+        let halves_ok = || {
+            let halves = || std::iter::once(node).chain(inputs.iter().copied()).filter(|n| codegen::is_half(n.dtype));
+            halves().next().is_none()
+                || (codegen::half_op_supported(&node.op)
+                    && halves().all(|n| n.shape.numel() as u64 <= ctx.windows.elements()))
+        };
         self.within_loop_budget(ctx, node, inputs)
             && fits
             && codegen::node_supported(node)
             && inputs.iter().all(|n| codegen::dtype_supported(n.dtype))
+            && halves_ok()
     }
 
     /// On a software adapter that silently caps loop iterations, kernels

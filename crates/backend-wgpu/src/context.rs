@@ -54,6 +54,9 @@ pub(crate) struct Context {
     /// The device was opened with `wgpu::Features::SUBGROUP` (the adapter
     /// has it): kernels may `enable subgroups;`.
     pub subgroups: bool,
+    /// The device has `SHADER_F16` (requested wherever the adapter offers
+    /// it): f16 tensors may be stored as `array<f16>` ([`crate::halves`]).
+    pub shader_f16: bool,
     /// The first asynchronous device error not reported yet (the web's
     /// uncaptured errors, lost device, index errors found late).
     pub deferred: Deferred,
@@ -70,14 +73,14 @@ pub(crate) struct Opened {
 }
 
 /// What a backend asks of the device: timestamps, the driver's pipeline
-/// cache and subgroup operations (where kernels may use them:
-/// [`platform::SUBGROUPS`]) where offered, every limit the adapter has.
+/// cache, f16 in shaders and subgroup operations (where kernels may use
+/// them: [`platform::SUBGROUPS`]) where offered, every limit the adapter has.
 fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
     let subgroups = if platform::SUBGROUPS { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
     wgpu::DeviceDescriptor {
         label: Some("lazuli"),
         required_features: a.features()
-            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | subgroups),
+            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | wgpu::Features::SHADER_F16 | subgroups),
         required_limits: a.limits(),
         ..Default::default()
     }
@@ -188,6 +191,7 @@ impl Context {
             },
         );
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let shader_f16 = device.features().contains(wgpu::Features::SHADER_F16);
         let context = Context {
             device,
             queue,
@@ -199,6 +203,7 @@ impl Context {
             loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
             timestamps: platform::CAN_BLOCK && a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroups,
+            shader_f16,
             deferred,
         };
         Opened { context, info, limits, max_storage_buffers: max_sb }
@@ -228,7 +233,7 @@ impl Context {
         prefer: &[u64],
         what: impl FnOnce() -> String,
     ) -> Result<Buffer, BackendError> {
-        let bytes = (ty.shape.numel() as u64).saturating_mul(4).max(4);
+        let bytes = device_bytes(ty);
         if bytes > self.max_buffer {
             return Err(BackendError::TooLarge {
                 op: what(),
@@ -320,6 +325,9 @@ pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) ->
     for (k, d) in dtypes.iter().enumerate() {
         words.push(values.map_or(0, |vs| match d {
             DType::F32 => (vs[k].as_f64() as f32).to_bits(),
+            // f16 and bf16 scalars are f32 in registers (values already
+            // rounded to their dtype by the executor).
+            DType::F16 | DType::BF16 => (vs[k].cast(*d).as_f64() as f32).to_bits(),
             DType::I32 => vs[k].as_i64() as i32 as u32,
             DType::Bool => vs[k].as_bool() as u32,
             _ => vs[k].as_u64() as u32,
@@ -329,6 +337,19 @@ pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) ->
         words.push(0);
     }
     words
+}
+
+/// Bytes of the device buffer of a value of type `ty`: 4 per element,
+/// except f16 and bf16 (2, the total rounded up to whole `u32` words; see
+/// `crate::halves`); at least 4.
+pub(crate) fn device_bytes(ty: &ValueType) -> u64 {
+    let n = ty.shape.numel() as u64;
+    let bytes = if matches!(ty.dtype, DType::F16 | DType::BF16) {
+        n.saturating_mul(2).next_multiple_of(4)
+    } else {
+        n.saturating_mul(4)
+    };
+    bytes.max(4)
 }
 
 /// The 2-D dispatch size for `invocations` in workgroups of `size`.

@@ -58,6 +58,9 @@ use std::sync::Mutex;
 /// Name of the storage buffer holding a generic kernel's dynamic values.
 pub const DIMS_VAR: &str = "LZD";
 
+/// The directive heading kernels that store f16 natively.
+const ENABLE_F16: &str = "enable f16;\n";
+
 /// A replaceable integer literal of a source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Literal {
@@ -194,9 +197,11 @@ impl Scanned {
     fn generic(&self, slots: &[Option<usize>]) -> (String, Vec<u32>) {
         let source = &self.canonical;
         let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
-        let mut out = format!("@group(1) @binding(0) var<storage, read> {DIMS_VAR}: array<u32>;\n\n");
+        // A directive (`enable f16;`, see `crate::halves`) must stay first.
+        let directive = if source.starts_with(ENABLE_F16) { ENABLE_F16 } else { "" };
+        let mut out = format!("{directive}@group(1) @binding(0) var<storage, read> {DIMS_VAR}: array<u32>;\n\n");
         let mut values = vec![0; count];
-        let mut copied = 0usize;
+        let mut copied = directive.len();
         for (lit, slot) in self.literals.iter().zip(slots) {
             let Some(k) = *slot else { continue };
             out.push_str(&source[copied..lit.start]);

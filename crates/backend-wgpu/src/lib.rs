@@ -17,9 +17,11 @@
 //! of their source ([`window`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
-//! on the device; upload and download convert to one-byte bools). Nodes of
-//! any other dtype (`f16`, `f64`, `i64`, the narrow integers) are reported
-//! unsupported and run on the CPU fallback.
+//! on the device; upload and download convert to one-byte bools), and `f16`
+//! and `bf16` (2 bytes per element, computed in f32 registers: [`halves`])
+//! for elementwise ops, views, reductions, softmax and matmul. Nodes of any
+//! other dtype (`f64`, `i64`, the narrow integers), and the other ops of
+//! f16/bf16, are reported unsupported and run on the CPU fallback.
 //!
 //! Supported ops: every op (`Conv2d` in f32, [`codegen::conv`]). Gather
 //! and scatter-add check every index they read: a kernel that finds one
@@ -91,6 +93,7 @@ pub mod diskcache;
 mod execute;
 mod fault;
 pub mod generic;
+pub mod halves;
 pub mod options;
 pub mod pipeline;
 mod platform;

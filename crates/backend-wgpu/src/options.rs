@@ -102,6 +102,12 @@ pub struct WgpuOptions {
     /// `crate::pipeline`). Default on (never on wasm32); the flag
     /// `LAZULI_TRUSTED_SHADERS` overrides: `0` keeps every module checked.
     pub trusted_shaders: Option<bool>,
+    /// Store f16 tensors packed two per `u32` (true) or natively as
+    /// `array<f16>` where the adapter has `SHADER_F16` (false); else
+    /// `LAZULI_F16_PACKED`, else native on GPUs with the feature and packed
+    /// on software adapters, where llvmpipe runs native f16 slower (see
+    /// `crate::halves`). Tests force both forms on lavapipe.
+    pub f16_packed: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -179,6 +185,9 @@ impl WgpuOptions {
         let threads = config::count(lookup, "LAZULI_COMPILE_THREADS")?;
         note("LAZULI_COMPILE_THREADS", self.compile_threads.is_some(), threads.is_some());
         out.compile_threads = self.compile_threads.or(threads);
+        let packed = config::flag(lookup, "LAZULI_F16_PACKED")?;
+        note("LAZULI_F16_PACKED", self.f16_packed.is_some(), packed.is_some());
+        out.f16_packed = self.f16_packed.or(packed);
         Ok((out, sources))
     }
 }

@@ -249,7 +249,7 @@ pub(crate) async fn download_async(
     use crate::context::{device_err, READBACK};
     let n = buffer.ty.shape.numel();
     let st = ctx.storage(buffer)?;
-    let bytes = n as u64 * 4;
+    let bytes = crate::context::device_bytes(&buffer.ty);
     let mut out = ctx.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
     let chunk = bytes.clamp(4, crate::transfer::TRANSFER_CHUNK);
     let staging = ctx.pool.acquire(chunk, READBACK)?;
@@ -274,6 +274,7 @@ pub(crate) async fn download_async(
         ctx.deferred.settled().await?;
         offset += len;
     }
+    out.truncate(n * buffer.ty.dtype.size_bytes());
     Ok(out)
 }
 

@@ -95,7 +95,16 @@ impl WgpuBackend {
             window_elements: ctx.windows.elements(),
             ..FusionLimits::default()
         };
+        // f16 natively where the device has SHADER_F16 and is a GPU,
+        // packed in u32 elsewhere: llvmpipe runs native f16 slower than
+        // packed (BENCHMARKS.md, "f16 and bf16"); the option forces either.
+        let f16 = if ctx.shader_f16 && !options.f16_packed.unwrap_or(software) {
+            crate::halves::HalfStorage::Native
+        } else {
+            crate::halves::HalfStorage::Packed
+        };
         let lower = LowerLimits {
+            f16,
             forms,
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             subgroups,
@@ -261,6 +270,16 @@ fn effective_settings(
         Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new("LAZULI_COMPILE_THREADS", compiler.pipelines.threads(), source("LAZULI_COMPILE_THREADS")),
+        Setting::new(
+            "LAZULI_F16_PACKED",
+            match compiler.lower.f16 {
+                crate::halves::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
+                crate::halves::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
+                crate::halves::HalfStorage::Packed if ctx.shader_f16 => "on",
+                crate::halves::HalfStorage::Packed => "on (the adapter lacks SHADER_F16)",
+            },
+            source("LAZULI_F16_PACKED"),
+        ),
     ]
 }
 

@@ -21,6 +21,26 @@ impl Context {
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
         let buf = self.new_buffer(ty, &[], || "upload".into())?;
         let st = self.storage(&buf)?;
+        if matches!(ty.dtype, DType::F16 | DType::BF16) {
+            // 16-bit elements, the host layout as it is (element 2k in the
+            // low half of word k: little endian), padded to whole words.
+            for (c, chunk) in bytes.chunks(TRANSFER_CHUNK as usize).enumerate() {
+                let offset = c as u64 * TRANSFER_CHUNK;
+                if chunk.len() % 4 == 0 {
+                    self.queue.write_buffer(st.buffer(), offset, chunk);
+                } else {
+                    let mut padded = self.host_vec::<u8>(chunk.len().next_multiple_of(4), "upload")?;
+                    padded.extend_from_slice(chunk);
+                    padded.resize(chunk.len().next_multiple_of(4), 0);
+                    self.queue.write_buffer(st.buffer(), offset, &padded);
+                }
+                if bytes.len() > TRANSFER_CHUNK as usize {
+                    self.queue.submit([]);
+                    self.wait()?;
+                }
+            }
+            return Ok(buf);
+        }
         // In chunks, each written and submitted before the next, so the
         // staging copy wgpu makes stays one chunk.
         let step = TRANSFER_CHUNK as usize / 4;
@@ -52,7 +72,8 @@ impl Context {
             return Ok(Vec::new());
         }
         let st = self.storage(buffer)?;
-        let bytes = n as u64 * 4;
+        // Whole words (f16 and bf16 are 2 bytes each, padded to a word).
+        let bytes = crate::context::device_bytes(&buffer.ty);
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
@@ -79,12 +100,15 @@ impl Context {
             staging.buffer().unmap();
             offset += len;
         }
+        // The padding of a half-precision tensor's last word.
+        out.truncate(n * buffer.ty.dtype.size_bytes());
         Ok(out)
     }
 }
 
 /// Appends the device words of `view` to `out` in the host format (bools
-/// are one `u32` on the device, one byte on the host).
+/// are one `u32` on the device, one byte on the host; f16 and bf16 keep
+/// their 2 bytes, the caller drops the padding of the last word).
 pub(crate) fn decode(out: &mut Vec<u8>, view: &[u8], dtype: DType) {
     if dtype == DType::Bool {
         let words: &[u32] = bytemuck::cast_slice(view);

@@ -10,7 +10,11 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 /// `wgpu::Features::SUBGROUP` (`LowerLimits::subgroups`).
 pub fn validate_wgsl(source: &str) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP)
+    // Subgroup operations only where the device has them (row kernels);
+    // f16 is emitted only for adapters with `SHADER_F16`; `pack2x16float`
+    // needs `DownlevelFlags::SHADER_F16_IN_F32` (every Vulkan, Metal, D3D12
+    // and WebGPU device): see `crate::halves`.
+    Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT16_IN_FLOAT32)
         .validate(&module)
         .map(|_| ())
         .map_err(|e| e.emit_to_string(source))

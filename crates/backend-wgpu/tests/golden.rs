@@ -9,7 +9,8 @@
 //! the members of a size family whose literals were read from the sizes
 //! buffer (`Families::specialize` after `Families::observe`); the row
 //! graphs are snapshotted a third time, `*.gpu_subgroups`, with the GPU
-//! profile on a device with subgroups (`LowerLimits::subgroups`).
+//! profile on a device with subgroups (`LowerLimits::subgroups`);
+//! `half_*` kernels store f16 (native and packed) and bf16 (`halves`).
 //!
 //! Lowering is pure (no device), so these tests run everywhere. After an
 //! intended change, regenerate with `LAZULI_BLESS=1 cargo test -p
@@ -345,6 +346,28 @@ fn graphs() -> Vec<(&'static str, Graph)> {
     out
 }
 
+/// A small MLP step in `dtype` (f16 or bf16): a matmul with bias and
+/// relu epilogue, a log-softmax over rows, a sum over rows and a cast to
+/// f32 and back: each family wgpu runs these dtypes in, through the
+/// storage rewrite (`lazuli_wgpu::halves`).
+fn half_graph(dtype: DType) -> Graph {
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new(vec![64, 32], dtype));
+    let w = g.param(ValueType::new(vec![32, 48], dtype));
+    let b = g.param(ValueType::new(vec![48], dtype));
+    let h = push(&mut g, Op::MatMul, &[x, w]);
+    let h = bin(&mut g, BinaryOp::Add, h, b);
+    let h = un(&mut g, UnaryOp::Relu, h);
+    let l = push(&mut g, Op::Softmax { axis: 1, log: true }, &[h]);
+    let s = reduce(&mut g, ReduceOp::Sum, h, &[1], false);
+    let f = push(&mut g, Op::Cast(DType::F32), &[s]);
+    let c = push(&mut g, Op::Constant(ScalarValue::Float(0.1), DType::F32), &[]);
+    let f = bin(&mut g, BinaryOp::Mul, f, c);
+    let back = push(&mut g, Op::Cast(dtype), &[f]);
+    g.outputs.extend([l, back, f]);
+    g
+}
+
 /// Graphs whose tensors are bound as several windows: (name, graph, bytes
 /// of one window). Each kernel kind's accesses go through the window
 /// rewrite: vec4 and scalar elementwise accesses (a multi-tensor kernel),
@@ -652,6 +675,10 @@ fn snapshots() -> Vec<(String, String)> {
         for (gname, earlier, later) in generic_graphs() {
             out.push((format!("generic_{gname}.{pname}"), render_generic(earlier, later, &limits)));
         }
+        let native = LowerLimits { f16: lazuli_wgpu::halves::HalfStorage::Native, ..limits };
+        out.push((format!("half_mlp_f16_native.{pname}"), render(half_graph(DType::F16), &native)));
+        out.push((format!("half_mlp_f16_packed.{pname}"), render(half_graph(DType::F16), &limits)));
+        out.push((format!("half_mlp_bf16.{pname}"), render(half_graph(DType::BF16), &limits)));
     }
     // The row kernels again on a device with subgroups (the lanes of a
     // row combine by subgroup shuffles, see `codegen::rows`).

@@ -168,6 +168,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::compile_threads)",
     ),
     var(
+        "LAZULI_F16_PACKED",
+        Kind::Flag,
+        "off on GPUs with SHADER_F16, on for software adapters",
+        "store f16 tensors packed two per u32 (1) or as array<f16> where the adapter has SHADER_F16 (0)",
+        "lazuli-wgpu (WgpuOptions::f16_packed)",
+    ),
+    var(
         "LAZULI_WGSL_LOG_DIR",
         Kind::Path,
         "off",

@@ -56,6 +56,19 @@ impl Element for half::f16 {
     }
 }
 
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn write_bytes(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn read_bytes(bytes: &[u8]) -> Self {
+        half::bf16::from_le_bytes(bytes.try_into().expect("element width"))
+    }
+    fn to_scalar(self) -> ScalarValue {
+        ScalarValue::Float(self.to_f64())
+    }
+}
+
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
     fn write_bytes(self, out: &mut Vec<u8>) {
@@ -89,7 +102,8 @@ pub fn scalar_bytes(v: ScalarValue, dtype: DType) -> Vec<u8> {
     let mut out = Vec::with_capacity(dtype.size_bytes());
     match dtype {
         DType::Bool => v.as_bool().write_bytes(&mut out),
-        DType::F16 => half::f16::from_f64(v.as_f64()).write_bytes(&mut out),
+        DType::F16 => lazuli_ir::f16_from_f64(v.as_f64()).write_bytes(&mut out),
+        DType::BF16 => lazuli_ir::bf16_from_f64(v.as_f64()).write_bytes(&mut out),
         DType::F32 => (v.as_f64() as f32).write_bytes(&mut out),
         DType::F64 => v.as_f64().write_bytes(&mut out),
         DType::I8 => (v.as_i64() as i8).write_bytes(&mut out),
@@ -111,6 +125,7 @@ pub fn read_scalar(bytes: &[u8], dtype: DType, i: usize) -> ScalarValue {
     match dtype {
         DType::Bool => ScalarValue::Bool(b[0] != 0),
         DType::F16 => half::f16::read_bytes(b).to_scalar(),
+        DType::BF16 => half::bf16::read_bytes(b).to_scalar(),
         DType::F32 => f32::read_bytes(b).to_scalar(),
         DType::F64 => f64::read_bytes(b).to_scalar(),
         DType::I8 => i8::read_bytes(b).to_scalar(),

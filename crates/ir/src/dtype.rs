@@ -3,6 +3,10 @@
 //! Every tensor has one `DType`. `f64` and `i64` (and the narrow integer
 //! types) exist for the CPU backend: WGSL has no such types, so a GPU backend
 //! runs nodes of these types on the CPU fallback, never narrowing them.
+//!
+//! `bf16` (bfloat16: f32's sign and exponent, 7 mantissa bits) is a storage
+//! dtype: backends compute it in f32 and round to nearest even on store, as
+//! PyTorch does. It never converts implicitly; a cast is an explicit IR op.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -30,6 +34,9 @@ pub enum DType {
     U64,
     /// IEEE half precision.
     F16,
+    /// bfloat16 (Brain floating point): computed in f32, rounded to
+    /// nearest even on store.
+    BF16,
     /// IEEE single precision.
     F32,
     /// IEEE double precision (CPU backend).
@@ -38,7 +45,7 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 12] = [
+    pub const ALL: [DType; 13] = [
         DType::Bool,
         DType::I8,
         DType::I16,
@@ -49,6 +56,7 @@ impl DType {
         DType::U32,
         DType::U64,
         DType::F16,
+        DType::BF16,
         DType::F32,
         DType::F64,
     ];
@@ -57,15 +65,15 @@ impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
             DType::Bool | DType::I8 | DType::U8 => 1,
-            DType::I16 | DType::U16 | DType::F16 => 2,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
             DType::I64 | DType::U64 | DType::F64 => 8,
         }
     }
 
-    /// True for `f16`, `f32`, `f64`.
+    /// True for `f16`, `bf16`, `f32`, `f64`.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::F32 | DType::F64)
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
     /// True for the signed and unsigned integer types (not bool).
@@ -101,6 +109,7 @@ impl DType {
             DType::U32 => "u32",
             DType::U64 => "u64",
             DType::F16 => "f16",
+            DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F64 => "f64",
         }
@@ -116,6 +125,38 @@ impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// `v` rounded once to the nearest f32 of odd last bit when inexact
+/// ("round to odd"): rounding that f32 again to any format of at most 22
+/// significand bits gives the correctly rounded result of `v` (f32 has
+/// more than twice their precision plus two bits).
+fn f64_to_f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v {
+        return f;
+    }
+    let bits = f.to_bits();
+    if bits & 1 == 1 {
+        return f;
+    }
+    // `f` is even and inexact: its neighbour toward `v` is odd. The bits
+    // are sign and magnitude, so one step of the magnitude is +-1.
+    f32::from_bits(if (f as f64).abs() > v.abs() { bits - 1 } else { bits + 1 })
+}
+
+/// `v` rounded to the nearest bf16, ties to even (NaN stays NaN with its
+/// sign, overflow gives inf). `half::bf16::from_f64` drops the low 32
+/// bits of the f64 significand before rounding, which rounds some values
+/// just above a tie down; this does not.
+pub fn bf16_from_f64(v: f64) -> half::bf16 {
+    half::bf16::from_f32(f64_to_f32_round_to_odd(v))
+}
+
+/// `v` rounded to the nearest f16, ties to even (correctly, like
+/// [`bf16_from_f64`]; `half::f16::from_f64` has the same truncation).
+pub fn f16_from_f64(v: f64) -> half::f16 {
+    half::f16::from_f32(f64_to_f32_round_to_odd(v))
 }
 
 /// A scalar value as recorded by the host. Its dtype lives beside it (on
@@ -179,7 +220,8 @@ impl ScalarValue {
     pub fn cast(self, dtype: DType) -> ScalarValue {
         match dtype {
             DType::Bool => ScalarValue::Bool(self.as_bool()),
-            DType::F16 => ScalarValue::Float(half::f16::from_f64(self.as_f64()).to_f64()),
+            DType::F16 => ScalarValue::Float(f16_from_f64(self.as_f64()).to_f64()),
+            DType::BF16 => ScalarValue::Float(bf16_from_f64(self.as_f64()).to_f64()),
             DType::F32 => ScalarValue::Float(self.as_f64() as f32 as f64),
             DType::F64 => ScalarValue::Float(self.as_f64()),
             DType::I8 => ScalarValue::Int(self.as_i64() as i8 as i64),
@@ -260,6 +302,38 @@ mod tests {
         assert!(ScalarValue::Float(-1.0).is_special());
         assert!(!ScalarValue::Float(0.37).is_special());
         assert_eq!(ScalarValue::Float(f64::NAN), ScalarValue::Float(f64::NAN));
+    }
+
+    #[test]
+    fn half_rounding_from_f64_is_correct_above_ties() {
+        // Just above a tie, by less than f32 can hold: rounds up.
+        let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(bf16_from_f64(v).to_bits(), 0x3F81);
+        let v = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(f16_from_f64(v).to_bits(), 0x3C01);
+        // Exact ties still go to even; just below goes down.
+        assert_eq!(bf16_from_f64(1.0 + 2f64.powi(-8)).to_bits(), 0x3F80);
+        assert_eq!(bf16_from_f64(1.0 + 2f64.powi(-8) - 2f64.powi(-40)).to_bits(), 0x3F80);
+        assert_eq!(bf16_from_f64(-(1.0 + 2f64.powi(-8) + 2f64.powi(-40))).to_bits(), 0xBF81);
+        assert!(bf16_from_f64(f64::NAN).is_nan() && bf16_from_f64(-f64::NAN).is_sign_negative());
+        assert_eq!(bf16_from_f64(1e300), half::bf16::INFINITY);
+        assert_eq!(bf16_from_f64(-1e-300).to_bits(), 0x8000);
+        assert_eq!(f16_from_f64(70000.0), half::f16::INFINITY);
+    }
+
+    #[test]
+    fn bf16_is_a_two_byte_float() {
+        assert_eq!(DType::BF16.size_bytes(), 2);
+        assert!(DType::BF16.is_float() && !DType::BF16.is_int());
+        assert_eq!(DType::BF16.to_string(), "bf16");
+        assert_eq!(DType::from_name("bf16"), Some(DType::BF16));
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: round to even (1.0);
+        // 1 + 3 * 2^-8 ties to 1 + 2^-6 (even mantissa).
+        assert_eq!(ScalarValue::Float(1.0 + 2f64.powi(-8)).cast(DType::BF16), ScalarValue::Float(1.0));
+        let up = 1.0 + 3.0 * 2f64.powi(-8);
+        assert_eq!(ScalarValue::Float(up).cast(DType::BF16), ScalarValue::Float(1.0 + 2f64.powi(-6)));
+        // bf16 keeps f32's range: 1e38 stays finite (f16 would overflow).
+        assert!(ScalarValue::Float(1e38).cast(DType::BF16).as_f64().is_finite());
     }
 }
 

@@ -19,7 +19,7 @@ pub mod philox;
 pub mod semantics;
 mod shape;
 
-pub use dtype::{DType, ScalarValue};
+pub use dtype::{bf16_from_f64, f16_from_f64, DType, ScalarValue};
 pub use error::IrError;
 pub use graph::{describe, Graph, Node, NodeId, VerifiedGraph};
 pub use hash::{stable_hash, StableHasher};

@@ -5,10 +5,11 @@
 
 use lazuli_ir::{DType, ScalarValue, Shape};
 
-/// WGSL register type of a dtype.
+/// WGSL register type of a dtype (f16 and bf16 compute in f32: see
+/// [`crate::halves`]).
 pub(super) fn ty(d: DType) -> &'static str {
     match d {
-        DType::F32 => "f32",
+        DType::F32 | DType::F16 | DType::BF16 => "f32",
         DType::I32 => "i32",
         DType::U32 => "u32",
         DType::Bool => "bool",
@@ -16,11 +17,37 @@ pub(super) fn ty(d: DType) -> &'static str {
     }
 }
 
-/// WGSL buffer element type of a dtype.
+/// WGSL buffer element type of a dtype, as declared by codegen: `f16`
+/// and the placeholder `bf16` are rewritten by [`crate::halves`].
 pub(super) fn storage_ty(d: DType) -> &'static str {
     match d {
         DType::Bool => "u32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
         other => ty(other),
+    }
+}
+
+/// The type of a value written to or read from a binding of dtype `d`
+/// in the kernel's own text (before [`crate::halves`] converts halves).
+pub(super) fn storage_reg_ty(d: DType) -> &'static str {
+    match d {
+        DType::Bool => "u32",
+        other => ty(other),
+    }
+}
+
+/// True for the dtypes stored in 16 bits and computed in f32.
+pub fn is_half(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+/// The dtype a value of `d` has in registers (f16 and bf16 are f32).
+pub(super) fn reg(d: DType) -> DType {
+    if is_half(d) {
+        DType::F32
+    } else {
+        d
     }
 }
 
@@ -126,6 +153,7 @@ pub(super) fn int_lit(v: i32) -> String {
 pub(super) fn constant(v: ScalarValue, d: DType) -> String {
     match d {
         DType::F32 => float_lit(v.as_f64()),
+        DType::F16 | DType::BF16 => float_lit(v.cast(d).as_f64()),
         DType::I32 => int_lit(v.as_i64() as i32),
         DType::U32 => format!("{}u", v.as_u64() as u32),
         _ => format!("{}", v.as_bool()),
@@ -134,7 +162,7 @@ pub(super) fn constant(v: ScalarValue, d: DType) -> String {
 
 pub(super) fn zero(d: DType) -> &'static str {
     match d {
-        DType::F32 => "0.0",
+        DType::F32 | DType::F16 | DType::BF16 => "0.0",
         DType::I32 => "0i",
         DType::U32 => "0u",
         _ => "false",
@@ -151,7 +179,7 @@ pub const LLVMPIPE_LOOP_BUDGET: u64 = 65535;
 
 pub(super) fn one(d: DType) -> &'static str {
     match d {
-        DType::F32 => "1.0",
+        DType::F32 | DType::F16 | DType::BF16 => "1.0",
         DType::I32 => "1i",
         DType::U32 => "1u",
         _ => "true",

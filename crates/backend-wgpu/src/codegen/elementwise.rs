@@ -216,7 +216,7 @@ impl Writer<'_> {
             let vals: Vec<String> = lane[&o].iter().map(|v| store(d, v)).collect();
             let out = self.output_name(slot);
             if width == 4 {
-                let _ = writeln!(b, "{ind}{out}[j] = vec4<{}>({});", storage_ty(d), vals.join(", "));
+                let _ = writeln!(b, "{ind}{out}[j] = vec4<{}>({});", storage_reg_ty(d), vals.join(", "));
             } else {
                 let _ = writeln!(b, "{ind}{out}[j] = {};", vals[0]);
             }

@@ -494,7 +494,7 @@ impl Writer<'_> {
         let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, self.limits.generic) };
         let k_first = if split { "kbase" } else { "0u" };
         let k_next = if split { "kbase + " } else { "" };
-        let fma = rn.dtype == DType::F32;
+        let fma = reg(rn.dtype) == DType::F32;
         // Prologue: slice 0 into buffer 0.
         let _ = writeln!(b, "    {{\n        let k0 = {k_first};\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
         let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = {k_next}(kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
@@ -703,7 +703,7 @@ impl Writer<'_> {
                             let _ = writeln!(
                                 b,
                                 "        out{sl}[({idx}) / 4u] = vec4<{}>({});",
-                                storage_ty(g.node(o).dtype),
+                                storage_reg_ty(g.node(o).dtype),
                                 vals.join(", ")
                             );
                         }
@@ -761,7 +761,7 @@ impl Writer<'_> {
                     .enumerate()
                     .map(|(c, lane)| value(o, format!("t * 4u + {c}u"), format!("acc.{lane}")))
                     .collect();
-                let _ = writeln!(b, "    out{sl}[t] = vec4<{}>({});", storage_ty(od), vals.join(", "));
+                let _ = writeln!(b, "    out{sl}[t] = vec4<{}>({});", storage_reg_ty(od), vals.join(", "));
             } else {
                 let _ = writeln!(b, "    out{sl}[t] = {};", value(o, "t".into(), "acc".into()));
             }
@@ -798,7 +798,7 @@ impl Writer<'_> {
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
         let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
         let t_ty = ty(rn.dtype);
-        let fma = rn.dtype == DType::F32;
+        let fma = reg(rn.dtype) == DType::F32;
         let _ = writeln!(
             b,
             "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {per_batch};\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
@@ -943,7 +943,7 @@ impl Writer<'_> {
                         let _ = writeln!(
                             b,
                             "        out{slot}[(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u] = vec4<{}>({});",
-                            storage_ty(g.node(o).dtype),
+                            storage_reg_ty(g.node(o).dtype),
                             vals.join(", ")
                         );
                     }

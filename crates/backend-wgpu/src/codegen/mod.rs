@@ -48,8 +48,8 @@ pub mod pool;
 pub mod reduce;
 pub mod rows;
 
-pub use common::LLVMPIPE_LOOP_BUDGET;
 use common::*;
+pub use common::{is_half, LLVMPIPE_LOOP_BUDGET};
 pub use elementwise::{straight_line_width, STRAIGHT_LINE_STEPS};
 pub use forms::{
     AttentionForm, ConvForm, ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm, ScatterForm,
@@ -89,6 +89,9 @@ pub struct LowerLimits {
     /// which would need it, never gets subgroup kernels, see
     /// `WgpuBackend`'s setup.)
     pub subgroups: bool,
+    /// How f16 tensors are stored: natively where the adapter has
+    /// `SHADER_F16`, else packed in `u32` (see [`crate::halves`]).
+    pub f16: crate::halves::HalfStorage,
 }
 
 impl Default for LowerLimits {
@@ -106,6 +109,7 @@ impl LowerLimits {
             workgroup_storage: 16384,
             generic: false,
             subgroups: false,
+            f16: crate::halves::HalfStorage::Packed,
         }
     }
 
@@ -179,18 +183,45 @@ pub enum LowerError {
     },
 }
 
-/// True for the dtypes this generator handles.
+/// True for the dtypes this generator handles: f32, i32, u32, bool, and
+/// f16 and bf16 (stored in 16 bits, computed in f32: [`crate::halves`]).
 pub fn dtype_supported(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::Bool)
+    matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::Bool | DType::F16 | DType::BF16)
 }
 
 /// True for the nodes this generator handles: supported dtypes, and
-/// convolutions in f32 only (their kernels accumulate in f32).
+/// convolutions in f32 only (their kernels accumulate in f32). Nodes of
+/// f16 or bf16 are limited to the families proven on them (elementwise,
+/// views, reductions, softmax, matmul); the others run on the CPU
+/// fallback.
 pub fn node_supported(node: &lazuli_ir::Node) -> bool {
     // A collective is no kernel: the executor runs it (stage, MPI, upload).
     !node.op.is_collective()
         && dtype_supported(node.dtype)
         && (!matches!(node.op, Op::Conv2d(_)) || node.dtype == DType::F32)
+        && (!is_half(node.dtype) || half_op_supported(&node.op))
+}
+
+/// The ops whose kernels are proven on f16 and bf16 operands and outputs.
+pub fn half_op_supported(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Parameter(_)
+            | Op::Constant(..)
+            | Op::ScalarParam(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast(_)
+            | Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Reduce { .. }
+            | Op::Softmax { .. }
+            | Op::MatMul
+    )
 }
 
 /// Fails when a node of `kernel` has no WGSL lowering or more elements
@@ -208,8 +239,25 @@ fn check_lowerable(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits)
     Ok(())
 }
 
-/// Lowers `kernel` of `graph` to WGSL.
+/// Lowers `kernel` of `graph` to WGSL: f16 and bf16 bindings stored as
+/// `limits.f16` says (see [`crate::halves`]).
 pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
+    let mut wgsl = lower_in_registers(kernel, graph, limits)?;
+    let mut pass = Some(&mut wgsl);
+    while let Some(w) = pass {
+        if crate::halves::uses_halves(&w.source) {
+            w.source = crate::halves::rewrite_source(&w.source, limits.f16).map_err(|e| LowerError::Unsupported {
+                op: format!("{} ({e})", graph.node(kernel.root()).op.name()),
+                dtype: graph.node(kernel.root()).dtype,
+            })?;
+        }
+        pass = w.pre.as_deref_mut();
+    }
+    Ok(wgsl)
+}
+
+/// [`lower`] with f16 and bf16 bindings declared but not yet rewritten.
+fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
     let mut w = Writer {
         g: graph,
         helpers: BTreeSet::new(),
@@ -312,7 +360,13 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     }
     for (k, &id) in kernel.outputs.iter().enumerate().filter(|_| split.is_none()) {
         let d = graph.node(id).dtype;
-        let elem = if vector_output { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
+        // A first pass of two writes f32 partials, whatever the output's
+        // dtype.
+        let sd = match &w.second {
+            Some(second) if is_half(d) => second.acc,
+            _ => storage_ty(d),
+        };
+        let elem = if vector_output { format!("vec4<{sd}>") } else { sd.to_string() };
         let _ = writeln!(
             s,
             "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;",
@@ -527,7 +581,8 @@ pub(super) fn ceil_div(n: u64, d: u64, generic: bool) -> String {
 fn params_header(graph: &VerifiedGraph) -> String {
     let mut s = String::from("struct Params {\n    z: u32,\n");
     for (k, d) in graph.scalars.iter().enumerate() {
-        let _ = writeln!(s, "    s{k}: {},", storage_ty(*d));
+        // Lifted f16 and bf16 scalars are f32 words (see `uniform_words`).
+        let _ = writeln!(s, "    s{k}: {},", storage_reg_ty(*d));
     }
     s.push_str("}\n\n@group(0) @binding(0) var<uniform> P: Params;\n");
     s
@@ -812,7 +867,7 @@ impl Writer<'_> {
 
     fn unary(&mut self, u: UnaryOp, d: DType) -> Result<String, LowerError> {
         use UnaryOp::*;
-        let f = d == DType::F32;
+        let f = reg(d) == DType::F32;
         let unsupported = || LowerError::Unsupported { op: u.name().into(), dtype: d };
         Ok(match u {
             // Float functions on another dtype (which `Op::infer` rejects).
@@ -878,7 +933,7 @@ impl Writer<'_> {
 
     fn binary(&mut self, b: BinaryOp, d: DType) -> Result<String, LowerError> {
         use BinaryOp::*;
-        let f = d == DType::F32;
+        let f = reg(d) == DType::F32;
         let z = zero(d);
         // WGSL lets drivers assume there is no NaN, and lavapipe folds
         // `x != x` to false. Float comparisons therefore test NaN through
@@ -959,6 +1014,35 @@ impl Writer<'_> {
         if from == to {
             return "x".into();
         }
+        // f16 and bf16 are f32 in registers: a cast to them rounds the
+        // f32 value to their precision (the only rounding inside a fused
+        // chain besides the store, see `crate::halves`).
+        // A cast from them rounds its operand to their precision first (a
+        // fused chain carries unrounded f32 values), so the result is that
+        // of a value of the dtype, as on the CPU.
+        if is_half(from) {
+            let round = self.round_fn(from);
+            let inner = self.cast(DType::F32, to);
+            let mut out = String::new();
+            let mut copied = 0;
+            for tok in crate::wgsl_text::Lexer::new(&inner) {
+                if tok.kind == crate::wgsl_text::Kind::Ident && &inner[tok.start..tok.end] == "x" {
+                    out.push_str(&inner[copied..tok.start]);
+                    out.push_str(&format!("{round}(x)"));
+                    copied = tok.end;
+                }
+            }
+            out.push_str(&inner[copied..]);
+            return out;
+        }
+        if is_half(to) {
+            let x = self.cast(from, DType::F32);
+            let name = self.round_fn(to);
+            return format!("{name}({x})");
+        }
+        if from == to {
+            return "x".into();
+        }
         match (from, to) {
             (DType::Bool, t) => format!("select({}, {}, x)", zero(t), one(t)),
             (f, DType::Bool) => format!("x != {}", zero(f)),
@@ -974,6 +1058,21 @@ impl Writer<'_> {
             (DType::U32, DType::I32) => "bitcast<i32>(x)".into(),
             (_, t) => format!("{}(x)", ty(t)),
         }
+    }
+
+    /// The name of the helper rounding an f32 value to `half`'s precision
+    /// (f16 or bf16), written into the kernel once.
+    fn round_fn(&mut self, half: DType) -> &'static str {
+        let (key, name, src) = if half == DType::BF16 {
+            (0, "round_bf16", crate::halves::ROUND_BF16)
+        } else {
+            (1, "round_f16", crate::halves::ROUND_F16)
+        };
+        if self.defined.insert(('r', key)) {
+            self.funcs.push_str(src);
+            self.funcs.push('\n');
+        }
+        name
     }
 
     /// The statements of `main` (after the bounds check on `t`) and the

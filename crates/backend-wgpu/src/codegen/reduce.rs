@@ -316,7 +316,7 @@ impl Writer<'_> {
         let invocations = rn.shape.numel() as u64;
         let (base, stride, len) = line(&x.shape, *axis);
         let cmp = if *op == ArgReduceOp::ArgMax { ">" } else { "<" };
-        let f = x.dtype == DType::F32;
+        let f = reg(x.dtype) == DType::F32;
         let conv = if x.dtype == DType::Bool { "select(0u, 1u, " } else { "(" };
         let mut better = format!("v {cmp} best");
         if *select_last {
@@ -375,7 +375,7 @@ impl Writer<'_> {
         d: DType,
         count: usize,
     ) -> (&'static str, String, String, String) {
-        let f = d == DType::F32;
+        let f = reg(d) == DType::F32;
         if d == DType::Bool {
             let (init, comb) = match op {
                 ReduceOp::Max => ("0u", "max(acc, v)"),
@@ -392,7 +392,7 @@ impl Writer<'_> {
             ReduceOp::Prod => (t, one(d).into(), "acc * v".into(), "acc".into()),
             ReduceOp::Max | ReduceOp::Min => {
                 let is_max = op == ReduceOp::Max;
-                let init = match (d, is_max) {
+                let init = match (reg(d), is_max) {
                     (DType::F32, true) => {
                         self.use_helper(Helper::InfF);
                         "-inf_f()".to_string()

@@ -142,7 +142,8 @@ pub(crate) fn eval(g: &Graph, params: &[Value], scalars: &[f64]) -> Vec<Value> {
 fn fit(d: DType, v: f64) -> f64 {
     match d {
         DType::F32 => v as f32 as f64,
-        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::F16 => crate::f16_from_f64(v).to_f64(),
+        DType::BF16 => crate::bf16_from_f64(v).to_f64(),
         DType::F64 => v,
         DType::Bool => (v != 0.0) as u8 as f64,
         _ => wrap(d, v as i128),

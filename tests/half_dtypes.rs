@@ -1,0 +1,217 @@
+//! f16 and bf16 on wgpu against the CPU reference: elementwise chains and
+//! casts, reductions, softmax and log-softmax, matmul and a small MLP, on
+//! both kernel-form profiles, with f16 stored natively (lavapipe has
+//! `SHADER_F16`) and forced packed; no op of these programs falls back to
+//! the CPU. bf16 rounding (nearest even, ties, NaN, infinities,
+//! subnormals) is checked bit for bit on the device.
+
+mod common;
+use lazuli::metrics;
+use lazuli::prelude::*;
+
+/// The wgpu devices to test: each kernel-form profile, with f16 native
+/// (where the adapter has it) and forced packed.
+fn devices() -> Vec<(String, Device)> {
+    if common::wgpu().is_none() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (name, forms) in [("software", lazuli::KernelForms::software()), ("gpu", lazuli::KernelForms::gpu())] {
+        for packed in [false, true] {
+            let opts =
+                lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), f16_packed: Some(packed), ..Default::default() };
+            let label = format!("{name} forms, f16 {}", if packed { "packed" } else { "native" });
+            out.push((label, Device::wgpu_with(opts).expect("a wgpu device")));
+        }
+    }
+    out
+}
+
+/// `data` of `shape` as a tensor of `dtype` on `dev` (rounded once, on the
+/// host, so both devices start from the same values).
+fn input(data: &[f32], shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
+    Tensor::from_slice(data, shape.to_vec(), &Device::cpu())
+        .and_then(|t| t.cast(dtype))
+        .and_then(|t| t.to_bytes())
+        .and_then(|b| Tensor::from_bytes(b, lazuli::ir::ValueType::new(shape.to_vec(), dtype), dev))
+        .unwrap()
+}
+
+/// The named results of the test program, read back as f32.
+fn program(dtype: DType, dev: &Device) -> Vec<(&'static str, Vec<f32>)> {
+    let x = input(&common::rand_vec(7 * 13, 1, -2.0, 2.0), &[7, 13], dtype, dev);
+    let y = input(&common::rand_vec(7 * 13, 2, 0.5, 1.5), &[7, 13], dtype, dev);
+    let w1 = input(&common::rand_vec(13 * 64, 3, -0.3, 0.3), &[13, 64], dtype, dev);
+    let b1 = input(&common::rand_vec(64, 4, -0.1, 0.1), &[64], dtype, dev);
+    let w2 = input(&common::rand_vec(64 * 10, 5, -0.3, 0.3), &[64, 10], dtype, dev);
+    let ew = x.mul(&y).unwrap().add(&x).unwrap().tanh().unwrap().sub(&y.sqrt().unwrap()).unwrap();
+    let ew2 = x.div(&y).unwrap().relu().unwrap().exp().unwrap().neg().unwrap();
+    let sel = x.gt_scalar(0.0).unwrap().where_(&x, &y).unwrap().mul_scalar(1.5).unwrap();
+    let to32 = x.cast(DType::F32).unwrap().mul_scalar(3.0).unwrap();
+    let back = to32.cast(dtype).unwrap();
+    let sum = x.sum(&[1], false).unwrap();
+    let mean = x.mean(&[0], true).unwrap();
+    let max = x.max(&[1], false).unwrap();
+    let total = x.sum(&[0, 1], false).unwrap();
+    let sm = x.softmax(-1).unwrap();
+    let lsm = x.log_softmax(-1).unwrap();
+    let mm = x.matmul(&w1).unwrap();
+    let h = mm.add(&b1).unwrap().relu().unwrap();
+    let logits = h.matmul(&w2).unwrap();
+    let loss = logits.log_softmax(-1).unwrap().mean(&[0, 1], false).unwrap();
+    let outs = [
+        ("elementwise chain", &ew),
+        ("relu exp chain", &ew2),
+        ("where", &sel),
+        ("cast to f32", &to32),
+        ("cast back", &back),
+        ("row sums", &sum),
+        ("column means", &mean),
+        ("row maxima", &max),
+        ("total", &total),
+        ("softmax", &sm),
+        ("log-softmax", &lsm),
+        ("matmul", &mm),
+        ("mlp hidden", &h),
+        ("mlp logits", &logits),
+        ("mlp loss", &loss),
+    ];
+    let tensors: Vec<&Tensor> = outs.iter().map(|o| o.1).collect();
+    lazuli::sync(&tensors).unwrap();
+    outs.iter()
+        .map(|(name, t)| {
+            assert!(t.dtype() == dtype || t.dtype() == DType::F32, "{name}: dtype {}", t.dtype());
+            (*name, t.cast(DType::F32).unwrap().to_vec::<f32>().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn f16_and_bf16_match_the_cpu_without_fallback() {
+    let _g = common::metrics_lock();
+    let devs = devices();
+    for dtype in [DType::F16, DType::BF16] {
+        let want = program(dtype, &Device::cpu());
+        // The CPU rounds after every op, the device once per fused chain:
+        // a few roundings of the dtype apart (2^-11 for f16, 2^-8 for bf16).
+        let tol = if dtype == DType::F16 { 4e-3 } else { 3e-2 };
+        for (label, dev) in &devs {
+            let before = metrics::counter("FallbackOps");
+            let got = program(dtype, dev);
+            assert_eq!(metrics::counter("FallbackOps"), before, "{dtype} on {label}: some op fell back");
+            for ((name, g), (_, w)) in got.iter().zip(&want) {
+                common::assert_close(g, w, tol, tol, &format!("{dtype} {name} on {label}"));
+            }
+        }
+    }
+}
+
+/// bf16 bit patterns after a cast from the f32 bit patterns `from`.
+fn bf16_bits(from: &[u32], dev: &Device) -> Vec<u16> {
+    let vals: Vec<f32> = from.iter().map(|&b| f32::from_bits(b)).collect();
+    let t = Tensor::from_slice(&vals, [vals.len()], dev).unwrap().cast(DType::BF16).unwrap();
+    t.to_vec::<half::bf16>().unwrap().iter().map(|h| h.to_bits()).collect()
+}
+
+#[test]
+fn bf16_rounds_to_nearest_even_on_the_device() {
+    let devs = devices();
+    let from = [
+        0x3F80_0000,
+        0x3F80_8000, // tie, even: down
+        0x3F81_8000, // tie, odd: up
+        0x3F80_8001, // above the tie
+        0x3F80_7FFF, // below the tie
+        0xBF80_8000, // negative tie
+        0x7F80_0000, // +inf
+        0xFF80_0000, // -inf
+        0x7F7F_FFFF, // f32::MAX: to inf
+        0x0001_8000, // subnormal tie, odd: up
+        0x0000_8000, // subnormal tie, even: +0
+        0x8000_0000, // -0
+        0x007F_FFFF, // largest subnormal: smallest normal
+    ];
+    let want = bf16_bits(&from, &Device::cpu());
+    assert_eq!(
+        want,
+        [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0x3F80, 0xBF80, 0x7F80, 0xFF80, 0x7F80, 0x0002, 0, 0x8000, 0x0080]
+    );
+    let nans = [0x7FC0_0000, 0x7F80_0001, 0xFF80_0001];
+    for (label, dev) in &devs {
+        assert_eq!(bf16_bits(&from, dev), want, "{label}");
+        for (k, b) in bf16_bits(&nans, dev).iter().enumerate() {
+            assert!(half::bf16::from_bits(*b).is_nan(), "{label}: NaN {k} became {b:#06x}");
+        }
+        // Odd lengths: the last word's other half is padding; every
+        // element of a round trip keeps its bits.
+        let odd: Vec<half::bf16> = (0..9).map(|k| half::bf16::from_f32(k as f32 * 0.37 - 1.0)).collect();
+        let t = Tensor::from_slice(&odd, [9], dev).unwrap();
+        assert_eq!(t.to_vec::<half::bf16>().unwrap(), odd, "{label}");
+        let f: Vec<half::f16> = odd.iter().map(|v| half::f16::from_f32(v.to_f32())).collect();
+        let t = Tensor::from_slice(&f, [9], dev).unwrap();
+        assert_eq!(t.add_scalar(0.0).unwrap().to_vec::<half::f16>().unwrap(), f, "{label}");
+    }
+}
+
+/// The fallback counters that moved between `before` and now.
+fn fallbacks_since(before: &[(String, u64)]) -> Vec<String> {
+    metrics::counters()
+        .into_iter()
+        .filter(|(name, n)| {
+            name.starts_with("Fallback::") && before.iter().find(|(b, _)| b == name).map_or(0, |b| b.1) != *n
+        })
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// One training step of a small MLP (matmul, bias, relu, cross-entropy,
+/// and their gradients) in f16 and bf16: the loss and every gradient match
+/// the CPU, and no op falls back.
+#[test]
+fn an_mlp_training_step_runs_in_half_precision_without_fallback() {
+    let _g = common::metrics_lock();
+    let step = |dtype: DType, dev: &Device| -> Vec<Vec<f32>> {
+        let x = input(&common::rand_vec(16 * 13, 11, -1.0, 1.0), &[16, 13], dtype, dev);
+        let w1 = input(&common::rand_vec(13 * 32, 12, -0.4, 0.4), &[13, 32], dtype, dev);
+        let b1 = input(&common::rand_vec(32, 13, -0.1, 0.1), &[32], dtype, dev);
+        let w2 = input(&common::rand_vec(32 * 10, 14, -0.4, 0.4), &[32, 10], dtype, dev);
+        let params = [&w1, &b1, &w2];
+        for p in params {
+            p.requires_grad_(true).unwrap();
+        }
+        let labels: Vec<i32> = (0..16).map(|i| i * 7 % 10).collect();
+        let labels = Tensor::from_slice(&labels, [16], dev).unwrap();
+        let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
+        let loss = lazuli::nn::cross_entropy(&h.matmul(&w2).unwrap(), &labels).unwrap();
+        loss.backward().unwrap();
+        let mut out = vec![loss.cast(DType::F32).unwrap().to_vec::<f32>().unwrap()];
+        for p in params {
+            let g = p.grad().expect("a gradient");
+            assert_eq!(g.dtype(), dtype);
+            out.push(g.cast(DType::F32).unwrap().to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    let devs = devices();
+    for dtype in [DType::F16, DType::BF16] {
+        let want = step(dtype, &Device::cpu());
+        let tol = if dtype == DType::F16 { 4e-3 } else { 3e-2 };
+        for (label, dev) in &devs {
+            let before = metrics::counters();
+            let got = step(dtype, dev);
+            let fell = fallbacks_since(&before);
+            assert!(fell.is_empty(), "{dtype} on {label}: fell back: {fell:?}");
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                common::assert_close(g, w, tol, tol, &format!("{dtype} loss/gradient {k} on {label}"));
+            }
+        }
+        // Shadow validation compares every kernel with the CPU within the
+        // dtype's tolerance: the step passes it.
+        if let Some((label, dev)) = devs.first() {
+            dev.set_validate(true);
+            step(dtype, dev);
+            dev.set_validate(false);
+            dev.wait().unwrap_or_else(|e| panic!("{dtype} on {label}, validated: {e}"));
+        }
+    }
+}
