@@ -101,7 +101,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let am = l / 2u;
                 let ak = (l % 2u) * 4u;
-                pa0 = select(vec4<f32>(0.0), ld_in0((abase + min(row0 + am, 63u) * 32u + k0 + ak) / 4u), k0 + ak < 32u);
+                pa0 = ld_in0((abase + min(row0 + am, 63u) * 32u + (k0 + ak)) / 4u);
             }
         }
         {
@@ -109,7 +109,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (l < 128u) {
                 let bk = l / 16u;
                 let bn = (l % 16u) * 4u;
-                pb0 = select(vec4<f32>(0.0), ld_in1((bbase + min(k0 + bk, 31u) * 48u + min(col0 + bn, 44u)) / 4u), k0 + bk < 32u);
+                pb0 = ld_in1((bbase + (k0 + bk) * 48u + min(col0 + bn, 44u)) / 4u);
             }
         }
     }
@@ -147,7 +147,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let am = l / 2u;
                     let ak = (l % 2u) * 4u;
-                    pa0 = select(vec4<f32>(0.0), ld_in0((abase + min(row0 + am, 63u) * 32u + k0 + ak) / 4u), k0 + ak < 32u);
+                    pa0 = ld_in0((abase + min(row0 + am, 63u) * 32u + (k0 + ak)) / 4u);
                 }
             }
             {
@@ -155,7 +155,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (l < 128u) {
                     let bk = l / 16u;
                     let bn = (l % 16u) * 4u;
-                    pb0 = select(vec4<f32>(0.0), ld_in1((bbase + min(k0 + bk, 31u) * 48u + min(col0 + bn, 44u)) / 4u), k0 + bk < 32u);
+                    pb0 = ld_in1((bbase + (k0 + bk) * 48u + min(col0 + bn, 44u)) / 4u);
                 }
             }
         }
@@ -320,9 +320,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 128u + lid / 2u;
-    let tid = lid % 2u;
-    let first = lid - tid;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 128u + f / 2u;
+    let tid = f % 2u;
     let valid = t < 64u;
     let base = (t / 1u) * 48u + t % 1u;
     var v0 = vec4<f32>(-inf_f());
@@ -356,18 +356,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     acc = max_nan(acc, max_nan(max_nan(v3.x, v3.y), max_nan(v3.z, v3.w)));
     acc = max_nan(acc, max_nan(max_nan(v4.x, v4.y), max_nan(v4.z, v4.w)));
     acc = max_nan(acc, max_nan(max_nan(v5.x, v5.y), max_nan(v5.z, v5.w)));
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 1u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = max_nan(a, b);
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = max_nan(acc, v);
         }
         workgroupBarrier();
     }
-    let mx = red[first];
+    acc = red[f - tid];
     workgroupBarrier();
+    let mx = acc;
     acc = 0.0;
     if (valid) {
         acc = acc + dot(exp(v0 - vec4<f32>(mx)), vec4<f32>(1.0));
@@ -387,17 +388,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (valid) {
         acc = acc + dot(exp(v5 - vec4<f32>(mx)), vec4<f32>(1.0));
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 1u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let a = red[lid];
-            let b = red[lid + h];
-            red[lid] = a + b;
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = acc + v;
         }
         workgroupBarrier();
     }
-    let sm = red[first];
+    acc = red[f - tid];
+    workgroupBarrier();
+    let sm = acc;
     let lsm = log(sm);
     if (valid) {
         st_out0(t * 12u + tid + 0u, (v0 - vec4<f32>(mx)) - vec4<f32>(lsm));
@@ -454,8 +457,9 @@ var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * 64u + lid / 4u;
-    let tid = lid % 4u;
+    let f = lid;
+    let t = (wid.x + wid.y * nwg.x) * 64u + f / 4u;
+    let tid = f % 4u;
     let valid = t < 64u;
     let base = t * 48u;
     var acc: f32 = 0.0;
@@ -507,18 +511,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             acc = acc + v;
         }
     }
-    red[lid] = acc;
+    red[f] = acc;
     workgroupBarrier();
     for (var h = 2u; h > 0u; h = h >> 1u) {
         if (tid < h) {
-            let acc = red[lid];
-            let v = red[lid + h];
-            red[lid] = acc + v;
+            let acc = red[f];
+            let v = red[f + h];
+            red[f] = acc + v;
         }
         workgroupBarrier();
     }
+    acc = red[f - tid];
+    workgroupBarrier();
     if (valid && tid == 0u) {
-        let acc = red[lid];
         st_out0(t, acc);
     }
 }
