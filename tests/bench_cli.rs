@@ -89,7 +89,8 @@ fn amp_row_names_match_the_pytorch_twin_and_run_at_tiny_size() {
     assert_eq!(amp_row_name(Workload::G3, &full, DType::F16).unwrap(), "G3 matmul 4096^3 f16");
     assert_eq!(amp_row_name(Workload::G8, &full, DType::F16).unwrap(), "G8 GPT train step autocast f16");
     assert_eq!(amp_row_name(Workload::G1, &full, DType::F16), None);
-    assert!(AMP_DTYPES.contains(&DType::F16));
+    assert_eq!(AMP_DTYPES, &[DType::F16, DType::BF16]);
+    assert_eq!(amp_row_name(Workload::G3, &full, DType::BF16).unwrap(), "G3 matmul 4096^3 bf16");
     let bd = BenchDevice::cpu();
     let cfg = BenchConfig { warmup: 1, iterations: 1 };
     let sizes = GpuSizes::tiny();

@@ -127,9 +127,8 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
 }
 
 /// The 16-bit float dtypes of the mixed-precision rows (`lazuli bench
-/// --amp`), in the order of `torch_twin.py --engines amp`'s G3 rows; bf16
-/// joins with one more entry once `DType` has it.
-pub const AMP_DTYPES: &[DType] = &[DType::F16];
+/// --amp`), in the order of `torch_twin.py --engines amp`'s G3 rows.
+pub const AMP_DTYPES: &[DType] = &[DType::F16, DType::BF16];
 
 /// The row name of workload `w`'s mixed-precision row in `dtype`, as the
 /// PyTorch twin's `--engines amp` names it: `"G3 matmul 4096^3 f16"` (f16
