@@ -215,3 +215,36 @@ fn an_mlp_training_step_runs_in_half_precision_without_fallback() {
         }
     }
 }
+
+/// Layer norm in f16 and bf16, forward and backward, against the CPU on
+/// every device: the GPU profile's held-row kernels (rows in vec4
+/// registers, `codegen::rows`) store 16-bit outputs through the `halves`
+/// rewrite like every other family.
+#[test]
+fn layer_norm_rows_in_half_precision_match_the_cpu() {
+    let run = |dtype: DType, dev: &Device| -> Vec<Vec<f32>> {
+        let x = input(&common::rand_vec(24 * 64, 21, -2.0, 2.0), &[24, 64], dtype, dev);
+        let w = input(&common::rand_vec(64, 22, 0.5, 1.5), &[64], dtype, dev);
+        let b = input(&common::rand_vec(64, 23, -0.5, 0.5), &[64], dtype, dev);
+        for p in [&x, &w, &b] {
+            p.requires_grad_(true).unwrap();
+        }
+        let y = lazuli::nn::layer_norm(&x, 1, Some(&w), Some(&b), 1e-5).unwrap();
+        let loss = y.mul(&y).unwrap().sum(&[0, 1], false).unwrap();
+        loss.backward().unwrap();
+        let mut out = vec![y.cast(DType::F32).unwrap().to_vec::<f32>().unwrap()];
+        for p in [&x, &w, &b] {
+            out.push(p.grad().expect("a gradient").cast(DType::F32).unwrap().to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        let want = run(dtype, &Device::cpu());
+        let tol = if dtype == DType::F16 { 2e-2 } else { 1e-1 };
+        for (label, dev) in &devices() {
+            for (k, (g, w)) in run(dtype, dev).iter().zip(&want).enumerate() {
+                common::assert_close(g, w, tol, tol, &format!("{dtype} layer norm output/gradient {k} on {label}"));
+            }
+        }
+    }
+}

@@ -407,7 +407,7 @@ impl Writer<'_> {
                 for e in 0..per_lane {
                     let (t, load) = if vec4 {
                         (
-                            format!("vec4<{}>", storage_ty(d.dtype)),
+                            format!("vec4<{}>", storage_reg_ty(d.dtype)),
                             format!("in{slot}[t * {units}u + tid + {}u]", e * lanes),
                         )
                     } else {
@@ -482,7 +482,7 @@ impl Writer<'_> {
                         format!(
                             "        out{o}[t * {units}u + tid + {}u] = vec4<{}>({});\n",
                             e * lanes,
-                            storage_ty(d),
+                            storage_reg_ty(d),
                             vals.join(", ")
                         )
                     } else {
