@@ -246,5 +246,78 @@ fn layer_norm_rows_in_half_precision_match_the_cpu() {
                 common::assert_close(g, w, tol, tol, &format!("{dtype} layer norm output/gradient {k} on {label}"));
             }
         }
+/// f16 products on the default wgpu device against the CPU reference
+/// (f32 accumulation: within f16 rounding of the output), over transposed
+/// and batched operands, odd sizes and a fused epilogue. Where the adapter
+/// runs cooperative matrices (its configuration says
+/// `LAZULI_COOPERATIVE_MATRIX` on: an NVIDIA GPU) every product takes the
+/// tensor-core form and the test checks that it did; elsewhere (lavapipe
+/// has none) it says so and checks the f32-compute forms of the same
+/// products, while `codegen::coop`'s unit tests validate the tensor-core
+/// kernels with naga.
+#[test]
+fn f16_products_match_the_cpu_on_tensor_cores_where_the_adapter_has_them() {
+    let Some(dev) = common::wgpu() else { return };
+    let coop = dev
+        .configuration()
+        .settings
+        .iter()
+        .find(|s| s.variable == "LAZULI_COOPERATIVE_MATRIX")
+        .map(|s| s.value.starts_with("on"))
+        .expect("the wgpu backend reports LAZULI_COOPERATIVE_MATRIX");
+    if !coop {
+        eprintln!(
+            "f16 products: this adapter has no cooperative matrices as the tensor-core form needs; \
+             testing the f32-compute forms (the tensor-core kernels are validated by naga in codegen::coop)"
+        );
+    }
+    let cpu = Device::cpu();
+    let data = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n).map(|i| (((i * 7919 + seed * 104729) % 97) as f32 - 48.0) / 64.0).collect()
+    };
+    type Case = (&'static [usize], (usize, usize, usize), bool, bool, bool);
+    let cases: [Case; 6] = [
+        (&[], (16, 16, 16), false, false, false),
+        (&[], (130, 70, 200), false, false, true),
+        (&[], (64, 300, 96), true, false, false),
+        (&[], (96, 64, 80), false, true, true),
+        (&[2], (33, 48, 65), true, true, false),
+        (&[], (256, 512, 256), false, false, true),
+    ];
+    for (batch, (m, k, n), ta, tb, epi) in cases {
+        let what = format!("{batch:?} {m}x{k}x{n} ta={ta} tb={tb} epi={epi}");
+        let shape = |r: usize, c: usize| [batch, &[r, c]].concat();
+        let run = |d: &Device| -> (Vec<f32>, Tensor) {
+            let a = if ta {
+                let s = shape(k, m);
+                input(&data(s.iter().product(), 1), &s, DType::F16, d).transpose(-1, -2).unwrap()
+            } else {
+                let s = shape(m, k);
+                input(&data(s.iter().product(), 1), &s, DType::F16, d)
+            };
+            let b = if tb {
+                let s = shape(n, k);
+                input(&data(s.iter().product(), 2), &s, DType::F16, d).transpose(-1, -2).unwrap()
+            } else {
+                let s = shape(k, n);
+                input(&data(s.iter().product(), 2), &s, DType::F16, d)
+            };
+            let mut y = a.matmul(&b).unwrap();
+            if epi {
+                let bias = input(&data(n, 3), &[n], DType::F16, d);
+                y = y.add(&bias).unwrap().relu().unwrap();
+            }
+            (y.cast(DType::F32).unwrap().to_vec::<f32>().unwrap(), y)
+        };
+        let (want, _) = run(&cpu);
+        let (got, y) = run(&dev);
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            // One f16 rounding of the output, plus f32 summation order.
+            assert!((g - w).abs() <= 2e-3 * w.abs().max(1.0) + 1e-3 * (k as f32).sqrt(), "{what}: [{i}] {g} vs {w}");
+        }
+        let code = lazuli::debug::backend_code(&[&y]).unwrap();
+        let tensor_cores = code.iter().any(|(_, src)| src.contains("coopMultiplyAdd"));
+        assert_eq!(tensor_cores, coop, "{what}: tensor-core form where (and only where) the adapter runs it");
     }
 }

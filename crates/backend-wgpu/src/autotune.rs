@@ -305,12 +305,16 @@ pub(crate) fn with_form(base: LowerLimits, form: MatmulForm) -> LowerLimits {
 /// worth tuning), and every tensor on whole-buffer bindings (candidates
 /// are timed so; a kernel with windowed tensors keeps the form its shape
 /// asks for). A kernel the rule splits over K keeps its split: the tuner
-/// times one pass, and a split kernel has two.
+/// times one pass, and a split kernel has two; a tensor-core kernel
+/// (`MatmulForm::Cooperative`) has no f32-compute rival worth timing.
 fn tunable(ctx: &Context, tuner: &Tuner, base: &LowerLimits, k: &Kernel, graph: &VerifiedGraph) -> bool {
     k.kind == KernelKind::MatMul
         && tuner.enabled()
         && base.forms.matmul == MatmulForm::ByShape
-        && !matches!(codegen::matmul::resolve_form(k, graph, base), MatmulForm::SplitK { .. })
+        && !matches!(
+            codegen::matmul::resolve_form(k, graph, base),
+            MatmulForm::SplitK { .. } | MatmulForm::Cooperative(_)
+        )
         && matmul_flops(k, graph) >= tuner.min_flops
         && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
 }
@@ -395,6 +399,7 @@ pub fn form_name(f: MatmulForm) -> String {
         MatmulForm::RegisterBlocked => "rb".into(),
         MatmulForm::Tiled(t) => format!("t{}x{}", t.bm, t.bn),
         MatmulForm::SplitK { tile, parts } => format!("s{}x{}k{parts}", tile.bm, tile.bn),
+        MatmulForm::Cooperative(t) => format!("c{}x{}", t.bm(), t.bn()),
         MatmulForm::ByShape => "shape".into(),
     }
 }

@@ -57,6 +57,9 @@ pub(crate) struct Context {
     /// The device has `SHADER_F16` (requested wherever the adapter offers
     /// it): f16 tensors may be stored as `array<f16>` ([`crate::halves`]).
     pub shader_f16: bool,
+    /// The device runs the cooperative-matrix matmul as
+    /// [`codegen::coop`] writes it: see [`cooperative_matrix_ok`].
+    pub cooperative_matrix: bool,
     /// The first asynchronous device error not reported yet (the web's
     /// uncaptured errors, lost device, index errors found late).
     pub deferred: Deferred,
@@ -74,16 +77,59 @@ pub(crate) struct Opened {
 
 /// What a backend asks of the device: timestamps, the driver's pipeline
 /// cache, f16 in shaders and subgroup operations (where kernels may use
-/// them: [`platform::SUBGROUPS`]) where offered, every limit the adapter has.
-fn device_descriptor(a: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+/// them: [`platform::SUBGROUPS`]) where offered, cooperative matrices where
+/// the adapter runs them as [`codegen::coop`] needs and `coop` allows
+/// (`WgpuOptions::cooperative_matrix`), every limit the adapter has.
+fn device_descriptor(a: &wgpu::Adapter, coop: bool) -> wgpu::DeviceDescriptor<'static> {
     let subgroups = if platform::SUBGROUPS { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+    let coop = coop && cooperative_matrix_ok(a, a.features());
+    let coop_feature = if coop { wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX } else { wgpu::Features::empty() };
     wgpu::DeviceDescriptor {
         label: Some("lazuli"),
         required_features: a.features()
-            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE | wgpu::Features::SHADER_F16 | subgroups),
+            & (wgpu::Features::TIMESTAMP_QUERY
+                | wgpu::Features::PIPELINE_CACHE
+                | wgpu::Features::SHADER_F16
+                | subgroups
+                | coop_feature),
         required_limits: a.limits(),
+        // SAFETY: wgpu's experimental features may hide bugs of wgpu
+        // itself; the one asked for (cooperative matrices) is used only by
+        // `codegen::coop`'s kernels, which naga validates before a pipeline
+        // is made, and only where the adapter advertises the configuration
+        // they use. `LAZULI_COOPERATIVE_MATRIX=0` keeps it off.
+        experimental_features: if coop {
+            #[allow(unsafe_code)]
+            unsafe {
+                wgpu::ExperimentalFeatures::enabled()
+            }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        },
         ..Default::default()
     }
+}
+
+/// Whether adapter `a`, with features `features` (the adapter's, or the
+/// device's once opened), runs [`codegen::coop`]'s kernels: cooperative
+/// matrices, `SHADER_F16` and `SUBGROUP` (the kernels read the subgroup id),
+/// a 16 x 16 x 16 configuration of f16 A/B and f32 C/R, and subgroups of
+/// exactly [`codegen::coop::COOP_SUBGROUP`] lanes (the tile assigns work by
+/// subgroup, NVIDIA's warps). Never on the web (a native-only feature).
+pub(crate) fn cooperative_matrix_ok(a: &wgpu::Adapter, features: wgpu::Features) -> bool {
+    use wgpu::CooperativeScalarType as T;
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+    if !platform::SUBGROUPS || !features.contains(needed) {
+        return false;
+    }
+    let info = a.get_info();
+    let lanes = codegen::coop::COOP_SUBGROUP as u32;
+    let side = codegen::coop::COOP_FRAGMENT as u32;
+    info.subgroup_min_size == lanes
+        && info.subgroup_max_size == lanes
+        && a.cooperative_matrix_properties().iter().any(|p| {
+            p.m_size == side && p.n_size == side && p.k_size == side && p.ab_type == T::F16 && p.cr_type == T::F32
+        })
 }
 
 /// `wgpu: <adapter> (<backend>, <type>)` (a browser may keep the name to
@@ -112,7 +158,7 @@ impl Context {
             let a = crate::adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
                 .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
             let (device, queue) =
-                platform::request_device(&a, &device_descriptor(&a)).map_err(|e| device_err(&describe(&a), e))?;
+                platform::request_device(&a, &device_descriptor(&a, options.cooperative_matrix.unwrap_or(true))).map_err(|e| device_err(&describe(&a), e))?;
             Ok(Context::with_device(options, &a, device, queue))
         }
         #[cfg(target_arch = "wasm32")]
@@ -138,7 +184,7 @@ impl Context {
                 device_err("wgpu", "the browser offers no WebGPU adapter (is WebGPU enabled? navigator.gpu)")
             })?;
             let (device, queue) =
-                a.request_device(&device_descriptor(&a)).await.map_err(|e| device_err(&describe(&a), e))?;
+                a.request_device(&device_descriptor(&a, false)).await.map_err(|e| device_err(&describe(&a), e))?;
             Ok(Context::with_device(options, &a, device, queue))
         }
     }
@@ -192,6 +238,7 @@ impl Context {
         );
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let shader_f16 = device.features().contains(wgpu::Features::SHADER_F16);
+        let cooperative_matrix = cooperative_matrix_ok(a, device.features());
         let context = Context {
             device,
             queue,
@@ -204,6 +251,7 @@ impl Context {
             timestamps: platform::CAN_BLOCK && a.features().contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroups,
             shader_f16,
+            cooperative_matrix,
             deferred,
         };
         Opened { context, info, limits, max_storage_buffers: max_sb }

@@ -128,7 +128,9 @@ pub fn rewrite_source(source: &str, f16: HalfStorage) -> Result<String, HalfErro
     }
     let native = halves.values().any(|h| !h.packed);
     let mut out = String::with_capacity(source.len() + 2048);
-    if native {
+    // Once: a kernel that computes in f16 itself (the tensor-core matmul)
+    // enables it already.
+    if native && !source.starts_with("enable f16;") {
         out.push_str("enable f16;\n");
     }
     let mut pos = 0;

@@ -108,6 +108,12 @@ pub struct WgpuOptions {
     /// on software adapters, where llvmpipe runs native f16 slower (see
     /// `crate::halves`). Tests force both forms on lavapipe.
     pub f16_packed: Option<bool>,
+    /// Whether f16 products run on tensor cores through cooperative
+    /// matrices where the adapter runs them as `codegen::coop` needs
+    /// (default on; the flag `LAZULI_COOPERATIVE_MATRIX` overrides: `0`
+    /// keeps every product on the f32-compute forms and the experimental
+    /// feature unrequested).
+    pub cooperative_matrix: Option<bool>,
     /// Fault injection (tests only): kernels whose name contains this
     /// string compute a wrong value, for proving that shadow validation
     /// catches and names them.
@@ -188,6 +194,9 @@ impl WgpuOptions {
         let packed = config::flag(lookup, "LAZULI_F16_PACKED")?;
         note("LAZULI_F16_PACKED", self.f16_packed.is_some(), packed.is_some());
         out.f16_packed = self.f16_packed.or(packed);
+        let coop = config::flag(lookup, "LAZULI_COOPERATIVE_MATRIX")?;
+        note("LAZULI_COOPERATIVE_MATRIX", self.cooperative_matrix.is_some(), coop.is_some());
+        out.cooperative_matrix = self.cooperative_matrix.or(coop);
         Ok((out, sources))
     }
 }

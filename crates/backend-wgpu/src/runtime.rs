@@ -65,6 +65,10 @@ impl WgpuBackend {
         // off (`WgpuOptions::subgroups`); never in a browser
         // (`platform::SUBGROUPS`).
         let subgroups = ctx.subgroups && crate::platform::SUBGROUPS && options.subgroups.unwrap_or(true);
+        // Tensor cores for f16 products where the device runs the
+        // cooperative form (the device was opened with the feature only
+        // where the option allowed it).
+        let cooperative_matrix = ctx.cooperative_matrix && options.cooperative_matrix.unwrap_or(true);
         let software = info.device_type == wgpu::DeviceType::Cpu;
         let adapter_id = format!(
             "{} vendor {:x} device {:x} {:?} {} {}",
@@ -77,7 +81,7 @@ impl WgpuBackend {
         // besides the adapter and the build.
         let disk = DiskCache::open(
             cache_dir.as_deref(),
-            &format!("{adapter_id} limits {limits:?} forms {forms:?} sb {max_sb} subgroups {subgroups}"),
+            &format!("{adapter_id} limits {limits:?} forms {forms:?} sb {max_sb} subgroups {subgroups} coop {cooperative_matrix}"),
             options.cache_max_bytes,
         )
         .map(Arc::new);
@@ -105,6 +109,7 @@ impl WgpuBackend {
         };
         let lower = LowerLimits {
             f16,
+            cooperative_matrix,
             forms,
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             subgroups,
@@ -279,6 +284,15 @@ fn effective_settings(
                 crate::halves::HalfStorage::Packed => "on (the adapter lacks SHADER_F16)",
             },
             source("LAZULI_F16_PACKED"),
+        ),
+        Setting::new(
+            "LAZULI_COOPERATIVE_MATRIX",
+            match (compiler.lower.cooperative_matrix, ctx.cooperative_matrix) {
+                (true, _) => "on",
+                (false, true) => "off",
+                (false, false) => "off (the adapter has no cooperative matrices as the tensor-core form needs)",
+            },
+            source("LAZULI_COOPERATIVE_MATRIX"),
         ),
     ]
 }

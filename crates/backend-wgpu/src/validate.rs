@@ -13,8 +13,12 @@ pub fn validate_wgsl(source: &str) -> Result<(), String> {
     // Subgroup operations only where the device has them (row kernels);
     // f16 is emitted only for adapters with `SHADER_F16`; `pack2x16float`
     // needs `DownlevelFlags::SHADER_F16_IN_F32` (every Vulkan, Metal, D3D12
-    // and WebGPU device): see `crate::halves`.
-    Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+    // and WebGPU device): see `crate::halves`; cooperative matrices only
+    // where the device runs them (`codegen::coop`).
+    Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | Capabilities::COOPERATIVE_MATRIX)
         .validate(&module)
         .map(|_| ())
         .map_err(|e| e.emit_to_string(source))

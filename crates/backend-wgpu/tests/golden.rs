@@ -10,7 +10,9 @@
 //! buffer (`Families::specialize` after `Families::observe`); the row
 //! graphs are snapshotted a third time, `*.gpu_subgroups`, with the GPU
 //! profile on a device with subgroups (`LowerLimits::subgroups`);
-//! `half_*` kernels store f16 (native and packed) and bf16 (`halves`).
+//! `half_*` kernels store f16 (native and packed) and bf16 (`halves`), and
+//! the f16 MLP once more with the tensor-core matmul,
+//! `*.gpu_cooperative_matrix` (`LowerLimits::cooperative_matrix`).
 //!
 //! Lowering is pure (no device), so these tests run everywhere. After an
 //! intended change, regenerate with `LAZULI_BLESS=1 cargo test -p
@@ -680,6 +682,15 @@ fn snapshots() -> Vec<(String, String)> {
         out.push((format!("half_mlp_f16_packed.{pname}"), render(half_graph(DType::F16), &limits)));
         out.push((format!("half_mlp_bf16.{pname}"), render(half_graph(DType::BF16), &limits)));
     }
+    // The f16 MLP on a device with cooperative matrices (an NVIDIA GPU's
+    // limits): its product takes the tensor-core form (`codegen::coop`).
+    let coop = LowerLimits {
+        cooperative_matrix: true,
+        workgroup_storage: 49152,
+        f16: lazuli_wgpu::halves::HalfStorage::Native,
+        ..LowerLimits::gpu()
+    };
+    out.push(("half_mlp_f16_native.gpu_cooperative_matrix".to_string(), render(half_graph(DType::F16), &coop)));
     // The row kernels again on a device with subgroups (the lanes of a
     // row combine by subgroup shuffles, see `codegen::rows`).
     let subgroups = LowerLimits { subgroups: true, ..LowerLimits::gpu() };

@@ -175,6 +175,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::f16_packed)",
     ),
     var(
+        "LAZULI_COOPERATIVE_MATRIX",
+        Kind::Flag,
+        "on where the adapter runs them (f16 A/B, f32 C, 16x16x16, subgroups of 32)",
+        "f16 products on tensor cores through cooperative matrices",
+        "lazuli-wgpu (WgpuOptions::cooperative_matrix)",
+    ),
+    var(
         "LAZULI_WGSL_LOG_DIR",
         Kind::Path,
         "off",

@@ -183,7 +183,13 @@ pub enum MatmulForm {
         /// deep.
         parts: u32,
     },
-    /// Chosen from the shape by [`super::matmul::choose_form`].
+    /// f16 products on tensor cores through cooperative matrices (see
+    /// [`super::coop`]): only where [`super::LowerLimits::cooperative_matrix`]
+    /// holds and both operands are f16; forced elsewhere it resolves to
+    /// the rule's f32-compute form. No autotuning candidate.
+    Cooperative(super::coop::CoopTile),
+    /// Chosen from the shape by [`super::matmul::choose_form`] (and
+    /// [`super::coop::eligible`] products by the cooperative form).
     ByShape,
 }
 
@@ -328,6 +334,7 @@ mod tests {
                 MatmulForm::Tiled(t) => assert!(MatmulTile::ALL.contains(t)),
                 MatmulForm::RegisterBlocked => {}
                 MatmulForm::SplitK { .. } => panic!("SplitK depends on the shape: no static candidate"),
+                MatmulForm::Cooperative(_) => panic!("Cooperative depends on the device: no candidate"),
                 MatmulForm::ByShape => panic!("ByShape is no candidate"),
             }
         }

@@ -106,9 +106,22 @@ pub fn tiled_workgroup_bytes(tile: MatmulTile) -> u64 {
 /// needs more workgroup memory than the adapter has replaced by the
 /// 64 x 64 one.
 pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
+    // f16 products on tensor cores where the device runs them (by the
+    // rule, or forced); forced elsewhere, the rule's f32-compute form.
+    if super::coop::eligible(k, g, limits) {
+        match limits.forms.matmul {
+            MatmulForm::ByShape => {
+                return MatmulForm::Cooperative(super::coop::choose_tile(k, g, limits, MATMUL_MIN_TILES));
+            }
+            MatmulForm::Cooperative(t) if t.workgroup_bytes() <= limits.workgroup_storage as u64 => {
+                return MatmulForm::Cooperative(t);
+            }
+            _ => {}
+        }
+    }
     let form = match limits.forms.matmul {
-        MatmulForm::ByShape if limits.generic => choose_generic_form(k, g),
-        MatmulForm::ByShape => choose_form(k, g),
+        MatmulForm::ByShape | MatmulForm::Cooperative(_) if limits.generic => choose_generic_form(k, g),
+        MatmulForm::ByShape | MatmulForm::Cooperative(_) => choose_form(k, g),
         f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_) | MatmulForm::SplitK { .. }) => f,
     };
     const SMALL: MatmulTile = MatmulTile { bm: 64, bn: 64 };
@@ -134,7 +147,7 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
             MatmulForm::SplitK { tile: SMALL, parts }
         }
         f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_) | MatmulForm::SplitK { .. }) => f,
-        MatmulForm::ByShape => unreachable!("the rules above choose a concrete form"),
+        MatmulForm::ByShape | MatmulForm::Cooperative(_) => unreachable!("the rules above choose an f32-compute form"),
     }
 }
 
@@ -187,6 +200,7 @@ pub fn tiled_workgroups(k: &Kernel, g: &VerifiedGraph, form: MatmulForm) -> Opti
     match form {
         MatmulForm::Tiled(t) => Some(tiles(t)),
         MatmulForm::SplitK { tile, parts } => Some(tiles(tile) * parts as u64),
+        MatmulForm::Cooperative(t) => Some(batch * m.div_ceil(t.bm()) * n.div_ceil(t.bn())),
         MatmulForm::RegisterBlocked | MatmulForm::ByShape => None,
     }
 }
