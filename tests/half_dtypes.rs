@@ -246,6 +246,9 @@ fn layer_norm_rows_in_half_precision_match_the_cpu() {
                 common::assert_close(g, w, tol, tol, &format!("{dtype} layer norm output/gradient {k} on {label}"));
             }
         }
+    }
+}
+
 /// f16 products on the default wgpu device against the CPU reference
 /// (f32 accumulation: within f16 rounding of the output), over transposed
 /// and batched operands, odd sizes and a fused epilogue. Where the adapter
