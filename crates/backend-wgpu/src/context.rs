@@ -118,7 +118,8 @@ fn device_descriptor(a: &wgpu::Adapter, coop: bool) -> wgpu::DeviceDescriptor<'s
 /// subgroup, NVIDIA's warps). Never on the web (a native-only feature).
 pub(crate) fn cooperative_matrix_ok(a: &wgpu::Adapter, features: wgpu::Features) -> bool {
     use wgpu::CooperativeScalarType as T;
-    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+    let needed =
+        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
     if !platform::SUBGROUPS || !features.contains(needed) {
         return false;
     }
@@ -158,7 +159,8 @@ impl Context {
             let a = crate::adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
                 .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
             let (device, queue) =
-                platform::request_device(&a, &device_descriptor(&a, options.cooperative_matrix.unwrap_or(true))).map_err(|e| device_err(&describe(&a), e))?;
+                platform::request_device(&a, &device_descriptor(&a, options.cooperative_matrix.unwrap_or(true)))
+                    .map_err(|e| device_err(&describe(&a), e))?;
             Ok(Context::with_device(options, &a, device, queue))
         }
         #[cfg(target_arch = "wasm32")]

@@ -15,13 +15,16 @@ pub fn validate_wgsl(source: &str) -> Result<(), String> {
     // needs `DownlevelFlags::SHADER_F16_IN_F32` (every Vulkan, Metal, D3D12
     // and WebGPU device): see `crate::halves`; cooperative matrices only
     // where the device runs them (`codegen::coop`).
-    Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP
+    Validator::new(
+        ValidationFlags::all(),
+        Capabilities::SUBGROUP
             | Capabilities::SHADER_FLOAT16
             | Capabilities::SHADER_FLOAT16_IN_FLOAT32
-            | Capabilities::COOPERATIVE_MATRIX)
-        .validate(&module)
-        .map(|_| ())
-        .map_err(|e| e.emit_to_string(source))
+            | Capabilities::COOPERATIVE_MATRIX,
+    )
+    .validate(&module)
+    .map(|_| ())
+    .map_err(|e| e.emit_to_string(source))
 }
 
 /// When `LAZULI_WGSL_LOG_DIR` is set, writes every generated source there

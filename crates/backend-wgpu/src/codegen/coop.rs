@@ -222,7 +222,11 @@ impl Writer<'_> {
             }
             let _ = writeln!(b, "        }}");
         }
-        let _ = writeln!(b, "        workgroupBarrier();\n    }}\n    let obase = bi * {}u;\n    let so0 = sid * {frag}u;", m * nn);
+        let _ = writeln!(
+            b,
+            "        workgroupBarrier();\n    }}\n    let obase = bi * {}u;\n    let so0 = sid * {frag}u;",
+            m * nn
+        );
         // Each accumulator through the subgroup's staging area: the
         // subgroup's lanes apply the epilogue to 8 elements each.
         for i in 0..fr {
@@ -323,8 +327,13 @@ mod tests {
     #[test]
     fn cooperative_kernels_validate_for_every_tile_and_layout() {
         type Case = (&'static [usize], (usize, usize, usize));
-        let cases: [Case; 5] =
-            [(&[], (16, 16, 16)), (&[], (65, 40, 129)), (&[3], (64, 33, 200)), (&[], (1024, 256, 1024)), (&[], (17, 1, 31))];
+        let cases: [Case; 5] = [
+            (&[], (16, 16, 16)),
+            (&[], (65, 40, 129)),
+            (&[3], (64, 33, 200)),
+            (&[], (1024, 256, 1024)),
+            (&[], (17, 1, 31)),
+        ];
         for (batch, mkn) in cases {
             for ta in [false, true] {
                 for tb in [false, true] {
@@ -339,7 +348,8 @@ mod tests {
                                     forms: KernelForms { matmul: MatmulForm::Cooperative(tile), ..KernelForms::gpu() },
                                     ..by_rule
                                 };
-                                let what = format!("{batch:?} {mkn:?} ta={ta} tb={tb} epi={epi} {out} {storage:?} {tile:?}");
+                                let what =
+                                    format!("{batch:?} {mkn:?} ta={ta} tb={tb} epi={epi} {out} {storage:?} {tile:?}");
                                 let w = lower(&k, &v, &limits).unwrap_or_else(|e| panic!("{what}: {e}"));
                                 crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{what}: {e}"));
                                 assert!(w.source.starts_with("enable f16;"), "{what}");
