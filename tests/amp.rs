@@ -374,3 +374,28 @@ fn grad_scaler_misuse_is_an_error_and_disabled_is_plain() {
     let l = Tensor::from_slice(&[2.0f32], [], &dev).unwrap();
     assert_eq!(off.scale(&l).unwrap().item::<f32>().unwrap(), 2.0);
 }
+
+/// On wgpu, the tiny GPT step under autocast (f16 and bf16) runs every op
+/// on the device: its 16-bit matmuls, softmax, norms and fused attention
+/// have kernels, so no `Fallback::*` counter moves.
+#[test]
+fn gpt_under_autocast_runs_without_fallback_on_wgpu() {
+    let _g = common::metrics_lock();
+    let Some(dev) = common::wgpu() else { return };
+    for dtype in [DType::F16, DType::BF16] {
+        let mut gpt = Gpt::new(&dev, GptSizes::TINY).unwrap().with_autocast(Some(dtype)).unwrap();
+        let before = metrics::counters();
+        for _ in 0..2 {
+            gpt.step().unwrap().0.item::<f32>().unwrap();
+        }
+        let after = metrics::counters();
+        let fell: Vec<String> = after
+            .iter()
+            .filter(|(k, v)| {
+                k.starts_with("Fallback") && before.iter().find(|(b, _)| b == k).map_or(*v, |(_, bv)| v - bv) > 0
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert!(fell.is_empty(), "{dtype} autocast GPT step fell back on {}: {fell:?}", dev.name());
+    }
+}

@@ -324,3 +324,83 @@ fn f16_products_match_the_cpu_on_tensor_cores_where_the_adapter_has_them() {
         assert_eq!(tensor_cores, coop, "{what}: tensor-core form where (and only where) the adapter runs it");
     }
 }
+
+/// Fused attention in f16 and bf16 (what autocast records for a GPT's
+/// attention): forward and the gradients of q, k and v, causal, against the
+/// CPU on every device, with no fallback.
+#[test]
+fn attention_in_half_precision_runs_on_the_device_and_matches_the_cpu() {
+    let _g = common::metrics_lock();
+    let run = |dtype: DType, dev: &Device, shape: [usize; 4]| -> Vec<Vec<f32>> {
+        let n: usize = shape.iter().product();
+        let q = input(&common::rand_vec(n, 31, -1.0, 1.0), &shape, dtype, dev);
+        let k = input(&common::rand_vec(n, 32, -1.0, 1.0), &shape, dtype, dev);
+        let v = input(&common::rand_vec(n, 33, -1.0, 1.0), &shape, dtype, dev);
+        for p in [&q, &k, &v] {
+            p.requires_grad_(true).unwrap();
+        }
+        let opts = lazuli::nn::AttentionOptions { causal: true, ..Default::default() };
+        let y = lazuli::nn::scaled_dot_product_attention(&q, &k, &v, &opts).unwrap();
+        let loss =
+            y.cast(DType::F32).unwrap().mul(&y.cast(DType::F32).unwrap()).unwrap().sum(&[0, 1, 2, 3], false).unwrap();
+        loss.backward().unwrap();
+        let mut out = vec![y.cast(DType::F32).unwrap().to_vec::<f32>().unwrap()];
+        for p in [&q, &k, &v] {
+            out.push(p.grad().expect("a gradient").cast(DType::F32).unwrap().to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    // Head dims 16 and 64 (the tiled form's flash forward at G8's width).
+    for (dtype, shape) in [(DType::F16, [2, 2, 40, 16]), (DType::BF16, [2, 2, 40, 16]), (DType::F16, [1, 2, 70, 64])] {
+        let want = run(dtype, &Device::cpu(), shape);
+        let tol = if dtype == DType::F16 { 1e-2 } else { 6e-2 };
+        for (label, dev) in &devices() {
+            let before = metrics::counters();
+            let got = run(dtype, dev, shape);
+            let fell = fallbacks_since(&before);
+            assert!(fell.is_empty(), "{dtype} attention {shape:?} on {label}: fell back: {fell:?}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                common::assert_close(
+                    g,
+                    w,
+                    tol,
+                    tol,
+                    &format!("{dtype} attention {shape:?} output/gradient {i} on {label}"),
+                );
+            }
+        }
+    }
+}
+
+/// Padding (constant, reflect, edge) of f16 and bf16 tensors, and
+/// its gradient (a slice), on every device against the CPU, without
+/// fallback (a GPT's backward pads under autocast).
+#[test]
+fn padding_in_half_precision_matches_the_cpu_without_fallback() {
+    let _g = common::metrics_lock();
+    let run = |dtype: DType, dev: &Device| -> Vec<Vec<f32>> {
+        let x = input(&common::rand_vec(3 * 5 * 7, 41, -2.0, 2.0), &[3, 5, 7], dtype, dev);
+        let mut out = Vec::new();
+        let pads = [(0, 0), (1, 2), (2, 1)];
+        let mut ys = vec![x.pad(&pads, 0.5).unwrap()];
+        for mode in [lazuli::ir::PadMode::Reflect, lazuli::ir::PadMode::Edge] {
+            ys.push(x.pad_mode(&pads, mode).unwrap());
+        }
+        for y in ys {
+            out.push(y.cast(DType::F32).unwrap().to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        let want = run(dtype, &Device::cpu());
+        for (label, dev) in &devices() {
+            let before = metrics::counters();
+            let got = run(dtype, dev);
+            let fell = fallbacks_since(&before);
+            assert!(fell.is_empty(), "{dtype} pad on {label}: fell back: {fell:?}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                common::assert_close(g, w, 0.0, 0.0, &format!("{dtype} pad {i} on {label}"));
+            }
+        }
+    }
+}

@@ -225,9 +225,11 @@ pub fn half_op_supported(op: &Op) -> bool {
             | Op::Expand(_)
             | Op::Slice { .. }
             | Op::Concat { .. }
+            | Op::Pad { .. }
             | Op::Reduce { .. }
             | Op::Softmax { .. }
             | Op::MatMul
+            | Op::Attention { .. }
     )
 }
 
