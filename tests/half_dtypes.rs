@@ -404,3 +404,60 @@ fn padding_in_half_precision_matches_the_cpu_without_fallback() {
         }
     }
 }
+
+/// Convolution (stride, padding), max and average pooling and a gather
+/// with its scatter-add gradient (an embedding lookup) in f16 and bf16,
+/// forward and gradients, on every device against the CPU, without
+/// fallback.
+#[test]
+fn conv_pool_and_gather_in_half_precision_match_the_cpu_without_fallback() {
+    let _g = common::metrics_lock();
+    use lazuli::ir::{ConvAttrs, PoolAttrs, PoolKind};
+    let run = |dtype: DType, dev: &Device| -> Vec<Vec<f32>> {
+        let x = input(&common::rand_vec(2 * 3 * 9 * 9, 51, -1.0, 1.0), &[2, 3, 9, 9], dtype, dev);
+        let w = input(&common::rand_vec(4 * 3 * 3 * 3, 52, -0.5, 0.5), &[4, 3, 3, 3], dtype, dev);
+        let table = input(&common::rand_vec(10 * 6, 53, -1.0, 1.0), &[10, 6], dtype, dev);
+        for p in [&x, &w, &table] {
+            p.requires_grad_(true).unwrap();
+        }
+        let attrs = ConvAttrs { strides: [2, 1], pads: [1, 1, 0, 1], ..ConvAttrs::default() };
+        let c = x.conv2d(&w, attrs).unwrap();
+        let mp = c.pool(PoolAttrs::new(PoolKind::Max, &[2, 2])).unwrap();
+        let ap = x.pool(PoolAttrs::new(PoolKind::Avg { count_include_pad: false }, &[3, 3])).unwrap();
+        let idx = Tensor::from_slice(&[3i32, 0, 9, 3, 7, 1], [6], dev).unwrap();
+        let g = table.gather(0, &idx).unwrap();
+        let f = |t: &Tensor| t.cast(DType::F32).unwrap();
+        let loss = f(&mp)
+            .sum(&[], false)
+            .unwrap()
+            .add(&f(&ap).mul(&f(&ap)).unwrap().sum(&[], false).unwrap())
+            .unwrap()
+            .add(&f(&g).mul(&f(&g)).unwrap().sum(&[], false).unwrap())
+            .unwrap();
+        loss.backward().unwrap();
+        let mut out: Vec<Vec<f32>> = [&c, &mp, &ap, &g].iter().map(|t| f(t).to_vec::<f32>().unwrap()).collect();
+        for p in [&x, &w, &table] {
+            out.push(f(&p.grad().expect("a gradient")).to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        let want = run(dtype, &Device::cpu());
+        let tol = if dtype == DType::F16 { 1e-2 } else { 6e-2 };
+        for (label, dev) in &devices() {
+            let before = metrics::counters();
+            let got = run(dtype, dev);
+            let fell = fallbacks_since(&before);
+            assert!(fell.is_empty(), "{dtype} conv/pool/gather on {label}: fell back: {fell:?}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                common::assert_close(
+                    g,
+                    w,
+                    tol,
+                    tol,
+                    &format!("{dtype} conv/pool/gather output/gradient {i} on {label}"),
+                );
+            }
+        }
+    }
+}

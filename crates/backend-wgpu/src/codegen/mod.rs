@@ -205,7 +205,7 @@ pub fn node_supported(node: &lazuli_ir::Node) -> bool {
     // A collective is no kernel: the executor runs it (stage, MPI, upload).
     !node.op.is_collective()
         && dtype_supported(node.dtype)
-        && (!matches!(node.op, Op::Conv2d(_)) || node.dtype == DType::F32)
+        && (!matches!(node.op, Op::Conv2d(_)) || matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16))
         && (!is_half(node.dtype) || half_op_supported(&node.op))
 }
 
@@ -226,6 +226,11 @@ pub fn half_op_supported(op: &Op) -> bool {
             | Op::Slice { .. }
             | Op::Concat { .. }
             | Op::Pad { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::Conv2d(_)
             | Op::Reduce { .. }
             | Op::Softmax { .. }
             | Op::MatMul

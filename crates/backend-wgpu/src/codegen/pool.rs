@@ -103,7 +103,7 @@ impl Writer<'_> {
             let _ = writeln!(b, "    let o{dd} = {};", coord("q", &w.output, dd));
         }
         let (init, combine) = match (p.kind, d) {
-            (PoolKind::Max, DType::F32) => {
+            (PoolKind::Max, DType::F32 | DType::F16 | DType::BF16) => {
                 self.use_helper(Helper::MaxNan);
                 self.use_helper(Helper::InfF);
                 ("(-inf_f())".to_string(), "max_nan(acc, v)")
