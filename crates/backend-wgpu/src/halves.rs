@@ -4,7 +4,7 @@
 //! every kernel family computes them in f32 (reductions, softmax and
 //! matmul accumulate in f32 as for f32 tensors) and only the storage
 //! declarations name the dtype: `array<f16>` / `array<vec4<f16>>` and the
-//! placeholders `array<bf16>` / `array<vec4<bf16>>`. [`apply`] then makes
+//! placeholders `array<bf16>` / `array<vec4<bf16>>`. [`rewrite_source`] then makes
 //! every access of such a binding convert, on the same contract as the
 //! window rewrite ([`crate::window`]: a binding is only indexed, `NAME[i]`
 //! as a value or `NAME[i] = v;` as a statement): a read `NAME[i]` becomes

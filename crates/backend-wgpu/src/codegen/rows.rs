@@ -322,7 +322,7 @@ impl Writer<'_> {
 /// `ROW_MAX_LANES * ROWS_MAX_HELD` elements (8192) are read once.
 pub const ROWS_MAX_HELD: u64 = 32;
 
-/// How a fused row kernel is laid out (see [`Writer::rows_kernel`]).
+/// How a fused row kernel is laid out (see `Writer::rows_kernel`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowsLayout {
     /// Lanes per row.
