@@ -8,6 +8,9 @@
 //! nothing after its second step. Every test runs on the CPU and, where an
 //! adapter exists, on wgpu (f16 runs there through the CPU fallback).
 
+// Metrics counters are process-wide: every test here holds
+// `common::metrics_lock`, so a test counting downloads, compiles or
+// fallbacks sees only its own.
 mod common;
 
 use lazuli::amp::{self, GradScaler, GradScalerOptions};
@@ -27,6 +30,7 @@ fn data(dev: &Device, dims: [usize; 2], seed: u64) -> Tensor {
 
 #[test]
 fn autocast_casts_by_the_op_lists() {
+    let _lock = common::metrics_lock();
     for dev in common::devices() {
         let a = data(&dev, [4, 8], 1);
         let w = data(&dev, [8, 3], 2);
@@ -85,6 +89,7 @@ fn autocast_casts_by_the_op_lists() {
 
 #[test]
 fn f16_matmul_accumulates_in_f32() {
+    let _lock = common::metrics_lock();
     // 4096 ones: an f16 accumulator stops at 2048 (2048 + 1 rounds to
     // 2048), an f32 one reaches 4096, which f16 holds exactly.
     for dev in common::devices() {
@@ -98,6 +103,7 @@ fn f16_matmul_accumulates_in_f32() {
 
 #[test]
 fn casts_are_explicit_ir_nodes() {
+    let _lock = common::metrics_lock();
     let dev = Device::cpu();
     let (a, w) = (data(&dev, [2, 4], 5), data(&dev, [4, 2], 6));
     let y = amp::autocast(DType::F16, || a.matmul(&w)).unwrap();
@@ -107,6 +113,7 @@ fn casts_are_explicit_ir_nodes() {
 
 #[test]
 fn autocast_rejects_dtypes_that_are_not_16_bit_floats() {
+    let _lock = common::metrics_lock();
     for d in [DType::F32, DType::F64, DType::I16] {
         let e = amp::autocast(d, || Ok(())).unwrap_err();
         assert!(e.to_string().contains(&d.to_string()), "{e}");
@@ -141,6 +148,7 @@ fn grads(dev: &Device, autocast: Option<DType>) -> Vec<(DType, Vec<f32>)> {
 
 #[test]
 fn gradients_reach_f32_parameters_in_f32_and_match_within_f16_tolerance() {
+    let _lock = common::metrics_lock();
     for dev in common::devices() {
         let f32_grads = grads(&dev, None);
         let amp_grads = grads(&dev, Some(DType::F16));
@@ -154,6 +162,7 @@ fn gradients_reach_f32_parameters_in_f32_and_match_within_f16_tolerance() {
 
 #[test]
 fn a_checkpointed_segment_recomputes_under_its_autocast_setting() {
+    let _lock = common::metrics_lock();
     for dev in common::devices() {
         let run = |checkpointed: bool| -> Vec<Vec<f32>> {
             dev.manual_seed(4);
@@ -183,6 +192,7 @@ fn digits() -> Digits {
 
 #[test]
 fn digits_demo_under_autocast_follows_the_f32_loss_curve() {
+    let _lock = common::metrics_lock();
     let data = digits();
     for dev in common::devices() {
         let cfg = TrainConfig { epochs: 3, ..TrainConfig::default() };
@@ -209,6 +219,7 @@ fn digits_demo_under_autocast_follows_the_f32_loss_curve() {
 
 #[test]
 fn gpt_under_autocast_follows_the_f32_loss_curve_and_compiles_nothing_after_step_two() {
+    let _lock = common::metrics_lock();
     for dev in common::devices() {
         let mut curves = Vec::new();
         for dtype in [None, Some(DType::F16)] {
@@ -283,6 +294,7 @@ fn with_inf(x: &Tensor) -> Tensor {
 
 #[test]
 fn grad_scaler_skips_a_step_with_an_inf_and_recovers() {
+    let _lock = common::metrics_lock();
     for dev in common::devices() {
         let mut s = setup(&dev);
         let x = s.x.clone();
@@ -329,6 +341,7 @@ fn grad_scaler_steps_record_no_readback_and_compile_nothing_after_step_two() {
 
 #[test]
 fn grad_scaler_state_survives_a_checkpoint() {
+    let _lock = common::metrics_lock();
     let dir = std::env::temp_dir().join(format!("lazuli-amp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for dev in common::devices() {
@@ -359,6 +372,7 @@ fn grad_scaler_state_survives_a_checkpoint() {
 
 #[test]
 fn grad_scaler_misuse_is_an_error_and_disabled_is_plain() {
+    let _lock = common::metrics_lock();
     let dev = Device::cpu();
     let mut s = setup(&dev);
     let e = s.scaler.update().unwrap_err();
