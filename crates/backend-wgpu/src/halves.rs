@@ -42,7 +42,7 @@
 //! family's format strings would touch each family's loads and stores; the
 //! rewrite, like the window rewrite, keeps families unaware of storage.
 
-use crate::wgsl_text::{self, Kind, Lexer, StorageDecl};
+use crate::wgsl_text::{self, StorageDecl};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use thiserror::Error;
@@ -234,46 +234,11 @@ fn access_fns(name: &str, h: &Half) -> String {
 /// Rewrites the accesses of half bindings in `text` (code between
 /// declarations); comments are copied as they are.
 fn rewrite(text: &str, halves: &BTreeMap<String, Half>) -> Result<String, HalfError> {
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    let mut lexer = Lexer::new(text);
-    while let Some(tok) = lexer.next() {
-        let (i, j) = (tok.start, tok.end);
-        let name = &text[i..j];
-        let Some(h) = halves.get(name).filter(|_| tok.kind == Kind::Ident) else { continue };
-        let access = || HalfError::Access {
-            name: name.to_string(),
-            dtype: h.dtype(),
-            context: wgsl_text::excerpt(text, i..j, 40, 40).to_string(),
-        };
-        if b.get(j) != Some(&b'[') {
-            return Err(access());
-        }
-        let close = wgsl_text::group_end(b, j).ok_or_else(access)?;
-        let index = rewrite(&text[j + 1..close - 1], halves)?;
-        out.push_str(&text[copied..i]);
-        let resume = if let Some(eq) = wgsl_text::assignment_at(b, close) {
-            let semi = wgsl_text::statement_end(b, eq + 1).ok_or_else(access)?;
-            let value = rewrite(text[eq + 1..semi].trim(), halves)?;
-            let _ = write!(out, "st_{name}({index}, {value})");
-            semi
-        } else {
-            let mut k = close;
-            while k < b.len() && (b[k] == b'.' || b[k] == b'[' || wgsl_text::is_ident(b[k])) {
-                k = if b[k] == b'[' { wgsl_text::group_end(b, k).ok_or_else(access)? } else { k + 1 };
-            }
-            if wgsl_text::assignment_at(b, k).is_some() || wgsl_text::compound_assignment_at(b, k) {
-                return Err(access());
-            }
-            let _ = write!(out, "ld_{name}({index})");
-            close
-        };
-        lexer.seek(resume);
-        copied = resume;
-    }
-    out.push_str(&text[copied..]);
-    Ok(out)
+    wgsl_text::rewrite_indexed(text, &|name| halves.contains_key(name), &|name, context| HalfError::Access {
+        name: name.to_string(),
+        dtype: halves[name].dtype(),
+        context: context.to_string(),
+    })
 }
 
 /// `round_bf16(v)`: an f32 register value rounded to bf16 precision

@@ -27,6 +27,7 @@
 //! the size-family widening compares two generated sources, which is a
 //! text operation whatever codegen does.
 
+use std::fmt::Write as _;
 use std::ops::Range;
 
 /// What a [`Token`] is.
@@ -189,6 +190,61 @@ pub(crate) fn excerpt(text: &str, range: Range<usize>, before: usize, after: usi
         end += 1;
     }
     &text[start..end]
+}
+
+/// Rewrites every access of the bindings `is_target` names in `text` (code
+/// between declarations; comments are copied as they are): a store
+/// `NAME[i] = v;` becomes `st_NAME(i', v')` and a load `NAME[i]` becomes
+/// `ld_NAME(i')`, where `i'` and `v'` are rewritten the same way. Any other
+/// use of such a binding (bare, or a load followed by an assignment, as in
+/// `NAME[i].x = v` or `NAME[i] += v`) is `access(name, context)`'s error,
+/// `context` being the source around the use. The window and half-precision
+/// rewrites share this contract.
+pub(crate) fn rewrite_indexed<E>(
+    text: &str,
+    is_target: &dyn Fn(&str) -> bool,
+    access: &dyn Fn(&str, &str) -> E,
+) -> Result<String, E> {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut lexer = Lexer::new(text);
+    while let Some(tok) = lexer.next() {
+        let (i, j) = (tok.start, tok.end);
+        let name = &text[i..j];
+        if tok.kind != Kind::Ident || !is_target(name) {
+            continue;
+        }
+        let err = || access(name, excerpt(text, i..j, 40, 40));
+        if b.get(j) != Some(&b'[') {
+            return Err(err());
+        }
+        let close = group_end(b, j).ok_or_else(err)?;
+        let index = rewrite_indexed(&text[j + 1..close - 1], is_target, access)?;
+        out.push_str(&text[copied..i]);
+        let resume = if let Some(eq) = assignment_at(b, close) {
+            // A store: `NAME[index] = value;`.
+            let semi = statement_end(b, eq + 1).ok_or_else(err)?;
+            let value = rewrite_indexed(text[eq + 1..semi].trim(), is_target, access)?;
+            let _ = write!(out, "st_{name}({index}, {value})");
+            semi
+        } else {
+            // A load; what follows must not make it an assignment target.
+            let mut k = close;
+            while k < b.len() && (b[k] == b'.' || b[k] == b'[' || is_ident(b[k])) {
+                k = if b[k] == b'[' { group_end(b, k).ok_or_else(err)? } else { k + 1 };
+            }
+            if assignment_at(b, k).is_some() || compound_assignment_at(b, k) {
+                return Err(err());
+            }
+            let _ = write!(out, "ld_{name}({index})");
+            close
+        };
+        lexer.seek(resume);
+        copied = resume;
+    }
+    out.push_str(&text[copied..]);
+    Ok(out)
 }
 
 /// The prefix of every storage declaration codegen writes.

@@ -71,7 +71,7 @@ use std::fmt::Write as _;
 use thiserror::Error;
 
 use crate::codegen::Wgsl;
-use crate::wgsl_text::{self, Kind, Lexer, StorageDecl};
+use crate::wgsl_text::{self, StorageDecl};
 
 /// The smallest window: also the smallest size class of the pool, so
 /// window offsets are multiples of every offset alignment wgpu allows.
@@ -335,50 +335,10 @@ fn window_fns(name: &str, elem: &str, s: &Split, writable: bool) -> Vec<String> 
 /// Rewrites the accesses of windowed bindings in `text` (code between
 /// declarations); comments are copied as they are.
 fn rewrite(text: &str, split_of: &BTreeMap<&str, Split>) -> Result<String, SplitError> {
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    let mut lexer = Lexer::new(text);
-    while let Some(tok) = lexer.next() {
-        let (i, j) = (tok.start, tok.end);
-        let name = &text[i..j];
-        if tok.kind != Kind::Ident || !split_of.contains_key(name) {
-            continue;
-        }
-        let access = || SplitError::Access {
-            name: name.to_string(),
-            context: wgsl_text::excerpt(text, i..j, 40, 40).to_string(),
-        };
-        if b.get(j) != Some(&b'[') {
-            return Err(access());
-        }
-        let close = wgsl_text::group_end(b, j).ok_or_else(access)?;
-        let index = rewrite(&text[j + 1..close - 1], split_of)?;
-        out.push_str(&text[copied..i]);
-        let resume = if let Some(eq) = wgsl_text::assignment_at(b, close) {
-            // A store: `NAME[index] = value;`.
-            let semi = wgsl_text::statement_end(b, eq + 1).ok_or_else(access)?;
-            let value = rewrite(text[eq + 1..semi].trim(), split_of)?;
-            let _ = write!(out, "st_{name}({index}, {value})");
-            semi
-        } else {
-            // A load; what follows must not make it an assignment target
-            // (`NAME[i].x = v`, `NAME[i] += v`).
-            let mut k = close;
-            while k < b.len() && (b[k] == b'.' || b[k] == b'[' || wgsl_text::is_ident(b[k])) {
-                k = if b[k] == b'[' { wgsl_text::group_end(b, k).ok_or_else(access)? } else { k + 1 };
-            }
-            if wgsl_text::assignment_at(b, k).is_some() || wgsl_text::compound_assignment_at(b, k) {
-                return Err(access());
-            }
-            let _ = write!(out, "ld_{name}({index})");
-            close
-        };
-        lexer.seek(resume);
-        copied = resume;
-    }
-    out.push_str(&text[copied..]);
-    Ok(out)
+    wgsl_text::rewrite_indexed(text, &|name| split_of.contains_key(name), &|name, context| SplitError::Access {
+        name: name.to_string(),
+        context: context.to_string(),
+    })
 }
 
 #[cfg(test)]
