@@ -296,7 +296,15 @@ impl Interp {
                     _ => ("erf", Tensor::erf, 1.0),
                 };
                 let t = self.apply(name, &[&v], |x| f(x[0]));
-                self.push(t, bound, None, v.depth + 1);
+                // The input's absolute error (its depth at its bound) passes
+                // through the op's slope (at most e^bound for exp, 1.13
+                // for erf, less for the others), plus one rounding: in
+                // depth units at the output's bound. Not doing so hid
+                // nothing in f32, but an f16 trip's one-ulp disagreement
+                // (4e-3 at 5) reaching cos(x) exceeded a bound-1 tolerance.
+                let slope = if name == "exp" { bound } else { 1.13 };
+                let carried = slope * (1 + v.depth) as f64 * v.bound.max(1.0) / bound.max(1.0);
+                self.push(t, bound, None, carried.ceil() as u32 + 1);
             }
             // Domain-restricted unary ops on |x| + 0.5.
             2 => {
