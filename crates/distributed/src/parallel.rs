@@ -480,17 +480,24 @@ mod tests {
         assert_eq!(make_buckets(&big, 25 << 20), vec![0..1, 1..3]);
     }
 
-    #[test]
-    fn one_rank_keeps_its_gradients_and_counts_the_bytes() {
+    /// One rank's `DataParallel` over `w` (3 elements, gradient 2) and `b`
+    /// (2 elements, gradient 1), one 8-byte bucket each, after backward.
+    fn two_parameters() -> (Device, Tensor, Tensor, DataParallel) {
         let dev = device();
         let w = param(3, &dev);
         let b = param(2, &dev);
         let loss = (w.sum(&[0], false).unwrap() * 2.0).unwrap().add(&b.sum(&[0], false).unwrap()).unwrap();
         loss.backward().unwrap();
         let options = DistOptions { bucket_bytes: 8, ..DistOptions::default() };
-        let mut dp =
+        let dp =
             DataParallel::new(ProcessGroup::local(options), vec![("w".into(), w.clone()), ("b".into(), b.clone())])
                 .unwrap();
+        (dev, w, b, dp)
+    }
+
+    #[test]
+    fn one_rank_keeps_its_gradients_and_counts_the_bytes() {
+        let (dev, w, b, mut dp) = two_parameters();
         assert_eq!(dp.buckets(), 2);
         let stats = dp.average_gradients().unwrap();
         assert_eq!((stats.bytes, stats.buckets), (20, 2));
@@ -500,15 +507,7 @@ mod tests {
 
     #[test]
     fn in_the_step_one_rank_keeps_its_gradients_and_counts_the_all_reduces() {
-        let dev = device();
-        let w = param(3, &dev);
-        let b = param(2, &dev);
-        let loss = (w.sum(&[0], false).unwrap() * 2.0).unwrap().add(&b.sum(&[0], false).unwrap()).unwrap();
-        loss.backward().unwrap();
-        let options = DistOptions { bucket_bytes: 8, ..DistOptions::default() };
-        let mut dp =
-            DataParallel::new(ProcessGroup::local(options), vec![("w".into(), w.clone()), ("b".into(), b.clone())])
-                .unwrap();
+        let (dev, w, b, mut dp) = two_parameters();
         assert!(!dev.has_collective());
         dp.reduce_in_graph().unwrap();
         assert!(dev.has_collective(), "the collective is registered on the parameters' device");

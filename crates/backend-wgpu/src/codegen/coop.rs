@@ -37,7 +37,7 @@
 use super::common::*;
 use super::{LowerLimits, Writer};
 use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{DType, NodeId, Shape, VerifiedGraph};
+use lazuli_ir::{DType, Shape, VerifiedGraph};
 use std::fmt::Write as _;
 
 /// Lanes of the subgroups the form is written for (NVIDIA's warp); the
@@ -144,8 +144,7 @@ impl Writer<'_> {
     /// returns the invocation count.
     pub(super) fn matmul_coop(&mut self, k: &Kernel, tile: CoopTile, b: &mut String) -> u64 {
         let g = self.g;
-        let rn_id = k.matmul_node(g).expect("matmul kernel");
-        let rn = g.node(rn_id);
+        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
         let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let (na, nb) = (rn.inputs[0].0, rn.inputs[1].0);
         let r = rn.shape.rank();
@@ -238,23 +237,12 @@ impl Writer<'_> {
                     j * COOP_FRAGMENT
                 );
                 for (sl, &o) in k.outputs.iter().enumerate() {
-                    let _ = writeln!(b, "            out{sl}[idx] = {};", self.coop_epilogue(o, rn_id));
+                    let _ = writeln!(b, "            out{sl}[idx] = {};", self.epilogue_store(o, "idx", "acc"));
                 }
                 let _ = writeln!(b, "        }}\n    }}\n    workgroupBarrier();");
             }
         }
         groups * lanes
-    }
-
-    /// The stored value of output `o` at `idx` from the f32 accumulator
-    /// `acc` of product `mm`: the product itself, or its epilogue function.
-    fn coop_epilogue(&self, o: NodeId, mm: NodeId) -> String {
-        let od = self.g.node(o).dtype;
-        if o == mm {
-            store(od, "acc")
-        } else {
-            store(od, &format!("e{}(idx, acc)", o.0))
-        }
     }
 }
 

@@ -918,7 +918,7 @@ impl Writer<'_> {
     /// The value output `o` stores for the product's accumulator `acc` at
     /// output index `idx`: the accumulator itself for the product, else
     /// its epilogue function `eO(index, accumulator)`.
-    fn epilogue_store(&self, o: NodeId, idx: &str, acc: &str) -> String {
+    pub(super) fn epilogue_store(&self, o: NodeId, idx: &str, acc: &str) -> String {
         let n = self.g.node(o);
         if n.op == Op::MatMul {
             store(n.dtype, acc)
