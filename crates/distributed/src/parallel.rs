@@ -497,7 +497,7 @@ mod tests {
 
     #[test]
     fn one_rank_keeps_its_gradients_and_counts_the_bytes() {
-        let (dev, w, b, mut dp) = two_parameters();
+        let (_, w, b, mut dp) = two_parameters();
         assert_eq!(dp.buckets(), 2);
         let stats = dp.average_gradients().unwrap();
         assert_eq!((stats.bytes, stats.buckets), (20, 2));
