@@ -64,6 +64,9 @@ pub struct GenReport {
     pub total: Duration,
     /// Wall time of the first step (compiles included).
     pub first: Duration,
+    /// Median wall time of a step once the context is full (the same
+    /// sizes every step: no compile; `None` if no step got there).
+    pub steady: Option<Duration>,
     /// Plans compiled (compile-cache misses).
     pub plans: u64,
     /// Compiled plans that created pipelines (new kernel code).
@@ -78,11 +81,12 @@ impl GenReport {
     /// One JSON object: the device, the window and every measure.
     pub fn to_json(&self, device: &str) -> String {
         format!(
-            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"plans_compiled\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"plans_compiled\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
             self.first.as_secs_f64() * 1e3,
+            self.steady.map_or("null".to_string(), |d| format!("{:.2}", d.as_secs_f64() * 1e3)),
             self.plans,
             self.plans_with_new_code,
             self.pipelines,
@@ -93,11 +97,12 @@ impl GenReport {
     /// One line of text with the same measures.
     pub fn summary(&self, device: &str) -> String {
         format!(
-            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms); {} plans compiled, {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}); {} plans compiled, {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
             self.first.as_secs_f64() * 1e3,
+            self.steady.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
             self.plans,
             self.plans_with_new_code,
             self.pipelines,
@@ -248,10 +253,15 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     let mut plans_with_new_code = 0;
     let started = Instant::now();
     let mut first = Duration::ZERO;
+    let mut full = Vec::new();
     for step in 0..cfg.tokens {
         let pipes = metrics::counter("PipelinesCreated");
         let from = tokens.len().saturating_sub(cfg.context);
+        let step_started = Instant::now();
         let next = gpt.next_token(&tokens[from..], window, device)?;
+        if tokens.len() - from == cfg.context {
+            full.push(step_started.elapsed());
+        }
         tokens.push(next);
         if metrics::counter("PipelinesCreated") > pipes {
             plans_with_new_code += 1;
@@ -262,11 +272,13 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     }
     let total = started.elapsed();
     let (plans, pipes, reuse) = counters();
+    full.sort();
     Ok(GenReport {
         window,
         tokens: tokens[cfg.prompt..].to_vec(),
         total,
         first,
+        steady: full.get(full.len() / 2).copied(),
         plans: plans - plans0,
         plans_with_new_code,
         pipelines: pipes - pipes0,

@@ -11,9 +11,9 @@
 
 use crate::autotune::{self, Tuner, Tuning};
 use crate::binds::BindCache;
-use crate::codegen::{self, LowerError, LowerLimits, MatmulForm, Wgsl};
+use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Wgsl};
 use crate::context::Context;
-use crate::generic::Families;
+use crate::generic::{Families, SizeChanges};
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::window::{self, KernelWindows};
 use lazuli_executor::platform::Instant;
@@ -53,10 +53,13 @@ impl Compiler {
     }
 
     /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
-    /// every kernel is lowered in size-independent forms and compiled
-    /// generic over all its sizes at once (see [`crate::generic`]). The
-    /// executable compiled last at other sizes (`hints.earlier`), when it
-    /// compiled static, has its kernels observed by their families first.
+    /// every kernel with a size that differs from the executable compiled
+    /// last at other sizes (`hints.earlier`) is lowered in forms that do
+    /// not depend on the sizes that differ and compiled generic over all
+    /// its sizes at once (see [`crate::generic`]); the others compile as
+    /// static kernels, as the earlier executable did. That executable,
+    /// when it compiled static, has its kernels observed by their
+    /// families first.
     pub fn compile(
         &self,
         ctx: &Context,
@@ -69,13 +72,18 @@ impl Compiler {
             return Err(BackendError::Unsupported { backend: "wgpu".into(), op: n.op.name(), dtype: n.dtype });
         }
         let generic = hints.sizes_vary && self.families.enabled();
-        if generic {
-            // A generic earlier executable's sources are members of their
-            // families already.
-            let earlier = hints.earlier.and_then(|e| e.as_any().downcast_ref::<WgpuExecutable>());
-            if let Some(earlier) = earlier.filter(|e| !e.generic && *e.graph != **graph) {
-                self.observe_sizes(ctx, earlier);
-            }
+        let earlier = hints.earlier.and_then(|e| e.as_any().downcast_ref::<WgpuExecutable>());
+        // What changed since the executable of this structure at other
+        // sizes; where there is none, or it does not align node for node
+        // (the optimizer removed a node at one of the sizes), each
+        // kernel's forms are looked up by skeleton.
+        let changes = earlier.filter(|_| generic).and_then(|e| SizeChanges::between(graph, &e.graph));
+        // The structure's first size variant: its static predecessor's
+        // sources join their families first, and each kernel's forms are
+        // remembered.
+        let first_variant = generic && earlier.is_some_and(|e| !e.generic && *e.graph != **graph);
+        if let (true, Some(earlier), Some(changes)) = (first_variant, earlier, &changes) {
+            self.observe_sizes(ctx, earlier, changes);
         }
         let plan = fusion::plan(graph, &self.fusion);
         let mut lowered = Vec::with_capacity(plan.kernels.len());
@@ -83,18 +91,39 @@ impl Compiler {
         for (i, k) in plan.kernels.iter().enumerate() {
             let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
             let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
-            let wgsl = if generic {
+            let varying = LowerLimits { generic: true, fixed: FixedSizes::NONE, ..self.lower };
+            // `None`: a static kernel; else generic, keeping these sizes.
+            let (fixed, lowered_varying) = match &changes {
+                _ if !generic => (None, None),
+                Some(changes) => {
+                    let fixed = changes.kernel(k, graph);
+                    if first_variant {
+                        if let Ok(w) = lower(&varying) {
+                            self.families.remember_forms(&w.source, w.entry, fixed);
+                        }
+                    }
+                    (fixed, None)
+                }
+                None => {
+                    let w = lower(&varying)?;
+                    match self.families.forms(&w.source, w.entry) {
+                        Some(fixed) => (fixed, None),
+                        None => (Some(FixedSizes::NONE), Some(w)),
+                    }
+                }
+            };
+            let wgsl = match (fixed, lowered_varying) {
+                (Some(_), Some(w)) => w,
                 // Tuning a form per size would defeat sharing it.
-                lower(&LowerLimits { generic: true, ..self.lower })?
-            } else {
-                match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
+                (Some(fixed), None) => lower(&LowerLimits { generic: true, fixed, ..self.lower })?,
+                (None, _) => match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
                     (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
                     (Tuning::Pending, Some(wgsl)) => {
                         untuned.push(i);
                         wgsl
                     }
                     (Tuning::Pending | Tuning::Untuned, _) => lower(&self.lower)?,
-                }
+                },
             };
             metrics::inc("KernelsLowered", 1);
             lowered.push(self.finish(ctx, k, graph, name, wgsl)?);
@@ -246,17 +275,20 @@ impl Compiler {
 
     /// Lowers the kernels of `earlier` (the executable of the structure
     /// about to compile, at other sizes, whose fusion plan is reused) in
-    /// the size-independent forms and records their sources in their
+    /// the forms the new size takes (independent of the sizes that differ,
+    /// `changes`) and records their sources in their
     /// families without compiling them (`Families::observe`):
     /// the new size's kernels then turn every literal that differs between
     /// the two sizes dynamic in one widening, rather than compiling as
     /// static first members of new families and widening at the next size.
     /// A kernel that does not lower, or whose tensors need windows, is
     /// skipped; the real compile reports its own errors.
-    fn observe_sizes(&self, ctx: &Context, earlier: &WgpuExecutable) {
+    fn observe_sizes(&self, ctx: &Context, earlier: &WgpuExecutable, changes: &SizeChanges) {
         let graph = &earlier.graph;
-        let limits = LowerLimits { generic: true, ..self.lower };
         for k in &earlier.plan.kernels {
+            // Kernels whose sizes stay compile static, as they did.
+            let Some(fixed) = changes.kernel(k, graph) else { continue };
+            let limits = LowerLimits { generic: true, fixed, ..self.lower };
             let Ok(wgsl) = self.lower_kernel(ctx, k, graph, &limits) else { continue };
             if KernelWindows::of(k, graph, &wgsl, &ctx.windows).is_windowed() {
                 continue; // its source would be rewritten; leave it static

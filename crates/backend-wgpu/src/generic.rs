@@ -50,10 +50,95 @@
 //! llvmpipe's loop splitting) change the skeleton, so they start their own
 //! family: the forms stay what the sizes ask for.
 
+use crate::codegen::FixedSizes;
 use crate::wgsl_text::{self, Kind, Lexer};
 use lazuli_executor::metrics;
+use lazuli_ir::fusion::Kernel;
+use lazuli_ir::{Graph, NodeId, Op};
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
+
+/// Which sizes differ between a graph and the graph of the same structure
+/// compiled before it at other sizes: per node, a mask of the axes whose
+/// lengths differ. Kernels whose nodes all keep their sizes compile as
+/// static kernels (the earlier graph's pipelines serve them), and kernels
+/// generic over sizes keep the forms of the sizes that stay fixed (see
+/// [`crate::codegen::LowerLimits::fixed`]). A growing sequence changes the
+/// rows of the projections, not their widths; a partial last batch leaves
+/// the optimizer's update kernels untouched.
+///
+/// Only a guide to forms: whatever it says, a generic kernel's source is
+/// its own lowering with literals made dynamic, and a form that changes
+/// with a size starts a family of its own.
+pub(crate) struct SizeChanges {
+    /// Per node, bit `a` set where axis `a` differs (axes from 64 on
+    /// always count as differing).
+    changed: Vec<u64>,
+}
+
+impl SizeChanges {
+    /// The sizes that differ between `now` and `earlier`, two graphs of
+    /// one structure, if they align node for node (same ops and ranks:
+    /// the optimizer may have removed a node at one of the sizes).
+    pub fn between(now: &Graph, earlier: &Graph) -> Option<SizeChanges> {
+        let (a, b) = (now.nodes(), earlier.nodes());
+        let aligned = a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| x.op.name() == y.op.name() && x.shape.rank() == y.shape.rank());
+        let mask = |x: &[usize], y: &[usize]| {
+            x.iter()
+                .zip(y)
+                .enumerate()
+                .fold(0u64, |m, (i, (p, q))| if p != q || i >= 64 { m | 1 << i.min(63) } else { m })
+        };
+        aligned.then(|| SizeChanges {
+            changed: a.iter().zip(b).map(|(x, y)| mask(x.shape.dims(), y.shape.dims())).collect(),
+        })
+    }
+
+    /// Whether axis `axis` of node `id` differs.
+    fn varies(&self, id: NodeId, axis: usize) -> bool {
+        axis >= 64 || self.changed[id.index()] & (1 << axis) != 0
+    }
+
+    /// Whether any size of node `id` differs.
+    fn node_varies(&self, id: NodeId) -> bool {
+        self.changed[id.index()] != 0
+    }
+
+    /// For kernel `k` of `graph`: `None` where none of its nodes changes
+    /// size (it compiles static), else the sizes its generic form may keep
+    /// fixed.
+    pub fn kernel(&self, k: &Kernel, graph: &Graph) -> Option<FixedSizes> {
+        let nodes = || k.inputs.iter().chain(&k.inline).chain(&k.outputs).copied();
+        if !nodes().any(|id| self.node_varies(id)) {
+            return None;
+        }
+        let last_fixed = |id: NodeId| {
+            let rank = graph.node(id).shape.rank();
+            rank == 0 || !self.varies(id, rank - 1)
+        };
+        let root = graph.node(k.root());
+        let mut fixed = FixedSizes {
+            row: last_fixed(k.root())
+                && match root.op {
+                    Op::Reduce { .. } | Op::Softmax { .. } | Op::ArgReduce { .. } => {
+                        root.inputs.first().is_none_or(|&x| last_fixed(x))
+                    }
+                    _ => true,
+                },
+            ..FixedSizes::NONE
+        };
+        if let Some(mm) = k.matmul_node(graph) {
+            let r = graph.node(mm).shape.rank();
+            let a = graph.node(mm).inputs[0];
+            let ra = graph.node(a).shape.rank();
+            fixed.m = !self.varies(mm, r - 2);
+            fixed.n = !self.varies(mm, r - 1);
+            fixed.k = !self.varies(a, ra - 1);
+        }
+        Some(fixed)
+    }
+}
 
 /// Name of the storage buffer holding a generic kernel's dynamic values.
 pub const DIMS_VAR: &str = "LZD";
@@ -300,6 +385,12 @@ impl Family {
 pub struct Families {
     enabled: bool,
     map: Mutex<lru::LruCache<u64, Family>>,
+    /// How kernels compiled at their structure's first size variant, by
+    /// the skeleton of their lowering with every size varying: `None`
+    /// static (none of its sizes changed), else the sizes kept fixed.
+    /// A kernel whose graph no longer aligns with the earlier one (the
+    /// optimizer removed a node at some size) finds its forms here.
+    forms: Mutex<lru::LruCache<u64, Option<FixedSizes>>>,
 }
 
 /// Whether generic sizes are on: `option` if given (code, else
@@ -312,7 +403,23 @@ pub fn enabled(option: Option<bool>) -> bool {
 impl Families {
     /// An empty set of families holding up to `cap` of them.
     pub fn new(enabled: bool, cap: usize) -> Families {
-        Families { enabled, map: Mutex::new(lru::LruCache::new(NonZeroUsize::new(cap.max(1)).expect("non-zero"))) }
+        let cap = NonZeroUsize::new(cap.max(1)).expect("non-zero");
+        Families { enabled, map: Mutex::new(lru::LruCache::new(cap)), forms: Mutex::new(lru::LruCache::new(cap)) }
+    }
+
+    /// Remembers that the kernel whose lowering with every size varying
+    /// is `source` (entry point `entry`) compiled with `fixed` (`None`:
+    /// static) when sizes first varied.
+    pub fn remember_forms(&self, source: &str, entry: &str, fixed: Option<FixedSizes>) {
+        let key = scan(source).family_key(entry);
+        self.forms.lock().unwrap_or_else(|e| e.into_inner()).put(key, fixed);
+    }
+
+    /// What [`Families::remember_forms`] recorded for the kernel whose
+    /// lowering with every size varying is `source`, if anything.
+    pub fn forms(&self, source: &str, entry: &str) -> Option<Option<FixedSizes>> {
+        let key = scan(source).family_key(entry);
+        self.forms.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied()
     }
 
     /// Whether generic sizes are on.
@@ -528,5 +635,67 @@ mod tests {
         let s =
             scan("fn f() -> f32 { let a = 1.0; let b = 2e5; let c = 3; let d = 1e-5; let e = 0x1p4; return 7.5f; }");
         assert!(s.literals.is_empty(), "{:?}", s.literals);
+    }
+
+    /// A growing sequence through a linear layer, beside an update of
+    /// the weights that does not depend on it.
+    fn linear(t: usize) -> Graph {
+        use lazuli_ir::{BinaryOp, DType, ValueType};
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([t, 64], DType::F32));
+        let w = g.param(ValueType::new([64, 192], DType::F32));
+        let b = g.param(ValueType::new([192], DType::F32));
+        let m = g.push(Op::MatMul, &[x, w]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Add), &[m, b]).unwrap();
+        let s = g.push(Op::Softmax { axis: 0, log: false }, &[y]).unwrap();
+        let w2 = g.push(Op::Binary(BinaryOp::Mul), &[w, w]).unwrap();
+        g.outputs.extend([s, w2]);
+        g
+    }
+
+    #[test]
+    fn size_changes_keep_the_sizes_that_stay() {
+        use lazuli_ir::fusion::{self, FusionLimits};
+        let (now, earlier) = (linear(13), linear(12));
+        let changes = SizeChanges::between(&now, &earlier).expect("one structure");
+        let v = now.clone().verify().unwrap();
+        let fl = FusionLimits { matmul_epilogue: true, ..FusionLimits::default() };
+        let kernels = fusion::plan(&v, &fl).kernels;
+        let of = |what: &str| {
+            let k = kernels
+                .iter()
+                .find(|k| match what {
+                    "MatMul" => k.matmul_node(&v).is_some(),
+                    op => v.node(k.root()).op.name() == op,
+                })
+                .expect(what);
+            changes.kernel(k, &now)
+        };
+        // The product's rows grow; its columns and depth stay.
+        assert_eq!(of("MatMul"), Some(FixedSizes { m: false, n: true, k: true, row: true }));
+        // Softmax along the growing axis: its last axis stays.
+        assert_eq!(of("softmax"), Some(FixedSizes { row: true, ..FixedSizes::NONE }));
+        // The weight update sees no size change: a static kernel.
+        assert_eq!(of("mul"), None);
+        // Graphs that do not align node for node give no changes.
+        let mut other = linear(12);
+        other.outputs.pop();
+        let extra = other.push(Op::Binary(lazuli_ir::BinaryOp::Add), &[NodeId(1), NodeId(1)]).unwrap();
+        other.outputs.push(extra);
+        assert!(SizeChanges::between(&now, &other).is_none());
+    }
+
+    #[test]
+    fn forms_are_remembered_by_skeleton() {
+        let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 3u;\n}\n";
+        let fam = Families::new(true, 16);
+        assert_eq!(fam.forms(src, "f"), None);
+        let fixed = FixedSizes { n: true, ..FixedSizes::NONE };
+        fam.remember_forms(src, "f", Some(fixed));
+        // Another size of the same kernel finds them; another kernel not.
+        assert_eq!(fam.forms(&src.replace("12u", "40u"), "f"), Some(Some(fixed)));
+        assert_eq!(fam.forms(&src.replace("% 3u", "+ 3u"), "f"), None);
+        fam.remember_forms(src, "f", None);
+        assert_eq!(fam.forms(src, "f"), Some(None));
     }
 }

@@ -23,7 +23,7 @@ use lazuli_ir::{
     ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, Graph, NodeId, Op,
     PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
-use lazuli_wgpu::codegen::{lower, LowerLimits, Wgsl};
+use lazuli_wgpu::codegen::{lower, FixedSizes, LowerLimits, Wgsl};
 use lazuli_wgpu::generic::Families;
 use lazuli_wgpu::window::{self, KernelWindows, Windows};
 use std::path::PathBuf;
@@ -640,6 +640,13 @@ fn render_windowed(g: Graph, window_bytes: u64, limits: &LowerLimits) -> String 
 /// `later`'s specialized, each source (and first pass) with its sizes.
 fn render_generic(earlier: Graph, later: Graph, limits: &LowerLimits) -> String {
     let limits = LowerLimits { generic: true, ..*limits };
+    render_generic_with(earlier, later, &limits)
+}
+
+/// [`render_generic`] under `limits` as given (generic, with the sizes
+/// it keeps fixed).
+fn render_generic_with(earlier: Graph, later: Graph, limits: &LowerLimits) -> String {
+    let limits = *limits;
     let fl = fusion_limits(&limits);
     let families = Families::new(true, 64);
     let e = earlier.verify().expect("valid graph");
@@ -677,6 +684,13 @@ fn snapshots() -> Vec<(String, String)> {
         for (gname, earlier, later) in generic_graphs() {
             out.push((format!("generic_{gname}.{pname}"), render_generic(earlier, later, &limits)));
         }
+        // The linear layer's batch varies, its width and depth stay: the
+        // compiler keeps those fixed (`generic::SizeChanges`), so the
+        // product keeps its vector loads, stores and unrolled depth.
+        let (_, earlier, later) = generic_graphs().pop().expect("the linear family");
+        let fixed = FixedSizes { m: false, n: true, k: true, row: true };
+        let kept = LowerLimits { generic: true, fixed, ..limits };
+        out.push((format!("generic_linear_fixed_width.{pname}"), render_generic_with(earlier, later, &kept)));
         let native = LowerLimits { f16: lazuli_wgpu::halves::HalfStorage::Native, ..limits };
         out.push((format!("half_mlp_f16_native.{pname}"), render(half_graph(DType::F16), &native)));
         out.push((format!("half_mlp_f16_packed.{pname}"), render(half_graph(DType::F16), &limits)));

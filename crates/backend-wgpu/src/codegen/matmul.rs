@@ -341,6 +341,7 @@ pub(super) struct MatMulShape {
 /// are vec4 per lane where aligned.
 pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatMulShape {
     let generic = limits.generic;
+    let fixed = limits.fixed_sizes();
     // The tiled forms also read operands that are inlined reshapes of a
     // kernel input (flat order unchanged) as vectors; the register-blocked
     // form (llvmpipe's) keeps its layouts as they were.
@@ -351,23 +352,23 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
     let a = g.node(rn.inputs[0]);
     let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
-    let vec_ok = |id: NodeId, dim: u64| {
-        !generic && k.inputs.contains(&id) && g.node(id).dtype != DType::Bool && dim.is_multiple_of(4) && dim > 0
+    // Vectors along a size only where it is fixed (a varying size is not
+    // always a multiple of 4).
+    let vec_ok = |id: NodeId, dim: u64, dim_fixed: bool| {
+        dim_fixed && k.inputs.contains(&id) && g.node(id).dtype != DType::Bool && dim.is_multiple_of(4) && dim > 0
     };
-    let vec_src = |x: NodeId, dim: u64| Some(source(x)).filter(|&id| vec_ok(id, dim));
+    let vec_src = |x: NodeId, dim: u64, dim_fixed: bool| Some(source(x)).filter(|&id| vec_ok(id, dim, dim_fixed));
     // Wide outputs: the workgroup shares its rows, lanes split columns.
     // Narrow ones (fewer than 8 lanes' worth of columns): each lane takes
     // all (or most) columns and lanes split rows too. The layout follows
     // M and N rounded up to powers of two (blocks past the edge clamp
     // their loads and skip their stores), so that sizes in one bucket
     // share a generic kernel (see `crate::generic`).
-    // Generic kernels (sizes that vary) take the layout of the largest
-    // small bucket: at least 64 columns and MATMUL_SMALL_ROWS rows.
-    let (mq, nq) = if generic {
-        (m.next_power_of_two().max(MATMUL_SMALL_ROWS), n.next_power_of_two().max(64))
-    } else {
-        (m.next_power_of_two(), n.next_power_of_two())
-    };
+    // Generic kernels take the layout of the largest small bucket along
+    // the sizes that vary (at least 64 rows or columns), and follow the
+    // sizes that stay fixed.
+    let mq = if fixed.m { m.next_power_of_two() } else { m.next_power_of_two().max(64) };
+    let nq = if fixed.n { n.next_power_of_two() } else { n.next_power_of_two().max(64) };
     let large = mq >= MATMUL_LARGE_M || m.saturating_mul(n).saturating_mul(kk) >= MATMUL_LARGE_WORK;
     let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
     let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
@@ -381,7 +382,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
         (rows, vecs, col_lanes * row_lanes, row_lanes)
     };
     // An inlined transpose of a kernel input, read straight from it.
-    let transposed = |x: NodeId, dim: u64| {
+    let transposed = |x: NodeId, dim: u64, dim_fixed: bool| {
         let xn = g.node(x);
         let Op::Permute(perm) = &xn.op else { return None };
         let r = perm.len();
@@ -397,7 +398,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
         });
         let src = source(xn.inputs[0]);
         (swapped
-            && !generic
+            && dim_fixed
             && k.inline.contains(&x)
             && k.inputs.contains(&src)
             && g.node(src).dtype != DType::Bool
@@ -405,8 +406,8 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
             && dim > 0)
             .then_some(src)
     };
-    let a_t = transposed(rn.inputs[0], m);
-    let b_t = transposed(rn.inputs[1], kk);
+    let a_t = transposed(rn.inputs[0], m, fixed.m);
+    let b_t = transposed(rn.inputs[1], kk, fixed.k);
     MatMulShape {
         rows,
         vecs,
@@ -414,9 +415,9 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
         row_lanes,
         a_t,
         b_t,
-        a_vec: vec_src(rn.inputs[0], kk),
-        b_vec: vec_src(rn.inputs[1], n),
-        out_vec: !generic && n.is_multiple_of(4),
+        a_vec: vec_src(rn.inputs[0], kk, fixed.k),
+        b_vec: vec_src(rn.inputs[1], n, fixed.n),
+        out_vec: fixed.n && n.is_multiple_of(4),
     }
 }
 
@@ -458,7 +459,7 @@ impl Writer<'_> {
         let bi = bcast_index("bi", &batch, &Shape::new(&bn_.shape.dims()[..bn_.shape.rank() - 2]));
         let (bm, bnn, bk) = (tile.bm as u64, tile.bn as u64, MATMUL_TILE_K);
         let (rm, rnb) = (bm / 64, bnn / 64);
-        let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, bm, bnn, self.limits.generic);
+        let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, bm, bnn, &self.limits);
         debug_assert!(parts == 1 || (!self.limits.generic && rn.dtype == DType::F32), "split-K: fixed sizes, f32");
         let split = parts > 1;
         let groups = parts * batch.numel() as u64 * mb * nb;
@@ -505,7 +506,8 @@ impl Writer<'_> {
                 }
             }
         }
-        let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, self.limits.generic) };
+        let k_varies = !self.limits.fixed_sizes().k;
+        let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, k_varies) };
         let k_first = if split { "kbase" } else { "0u" };
         let k_next = if split { "kbase + " } else { "" };
         let fma = reg(rn.dtype) == DType::F32;
@@ -806,7 +808,7 @@ impl Writer<'_> {
         let (rows, vecs, lanes, lr) = (p.rows, p.vecs, p.lanes, p.row_lanes);
         let lc = lanes / lr;
         let cols = 4 * vecs;
-        let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, rows * lr, lc * cols, self.limits.generic);
+        let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, rows * lr, lc * cols, &self.limits);
         let groups = batch.numel() as u64 * mb * nb;
         self.workgroup = Some(lanes as u32);
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
@@ -845,7 +847,7 @@ impl Writer<'_> {
                 let _ = writeln!(b, "    var c{i}_{v} = vec4<{t_ty}>({});", zero(rn.dtype));
             }
         }
-        let ku = if kk.is_multiple_of(4) && !self.limits.generic { 4 } else { 1 };
+        let ku = if kk.is_multiple_of(4) && self.limits.fixed_sizes().k { 4 } else { 1 };
         let head = format!("for (var k = 0u; k < {kk}u; k = k + {ku}u) {{");
         let _ = writeln!(b, "    {head}");
         // A values per row and k-step.
@@ -1097,10 +1099,12 @@ struct Grid {
 }
 
 impl Grid {
-    fn of(m: u64, n: u64, bm: u64, bn: u64, generic: bool) -> Grid {
+    fn of(m: u64, n: u64, bm: u64, bn: u64, limits: &LowerLimits) -> Grid {
+        let fixed = limits.fixed_sizes();
         let (mb, nb) = (m.div_ceil(bm), n.div_ceil(bn));
-        let (mbs, nbs) = (ceil_div(m, bm, generic), ceil_div(n, bn, generic));
-        let per_batch = if generic { format!("max({mbs} * {nbs}, 1u)") } else { format!("{}u", (mb * nb).max(1)) };
+        let (mbs, nbs) = (ceil_div(m, bm, !fixed.m), ceil_div(n, bn, !fixed.n));
+        let per_batch =
+            if fixed.m && fixed.n { format!("{}u", (mb * nb).max(1)) } else { format!("max({mbs} * {nbs}, 1u)") };
         Grid { mb, nb, mbs, nbs, per_batch }
     }
 }

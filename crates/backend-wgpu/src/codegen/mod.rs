@@ -78,8 +78,17 @@ pub struct LowerLimits {
     /// forms that do not depend on them, so that the sources of every size
     /// share one generic kernel (see `crate::generic`): no vec4 paths that
     /// need a size divisible by 4, and matmul layouts from coarse
-    /// power-of-two buckets.
+    /// power-of-two buckets, except along the sizes `fixed` names.
     pub generic: bool,
+    /// In a kernel generic over sizes, the sizes that stay the same
+    /// across the sizes seen so far (a growing sequence changes the rows
+    /// of a product, not its columns or depth): forms may depend on those
+    /// as in a static kernel (vec4 loads and stores, unrolled depth,
+    /// narrow-output layouts). Set per kernel by the compiler; ignored
+    /// where `generic` is false. Sound whatever it says: a size that
+    /// later changes changes the source's skeleton, which starts a family
+    /// of its own (see `crate::generic`).
+    pub fixed: FixedSizes,
     /// The device has subgroup operations and they are on
     /// (`WgpuOptions::subgroups`): row kernels combine the lanes of a row
     /// with them (see [`rows`]): their `main` takes the subgroup builtins.
@@ -100,6 +109,29 @@ pub struct LowerLimits {
     pub cooperative_matrix: bool,
 }
 
+/// Sizes a kernel generic over sizes may treat as constants (see
+/// [`LowerLimits::fixed`]); all `false` (the default) treats every size
+/// as varying.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FixedSizes {
+    /// A product's output rows (M).
+    pub m: bool,
+    /// A product's output columns (N).
+    pub n: bool,
+    /// A product's depth (K).
+    pub k: bool,
+    /// The length of the rows of a row, softmax or reduction kernel (the
+    /// last axis of its root, or of the operand it reduces).
+    pub row: bool,
+}
+
+impl FixedSizes {
+    /// Every size varies.
+    pub const NONE: FixedSizes = FixedSizes { m: false, n: false, k: false, row: false };
+    /// Every size fixed.
+    pub const ALL: FixedSizes = FixedSizes { m: true, n: true, k: true, row: true };
+}
+
 impl Default for LowerLimits {
     fn default() -> Self {
         LowerLimits::gpu()
@@ -107,6 +139,17 @@ impl Default for LowerLimits {
 }
 
 impl LowerLimits {
+    /// The sizes a kernel lowered under these limits may treat as
+    /// constants: all in a static kernel, [`LowerLimits::fixed`] in a
+    /// generic one.
+    pub fn fixed_sizes(&self) -> FixedSizes {
+        if self.generic {
+            self.fixed
+        } else {
+            FixedSizes::ALL
+        }
+    }
+
     /// The forms a GPU adapter selects, with WebGPU's minimum limits.
     pub fn gpu() -> LowerLimits {
         LowerLimits {
@@ -114,6 +157,7 @@ impl LowerLimits {
             forms: KernelForms::gpu(),
             workgroup_storage: 16384,
             generic: false,
+            fixed: FixedSizes::NONE,
             subgroups: false,
             f16: crate::halves::HalfStorage::Packed,
             cooperative_matrix: false,

@@ -71,7 +71,7 @@ pub fn beyond_one_workgroup(len: u64) -> bool {
 
 /// Whether reduction kernel `k` reads its rows as vec4 in the cooperative
 /// form: one trailing axis of a length divisible by 4 reduced straight
-/// from the kernel's one input (no prologue), f32, i32 or u32, sizes fixed.
+/// from the kernel's one input (no prologue), f32, i32 or u32, the row length fixed.
 pub fn vector_reduce(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
     let rn = g.node(k.root());
     let Op::Reduce { axes, .. } = &rn.op else { return false };
@@ -79,7 +79,7 @@ pub fn vector_reduce(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> boo
     let len = x.shape.dims().last().copied().unwrap_or(0) as u64;
     k.kind == KernelKind::Reduce
         && limits.forms.reduce.cooperative()
-        && !limits.generic
+        && limits.fixed_sizes().row
         && axes.len() == 1
         && axes[0] + 1 == x.shape.rank()
         && len > 4

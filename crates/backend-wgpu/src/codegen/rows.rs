@@ -52,7 +52,7 @@ pub(super) fn vector_rows(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -
     let Op::Softmax { axis, .. } = rn.op else { return false };
     let x = &g.node(rn.inputs[0]).shape;
     k.kind == KernelKind::Softmax
-        && !limits.generic
+        && limits.fixed_sizes().row
         && (!limits.forms.rows.per_row() || (x.dims()[axis] as u64) / 2 <= LLVMPIPE_LOOP_BUDGET)
         && axis + 1 == x.rank()
         && x.dims()[axis].is_multiple_of(4)
@@ -331,7 +331,7 @@ pub struct RowsLayout {
     pub held: bool,
     /// Held, and the inputs and outputs of the row's size are bound and
     /// accessed as vec4: the row length is a multiple of 4, every output
-    /// has the row's size (no per-row output) and sizes are fixed.
+    /// has the row's size (no per-row output) and the row length is fixed.
     pub vec4: bool,
 }
 
@@ -344,7 +344,7 @@ pub fn rows_layout(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> RowsL
     let len = shape.dims().last().copied().unwrap_or(1) as u64;
     let n = shape.numel() as u64;
     let all_full = k.outputs.iter().all(|&o| g.node(o).shape.numel() as u64 == n);
-    let w = if !limits.generic && len > 0 && len.is_multiple_of(4) && all_full { 4 } else { 1 };
+    let w = if limits.fixed_sizes().row && len > 0 && len.is_multiple_of(4) && all_full { 4 } else { 1 };
     let units = len / w;
     let lanes = row_lanes(units);
     if units.div_ceil(lanes) * w <= ROWS_MAX_HELD {
