@@ -69,6 +69,11 @@ pub struct GenReport {
     pub steady: Option<Duration>,
     /// Plans compiled (compile-cache misses).
     pub plans: u64,
+    /// Of those, new structures (`UncachedCompile`); the rest are size
+    /// variants of a structure compiled before (`SizeVariantCompile`).
+    pub structures: u64,
+    /// Host time of the size-variant compiles, in all.
+    pub variant_compile: Duration,
     /// Compiled plans that created pipelines (new kernel code).
     pub plans_with_new_code: u64,
     /// Pipelines created.
@@ -81,13 +86,15 @@ impl GenReport {
     /// One JSON object: the device, the window and every measure.
     pub fn to_json(&self, device: &str) -> String {
         format!(
-            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"plans_compiled\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"plans_compiled\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
             self.first.as_secs_f64() * 1e3,
             self.steady.map_or("null".to_string(), |d| format!("{:.2}", d.as_secs_f64() * 1e3)),
             self.plans,
+            self.structures,
+            self.variant_compile.as_secs_f64() * 1e3,
             self.plans_with_new_code,
             self.pipelines,
             self.generic_reuse
@@ -97,13 +104,15 @@ impl GenReport {
     /// One line of text with the same measures.
     pub fn summary(&self, device: &str) -> String {
         format!(
-            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}); {} plans compiled, {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}); {} plans compiled ({} structures, size variants {:.1} ms of host time), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
             self.first.as_secs_f64() * 1e3,
             self.steady.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
             self.plans,
+            self.structures,
+            self.variant_compile.as_secs_f64() * 1e3,
             self.plans_with_new_code,
             self.pipelines,
             self.generic_reuse
@@ -245,11 +254,13 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     let counters = || {
         (
             metrics::counter("UncachedCompile"),
+            metrics::counter("SizeVariantCompile"),
             metrics::counter("PipelinesCreated"),
             metrics::counter("GenericKernelReuse"),
+            metrics::timer("SizeVariantCompile").map_or(0.0, |t| t.sum),
         )
     };
-    let (plans0, pipes0, reuse0) = counters();
+    let (structures0, variants0, pipes0, reuse0, variant_ms0) = counters();
     let mut plans_with_new_code = 0;
     let started = Instant::now();
     let mut first = Duration::ZERO;
@@ -271,7 +282,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         }
     }
     let total = started.elapsed();
-    let (plans, pipes, reuse) = counters();
+    let (structures, variants, pipes, reuse, variant_ms) = counters();
     full.sort();
     Ok(GenReport {
         window,
@@ -279,7 +290,9 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         total,
         first,
         steady: full.get(full.len() / 2).copied(),
-        plans: plans - plans0,
+        plans: structures - structures0 + variants - variants0,
+        structures: structures - structures0,
+        variant_compile: Duration::from_secs_f64((variant_ms - variant_ms0).max(0.0) / 1e3),
         plans_with_new_code,
         pipelines: pipes - pipes0,
         generic_reuse: reuse - reuse0,

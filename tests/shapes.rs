@@ -121,6 +121,8 @@ fn greedy_generation_with_a_growing_context_matches_the_fixed_window() {
         assert_eq!(growing.tokens, cpu.tokens, "growing context on {}", dev.name());
         assert_eq!(fixed.tokens, cpu.tokens, "fixed window on {}", dev.name());
         assert_eq!(fixed.plans, 1, "the fixed window is one graph on {}", dev.name());
+        // One structure: every later length is a size variant of the first.
+        assert_eq!(growing.structures, 1, "{growing:?}");
         if dev.kind() == lazuli::BackendKind::Wgpu {
             // 10 lengths (3..=12), then the full window: new kernel code at
             // the first length (static), the first size variant (generic
@@ -175,10 +177,13 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
             let mut losses = Vec::new();
             // Plans compiled by each step, per epoch.
             let mut plans = Vec::new();
+            // Of those, size variants of a structure compiled before.
+            let mut variants = 0;
             for _epoch in 0..3 {
                 let mut epoch = Vec::new();
                 for &(start, len) in &batches {
-                    let before = metrics::counter("UncachedCompile");
+                    let before = common::plans_compiled();
+                    let variants_before = metrics::counter("SizeVariantCompile");
                     // Each batch is uploaded from the host, as a data loader does.
                     let xb = Tensor::from_slice(&xdata[start * 8..(start + len) * 8], [len, 8], d).unwrap();
                     let yb = Tensor::from_slice(&labels[start..start + len], [len], d).unwrap();
@@ -189,7 +194,8 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
                     // One sync per step: the loss is computed with the update.
                     d.mark_step().unwrap();
                     losses.push(loss.to_vec::<f32>().unwrap()[0]);
-                    epoch.push(metrics::counter("UncachedCompile") - before);
+                    epoch.push(common::plans_compiled() - before);
+                    variants += metrics::counter("SizeVariantCompile") - variants_before;
                 }
                 plans.push(epoch);
             }
@@ -202,10 +208,10 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
                 evals.push(mlp(&p, &xb).unwrap().softmax(-1).unwrap().to_vec::<f32>().unwrap());
                 pipelines.push(metrics::counter("PipelinesCreated") - before);
             }
-            (losses, plans, evals, pipelines)
+            (losses, plans, variants, evals, pipelines)
         };
-        let (want_losses, _, want_evals, _) = run(&cpu);
-        let (losses, plans, evals, pipelines) = run(&dev);
+        let (want_losses, _, _, want_evals, _) = run(&cpu);
+        let (losses, plans, variants, evals, pipelines) = run(&dev);
         common::assert_close(&losses, &want_losses, 1e-4, 1e-4, &format!("losses, {profile}"));
         for (got, want) in evals.iter().zip(&want_evals) {
             common::assert_close(got, want, 1e-4, 1e-4, &format!("evaluation, {profile}"));
@@ -215,6 +221,8 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
         // partial batch once; later epochs compile nothing.
         assert_eq!(plans[0].iter().sum::<u64>(), 3, "{profile}: plans per step {plans:?}");
         assert_eq!(plans[0][2], 1, "{profile}: the partial batch is one extra plan: {plans:?}");
+        // ... a size variant of the full batch's structure, not a new one.
+        assert_eq!(variants, 1, "{profile}: size variants compiled");
         assert!(plans[1..].iter().flatten().all(|&n| n == 0), "{profile}: plans per step {plans:?}");
         // Measured on lavapipe, both profiles: 3, 3, then 0 pipelines: the
         // first size compiles static kernels, the second generic ones, and
@@ -243,7 +251,7 @@ fn narrow_at_moves_its_start_without_recompiling() {
             let got = x.narrow_at(0, start, len).unwrap().mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap();
             let want: Vec<f32> = data[first * cols..(first + len) * cols].iter().map(|v| v * 2.0).collect();
             assert_eq!(got, want, "start {start} on {}", dev.name());
-            let compiled = metrics::counter("UncachedCompile");
+            let compiled = common::plans_compiled();
             assert_eq!(
                 *compiled_after_first.get_or_insert(compiled),
                 compiled,

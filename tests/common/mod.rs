@@ -50,6 +50,13 @@ pub fn metrics_lock() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Plans compiled in this process so far: new structures
+/// (`UncachedCompile`) and size variants of known ones
+/// (`SizeVariantCompile`).
+pub fn plans_compiled() -> u64 {
+    lazuli::metrics::counter("UncachedCompile") + lazuli::metrics::counter("SizeVariantCompile")
+}
+
 /// Deterministic pseudo-random values in [lo, hi).
 pub fn rand_vec(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);

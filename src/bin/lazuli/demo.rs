@@ -120,7 +120,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         report.steps, report.train_seconds, report.median_step_ms, report.mean_step_ms
     );
     println!(
-        "compile cache: UncachedCompile={} CachedCompile={} (uncached after step 2: {})",
+        "compile cache: {} plans compiled, CachedCompile={} (compiled after step 2: {})",
         report.uncached_compiles, report.cached_compiles, report.uncached_compiles_after_step_2
     );
     println!(
