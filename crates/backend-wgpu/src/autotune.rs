@@ -245,6 +245,9 @@ pub(crate) fn measure(
     let prepared: Vec<Prepared> =
         candidates.iter().map(|(form, wgsl)| Prepared::fixed(format!("{name} tune {form:?}"), wgsl)).collect();
     let made = pipelines.get_or_create(ctx, &prepared)?;
+    // Nothing else runs while the candidates are timed: the execution
+    // that returned before finishing (see `Context::overlap`) ends first.
+    ctx.settle()?;
     let mut measuring = std::time::Duration::ZERO;
     let mut best: Option<(f64, usize)> = None;
     // The rule's choice is the first candidate: what tuning buys is

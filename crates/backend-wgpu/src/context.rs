@@ -63,6 +63,12 @@ pub(crate) struct Context {
     /// The first asynchronous device error not reported yet (the web's
     /// uncaptured errors, lost device, index errors found late).
     pub deferred: Deferred,
+    /// Executions overlap (natively; `WgpuOptions::overlap_submit`): one
+    /// returns once submitted and the one before it has finished.
+    pub overlap: bool,
+    /// The submission of the last execution that returned before it
+    /// finished, if any.
+    in_flight: std::sync::Mutex<Option<wgpu::SubmissionIndex>>,
 }
 
 /// What opening a device tells the compile side about the adapter.
@@ -255,6 +261,8 @@ impl Context {
             shader_f16,
             cooperative_matrix,
             deferred,
+            overlap: platform::CAN_BLOCK && options.overlap_submit.unwrap_or(true),
+            in_flight: Default::default(),
         };
         Opened { context, info, limits, max_storage_buffers: max_sb }
     }
@@ -263,6 +271,35 @@ impl Context {
     /// returns at once: see [`crate::platform`]).
     pub fn wait(&self) -> Result<(), BackendError> {
         platform::wait(&self.device).map_err(|e| device_err(&self.name, e))
+    }
+
+    /// Records `index` as the submission of an execution that returned
+    /// before finishing (`None`: the last one was waited for) and waits
+    /// for the one recorded before, if any: that one finishes while
+    /// `index` keeps the GPU busy (natively; see [`Context::overlap`]).
+    pub fn overlap_with(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), BackendError> {
+        let earlier = std::mem::replace(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()), index);
+        match earlier {
+            Some(earlier) => platform::wait_for(&self.device, earlier).map_err(|e| device_err(&self.name, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the execution still running after it returned, if any
+    /// (before timing kernels, and at `Device::wait`).
+    pub fn settle(&self) -> Result<(), BackendError> {
+        let running = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match running {
+            Some(_) => self.wait(),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every submission, the execution still running included
+    /// (an execution that does not overlap the next).
+    pub fn wait_all(&self) -> Result<(), BackendError> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.wait()
     }
 
     /// The wgpu storage of `b`, which must be this backend's.

@@ -4,7 +4,10 @@
 //! its bind groups (cached per plan while its buffers recur, see
 //! [`crate::binds`]), the encoding of every launch into one compute pass
 //! (one pass per launch with timestamps while profiling), one submission
-//! and one wait, then the errors the device or a kernel reported.
+//! and one wait, then the errors the device or a kernel reported. The
+//! wait is for the execution before this one where executions overlap
+//! (natively, by default: `Context::overlap`), so that the GPU runs this
+//! one while the next is encoded: at most two are on the queue.
 //!
 //! Error slots are zeroed first in the submission and copied to a
 //! readback buffer at its end, mapped by the same wait: a bad index costs
@@ -72,7 +75,7 @@ pub(crate) fn execute(
     let commands = enc.finish();
     drop(encoding);
     let submitting = timeline::span("QueueSubmit");
-    ctx.queue.submit([commands]);
+    let submission = ctx.queue.submit([commands]);
     // Where the thread cannot wait (the web), the slots are read when
     // their mapping settles and a claimed one is reported later.
     #[cfg(target_arch = "wasm32")]
@@ -80,7 +83,16 @@ pub(crate) fn execute(
     let rx = slots.map();
     drop(submitting);
     let waiting = timeline::span("Wait");
-    let waited = ctx.wait();
+    // Overlapping, this execution returns once the one before it has
+    // finished, and keeps the GPU busy while the next is encoded; one
+    // whose error slots or timestamps are read after it waits for itself.
+    // (Its buffers may go back to the pool meanwhile: wgpu orders the
+    // next submission's writes after this one's reads.)
+    let waited = if ctx.overlap && rx.is_none() && queries.is_none() {
+        ctx.overlap_with(Some(submission))
+    } else {
+        ctx.wait_all()
+    };
     let done = Instant::now();
     drop(waiting);
     // The first claimed slot, in kernel order, as (kernel, index bits).

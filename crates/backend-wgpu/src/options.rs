@@ -102,6 +102,14 @@ pub struct WgpuOptions {
     /// `crate::pipeline`). Default on (never on wasm32); the flag
     /// `LAZULI_TRUSTED_SHADERS` overrides: `0` keeps every module checked.
     pub trusted_shaders: Option<bool>,
+    /// Whether an execution returns once its commands are submitted and
+    /// the execution before it has finished, so that the next one is
+    /// encoded and submitted while the GPU still runs this one (at most
+    /// two on the queue; default on, natively; the flag
+    /// `LAZULI_OVERLAP_SUBMIT` overrides: `0` waits for each execution).
+    /// Executions whose results need a readback to check (index errors)
+    /// or that are timed (profiles, the timeline) always wait.
+    pub overlap_submit: Option<bool>,
     /// Store f16 tensors packed two per `u32` (true) or natively as
     /// `array<f16>` where the adapter has `SHADER_F16` (false); else
     /// `LAZULI_F16_PACKED`, else native on GPUs with the feature and packed
@@ -185,6 +193,9 @@ impl WgpuOptions {
         let trusted = config::flag(lookup, "LAZULI_TRUSTED_SHADERS")?;
         note("LAZULI_TRUSTED_SHADERS", self.trusted_shaders.is_some(), trusted.is_some());
         out.trusted_shaders = self.trusted_shaders.or(trusted);
+        let overlap = config::flag(lookup, "LAZULI_OVERLAP_SUBMIT")?;
+        note("LAZULI_OVERLAP_SUBMIT", self.overlap_submit.is_some(), overlap.is_some());
+        out.overlap_submit = self.overlap_submit.or(overlap);
         let subgroups = config::flag(lookup, "LAZULI_SUBGROUPS")?;
         note("LAZULI_SUBGROUPS", self.subgroups.is_some(), subgroups.is_some());
         out.subgroups = self.subgroups.or(subgroups);

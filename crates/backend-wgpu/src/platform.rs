@@ -158,6 +158,18 @@ pub(crate) fn wait(device: &wgpu::Device) -> Result<(), wgpu::PollError> {
     }
 }
 
+/// Waits until `device` has finished the submission `index` (later ones
+/// may still run; natively; on the web returns at once).
+pub(crate) fn wait_for(device: &wgpu::Device, index: wgpu::SubmissionIndex) -> Result<(), wgpu::PollError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return device.poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None }).map(|_| ());
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (device, index);
+        Ok(())
+    }
+}
+
 /// Requests `adapter`'s device with `desc`, blocking (natively only).
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn request_device(

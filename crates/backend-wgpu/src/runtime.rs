@@ -263,6 +263,7 @@ fn effective_settings(
             source("LAZULI_DEVICE_MEMORY_BYTES"),
         ),
         Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new("LAZULI_OVERLAP_SUBMIT", on_off(ctx.overlap), source("LAZULI_OVERLAP_SUBMIT")),
         Setting::new(
             "LAZULI_SUBGROUPS",
             match (compiler.lower.subgroups, ctx.subgroups) {
@@ -349,6 +350,10 @@ impl Backend for WgpuBackend {
                 instead: "Device::wait_async".into(),
             });
         }
+        // Natively, the last execution may still run (see
+        // `WgpuOptions::overlap_submit`).
+        #[cfg(not(target_arch = "wasm32"))]
+        self.inner.ctx.settle()?;
         self.inner.ctx.deferred.take()
     }
 

@@ -140,6 +140,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::multi_tensor)",
     ),
     var(
+        "LAZULI_OVERLAP_SUBMIT",
+        Kind::Flag,
+        "on",
+        "an execution returns once submitted and the one before it finished (the next is encoded meanwhile)",
+        "lazuli-wgpu (WgpuOptions::overlap_submit)",
+    ),
+    var(
         "LAZULI_SUBGROUPS",
         Kind::Flag,
         "on where the adapter has subgroups",
