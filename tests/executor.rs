@@ -257,3 +257,42 @@ fn a_panicking_backend_is_an_error_not_a_hang() {
         assert_eq!(x.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0], "device usable afterwards");
     }
 }
+
+/// Overlapping executions (`LAZULI_OVERLAP_SUBMIT`, on by default): a
+/// chain of steps, each reading the previous step's output and a new
+/// lifted scalar, run back to back without a read in between (so every
+/// step is submitted while the one before may still run, and their
+/// uniforms and intermediate buffers recycle through the pool), gives
+/// exactly what waiting for each step gives, and what the CPU gives;
+/// `Device::wait` returns with the last step finished.
+#[test]
+fn overlapping_executions_match_waiting_ones() {
+    let Some(_) = common::wgpu() else { return };
+    let data = common::rand_vec(4096, 7, -1.0, 1.0);
+    let run = |dev: &Device| {
+        let mut x = Tensor::from_slice(&data, [64, 64], dev).unwrap();
+        let mut sums = Vec::new();
+        for i in 0..60 {
+            let s = 0.5 + (i % 7) as f64 * 0.125;
+            let y = x.mul_scalar(s).unwrap().add_scalar(0.25).unwrap().tanh().unwrap();
+            // A product too, so that intermediates of several sizes recycle.
+            x = y.matmul(&y.transpose(0, 1).unwrap()).unwrap().mul_scalar(1.0 / 64.0).unwrap();
+            sums.push(x.sum(&[], false).unwrap());
+            dev.mark_step().unwrap();
+        }
+        dev.wait().unwrap();
+        let mut out: Vec<f32> = sums.iter().map(|t| t.item::<f32>().unwrap()).collect();
+        out.extend(x.to_vec::<f32>().unwrap());
+        out
+    };
+    let want = run(&Device::cpu());
+    for overlap in [true, false] {
+        let opts = lazuli::WgpuDeviceOptions { overlap_submit: Some(overlap), ..Default::default() };
+        let dev = Device::wgpu_with(opts).expect("a wgpu device");
+        let config = dev.configuration();
+        let setting = config.settings.iter().find(|s| s.variable == "LAZULI_OVERLAP_SUBMIT").expect("listed");
+        assert_eq!(setting.value, if overlap { "on" } else { "off" });
+        let got = run(&dev);
+        common::assert_close(&got, &want, 1e-4, 1e-5, &format!("overlap {overlap}"));
+    }
+}

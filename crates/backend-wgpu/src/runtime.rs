@@ -369,8 +369,9 @@ impl Backend for WgpuBackend {
     }
 
     /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
-    /// every kernel is lowered in size-independent forms and compiled
-    /// generic over all its sizes at once (see [`crate::generic`]).
+    /// kernels whose sizes differ from the earlier executable are lowered
+    /// in forms independent of those sizes and compiled generic over all
+    /// their sizes at once (see [`crate::generic`], `Compiler::compile`).
     fn compile_with(
         &self,
         graph: &VerifiedGraph,
