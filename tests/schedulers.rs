@@ -6,7 +6,6 @@
 
 mod common;
 
-use lazuli::metrics;
 use lazuli::nn::{self, Module};
 use lazuli::optim::{
     Adam, Anneal, CosineAnnealingLR, LinearLR, LrScheduler, OneCycleLR, Optimizer, ParamGroup, Schedule, SequentialLR,
