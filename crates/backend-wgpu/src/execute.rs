@@ -18,7 +18,7 @@ use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
 use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
 use crate::platform::Scope;
 use crate::pool::WgpuStorage;
-use crate::profile::{place_on_timeline, read_intervals, Profiler};
+use crate::profile::{map_intervals, mapped_intervals, place_on_timeline, Profiler};
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
@@ -81,6 +81,8 @@ pub(crate) fn execute(
     #[cfg(target_arch = "wasm32")]
     let slots = slots.check_later(ctx, g, &exe.plan.kernels);
     let rx = slots.map();
+    // Timestamps are mapped by the same wait.
+    let timestamps = queries.as_ref().map(|q| map_intervals(&q.read, work.len()));
     drop(submitting);
     let waiting = timeline::span("Wait");
     // Overlapping, this execution returns once the one before it has
@@ -116,14 +118,14 @@ pub(crate) fn execute(
         return Err(BackendError::Execution(e.to_string()));
     }
     waited?;
-    let intervals = match &queries {
-        Some(q) => {
+    let intervals = match (&queries, timestamps) {
+        (Some(q), Some(mapping)) => {
             let names: Vec<String> = work.iter().map(Launch::name).collect();
-            let intervals = read_intervals(ctx, &q.read, names.len())?;
+            let intervals = mapped_intervals(ctx, &q.read, names.len(), mapping)?;
             place_on_timeline(&names, &intervals, done);
             Some(intervals)
         }
-        None => None,
+        _ => None,
     };
     if profiling {
         let costs: Vec<&LaunchCost> = work.iter().map(Launch::cost).collect();

@@ -88,13 +88,35 @@ pub(crate) fn read_intervals(
     read: &wgpu::Buffer,
     pairs: usize,
 ) -> Result<Vec<(f64, f64)>, BackendError> {
-    let bytes = pairs as u64 * 16;
+    let mapping = map_intervals(read, pairs);
+    ctx.wait()?;
+    mapped_intervals(ctx, read, pairs, mapping)
+}
+
+/// Asks for the first `pairs` timestamp pairs of `read` to be mapped once
+/// the work that fills them is done: issued right after the submission,
+/// the execution's own wait completes the mapping (no second round trip).
+pub(crate) fn map_intervals(read: &wgpu::Buffer, pairs: usize) -> Mapping {
     let (tx, rx) = std::sync::mpsc::channel();
-    read.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+    read.map_async(wgpu::MapMode::Read, 0..pairs as u64 * 16, move |r| {
         let _ = tx.send(r);
     });
-    ctx.wait()?;
-    rx.recv().map_err(|e| device_err(&ctx.name, e))?.map_err(|e| device_err(&ctx.name, e))?;
+    rx
+}
+
+/// The outcome of a [`map_intervals`] request.
+pub(crate) type Mapping = std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>;
+
+/// The intervals [`map_intervals`] asked for, after the wait that
+/// completes `mapping`; `read` is unmapped again.
+pub(crate) fn mapped_intervals(
+    ctx: &Context,
+    read: &wgpu::Buffer,
+    pairs: usize,
+    mapping: Mapping,
+) -> Result<Vec<(f64, f64)>, BackendError> {
+    let bytes = pairs as u64 * 16;
+    mapping.recv().map_err(|e| device_err(&ctx.name, e))?.map_err(|e| device_err(&ctx.name, e))?;
     // Nanoseconds per tick.
     let period = ctx.queue.get_timestamp_period() as f64;
     let times: Vec<(f64, f64)> = {
