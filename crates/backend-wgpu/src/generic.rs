@@ -214,7 +214,11 @@ pub fn scan(source: &str) -> Scanned {
     let mut counts = [0usize; NODE_NAME_PREFIXES.len()];
     let mut copied = 0usize;
     let mut lexer = Lexer::new(source);
-    while let Some(tok) = lexer.next() {
+    // Spaces and punctuation carry no literal or name: skipped byte-wise.
+    while let Some(tok) = {
+        lexer.skip_plain();
+        lexer.next()
+    } {
         let (start, end) = (tok.start, tok.end);
         let text = &source[start..end];
         match tok.kind {

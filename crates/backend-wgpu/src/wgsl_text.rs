@@ -72,6 +72,19 @@ impl<'a> Lexer<'a> {
         Lexer { text, pos: 0 }
     }
 
+    /// Skips spaces and punctuation other than `@` and `/` (which may
+    /// start an attribute or a comment): the next token, if any, is then an
+    /// identifier, a number, an attribute or a comment, or that `/` alone.
+    /// For scans that look only at those; a byte-wise loop, far cheaper
+    /// than a token per space and bracket.
+    pub fn skip_plain(&mut self) {
+        let b = self.text.as_bytes();
+        while self.pos < b.len() && !matches!(b[self.pos], b'@' | b'/') && !is_ident(b[self.pos]) {
+            self.pos += 1;
+        }
+        // Only ASCII bytes stop the loop, so `pos` is a character boundary.
+    }
+
     /// Continues from byte `pos` (at most the text's length), which must
     /// start a token: the end of a token or of a group.
     pub fn seek(&mut self, pos: usize) {
