@@ -83,7 +83,7 @@ impl SizeChanges {
     pub fn between(now: &Graph, earlier: &Graph) -> Option<SizeChanges> {
         let (a, b) = (now.nodes(), earlier.nodes());
         let aligned = a.len() == b.len()
-            && a.iter().zip(b).all(|(x, y)| x.op.name() == y.op.name() && x.shape.rank() == y.shape.rank());
+            && a.iter().zip(b).all(|(x, y)| x.op.label() == y.op.label() && x.shape.rank() == y.shape.rank());
         let mask = |x: &[usize], y: &[usize]| {
             x.iter()
                 .zip(y)

@@ -294,11 +294,7 @@ mod tests {
             y = g.push(Op::Cast(out), &[y]).unwrap();
         }
         g.outputs.push(y);
-        let v = g.verify().unwrap();
-        let mut plan = fusion::plan(&v, &FusionLimits { matmul_epilogue: true, ..FusionLimits::default() });
-        assert_eq!(plan.kernels.len(), 1, "one kernel");
-        let k = plan.kernels.remove(0);
-        (v, k)
+        matmul::tests::one_kernel(g)
     }
 
     /// A device that runs cooperative matrices (an H100's 48 KiB of

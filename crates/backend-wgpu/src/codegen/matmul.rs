@@ -1110,7 +1110,7 @@ impl Grid {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{lower, KernelForms, LowerLimits, MatmulForm, MatmulTile};
     use super::*;
     use lazuli_ir::fusion::{self, FusionLimits};
@@ -1177,7 +1177,8 @@ mod tests {
         one_kernel(g)
     }
 
-    fn one_kernel(g: Graph) -> (VerifiedGraph, Kernel) {
+    /// The one kernel of `g` (matmul epilogues fused), verified.
+    pub(in crate::codegen) fn one_kernel(g: Graph) -> (VerifiedGraph, Kernel) {
         let v = g.verify().unwrap();
         let mut plan = fusion::plan(&v, &FusionLimits { matmul_epilogue: true, ..FusionLimits::default() });
         assert_eq!(plan.kernels.len(), 1, "one kernel");
