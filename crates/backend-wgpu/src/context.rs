@@ -12,7 +12,9 @@ use crate::codegen;
 use crate::options::WgpuOptions;
 use crate::platform::{self, Deferred};
 use crate::pool::{self, Pool, PoolOptions, WgpuStorage};
+use crate::profile::{mapped_intervals, PendingTimes};
 use crate::window::Windows;
+use lazuli_executor::platform::Instant;
 use lazuli_executor::{BackendError, BackendKind, Buffer};
 use lazuli_ir::{DType, ScalarValue, ValueType};
 use std::sync::Arc;
@@ -69,6 +71,13 @@ pub(crate) struct Context {
     /// The submission of the last execution that returned before it
     /// finished, if any.
     in_flight: std::sync::Mutex<Option<wgpu::SubmissionIndex>>,
+    /// Timestamps of executions that returned before they finished,
+    /// placed on the timeline once a wait sees them done
+    /// ([`Context::collect_times`]).
+    pending_times: std::sync::Mutex<Vec<PendingTimes>>,
+    /// This device's clock on the timeline (see
+    /// [`lazuli_executor::timeline::gpu_execution`]).
+    clock: u64,
 }
 
 /// What opening a device tells the compile side about the adapter.
@@ -263,6 +272,11 @@ impl Context {
             deferred,
             overlap: platform::CAN_BLOCK && options.overlap_submit.unwrap_or(true),
             in_flight: Default::default(),
+            pending_times: Default::default(),
+            clock: {
+                static CLOCKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                CLOCKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         };
         Opened { context, info, limits, max_storage_buffers: max_sb }
     }
@@ -279,27 +293,63 @@ impl Context {
     /// `index` keeps the GPU busy (natively; see [`Context::overlap`]).
     pub fn overlap_with(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), BackendError> {
         let earlier = std::mem::replace(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()), index);
-        match earlier {
+        let waited = match earlier {
             Some(earlier) => platform::wait_for(&self.device, earlier).map_err(|e| device_err(&self.name, e)),
             None => Ok(()),
-        }
+        };
+        self.collect_times();
+        waited
+    }
+
+    /// Keeps an execution's timestamps to collect later: they are placed
+    /// on the timeline after the first wait that sees it done, so the
+    /// timeline never makes an execution wait for itself.
+    pub(crate) fn time_later(&self, times: PendingTimes) {
+        self.pending_times.lock().unwrap_or_else(|e| e.into_inner()).push(times);
+    }
+
+    /// Places on the timeline the timestamps of every execution a wait
+    /// has seen done (see [`Context::time_later`]); a read that failed
+    /// drops its execution's intervals.
+    pub(crate) fn collect_times(&self) {
+        let mut pending = self.pending_times.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|p| match p.mapping.try_recv() {
+            Ok(mapped) => {
+                if let Ok((intervals, done)) = mapped_intervals(self, &p.read, p.names.len(), mapped) {
+                    lazuli_executor::timeline::gpu_execution(self.clock, &p.names, &intervals, done);
+                }
+                false
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => true,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => false,
+        });
+    }
+
+    /// Places one execution's kernels `names`, timed over `intervals` and
+    /// seen done at `done`, on the timeline.
+    pub(crate) fn place_times(&self, names: &[String], intervals: &[(f64, f64)], done: Instant) {
+        lazuli_executor::timeline::gpu_execution(self.clock, names, intervals, done);
     }
 
     /// Waits for the execution still running after it returned, if any
     /// (before timing kernels, and at `Device::wait`).
     pub fn settle(&self) -> Result<(), BackendError> {
         let running = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match running {
+        let waited = match running {
             Some(_) => self.wait(),
             None => Ok(()),
-        }
+        };
+        self.collect_times();
+        waited
     }
 
     /// Waits for every submission, the execution still running included
     /// (an execution that does not overlap the next).
     pub fn wait_all(&self) -> Result<(), BackendError> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.wait()
+        let waited = self.wait();
+        self.collect_times();
+        waited
     }
 
     /// The wgpu storage of `b`, which must be this backend's.

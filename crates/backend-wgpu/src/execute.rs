@@ -18,8 +18,7 @@ use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
 use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
 use crate::platform::Scope;
 use crate::pool::WgpuStorage;
-use crate::profile::{map_intervals, mapped_intervals, place_on_timeline, Profiler};
-use lazuli_executor::platform::Instant;
+use crate::profile::{map_intervals, mapped_intervals, PendingTimes, Profiler};
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
@@ -81,21 +80,26 @@ pub(crate) fn execute(
     #[cfg(target_arch = "wasm32")]
     let slots = slots.check_later(ctx, g, &exe.plan.kernels);
     let rx = slots.map();
-    // Timestamps are mapped by the same wait.
+    // Timestamps are mapped by the wait that sees the execution done.
     let timestamps = queries.as_ref().map(|q| map_intervals(&q.read, work.len()));
     drop(submitting);
     let waiting = timeline::span("Wait");
     // Overlapping, this execution returns once the one before it has
     // finished, and keeps the GPU busy while the next is encoded; one
-    // whose error slots or timestamps are read after it waits for itself.
-    // (Its buffers may go back to the pool meanwhile: wgpu orders the
-    // next submission's writes after this one's reads.)
-    let waited = if ctx.overlap && rx.is_none() && queries.is_none() {
-        ctx.overlap_with(Some(submission))
-    } else {
-        ctx.wait_all()
+    // whose error slots or profiled times are read after it waits for
+    // itself. (Its buffers may go back to the pool meanwhile: wgpu orders
+    // the next submission's writes after this one's reads.) The
+    // timeline's timestamps are collected by a later wait.
+    let overlap = ctx.overlap && rx.is_none() && !profiling;
+    let (queries, timestamps) = match (queries, timestamps) {
+        (Some(q), Some(mapping)) if overlap => {
+            let names = work.iter().map(Launch::name).collect();
+            ctx.time_later(PendingTimes { names, read: q.read, mapping, _queries: (q.set, q.resolve) });
+            (None, None)
+        }
+        other => other,
     };
-    let done = Instant::now();
+    let waited = if overlap { ctx.overlap_with(Some(submission)) } else { ctx.wait_all() };
     drop(waiting);
     // The first claimed slot, in kernel order, as (kernel, index bits).
     let claimed = match rx {
@@ -121,8 +125,9 @@ pub(crate) fn execute(
     let intervals = match (&queries, timestamps) {
         (Some(q), Some(mapping)) => {
             let names: Vec<String> = work.iter().map(Launch::name).collect();
-            let intervals = mapped_intervals(ctx, &q.read, names.len(), mapping)?;
-            place_on_timeline(&names, &intervals, done);
+            let mapped = mapping.recv().map_err(|e| device_err(&ctx.name, e))?;
+            let (intervals, done) = mapped_intervals(ctx, &q.read, names.len(), mapped)?;
+            ctx.place_times(&names, &intervals, done);
             Some(intervals)
         }
         _ => None,

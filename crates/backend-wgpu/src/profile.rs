@@ -4,12 +4,14 @@
 //! while the timeline records; each launch is collected with its cost by
 //! the model of [`crate::cost`], and without a time where the adapter
 //! has no timestamp queries), the readback of resolved timestamp pairs
-//! that the profiler, the timeline and the autotuner share, and the
-//! placement of an execution's kernels on the timeline's clock.
+//! that the profiler, the timeline and the autotuner share (each mapping
+//! notes when the device was seen done, the timeline's anchor), and the
+//! timestamps of an overlapped execution kept until a later wait
+//! collects them ([`PendingTimes`]).
 
 use crate::context::{device_err, Context};
 use lazuli_executor::platform::Instant;
-use lazuli_executor::{timeline, BackendError, LaunchCost};
+use lazuli_executor::{BackendError, LaunchCost};
 use std::sync::Mutex;
 
 /// One profiled kernel launch: its cost by the model (computed when the
@@ -69,16 +71,16 @@ pub(crate) fn read_timestamps(ctx: &Context, read: &wgpu::Buffer, pairs: usize) 
     Ok(read_intervals(ctx, read, pairs)?.into_iter().map(|(begin, end)| (end - begin) / 1e3).collect())
 }
 
-/// Places the GPU intervals of one execution's launches `names` on the
-/// timeline (see [`lazuli_executor::timeline`]): `intervals` are their
-/// begin and end in µs of GPU time; the last end is placed at `done`, the
-/// moment the execution's wait returned.
-pub(crate) fn place_on_timeline(names: &[String], intervals: &[(f64, f64)], done: Instant) {
-    let Some(last) = intervals.iter().map(|i| i.1).reduce(f64::max) else { return };
-    let end = timeline::micros(done);
-    for (name, &(begin, stop)) in names.iter().zip(intervals) {
-        timeline::gpu_interval(name.clone(), end - (last - begin), stop - begin);
-    }
+/// The timestamps of an execution collected after it returned (see
+/// [`crate::context::Context::collect_times`]): its launches' names and
+/// the buffers its queries resolve into, kept until their mapping
+/// settles.
+pub(crate) struct PendingTimes {
+    pub names: Vec<String>,
+    pub read: wgpu::Buffer,
+    pub mapping: Mapping,
+    /// The query set and resolve buffer, alive until the read completes.
+    pub _queries: (wgpu::QuerySet, wgpu::Buffer),
 }
 
 /// Maps the first `pairs` resolved timestamp pairs of `read` after the
@@ -90,33 +92,40 @@ pub(crate) fn read_intervals(
 ) -> Result<Vec<(f64, f64)>, BackendError> {
     let mapping = map_intervals(read, pairs);
     ctx.wait()?;
-    mapped_intervals(ctx, read, pairs, mapping)
+    Ok(mapped_intervals(ctx, read, pairs, mapping.recv().map_err(|e| device_err(&ctx.name, e))?)?.0)
 }
 
 /// Asks for the first `pairs` timestamp pairs of `read` to be mapped once
 /// the work that fills them is done: issued right after the submission,
-/// the execution's own wait completes the mapping (no second round trip).
+/// the wait that sees the work finish completes the mapping (no second
+/// round trip) and notes when it did.
 pub(crate) fn map_intervals(read: &wgpu::Buffer, pairs: usize) -> Mapping {
     let (tx, rx) = std::sync::mpsc::channel();
     read.map_async(wgpu::MapMode::Read, 0..pairs as u64 * 16, move |r| {
-        let _ = tx.send(r);
+        let _ = tx.send((r, Instant::now()));
     });
     rx
 }
 
-/// The outcome of a [`map_intervals`] request.
-pub(crate) type Mapping = std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>;
+/// A [`map_intervals`] request: its outcome, and the host time when the
+/// device was seen done (an upper bound of the last timestamp's host
+/// time).
+pub(crate) type Mapping = std::sync::mpsc::Receiver<Mapped>;
 
-/// The intervals [`map_intervals`] asked for, after the wait that
-/// completes `mapping`; `read` is unmapped again.
+/// What a [`Mapping`] receives.
+pub(crate) type Mapped = (Result<(), wgpu::BufferAsyncError>, Instant);
+
+/// The intervals [`map_intervals`] asked for once `mapped` arrived, and
+/// when it did; `read` is unmapped again.
 pub(crate) fn mapped_intervals(
     ctx: &Context,
     read: &wgpu::Buffer,
     pairs: usize,
-    mapping: Mapping,
-) -> Result<Vec<(f64, f64)>, BackendError> {
+    mapped: Mapped,
+) -> Result<(Vec<(f64, f64)>, Instant), BackendError> {
     let bytes = pairs as u64 * 16;
-    mapping.recv().map_err(|e| device_err(&ctx.name, e))?.map_err(|e| device_err(&ctx.name, e))?;
+    let (outcome, done) = mapped;
+    outcome.map_err(|e| device_err(&ctx.name, e))?;
     // Nanoseconds per tick.
     let period = ctx.queue.get_timestamp_period() as f64;
     let times: Vec<(f64, f64)> = {
@@ -127,5 +136,5 @@ pub(crate) fn mapped_intervals(
             .collect()
     };
     read.unmap();
-    Ok(times)
+    Ok((times, done))
 }

@@ -852,6 +852,11 @@ impl Drop for DeviceInner {
             let _ = w.join();
         }
         self.main.persist_caches();
+        if crate::timeline::enabled() {
+            // The last execution's kernels reach the timeline once it is
+            // seen done.
+            let _ = self.main.finish();
+        }
         if let Err(e) = crate::timeline::flush() {
             tracing::warn!("LAZULI_TRACE: could not write the timeline: {e}");
         }

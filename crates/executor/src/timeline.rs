@@ -16,16 +16,22 @@
 //!   creation, segment execution, barrier waits, and what backends time
 //!   (the wgpu backend adds spans of its own: `Allocate`, `Encode`,
 //!   `QueueSubmit`, `Wait`, `Upload`, `Readback`, `PoolCreateBuffer`);
-//! - GPU intervals from timestamp queries, placed on the host clock by
-//!   the backend ([`gpu_interval`]): the wgpu backend anchors the end of
-//!   an execution's last kernel at the moment its wait returned, so GPU
-//!   intervals are exact relative to each other and placed within the
-//!   wait's polling latency on the host clock.
+//! - GPU intervals from timestamp queries ([`gpu_execution`]): each
+//!   execution's kernels in the device's own clock, with the host time by
+//!   which the execution was known to be done. Per device clock, the
+//!   smallest gap seen between that host time and the execution's last
+//!   timestamp is the clock's offset (every such gap is the true offset
+//!   plus a delay, so the smallest is the closest), applied when the file
+//!   is written: GPU intervals are exact relative to each other and
+//!   placed within the best-observed polling latency on the host clock.
+//!   Collecting them never makes an execution wait for itself, so the
+//!   timeline shows a steady loop as it runs without it.
 //!
 //! At most [`MAX_EVENTS`] events are kept; later ones are counted as
 //! `TimelineDropped` and the file says how many were dropped.
 
 use crate::platform::Instant;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -43,10 +49,12 @@ static ON: AtomicBool = AtomicBool::new(false);
 struct Event {
     name: String,
     cat: &'static str,
-    /// Microseconds since [`epoch`].
+    /// Microseconds since [`epoch`], or of the device clock `clock`.
     ts: f64,
     dur: f64,
     tid: u64,
+    /// The device clock of a GPU interval.
+    clock: Option<u64>,
 }
 
 #[derive(Default)]
@@ -56,6 +64,9 @@ struct Recorder {
     dropped: u64,
     /// Host threads in order of their first event (their track ids).
     threads: Vec<(std::thread::ThreadId, String)>,
+    /// Per device clock, the smallest host-minus-device gap seen so far
+    /// (see [`gpu_execution`]), in µs.
+    offsets: HashMap<u64, f64>,
 }
 
 fn recorder() -> &'static Mutex<Recorder> {
@@ -102,23 +113,28 @@ pub fn micros(t: Instant) -> f64 {
 
 fn push(name: String, cat: &'static str, ts: f64, dur: f64, tid: Option<u64>) {
     let mut r = recorder().lock().unwrap_or_else(|e| e.into_inner());
+    push_locked(&mut r, Event { name, cat, ts, dur, tid: tid.unwrap_or(0), clock: None }, tid.is_none());
+}
+
+/// Adds `e` to `r`; on this thread's track where `on_this_thread`.
+fn push_locked(r: &mut Recorder, mut e: Event, on_this_thread: bool) {
     if r.events.len() >= MAX_EVENTS {
         r.dropped += 1;
-        drop(r);
+        // The metrics' lock is never held while taking this one.
         crate::metrics::inc("TimelineDropped", 1);
         return;
     }
-    let tid = tid.unwrap_or_else(|| {
+    if on_this_thread {
         let me = std::thread::current();
-        match r.threads.iter().position(|(id, _)| *id == me.id()) {
+        e.tid = match r.threads.iter().position(|(id, _)| *id == me.id()) {
             Some(i) => i as u64 + 1,
             None => {
                 r.threads.push((me.id(), me.name().unwrap_or("thread").to_string()));
                 r.threads.len() as u64
             }
-        }
-    });
-    r.events.push(Event { name, cat, ts, dur, tid });
+        };
+    }
+    r.events.push(e);
 }
 
 /// Records a host span `name` on this thread that ended now and took `d`.
@@ -171,11 +187,43 @@ pub fn span(name: &'static str) -> Option<Span> {
     enabled().then(|| Span { name, start: Instant::now() })
 }
 
-/// Records a GPU interval `name` from `start` for `dur` microseconds of
-/// the timeline's clock (see [`micros`]) on the GPU track.
-pub fn gpu_interval(name: String, start: f64, dur: f64) {
-    if enabled() {
-        push(name, "gpu", start.max(0.0), dur.max(0.0), Some(GPU_TRACK));
+/// Records one execution's kernels on the GPU track: `names` ran over
+/// `intervals` (begin and end in µs of device clock `clock`, an id the
+/// backend gives each device), and the host knew the execution was done
+/// at `done`. The clock's offset to the host clock is the smallest
+/// `done` minus last end seen (see the module documentation), so an
+/// execution collected late places as well as one waited for at once.
+pub fn gpu_execution(clock: u64, names: &[String], intervals: &[(f64, f64)], done: Instant) {
+    if !enabled() {
+        return;
+    }
+    recorder().lock().unwrap_or_else(|e| e.into_inner()).gpu_execution(clock, names, intervals, micros(done));
+}
+
+impl Recorder {
+    /// [`gpu_execution`] with `done` in µs of the timeline's clock.
+    fn gpu_execution(&mut self, clock: u64, names: &[String], intervals: &[(f64, f64)], done: f64) {
+        let Some(last) = intervals.iter().map(|i| i.1).reduce(f64::max) else { return };
+        let gap = done - last;
+        let offset = self.offsets.entry(clock).or_insert(gap);
+        *offset = offset.min(gap);
+        for (name, &(begin, end)) in names.iter().zip(intervals) {
+            let dur = (end - begin).max(0.0);
+            push_locked(
+                self,
+                Event { name: name.clone(), cat: "gpu", ts: begin, dur, tid: GPU_TRACK, clock: Some(clock) },
+                false,
+            );
+        }
+    }
+
+    /// Where event `e` starts on the timeline's clock (GPU intervals
+    /// moved by their clock's offset).
+    fn start_of(&self, e: &Event) -> f64 {
+        match e.clock {
+            Some(c) => (e.ts + self.offsets.get(&c).copied().unwrap_or(0.0)).max(0.0),
+            None => e.ts,
+        }
     }
 }
 
@@ -200,7 +248,8 @@ fn write(r: &Recorder, path: &Path) -> std::io::Result<()> {
     }
     events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": GPU_TRACK, "args": {"name": "GPU"}}));
     for e in &r.events {
-        events.push(json!({"name": e.name, "cat": e.cat, "ph": "X", "ts": e.ts, "dur": e.dur, "pid": 1, "tid": e.tid}));
+        let ts = r.start_of(e);
+        events.push(json!({"name": e.name, "cat": e.cat, "ph": "X", "ts": ts, "dur": e.dur, "pid": 1, "tid": e.tid}));
     }
     let doc = json!({
         "traceEvents": events,
@@ -213,4 +262,37 @@ fn write(r: &Recorder, path: &Path) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, serde_json::to_vec(&doc).map_err(std::io::Error::other)?)?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_intervals_take_the_smallest_gap_seen_on_their_clock() {
+        let mut r = Recorder::default();
+        let names = |n: &str| vec![format!("{n}a"), format!("{n}b")];
+        // Device clock 1: the first execution is seen done 2000 µs (of
+        // host clock minus device clock) after its last timestamp, the
+        // second 1500 µs after; both move by the smaller gap.
+        r.gpu_execution(1, &names("x"), &[(1000.0, 1100.0), (1100.0, 1300.0)], 3300.0);
+        r.gpu_execution(1, &names("y"), &[(5000.0, 5050.0), (5060.0, 5100.0)], 6600.0);
+        // Another device keeps its own clock.
+        r.gpu_execution(2, &names("z"), &[(10.0, 30.0), (30.0, 40.0)], 7000.0);
+        let placed: Vec<(&str, f64, f64)> = r.events.iter().map(|e| (e.name.as_str(), r.start_of(e), e.dur)).collect();
+        assert_eq!(
+            placed,
+            [
+                ("xa", 2500.0, 100.0),
+                ("xb", 2600.0, 200.0),
+                ("ya", 6500.0, 50.0),
+                ("yb", 6560.0, 40.0),
+                ("za", 6970.0, 20.0),
+                ("zb", 6990.0, 10.0),
+            ]
+        );
+        assert!(r.events.iter().all(|e| e.tid == GPU_TRACK && e.cat == "gpu"));
+        // Each execution ends no later than when it was seen done.
+        assert!(placed[1].1 + placed[1].2 <= 3300.0 && placed[3].1 + placed[3].2 <= 6600.0);
+    }
 }
