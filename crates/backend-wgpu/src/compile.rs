@@ -422,6 +422,9 @@ pub struct WgpuExecutable {
     pub(crate) binds: Mutex<BindCache>,
     /// Compiled generic over sizes (a size variant's kernels).
     pub(crate) generic: bool,
+    /// Which outputs were read, and by which execution: the executions
+    /// after copy them early (see [`crate::transfer::early_copies`]).
+    pub(crate) outputs_read: Arc<crate::transfer::OutputsRead>,
 }
 
 /// Where a buffer of an execution comes from.
@@ -499,6 +502,7 @@ impl WgpuExecutable {
             slot,
             binds,
             generic,
+            outputs_read: Arc::new(crate::transfer::OutputsRead::new(graph.outputs.len())),
         }
     }
 

@@ -19,6 +19,7 @@ use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK
 use crate::platform::Scope;
 use crate::pool::WgpuStorage;
 use crate::profile::{map_intervals, mapped_intervals, PendingTimes, Profiler};
+use crate::transfer::{early_copies, EarlyCopy, OutputOf};
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
@@ -70,11 +71,29 @@ pub(crate) fn execute(
         q.resolve(&mut enc);
     }
     slots.copy_back(&mut enc);
+    // The outputs this execution made, and their early copies.
+    let made: Vec<Option<&Buffer>> = g
+        .outputs
+        .iter()
+        .map(|o| match exe.slot.get(o.index()).and_then(|&s| exe.buffers.get(s as usize)) {
+            Some(Bound::Node(_)) => value(*o),
+            _ => None,
+        })
+        .collect();
+    let run = exe.outputs_read.start();
+    let copies = early_copies(ctx, &exe.outputs_read, run, &made, &mut enc)?;
     drop(cache);
     let commands = enc.finish();
     drop(encoding);
     let submitting = timeline::span("QueueSubmit");
     let submission = ctx.queue.submit([commands]);
+    for (index, (out, copy)) in made.iter().zip(copies).enumerate() {
+        if let Some(b) = out {
+            let early = copy.map(|(staging, len)| EarlyCopy { staging, len, submission: submission.clone() });
+            let read = exe.outputs_read.clone();
+            ctx.storage(b)?.set_output(OutputOf { read, index, run, early: std::sync::Mutex::new(early) });
+        }
+    }
     // Where the thread cannot wait (the web), the slots are read when
     // their mapping settles and a claimed one is reported later.
     #[cfg(target_arch = "wasm32")]

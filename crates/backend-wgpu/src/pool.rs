@@ -403,7 +403,7 @@ impl Pool {
     }
 
     fn wrap(self: &Arc<Self>, buffer: wgpu::Buffer, id: u64, usage: wgpu::BufferUsages) -> WgpuStorage {
-        WgpuStorage { buffer: Some(buffer), id, usage, pool: self.clone() }
+        WgpuStorage { buffer: Some(buffer), id, usage, pool: self.clone(), output: Default::default() }
     }
 
     fn release(&self, buffer: wgpu::Buffer, id: u64, usage: wgpu::BufferUsages) {
@@ -446,9 +446,23 @@ pub struct WgpuStorage {
     id: u64,
     usage: wgpu::BufferUsages,
     pool: Arc<Pool>,
+    /// Set once when an execution produced this buffer as an output (see
+    /// [`crate::transfer::OutputOf`]).
+    output: std::sync::OnceLock<Box<crate::transfer::OutputOf>>,
 }
 
 impl WgpuStorage {
+    /// Which execution output this buffer holds, if an execution made it.
+    pub(crate) fn output(&self) -> Option<&crate::transfer::OutputOf> {
+        self.output.get().map(|o| &**o)
+    }
+
+    /// Notes that this buffer holds output `output` of its execution (at
+    /// most once: a pool buffer holds one value).
+    pub(crate) fn set_output(&self, output: crate::transfer::OutputOf) {
+        let _ = self.output.set(Box::new(output));
+    }
+
     /// The wgpu buffer.
     pub fn buffer(&self) -> &wgpu::Buffer {
         self.buffer.as_ref().expect("present until drop")

@@ -2,10 +2,85 @@
 //! format: uploads and readbacks in chunks of at most [`TRANSFER_CHUNK`]
 //! bytes, so staging memory stays bounded for tensors of any size; bools
 //! are one byte on the host and one `u32` on the device.
+//!
+//! Early copies: an execution copies its scalar-sized outputs, and each
+//! output of its plan that was read from one of the two executions
+//! before, into readback buffers at the end of its own submission
+//! ([`early_copies`]). Reading
+//! such an output then waits for that execution only and submits
+//! nothing: a training loop that reads step N's loss while step N + 1 is
+//! on the queue neither waits for step N + 1 nor takes the queue from the
+//! thread encoding it.
 
 use crate::context::{device_err, Context, READBACK};
+use crate::pool::WgpuStorage;
 use lazuli_executor::{timeline, BackendError, Buffer};
 use lazuli_ir::{DType, ValueType};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Outputs of at most this many bytes (a scalar, a few elements) are
+/// copied early (see the module documentation) whether or not they were
+/// read before.
+pub(crate) const EARLY_SMALL: u64 = 16;
+
+/// Most bytes one execution copies early.
+pub(crate) const EARLY_BUDGET: u64 = 64 << 20;
+
+/// Which outputs of an executable were read, and when.
+#[derive(Debug, Default)]
+pub(crate) struct OutputsRead {
+    /// Executions started (the first is 1).
+    runs: AtomicU64,
+    /// Per output, the last execution whose value of it was read (0:
+    /// none).
+    read_at: Box<[AtomicU64]>,
+}
+
+impl OutputsRead {
+    /// The reads of an executable with `outputs` outputs.
+    pub fn new(outputs: usize) -> OutputsRead {
+        OutputsRead { runs: AtomicU64::new(0), read_at: (0..outputs).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Counts an execution starting; returns its number.
+    pub fn start(&self) -> u64 {
+        self.runs.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether execution `run` copies output `i` of `len` bytes early:
+    /// a scalar, or an output read from one of the two executions before
+    /// (a loop that reads one step behind reads execution `run - 1`'s
+    /// value after `run` has started).
+    fn wanted(&self, run: u64, i: usize, len: u64) -> bool {
+        len <= EARLY_SMALL
+            || self.read_at.get(i).is_some_and(|r| {
+                let at = r.load(Ordering::Relaxed);
+                at != 0 && at + 2 >= run
+            })
+    }
+}
+
+/// The execution output a buffer holds.
+#[derive(Debug)]
+pub(crate) struct OutputOf {
+    /// The executable's reads.
+    pub read: Arc<OutputsRead>,
+    /// Which output, of which execution.
+    pub index: usize,
+    pub run: u64,
+    /// The copy its execution made, until the first read takes it.
+    pub early: Mutex<Option<EarlyCopy>>,
+}
+
+/// A copy of an output made at the end of its execution's submission.
+#[derive(Debug)]
+pub(crate) struct EarlyCopy {
+    pub staging: WgpuStorage,
+    /// Device bytes copied.
+    pub len: u64,
+    pub submission: wgpu::SubmissionIndex,
+}
 
 /// Bytes one step of an upload or readback moves: bounds the staging
 /// memory of a transfer (host-visible memory; on lavapipe, host RAM) to
@@ -77,6 +152,17 @@ impl Context {
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
+        let early = st.output().and_then(|o| {
+            if let Some(at) = o.read.read_at.get(o.index) {
+                at.fetch_max(o.run, Ordering::Relaxed);
+            }
+            o.early.lock().unwrap_or_else(|e| e.into_inner()).take()
+        });
+        if let Some(copy) = early.filter(|c| c.len == bytes) {
+            self.read_early(copy, &mut out, buffer.ty.dtype)?;
+            out.truncate(n * buffer.ty.dtype.size_bytes());
+            return Ok(out);
+        }
         // Through one staging buffer of at most `TRANSFER_CHUNK` bytes,
         // a chunk at a time.
         let chunk = bytes.min(TRANSFER_CHUNK);
@@ -106,6 +192,61 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Appends the words of an early `copy` to `out` in the host format,
+    /// once the execution that made it is done (later ones may still run).
+    fn read_early(&self, copy: EarlyCopy, out: &mut Vec<u8>, dtype: DType) -> Result<(), BackendError> {
+        let EarlyCopy { staging, len, submission } = copy;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
+            let _ = tx.send(r);
+        });
+        crate::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e))?;
+        rx.recv().map_err(|e| device_err(&self.name, e))?.map_err(|e| device_err(&self.name, e))?;
+        {
+            let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.name, e))?;
+            decode(out, &view, dtype);
+        }
+        staging.buffer().unmap();
+        lazuli_executor::metrics::inc("EarlyReadbacks", 1);
+        Ok(())
+    }
+}
+
+/// The early copies of execution `run`'s outputs (see the module
+/// documentation), encoded into `enc` after its kernels: for each output
+/// `outputs[i]` (`None`: not a buffer this execution made) that
+/// [`OutputsRead`] wants, a readback buffer and the bytes copied, within
+/// [`EARLY_BUDGET`]. Only where the thread can wait (not on the web).
+pub(crate) fn early_copies(
+    ctx: &Context,
+    read: &OutputsRead,
+    run: u64,
+    outputs: &[Option<&Buffer>],
+    enc: &mut wgpu::CommandEncoder,
+) -> Result<Vec<Option<(WgpuStorage, u64)>>, BackendError> {
+    let mut budget = EARLY_BUDGET;
+    let mut copies = Vec::with_capacity(outputs.len());
+    for (i, out) in outputs.iter().enumerate() {
+        let copy = match out {
+            Some(b) if crate::platform::CAN_BLOCK => {
+                let len = crate::context::device_bytes(&b.ty);
+                if read.wanted(run, i, len) && len > 0 && len <= budget.min(TRANSFER_CHUNK) {
+                    budget -= len;
+                    let staging = ctx.pool.acquire(len, READBACK)?;
+                    enc.copy_buffer_to_buffer(ctx.storage(b)?.buffer(), 0, staging.buffer(), 0, len);
+                    Some((staging, len))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        copies.push(copy);
+    }
+    Ok(copies)
+}
+
 /// Appends the device words of `view` to `out` in the host format (bools
 /// are one `u32` on the device, one byte on the host; f16 and bf16 keep
 /// their 2 bytes, the caller drops the padding of the last word).
@@ -115,5 +256,29 @@ pub(crate) fn decode(out: &mut Vec<u8>, view: &[u8], dtype: DType) {
         out.extend(words.iter().map(|&w| (w != 0) as u8));
     } else {
         out.extend_from_slice(view);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_are_copied_early_when_scalar_or_read_from_the_two_executions_before() {
+        let read = OutputsRead::new(2);
+        let big = 1 << 20;
+        // Nothing read yet: only the scalar.
+        assert_eq!(read.start(), 1);
+        assert!(read.wanted(1, 0, 4) && !read.wanted(1, 1, big));
+        assert_eq!(read.start(), 2);
+        assert!(!read.wanted(2, 1, big));
+        // Execution 1's value of output 1 is read (while execution 2
+        // runs): execution 3 copies it. Execution 2's value is read too:
+        // 4 copies it, 5 would only after another read. An output never
+        // read, beyond a scalar's size, is never copied.
+        read.read_at[1].fetch_max(1, Ordering::Relaxed);
+        assert!(read.wanted(3, 1, big));
+        read.read_at[1].fetch_max(2, Ordering::Relaxed);
+        assert!(read.wanted(4, 1, big) && !read.wanted(5, 1, big) && !read.wanted(4, 0, 20));
     }
 }
