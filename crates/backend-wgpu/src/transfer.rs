@@ -3,10 +3,10 @@
 //! bytes, so staging memory stays bounded for tensors of any size; bools
 //! are one byte on the host and one `u32` on the device.
 //!
-//! Early copies: an execution copies its scalar-sized outputs, and each
-//! output of its plan that was read from one of the two executions
-//! before, into readback buffers at the end of its own submission
-//! ([`early_copies`]). Reading
+//! Early copies: an execution copies each output of its plan that was
+//! read from one of the two executions before (and, in a plan's first two
+//! executions, its scalar outputs) into readback buffers at the end of
+//! its own submission ([`early_copies`]). Reading
 //! such an output then waits for that execution only and submits
 //! nothing: a training loop that reads step N's loss while step N + 1 is
 //! on the queue neither waits for step N + 1 nor takes the queue from the
@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Outputs of at most this many bytes (a scalar, a few elements) are
-/// copied early (see the module documentation) whether or not they were
-/// read before.
+/// copied early by an executable's first two executions (see
+/// [`OutputsRead`]) whether or not they were read before.
 pub(crate) const EARLY_SMALL: u64 = 16;
 
 /// Most bytes one execution copies early.
@@ -49,11 +49,13 @@ impl OutputsRead {
     }
 
     /// Whether execution `run` copies output `i` of `len` bytes early:
-    /// a scalar, or an output read from one of the two executions before
-    /// (a loop that reads one step behind reads execution `run - 1`'s
-    /// value after `run` has started).
+    /// an output read from one of the two executions before (a loop that
+    /// reads one step behind reads execution `run - 1`'s value after
+    /// `run` has started), and in the first two executions, before any
+    /// read could tell, a scalar. So an output nobody reads costs at most
+    /// two copies.
     fn wanted(&self, run: u64, i: usize, len: u64) -> bool {
-        len <= EARLY_SMALL
+        (run <= 2 && len <= EARLY_SMALL)
             || self.read_at.get(i).is_some_and(|r| {
                 let at = r.load(Ordering::Relaxed);
                 at != 0 && at + 2 >= run
@@ -267,11 +269,12 @@ mod tests {
     fn outputs_are_copied_early_when_scalar_or_read_from_the_two_executions_before() {
         let read = OutputsRead::new(2);
         let big = 1 << 20;
-        // Nothing read yet: only the scalar.
+        // Nothing read yet: only the scalar, and only in the first two
+        // executions.
         assert_eq!(read.start(), 1);
         assert!(read.wanted(1, 0, 4) && !read.wanted(1, 1, big));
         assert_eq!(read.start(), 2);
-        assert!(!read.wanted(2, 1, big));
+        assert!(read.wanted(2, 0, 4) && !read.wanted(2, 1, big) && !read.wanted(3, 0, 4));
         // Execution 1's value of output 1 is read (while execution 2
         // runs): execution 3 copies it. Execution 2's value is read too:
         // 4 copies it, 5 would only after another read. An output never
@@ -279,6 +282,9 @@ mod tests {
         read.read_at[1].fetch_max(1, Ordering::Relaxed);
         assert!(read.wanted(3, 1, big));
         read.read_at[1].fetch_max(2, Ordering::Relaxed);
-        assert!(read.wanted(4, 1, big) && !read.wanted(5, 1, big) && !read.wanted(4, 0, 20));
+        assert!(read.wanted(4, 1, big) && !read.wanted(5, 1, big) && !read.wanted(1, 0, 20));
+        // A scalar read one step behind stays copied.
+        read.read_at[0].fetch_max(2, Ordering::Relaxed);
+        assert!(read.wanted(3, 0, 4) && read.wanted(4, 0, 4) && !read.wanted(5, 0, 4));
     }
 }
