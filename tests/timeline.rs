@@ -10,7 +10,16 @@ mod common;
 
 /// The `ph: X` events of the trace `lazuli demo --device <device>` wrote.
 fn demo_trace(device: &str) -> Vec<Value> {
-    let dir = std::env::temp_dir().join(format!("lazuli-timeline-{}-{device}", std::process::id()));
+    with_demo_trace(device, "events", |path| {
+        let doc: Value = serde_json::from_slice(&std::fs::read(path).expect("the trace file")).unwrap();
+        assert_eq!(doc["otherData"]["dropped_events"], 0);
+        doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").cloned().collect()
+    })
+}
+
+/// `read` of the trace file `lazuli demo --device <device>` wrote.
+fn with_demo_trace<T>(device: &str, tag: &str, read: impl FnOnce(&std::path::Path) -> T) -> T {
+    let dir = std::env::temp_dir().join(format!("lazuli-timeline-{}-{device}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let path = dir.join("trace.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli"))
@@ -19,10 +28,36 @@ fn demo_trace(device: &str) -> Vec<Value> {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let doc: Value = serde_json::from_slice(&std::fs::read(&path).expect("the trace file")).unwrap();
+    let got = read(&path);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(doc["otherData"]["dropped_events"], 0);
-    doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").cloned().collect()
+    got
+}
+
+/// `lazuli trace` summarizes the demo's training loop: the longest run
+/// of executions without a compile (the 22 steps after the first two's
+/// compiles; the evaluation after them compiles again), with the GPU
+/// track's kernels where the adapter has timestamps.
+#[test]
+fn the_trace_command_summarizes_the_demo_s_training_loop() {
+    let device = if common::wgpu().is_some() { "wgpu" } else { "cpu" };
+    let out = with_demo_trace(device, "summary", |path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lazuli")).arg("trace").arg(path).output().unwrap()
+    });
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let steady: usize = text
+        .strip_prefix("steady state: ")
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no steady state line:\n{text}"));
+    // One epoch is 22 steps; the first two compile.
+    assert!((18..=22).contains(&steady), "{steady} steady executions:\n{text}");
+    for want in ["wall ", "Execute", "Record"] {
+        assert!(text.contains(want), "no {want} in:\n{text}");
+    }
+    let timestamps =
+        device == "wgpu" && lazuli_wgpu::WgpuBackend::new(Default::default()).unwrap().supports_profiling();
+    assert_eq!(text.contains("kernels by total time"), timestamps, "{text}");
 }
 
 fn names<'a>(events: &'a [Value], cat: &str) -> std::collections::BTreeSet<&'a str> {

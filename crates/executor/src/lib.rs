@@ -39,6 +39,7 @@ mod sort;
 mod tensor;
 pub mod timeline;
 mod trace;
+pub mod trace_summary;
 mod validate;
 
 pub use autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};

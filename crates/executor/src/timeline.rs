@@ -41,7 +41,7 @@ use std::time::Duration;
 pub const MAX_EVENTS: usize = 4 << 20;
 
 /// The thread id of the GPU track in the trace.
-const GPU_TRACK: u64 = 1 << 20;
+pub const GPU_TRACK: u64 = 1 << 20;
 
 static ON: AtomicBool = AtomicBool::new(false);
 

@@ -9,7 +9,8 @@
 //! - `generate`: greedy generation with a small GPT, a growing context
 //!   beside a fixed window;
 //! - `conformance`: the ONNX conformance cases and their per-op table;
-//! - `dump`: the IR, DOT and WGSL of the demo's graph.
+//! - `dump`: the IR, DOT and WGSL of the demo's graph;
+//! - `trace`: the steady state of a `LAZULI_TRACE` file in numbers.
 //!
 //! `lazuli help` (or `--help` after any command) prints `USAGE`, which
 //! lists each command with the options its parser accepts.
@@ -20,13 +21,14 @@ mod demo;
 mod dump;
 mod generate;
 mod info;
+mod trace;
 
 use lazuli::prelude::*;
 use lazuli::DeviceKind;
 use std::process::ExitCode;
 
 /// The commands `main` dispatches, in the order `USAGE` lists them.
-const COMMANDS: [&str; 6] = ["info", "demo", "dump", "conformance", "bench", "generate"];
+const COMMANDS: [&str; 7] = ["info", "demo", "dump", "conformance", "bench", "generate", "trace"];
 
 /// What `lazuli help` prints.
 const USAGE: &str = "usage: lazuli <command> [options]
@@ -72,6 +74,10 @@ commands:
                             greedy generation with a small GPT (context up to 64, 12-token
                             prompt): the growing context is a new size every step; prints
                             time, plans compiled and pipelines created per window
+  trace FILE [--top N]      summarize a LAZULI_TRACE file's steady state (from the end of its
+                            last compile): wall against summed kernel time, the GPU track's
+                            idle time, host spans per thread, the N kernels (default 15) that
+                            took longest in total
   help, --help, -h          this text (also `lazuli <command> --help`)
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_KERNEL_FORMS, LAZULI_AUTOTUNE,
@@ -97,6 +103,7 @@ fn main() -> ExitCode {
         Some("conformance") => conformance::run(rest),
         Some("bench") => bench::run(rest),
         Some("generate") => generate::run(rest),
+        Some("trace") => trace::run(rest),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
             Ok(())

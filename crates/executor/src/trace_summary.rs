@@ -1,0 +1,270 @@
+//! Reading a timeline back: the steady state of a `LAZULI_TRACE` file in
+//! numbers, so that one run on a lent GPU says where a step's wall time
+//! goes without opening the trace in a viewer (`lazuli trace FILE`).
+//!
+//! The steady state is the longest run of executions (`Execute` spans)
+//! with no compile (`Compile` span) among them: a training loop between
+//! its first steps' compiles and an evaluation's, a benchmark's timed
+//! iterations. Its window runs from the first such execution's start to
+//! the later of the last one's end and the end of the last kernel that
+//! starts inside the window (an execution returns before its kernels
+//! finish where executions overlap). In it:
+//! - wall time, summed kernel time (the GPU track) and their ratio, the
+//!   time the GPU track is busy (the union of its intervals) and idle;
+//! - per host thread and span name: count, total and median;
+//! - the kernels by total time.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Time spent under one name: how often, in total and the median, in µs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spent {
+    /// The span's or kernel's name.
+    pub name: String,
+    /// How many there are in the window.
+    pub count: usize,
+    /// Their summed duration, µs.
+    pub total_us: f64,
+    /// Their median duration, µs.
+    pub median_us: f64,
+}
+
+/// The steady state of one trace (see the module documentation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceSummary {
+    /// Where the steady window starts, in µs of the trace.
+    pub start_us: f64,
+    /// Where it ends, in µs of the trace.
+    pub end_us: f64,
+    /// Compiles in the trace (else the window is all its executions).
+    pub compiles: usize,
+    /// Executions that start in the window.
+    pub executions: usize,
+    /// Kernels that start in the window.
+    pub kernels: usize,
+    /// Their summed time, µs.
+    pub kernel_us: f64,
+    /// Time the GPU track is busy in the window (overlaps counted once).
+    pub gpu_busy_us: f64,
+    /// Host spans in the window, per thread name, by total time.
+    pub host: Vec<(String, Vec<Spent>)>,
+    /// Kernels in the window by total time.
+    pub top_kernels: Vec<Spent>,
+}
+
+impl TraceSummary {
+    /// Wall time of the window, µs.
+    pub fn wall_us(&self) -> f64 {
+        self.end_us - self.start_us
+    }
+
+    /// Wall time over summed kernel time (`None` without kernels).
+    pub fn wall_per_kernel(&self) -> Option<f64> {
+        (self.kernel_us > 0.0).then(|| self.wall_us() / self.kernel_us)
+    }
+
+    /// Summarizes a Chrome trace as [`crate::timeline`] writes it;
+    /// `top` kernels are listed. An error names what the document lacks.
+    pub fn of(doc: &Value, top: usize) -> Result<TraceSummary, String> {
+        let events = doc["traceEvents"].as_array().ok_or("no traceEvents array: not a Chrome trace")?;
+        let mut threads: BTreeMap<u64, String> = BTreeMap::new();
+        let mut spans = Vec::new();
+        for e in events {
+            let tid = e["tid"].as_u64().unwrap_or(0);
+            match e["ph"].as_str() {
+                Some("M") if e["name"] == "thread_name" => {
+                    threads.insert(tid, e["args"]["name"].as_str().unwrap_or("thread").to_string());
+                }
+                Some("X") => {
+                    let (Some(ts), Some(dur)) = (e["ts"].as_f64(), e["dur"].as_f64()) else { continue };
+                    spans.push((e["name"].as_str().unwrap_or("").to_string(), tid, ts, dur));
+                }
+                _ => {}
+            }
+        }
+        let gpu = crate::timeline::GPU_TRACK;
+        let is_host = |tid: u64| tid != gpu;
+        // The runs between compiles; the one with the most executions
+        // (the later one of a tie).
+        let mut compiles: Vec<(f64, f64)> =
+            spans.iter().filter(|s| is_host(s.1) && s.0 == "Compile").map(|s| (s.2, s.2 + s.3)).collect();
+        compiles.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut all: Vec<_> = spans.iter().filter(|s| is_host(s.1) && s.0 == "Execute").collect();
+        all.sort_by(|a, b| a.2.total_cmp(&b.2));
+        let run_of = |t: f64| compiles.iter().filter(|c| c.1 <= t).count();
+        let mut runs: BTreeMap<usize, Vec<_>> = BTreeMap::new();
+        for e in all {
+            // An execution that overlaps a compile belongs to no run.
+            if !compiles.iter().any(|c| e.2 < c.1 && c.0 < e.2 + e.3) {
+                runs.entry(run_of(e.2)).or_default().push(e);
+            }
+        }
+        let executions = runs.into_values().max_by_key(Vec::len).unwrap_or_default();
+        let (Some(first), Some(last)) =
+            (executions.first().map(|s| s.2), executions.iter().map(|s| s.2 + s.3).reduce(f64::max))
+        else {
+            return Err("no execution in the trace".into());
+        };
+        let mut kernels: Vec<_> = spans.iter().filter(|s| s.1 == gpu && s.2 >= first).collect();
+        kernels.retain(|k| k.2 <= last);
+        let end = kernels.iter().map(|k| k.2 + k.3).fold(last, f64::max);
+        kernels.sort_by(|a, b| a.2.total_cmp(&b.2));
+        // The union of the kernels' intervals.
+        let mut busy = 0.0;
+        let mut reach = f64::NEG_INFINITY;
+        for k in &kernels {
+            let (a, b) = (k.2.max(reach), k.2 + k.3);
+            if b > a {
+                busy += b - a;
+            }
+            reach = reach.max(b);
+        }
+        let spent = |items: Vec<(&str, f64)>| -> Vec<Spent> {
+            let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+            for (name, d) in items {
+                by.entry(name).or_default().push(d);
+            }
+            let mut out: Vec<Spent> = by
+                .into_iter()
+                .map(|(name, mut ds)| {
+                    ds.sort_by(f64::total_cmp);
+                    Spent {
+                        name: name.to_string(),
+                        count: ds.len(),
+                        total_us: ds.iter().sum(),
+                        median_us: ds[ds.len() / 2],
+                    }
+                })
+                .collect();
+            out.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
+            out
+        };
+        let mut host = Vec::new();
+        for (&tid, name) in threads.iter().filter(|(t, _)| is_host(**t)) {
+            let items: Vec<(&str, f64)> = spans
+                .iter()
+                .filter(|s| s.1 == tid && s.2 >= first && s.2 <= end)
+                .map(|s| (s.0.as_str(), s.3))
+                .collect();
+            if !items.is_empty() {
+                host.push((format!("{name} (track {tid})"), spent(items)));
+            }
+        }
+        let mut top_kernels = spent(kernels.iter().map(|k| (k.0.as_str(), k.3)).collect());
+        top_kernels.truncate(top);
+        Ok(TraceSummary {
+            start_us: first,
+            end_us: end,
+            compiles: compiles.len(),
+            executions: executions.len(),
+            kernels: kernels.len(),
+            kernel_us: kernels.iter().map(|k| k.3).sum(),
+            gpu_busy_us: busy,
+            host,
+            top_kernels,
+        })
+    }
+}
+
+impl fmt::Display for TraceSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |us: f64| us / 1e3;
+        let per = |us: f64| if self.executions > 0 { us / 1e3 / self.executions as f64 } else { 0.0 };
+        writeln!(
+            f,
+            "steady state: {} executions from {:.1} ms to {:.1} ms (the longest run without a compile; {} compiles in the trace)",
+            self.executions,
+            ms(self.start_us),
+            ms(self.end_us),
+            self.compiles
+        )?;
+        writeln!(
+            f,
+            "wall {:.3} ms ({:.3} ms per execution); kernels {:.3} ms ({:.3} per execution, {} kernels); wall / kernel {}",
+            ms(self.wall_us()),
+            per(self.wall_us()),
+            ms(self.kernel_us),
+            per(self.kernel_us),
+            self.kernels,
+            self.wall_per_kernel().map_or("- (no GPU track: no timestamps)".to_string(), |r| format!("{r:.2}"))
+        )?;
+        writeln!(
+            f,
+            "GPU track busy {:.3} ms, idle {:.3} ms ({:.0}% of the wall)",
+            ms(self.gpu_busy_us),
+            ms(self.wall_us() - self.gpu_busy_us),
+            100.0 * (self.wall_us() - self.gpu_busy_us) / self.wall_us().max(f64::MIN_POSITIVE)
+        )?;
+        for (thread, spans) in &self.host {
+            writeln!(f, "host {thread}: span count total ms median µs")?;
+            for s in spans {
+                writeln!(f, "  {:<24} {:>7} {:>10.3} {:>10.1}", s.name, s.count, ms(s.total_us), s.median_us)?;
+            }
+        }
+        if !self.top_kernels.is_empty() {
+            writeln!(f, "kernels by total time: count total ms median µs")?;
+            for s in &self.top_kernels {
+                writeln!(f, "  {:<40} {:>7} {:>10.3} {:>10.1}", s.name, s.count, ms(s.total_us), s.median_us)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn x(name: &str, tid: u64, ts: f64, dur: f64) -> Value {
+        json!({"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": 1, "tid": tid})
+    }
+
+    #[test]
+    fn the_steady_state_is_the_longest_run_without_a_compile() {
+        let gpu = crate::timeline::GPU_TRACK;
+        let doc = json!({"traceEvents": [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "main"}},
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "worker"}},
+            x("Compile", 2, 0.0, 100.0),
+            x("Execute", 2, 100.0, 50.0),
+            x("k0", gpu, 120.0, 30.0),
+            // Steady state: two executions; the second returns before its
+            // kernels end (overlap), and two kernels overlap each other.
+            x("Compile", 2, 150.0, 50.0),
+            x("Execute", 2, 200.0, 20.0),
+            x("Encode", 2, 205.0, 5.0),
+            x("k0", gpu, 210.0, 40.0),
+            x("k1", gpu, 240.0, 20.0),
+            x("Record", 1, 220.0, 60.0),
+            x("Execute", 2, 300.0, 10.0),
+            x("Encode", 2, 302.0, 3.0),
+            x("k0", gpu, 305.0, 50.0),
+            // An evaluation after the loop compiles and runs once.
+            x("Compile", 2, 400.0, 30.0),
+            x("Execute", 2, 430.0, 10.0),
+            x("k2", gpu, 432.0, 5.0),
+        ]});
+        let s = TraceSummary::of(&doc, 1).unwrap();
+        assert_eq!(s.compiles, 3);
+        assert_eq!((s.start_us, s.end_us, s.executions, s.kernels), (200.0, 355.0, 2, 3));
+        assert_eq!((s.kernel_us, s.gpu_busy_us), (110.0, 100.0));
+        assert_eq!(s.wall_per_kernel(), Some(155.0 / 110.0));
+        assert_eq!(s.top_kernels, [Spent { name: "k0".into(), count: 2, total_us: 90.0, median_us: 50.0 }]);
+        let worker = &s.host.iter().find(|(t, _)| t.starts_with("worker")).unwrap().1;
+        assert_eq!(worker[0], Spent { name: "Execute".into(), count: 2, total_us: 30.0, median_us: 20.0 });
+        assert_eq!(worker[1], Spent { name: "Encode".into(), count: 2, total_us: 8.0, median_us: 5.0 });
+        let text = s.to_string();
+        assert!(text.contains("wall / kernel 1.41") && text.contains("idle 0.055 ms"), "{text}");
+    }
+
+    #[test]
+    fn a_trace_without_executions_is_an_error() {
+        assert!(TraceSummary::of(&json!({"traceEvents": [x("Compile", 1, 0.0, 5.0)]}), 5)
+            .unwrap_err()
+            .contains("no execution"));
+        assert!(TraceSummary::of(&json!({"nothing": 1}), 5).unwrap_err().contains("not a Chrome trace"));
+    }
+}
