@@ -308,6 +308,7 @@ impl Pipelines {
     /// cache.
     fn create(&self, ctx: &Context, k: &Prepared, key: u64) -> Result<PipelineEntry, BackendError> {
         let name = k.name.as_str();
+        tracing::debug!(kernel = name, generic = !k.dims.is_empty(), "creating a pipeline");
         crate::validate::log_source(&k.source);
         let started = Instant::now();
         // A source that passed naga in an earlier process of this build

@@ -111,7 +111,8 @@ impl Plan {
     /// Optimizes, partitions and compiles `graph`; `earlier` is the last
     /// plan of the same structure at other sizes, if any (a size variant:
     /// each segment's backend is handed the earlier executable of the
-    /// segment of its structure, see [`CompileHints`]).
+    /// segment of its structure, see [`CompileHints`]; and the passes
+    /// keep the structure the same at every size: `PassOptions::sizes_vary`).
     pub fn compile(
         graph: Graph,
         main: &dyn Backend,
@@ -119,7 +120,7 @@ impl Plan {
         force_fallback: &BTreeSet<String>,
         earlier: Option<&Plan>,
     ) -> Result<Plan, BackendError> {
-        let optimized = crate::optimize::optimize(&graph);
+        let optimized = crate::optimize::optimize(&graph, earlier.is_some());
         let n = optimized.len();
         let is_leaf = |op: &Op| matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_));
         // Colour each node: native (even segments) or CPU fallback (odd).

@@ -40,11 +40,19 @@ pub struct PassOptions {
     /// Upper bound on the rounds of simplify, fold, cse and dce; the
     /// driver stops earlier when a round changes nothing. Default 8.
     pub max_iterations: usize,
+    /// The graph is a size variant of a structure compiled before at
+    /// other sizes: a slice that covers its whole operand stays (at other
+    /// sizes it would not), so that the optimized graph keeps the
+    /// structure of the other sizes' and its kernels stay in their
+    /// families (a growing context reaching the length of its position
+    /// table). CSE still merges nodes whose shapes happen to be equal.
+    /// Default `false`.
+    pub sizes_vary: bool,
 }
 
 impl Default for PassOptions {
     fn default() -> PassOptions {
-        PassOptions { finite_math: false, max_iterations: 8 }
+        PassOptions { finite_math: false, max_iterations: 8, sizes_vary: false }
     }
 }
 

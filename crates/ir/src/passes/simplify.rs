@@ -15,7 +15,8 @@
 //! - `permute(permute(x))`: one permute; the identity permute: `x`.
 //! - `reshape(reshape(x))`: one reshape; `expand(expand(x))`: one expand;
 //!   reshape or expand to the operand's shape, cast to its dtype, and a
-//!   slice with step 1 over the whole tensor: `x`.
+//!   slice with step 1 over the whole tensor (not in a size variant:
+//!   `PassOptions::sizes_vary`): `x`.
 //! - `scatter_add(base, indices, src)` with no indices: `base`.
 //!
 //! When the surviving operand is smaller than the node (`x * ones` where
@@ -102,7 +103,7 @@ fn rewrite(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &ValueType, opts: &Pas
         Op::Slice { starts, steps, lens } => {
             let dims = g.node(inputs[0]).shape.dims();
             let whole = starts.iter().all(|&s| s == 0) && steps.iter().all(|&s| s == 1) && lens == dims;
-            whole.then_some(inputs[0])
+            (whole && !opts.sizes_vary).then_some(inputs[0])
         }
         // No index, nothing added (an index that exists is kept even when
         // it moves no element: an out-of-range one must still be reported).
@@ -386,6 +387,12 @@ mod tests {
         assert_eq!(s.node(s.node(sum.inputs[1]).inputs[0]).op, Op::Parameter(1));
         assert_eq!(count_ops(&s, |op| matches!(op, Op::Slice { .. })), 1);
         assert_eq!(count_ops(&s, |op| matches!(op, Op::Cast(_))), 0);
+        // In a size variant the whole slice stays (at another size it
+        // would not cover its operand); the other identities go as before.
+        let v = check(&g, &PassOptions { sizes_vary: true, ..PassOptions::default() });
+        assert_eq!(count_ops(&v, |op| matches!(op, Op::Slice { .. })), 2);
+        assert_eq!(count_ops(&v, |op| matches!(op, Op::Cast(_))), 0);
+        assert_eq!(v.node(v.outputs[0]).op, Op::Reshape(Shape::new([12])));
     }
 
     #[test]
