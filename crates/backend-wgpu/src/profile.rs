@@ -76,8 +76,11 @@ pub(crate) fn read_timestamps(ctx: &Context, read: &wgpu::Buffer, pairs: usize) 
 /// the buffers its queries resolve into, kept until their mapping
 /// settles.
 pub(crate) struct PendingTimes {
+    /// The launches' names, in order.
     pub names: Vec<String>,
+    /// The readback buffer the timestamps are copied to.
     pub read: wgpu::Buffer,
+    /// Its mapping, requested right after the submission.
     pub mapping: Mapping,
     /// The query set and resolve buffer, alive until the read completes.
     pub _queries: (wgpu::QuerySet, wgpu::Buffer),

@@ -6,11 +6,10 @@
 //! Early copies: an execution copies each output of its plan that was
 //! read from one of the two executions before (and, in a plan's first two
 //! executions, its scalar outputs) into readback buffers at the end of
-//! its own submission ([`early_copies`]). Reading
-//! such an output then waits for that execution only and submits
-//! nothing: a training loop that reads step N's loss while step N + 1 is
-//! on the queue neither waits for step N + 1 nor takes the queue from the
-//! thread encoding it.
+//! its own submission ([`early_copies`]). Reading such an output then
+//! waits for that execution only and submits nothing: a training loop
+//! that reads step N's loss while step N + 1 is on the queue neither
+//! waits for step N + 1 nor takes the queue from the thread encoding it.
 
 use crate::context::{device_err, Context, READBACK};
 use crate::pool::WgpuStorage;
@@ -68,8 +67,9 @@ impl OutputsRead {
 pub(crate) struct OutputOf {
     /// The executable's reads.
     pub read: Arc<OutputsRead>,
-    /// Which output, of which execution.
+    /// Which output.
     pub index: usize,
+    /// Of which execution ([`OutputsRead::start`]'s number).
     pub run: u64,
     /// The copy its execution made, until the first read takes it.
     pub early: Mutex<Option<EarlyCopy>>,
@@ -78,9 +78,11 @@ pub(crate) struct OutputOf {
 /// A copy of an output made at the end of its execution's submission.
 #[derive(Debug)]
 pub(crate) struct EarlyCopy {
+    /// The readback buffer holding the copy.
     pub staging: WgpuStorage,
     /// Device bytes copied.
     pub len: u64,
+    /// The execution's submission, which the copy ends.
     pub submission: wgpu::SubmissionIndex,
 }
 
