@@ -58,6 +58,8 @@ fn the_trace_command_summarizes_the_demo_s_training_loop() {
     let timestamps =
         device == "wgpu" && lazuli_wgpu::WgpuBackend::new(Default::default()).unwrap().supports_profiling();
     assert_eq!(text.contains("kernels by total time"), timestamps, "{text}");
+    // The GPU waits at least while each execution is encoded.
+    assert_eq!(text.contains("longest GPU idle stretches"), timestamps, "{text}");
 }
 
 fn names<'a>(events: &'a [Value], cat: &str) -> std::collections::BTreeSet<&'a str> {

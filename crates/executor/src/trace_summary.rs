@@ -12,7 +12,9 @@
 //! - wall time, summed kernel time (the GPU track) and their ratio, the
 //!   time the GPU track is busy (the union of its intervals) and idle;
 //! - per host thread and span name: count, total and median;
-//! - the kernels by total time.
+//! - the kernels by total time;
+//! - the longest stretches where the GPU track is idle, each with the
+//!   host spans over it (what the host was doing while the GPU waited).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -29,6 +31,18 @@ pub struct Spent {
     pub total_us: f64,
     /// Their median duration, µs.
     pub median_us: f64,
+}
+
+/// A stretch of the steady window where the GPU track is idle.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdleGap {
+    /// Where it starts, µs of the trace.
+    pub start_us: f64,
+    /// How long it is, µs.
+    pub dur_us: f64,
+    /// The host spans over it, as ("thread: span", µs of overlap), most
+    /// overlap first.
+    pub host: Vec<(String, f64)>,
 }
 
 /// The steady state of one trace (see the module documentation).
@@ -52,7 +66,14 @@ pub struct TraceSummary {
     pub host: Vec<(String, Vec<Spent>)>,
     /// Kernels in the window by total time.
     pub top_kernels: Vec<Spent>,
+    /// The longest idle stretches of the GPU track in the window (from
+    /// the window's start to its first kernel, and between kernels).
+    pub idle_gaps: Vec<IdleGap>,
 }
+
+/// Idle stretches listed, and host spans per stretch.
+const GAPS: usize = 5;
+const SPANS_PER_GAP: usize = 4;
 
 impl TraceSummary {
     /// Wall time of the window, µs.
@@ -111,16 +132,40 @@ impl TraceSummary {
         kernels.retain(|k| k.2 <= last);
         let end = kernels.iter().map(|k| k.2 + k.3).fold(last, f64::max);
         kernels.sort_by(|a, b| a.2.total_cmp(&b.2));
-        // The union of the kernels' intervals.
+        // The union of the kernels' intervals, and the stretches between.
         let mut busy = 0.0;
-        let mut reach = f64::NEG_INFINITY;
+        let mut reach = first;
+        let mut gaps: Vec<(f64, f64)> = Vec::new();
         for k in &kernels {
+            if k.2 > reach {
+                gaps.push((reach, k.2));
+            }
             let (a, b) = (k.2.max(reach), k.2 + k.3);
             if b > a {
                 busy += b - a;
             }
             reach = reach.max(b);
         }
+        gaps.sort_by(|x, y| (y.1 - y.0).total_cmp(&(x.1 - x.0)));
+        gaps.truncate(GAPS);
+        let thread_name = |tid: u64| threads.get(&tid).cloned().unwrap_or_else(|| format!("track {tid}"));
+        let idle_gaps = gaps
+            .into_iter()
+            .filter(|_| !kernels.is_empty())
+            .map(|(a, b)| {
+                let mut over: BTreeMap<String, f64> = BTreeMap::new();
+                for sp in spans.iter().filter(|sp| is_host(sp.1)) {
+                    let o = (b.min(sp.2 + sp.3) - a.max(sp.2)).max(0.0);
+                    if o > 0.0 {
+                        *over.entry(format!("{}: {}", thread_name(sp.1), sp.0)).or_default() += o;
+                    }
+                }
+                let mut host: Vec<(String, f64)> = over.into_iter().collect();
+                host.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
+                host.truncate(SPANS_PER_GAP);
+                IdleGap { start_us: a, dur_us: b - a, host }
+            })
+            .collect();
         let spent = |items: Vec<(&str, f64)>| -> Vec<Spent> {
             let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
             for (name, d) in items {
@@ -164,6 +209,7 @@ impl TraceSummary {
             gpu_busy_us: busy,
             host,
             top_kernels,
+            idle_gaps,
         })
     }
 }
@@ -207,6 +253,13 @@ impl fmt::Display for TraceSummary {
             writeln!(f, "kernels by total time: count total ms median µs")?;
             for s in &self.top_kernels {
                 writeln!(f, "  {:<40} {:>7} {:>10.3} {:>10.1}", s.name, s.count, ms(s.total_us), s.median_us)?;
+            }
+        }
+        if !self.idle_gaps.is_empty() {
+            writeln!(f, "longest GPU idle stretches, with the host spans over them (ms):")?;
+            for g in &self.idle_gaps {
+                let host: Vec<String> = g.host.iter().map(|(what, us)| format!("{what} {:.3}", ms(*us))).collect();
+                writeln!(f, "  {:.3} at {:.1}: {}", ms(g.dur_us), ms(g.start_us), host.join(", "))?;
             }
         }
         Ok(())
@@ -256,8 +309,26 @@ mod tests {
         let worker = &s.host.iter().find(|(t, _)| t.starts_with("worker")).unwrap().1;
         assert_eq!(worker[0], Spent { name: "Execute".into(), count: 2, total_us: 30.0, median_us: 20.0 });
         assert_eq!(worker[1], Spent { name: "Encode".into(), count: 2, total_us: 8.0, median_us: 5.0 });
+        // Idle: 200..210 (before the first kernel; the worker's Execute
+        // and Encode over it) and 260..305 (main's Record, then the
+        // worker's next Execute and Encode).
+        assert_eq!(s.idle_gaps.len(), 2);
+        assert_eq!((s.idle_gaps[0].start_us, s.idle_gaps[0].dur_us), (260.0, 45.0));
+        assert_eq!(
+            s.idle_gaps[0].host,
+            [
+                ("main: Record".to_string(), 20.0),
+                ("worker: Execute".to_string(), 5.0),
+                ("worker: Encode".to_string(), 3.0)
+            ]
+        );
+        assert_eq!((s.idle_gaps[1].start_us, s.idle_gaps[1].dur_us), (200.0, 10.0));
         let text = s.to_string();
         assert!(text.contains("wall / kernel 1.41") && text.contains("idle 0.055 ms"), "{text}");
+        assert!(
+            text.contains("0.045 at 0.3: main: Record 0.020, worker: Execute 0.005, worker: Encode 0.003"),
+            "{text}"
+        );
     }
 
     #[test]

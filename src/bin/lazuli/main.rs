@@ -77,7 +77,8 @@ commands:
   trace FILE [--top N]      summarize a LAZULI_TRACE file's steady state (from the end of its
                             last compile): wall against summed kernel time, the GPU track's
                             idle time, host spans per thread, the N kernels (default 15) that
-                            took longest in total
+                            took longest in total, the longest GPU idle stretches and the host
+                            spans over them
   help, --help, -h          this text (also `lazuli <command> --help`)
 
 environment: LAZULI_DEVICE, WGPU_BACKEND, WGPU_ADAPTER_NAME, LAZULI_KERNEL_FORMS, LAZULI_AUTOTUNE,

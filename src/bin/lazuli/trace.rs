@@ -1,6 +1,7 @@
 //! `lazuli trace FILE`: the steady state of a `LAZULI_TRACE` file in
 //! numbers (`lazuli::trace_summary`): wall against kernel time, the GPU's
-//! idle time, host spans per thread and the kernels by total time.
+//! idle time, host spans per thread, the kernels by total time and the
+//! longest idle stretches with the host spans over them.
 
 use lazuli::trace_summary::TraceSummary;
 
