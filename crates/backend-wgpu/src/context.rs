@@ -316,7 +316,7 @@ impl Context {
         pending.retain(|p| match p.mapping.try_recv() {
             Ok(mapped) => {
                 if let Ok((intervals, done)) = mapped_intervals(self, &p.read, p.names.len(), mapped) {
-                    lazuli_executor::timeline::gpu_execution(self.clock, &p.names, &intervals, done);
+                    self.place_times(&p.names, &intervals, done);
                 }
                 false
             }

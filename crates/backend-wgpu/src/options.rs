@@ -108,7 +108,8 @@ pub struct WgpuOptions {
     /// two on the queue; default on, natively; the flag
     /// `LAZULI_OVERLAP_SUBMIT` overrides: `0` waits for each execution).
     /// Executions whose results need a readback to check (index errors)
-    /// or that are timed (profiles, the timeline) always wait.
+    /// or whose times are profiled always wait (the timeline's are
+    /// collected by a later wait).
     pub overlap_submit: Option<bool>,
     /// Store f16 tensors packed two per `u32` (true) or natively as
     /// `array<f16>` where the adapter has `SHADER_F16` (false); else

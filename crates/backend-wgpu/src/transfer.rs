@@ -143,7 +143,8 @@ impl Context {
     }
 
     /// The value of `buffer` in the host format, read back after all
-    /// submitted work.
+    /// submitted work, or from the early copy its execution made (see the
+    /// module documentation) once that execution is done.
     pub fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
         let _span = timeline::span("Readback");
         let n = buffer.ty.shape.numel();
@@ -162,57 +163,54 @@ impl Context {
             }
             o.early.lock().unwrap_or_else(|e| e.into_inner()).take()
         });
-        if let Some(copy) = early.filter(|c| c.len == bytes) {
-            self.read_early(copy, &mut out, buffer.ty.dtype)?;
-            out.truncate(n * buffer.ty.dtype.size_bytes());
-            return Ok(out);
-        }
-        // Through one staging buffer of at most `TRANSFER_CHUNK` bytes,
-        // a chunk at a time.
-        let chunk = bytes.min(TRANSFER_CHUNK);
-        let staging = self.pool.acquire(chunk, READBACK)?;
-        let mut offset = 0;
-        while offset < bytes {
-            let len = chunk.min(bytes - offset);
-            let mut enc = self.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
-            self.queue.submit([enc.finish()]);
-            let (tx, rx) = std::sync::mpsc::channel();
-            staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
-                let _ = tx.send(r);
-            });
-            self.wait()?;
-            rx.recv().map_err(|e| device_err(&self.name, e))?.map_err(|e| device_err(&self.name, e))?;
-            {
-                let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.name, e))?;
-                decode(&mut out, &view, buffer.ty.dtype);
+        let dtype = buffer.ty.dtype;
+        if let Some(EarlyCopy { staging, len, submission }) = early.filter(|c| c.len == bytes) {
+            // Its execution's copy: wait for that execution only.
+            let wait = || crate::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e));
+            self.read_mapped(staging.buffer(), len, wait, &mut out, dtype)?;
+            lazuli_executor::metrics::inc("EarlyReadbacks", 1);
+        } else {
+            // Through one staging buffer of at most `TRANSFER_CHUNK`
+            // bytes, a chunk at a time.
+            let chunk = bytes.min(TRANSFER_CHUNK);
+            let staging = self.pool.acquire(chunk, READBACK)?;
+            let mut offset = 0;
+            while offset < bytes {
+                let len = chunk.min(bytes - offset);
+                let mut enc = self.device.create_command_encoder(&Default::default());
+                enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
+                self.queue.submit([enc.finish()]);
+                self.read_mapped(staging.buffer(), len, || self.wait(), &mut out, dtype)?;
+                offset += len;
             }
-            staging.buffer().unmap();
-            offset += len;
         }
         // The padding of a half-precision tensor's last word.
-        out.truncate(n * buffer.ty.dtype.size_bytes());
+        out.truncate(n * dtype.size_bytes());
         Ok(out)
     }
-}
 
-impl Context {
-    /// Appends the words of an early `copy` to `out` in the host format,
-    /// once the execution that made it is done (later ones may still run).
-    fn read_early(&self, copy: EarlyCopy, out: &mut Vec<u8>, dtype: DType) -> Result<(), BackendError> {
-        let EarlyCopy { staging, len, submission } = copy;
+    /// Appends the first `len` bytes of readback buffer `staging` to `out`
+    /// in the host format, mapped once `wait` has seen the copy into it
+    /// done; `staging` is unmapped again.
+    fn read_mapped(
+        &self,
+        staging: &wgpu::Buffer,
+        len: u64,
+        wait: impl FnOnce() -> Result<(), BackendError>,
+        out: &mut Vec<u8>,
+        dtype: DType,
+    ) -> Result<(), BackendError> {
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.buffer().map_async(wgpu::MapMode::Read, 0..len, move |r| {
+        staging.map_async(wgpu::MapMode::Read, 0..len, move |r| {
             let _ = tx.send(r);
         });
-        crate::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e))?;
+        wait()?;
         rx.recv().map_err(|e| device_err(&self.name, e))?.map_err(|e| device_err(&self.name, e))?;
         {
-            let view = staging.buffer().get_mapped_range(0..len).map_err(|e| device_err(&self.name, e))?;
+            let view = staging.get_mapped_range(0..len).map_err(|e| device_err(&self.name, e))?;
             decode(out, &view, dtype);
         }
-        staging.buffer().unmap();
-        lazuli_executor::metrics::inc("EarlyReadbacks", 1);
+        staging.unmap();
         Ok(())
     }
 }

@@ -128,8 +128,7 @@ impl TraceSummary {
         else {
             return Err("no execution in the trace".into());
         };
-        let mut kernels: Vec<_> = spans.iter().filter(|s| s.1 == gpu && s.2 >= first).collect();
-        kernels.retain(|k| k.2 <= last);
+        let mut kernels: Vec<_> = spans.iter().filter(|s| s.1 == gpu && s.2 >= first && s.2 <= last).collect();
         let end = kernels.iter().map(|k| k.2 + k.3).fold(last, f64::max);
         kernels.sort_by(|a, b| a.2.total_cmp(&b.2));
         // The union of the kernels' intervals, and the stretches between.
