@@ -74,6 +74,10 @@ pub struct GenReport {
     pub structures: u64,
     /// Host time of the size-variant compiles, in all.
     pub variant_compile: Duration,
+    /// Median host time of one size variant that created no pipeline
+    /// (what a new size costs once its kernels' families are generic;
+    /// `None` if there was none).
+    pub variant_median: Option<Duration>,
     /// Compiled plans that created pipelines (new kernel code).
     pub plans_with_new_code: u64,
     /// Pipelines created.
@@ -86,7 +90,7 @@ impl GenReport {
     /// One JSON object: the device, the window and every measure.
     pub fn to_json(&self, device: &str) -> String {
         format!(
-            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"plans_compiled\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"plans_compiled\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
@@ -95,6 +99,7 @@ impl GenReport {
             self.plans,
             self.structures,
             self.variant_compile.as_secs_f64() * 1e3,
+            self.variant_median.map_or("null".to_string(), |d| format!("{:.3}", d.as_secs_f64() * 1e3)),
             self.plans_with_new_code,
             self.pipelines,
             self.generic_reuse
@@ -104,7 +109,7 @@ impl GenReport {
     /// One line of text with the same measures.
     pub fn summary(&self, device: &str) -> String {
         format!(
-            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}); {} plans compiled ({} structures, size variants {:.1} ms of host time), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}); {} plans compiled ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
@@ -113,6 +118,7 @@ impl GenReport {
             self.plans,
             self.structures,
             self.variant_compile.as_secs_f64() * 1e3,
+            self.variant_median.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
             self.plans_with_new_code,
             self.pipelines,
             self.generic_reuse
@@ -265,8 +271,10 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     let started = Instant::now();
     let mut first = Duration::ZERO;
     let mut full = Vec::new();
+    let mut variant_costs = Vec::new();
     for step in 0..cfg.tokens {
         let pipes = metrics::counter("PipelinesCreated");
+        let (variants_before, variant_ms_before) = (counters().1, counters().4);
         let from = tokens.len().saturating_sub(cfg.context);
         let step_started = Instant::now();
         let next = gpt.next_token(&tokens[from..], window, device)?;
@@ -276,6 +284,8 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         tokens.push(next);
         if metrics::counter("PipelinesCreated") > pipes {
             plans_with_new_code += 1;
+        } else if counters().1 > variants_before {
+            variant_costs.push(Duration::from_secs_f64((counters().4 - variant_ms_before).max(0.0) / 1e3));
         }
         if step == 0 {
             first = started.elapsed();
@@ -284,6 +294,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     let total = started.elapsed();
     let (structures, variants, pipes, reuse, variant_ms) = counters();
     full.sort();
+    variant_costs.sort();
     Ok(GenReport {
         window,
         tokens: tokens[cfg.prompt..].to_vec(),
@@ -293,6 +304,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         plans: structures - structures0 + variants - variants0,
         structures: structures - structures0,
         variant_compile: Duration::from_secs_f64((variant_ms - variant_ms0).max(0.0) / 1e3),
+        variant_median: variant_costs.get(variant_costs.len() / 2).copied(),
         plans_with_new_code,
         pipelines: pipes - pipes0,
         generic_reuse: reuse - reuse0,

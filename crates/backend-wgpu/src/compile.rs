@@ -13,7 +13,7 @@ use crate::autotune::{self, Tuner, Tuning};
 use crate::binds::BindCache;
 use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Wgsl};
 use crate::context::Context;
-use crate::generic::{Families, SizeChanges};
+use crate::generic::{Families, Member, SizeChanges};
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::window::{self, KernelWindows};
 use lazuli_executor::platform::Instant;
@@ -129,7 +129,10 @@ impl Compiler {
             lowered.push(self.finish(ctx, k, graph, name, wgsl)?);
         }
         metrics::record_time("CompileLower", started.elapsed());
-        let kernels = self.build(ctx, lowered)?;
+        // A size variant's kernels read their sizes against the earlier
+        // variant's (see `Families::specialize`).
+        let like = earlier.filter(|_| generic).map(WgpuExecutable::current_kernels);
+        let kernels = self.build(ctx, lowered, like.as_deref())?;
         Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
     }
 
@@ -149,7 +152,7 @@ impl Compiler {
             .and_then(|won| match won {
                 Some((form, wgsl)) if form != codegen::matmul::resolve_form(k, graph, &self.lower) => {
                     let kernel = self.finish(ctx, k, graph, name.clone(), wgsl)?;
-                    Ok(self.build(ctx, vec![kernel])?.pop())
+                    Ok(self.build(ctx, vec![kernel], None)?.pop())
                 }
                 _ => Ok(None),
             });
@@ -191,31 +194,64 @@ impl Compiler {
 
     /// Compiled kernels for finished sources: generic over sizes where
     /// their families vary, with their pipelines and size bind groups.
-    fn build(&self, ctx: &Context, lowered: Vec<Lowered>) -> Result<Vec<CompiledKernel>, BackendError> {
-        let prepared = self.prepare(&lowered);
+    /// `like`: the kernels of the same structure compiled at other sizes
+    /// (a size variant's predecessor), kernel for kernel.
+    fn build(
+        &self,
+        ctx: &Context,
+        lowered: Vec<Lowered>,
+        like: Option<&[CompiledKernel]>,
+    ) -> Result<Vec<CompiledKernel>, BackendError> {
+        let (prepared, mut members) = self.prepare(&lowered, like);
         let pipelines = self.pipelines.get_or_create(ctx, &prepared)?;
-        let mut compiled = prepared.iter().zip(pipelines).map(|(p, pipeline)| {
-            let dims = pipeline.dims_layout.as_ref().map(|layout| ctx.dims_group(layout, &p.dims));
+        let generic: Vec<(&wgpu::BindGroupLayout, &[u32])> = prepared
+            .iter()
+            .zip(&pipelines)
+            .filter_map(|(p, pipeline)| Some((pipeline.dims_layout.as_ref()?, p.dims.as_slice())))
+            .collect();
+        let mut dims = ctx.dims_groups(&generic).into_iter();
+        let mut compiled = pipelines.into_iter().map(|pipeline| {
+            let dims = pipeline.dims_layout.is_some().then(|| dims.next().expect("one group per generic kernel"));
             (pipeline, dims)
         });
         let mut kernels = Vec::with_capacity(lowered.len());
         for Lowered { name, wgsl, windows, pre_cost, cost } in lowered {
             let (pipeline, dims) = compiled.next().expect("one pipeline per prepared kernel");
+            let member = members.next().flatten();
             let pre = if wgsl.pre.is_some() { compiled.next() } else { None };
-            kernels.push(CompiledKernel { name, wgsl, pipeline, dims, pre, windows, pre_cost, cost });
+            let pre_member = if wgsl.pre.is_some() { members.next().flatten() } else { None };
+            kernels.push(CompiledKernel {
+                name,
+                wgsl,
+                pipeline,
+                dims,
+                pre,
+                windows,
+                pre_cost,
+                cost,
+                members: [member, pre_member],
+            });
         }
         Ok(kernels)
     }
 
-    /// Each lowered source (and first pass) ready for pipeline creation:
-    /// generic over sizes where its family has seen other sizes.
-    fn prepare(&self, lowered: &[Lowered]) -> Vec<Prepared> {
+    /// Each lowered source (and first pass) ready for pipeline creation: generic over sizes where its family
+    /// has seen other sizes; with each one's member of its family, if
+    /// generic. `like`: see [`Compiler::build`].
+    fn prepare(
+        &self,
+        lowered: &[Lowered],
+        like: Option<&[CompiledKernel]>,
+    ) -> (Vec<Prepared>, std::vec::IntoIter<Option<Arc<Member>>>) {
         let mut prepared = Vec::new();
-        for Lowered { name, wgsl, .. } in lowered {
-            for (name, w) in
-                std::iter::once((name.clone(), wgsl)).chain(wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p)))
-            {
-                let s = self.families.specialize(&w.source, w.entry);
+        let mut members = Vec::new();
+        for (i, Lowered { name, wgsl, .. }) in lowered.iter().enumerate() {
+            let earlier = like.and_then(|l| l.get(i));
+            let pre = wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p, 1));
+            for (name, w, pass) in std::iter::once((name.clone(), wgsl, 0)).chain(pre) {
+                let member = earlier.and_then(|e| e.members[pass].as_deref());
+                let s = self.families.specialize(&w.source, w.entry, member);
+                members.push(s.member);
                 prepared.push(Prepared {
                     name,
                     source: s.source,
@@ -229,7 +265,7 @@ impl Compiler {
                 });
             }
         }
-        prepared
+        (prepared, members.into_iter())
     }
 
     /// Kernel `k` of `graph` as WGSL with `limits`; lowering errors become
@@ -465,6 +501,9 @@ pub(crate) struct CompiledKernel {
     pub pre_cost: Option<LaunchCost>,
     /// The cost of one launch of the kernel proper.
     pub cost: LaunchCost,
+    /// The kernel's and its first pass's members of their size families,
+    /// where generic: the next size variant reads its sizes against them.
+    pub members: [Option<Arc<Member>>; 2],
 }
 
 impl WgpuExecutable {

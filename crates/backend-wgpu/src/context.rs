@@ -440,16 +440,47 @@ impl Context {
         out
     }
 
-    /// Bind group 1 of a generic kernel: a small storage buffer holding
-    /// its dynamic sizes `dims`, made once per compiled kernel.
-    pub fn dims_group(&self, layout: &wgpu::BindGroupLayout, dims: &[u32]) -> wgpu::BindGroup {
+    /// Bind group 1 of each generic kernel of one compile, made once per
+    /// compiled kernel: `(layout, dims)` per kernel, its dynamic sizes.
+    /// All of them share one storage buffer, each kernel's sizes at an
+    /// offset aligned as storage bindings require (`slot_stride`): one
+    /// buffer per size variant rather than one per kernel.
+    pub fn dims_groups(&self, kernels: &[(&wgpu::BindGroupLayout, &[u32])]) -> Vec<wgpu::BindGroup> {
         use wgpu::util::DeviceExt as _;
+        if kernels.is_empty() {
+            return Vec::new();
+        }
+        let mut words: Vec<u32> = Vec::new();
+        let mut ranges = Vec::with_capacity(kernels.len());
+        let align_words = (self.slot_stride / 4) as usize;
+        for (_, dims) in kernels {
+            let start = words.len().next_multiple_of(align_words);
+            words.resize(start, 0);
+            words.extend_from_slice(dims);
+            ranges.push((start as u64 * 4, dims.len() as u64 * 4));
+        }
         let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("lazuli sizes"),
-            contents: bytemuck::cast_slice(dims),
+            contents: bytemuck::cast_slice(&words),
             usage: BufferUsages::STORAGE,
         });
-        self.bind_group(layout, &[&buffer])
+        kernels
+            .iter()
+            .zip(ranges)
+            .map(|((layout, _), (offset, size))| {
+                lazuli_executor::metrics::inc("WgpuBindGroupsCreated", 1);
+                let resource = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &buffer,
+                    offset,
+                    size: std::num::NonZeroU64::new(size),
+                });
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout,
+                    entries: &[wgpu::BindGroupEntry { binding: 0, resource }],
+                })
+            })
+            .collect()
     }
 }
 

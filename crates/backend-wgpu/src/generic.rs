@@ -40,6 +40,15 @@
 //! pipelines instead of one set per size, while sizes that never change
 //! stay constants.
 //!
+//! A size variant's kernels are first read against the same kernels of
+//! the variant compiled before ([`Member`]): where a source differs from
+//! its predecessor's only in the digits of its replaceable literals and
+//! its values fit the family, the values are read in one comparison of
+//! the text between the literals and the family's generic source (kept
+//! with the family) is reused, with no scan, no renumbering and no
+//! rewrite. Anything else (a literal that must widen the family, other
+//! text) takes the scan above; debug builds check every read against it.
+//!
 //! This is sound by construction: the generic source is the member's own
 //! source with some literals replaced by loads of the same values, so a
 //! member run through the generic pipeline computes exactly what its own
@@ -54,9 +63,12 @@ use crate::codegen::FixedSizes;
 use crate::wgsl_text::{self, Kind, Lexer};
 use lazuli_executor::metrics;
 use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{Graph, NodeId, Op};
+use lazuli_ir::{Graph, NodeId, Op, StableHasher};
+use std::fmt::Write as _;
+use std::hash::BuildHasherDefault;
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 /// Which sizes differ between a graph and the graph of the same structure
 /// compiled before it at other sizes: per node, a mask of the axes whose
@@ -147,11 +159,13 @@ pub const DIMS_VAR: &str = "LZD";
 const ENABLE_F16: &str = "enable f16;\n";
 
 /// A replaceable integer literal of a source.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Literal {
     /// Byte range in the canonical source.
     start: usize,
     end: usize,
+    /// Byte range in the source as lowered (before renumbering).
+    raw: Range<usize>,
     /// Its bits (i32 literals as two's complement).
     value: u32,
     /// `true` for `i32` (`5i`), `false` for `u32` (`5u`).
@@ -210,7 +224,9 @@ pub fn scan(source: &str) -> Scanned {
     let mut canonical = String::with_capacity(source.len());
     let mut skeleton = String::with_capacity(source.len());
     let mut literals = Vec::new();
-    let mut names: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    // Node names are short and never adversarial: the fast stable
+    // hasher, not SipHash (this map is hit for every name of the source).
+    let mut names: std::collections::HashMap<&str, String, BuildHasherDefault<StableHasher>> = Default::default();
     let mut counts = [0usize; NODE_NAME_PREFIXES.len()];
     let mut copied = 0usize;
     let mut lexer = Lexer::new(source);
@@ -258,7 +274,7 @@ pub fn scan(source: &str) -> Scanned {
                     canonical.push_str(text);
                     skeleton.push_str(if signed { "\u{1}i" } else { "\u{1}u" });
                     copied = end;
-                    literals.push(Literal { start: at, end: canonical.len(), value, signed });
+                    literals.push(Literal { start: at, end: canonical.len(), raw: start..end, value, signed });
                 }
             }
             Kind::Comment | Kind::Space | Kind::Punct => {}
@@ -281,30 +297,43 @@ impl Scanned {
     }
 
     /// The canonical source with each literal that has a slot
-    /// (`slots[k]`) read from that slot of [`DIMS_VAR`]; also returns the
-    /// slot values.
-    fn generic(&self, slots: &[Option<usize>]) -> (String, Vec<u32>) {
+    /// (`slots[k]`) read from that slot of [`DIMS_VAR`]. Every member
+    /// that fits a family's slots has the same one (see
+    /// [`Family::generic`]).
+    fn generic_source(&self, slots: &[Option<usize>]) -> String {
         let source = &self.canonical;
-        let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
         // A directive (`enable f16;`, see `crate::halves`) must stay first.
         let directive = if source.starts_with(ENABLE_F16) { ENABLE_F16 } else { "" };
-        let mut out = format!("{directive}@group(1) @binding(0) var<storage, read> {DIMS_VAR}: array<u32>;\n\n");
-        let mut values = vec![0; count];
+        let mut out = String::with_capacity(source.len() + 64 + 8 * slots.len());
+        out.push_str(directive);
+        out.push_str("@group(1) @binding(0) var<storage, read> ");
+        out.push_str(DIMS_VAR);
+        out.push_str(": array<u32>;\n\n");
         let mut copied = directive.len();
         for (lit, slot) in self.literals.iter().zip(slots) {
             let Some(k) = *slot else { continue };
             out.push_str(&source[copied..lit.start]);
-            let load = format!("{DIMS_VAR}[{k}u]");
             if lit.signed {
-                out.push_str(&format!("bitcast<i32>({load})"));
+                let _ = write!(out, "bitcast<i32>({DIMS_VAR}[{k}u])");
             } else {
-                out.push_str(&load);
+                let _ = write!(out, "{DIMS_VAR}[{k}u]");
             }
-            values[k] = lit.value;
             copied = lit.end;
         }
         out.push_str(&source[copied..]);
-        (out, values)
+        out
+    }
+
+    /// The values of the slots `slots` gives this member's literals.
+    fn slot_values(&self, slots: &[Option<usize>]) -> Vec<u32> {
+        let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
+        let mut values = vec![0; count];
+        for (lit, slot) in self.literals.iter().zip(slots) {
+            if let Some(k) = *slot {
+                values[k] = lit.value;
+            }
+        }
+        values
     }
 }
 
@@ -331,6 +360,72 @@ pub struct Specialized {
     pub dims: Vec<u32>,
     /// What happened.
     pub outcome: Outcome,
+    /// For a member of a generic family: where its literals are in the
+    /// source as lowered, so that the same kernel at the next size can be
+    /// read against it without a scan (see [`Families::specialize`]).
+    pub member: Option<Arc<Member>>,
+}
+
+/// A generic family's member as lowered: its family and where its
+/// replaceable literals are in its source. The same kernel lowered at
+/// other sizes differs from it only in those literals' digits, and is
+/// read against it instead of scanned ([`Member::values_of`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The source as lowered (the text between literals is compared).
+    source: String,
+    /// The family's key.
+    family: u64,
+    /// Byte ranges of the replaceable literals in `source`, and whether
+    /// each is signed.
+    literals: Vec<RawLiteral>,
+}
+
+/// Where a replaceable literal is in a source as lowered, and whether it
+/// is signed.
+type RawLiteral = (Range<usize>, bool);
+
+impl Member {
+    /// The literal values of `source` if it is this member's source with
+    /// other digits in its literals: every byte outside them equal, each
+    /// literal an integer literal of the same signedness, and the
+    /// positions of the literals in `source`.
+    ///
+    /// Such a source scans to the same skeleton (so the same family) and
+    /// to literals at the same places: what makes a literal replaceable
+    /// (not inside `array<...>`, an attribute, a `const`, a `case`), the
+    /// node names and the renumbering are all decided by the bytes
+    /// around the literals, which are equal, and the digits of an integer
+    /// literal contain none of the brackets, `;` or `:` that end the
+    /// regions a scan skips. The token before a literal ends where it did
+    /// (the bytes before are equal), and the literal's token ends at the
+    /// same following byte, which ended a number before.
+    fn values_of(&self, source: &str) -> Option<(Vec<u32>, Vec<RawLiteral>)> {
+        let (old, new) = (self.source.as_bytes(), source.as_bytes());
+        let mut values = Vec::with_capacity(self.literals.len());
+        let mut ranges = Vec::with_capacity(self.literals.len());
+        let (mut o, mut n) = (0usize, 0usize);
+        for (lit, signed) in &self.literals {
+            let between = &old[o..lit.start];
+            if new.get(n..n + between.len())? != between {
+                return None;
+            }
+            n += between.len();
+            let token = Lexer::new(&source[n..]).next()?;
+            if token.kind != Kind::Number {
+                return None;
+            }
+            let end = n + token.end;
+            let (value, is_signed) = int_literal(&source[n..end])?;
+            if is_signed != *signed {
+                return None;
+            }
+            values.push(value);
+            ranges.push((n..end, *signed));
+            (o, n) = (lit.end, end);
+        }
+        (old[o..] == new[n..]).then_some((values, ranges))
+    }
 }
 
 struct Family {
@@ -343,6 +438,11 @@ struct Family {
     /// in many places is one load the driver can keep in a register); a
     /// member where they differ splits the slot.
     slots: Vec<Option<usize>>,
+    /// The generic source of the current slots, once a member needed it:
+    /// the same for every member that fits them (the skeleton, the baked
+    /// values and the loads are all the family's), so later members copy
+    /// it instead of rewriting their own. Cleared when the family widens.
+    generic: Option<String>,
 }
 
 impl Family {
@@ -439,7 +539,7 @@ impl Families {
         if !map.contains(&key) {
             let values = scanned.values();
             let slots = vec![None; values.len()];
-            map.put(key, Family { skeleton: scanned.skeleton.clone(), values, slots });
+            map.put(key, Family { skeleton: scanned.skeleton.clone(), values, slots, generic: None });
         }
         let family = map.get_mut(&key).expect("present");
         // A hash collision: leave the family alone.
@@ -462,9 +562,58 @@ impl Families {
     /// The source to compile for `source` (entry point `entry`) and its
     /// dynamic values; see the module documentation. Counted as
     /// `GenericKernelReuse` and `GenericKernelWidened`.
-    pub fn specialize(&self, source: &str, entry: &str) -> Specialized {
+    ///
+    /// `like`: the same kernel's member at the sizes compiled before, if
+    /// it was one. Where `source` differs from it only in literal digits
+    /// and fits the family's slots, its values are read against it
+    /// ([`Member::values_of`]) and the family's generic source is reused:
+    /// no scan, the same result (debug builds check it against a scan;
+    /// counted as `GenericKernelScanSkipped` too).
+    pub fn specialize(&self, source: &str, entry: &str, like: Option<&Member>) -> Specialized {
+        if let Some(fast) = like.filter(|_| self.enabled).and_then(|m| self.reuse_like(m, source)) {
+            if cfg!(debug_assertions) {
+                let scanned = self.specialize_scanned(source, entry, false);
+                debug_assert_eq!((&scanned.source, &scanned.dims), (&fast.source, &fast.dims), "read against a member");
+            }
+            metrics::inc("GenericKernelReuse", 1);
+            metrics::inc("GenericKernelScanSkipped", 1);
+            return fast;
+        }
+        self.specialize_scanned(source, entry, true)
+    }
+
+    /// [`Families::specialize`] for a source read against `like`, where it
+    /// is a member that fits its family's slots and the family's generic
+    /// source is known; `None` otherwise.
+    fn reuse_like(&self, like: &Member, source: &str) -> Option<Specialized> {
+        let (values, literals) = like.values_of(source)?;
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let family = map.get(&like.family)?;
+        if family.values.len() != values.len() || family.slots.iter().all(Option::is_none) || !family.fits(&values) {
+            return None;
+        }
+        let generic = family.generic.clone()?;
+        let count = family.slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
+        let mut dims = vec![0; count];
+        for (slot, value) in family.slots.iter().zip(&values) {
+            if let Some(k) = *slot {
+                dims[k] = *value;
+            }
+        }
+        let member = Member { source: source.to_string(), family: like.family, literals };
+        Some(Specialized { source: generic, dims, outcome: Outcome::Reused, member: Some(Arc::new(member)) })
+    }
+
+    /// [`Families::specialize`] by a scan of `source`; `count`: record
+    /// the outcome in the metrics.
+    fn specialize_scanned(&self, source: &str, entry: &str, count: bool) -> Specialized {
         let scanned = scan(source);
-        let fixed = || Specialized { source: scanned.canonical.clone(), dims: Vec::new(), outcome: Outcome::Static };
+        let fixed = || Specialized {
+            source: scanned.canonical.clone(),
+            dims: Vec::new(),
+            outcome: Outcome::Static,
+            member: None,
+        };
         if !self.enabled || scanned.literals.is_empty() {
             return fixed();
         }
@@ -473,10 +622,18 @@ impl Families {
         if family.slots.iter().all(Option::is_none) {
             return fixed();
         }
-        let (source, dims) = scanned.generic(&family.slots);
+        let source_generic = family.generic.get_or_insert_with(|| scanned.generic_source(&family.slots)).clone();
+        let dims = scanned.slot_values(&family.slots);
         let outcome = if widened { Outcome::Widened } else { Outcome::Reused };
-        metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
-        Specialized { source, dims, outcome }
+        if count {
+            metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
+        }
+        let member = Member {
+            source: source.to_string(),
+            family: scanned.family_key(entry),
+            literals: scanned.literals.iter().map(|l| (l.raw.clone(), l.signed)).collect(),
+        };
+        Specialized { source: source_generic, dims, outcome, member: Some(Arc::new(member)) }
     }
 
     /// Makes the scanned source a member of its family (see
@@ -502,6 +659,7 @@ impl Families {
             }
         }
         family.widen(&values);
+        family.generic = None;
         Some((family, true))
     }
 
@@ -535,25 +693,25 @@ mod tests {
     #[test]
     fn members_share_a_generic_source_after_one_widening() {
         let fam = Families::new(true, 16);
-        let first = fam.specialize(A, "main");
+        let first = fam.specialize(A, "main", None);
         assert_eq!((first.outcome, first.source.as_str()), (Outcome::Static, A));
         // The same source again stays static.
-        assert_eq!(fam.specialize(A, "main").outcome, Outcome::Static);
+        assert_eq!(fam.specialize(A, "main", None).outcome, Outcome::Static);
         let b = A.replace("48u", "52u").replace("12u", "13u");
-        let second = fam.specialize(&b, "main");
+        let second = fam.specialize(&b, "main", None);
         assert_eq!(second.outcome, Outcome::Widened);
         assert_eq!(second.dims, [52, 13]);
         assert!(second.source.contains("if (t >= LZD[0u])") && second.source.contains("(t % LZD[1u])"));
         let c = A.replace("48u", "60u").replace("12u", "15u");
-        let third = fam.specialize(&c, "main");
+        let third = fam.specialize(&c, "main", None);
         assert_eq!(third.outcome, Outcome::Reused);
         assert_eq!(third.source, second.source);
         assert_eq!(third.dims, [60, 15]);
         // The first member, seen again, now runs generic too.
-        assert_eq!(fam.specialize(A, "main").dims, [48, 12]);
+        assert_eq!(fam.specialize(A, "main", None).dims, [48, 12]);
         // A baked literal that differs widens again.
         let d = c.replace("(-3i)", "(-4i)");
-        let fourth = fam.specialize(&d, "main");
+        let fourth = fam.specialize(&d, "main", None);
         assert_eq!((fourth.outcome, fourth.dims.as_slice()), (Outcome::Widened, &[60, 15, 4][..]));
         assert!(fourth.source.contains("(-bitcast<i32>(LZD[2u]))"));
         crate::validate::validate_wgsl(&fourth.source).unwrap();
@@ -562,16 +720,16 @@ mod tests {
     #[test]
     fn different_structure_is_another_family_and_off_means_static() {
         let fam = Families::new(true, 16);
-        fam.specialize(A, "main");
+        fam.specialize(A, "main", None);
         let other = A.replace("t % 12u", "t / 12u % 5u");
-        assert_eq!(fam.specialize(&other, "main").outcome, Outcome::Static);
+        assert_eq!(fam.specialize(&other, "main", None).outcome, Outcome::Static);
         assert_eq!(fam.len(), 2);
         let off = Families::new(false, 16);
-        off.specialize(A, "main");
+        off.specialize(A, "main", None);
         let b = A.replace("48u", "52u");
         assert_eq!(
-            off.specialize(&b, "main"),
-            Specialized { source: b.clone(), dims: vec![], outcome: Outcome::Static }
+            off.specialize(&b, "main", None),
+            Specialized { source: b.clone(), dims: vec![], outcome: Outcome::Static, member: None }
         );
     }
 
@@ -579,15 +737,15 @@ mod tests {
     fn equal_sizes_share_a_slot_until_they_differ() {
         let src = "fn f(i: u32) -> u32 {\n    return (i / 12u) % 12u + 7u;\n}\n";
         let fam = Families::new(true, 16);
-        fam.specialize(src, "f");
-        let b = fam.specialize(&src.replace("12u", "13u"), "f");
+        fam.specialize(src, "f", None);
+        let b = fam.specialize(&src.replace("12u", "13u"), "f", None);
         assert_eq!(b.outcome, Outcome::Widened);
         assert!(b.source.contains("(i / LZD[0u]) % LZD[0u] + 7u"), "{}", b.source);
         assert_eq!(b.dims, [13]);
-        let c = fam.specialize(&src.replace("12u", "20u"), "f");
+        let c = fam.specialize(&src.replace("12u", "20u"), "f", None);
         assert_eq!((c.outcome, c.dims.as_slice()), (Outcome::Reused, &[20][..]));
         // The two sizes part ways: the slot splits.
-        let d = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f");
+        let d = fam.specialize(&src.replacen("12u", "4u", 1).replace("12u", "6u"), "f", None);
         assert_eq!(d.outcome, Outcome::Widened);
         assert!(d.source.contains("(i / LZD[0u]) % LZD[1u] + 7u"), "{}", d.source);
         assert_eq!(d.dims, [4, 6]);
@@ -605,11 +763,11 @@ mod tests {
         crate::validate::validate_wgsl(&sa.canonical.replace("in0[i]", "f32(i)")).unwrap();
         // A renumbered member at other sizes reuses the generic source.
         let fam = Families::new(true, 16);
-        let first = fam.specialize(a, "main");
+        let first = fam.specialize(a, "main", None);
         assert_eq!((first.outcome, first.source.as_str()), (Outcome::Static, sa.canonical.as_str()));
-        let wide = fam.specialize(&a.replace("12u", "13u"), "main");
+        let wide = fam.specialize(&a.replace("12u", "13u"), "main", None);
         assert_eq!(wide.outcome, Outcome::Widened);
-        let again = fam.specialize(&b.replace("12u", "14u"), "main");
+        let again = fam.specialize(&b.replace("12u", "14u"), "main", None);
         assert_eq!((again.outcome, again.dims.as_slice()), (Outcome::Reused, &[14][..]));
         assert_eq!(again.source, wide.source);
     }
@@ -620,18 +778,58 @@ mod tests {
         let fam = Families::new(true, 16);
         fam.observe(src, "f");
         // Observing compiles nothing and counts nothing as a member.
-        let b = fam.specialize(&src.replace("12u", "13u"), "f");
+        let b = fam.specialize(&src.replace("12u", "13u"), "f", None);
         assert_eq!((b.outcome, b.dims.as_slice()), (Outcome::Widened, &[13][..]));
         assert!(b.source.contains("(i / LZD[0u]) % 3u + 7u"), "{}", b.source);
         // Without the observation the same source is a static first member.
         let fresh = Families::new(true, 16);
-        assert_eq!(fresh.specialize(&src.replace("12u", "13u"), "f").outcome, Outcome::Static);
+        assert_eq!(fresh.specialize(&src.replace("12u", "13u"), "f", None).outcome, Outcome::Static);
         // Observing a source that fits changes nothing; off observes nothing.
         fam.observe(&src.replace("12u", "20u"), "f");
-        assert_eq!(fam.specialize(&src.replace("12u", "21u"), "f").source, b.source);
+        assert_eq!(fam.specialize(&src.replace("12u", "21u"), "f", None).source, b.source);
         let off = Families::new(false, 16);
         off.observe(src, "f");
         assert!(off.is_empty());
+    }
+
+    #[test]
+    fn a_member_at_other_sizes_is_read_against_the_earlier_one_without_a_scan() {
+        let fam = Families::new(true, 16);
+        let at = |n: u32, m: u32| A.replace("48u", &format!("{n}u")).replace("12u", &format!("{m}u"));
+        fam.specialize(&at(48, 12), "main", None);
+        let wide = fam.specialize(&at(52, 13), "main", None);
+        assert_eq!(wide.outcome, Outcome::Widened);
+        let first = fam.specialize(&at(60, 15), "main", None);
+        assert_eq!(first.outcome, Outcome::Reused);
+        let member = first.member.expect("a generic member");
+        // Digits of other lengths: read against the member, the same
+        // result as a scan, and a member for the next size.
+        let later = at(1000, 7);
+        let read = fam.reuse_like(&member, &later).expect("same text between the literals");
+        let scanned = fam.specialize_scanned(&later, "main", false);
+        assert_eq!((&read.source, &read.dims, read.outcome), (&scanned.source, &scanned.dims, scanned.outcome));
+        assert_eq!(read.dims, [1000, 7]);
+        let next = read.member.expect("a member");
+        assert_eq!(fam.reuse_like(&next, &at(9, 1234)).map(|s| s.dims), Some(vec![9, 1234]));
+        // Not read against it: other text between the literals, a literal
+        // of the other signedness or no integer, a baked literal that
+        // differs (the family must widen, which needs a scan), a renamed
+        // node.
+        for other in [
+            later.replace("t % ", "t / "),
+            later.replace("1000u", "1000i"),
+            later.replace("1000u", "1000.0"),
+            later.replace("(-3i)", "(-4i)"),
+            later.replace("let t", "let n9 = 0u;\n    let t"),
+            format!("{later}\n"),
+        ] {
+            assert!(fam.reuse_like(&next, &other).is_none(), "{other}");
+        }
+        // Through `specialize`, which falls back to a scan where the
+        // member does not apply.
+        let widened = fam.specialize(&later.replace("(-3i)", "(-4i)"), "main", Some(&next));
+        assert_eq!(widened.outcome, Outcome::Widened);
+        assert_eq!(fam.specialize(&at(5, 6), "main", Some(&next)).dims, [5, 6, 3]);
     }
 
     #[test]

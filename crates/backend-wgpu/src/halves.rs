@@ -107,9 +107,13 @@ fn parse_elem(elem: &str) -> Option<(bool, bool)> {
 
 /// True when `source` declares an f16 or bf16 storage binding.
 pub fn uses_halves(source: &str) -> bool {
-    wgsl_text::storage_decls(source)
-        .iter()
-        .any(|d| d.as_ref().ok().and_then(|d| d.elem()).and_then(parse_elem).is_some())
+    // Every such declaration's type ends in `f16>` (`array<f16>`,
+    // `array<vec4<bf16>>`): one substring search rules most kernels out
+    // without splitting the source into lines.
+    source.contains("f16>")
+        && wgsl_text::storage_decls(source)
+            .iter()
+            .any(|d| d.as_ref().ok().and_then(|d| d.elem()).and_then(parse_elem).is_some())
 }
 
 /// Rewrites `source` so its f16/bf16 bindings are stored as `f16` says

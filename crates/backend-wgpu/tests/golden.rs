@@ -659,11 +659,11 @@ fn render_generic_with(earlier: Graph, later: Graph, limits: &LowerLimits) -> St
     let mut dims = Vec::new();
     let text = render_with(later, &limits, &fl, |i, _, w| {
         if let Some(p) = w.pre.as_deref_mut() {
-            let s = families.specialize(&p.source, p.entry);
+            let s = families.specialize(&p.source, p.entry, None);
             dims.push(format!("// kernel {i} pass 1: {:?}, sizes {:?}\n", s.outcome, s.dims));
             p.source = s.source;
         }
-        let s = families.specialize(&w.source, w.entry);
+        let s = families.specialize(&w.source, w.entry, None);
         dims.push(format!("// kernel {i}: {:?}, sizes {:?}\n", s.outcome, s.dims));
         w.source = s.source;
     });
