@@ -699,41 +699,46 @@ impl Writer<'_> {
         b: &mut String,
     ) {
         let g = self.g;
-        let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         for q in 0..rm {
             for i in 0..4 {
                 let row = format!("row0 + {}u + tr * 4u", q * 64 + i);
                 for pp in 0..rnb {
                     let col = format!("col0 + {}u + tc * 4u", pp * 64);
-                    let acc = format!("c{q}_{i}_{pp}");
                     if out_vec {
-                        let idx = format!("obase + ({row}) * {nn}u + {col}");
                         let _ = writeln!(b, "    if ({row} < {m}u && {col} < {nn}u) {{");
                         for (sl, &o) in outputs.iter().enumerate() {
-                            let vals: Vec<String> = LANE
-                                .iter()
-                                .enumerate()
-                                .map(|(c, lane)| value(o, format!("{idx} + {c}u"), format!("{acc}.{lane}")))
-                                .collect();
-                            let _ = writeln!(
+                            let _ = write!(
                                 b,
-                                "        out{sl}[({idx}) / 4u] = vec4<{}>({});",
-                                storage_reg_ty(g.node(o).dtype),
-                                vals.join(", ")
+                                "        out{sl}[(obase + ({row}) * {nn}u + {col}) / 4u] = vec4<{}>(",
+                                storage_reg_ty(g.node(o).dtype)
                             );
+                            for (c, lane) in LANE.iter().enumerate() {
+                                if c > 0 {
+                                    b.push_str(", ");
+                                }
+                                self.write_epilogue_store(
+                                    b,
+                                    o,
+                                    format_args!("obase + ({row}) * {nn}u + {col} + {c}u"),
+                                    format_args!("c{q}_{i}_{pp}.{lane}"),
+                                );
+                            }
+                            b.push_str(");\n");
                         }
                         b.push_str("    }\n");
                     } else {
                         for (c, lane) in LANE.iter().enumerate() {
-                            let idx = format!("obase + ({row}) * {nn}u + {col} + {c}u");
                             let _ = writeln!(b, "    if ({row} < {m}u && {col} + {c}u < {nn}u) {{");
                             for (sl, &o) in outputs.iter().enumerate() {
-                                let _ = writeln!(
+                                let _ = write!(b, "        out{sl}[obase + ({row}) * {nn}u + {col} + {c}u] = ");
+                                self.write_epilogue_store(
                                     b,
-                                    "        out{sl}[{idx}] = {};",
-                                    value(o, idx.clone(), format!("{acc}.{lane}"))
+                                    o,
+                                    format_args!("obase + ({row}) * {nn}u + {col} + {c}u"),
+                                    format_args!("c{q}_{i}_{pp}.{lane}"),
                                 );
+                                b.push_str(";\n");
                             }
                             b.push_str("    }\n");
                         }
@@ -929,6 +934,26 @@ impl Writer<'_> {
         }
     }
 
+    /// [`Writer::epilogue_store`] written straight into `b`: the stores
+    /// of a register block are most of a product kernel's text, and
+    /// lowering them again is most of what a size variant costs, so they
+    /// make no string per lane.
+    fn write_epilogue_store(&self, b: &mut String, o: NodeId, idx: std::fmt::Arguments, acc: std::fmt::Arguments) {
+        let n = self.g.node(o);
+        let bool_store = n.dtype == DType::Bool;
+        if bool_store {
+            b.push_str("select(0u, 1u, ");
+        }
+        if n.op == Op::MatMul {
+            let _ = b.write_fmt(acc);
+        } else {
+            let _ = write!(b, "e{}({idx}, {acc})", o.0);
+        }
+        if bool_store {
+            b.push(')');
+        }
+    }
+
     /// The stores of the register-blocked matmul's accumulators
     /// `c{row}_{vec}` to `outputs` through each output's epilogue function
     /// (the product itself as it is): `block` is (rows, vec4 columns) per
@@ -944,37 +969,44 @@ impl Writer<'_> {
     ) {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         let g = self.g;
-        let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         for i in 0..rows {
             for v in 0..vecs {
                 if out_vec {
-                    let idx = format!("obase + (r0 + {i}u) * {nn}u + col0 + {}u", 4 * v);
                     let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 / 4u + {v}u < {}u) {{", nn / 4);
                     for (slot, &o) in outputs.iter().enumerate() {
-                        let vals: Vec<String> = LANE
-                            .iter()
-                            .enumerate()
-                            .map(|(c, lane)| value(o, format!("{idx} + {c}u"), format!("c{i}_{v}.{lane}")))
-                            .collect();
-                        let _ = writeln!(
+                        let _ = write!(
                             b,
-                            "        out{slot}[(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u] = vec4<{}>({});",
+                            "        out{slot}[(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u] = vec4<{}>(",
                             storage_reg_ty(g.node(o).dtype),
-                            vals.join(", ")
                         );
+                        for (c, lane) in LANE.iter().enumerate() {
+                            if c > 0 {
+                                b.push_str(", ");
+                            }
+                            let col = 4 * v;
+                            self.write_epilogue_store(
+                                b,
+                                o,
+                                format_args!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u + {c}u"),
+                                format_args!("c{i}_{v}.{lane}"),
+                            );
+                        }
+                        b.push_str(");\n");
                     }
                     b.push_str("    }\n");
                 } else {
                     for (c, lane) in LANE.iter().enumerate() {
                         let col = 4 * v + c as u64;
-                        let idx = format!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u");
                         let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 + {col}u < {nn}u) {{");
                         for (slot, &o) in outputs.iter().enumerate() {
-                            let _ = writeln!(
+                            let _ = write!(b, "        out{slot}[obase + (r0 + {i}u) * {nn}u + col0 + {col}u] = ");
+                            self.write_epilogue_store(
                                 b,
-                                "        out{slot}[{idx}] = {};",
-                                value(o, idx.clone(), format!("c{i}_{v}.{lane}"))
+                                o,
+                                format_args!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u"),
+                                format_args!("c{i}_{v}.{lane}"),
                             );
+                            b.push_str(";\n");
                         }
                         b.push_str("    }\n");
                     }

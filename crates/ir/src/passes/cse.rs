@@ -13,8 +13,9 @@
 //! merges chains whose operands were merged first.
 
 use super::{empty_like, remap};
-use crate::{BinaryOp, Graph, NodeId, Op, ValueType};
+use crate::{BinaryOp, Graph, NodeId, Op, StableHasher, ValueType};
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 /// Merges structurally identical nodes.
 pub fn cse(graph: &Graph) -> Graph {
@@ -24,7 +25,10 @@ pub fn cse(graph: &Graph) -> Graph {
 /// [`cse`], also returning how many nodes were merged away.
 pub(super) fn run(graph: &Graph) -> (Graph, usize) {
     let mut out = empty_like(graph);
-    let mut seen: HashMap<(Op, Vec<NodeId>, ValueType), NodeId> = HashMap::new();
+    // Keys are the graph's own ops and ids: the fast stable hasher, sized
+    // for every node at once.
+    let mut seen: HashMap<(Op, Vec<NodeId>, ValueType), NodeId, BuildHasherDefault<StableHasher>> =
+        HashMap::with_capacity_and_hasher(graph.len(), Default::default());
     let mut map = Vec::with_capacity(graph.len());
     let mut merged = 0;
     for n in graph.nodes() {

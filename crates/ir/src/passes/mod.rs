@@ -122,6 +122,8 @@ fn debug_check(g: &Graph, pass: &str) {
 /// every pass's rebuild.
 fn empty_like(g: &Graph) -> Graph {
     let mut out = Graph::new();
+    // A pass keeps most nodes: room for all of them up front.
+    out.reserve(g.len());
     out.params = g.params.clone();
     out.scalars = g.scalars.clone();
     out
