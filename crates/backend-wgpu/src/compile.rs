@@ -249,8 +249,11 @@ impl Compiler {
             let earlier = like.and_then(|l| l.get(i));
             let pre = wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p, 1));
             for (name, w, pass) in std::iter::once((name.clone(), wgsl, 0)).chain(pre) {
-                let member = earlier.and_then(|e| e.members[pass].as_deref());
-                let s = self.families.specialize(&w.source, w.entry, member);
+                let like = earlier.and_then(|e| {
+                    let was = if pass == 0 { Some(&e.wgsl) } else { e.wgsl.pre.as_deref() };
+                    Some((e.members[pass].as_deref()?, was?.source.as_str()))
+                });
+                let s = self.families.specialize(&w.source, w.entry, like);
                 members.push(s.member);
                 prepared.push(Prepared {
                     name,

@@ -367,13 +367,12 @@ pub struct Specialized {
 }
 
 /// A generic family's member as lowered: its family and where its
-/// replaceable literals are in its source. The same kernel lowered at
+/// replaceable literals are in its source (kept with the compiled
+/// kernel). The same kernel lowered at
 /// other sizes differs from it only in those literals' digits, and is
 /// read against it instead of scanned ([`Member::values_of`]).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Member {
-    /// The source as lowered (the text between literals is compared).
-    source: String,
     /// The family's key.
     family: u64,
     /// Byte ranges of the replaceable literals in `source`, and whether
@@ -386,8 +385,8 @@ pub struct Member {
 type RawLiteral = (Range<usize>, bool);
 
 impl Member {
-    /// The literal values of `source` if it is this member's source with
-    /// other digits in its literals: every byte outside them equal, each
+    /// The literal values of `source` if it is this member's source
+    /// (`was`) with other digits in its literals: every byte outside them equal, each
     /// literal an integer literal of the same signedness, and the
     /// positions of the literals in `source`.
     ///
@@ -400,8 +399,8 @@ impl Member {
     /// regions a scan skips. The token before a literal ends where it did
     /// (the bytes before are equal), and the literal's token ends at the
     /// same following byte, which ended a number before.
-    fn values_of(&self, source: &str) -> Option<(Vec<u32>, Vec<RawLiteral>)> {
-        let (old, new) = (self.source.as_bytes(), source.as_bytes());
+    fn values_of(&self, was: &str, source: &str) -> Option<(Vec<u32>, Vec<RawLiteral>)> {
+        let (old, new) = (was.as_bytes(), source.as_bytes());
         let mut values = Vec::with_capacity(self.literals.len());
         let mut ranges = Vec::with_capacity(self.literals.len());
         let (mut o, mut n) = (0usize, 0usize);
@@ -564,13 +563,13 @@ impl Families {
     /// `GenericKernelReuse` and `GenericKernelWidened`.
     ///
     /// `like`: the same kernel's member at the sizes compiled before, if
-    /// it was one. Where `source` differs from it only in literal digits
+    /// it was one, and its source as lowered. Where `source` differs from it only in literal digits
     /// and fits the family's slots, its values are read against it
     /// ([`Member::values_of`]) and the family's generic source is reused:
     /// no scan, the same result (debug builds check it against a scan;
     /// counted as `GenericKernelScanSkipped` too).
-    pub fn specialize(&self, source: &str, entry: &str, like: Option<&Member>) -> Specialized {
-        if let Some(fast) = like.filter(|_| self.enabled).and_then(|m| self.reuse_like(m, source)) {
+    pub fn specialize(&self, source: &str, entry: &str, like: Option<(&Member, &str)>) -> Specialized {
+        if let Some(fast) = like.filter(|_| self.enabled).and_then(|(m, was)| self.reuse_like(m, was, source)) {
             if cfg!(debug_assertions) {
                 let scanned = self.specialize_scanned(source, entry, false);
                 debug_assert_eq!((&scanned.source, &scanned.dims), (&fast.source, &fast.dims), "read against a member");
@@ -582,11 +581,12 @@ impl Families {
         self.specialize_scanned(source, entry, true)
     }
 
-    /// [`Families::specialize`] for a source read against `like`, where it
+    /// [`Families::specialize`] for a source read against `like` (whose
+    /// source was `was`), where it
     /// is a member that fits its family's slots and the family's generic
     /// source is known; `None` otherwise.
-    fn reuse_like(&self, like: &Member, source: &str) -> Option<Specialized> {
-        let (values, literals) = like.values_of(source)?;
+    fn reuse_like(&self, like: &Member, was: &str, source: &str) -> Option<Specialized> {
+        let (values, literals) = like.values_of(was, source)?;
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let family = map.get(&like.family)?;
         if family.values.len() != values.len() || family.slots.iter().all(Option::is_none) || !family.fits(&values) {
@@ -600,7 +600,7 @@ impl Families {
                 dims[k] = *value;
             }
         }
-        let member = Member { source: source.to_string(), family: like.family, literals };
+        let member = Member { family: like.family, literals };
         Some(Specialized { source: generic, dims, outcome: Outcome::Reused, member: Some(Arc::new(member)) })
     }
 
@@ -629,7 +629,6 @@ impl Families {
             metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
         }
         let member = Member {
-            source: source.to_string(),
             family: scanned.family_key(entry),
             literals: scanned.literals.iter().map(|l| (l.raw.clone(), l.signed)).collect(),
         };
@@ -802,15 +801,16 @@ mod tests {
         let first = fam.specialize(&at(60, 15), "main", None);
         assert_eq!(first.outcome, Outcome::Reused);
         let member = first.member.expect("a generic member");
+        let was = at(60, 15);
         // Digits of other lengths: read against the member, the same
         // result as a scan, and a member for the next size.
         let later = at(1000, 7);
-        let read = fam.reuse_like(&member, &later).expect("same text between the literals");
+        let read = fam.reuse_like(&member, &was, &later).expect("same text between the literals");
         let scanned = fam.specialize_scanned(&later, "main", false);
         assert_eq!((&read.source, &read.dims, read.outcome), (&scanned.source, &scanned.dims, scanned.outcome));
         assert_eq!(read.dims, [1000, 7]);
         let next = read.member.expect("a member");
-        assert_eq!(fam.reuse_like(&next, &at(9, 1234)).map(|s| s.dims), Some(vec![9, 1234]));
+        assert_eq!(fam.reuse_like(&next, &later, &at(9, 1234)).map(|s| s.dims), Some(vec![9, 1234]));
         // Not read against it: other text between the literals, a literal
         // of the other signedness or no integer, a baked literal that
         // differs (the family must widen, which needs a scan), a renamed
@@ -823,13 +823,15 @@ mod tests {
             later.replace("let t", "let n9 = 0u;\n    let t"),
             format!("{later}\n"),
         ] {
-            assert!(fam.reuse_like(&next, &other).is_none(), "{other}");
+            assert!(fam.reuse_like(&next, &later, &other).is_none(), "{other}");
         }
         // Through `specialize`, which falls back to a scan where the
         // member does not apply.
-        let widened = fam.specialize(&later.replace("(-3i)", "(-4i)"), "main", Some(&next));
+        let widened = fam.specialize(&later.replace("(-3i)", "(-4i)"), "main", Some((&next, &later)));
         assert_eq!(widened.outcome, Outcome::Widened);
-        assert_eq!(fam.specialize(&at(5, 6), "main", Some(&next)).dims, [5, 6, 3]);
+        let wider = widened.member.expect("a member");
+        let was = later.replace("(-3i)", "(-4i)");
+        assert_eq!(fam.specialize(&at(5, 6), "main", Some((&wider, &was))).dims, [5, 6, 3]);
     }
 
     #[test]
