@@ -86,6 +86,17 @@ impl Compiler {
             self.observe_sizes(ctx, earlier, changes);
         }
         let plan = fusion::plan(graph, &self.fusion);
+        // A size variant's generic kernels (of a graph that aligns with
+        // the earlier one) lower on the compile threads at once: lowering
+        // is a pure function of the kernel, and most of what a variant
+        // costs. What each one's loop turn below would lower, in order.
+        let mut generic_lowered: Vec<Option<Result<Wgsl, BackendError>>> = match &changes {
+            Some(changes) => crate::threads::map(self.pipelines.threads(), &plan.kernels, |k| {
+                let fixed = changes.kernel(k, graph)?;
+                Some(self.lower_kernel(ctx, k, graph, &LowerLimits { generic: true, fixed, ..self.lower }))
+            }),
+            None => Vec::new(),
+        };
         let mut lowered = Vec::with_capacity(plan.kernels.len());
         let mut untuned = Vec::new();
         for (i, k) in plan.kernels.iter().enumerate() {
@@ -115,7 +126,10 @@ impl Compiler {
             let wgsl = match (fixed, lowered_varying) {
                 (Some(_), Some(w)) => w,
                 // Tuning a form per size would defeat sharing it.
-                (Some(fixed), None) => lower(&LowerLimits { generic: true, fixed, ..self.lower })?,
+                (Some(fixed), None) => match generic_lowered.get_mut(i).and_then(Option::take) {
+                    Some(wgsl) => wgsl?,
+                    None => lower(&LowerLimits { generic: true, fixed, ..self.lower })?,
+                },
                 (None, _) => match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
                     (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
                     (Tuning::Pending, Some(wgsl)) => {

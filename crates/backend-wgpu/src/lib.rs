@@ -100,6 +100,7 @@ mod platform;
 pub mod pool;
 mod profile;
 pub mod runtime;
+mod threads;
 mod transfer;
 pub mod validate;
 mod wgsl_text;

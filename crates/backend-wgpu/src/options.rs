@@ -92,7 +92,8 @@ pub struct WgpuOptions {
     /// `LAZULI_SUBGROUPS` overrides); off, or without the feature, they
     /// combine through workgroup-memory trees.
     pub subgroups: Option<bool>,
-    /// Threads creating the pipelines of one plan (else
+    /// Threads creating the pipelines of one plan and lowering the
+    /// generic kernels of a size variant (else
     /// `LAZULI_COMPILE_THREADS`, a positive integer, else the machine's
     /// cores, at most 8).
     pub compile_threads: Option<usize>,

@@ -6,7 +6,8 @@
 //! driver cache blob in the disk cache ([`crate::diskcache`]).
 //!
 //! The missing pipelines of a plan are created on several threads at
-//! once (`LAZULI_COMPILE_THREADS`, default the machine's cores, at most 8).
+//! once (`LAZULI_COMPILE_THREADS`, default the machine's cores, at most 8;
+//! see [`crate::threads`]).
 //!
 //! Trusted modules: a kernel whose generator proves every index in
 //! bounds ([`crate::codegen::Wgsl::trusted`]: the tiled matmul) is created
@@ -265,32 +266,7 @@ impl Pipelines {
                 None => missing.push(i),
             }
         }
-        let threads = self.threads.min(missing.len());
-        let created: Vec<Result<PipelineEntry, BackendError>> = if threads <= 1 {
-            missing.iter().map(|&i| self.create(ctx, &kernels[i], keys[i])).collect()
-        } else {
-            let next = std::sync::atomic::AtomicUsize::new(0);
-            let slots: Vec<Mutex<Option<Result<PipelineEntry, BackendError>>>> =
-                missing.iter().map(|_| Mutex::new(None)).collect();
-            std::thread::scope(|scope| {
-                for _ in 0..threads {
-                    scope.spawn(|| loop {
-                        let j = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&i) = missing.get(j) else { break };
-                        let made = self.create(ctx, &kernels[i], keys[i]);
-                        *slots[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(made);
-                    });
-                }
-            });
-            slots
-                .into_iter()
-                .map(|s| {
-                    s.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| {
-                        Err(BackendError::Execution("a pipeline-creation thread stopped early".into()))
-                    })
-                })
-                .collect()
-        };
+        let created = crate::threads::map(self.threads, &missing, |&i| self.create(ctx, &kernels[i], keys[i]));
         for (&i, made) in missing.iter().zip(created) {
             let entry = Arc::new(made?);
             self.cache.insert(keys[i], entry.clone());

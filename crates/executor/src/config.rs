@@ -171,7 +171,7 @@ pub const VARS: &[Var] = &[
         "LAZULI_COMPILE_THREADS",
         Kind::Count,
         "the machine's cores, at most 8",
-        "threads creating the pipelines of one plan",
+        "threads creating the pipelines of one plan and lowering a size variant's kernels",
         "lazuli-wgpu (WgpuOptions::compile_threads)",
     ),
     var(
