@@ -91,7 +91,7 @@ impl Compiler {
         // is a pure function of the kernel, and most of what a variant
         // costs. What each one's loop turn below would lower, in order.
         let mut generic_lowered: Vec<Option<Result<Wgsl, BackendError>>> = match &changes {
-            Some(changes) => crate::threads::map(self.pipelines.threads(), &plan.kernels, |k| {
+            Some(changes) => self.pipelines.workers().map(&plan.kernels, |k| {
                 let fixed = changes.kernel(k, graph)?;
                 Some(self.lower_kernel(ctx, k, graph, &LowerLimits { generic: true, fixed, ..self.lower }))
             }),

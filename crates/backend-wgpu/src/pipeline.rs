@@ -140,8 +140,8 @@ pub(crate) struct Pipelines {
     unsaved_since: Mutex<Option<Instant>>,
     /// When the driver cache was last saved or loaded.
     last_save: Mutex<Instant>,
-    /// Threads creating the pipelines of one plan.
-    threads: usize,
+    /// The compile threads: they create the pipelines of one plan.
+    workers: crate::threads::Workers,
     /// Whether kernels proven in bounds get unchecked (trusted) modules:
     /// the switch, and never on wasm32 (see the module doc).
     trusted: bool,
@@ -186,14 +186,15 @@ impl Pipelines {
             driver_saved: AtomicU64::new(loaded),
             unsaved_since: Mutex::new(None),
             last_save: Mutex::new(Instant::now()),
-            threads,
+            workers: crate::threads::Workers::new(threads),
             trusted: trusted && platform::TRUSTED_SHADERS,
         }
     }
 
-    /// Threads creating the pipelines of one plan.
-    pub fn threads(&self) -> usize {
-        self.threads
+    /// The compile threads: they create the pipelines of one plan (and
+    /// lower a size variant's kernels, see `Compiler::compile`).
+    pub(crate) fn workers(&self) -> &crate::threads::Workers {
+        &self.workers
     }
 
     /// Whether kernels proven in bounds get trusted modules here.
@@ -266,7 +267,7 @@ impl Pipelines {
                 None => missing.push(i),
             }
         }
-        let created = crate::threads::map(self.threads, &missing, |&i| self.create(ctx, &kernels[i], keys[i]));
+        let created = self.workers.map(&missing, |&i| self.create(ctx, &kernels[i], keys[i]));
         for (&i, made) in missing.iter().zip(created) {
             let entry = Arc::new(made?);
             self.cache.insert(keys[i], entry.clone());

@@ -275,7 +275,11 @@ fn effective_settings(
         ),
         Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
-        Setting::new("LAZULI_COMPILE_THREADS", compiler.pipelines.threads(), source("LAZULI_COMPILE_THREADS")),
+        Setting::new(
+            "LAZULI_COMPILE_THREADS",
+            compiler.pipelines.workers().threads(),
+            source("LAZULI_COMPILE_THREADS"),
+        ),
         Setting::new(
             "LAZULI_F16_PACKED",
             match compiler.lower.f16 {

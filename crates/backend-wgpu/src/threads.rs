@@ -1,37 +1,51 @@
 //! Independent compile work spread over the compile threads
 //! (`LAZULI_COMPILE_THREADS`): pipeline creation ([`crate::pipeline`]) and
 //! the lowering of a size variant's generic kernels ([`crate::compile`]).
-//! Scoped threads take items in turn from a shared counter, so a slow
-//! item does not hold up a fixed share of the rest; the results come back
-//! in the items' order, whatever order they finished in. With one thread
-//! (or one item, or where there are no threads: the browser) the items
-//! run on the caller's thread, in order.
+//! The threads are a pool made once per backend ([`Workers`], rayon's):
+//! a size variant lowers its kernels on them every step of a growing
+//! loop, where starting threads each time would cost a good part of what
+//! they save. The results come back in the items' order, whatever order
+//! they finished in. With one thread (or one item, or where there are no
+//! threads: the browser) the items run on the caller's thread, in order.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use rayon::prelude::*;
 
-/// `f` applied to each of `items` on up to `threads` threads, the results
-/// in the items' order.
-pub(crate) fn map<T: Sync, R: Send>(threads: usize, items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = threads.min(items.len());
-    if threads <= 1 {
-        return items.iter().map(f).collect();
+/// The compile threads of one backend.
+pub(crate) struct Workers {
+    threads: usize,
+    /// `None` with one thread, or where the pool could not be made (the
+    /// work then runs on the caller's thread).
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Workers {
+    /// `threads` compile threads (at least one).
+    pub fn new(threads: usize) -> Workers {
+        let threads = threads.max(1);
+        let pool = (threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("lazuli-compile-{i}"))
+                    .build()
+            })
+            .and_then(|made| made.map_err(|e| tracing::warn!("compiling on one thread: {e}")).ok());
+        Workers { threads, pool }
     }
-    let next = AtomicUsize::new(0);
-    let slots: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let j = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(j) else { break };
-                let made = f(item);
-                *slots[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(made);
-            });
+
+    /// How many there are.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// `f` applied to each of `items`, on the threads where there are
+    /// several items, the results in the items' order.
+    pub fn map<T: Sync, R: Send>(&self, items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+        match &self.pool {
+            Some(pool) if items.len() > 1 => pool.install(|| items.par_iter().with_max_len(1).map(f).collect()),
+            _ => items.iter().map(f).collect(),
         }
-    });
-    // A panic in `f` propagates out of the scope above, so every slot is
-    // filled here.
-    slots.into_iter().map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every item ran")).collect()
+    }
 }
 
 #[cfg(test)]
@@ -41,14 +55,28 @@ mod tests {
     #[test]
     fn results_keep_the_items_order_on_any_number_of_threads() {
         let items: Vec<u64> = (0..100).collect();
-        for threads in [0, 1, 2, 7, 200] {
-            let got = map(threads, &items, |&x| {
+        for threads in [0, 1, 2, 7] {
+            let workers = Workers::new(threads);
+            let got = workers.map(&items, |&x| {
                 // Uneven work, so items finish out of order.
                 std::thread::sleep(std::time::Duration::from_micros((x * 37) % 200));
                 x * x
             });
             assert_eq!(got, items.iter().map(|x| x * x).collect::<Vec<_>>(), "{threads} threads");
+            assert_eq!(workers.threads(), threads.max(1));
         }
-        assert!(map(4, &[] as &[u8], |_| 0).is_empty());
+        assert!(Workers::new(4).map(&[] as &[u8], |_| 0).is_empty());
+    }
+
+    #[test]
+    fn the_work_runs_on_several_threads() {
+        let workers = Workers::new(2);
+        let names = workers.map(&[0u8; 64], |_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            std::thread::current().name().unwrap_or("").to_string()
+        });
+        assert!(names.iter().all(|n| n.starts_with("lazuli-compile-")), "{names:?}");
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), 2, "{names:?}");
     }
 }
