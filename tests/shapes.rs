@@ -129,10 +129,14 @@ fn greedy_generation_with_a_growing_context_matches_the_fixed_window() {
             // 10 lengths (3..=12), then the full window: new kernel code at
             // the first length (static), the first size variant (generic
             // over every literal that differs from the first length) and
-            // the full window, where two index ramps (the causal mask's and
-            // one of the position table's size) have equal shapes and merge
-            // (measured: 3; the position slice that covers its whole table
-            // there stays, `PassOptions::sizes_vary`), not at every length.
+            // the full window, where the multi-tensor kernel's segments of
+            // the causal mask and the token one-hot have one shape
+            // (measured: 3), not at every length. What else is equal only
+            // there stays apart: the position slice that covers its whole
+            // table (`PassOptions::sizes_vary`), the two index ramps (CSE
+            // with the classes of the length before,
+            // `passes::optimize_traced`) and sibling kernels of one shape
+            // (`fusion::plan_sized_like`).
             assert!(growing.plans >= 10, "{growing:?}");
             assert!(growing.plans_with_new_code <= 3, "{growing:?}");
             // About two sets of kernels (the first length's static ones,

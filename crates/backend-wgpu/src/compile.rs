@@ -85,7 +85,10 @@ impl Compiler {
         if let (true, Some(earlier), Some(changes)) = (first_variant, earlier, &changes) {
             self.observe_sizes(ctx, earlier, changes);
         }
-        let plan = fusion::plan(graph, &self.fusion);
+        // Kernels that merge only because their shapes are equal at these
+        // sizes stay apart (see `fusion::plan_sized_like`).
+        let plan =
+            fusion::plan_sized_like(graph, &self.fusion, earlier.filter(|_| changes.is_some()).map(|e| &*e.graph));
         // A size variant's generic kernels (of a graph that aligns with
         // the earlier one) lower on the compile threads at once: lowering
         // is a pure function of the kernel, and most of what a variant

@@ -82,6 +82,10 @@ pub(crate) struct Plan {
     /// Its structural hash: the compile-cache key.
     pub hash: u64,
     pub optimized: Graph,
+    /// Per node of `graph`, the node of `optimized` it became
+    /// (`lazuli_ir::passes::GONE` if none): a later size variant's passes
+    /// keep apart what stayed apart here (`passes::optimize_traced`).
+    pub became: Vec<u32>,
     pub segments: Vec<Segment>,
     /// The collectives, in the order they start.
     pub collectives: Vec<CollectiveSegment>,
@@ -112,7 +116,8 @@ impl Plan {
     /// plan of the same structure at other sizes, if any (a size variant:
     /// each segment's backend is handed the earlier executable of the
     /// segment of its structure, see [`CompileHints`]; and the passes
-    /// keep the structure the same at every size: `PassOptions::sizes_vary`).
+    /// keep the structure the same at every size: `PassOptions::sizes_vary`,
+    /// and CSE merging only what merged in `earlier`).
     pub fn compile(
         graph: Graph,
         main: &dyn Backend,
@@ -120,7 +125,7 @@ impl Plan {
         force_fallback: &BTreeSet<String>,
         earlier: Option<&Plan>,
     ) -> Result<Plan, BackendError> {
-        let optimized = crate::optimize::optimize(&graph, earlier.is_some());
+        let (optimized, became) = crate::optimize::optimize(&graph, earlier.map(|e| (&e.graph, e.became.as_slice())));
         let n = optimized.len();
         let is_leaf = |op: &Op| matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_));
         // Colour each node: native (even segments) or CPU fallback (odd).
@@ -244,6 +249,7 @@ impl Plan {
             hash: graph.structural_hash(),
             graph,
             optimized,
+            became,
             segments,
             collectives,
             steps,

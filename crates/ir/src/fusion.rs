@@ -308,6 +308,18 @@ fn accepts(kind: KernelKind, op: &Op) -> bool {
 
 /// Plans the kernels of `graph` under `limits`. Never fails.
 pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
+    plan_sized_like(graph, limits, None)
+}
+
+/// [`plan`] for a size variant: `earlier` is the graph of the same
+/// structure planned before at other sizes, aligned node for node. Two
+/// independent kernels of one shape merge (siblings) only where their
+/// shapes were equal there too: shapes equal only at these sizes (a
+/// `[T, T]` mask and a `[T, 64]` activation at `T = 64`) would otherwise
+/// change the kernels at that size alone, and with them every kernel's
+/// family. Never less exact: it only keeps kernels apart.
+pub fn plan_sized_like(graph: &Graph, limits: &FusionLimits, earlier: Option<&Graph>) -> FusionPlan {
+    debug_assert!(earlier.is_none_or(|e| e.len() == graph.len()), "the earlier graph aligns node for node");
     let max = Budget { graph, max: limits.max_storage_buffers.max(2), window: limits.window_elements.max(1) };
     let mut forced: BTreeSet<NodeId> = BTreeSet::new();
     // Each round materializes at least one more node, so this terminates.
@@ -326,7 +338,7 @@ pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
             }
         }
         if !progressed {
-            return finish(graph, groups, max, limits);
+            return finish(graph, groups, max, limits, earlier);
         }
     }
 }
@@ -812,7 +824,13 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
 }
 
 /// Splits over-wide concats, merges siblings and collects the plan.
-fn finish(graph: &Graph, groups: Vec<Group>, max: Budget, limits: &FusionLimits) -> FusionPlan {
+fn finish(
+    graph: &Graph,
+    groups: Vec<Group>,
+    max: Budget,
+    limits: &FusionLimits,
+    earlier: Option<&Graph>,
+) -> FusionPlan {
     let nodes = graph.nodes();
     let mut kernels: Vec<Kernel> = Vec::new();
     for g in groups {
@@ -826,7 +844,7 @@ fn finish(graph: &Graph, groups: Vec<Group>, max: Budget, limits: &FusionLimits)
         }
     }
     if limits.merge_siblings {
-        kernels = merge_siblings(graph, kernels, &max);
+        kernels = merge_siblings(graph, kernels, &max, earlier);
     }
     if limits.matmul_epilogue {
         kernels = merge_epilogue_kernels(graph, kernels, &max);
@@ -1017,7 +1035,9 @@ fn split_concat(graph: &Graph, k: &Kernel, max: &Budget) -> Vec<Kernel> {
     parts
 }
 
-fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
+/// Merges independent elementwise kernels of one shape; with `earlier`
+/// (see [`plan_sized_like`]), only those whose shapes were equal there.
+fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: Option<&Graph>) -> Vec<Kernel> {
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     for a in 0..ks.len() {
         for b in a + 1..ks.len() {
@@ -1025,7 +1045,8 @@ fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kern
             if ka.kind != KernelKind::Elementwise || kb.kind != KernelKind::Elementwise {
                 continue;
             }
-            if graph.node(ka.root()).shape != graph.node(kb.root()).shape {
+            let same_shape = |g: &Graph| g.node(ka.root()).shape == g.node(kb.root()).shape;
+            if !same_shape(graph) || earlier.is_some_and(|e| !same_shape(e)) {
                 continue;
             }
             let mut ins: BTreeSet<NodeId> = ka.inputs.iter().copied().collect();
@@ -1345,6 +1366,26 @@ mod tests {
         check_limits(&g, &p, 8);
         // e and z are independent elementwise roots of the same shape.
         assert_eq!(p.kernels.len(), 3, "{}", p.to_text());
+    }
+
+    #[test]
+    fn siblings_of_one_shape_only_at_these_sizes_stay_apart_in_a_size_variant() {
+        // exp(x) over [t, 8] beside y + 1 over [t, t]: one shape at t = 8.
+        let at = |t: usize| {
+            let mut g = Graph::new();
+            let x = g.param(ValueType::new([t, 8], DType::F32));
+            let y = g.param(ValueType::new([t, t], DType::F32));
+            let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+            let one = g.push(Op::Constant(ScalarValue::Float(1.0), DType::F32), &[]).unwrap();
+            let z = bin(&mut g, BinaryOp::Add, y, one);
+            g.outputs.extend([e, z]);
+            g
+        };
+        let limits = FusionLimits { multi_tensor: false, ..FusionLimits::default() };
+        assert_eq!(plan(&at(8), &limits).kernels.len(), 1, "siblings of one shape merge");
+        assert_eq!(plan_sized_like(&at(8), &limits, Some(&at(7))).kernels.len(), 2);
+        // Equal at the other sizes too: they merge.
+        assert_eq!(plan_sized_like(&at(8), &limits, Some(&at(8))).kernels.len(), 1);
     }
 
     /// Fused attention's training graph: the output, then in the backward

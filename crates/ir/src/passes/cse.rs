@@ -17,27 +17,36 @@ use crate::{BinaryOp, Graph, NodeId, Op, StableHasher, ValueType};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
+/// What makes two nodes one: op with attributes, operands (sorted for a
+/// commutative op), type, and class (see [`run`]).
+type Key = (Op, Vec<NodeId>, ValueType, u32);
+
 /// Merges structurally identical nodes.
 pub fn cse(graph: &Graph) -> Graph {
-    run(graph).0
+    run(graph, None).0
 }
 
-/// [`cse`], also returning how many nodes were merged away.
-pub(super) fn run(graph: &Graph) -> (Graph, usize) {
+/// [`cse`], also returning how many nodes were merged away and the node
+/// each node became. With `classes` (one per node), only nodes of one
+/// class merge: the classes of the graph of the same structure at other
+/// sizes, so that nodes equal only at these sizes stay apart (see
+/// [`super::optimize_traced`]).
+pub(super) fn run(graph: &Graph, classes: Option<&[u32]>) -> (Graph, usize, Vec<NodeId>) {
     let mut out = empty_like(graph);
     // Keys are the graph's own ops and ids: the fast stable hasher, sized
     // for every node at once.
-    let mut seen: HashMap<(Op, Vec<NodeId>, ValueType), NodeId, BuildHasherDefault<StableHasher>> =
+    let mut seen: HashMap<Key, NodeId, BuildHasherDefault<StableHasher>> =
         HashMap::with_capacity_and_hasher(graph.len(), Default::default());
     let mut map = Vec::with_capacity(graph.len());
     let mut merged = 0;
-    for n in graph.nodes() {
+    for (i, n) in graph.nodes().iter().enumerate() {
         let inputs = remap(&n.inputs, &map);
         let mut key_inputs = inputs.clone();
         if is_commutative(&n.op) {
             key_inputs.sort();
         }
-        let key = (n.op.clone(), key_inputs, n.ty());
+        let class = classes.map_or(0, |c| c[i]);
+        let key = (n.op.clone(), key_inputs, n.ty(), class);
         let id = match seen.get(&key) {
             Some(&id) => {
                 merged += 1;
@@ -52,7 +61,7 @@ pub(super) fn run(graph: &Graph) -> (Graph, usize) {
         map.push(id);
     }
     out.outputs = remap(&graph.outputs, &map);
-    (out, merged)
+    (out, merged, map)
 }
 
 /// Binary ops whose result does not depend on the operand order (exactly,
@@ -89,7 +98,7 @@ mod tests {
         let r = g.push(Op::Binary(BinaryOp::Add), &[m1, m2]).unwrap();
         g.outputs = vec![r, m2, s1, s2];
 
-        let (c, merged) = run(&g);
+        let (c, merged, _) = run(&g, None);
         assert_eq!(merged, 4);
         assert_eq!(c.len(), g.len() - 4, "{}", c.to_text());
         assert_eq!(count_ops(&c, |op| matches!(op, Op::Unary(UnaryOp::Exp))), 1);
@@ -111,7 +120,7 @@ mod tests {
         let neg_zero_f = g.push(Op::Constant(ScalarValue::Float(-0.0), DType::F32), &[]).unwrap();
         let zero_f64 = g.push(Op::Constant(ScalarValue::Float(0.0), DType::F64), &[]).unwrap();
         g.outputs = vec![s0, s1, s0_again, zero_f, neg_zero_f, zero_f64];
-        let (c, merged) = run(&g);
+        let (c, merged, _) = run(&g, None);
         assert_eq!(merged, 1);
         assert_eq!(c.outputs[0], c.outputs[2]);
         assert_ne!(c.outputs[0], c.outputs[1]);
@@ -133,7 +142,7 @@ mod tests {
         let r4 = g.push(rand(RandomDist::Normal), &[seed, step_a]).unwrap();
         let r5 = g.push(Op::Random { shape: Shape::new([2, 2]), dist: RandomDist::Uniform }, &[seed, step_a]).unwrap();
         g.outputs = vec![r1, r2, r3, r4, r5];
-        let (c, merged) = run(&g);
+        let (c, merged, _) = run(&g, None);
         assert_eq!(merged, 1);
         assert_eq!(c.outputs[0], c.outputs[1]);
         let distinct: std::collections::HashSet<_> = c.outputs.iter().collect();

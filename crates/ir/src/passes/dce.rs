@@ -15,7 +15,7 @@ pub fn dce(graph: &Graph) -> Graph {
 }
 
 /// [`dce`], also returning how many nodes were removed.
-pub(super) fn run(graph: &Graph) -> (Graph, usize) {
+pub(super) fn run(graph: &Graph) -> (Graph, usize, Vec<NodeId>) {
     let mut live = vec![false; graph.len()];
     for o in &graph.outputs {
         live[o.index()] = true;
@@ -37,7 +37,7 @@ pub(super) fn run(graph: &Graph) -> (Graph, usize) {
     }
     out.outputs = remap(&graph.outputs, &map);
     let removed = graph.len() - out.len();
-    (out, removed)
+    (out, removed, map)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //! already baked into the graph, so it is part of the graph's hash anyway.
 
 use super::{empty_like, remap};
-use crate::{semantics, DType, Graph, Node, Op, ScalarValue};
+use crate::{semantics, DType, Graph, Node, NodeId, Op, ScalarValue};
 
 /// Replaces elementwise nodes of constant operands by their value.
 pub fn fold(graph: &Graph) -> Graph {
@@ -25,7 +25,7 @@ pub fn fold(graph: &Graph) -> Graph {
 }
 
 /// [`fold`], also returning how many nodes were folded.
-pub(super) fn run(graph: &Graph) -> (Graph, usize) {
+pub(super) fn run(graph: &Graph) -> (Graph, usize, Vec<NodeId>) {
     let mut out = empty_like(graph);
     let mut map = Vec::with_capacity(graph.len());
     let mut folded = 0;
@@ -47,7 +47,7 @@ pub(super) fn run(graph: &Graph) -> (Graph, usize) {
         map.push(id);
     }
     out.outputs = remap(&graph.outputs, &map);
-    (out, folded)
+    (out, folded, map)
 }
 
 /// The value and dtype of a rank-0 constant node.
@@ -121,7 +121,7 @@ mod tests {
         let y = g.push(Op::Binary(BinaryOp::Mul), &[x, k]).unwrap();
         g.outputs = vec![y, k];
 
-        let (f, n) = run(&g);
+        let (f, n, _) = run(&g);
         assert_eq!(n, 4);
         let f = crate::passes::dce(&f);
         // x, the folded constant, and the multiply.
@@ -194,7 +194,7 @@ mod tests {
         let gelu = g.push(Op::Unary(UnaryOp::Gelu), &[one]).unwrap();
         let erf = g.push(Op::Unary(UnaryOp::Erf), &[one]).unwrap();
         g.outputs = vec![gelu, erf];
-        let (f, n) = run(&g);
+        let (f, n, _) = run(&g);
         assert_eq!(n, 2);
         let got: Vec<ScalarValue> = f.outputs.iter().map(|&o| constant_of(&f, o)).collect();
         let want = [0.841_344_746_068_542_9f64 as f32 as f64, 0.842_700_792_949_714_9f64 as f32 as f64];
@@ -211,7 +211,7 @@ mod tests {
         // Elementwise but not rank-0: the view of a constant is no constant.
         let a = g.push(Op::Binary(BinaryOp::Add), &[e, one]).unwrap();
         g.outputs = vec![rem0, e, a];
-        let (f, n) = run(&g);
+        let (f, n, _) = run(&g);
         assert_eq!(n, 0);
         assert_eq!(f, g);
     }

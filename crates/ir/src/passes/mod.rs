@@ -45,8 +45,9 @@ pub struct PassOptions {
     /// sizes it would not), so that the optimized graph keeps the
     /// structure of the other sizes' and its kernels stay in their
     /// families (a growing context reaching the length of its position
-    /// table). CSE still merges nodes whose shapes happen to be equal.
-    /// Default `false`.
+    /// table). Nodes whose shapes happen to be equal at these sizes stay
+    /// apart where [`optimize_traced`] is given the classes of the other
+    /// sizes. Default `false`.
     pub sizes_vary: bool,
 }
 
@@ -84,18 +85,62 @@ pub fn optimize(graph: &Graph, opts: &PassOptions) -> Graph {
 
 /// [`optimize`], also returning what each pass did.
 pub fn optimize_with_stats(graph: &Graph, opts: &PassOptions) -> (Graph, PassStats) {
+    let (g, stats, _) = optimize_traced(graph, opts, None);
+    (g, stats)
+}
+
+/// In what [`optimize_traced`] returns: a node of the input graph that
+/// no node of the optimized graph stands for (dead code).
+pub const GONE: u32 = u32::MAX;
+
+/// [`optimize_with_stats`], also returning, per node of `graph`, the node
+/// of the optimized graph it became ([`GONE`] if none): nodes merged,
+/// bypassed or folded into one share it.
+///
+/// `classes`, for a size variant: per node of `graph`, what the same
+/// call returned for the graph of the same structure optimized before at
+/// other sizes (aligned node for node). CSE then merges two nodes only
+/// where their counterparts there became one node too: two index ramps
+/// whose shapes are equal only at these sizes (a causal mask's `[T, T]`
+/// and a table's `[T, 64]` at `T = 64`) stay two nodes, so the optimized
+/// graph keeps the structure of the other sizes, and its kernels their
+/// families. Never less exact: a class only keeps nodes apart.
+pub fn optimize_traced(graph: &Graph, opts: &PassOptions, classes: Option<&[u32]>) -> (Graph, PassStats, Vec<u32>) {
     let mut stats = PassStats { nodes_before: graph.len(), ..PassStats::default() };
     let mut g = graph.clone();
+    // Per input node, its node in `g`; per node of `g`, its class.
+    let mut became: Vec<u32> = (0..graph.len() as u32).collect();
+    let mut class: Option<Vec<u32>> = classes.map(<[u32]>::to_vec);
+    let mut follow = |map: &[NodeId], len: usize, class: &mut Option<Vec<u32>>| {
+        for b in became.iter_mut().filter(|b| **b != GONE) {
+            *b = map[*b as usize].0;
+        }
+        if let Some(old) = class.as_mut() {
+            // A node stands for the first node that became it; new
+            // nodes (a rewrite's) have no class of their own.
+            let mut new = vec![GONE; len];
+            for (i, m) in map.iter().enumerate() {
+                if m.0 != GONE && new[m.index()] == GONE {
+                    new[m.index()] = old[i];
+                }
+            }
+            *old = new;
+        }
+    };
     for _ in 0..opts.max_iterations.max(1) {
         stats.iterations += 1;
-        let (next, simplified) = simplify::run(&g, opts);
+        let (next, simplified, map) = simplify::run(&g, opts);
         debug_check(&next, "simplify");
-        let (next, folded) = fold::run(&next);
+        follow(&map, next.len(), &mut class);
+        let (next, folded, map) = fold::run(&next);
         debug_check(&next, "fold");
-        let (next, merged) = cse::run(&next);
+        follow(&map, next.len(), &mut class);
+        let (next, merged, map) = cse::run(&next, class.as_deref());
         debug_check(&next, "cse");
-        let (next, removed) = dce::run(&next);
+        follow(&map, next.len(), &mut class);
+        let (next, removed, map) = dce::run(&next);
         debug_check(&next, "dce");
+        follow(&map, next.len(), &mut class);
         g = next;
         stats.simplified += simplified;
         stats.folded += folded;
@@ -106,7 +151,7 @@ pub fn optimize_with_stats(graph: &Graph, opts: &PassOptions) -> (Graph, PassSta
         }
     }
     stats.nodes_after = g.len();
-    (g, stats)
+    (g, stats, became)
 }
 
 /// Re-verifies a pass result in debug builds; a failure is a pass bug.
@@ -138,6 +183,43 @@ fn remap(ids: &[NodeId], map: &[NodeId]) -> Vec<NodeId> {
 mod tests {
     use super::test_eval::{assert_same_results, count_ops};
     use super::*;
+
+    /// Two index ramps and a product of each with `x`: `[t, n]` beside
+    /// `[t, t]`, equal at `t = n` only.
+    fn ramps(t: usize, n: usize) -> Graph {
+        use crate::{BinaryOp, DType, Op, Shape, ValueType};
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([t, 1], DType::F32));
+        let iota = |g: &mut Graph, d: usize| {
+            g.push(Op::Iota { shape: Shape::new([t, d]), axis: 1, dtype: DType::F32 }, &[]).unwrap()
+        };
+        let (a, b) = (iota(&mut g, n), iota(&mut g, t));
+        let ya = g.push(Op::Binary(BinaryOp::Mul), &[a, x]).unwrap();
+        let yb = g.push(Op::Binary(BinaryOp::Mul), &[b, x]).unwrap();
+        g.outputs.extend([ya, yb]);
+        g
+    }
+
+    #[test]
+    fn a_size_variant_keeps_apart_what_stayed_apart_at_the_other_sizes() {
+        let opts = PassOptions { sizes_vary: true, ..PassOptions::default() };
+        // At other sizes the two ramps differ: four nodes stay (and x).
+        let (earlier, _, became) = optimize_traced(&ramps(5, 8), &opts, None);
+        assert_eq!(earlier.len(), 5);
+        assert_eq!(became, [0, 1, 2, 3, 4]);
+        // Equal at t = n: alone, CSE merges the ramps and their products.
+        let (alone, stats, became) = optimize_traced(&ramps(8, 8), &opts, None);
+        assert_eq!((alone.len(), stats.cse_merged), (3, 2), "{}", alone.to_text());
+        assert_eq!(became[1], became[2]);
+        // With the classes of the other sizes they stay apart, the same
+        // structure as there.
+        let (kept, stats, _) = optimize_traced(&ramps(8, 8), &opts, Some(&[0, 1, 2, 3, 4]));
+        assert_eq!((kept.len(), stats.cse_merged), (5, 0), "{}", kept.to_text());
+        assert_eq!(kept.shape_free_hash(), earlier.shape_free_hash());
+        // Classes never merge what differs, and merge what merged there.
+        let (merged, stats, _) = optimize_traced(&ramps(8, 8), &opts, Some(&[0, 1, 1, 3, 3]));
+        assert_eq!((merged.len(), stats.cse_merged), (3, 2));
+    }
     use crate::{BinaryOp, DType, Op, ScalarValue, UnaryOp, ValueType};
 
     /// `neg(neg(x * 1 + 0)) * (1 + 1)` twice, plus dead code: everything

@@ -33,8 +33,9 @@ pub fn simplify(graph: &Graph, opts: &PassOptions) -> Graph {
     run(graph, opts).0
 }
 
-/// [`simplify`], also returning how many nodes were rewritten.
-pub(super) fn run(graph: &Graph, opts: &PassOptions) -> (Graph, usize) {
+/// [`simplify`], also returning how many nodes were rewritten and the
+/// node each node became.
+pub(super) fn run(graph: &Graph, opts: &PassOptions) -> (Graph, usize, Vec<NodeId>) {
     let mut out = empty_like(graph);
     let mut map = Vec::with_capacity(graph.len());
     let mut rewritten = 0;
@@ -52,7 +53,7 @@ pub(super) fn run(graph: &Graph, opts: &PassOptions) -> (Graph, usize) {
         map.push(id);
     }
     out.outputs = remap(&graph.outputs, &map);
-    (out, rewritten)
+    (out, rewritten, map)
 }
 
 /// The replacement of a node `op(inputs) : ty` built in `g`, if any rule
@@ -227,7 +228,7 @@ mod tests {
     /// Simplifies with `opts`, checks the graph, the node count drop (after
     /// dce) and that every output is unchanged; returns the clean graph.
     fn check(g: &Graph, opts: &PassOptions) -> Graph {
-        let (s, n) = run(g, opts);
+        let (s, n, _) = run(g, opts);
         s.check().unwrap();
         assert!(n > 0, "nothing rewritten:\n{}", g.to_text());
         let s = dce(&s);
@@ -265,7 +266,7 @@ mod tests {
         let zero = c(&mut g, ScalarValue::Float(0.0), DType::F32);
         let y = bin(&mut g, BinaryOp::Mul, x, zero);
         g.outputs = vec![y];
-        let (s, n) = run(&g, &PassOptions::default());
+        let (s, n, _) = run(&g, &PassOptions::default());
         assert_eq!(n, 0);
         assert_eq!(s, g);
         // The evaluator feeds inf and NaN among the inputs: x * 0 is not 0 there.
