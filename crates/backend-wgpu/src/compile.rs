@@ -252,9 +252,10 @@ impl Compiler {
         Ok(kernels)
     }
 
-    /// Each lowered source (and first pass) ready for pipeline creation: generic over sizes where its family
-    /// has seen other sizes; with each one's member of its family, if
-    /// generic. `like`: see [`Compiler::build`].
+    /// Each lowered source (and first pass) ready for pipeline creation:
+    /// generic over sizes where its family has seen other sizes; with
+    /// each one's member of its family, if generic. `like`: see
+    /// [`Compiler::build`].
     fn prepare(
         &self,
         lowered: &[Lowered],

@@ -375,6 +375,8 @@ pub struct Specialized {
 pub struct Member {
     /// The family's key.
     family: u64,
+    /// The entry point (part of the family's key).
+    entry: Box<str>,
     /// Byte ranges of the replaceable literals in `source`, and whether
     /// each is signed.
     literals: Vec<RawLiteral>,
@@ -563,13 +565,15 @@ impl Families {
     /// `GenericKernelReuse` and `GenericKernelWidened`.
     ///
     /// `like`: the same kernel's member at the sizes compiled before, if
-    /// it was one, and its source as lowered. Where `source` differs from it only in literal digits
-    /// and fits the family's slots, its values are read against it
+    /// it was one, and its source as lowered. Where `source` has the same
+    /// entry point, differs from it only in literal digits and fits the
+    /// family's slots, its values are read against it
     /// ([`Member::values_of`]) and the family's generic source is reused:
     /// no scan, the same result (debug builds check it against a scan;
     /// counted as `GenericKernelScanSkipped` too).
     pub fn specialize(&self, source: &str, entry: &str, like: Option<(&Member, &str)>) -> Specialized {
-        if let Some(fast) = like.filter(|_| self.enabled).and_then(|(m, was)| self.reuse_like(m, was, source)) {
+        let like = like.filter(|(m, _)| self.enabled && *m.entry == *entry);
+        if let Some(fast) = like.and_then(|(m, was)| self.reuse_like(m, was, source)) {
             if cfg!(debug_assertions) {
                 let scanned = self.specialize_scanned(source, entry, false);
                 debug_assert_eq!((&scanned.source, &scanned.dims), (&fast.source, &fast.dims), "read against a member");
@@ -600,7 +604,7 @@ impl Families {
                 dims[k] = *value;
             }
         }
-        let member = Member { family: like.family, literals };
+        let member = Member { family: like.family, entry: like.entry.clone(), literals };
         Some(Specialized { source: generic, dims, outcome: Outcome::Reused, member: Some(Arc::new(member)) })
     }
 
@@ -630,6 +634,7 @@ impl Families {
         }
         let member = Member {
             family: scanned.family_key(entry),
+            entry: entry.into(),
             literals: scanned.literals.iter().map(|l| (l.raw.clone(), l.signed)).collect(),
         };
         Specialized { source: source_generic, dims, outcome, member: Some(Arc::new(member)) }
@@ -826,7 +831,9 @@ mod tests {
             assert!(fam.reuse_like(&next, &later, &other).is_none(), "{other}");
         }
         // Through `specialize`, which falls back to a scan where the
-        // member does not apply.
+        // member does not apply: another entry point is another family.
+        let elsewhere = fam.specialize(&at(9, 1234), "other", Some((&next, &later)));
+        assert_eq!((elsewhere.outcome, elsewhere.member), (Outcome::Static, None));
         let widened = fam.specialize(&later.replace("(-3i)", "(-4i)"), "main", Some((&next, &later)));
         assert_eq!(widened.outcome, Outcome::Widened);
         let wider = widened.member.expect("a member");
