@@ -195,6 +195,10 @@ pub struct Kernel {
     /// elementwise and row kernels this includes the outputs; for other
     /// kinds it is the root's prologue (the root itself is not listed).
     pub inline: Vec<NodeId>,
+    /// For a [`KernelKind::MultiTensor`] kernel, how many of `outputs`
+    /// (contiguous) each segment has, as the planner grouped them (see
+    /// [`Kernel::segments`]); empty: grouped by shape.
+    pub segment_lens: Vec<usize>,
 }
 
 impl Kernel {
@@ -313,11 +317,12 @@ pub fn plan(graph: &Graph, limits: &FusionLimits) -> FusionPlan {
 
 /// [`plan`] for a size variant: `earlier` is the graph of the same
 /// structure planned before at other sizes, aligned node for node. Two
-/// independent kernels of one shape merge (siblings) only where their
-/// shapes were equal there too: shapes equal only at these sizes (a
-/// `[T, T]` mask and a `[T, 64]` activation at `T = 64`) would otherwise
-/// change the kernels at that size alone, and with them every kernel's
-/// family. Never less exact: it only keeps kernels apart.
+/// independent kernels of one shape merge (siblings), and outputs of a
+/// multi-tensor kernel share a segment, only where their shapes were
+/// equal there too: shapes equal only at these sizes (a `[T, T]` mask
+/// and a `[T, 64]` activation at `T = 64`) would otherwise change the
+/// kernels at that size alone, and with them their families. Never less
+/// exact: it only keeps kernels and segments apart.
 pub fn plan_sized_like(graph: &Graph, limits: &FusionLimits, earlier: Option<&Graph>) -> FusionPlan {
     debug_assert!(earlier.is_none_or(|e| e.len() == graph.len()), "the earlier graph aligns node for node");
     let max = Budget { graph, max: limits.max_storage_buffers.max(2), window: limits.window_elements.max(1) };
@@ -550,6 +555,7 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
                 outputs: std::iter::once(roots[g]).chain(extra.get(g).into_iter().flatten().copied()).collect(),
                 inputs: inputs[g].iter().copied().collect(),
                 inline: inline[g].clone(),
+                segment_lens: Vec::new(),
             },
         })
         .collect();
@@ -815,6 +821,7 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
             outputs,
             inputs: inputs.into_iter().collect(),
             inline: inline.into_iter().collect(),
+            segment_lens: Vec::new(),
         });
         for c in folded {
             ks[c] = None;
@@ -854,7 +861,7 @@ fn finish(
     }
     kernels = merge_attention_parts(graph, kernels, &max);
     if limits.multi_tensor {
-        kernels = multi::merge(graph, kernels, &max);
+        kernels = multi::merge(graph, kernels, &max, earlier);
     }
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();
@@ -915,6 +922,7 @@ fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> 
             outputs: kb.outputs.clone(),
             inputs: inputs.into_iter().collect(),
             inline: inline.into_iter().collect(),
+            segment_lens: Vec::new(),
         });
         ks[b] = None;
     }
@@ -975,6 +983,7 @@ fn merge_attention_parts(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> V
                 outputs,
                 inputs: inputs.into_iter().collect(),
                 inline: inline.into_iter().collect(),
+                segment_lens: Vec::new(),
             });
             ks[b] = None;
             break;
@@ -1029,7 +1038,13 @@ fn split_concat(graph: &Graph, k: &Kernel, max: &Budget) -> Vec<Kernel> {
         }
         let (mut inline, inputs) = sub_kernel(graph, k, &operands[start..end]);
         inline.push(root);
-        parts.push(Kernel { kind: KernelKind::ConcatPart { start, end }, outputs: vec![root], inputs, inline });
+        parts.push(Kernel {
+            kind: KernelKind::ConcatPart { start, end },
+            outputs: vec![root],
+            inputs,
+            inline,
+            segment_lens: Vec::new(),
+        });
         start = end;
     }
     parts
@@ -1070,6 +1085,7 @@ fn merge_siblings(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: Op
                 outputs,
                 inputs: ins.into_iter().collect(),
                 inline: inline.into_iter().collect(),
+                segment_lens: Vec::new(),
             };
             ks[a] = None;
             ks[b] = Some(merged);

@@ -6,7 +6,9 @@
 //! tensor and leaves a GPU mostly idle, since each is tiny.
 //!
 //! A [`KernelKind::MultiTensor`] kernel is an ordinary [`Kernel`] whose
-//! outputs are grouped by shape, contiguous per shape: each group is a
+//! outputs are grouped by shape, contiguous per shape, the group lengths
+//! recorded ([`Kernel::segment_lens`]; a size variant keeps apart shapes
+//! equal only at its sizes, see `plan_sized_like`): each group is a
 //! *segment* ([`Kernel::segments`]), evaluated exactly as an
 //! [`KernelKind::Elementwise`] kernel over its own shape would be. A
 //! backend lays the segments' invocations end to end and each invocation
@@ -47,16 +49,30 @@ pub const MAX_JOINED_ELEMENTS: u64 = 1 << 31;
 impl Kernel {
     /// The segments of this kernel, each an elementwise kernel over one
     /// output shape: for a [`KernelKind::MultiTensor`] kernel its outputs
-    /// grouped by shape (in order), each with the inlined nodes and inputs
-    /// its outputs reach; for any other kernel the kernel itself.
+    /// in the groups the planner made ([`Kernel::segment_lens`], else
+    /// grouped by shape, in order), each with the inlined nodes and
+    /// inputs its outputs reach; for any other kernel the kernel itself.
     pub fn segments(&self, graph: &Graph) -> Vec<Kernel> {
         if self.kind != KernelKind::MultiTensor {
             return vec![self.clone()];
         }
         let inline: BTreeSet<NodeId> = self.inline.iter().copied().collect();
         let inputs: BTreeSet<NodeId> = self.inputs.iter().copied().collect();
+        let groups = if self.segment_lens.is_empty() {
+            group_by_shape(graph, &self.outputs, None)
+        } else {
+            let mut rest = &self.outputs[..];
+            let mut groups = Vec::with_capacity(self.segment_lens.len());
+            for &len in &self.segment_lens {
+                let (group, after) = rest.split_at(len);
+                groups.push(group.to_vec());
+                rest = after;
+            }
+            debug_assert!(rest.is_empty(), "segment lengths cover every output");
+            groups
+        };
         let mut out = Vec::new();
-        for outputs in group_by_shape(graph, &self.outputs) {
+        for outputs in groups {
             let mut members = BTreeSet::new();
             let mut ins = BTreeSet::new();
             let mut stack: Vec<NodeId> = Vec::new();
@@ -82,6 +98,7 @@ impl Kernel {
                 outputs,
                 inputs: ins.into_iter().collect(),
                 inline: members.into_iter().collect(),
+                segment_lens: Vec::new(),
             });
         }
         out
@@ -89,17 +106,22 @@ impl Kernel {
 }
 
 /// `outputs` grouped by shape, groups in order of first appearance and
-/// each group in the given order.
-fn group_by_shape(graph: &Graph, outputs: &[NodeId]) -> Vec<Vec<NodeId>> {
-    let mut groups: Vec<(&Shape, Vec<NodeId>)> = Vec::new();
+/// each group in the given order. With `earlier` (a size variant's graph
+/// at the sizes before, aligned node for node), outputs of one shape
+/// share a group only where their shapes were equal there too: shapes
+/// equal only at these sizes keep their own segments, so the kernel
+/// keeps the structure it has at other sizes.
+fn group_by_shape(graph: &Graph, outputs: &[NodeId], earlier: Option<&Graph>) -> Vec<Vec<NodeId>> {
+    let mut groups: Vec<(&Shape, Option<&Shape>, Vec<NodeId>)> = Vec::new();
     for &o in outputs {
         let shape = &graph.node(o).shape;
-        match groups.iter_mut().find(|(s, _)| *s == shape) {
-            Some((_, v)) => v.push(o),
-            None => groups.push((shape, vec![o])),
+        let before = earlier.map(|e| &e.node(o).shape);
+        match groups.iter_mut().find(|(s, b, _)| *s == shape && *b == before) {
+            Some((_, _, v)) => v.push(o),
+            None => groups.push((shape, before, vec![o])),
         }
     }
-    groups.into_iter().map(|(_, v)| v).collect()
+    groups.into_iter().map(|(_, _, v)| v).collect()
 }
 
 /// Whether kernel `k` may join a multi-tensor kernel. None of these kinds
@@ -111,31 +133,35 @@ fn joinable(k: &Kernel) -> bool {
 }
 
 /// `a` and `b` as one kernel: outputs grouped by shape (segments
-/// contiguous), inputs and inlined nodes united.
-fn join(graph: &Graph, a: &Kernel, b: &Kernel) -> Kernel {
+/// contiguous, their lengths recorded; `earlier`: see
+/// [`group_by_shape`]), inputs and inlined nodes united.
+fn join(graph: &Graph, a: &Kernel, b: &Kernel, earlier: Option<&Graph>) -> Kernel {
     let all: Vec<NodeId> = a.outputs.iter().chain(&b.outputs).copied().collect();
-    let groups = group_by_shape(graph, &all);
+    let groups = group_by_shape(graph, &all, earlier);
     let kind = if groups.len() > 1 { KernelKind::MultiTensor } else { KernelKind::Elementwise };
     let inputs: BTreeSet<NodeId> = a.inputs.iter().chain(&b.inputs).copied().collect();
     let inline: BTreeSet<NodeId> = a.inline.iter().chain(&b.inline).copied().collect();
+    let segment_lens = if kind == KernelKind::MultiTensor { groups.iter().map(Vec::len).collect() } else { Vec::new() };
     Kernel {
         kind,
         outputs: groups.into_iter().flatten().collect(),
         inputs: inputs.into_iter().collect(),
         inline: inline.into_iter().collect(),
+        segment_lens,
     }
 }
 
 /// Whether `a` and `b` joined fit one kernel: its storage bindings within
 /// `max` (windows counted) and its elements within
 /// [`MAX_JOINED_ELEMENTS`].
-fn joined_fits(graph: &Graph, a: &Kernel, b: &Kernel, max: &Budget) -> bool {
+fn joined_fits(graph: &Graph, a: &Kernel, b: &Kernel, max: &Budget, earlier: Option<&Graph>) -> bool {
     let inputs: BTreeSet<NodeId> = a.inputs.iter().chain(&b.inputs).copied().collect();
     if !max.fits(inputs.iter().chain(&a.outputs).chain(&b.outputs)) {
         return false;
     }
     let all: Vec<NodeId> = a.outputs.iter().chain(&b.outputs).copied().collect();
-    let elements = group_by_shape(graph, &all).iter().map(|g| graph.node(g[0]).shape.numel() as u64).sum::<u64>();
+    let elements =
+        group_by_shape(graph, &all, earlier).iter().map(|g| graph.node(g[0]).shape.numel() as u64).sum::<u64>();
     elements <= MAX_JOINED_ELEMENTS
 }
 
@@ -145,7 +171,7 @@ fn joined_fits(graph: &Graph, a: &Kernel, b: &Kernel, max: &Budget) -> bool {
 /// reads its outputs), or pulls later kernels to its own place (when
 /// nothing from its place on writes their inputs), until neither is
 /// possible.
-pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Kernel> {
+pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: Option<&Graph>) -> Vec<Kernel> {
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     // The kernel writing each node, by position in `ks` (kept up to date
     // as kernels move).
@@ -174,14 +200,14 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Ke
                 b += 1;
                 continue;
             };
-            if !joinable(kb) || !joined_fits(graph, ka, kb, max) {
+            if !joinable(kb) || !joined_fits(graph, ka, kb, max, earlier) {
                 b += 1;
                 continue;
             }
             // Move `a` to `b`: nothing in (a, b] reads what `a` writes
             // (`b` itself included: then they depend on each other).
             if b < reader {
-                let joined = join(graph, ka, kb);
+                let joined = join(graph, ka, kb, earlier);
                 for o in &joined.outputs {
                     writer[o.index()] = Some(b);
                 }
@@ -192,7 +218,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<Ke
             // Move `b` to `a`: nothing in [a, b) writes what `b` reads.
             let last_writer = kb.inputs.iter().filter_map(|x| writer[x.index()]).filter(|&c| c < b).max();
             if last_writer.is_none_or(|c| c < a) {
-                let joined = join(graph, ka, kb);
+                let joined = join(graph, ka, kb, earlier);
                 for o in &joined.outputs {
                     writer[o.index()] = Some(a);
                 }
@@ -230,6 +256,28 @@ mod tests {
             outs.push(y);
         }
         (g, outs)
+    }
+
+    #[test]
+    fn a_size_variant_keeps_shapes_equal_only_at_its_sizes_in_segments_of_their_own() {
+        use super::super::plan_sized_like;
+        // Updates of [t, 8] and [t, t]: one shape at t = 8.
+        let at = |t: usize| updates(&[&[t, 8], &[t, t], &[3]]).0;
+        let (now, before) = (at(8), at(7));
+        let alone = plan(&now, &limits(16));
+        assert_eq!(alone.kernels.len(), 1, "{}", alone.to_text());
+        assert_eq!(alone.kernels[0].segments(&now).len(), 2, "[8, 8] twice is one segment");
+        let kept = plan_sized_like(&now, &limits(16), Some(&before));
+        let k = &kept.kernels[0];
+        assert_eq!((kept.kernels.len(), k.kind), (1, KernelKind::MultiTensor), "{}", kept.to_text());
+        assert_eq!(k.segment_lens, [1, 1, 1]);
+        let segments = k.segments(&now);
+        assert_eq!(segments.iter().map(|s| s.outputs.len()).collect::<Vec<_>>(), [1, 1, 1]);
+        // The same segments as at the sizes before.
+        let earlier = plan(&before, &limits(16));
+        assert_eq!(earlier.kernels[0].segment_lens, k.segment_lens);
+        assert_eq!(earlier.kernels[0].outputs, k.outputs);
+        check(&now, &kept, 16);
     }
 
     fn check(g: &Graph, p: &FusionPlan, max: usize) {
