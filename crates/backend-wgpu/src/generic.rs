@@ -370,7 +370,7 @@ pub struct Specialized {
 /// replaceable literals are in its source (kept with the compiled
 /// kernel). The same kernel lowered at
 /// other sizes differs from it only in those literals' digits, and is
-/// read against it instead of scanned ([`Member::values_of`]).
+/// read against it instead of scanned (`Member::values_of`).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Member {
     /// The family's key.
@@ -568,7 +568,7 @@ impl Families {
     /// it was one, and its source as lowered. Where `source` has the same
     /// entry point, differs from it only in literal digits and fits the
     /// family's slots, its values are read against it
-    /// ([`Member::values_of`]) and the family's generic source is reused:
+    /// (`Member::values_of`) and the family's generic source is reused:
     /// no scan, the same result (debug builds check it against a scan;
     /// counted as `GenericKernelScanSkipped` too).
     pub fn specialize(&self, source: &str, entry: &str, like: Option<(&Member, &str)>) -> Specialized {

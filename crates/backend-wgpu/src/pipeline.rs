@@ -7,7 +7,7 @@
 //!
 //! The missing pipelines of a plan are created on several threads at
 //! once (`LAZULI_COMPILE_THREADS`, default the machine's cores, at most 8;
-//! see [`crate::threads`]).
+//! a pool made once per backend, the private `threads` module).
 //!
 //! Trusted modules: a kernel whose generator proves every index in
 //! bounds ([`crate::codegen::Wgsl::trusted`]: the tiled matmul) is created
