@@ -326,15 +326,21 @@ impl Scanned {
 
     /// The values of the slots `slots` gives this member's literals.
     fn slot_values(&self, slots: &[Option<usize>]) -> Vec<u32> {
-        let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
-        let mut values = vec![0; count];
-        for (lit, slot) in self.literals.iter().zip(slots) {
-            if let Some(k) = *slot {
-                values[k] = lit.value;
-            }
-        }
-        values
+        slot_values(slots, self.literals.iter().map(|l| l.value))
     }
+}
+
+/// The values of `LZD` for a member whose literals have `values`, in
+/// order: each slot's value (positions sharing a slot hold equal ones).
+fn slot_values(slots: &[Option<usize>], values: impl IntoIterator<Item = u32>) -> Vec<u32> {
+    let count = slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
+    let mut out = vec![0; count];
+    for (slot, value) in slots.iter().zip(values) {
+        if let Some(k) = *slot {
+            out[k] = value;
+        }
+    }
+    out
 }
 
 /// What [`Families::specialize`] did with a source.
@@ -532,11 +538,10 @@ impl Families {
         self.enabled
     }
 
-    /// The family of the scanned source (entry point `entry`), created
+    /// The family of the scanned source (family key `key`), created
     /// with it as first member when new; `None` on a hash collision (a
     /// family of another skeleton under the same key).
-    fn family<'a>(map: &'a mut lru::LruCache<u64, Family>, scanned: &Scanned, entry: &str) -> Option<&'a mut Family> {
-        let key = scanned.family_key(entry);
+    fn family<'a>(map: &'a mut lru::LruCache<u64, Family>, scanned: &Scanned, key: u64) -> Option<&'a mut Family> {
         if !map.contains(&key) {
             let values = scanned.values();
             let slots = vec![None; values.len()];
@@ -556,7 +561,7 @@ impl Families {
         let scanned = scan(source);
         if self.enabled && !scanned.literals.is_empty() {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            Self::admit(&mut map, &scanned, entry);
+            Self::admit(&mut map, &scanned, entry, scanned.family_key(entry));
         }
     }
 
@@ -597,13 +602,7 @@ impl Families {
             return None;
         }
         let generic = family.generic.clone()?;
-        let count = family.slots.iter().flatten().map(|&s| s + 1).max().unwrap_or(0);
-        let mut dims = vec![0; count];
-        for (slot, value) in family.slots.iter().zip(&values) {
-            if let Some(k) = *slot {
-                dims[k] = *value;
-            }
-        }
+        let dims = slot_values(&family.slots, values);
         let member = Member { family: like.family, entry: like.entry.clone(), literals };
         Some(Specialized { source: generic, dims, outcome: Outcome::Reused, member: Some(Arc::new(member)) })
     }
@@ -622,7 +621,8 @@ impl Families {
             return fixed();
         }
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((family, widened)) = Self::admit(&mut map, &scanned, entry) else { return fixed() };
+        let key = scanned.family_key(entry);
+        let Some((family, widened)) = Self::admit(&mut map, &scanned, entry, key) else { return fixed() };
         if family.slots.iter().all(Option::is_none) {
             return fixed();
         }
@@ -633,22 +633,23 @@ impl Families {
             metrics::inc(if widened { "GenericKernelWidened" } else { "GenericKernelReuse" }, 1);
         }
         let member = Member {
-            family: scanned.family_key(entry),
+            family: key,
             entry: entry.into(),
             literals: scanned.literals.iter().map(|l| (l.raw.clone(), l.signed)).collect(),
         };
         Specialized { source: source_generic, dims, outcome, member: Some(Arc::new(member)) }
     }
 
-    /// Makes the scanned source a member of its family (see
-    /// [`Families::family`]), widening the family where its literals do
+    /// Makes the scanned source (entry point `entry`, family key `key`) a
+    /// member of its family (see [`Families::family`]), widening the family where its literals do
     /// not fit; the family and whether it widened.
     fn admit<'a>(
         map: &'a mut lru::LruCache<u64, Family>,
         scanned: &Scanned,
         entry: &str,
+        key: u64,
     ) -> Option<(&'a mut Family, bool)> {
-        let family = Self::family(map, scanned, entry)?;
+        let family = Self::family(map, scanned, key)?;
         let values = scanned.values();
         if family.fits(&values) {
             return Some((family, false));

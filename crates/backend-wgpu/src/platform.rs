@@ -268,9 +268,7 @@ pub(crate) async fn download_async(
     let mut offset = 0;
     while offset < bytes {
         let len = chunk.min(bytes - offset);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit_chunk_copy(st.buffer(), offset, staging.buffer(), len);
         map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
         let viewed = staging
             .buffer()

@@ -177,9 +177,7 @@ impl Context {
             let mut offset = 0;
             while offset < bytes {
                 let len = chunk.min(bytes - offset);
-                let mut enc = self.device.create_command_encoder(&Default::default());
-                enc.copy_buffer_to_buffer(st.buffer(), offset, staging.buffer(), 0, len);
-                self.queue.submit([enc.finish()]);
+                self.submit_chunk_copy(st.buffer(), offset, staging.buffer(), len);
                 self.read_mapped(staging.buffer(), len, || self.wait(), &mut out, dtype)?;
                 offset += len;
             }
@@ -187,6 +185,15 @@ impl Context {
         // The padding of a half-precision tensor's last word.
         out.truncate(n * dtype.size_bytes());
         Ok(out)
+    }
+
+    /// Submits a copy of `len` bytes of `from`, from byte `offset`, to the
+    /// start of `staging`: one chunk of a readback (native and in the
+    /// browser, `platform::download_async`).
+    pub(crate) fn submit_chunk_copy(&self, from: &wgpu::Buffer, offset: u64, staging: &wgpu::Buffer, len: u64) {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(from, offset, staging, 0, len);
+        self.queue.submit([enc.finish()]);
     }
 
     /// Appends the first `len` bytes of readback buffer `staging` to `out`

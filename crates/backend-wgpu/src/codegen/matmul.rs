@@ -760,14 +760,7 @@ impl Writer<'_> {
         let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
         let p = matmul_shape(k, g, &self.limits);
         let total = rn.shape.numel() as u64;
-        let value = |o: NodeId, idx: String, acc: String| {
-            let od = g.node(o).dtype;
-            if g.node(o).op == Op::MatMul {
-                store(od, &acc)
-            } else {
-                store(od, &format!("e{}({idx}, {acc})", o.0))
-            }
-        };
+        let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         let mut b = String::new();
         let (invocations, acc0) = if p.out_vec { (total / 4, "vec4<f32>(0.0)") } else { (total, "0.0") };
         let _ = writeln!(
@@ -926,18 +919,16 @@ impl Writer<'_> {
     /// output index `idx`: the accumulator itself for the product, else
     /// its epilogue function `eO(index, accumulator)`.
     pub(super) fn epilogue_store(&self, o: NodeId, idx: &str, acc: &str) -> String {
-        let n = self.g.node(o);
-        if n.op == Op::MatMul {
-            store(n.dtype, acc)
-        } else {
-            store(n.dtype, &format!("e{}({idx}, {acc})", o.0))
-        }
+        let mut s = String::new();
+        self.write_epilogue_store(&mut s, o, format_args!("{idx}"), format_args!("{acc}"));
+        s
     }
 
     /// [`Writer::epilogue_store`] written straight into `b`: the stores
     /// of a register block are most of a product kernel's text, and
     /// lowering them again is most of what a size variant costs, so they
-    /// make no string per lane.
+    /// make no string per lane. Bools are stored as `u32`, as
+    /// [`store`] writes them.
     fn write_epilogue_store(&self, b: &mut String, o: NodeId, idx: std::fmt::Arguments, acc: std::fmt::Arguments) {
         let n = self.g.node(o);
         let bool_store = n.dtype == DType::Bool;
