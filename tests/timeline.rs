@@ -73,14 +73,32 @@ fn check_well_formed(events: &[Value]) {
     }
 }
 
+/// Each span named in `phases` lies within a `Compile` span of its
+/// thread: the phases split a compile's time, they are not beside it.
+fn check_within_compiles(events: &[Value], phases: &[&str]) {
+    let interval = |e: &Value| {
+        let ts = e["ts"].as_f64().unwrap();
+        (e["tid"].as_u64().unwrap(), ts, ts + e["dur"].as_f64().unwrap())
+    };
+    let compiles: Vec<_> = events.iter().filter(|e| e["name"] == "Compile").map(interval).collect();
+    for e in events.iter().filter(|e| phases.contains(&e["name"].as_str().unwrap())) {
+        let (tid, a, b) = interval(e);
+        assert!(
+            compiles.iter().any(|&(t, ca, cb)| t == tid && ca <= a + 1.0 && b <= cb + 1.0),
+            "{e} lies outside every Compile span of its thread"
+        );
+    }
+}
+
 #[test]
 fn the_demo_on_the_cpu_writes_host_spans() {
     let events = demo_trace("cpu");
     check_well_formed(&events);
     let host = names(&events, "host");
-    for want in ["Sync", "Record", "Trace", "Lookup", "Compile", "Submit", "BarrierWait"] {
+    for want in ["Sync", "Record", "Trace", "Lookup", "Compile", "CompileOptimize", "Submit", "BarrierWait"] {
         assert!(host.contains(want), "no {want} span in {host:?}");
     }
+    check_within_compiles(&events, &["CompileOptimize"]);
     assert!(names(&events, "gpu").is_empty());
 }
 
@@ -92,9 +110,13 @@ fn the_demo_on_wgpu_writes_host_spans_and_gpu_kernels() {
     let events = demo_trace("wgpu");
     check_well_formed(&events);
     let host = names(&events, "host");
-    for want in ["Sync", "Compile", "CompileLower", "CompilePipeline", "Allocate", "Encode", "QueueSubmit", "Wait"] {
+    let phases = ["CompileOptimize", "CompileFusion", "CompileLower", "CompileGeneric", "CompileBuild"];
+    for want in
+        ["Sync", "Compile", "CompilePipeline", "Allocate", "Encode", "QueueSubmit", "Wait"].iter().chain(&phases)
+    {
         assert!(host.contains(want), "no {want} span in {host:?}");
     }
+    check_within_compiles(&events, &phases);
     let timestamps = lazuli_wgpu::WgpuBackend::new(Default::default()).unwrap().supports_profiling();
     let gpu: Vec<&Value> = events.iter().filter(|e| e["cat"] == "gpu").collect();
     if !timestamps {

@@ -66,7 +66,6 @@ impl Compiler {
         graph: &VerifiedGraph,
         hints: CompileHints<'_>,
     ) -> Result<WgpuExecutable, BackendError> {
-        let started = Instant::now();
         if let Some(n) = graph.nodes().iter().find(|n| n.op.is_collective()) {
             // The executor runs collectives in segments of their own.
             return Err(BackendError::Unsupported { backend: "wgpu".into(), op: n.op.name(), dtype: n.dtype });
@@ -78,6 +77,13 @@ impl Compiler {
         // (the optimizer removed a node at one of the sizes), each
         // kernel's forms are looked up by skeleton.
         let changes = earlier.filter(|_| generic).and_then(|e| SizeChanges::between(graph, &e.graph));
+        // Kernels that merge only because their shapes are equal at these
+        // sizes stay apart (see `fusion::plan_sized_like`).
+        let planning = Instant::now();
+        let plan =
+            fusion::plan_sized_like(graph, &self.fusion, earlier.filter(|_| changes.is_some()).map(|e| &*e.graph));
+        metrics::record_time("CompileFusion", planning.elapsed());
+        let lowering = Instant::now();
         // The structure's first size variant: its static predecessor's
         // sources join their families first, and each kernel's forms are
         // remembered.
@@ -85,10 +91,6 @@ impl Compiler {
         if let (true, Some(earlier), Some(changes)) = (first_variant, earlier, &changes) {
             self.observe_sizes(ctx, earlier, changes);
         }
-        // Kernels that merge only because their shapes are equal at these
-        // sizes stay apart (see `fusion::plan_sized_like`).
-        let plan =
-            fusion::plan_sized_like(graph, &self.fusion, earlier.filter(|_| changes.is_some()).map(|e| &*e.graph));
         // A size variant's generic kernels (of a graph that aligns with
         // the earlier one) lower on the compile threads at once: lowering
         // is a pure function of the kernel, and most of what a variant
@@ -145,11 +147,16 @@ impl Compiler {
             metrics::inc("KernelsLowered", 1);
             lowered.push(self.finish(ctx, k, graph, name, wgsl)?);
         }
-        metrics::record_time("CompileLower", started.elapsed());
+        metrics::record_time("CompileLower", lowering.elapsed());
         // A size variant's kernels read their sizes against the earlier
         // variant's (see `Families::specialize`).
         let like = earlier.filter(|_| generic).map(WgpuExecutable::current_kernels);
-        let kernels = self.build(ctx, lowered, like.as_deref())?;
+        let specializing = Instant::now();
+        let (prepared, members) = self.prepare(&lowered, like.as_deref());
+        metrics::record_time("CompileGeneric", specializing.elapsed());
+        let building = Instant::now();
+        let kernels = self.assemble(ctx, lowered, prepared, members)?;
+        metrics::record_time("CompileBuild", building.elapsed());
         Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
     }
 
@@ -219,7 +226,20 @@ impl Compiler {
         lowered: Vec<Lowered>,
         like: Option<&[CompiledKernel]>,
     ) -> Result<Vec<CompiledKernel>, BackendError> {
-        let (prepared, mut members) = self.prepare(&lowered, like);
+        let (prepared, members) = self.prepare(&lowered, like);
+        self.assemble(ctx, lowered, prepared, members)
+    }
+
+    /// [`Compiler::build`] after [`Compiler::prepare`]: the pipelines of
+    /// `prepared` (created where missing) and the size bind groups of its
+    /// generic kernels, joined with `lowered` and `members` into kernels.
+    fn assemble(
+        &self,
+        ctx: &Context,
+        lowered: Vec<Lowered>,
+        prepared: Vec<Prepared>,
+        mut members: std::vec::IntoIter<Option<Arc<Member>>>,
+    ) -> Result<Vec<CompiledKernel>, BackendError> {
         let pipelines = self.pipelines.get_or_create(ctx, &prepared)?;
         let generic: Vec<(&wgpu::BindGroupLayout, &[u32])> = prepared
             .iter()

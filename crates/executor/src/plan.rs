@@ -125,7 +125,9 @@ impl Plan {
         force_fallback: &BTreeSet<String>,
         earlier: Option<&Plan>,
     ) -> Result<Plan, BackendError> {
+        let optimizing = Instant::now();
         let (optimized, became) = crate::optimize::optimize(&graph, earlier.map(|e| (&e.graph, e.became.as_slice())));
+        metrics::record_time("CompileOptimize", optimizing.elapsed());
         let n = optimized.len();
         let is_leaf = |op: &Op| matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_));
         // Colour each node: native (even segments) or CPU fallback (odd).
