@@ -273,7 +273,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     let mut full = Vec::new();
     let mut variant_costs = Vec::new();
     for step in 0..cfg.tokens {
-        let (_, variants_before, pipes, _, variant_ms_before) = counters();
+        let (structures_before, variants_before, pipes, _, variant_ms_before) = counters();
         let from = tokens.len().saturating_sub(cfg.context);
         let step_started = Instant::now();
         let next = gpt.next_token(&tokens[from..], window, device)?;
@@ -281,8 +281,11 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
             full.push(step_started.elapsed());
         }
         tokens.push(next);
-        let (_, variants_after, pipes_after, _, variant_ms_after) = counters();
-        if pipes_after > pipes {
+        let (structures_after, variants_after, pipes_after, _, variant_ms_after) = counters();
+        // Pipelines made by this step's compile (static kernels of a
+        // recurring size compile in the background and count apart).
+        let compiled = structures_after > structures_before || variants_after > variants_before;
+        if compiled && pipes_after > pipes {
             plans_with_new_code += 1;
         } else if variants_after > variants_before {
             variant_costs.push(Duration::from_secs_f64((variant_ms_after - variant_ms_before).max(0.0) / 1e3));

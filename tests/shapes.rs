@@ -89,6 +89,56 @@ fn generic_kernels_match_the_cpu_across_sizes() {
     assert!(metrics::counter("GenericKernelWidened") > 0, "no family was widened");
 }
 
+/// A size that recurs gets static kernels: after `specialize_after`
+/// executions of a plan with generic kernels, static ones compile in the
+/// background and are swapped in at a later execution (see
+/// `lazuli_wgpu::tier`); every execution before, during and after
+/// matches the CPU, and so does the next size variant, which compiles
+/// against the specialized plan.
+#[test]
+fn a_recurring_size_gets_static_kernels_in_the_background() {
+    let _g = common::metrics_lock();
+    if common::wgpu().is_none() {
+        return;
+    }
+    let cpu = Device::cpu();
+    let d = 16;
+    let wdata = common::rand_vec(d * d, 11, -0.5, 0.5);
+    for forms in [lazuli::KernelForms::software(), lazuli::KernelForms::gpu()] {
+        let opts =
+            lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), specialize_after: Some(3), ..Default::default() };
+        let dev = Device::wgpu_with(opts).unwrap();
+        let w_gpu = Tensor::from_slice(&wdata, [d, d], &dev).unwrap();
+        let w_cpu = Tensor::from_slice(&wdata, [d, d], &cpu).unwrap();
+        let check = |t: usize, what: &str| {
+            let xdata = common::rand_vec(t * d, t as u64, -1.0, 1.0);
+            let got = attention_step(&Tensor::from_slice(&xdata, [t, d], &dev).unwrap(), &w_gpu, t).unwrap();
+            let want = attention_step(&Tensor::from_slice(&xdata, [t, d], &cpu).unwrap(), &w_cpu, t).unwrap();
+            let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            common::assert_close(&got, &want, 1e-4, 1e-4, &format!("context {t}, {forms:?}, {what}"));
+        };
+        // A first size (static kernels), then a size variant: generic.
+        check(8, "first size");
+        let (plans0, kernels0) = (metrics::counter("SpecializedPlans"), metrics::counter("SpecializedKernels"));
+        let mut runs = 0;
+        while metrics::counter("SpecializedPlans") == plans0 {
+            assert!(runs < 2000, "no static kernels after {runs} executions of a recurring size");
+            check(9, "recurring size");
+            runs += 1;
+            if runs > 3 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        assert!(runs > 3, "specialized after {runs} executions, before the 3 asked for");
+        assert!(metrics::counter("SpecializedKernels") > kernels0);
+        check(9, "static kernels");
+        check(9, "static kernels again");
+        // The next size compiles against the specialized plan.
+        check(10, "the next size variant");
+        check(10, "the next size variant again");
+    }
+}
+
 #[test]
 fn generic_sizes_can_be_turned_off() {
     let _g = common::metrics_lock();

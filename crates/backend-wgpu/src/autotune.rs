@@ -244,7 +244,7 @@ pub(crate) fn measure(
     }
     let prepared: Vec<Prepared> =
         candidates.iter().map(|(form, wgsl)| Prepared::fixed(format!("{name} tune {form:?}"), wgsl)).collect();
-    let made = pipelines.get_or_create(ctx, &prepared)?;
+    let made = pipelines.get_or_create(ctx, &prepared, true)?;
     // Nothing else runs while the candidates are timed: the execution
     // that returned before finishing (see `Context::overlap`) ends first.
     ctx.settle()?;

@@ -15,6 +15,7 @@ use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Wgsl
 use crate::context::Context;
 use crate::generic::{Families, Member, SizeChanges};
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
+use crate::tier::Tier;
 use crate::window::{self, KernelWindows};
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo, LaunchCost};
@@ -155,7 +156,7 @@ impl Compiler {
         let (prepared, members) = self.prepare(&lowered, like.as_deref());
         metrics::record_time("CompileGeneric", specializing.elapsed());
         let building = Instant::now();
-        let kernels = self.assemble(ctx, lowered, prepared, members)?;
+        let kernels = self.assemble(ctx, lowered, prepared, members, true)?;
         metrics::record_time("CompileBuild", building.elapsed());
         Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
     }
@@ -181,10 +182,48 @@ impl Compiler {
                 _ => Ok(None),
             });
         match tuned {
-            Ok(Some(kernel)) => exe.replace_kernel(ki, kernel),
+            Ok(Some(kernel)) => {
+                exe.replace_kernel(ki, kernel);
+                metrics::inc("AutotuneSwaps", 1);
+            }
             Ok(None) => {}
             Err(e) => tracing::warn!(kernel = name, "autotuning failed, the kernel keeps its form: {e}"),
         }
+    }
+
+    /// Kernels `kernels` (index in their plan, kernel, name) of `graph`
+    /// compiled as static kernels, as a first compile at these sizes
+    /// makes them (the tuner's known winner, else the rule's form; no
+    /// size family), their pipelines created on the calling thread: the
+    /// second tier of a plan generic over sizes (see [`crate::tier`]).
+    pub fn compile_static(
+        &self,
+        ctx: &Context,
+        graph: &VerifiedGraph,
+        kernels: &[(usize, Kernel, String)],
+    ) -> Result<Vec<(usize, CompiledKernel)>, BackendError> {
+        let _span = lazuli_executor::timeline::span("CompileStatic");
+        let mut lowered = Vec::with_capacity(kernels.len());
+        for (_, k, name) in kernels {
+            let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
+            let wgsl = match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
+                (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
+                (_, Some(wgsl)) => wgsl,
+                (_, None) => lower(&self.lower)?,
+            };
+            lowered.push(self.finish(ctx, k, graph, name.clone(), wgsl)?);
+        }
+        // Each kernel, then its first pass (the order `assemble` takes).
+        let mut prepared = Vec::new();
+        for l in &lowered {
+            prepared.push(Prepared::fixed(l.name.clone(), &l.wgsl));
+            if let Some(pre) = l.wgsl.pre.as_deref() {
+                prepared.push(Prepared::fixed(format!("{}_pass1", l.name), pre));
+            }
+        }
+        let members = vec![None; prepared.len()].into_iter();
+        let built = self.assemble(ctx, lowered, prepared, members, false)?;
+        Ok(kernels.iter().map(|(i, _, _)| *i).zip(built).collect())
     }
 
     /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:
@@ -227,20 +266,22 @@ impl Compiler {
         like: Option<&[CompiledKernel]>,
     ) -> Result<Vec<CompiledKernel>, BackendError> {
         let (prepared, members) = self.prepare(&lowered, like);
-        self.assemble(ctx, lowered, prepared, members)
+        self.assemble(ctx, lowered, prepared, members, true)
     }
 
     /// [`Compiler::build`] after [`Compiler::prepare`]: the pipelines of
-    /// `prepared` (created where missing) and the size bind groups of its
-    /// generic kernels, joined with `lowered` and `members` into kernels.
+    /// `prepared` (created where missing, on the compile threads where
+    /// `parallel`) and the size bind groups of its generic kernels,
+    /// joined with `lowered` and `members` into kernels.
     fn assemble(
         &self,
         ctx: &Context,
         lowered: Vec<Lowered>,
         prepared: Vec<Prepared>,
         mut members: std::vec::IntoIter<Option<Arc<Member>>>,
+        parallel: bool,
     ) -> Result<Vec<CompiledKernel>, BackendError> {
-        let pipelines = self.pipelines.get_or_create(ctx, &prepared)?;
+        let pipelines = self.pipelines.get_or_create(ctx, &prepared, parallel)?;
         let generic: Vec<(&wgpu::BindGroupLayout, &[u32])> = prepared
             .iter()
             .zip(&pipelines)
@@ -499,6 +540,9 @@ pub struct WgpuExecutable {
     pub(crate) binds: Mutex<BindCache>,
     /// Compiled generic over sizes (a size variant's kernels).
     pub(crate) generic: bool,
+    /// Where its generic kernels stand on their way to static ones (see
+    /// [`crate::tier`]).
+    pub(crate) tier: Arc<Mutex<Tier>>,
     /// Which outputs were read, and by which execution: the executions
     /// after copy them early (see [`crate::transfer::early_copies`]).
     pub(crate) outputs_read: Arc<crate::transfer::OutputsRead>,
@@ -547,6 +591,13 @@ pub(crate) struct CompiledKernel {
     pub members: [Option<Arc<Member>>; 2],
 }
 
+impl CompiledKernel {
+    /// Whether it (or its first pass) reads its sizes from a buffer.
+    pub(crate) fn is_generic(&self) -> bool {
+        self.dims.is_some() || self.pre.as_ref().is_some_and(|(_, dims)| dims.is_some())
+    }
+}
+
 impl WgpuExecutable {
     /// The plan of `graph` with its compiled `kernels`: the buffers of an
     /// execution are the parameters, then each node the plan materializes.
@@ -572,6 +623,7 @@ impl WgpuExecutable {
             }
         }
         let binds = Mutex::new(BindCache::default());
+        let tier = if kernels.iter().any(CompiledKernel::is_generic) { Tier::Generic } else { Tier::Settled };
         WgpuExecutable {
             graph: graph.clone(),
             plan,
@@ -582,6 +634,7 @@ impl WgpuExecutable {
             slot,
             binds,
             generic,
+            tier: Arc::new(Mutex::new(tier)),
             outputs_read: Arc::new(crate::transfer::OutputsRead::new(graph.outputs.len())),
         }
     }
@@ -592,9 +645,15 @@ impl WgpuExecutable {
         self.kernels.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Replaces kernel `ki` (a tuned form), dropping the bind groups made
+    /// Executions started.
+    pub(crate) fn runs(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Replaces kernel `ki` (a tuned form, or a static kernel for a
+    /// generic one, see [`crate::tier`]), dropping the bind groups made
     /// for the old one's layout.
-    fn replace_kernel(&self, ki: usize, kernel: CompiledKernel) {
+    pub(crate) fn replace_kernel(&self, ki: usize, kernel: CompiledKernel) {
         let mut guard = self.kernels.write().unwrap_or_else(|e| e.into_inner());
         let mut kernels = guard.to_vec();
         kernels[ki] = kernel;
@@ -602,7 +661,6 @@ impl WgpuExecutable {
         let mut binds = self.binds.lock().unwrap_or_else(|e| e.into_inner());
         binds.forget_launch(2 * ki);
         binds.forget_launch(2 * ki + 1);
-        metrics::inc("AutotuneSwaps", 1);
     }
 
     /// The fusion plan.

@@ -4,7 +4,9 @@
 //! [`codegen::lower`] writes each as WGSL (deterministically, shapes baked
 //! in, lifted scalars in a uniform buffer); [`generic`] lets kernels of
 //! graphs that differ only in sizes share one pipeline, reading the sizes
-//! that vary from a small buffer; [`validate::validate_wgsl`]
+//! that vary from a small buffer, and a plan whose sizes recur gets
+//! static kernels again, compiled in the background ([`tier`]);
+//! [`validate::validate_wgsl`]
 //! checks it with naga before a pipeline is created; pipelines are cached
 //! by the hash of their source ([`pipeline`]); buffers come from a caching
 //! allocator sized to the device ([`pool`]); one execution encodes all
@@ -101,6 +103,7 @@ pub mod pool;
 mod profile;
 pub mod runtime;
 mod threads;
+pub mod tier;
 mod transfer;
 pub mod validate;
 mod wgsl_text;

@@ -82,6 +82,13 @@ pub struct WgpuOptions {
     /// pipelines (see [`crate::generic`]); default on, the flag
     /// `LAZULI_GENERIC_SIZES` overrides.
     pub generic_sizes: Option<bool>,
+    /// Executions of a plan with kernels generic over sizes after which
+    /// they are compiled static in the background and swapped in (see
+    /// [`crate::tier`]); else `LAZULI_SPECIALIZE_AFTER` (a positive
+    /// integer), else [`crate::tier::SPECIALIZE_AFTER`] on GPUs and never
+    /// on software adapters (whose kernels run on the cores the compile
+    /// would take). `Some(0)`: never.
+    pub specialize_after: Option<u64>,
     /// Whether independent elementwise kernels of different shapes share
     /// one multi-tensor dispatch (see `lazuli_ir::fusion::multi`); default
     /// on, the flag `LAZULI_MULTI_TENSOR` overrides.
@@ -192,6 +199,9 @@ impl WgpuOptions {
         let generic = config::flag(lookup, "LAZULI_GENERIC_SIZES")?;
         note("LAZULI_GENERIC_SIZES", self.generic_sizes.is_some(), generic.is_some());
         out.generic_sizes = self.generic_sizes.or(generic);
+        let specialize = config::count(lookup, "LAZULI_SPECIALIZE_AFTER")?;
+        note("LAZULI_SPECIALIZE_AFTER", self.specialize_after.is_some(), specialize.is_some());
+        out.specialize_after = self.specialize_after.or(specialize.map(|n| n as u64));
         let trusted = config::flag(lookup, "LAZULI_TRUSTED_SHADERS")?;
         note("LAZULI_TRUSTED_SHADERS", self.trusted_shaders.is_some(), trusted.is_some());
         out.trusted_shaders = self.trusted_shaders.or(trusted);

@@ -249,8 +249,15 @@ impl Pipelines {
     }
 
     /// Pipelines for `kernels`, from the cache or created (validated
-    /// first), the missing ones on several threads at once.
-    pub fn get_or_create(&self, ctx: &Context, kernels: &[Prepared]) -> Result<Vec<Arc<PipelineEntry>>, BackendError> {
+    /// first), the missing ones on the compile threads at once where
+    /// `parallel`, else on the calling thread (a background compile that
+    /// must not hold the threads a step's compile may need).
+    pub fn get_or_create(
+        &self,
+        ctx: &Context,
+        kernels: &[Prepared],
+        parallel: bool,
+    ) -> Result<Vec<Arc<PipelineEntry>>, BackendError> {
         let keys: Vec<u64> = kernels.iter().map(|k| PipelineCache::key(&k.source, k.entry, self.trusts(k))).collect();
         let mut found: HashMap<u64, Arc<PipelineEntry>> = HashMap::new();
         // One creation per distinct missing source.
@@ -267,7 +274,9 @@ impl Pipelines {
                 None => missing.push(i),
             }
         }
-        let created = self.workers.map(&missing, |&i| self.create(ctx, &kernels[i], keys[i]));
+        let create = |&i: &usize| self.create(ctx, &kernels[i], keys[i]);
+        let created: Vec<_> =
+            if parallel { self.workers.map(&missing, create) } else { missing.iter().map(create).collect() };
         for (&i, made) in missing.iter().zip(created) {
             let entry = Arc::new(made?);
             self.cache.insert(keys[i], entry.clone());

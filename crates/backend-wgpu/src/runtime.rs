@@ -32,6 +32,9 @@ struct Inner {
     profiler: Profiler,
     /// The effective values of this backend's configuration variables.
     settings: Vec<Setting>,
+    /// Executions after which a plan's generic kernels are compiled
+    /// static (see [`crate::tier`]); `None`: never.
+    specialize_after: Option<u64>,
 }
 
 impl WgpuBackend {
@@ -133,8 +136,40 @@ impl WgpuBackend {
             Families::new(generic::enabled(options.generic_sizes), 4096),
             options.fault_kernel.clone(),
         );
-        let settings = effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref());
-        WgpuBackend { inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default(), settings }) }
+        // Static kernels compile on a thread of their own, so not where
+        // there are none (the browser), nor by default on a software
+        // adapter, whose kernels run on the cores that thread would take.
+        let default_after = if software { 0 } else { crate::tier::SPECIALIZE_AFTER };
+        let specialize_after = match options.specialize_after.unwrap_or(default_after) {
+            0 => None,
+            n => crate::platform::THREADS.then_some(n),
+        };
+        let settings =
+            effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref(), specialize_after);
+        WgpuBackend {
+            inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default(), settings, specialize_after }),
+        }
+    }
+
+    /// At a plan boundary before an execution of `exe`: swaps in its
+    /// static kernels where they are ready, or starts compiling them on a
+    /// thread of their own where its generic kernels are due (see
+    /// [`crate::tier`]).
+    fn specialize(&self, exe: &WgpuExecutable) {
+        let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let inner = self.inner.clone();
+            let compile = move || {
+                let compiled = inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels);
+                job.finish(compiled);
+            };
+            if let Err(e) = std::thread::Builder::new().name("lazuli-specialize".into()).spawn(compile) {
+                tracing::warn!("could not start compiling static kernels, the plan stays generic: {e}");
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        drop(job);
     }
 
     /// The fusion limits this backend plans with.
@@ -208,6 +243,7 @@ fn effective_settings(
     compiler: &Compiler,
     software: bool,
     cache_dir: Option<&std::path::Path>,
+    specialize_after: Option<u64>,
 ) -> Vec<Setting> {
     let source = |name| sources.iter().find(|(n, _)| *n == name).map_or(Source::Default, |s| s.1);
     let on_off = |b: bool| if b { "on" } else { "off" };
@@ -275,6 +311,11 @@ fn effective_settings(
         ),
         Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
+        Setting::new(
+            "LAZULI_SPECIALIZE_AFTER",
+            specialize_after.map_or("never".to_string(), |n| n.to_string()),
+            source("LAZULI_SPECIALIZE_AFTER"),
+        ),
         Setting::new(
             "LAZULI_COMPILE_THREADS",
             compiler.pipelines.workers().threads(),
@@ -395,7 +436,9 @@ impl Backend for WgpuBackend {
             .downcast_ref::<WgpuExecutable>()
             .ok_or_else(|| BackendError::Execution("executable of another backend".into()))?;
         // A plan boundary: a kernel waiting for the tuner may be replaced
-        // before this execution (see `crate::autotune`).
+        // before this execution (see `crate::autotune`), and generic
+        // kernels by static ones (see `crate::tier`).
+        self.specialize(exe);
         self.inner.compiler.tune_pending(&self.inner.ctx, exe);
         crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
     }

@@ -168,6 +168,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::trusted_shaders)",
     ),
     var(
+        "LAZULI_SPECIALIZE_AFTER",
+        Kind::Count,
+        "32 on GPUs, never on software adapters",
+        "executions of a plan generic over sizes after which its kernels are compiled static in the background",
+        "lazuli-wgpu (WgpuOptions::specialize_after)",
+    ),
+    var(
         "LAZULI_COMPILE_THREADS",
         Kind::Count,
         "the machine's cores, at most 8",
