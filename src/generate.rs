@@ -67,6 +67,13 @@ pub struct GenReport {
     /// Median wall time of a step once the context is full (the same
     /// sizes every step: no compile; `None` if no step got there).
     pub steady: Option<Duration>,
+    /// The same over the second half of those steps: after a recurring
+    /// size got its static kernels, where it does (see
+    /// `lazuli_wgpu::tier`).
+    pub steady_late: Option<Duration>,
+    /// Generic kernels replaced by static ones for a recurring size
+    /// (`SpecializedKernels`).
+    pub specialized: u64,
     /// Plans compiled (compile-cache misses).
     pub plans: u64,
     /// Of those, new structures (`UncachedCompile`); the rest are size
@@ -90,12 +97,14 @@ impl GenReport {
     /// One JSON object: the device, the window and every measure.
     pub fn to_json(&self, device: &str) -> String {
         format!(
-            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"plans_compiled\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"steady_late_step_ms\": {}, \"specialized_kernels\": {}, \"plans_compiled\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
             self.first.as_secs_f64() * 1e3,
             self.steady.map_or("null".to_string(), |d| format!("{:.2}", d.as_secs_f64() * 1e3)),
+            self.steady_late.map_or("null".to_string(), |d| format!("{:.2}", d.as_secs_f64() * 1e3)),
+            self.specialized,
             self.plans,
             self.structures,
             self.variant_compile.as_secs_f64() * 1e3,
@@ -109,12 +118,14 @@ impl GenReport {
     /// One line of text with the same measures.
     pub fn summary(&self, device: &str) -> String {
         format!(
-            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}); {} plans compiled ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}, {} in the second half, {} kernels specialized); {} plans compiled ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
             self.first.as_secs_f64() * 1e3,
             self.steady.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
+            self.steady_late.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
+            self.specialized,
             self.plans,
             self.structures,
             self.variant_compile.as_secs_f64() * 1e3,
@@ -266,6 +277,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
             metrics::timer("SizeVariantCompile").map_or(0.0, |t| t.sum),
         )
     };
+    let specialized0 = metrics::counter("SpecializedKernels");
     let (structures0, variants0, pipes0, reuse0, variant_ms0) = counters();
     let mut plans_with_new_code = 0;
     let started = Instant::now();
@@ -296,6 +308,9 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     }
     let total = started.elapsed();
     let (structures, variants, pipes, reuse, variant_ms) = counters();
+    let mut late = full.split_off(full.len() / 2);
+    late.sort();
+    full.extend_from_slice(&late);
     full.sort();
     variant_costs.sort();
     Ok(GenReport {
@@ -304,6 +319,8 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         total,
         first,
         steady: full.get(full.len() / 2).copied(),
+        steady_late: late.get(late.len() / 2).copied(),
+        specialized: metrics::counter("SpecializedKernels") - specialized0,
         plans: structures - structures0 + variants - variants0,
         structures: structures - structures0,
         variant_compile: Duration::from_secs_f64((variant_ms - variant_ms0).max(0.0) / 1e3),

@@ -94,7 +94,8 @@ fn generic_kernels_match_the_cpu_across_sizes() {
 /// background and are swapped in at a later execution (see
 /// `lazuli_wgpu::tier`); every execution before, during and after
 /// matches the CPU, and so does the next size variant, which compiles
-/// against the specialized plan.
+/// against the specialized plan. With the tuner on (GPU forms), the static
+/// products are then tuned at the boundaries after the swap.
 #[test]
 fn a_recurring_size_gets_static_kernels_in_the_background() {
     let _g = common::metrics_lock();
@@ -105,8 +106,15 @@ fn a_recurring_size_gets_static_kernels_in_the_background() {
     let d = 16;
     let wdata = common::rand_vec(d * d, 11, -0.5, 0.5);
     for forms in [lazuli::KernelForms::software(), lazuli::KernelForms::gpu()] {
-        let opts =
-            lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), specialize_after: Some(3), ..Default::default() };
+        let tune = forms == lazuli::KernelForms::gpu();
+        let opts = lazuli::WgpuDeviceOptions {
+            kernel_forms: Some(forms),
+            specialize_after: Some(3),
+            autotune: Some(tune),
+            autotune_min_flops: Some(1),
+            cache_dir: Some(None),
+            ..Default::default()
+        };
         let dev = Device::wgpu_with(opts).unwrap();
         let w_gpu = Tensor::from_slice(&wdata, [d, d], &dev).unwrap();
         let w_cpu = Tensor::from_slice(&wdata, [d, d], &cpu).unwrap();
@@ -120,10 +128,14 @@ fn a_recurring_size_gets_static_kernels_in_the_background() {
         // A first size (static kernels), then a size variant: generic.
         check(8, "first size");
         let (plans0, kernels0) = (metrics::counter("SpecializedPlans"), metrics::counter("SpecializedKernels"));
+        let tuned0 = metrics::counter("AutotuneRuns");
         let mut runs = 0;
         while metrics::counter("SpecializedPlans") == plans0 {
             assert!(runs < 2000, "no static kernels after {runs} executions of a recurring size");
             check(9, "recurring size");
+            if metrics::counter("SpecializedPlans") == plans0 {
+                assert_eq!(metrics::counter("AutotuneRuns"), tuned0, "a generic kernel was tuned");
+            }
             runs += 1;
             if runs > 3 {
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -133,6 +145,9 @@ fn a_recurring_size_gets_static_kernels_in_the_background() {
         assert!(metrics::counter("SpecializedKernels") > kernels0);
         check(9, "static kernels");
         check(9, "static kernels again");
+        if tune {
+            assert!(metrics::counter("AutotuneRuns") > tuned0, "the static products were not tuned");
+        }
         // The next size compiles against the specialized plan.
         check(10, "the next size variant");
         check(10, "the next size variant again");

@@ -196,20 +196,26 @@ impl Compiler {
     /// makes them (the tuner's known winner, else the rule's form; no
     /// size family), their pipelines created on the calling thread: the
     /// second tier of a plan generic over sizes (see [`crate::tier`]).
+    /// Returns them by index, and the indices of those waiting for the
+    /// tuner.
     pub fn compile_static(
         &self,
         ctx: &Context,
         graph: &VerifiedGraph,
         kernels: &[(usize, Kernel, String)],
-    ) -> Result<Vec<(usize, CompiledKernel)>, BackendError> {
+    ) -> Result<crate::tier::Compiled, BackendError> {
         let _span = lazuli_executor::timeline::span("CompileStatic");
         let mut lowered = Vec::with_capacity(kernels.len());
-        for (_, k, name) in kernels {
+        let mut untuned = Vec::new();
+        for (i, k, name) in kernels {
             let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
             let wgsl = match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
                 (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
-                (_, Some(wgsl)) => wgsl,
-                (_, None) => lower(&self.lower)?,
+                (Tuning::Pending, Some(wgsl)) => {
+                    untuned.push(*i);
+                    wgsl
+                }
+                (Tuning::Pending | Tuning::Untuned, _) => lower(&self.lower)?,
             };
             lowered.push(self.finish(ctx, k, graph, name.clone(), wgsl)?);
         }
@@ -223,7 +229,7 @@ impl Compiler {
         }
         let members = vec![None; prepared.len()].into_iter();
         let built = self.assemble(ctx, lowered, prepared, members, false)?;
-        Ok(kernels.iter().map(|(i, _, _)| *i).zip(built).collect())
+        Ok((kernels.iter().map(|(i, _, _)| *i).zip(built).collect(), untuned))
     }
 
     /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:
@@ -643,6 +649,12 @@ impl WgpuExecutable {
     /// them, so a kernel replaced meanwhile takes effect at the next one).
     pub(crate) fn current_kernels(&self) -> Arc<[CompiledKernel]> {
         self.kernels.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Queues kernels `indices` for the tuner (measured at the plan
+    /// boundaries that follow, see [`Compiler::tune_pending`]).
+    pub(crate) fn await_tuning(&self, indices: &[usize]) {
+        self.untuned.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(indices);
     }
 
     /// Executions started.

@@ -20,7 +20,10 @@
 //! that start meanwhile run the generic kernels; the first one after the
 //! compile finished swaps the static kernels in, at that plan boundary
 //! (an execution in flight keeps the kernels it started with, see
-//! `WgpuExecutable::current_kernels`). Counted as `SpecializedPlans` and
+//! `WgpuExecutable::current_kernels`); a static product the tuner times
+//! and has no winner for is then measured at a later boundary, as a
+//! first compile's would be ([`crate::autotune`]). Counted as
+//! `SpecializedPlans` and
 //! `SpecializedKernels`; a compile that fails is a warning and the plan
 //! keeps its generic kernels.
 //!
@@ -42,6 +45,11 @@ use std::sync::{Arc, Mutex};
 /// in the background are repaid by the steps that follow.
 pub const SPECIALIZE_AFTER: u64 = 32;
 
+/// What compiling a plan's static kernels gives: each by its index in
+/// the plan, and the indices of those waiting for the tuner (measured at
+/// the plan boundaries after the swap, as a first compile's would be).
+pub(crate) type Compiled = (Vec<(usize, CompiledKernel)>, Vec<usize>);
+
 /// Where a plan stands on its way to static kernels.
 #[derive(Default)]
 pub(crate) enum Tier {
@@ -52,8 +60,9 @@ pub(crate) enum Tier {
     Generic,
     /// Its static kernels are being compiled.
     Compiling,
-    /// Its static kernels, by index, to swap in at the next execution.
-    Ready(Vec<(usize, CompiledKernel)>),
+    /// Its static kernels, by index, to swap in at the next execution,
+    /// and the indices of those the tuner is to measure.
+    Ready(Vec<(usize, CompiledKernel)>, Vec<usize>),
 }
 
 /// The kernels of a plan to compile static, handed to the compiling
@@ -70,10 +79,10 @@ pub(crate) struct Specialization {
 impl Specialization {
     /// Hands the compiled kernels to the plan (swapped in before its next
     /// execution); a failure leaves the plan generic, with a warning.
-    pub fn finish(&self, compiled: Result<Vec<(usize, CompiledKernel)>, lazuli_executor::BackendError>) {
+    pub fn finish(&self, compiled: Result<Compiled, lazuli_executor::BackendError>) {
         let mut tier = self.tier.lock().unwrap_or_else(|e| e.into_inner());
         *tier = match compiled {
-            Ok(kernels) => Tier::Ready(kernels),
+            Ok((kernels, untuned)) => Tier::Ready(kernels, untuned),
             Err(e) => {
                 tracing::warn!("compiling static kernels for recurring sizes failed, the plan stays generic: {e}");
                 Tier::Settled
@@ -101,8 +110,8 @@ impl Drop for Specialization {
 pub(crate) fn at_boundary(exe: &WgpuExecutable, runs: u64, after: Option<u64>) -> Option<Specialization> {
     let mut tier = exe.tier.lock().unwrap_or_else(|e| e.into_inner());
     match &mut *tier {
-        Tier::Ready(kernels) => {
-            let kernels = std::mem::take(kernels);
+        Tier::Ready(kernels, untuned) => {
+            let (kernels, untuned) = (std::mem::take(kernels), std::mem::take(untuned));
             *tier = Tier::Settled;
             drop(tier);
             metrics::inc("SpecializedPlans", 1);
@@ -110,6 +119,7 @@ pub(crate) fn at_boundary(exe: &WgpuExecutable, runs: u64, after: Option<u64>) -
             for (ki, kernel) in kernels {
                 exe.replace_kernel(ki, kernel);
             }
+            exe.await_tuning(&untuned);
             None
         }
         Tier::Generic if after.is_some_and(|n| runs >= n) => {
