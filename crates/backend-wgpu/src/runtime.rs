@@ -156,20 +156,16 @@ impl WgpuBackend {
     /// thread of their own where its generic kernels are due (see
     /// [`crate::tier`]).
     fn specialize(&self, exe: &WgpuExecutable) {
+        // (Never where there are no threads: `specialize_after` is `None`.)
         let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let inner = self.inner.clone();
-            let compile = move || {
-                let compiled = inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels);
-                job.finish(compiled);
-            };
-            if let Err(e) = std::thread::Builder::new().name("lazuli-specialize".into()).spawn(compile) {
-                tracing::warn!("could not start compiling static kernels, the plan stays generic: {e}");
-            }
+        let inner = self.inner.clone();
+        let compile = move || {
+            let compiled = inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels);
+            job.finish(compiled);
+        };
+        if let Err(e) = std::thread::Builder::new().name("lazuli-specialize".into()).spawn(compile) {
+            tracing::warn!("could not start compiling static kernels, the plan stays generic: {e}");
         }
-        #[cfg(target_arch = "wasm32")]
-        drop(job);
     }
 
     /// The fusion limits this backend plans with.
