@@ -154,6 +154,28 @@ fn a_recurring_size_gets_static_kernels_in_the_background() {
     }
 }
 
+/// A device dropped while its static kernels compile in the background
+/// cancels and joins that compile: the drop returns, nothing outlives it.
+#[test]
+fn dropping_a_device_stops_its_background_compiles() {
+    if common::wgpu().is_none() {
+        return;
+    }
+    let d = 16;
+    let wdata = common::rand_vec(d * d, 5, -0.5, 0.5);
+    for _ in 0..3 {
+        let opts = lazuli::WgpuDeviceOptions { specialize_after: Some(1), ..Default::default() };
+        let dev = Device::wgpu_with(opts).unwrap();
+        let w = Tensor::from_slice(&wdata, [d, d], &dev).unwrap();
+        for t in [8usize, 9, 9] {
+            let x = Tensor::from_slice(&common::rand_vec(t * d, t as u64, -1.0, 1.0), [t, d], &dev).unwrap();
+            attention_step(&x, &w, t).unwrap().to_vec::<f32>().unwrap();
+        }
+        // The second run of size 9 started the compile; the drop stops it.
+        drop((w, dev));
+    }
+}
+
 #[test]
 fn generic_sizes_can_be_turned_off() {
     let _g = common::metrics_lock();

@@ -197,17 +197,22 @@ impl Compiler {
     /// size family), their pipelines created on the calling thread: the
     /// second tier of a plan generic over sizes (see [`crate::tier`]).
     /// Returns them by index, and the indices of those waiting for the
-    /// tuner.
+    /// tuner; `None` where `cancelled` turned true before the last one
+    /// (checked before each kernel).
     pub fn compile_static(
         &self,
         ctx: &Context,
         graph: &VerifiedGraph,
         kernels: &[(usize, Kernel, String)],
-    ) -> Result<crate::tier::Compiled, BackendError> {
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<Option<crate::tier::Compiled>, BackendError> {
         let _span = lazuli_executor::timeline::span("CompileStatic");
-        let mut lowered = Vec::with_capacity(kernels.len());
+        let mut compiled = Vec::with_capacity(kernels.len());
         let mut untuned = Vec::new();
         for (i, k, name) in kernels {
+            if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(None);
+            }
             let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
             let wgsl = match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
                 (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
@@ -217,19 +222,17 @@ impl Compiler {
                 }
                 (Tuning::Pending | Tuning::Untuned, _) => lower(&self.lower)?,
             };
-            lowered.push(self.finish(ctx, k, graph, name.clone(), wgsl)?);
-        }
-        // Each kernel, then its first pass (the order `assemble` takes).
-        let mut prepared = Vec::new();
-        for l in &lowered {
-            prepared.push(Prepared::fixed(l.name.clone(), &l.wgsl));
-            if let Some(pre) = l.wgsl.pre.as_deref() {
-                prepared.push(Prepared::fixed(format!("{}_pass1", l.name), pre));
+            let lowered = self.finish(ctx, k, graph, name.clone(), wgsl)?;
+            // The kernel, then its first pass (the order `assemble` takes).
+            let mut prepared = vec![Prepared::fixed(lowered.name.clone(), &lowered.wgsl)];
+            if let Some(pre) = lowered.wgsl.pre.as_deref() {
+                prepared.push(Prepared::fixed(format!("{}_pass1", lowered.name), pre));
             }
+            let members = vec![None; prepared.len()].into_iter();
+            let built = self.assemble(ctx, vec![lowered], prepared, members, false)?;
+            compiled.extend(built.into_iter().map(|kernel| (*i, kernel)));
         }
-        let members = vec![None; prepared.len()].into_iter();
-        let built = self.assemble(ctx, lowered, prepared, members, false)?;
-        Ok((kernels.iter().map(|(i, _, _)| *i).zip(built).collect(), untuned))
+        Ok(Some((compiled, untuned)))
     }
 
     /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:

@@ -18,7 +18,8 @@ use lazuli_executor::platform::LocalFuture;
 use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::fusion::FusionLimits;
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The wgpu backend.
 #[derive(Clone)]
@@ -35,6 +36,11 @@ struct Inner {
     /// Executions after which a plan's generic kernels are compiled
     /// static (see [`crate::tier`]); `None`: never.
     specialize_after: Option<u64>,
+    /// The threads compiling static kernels, not yet joined.
+    background: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Set while a device on this backend is dropped: the background
+    /// compiles stop before their next kernel.
+    cancel: AtomicBool,
 }
 
 impl WgpuBackend {
@@ -147,7 +153,15 @@ impl WgpuBackend {
         let settings =
             effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref(), specialize_after);
         WgpuBackend {
-            inner: Arc::new(Inner { ctx, compiler, profiler: Profiler::default(), settings, specialize_after }),
+            inner: Arc::new(Inner {
+                ctx,
+                compiler,
+                profiler: Profiler::default(),
+                settings,
+                specialize_after,
+                background: Mutex::new(Vec::new()),
+                cancel: AtomicBool::new(false),
+            }),
         }
     }
 
@@ -160,12 +174,31 @@ impl WgpuBackend {
         let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
         let inner = self.inner.clone();
         let compile = move || {
-            let compiled = inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels);
+            let compiled = inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels, &inner.cancel);
             job.finish(compiled);
         };
-        if let Err(e) = std::thread::Builder::new().name("lazuli-specialize".into()).spawn(compile) {
-            tracing::warn!("could not start compiling static kernels, the plan stays generic: {e}");
+        match std::thread::Builder::new().name("lazuli-specialize".into()).spawn(compile) {
+            Ok(handle) => {
+                let mut background = self.inner.background.lock().unwrap_or_else(|e| e.into_inner());
+                background.retain(|h| !h.is_finished());
+                background.push(handle);
+            }
+            Err(e) => tracing::warn!("could not start compiling static kernels, the plan stays generic: {e}"),
         }
+    }
+
+    /// Stops the background compiles (each before its next kernel) and
+    /// waits for them.
+    fn stop_background(&self) {
+        let handles = std::mem::take(&mut *self.inner.background.lock().unwrap_or_else(|e| e.into_inner()));
+        if handles.is_empty() {
+            return;
+        }
+        self.inner.cancel.store(true, Ordering::Relaxed);
+        for h in handles {
+            let _ = h.join();
+        }
+        self.inner.cancel.store(false, Ordering::Relaxed);
     }
 
     /// The fusion limits this backend plans with.
@@ -440,6 +473,9 @@ impl Backend for WgpuBackend {
     }
 
     fn persist_caches(&self) {
+        // A device on this backend is being dropped: no compile of its
+        // outlives it (see `crate::tier`).
+        self.stop_background();
         self.inner.compiler.pipelines.flush();
     }
 

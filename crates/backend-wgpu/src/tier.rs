@@ -31,7 +31,10 @@
 //! (the differential tests and the fuzzer prove every form against the
 //! CPU reference), and the swap changes which pipelines the next
 //! execution binds, never a buffer. Where there are no threads (the
-//! browser), plans keep their generic kernels.
+//! browser), plans keep their generic kernels. A device being dropped
+//! cancels its backend's compiles and waits for them (each stops before
+//! its next kernel), so no compile outlives its device's drop nor runs
+//! into the process's exit.
 
 use crate::compile::{CompiledKernel, WgpuExecutable};
 use lazuli_executor::metrics;
@@ -79,10 +82,12 @@ pub(crate) struct Specialization {
 impl Specialization {
     /// Hands the compiled kernels to the plan (swapped in before its next
     /// execution); a failure leaves the plan generic, with a warning.
-    pub fn finish(&self, compiled: Result<Compiled, lazuli_executor::BackendError>) {
+    /// `Ok(None)`: cancelled (the backend is going away).
+    pub fn finish(&self, compiled: Result<Option<Compiled>, lazuli_executor::BackendError>) {
         let mut tier = self.tier.lock().unwrap_or_else(|e| e.into_inner());
         *tier = match compiled {
-            Ok((kernels, untuned)) => Tier::Ready(kernels, untuned),
+            Ok(Some((kernels, untuned))) => Tier::Ready(kernels, untuned),
+            Ok(None) => Tier::Settled,
             Err(e) => {
                 tracing::warn!("compiling static kernels for recurring sizes failed, the plan stays generic: {e}");
                 Tier::Settled
