@@ -294,8 +294,8 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         }
         tokens.push(next);
         let (structures_after, variants_after, pipes_after, _, variant_ms_after) = counters();
-        // Pipelines made by this step's compile (static kernels of a
-        // recurring size compile in the background and count apart).
+        // Pipelines made by this step's compile, not by the background
+        // compile of a recurring size's static kernels.
         let compiled = structures_after > structures_before || variants_after > variants_before;
         if compiled && pipes_after > pipes {
             plans_with_new_code += 1;

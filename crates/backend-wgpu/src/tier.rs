@@ -13,9 +13,8 @@
 //! [`WgpuOptions::specialize_after`](crate::WgpuOptions::specialize_after)
 //! executions (default [`SPECIALIZE_AFTER`] on GPUs; never by default on
 //! software adapters, whose kernels run on the very cores a background
-//! compile would take) has its generic kernels
-//! compiled again as the static kernels a first compile at its sizes
-//! would make (the rule's forms, or the tuner's known winner), on a
+//! compile would take) has its generic kernels compiled again as the
+//! static kernels a first compile at its sizes would make (the rule's forms, or the tuner's known winner), on a
 //! thread of their own: no step waits for that compile. The executions
 //! that start meanwhile run the generic kernels; the first one after the
 //! compile finished swaps the static kernels in, at that plan boundary
@@ -23,14 +22,14 @@
 //! `WgpuExecutable::current_kernels`); a static product the tuner times
 //! and has no winner for is then measured at a later boundary, as a
 //! first compile's would be ([`crate::autotune`]). Counted as
-//! `SpecializedPlans` and
-//! `SpecializedKernels`; a compile that fails is a warning and the plan
-//! keeps its generic kernels.
+//! `SpecializedPlans` and `SpecializedKernels`; a compile that fails is a
+//! warning and the plan keeps its generic kernels.
 //!
-//! Sound by construction: a kernel computes the same values in any form
-//! (the differential tests and the fuzzer prove every form against the
-//! CPU reference), and the swap changes which pipelines the next
-//! execution binds, never a buffer. Where there are no threads (the
+//! Sound by construction: every form of a kernel computes the same
+//! values up to float rounding (the order a form sums in; the
+//! differential tests and the fuzzer prove every form against the CPU
+//! reference), and the swap changes which pipelines the next execution
+//! binds, never a buffer. Where there are no threads (the
 //! browser), plans keep their generic kernels. A device being dropped
 //! cancels its backend's compiles and waits for them (each stops before
 //! its next kernel), so no compile outlives its device's drop nor runs
