@@ -46,3 +46,44 @@ fn weight_gradient_split_over_k_matches_the_cpu() {
         }
     }
 }
+
+/// A token count that recurs gets the static kernels back, the split
+/// weight gradient (a two-pass kernel, with its scratch) among them: a
+/// size variant's generic product never splits, and the second tier
+/// (`lazuli_wgpu::tier`) swaps the split one in between two steps. Every
+/// step before and after matches the CPU.
+#[test]
+fn a_recurring_token_count_gets_the_split_weight_gradient_back() {
+    let _g = common::metrics_lock();
+    if common::wgpu().is_none() {
+        return;
+    }
+    let opts = lazuli::WgpuDeviceOptions {
+        kernel_forms: Some(lazuli::KernelForms::gpu()),
+        specialize_after: Some(2),
+        ..Default::default()
+    };
+    let dev = Device::wgpu_with(opts).unwrap();
+    let cpu = Device::cpu();
+    let (tokens, d_in, d_out) = (1101, 48, 40);
+    let (want, _) = linear_step(&cpu, tokens, d_in, d_out);
+    let check = |what: &str| {
+        let (got, _) = linear_step(&dev, tokens, d_in, d_out);
+        for (part, (g, w)) in ["loss", "dw", "db", "dx"].iter().zip(got.iter().zip(&want)) {
+            common::assert_close(g, w, 1e-4, 1e-3, &format!("{part}, {what}"));
+        }
+    };
+    // A first token count compiles static kernels; the next is a size
+    // variant, generic.
+    linear_step(&dev, 1100, d_in, d_out);
+    let plans0 = lazuli::metrics::counter("SpecializedPlans");
+    let mut steps = 0;
+    while lazuli::metrics::counter("SpecializedPlans") == plans0 {
+        assert!(steps < 2000, "no static kernels after {steps} steps");
+        check("generic kernels");
+        steps += 1;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    check("static kernels");
+    check("static kernels again");
+}
