@@ -342,7 +342,12 @@ fn effective_settings(
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new(
             "LAZULI_SPECIALIZE_AFTER",
-            specialize_after.map_or("never".to_string(), |n| n.to_string()),
+            match specialize_after {
+                Some(n) => n.to_string(),
+                None if !crate::platform::THREADS => "never (no threads here)".to_string(),
+                None if software && options.specialize_after.is_none() => "never (software adapter)".to_string(),
+                None => "never".to_string(),
+            },
             source("LAZULI_SPECIALIZE_AFTER"),
         ),
         Setting::new(
