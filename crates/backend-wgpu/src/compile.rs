@@ -4,7 +4,11 @@
 //! forms for a graph seen at other sizes), windowed for tensors beyond
 //! one binding ([`crate::window`]), made generic over sizes where its
 //! family has seen other sizes ([`crate::generic`]), and given a pipeline
-//! ([`crate::pipeline`]). The compile-side caches (pipelines, the
+//! ([`crate::pipeline`]). A plan with generic kernels whose sizes recur
+//! gets static ones later, compiled off the step's path
+//! ([`Compiler::compile_static`], see [`crate::tier`]). Each phase is
+//! timed (`CompileFusion`, `CompileLower`, `CompileGeneric`,
+//! `CompileBuild`). The compile-side caches (pipelines, the
 //! autotuner's winners, size families) live here, apart from the device
 //! context; which graph was compiled before at other sizes is the
 //! executor's to remember (`CompileHints::earlier`).
