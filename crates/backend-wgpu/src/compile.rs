@@ -6,7 +6,7 @@
 //! family has seen other sizes ([`crate::generic`]), and given a pipeline
 //! ([`crate::pipeline`]). A plan with generic kernels whose sizes recur
 //! gets static ones later, compiled off the step's path
-//! ([`Compiler::compile_static`], see [`crate::tier`]). Each phase is
+//! (`Compiler::compile_static`, see [`crate::tier`]). Each phase is
 //! timed (`CompileFusion`, `CompileLower`, `CompileGeneric`,
 //! `CompileBuild`). The compile-side caches (pipelines, the
 //! autotuner's winners, size families) live here, apart from the device
