@@ -140,14 +140,13 @@ impl Compiler {
                     Some(wgsl) => wgsl?,
                     None => lower(&LowerLimits { generic: true, fixed, ..self.lower })?,
                 },
-                (None, _) => match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
-                    (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
-                    (Tuning::Pending, Some(wgsl)) => {
+                (None, _) => {
+                    let (wgsl, pending) = self.lower_static(ctx, k, graph)?;
+                    if pending {
                         untuned.push(i);
-                        wgsl
                     }
-                    (Tuning::Pending | Tuning::Untuned, _) => lower(&self.lower)?,
-                },
+                    wgsl
+                }
             };
             metrics::inc("KernelsLowered", 1);
             lowered.push(self.finish(ctx, k, graph, name, wgsl)?);
@@ -217,15 +216,10 @@ impl Compiler {
             if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
                 return Ok(None);
             }
-            let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
-            let wgsl = match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
-                (Tuning::Known(form), _) => lower(&autotune::with_form(self.lower, form))?,
-                (Tuning::Pending, Some(wgsl)) => {
-                    untuned.push(*i);
-                    wgsl
-                }
-                (Tuning::Pending | Tuning::Untuned, _) => lower(&self.lower)?,
-            };
+            let (wgsl, pending) = self.lower_static(ctx, k, graph)?;
+            if pending {
+                untuned.push(*i);
+            }
             let lowered = self.finish(ctx, k, graph, name.clone(), wgsl)?;
             // The kernel, then its first pass (the order `assemble` takes).
             let mut prepared = vec![Prepared::fixed(lowered.name.clone(), &lowered.wgsl)];
@@ -237,6 +231,19 @@ impl Compiler {
             compiled.extend(built.into_iter().map(|kernel| (*i, kernel)));
         }
         Ok(Some((compiled, untuned)))
+    }
+
+    /// Kernel `k` of `graph` lowered as a static kernel: in the tuner's
+    /// known winner where it has one, else in the rule's form, and
+    /// whether it waits for the tuner (a tunable kernel without a
+    /// winner; nothing is timed here).
+    fn lower_static(&self, ctx: &Context, k: &Kernel, graph: &VerifiedGraph) -> Result<(Wgsl, bool), BackendError> {
+        let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
+        Ok(match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
+            (Tuning::Known(form), _) => (lower(&autotune::with_form(self.lower, form))?, false),
+            (Tuning::Pending, Some(wgsl)) => (wgsl, true),
+            (Tuning::Pending | Tuning::Untuned, _) => (lower(&self.lower)?, false),
+        })
     }
 
     /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:

@@ -170,7 +170,11 @@ impl WgpuBackend {
     /// thread of their own where its generic kernels are due (see
     /// [`crate::tier`]).
     fn specialize(&self, exe: &WgpuExecutable) {
-        // (Never where there are no threads: `specialize_after` is `None`.)
+        // Off (and so never where there are no threads): nothing to swap
+        // in either, so no lock on the step's path.
+        if self.inner.specialize_after.is_none() {
+            return;
+        }
         let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
         let inner = self.inner.clone();
         let compile = move || {

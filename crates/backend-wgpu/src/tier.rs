@@ -14,8 +14,9 @@
 //! executions (default [`SPECIALIZE_AFTER`] on GPUs; never by default on
 //! software adapters, whose kernels run on the very cores a background
 //! compile would take) has its generic kernels compiled again as the
-//! static kernels a first compile at its sizes would make (the rule's forms, or the tuner's known winner), on a
-//! thread of their own: no step waits for that compile. The executions
+//! static kernels a first compile at its sizes would make (the rule's
+//! forms, or the tuner's known winner), on a thread of their own: no
+//! step waits for that compile. The executions
 //! that start meanwhile run the generic kernels; the first one after the
 //! compile finished swaps the static kernels in, at that plan boundary
 //! (an execution in flight keeps the kernels it started with, see
