@@ -74,8 +74,11 @@ pub struct GenReport {
     /// Generic kernels replaced by static ones for a recurring size
     /// (`SpecializedKernels`).
     pub specialized: u64,
-    /// Plans compiled (compile-cache misses).
+    /// Plans compiled on the steps' path (compile-cache misses).
     pub plans: u64,
+    /// Size variants compiled ahead of time that a step then used
+    /// (`AheadHits`, see `LAZULI_COMPILE_AHEAD`).
+    pub compiled_ahead: u64,
     /// Of those, new structures (`UncachedCompile`); the rest are size
     /// variants of a structure compiled before (`SizeVariantCompile`).
     pub structures: u64,
@@ -97,7 +100,7 @@ impl GenReport {
     /// One JSON object: the device, the window and every measure.
     pub fn to_json(&self, device: &str) -> String {
         format!(
-            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"steady_late_step_ms\": {}, \"specialized_kernels\": {}, \"plans_compiled\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"steady_late_step_ms\": {}, \"specialized_kernels\": {}, \"plans_compiled\": {}, \"plans_compiled_ahead\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
@@ -106,6 +109,7 @@ impl GenReport {
             self.steady_late.map_or("null".to_string(), |d| format!("{:.2}", d.as_secs_f64() * 1e3)),
             self.specialized,
             self.plans,
+            self.compiled_ahead,
             self.structures,
             self.variant_compile.as_secs_f64() * 1e3,
             self.variant_median.map_or("null".to_string(), |d| format!("{:.3}", d.as_secs_f64() * 1e3)),
@@ -118,7 +122,7 @@ impl GenReport {
     /// One line of text with the same measures.
     pub fn summary(&self, device: &str) -> String {
         format!(
-            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}, {} in the second half, {} kernels specialized); {} plans compiled ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}, {} in the second half, {} kernels specialized); {} plans compiled on the path and {} ahead ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
@@ -127,6 +131,7 @@ impl GenReport {
             self.steady_late.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
             self.specialized,
             self.plans,
+            self.compiled_ahead,
             self.structures,
             self.variant_compile.as_secs_f64() * 1e3,
             self.variant_median.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
@@ -278,6 +283,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         )
     };
     let specialized0 = metrics::counter("SpecializedKernels");
+    let ahead0 = metrics::counter("AheadHits");
     let (structures0, variants0, pipes0, reuse0, variant_ms0) = counters();
     let mut plans_with_new_code = 0;
     let started = Instant::now();
@@ -322,6 +328,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         steady_late: late.get(late.len() / 2).copied(),
         specialized: metrics::counter("SpecializedKernels") - specialized0,
         plans: structures - structures0 + variants - variants0,
+        compiled_ahead: metrics::counter("AheadHits") - ahead0,
         structures: structures - structures0,
         variant_compile: Duration::from_secs_f64((variant_ms - variant_ms0).max(0.0) / 1e3),
         variant_median: variant_costs.get(variant_costs.len() / 2).copied(),

@@ -398,6 +398,12 @@ impl Backend for WgpuBackend {
         self.inner.compiler.supports(&self.inner.ctx, node, inputs)
     }
 
+    /// On a GPU: its kernels leave the host's cores idle. Not on a
+    /// software adapter, whose kernels run on those cores.
+    fn compiles_ahead(&self) -> bool {
+        crate::platform::THREADS && !self.is_software()
+    }
+
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
         if !crate::codegen::dtype_supported(ty.dtype) {
             return Err(BackendError::Unsupported { backend: self.name(), op: "upload".into(), dtype: ty.dtype });

@@ -320,6 +320,16 @@ pub trait Backend: Send + Sync + 'static {
         self.compile(graph)
     }
 
+    /// Whether compiling on a thread of its own while kernels run costs
+    /// the running kernels nothing: true where they run on a device of
+    /// their own (a GPU), so the host's other cores are idle meanwhile;
+    /// false (the default) where they run on the host's cores (the CPU
+    /// backend, a software adapter). The default of compiling size
+    /// variants ahead of time (see `LAZULI_COMPILE_AHEAD`).
+    fn compiles_ahead(&self) -> bool {
+        false
+    }
+
     /// Writes what the backend caches across processes (a driver's
     /// pipeline cache, say) that is not written yet; called when a device
     /// on it is dropped, off the hot path. By default nothing.

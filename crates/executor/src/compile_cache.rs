@@ -47,6 +47,12 @@ impl CompileCache {
         self.plans.get(&hash).filter(|plan| plan.graph == *graph).cloned()
     }
 
+    /// Whether a plan for `graph` (of structural hash `hash`) is cached,
+    /// without counting as a use.
+    pub fn contains(&self, hash: u64, graph: &Graph) -> bool {
+        self.plans.peek(&hash).is_some_and(|plan| plan.graph == *graph)
+    }
+
     /// The plan of the last sync whose pending graphs had structure `key`.
     pub fn replay(&mut self, key: u64) -> Option<Arc<Plan>> {
         self.replays.get(&key).cloned()
@@ -67,6 +73,18 @@ impl CompileCache {
     pub fn insert(&mut self, plan: Arc<Plan>) {
         self.structures.put(plan.graph.shape_free_hash(), plan.clone());
         self.plans.put(plan.hash, plan);
+    }
+
+    /// Caches a plan compiled ahead of time (see [`crate::ahead`]): by
+    /// graph only, until a sync uses it ([`CompileCache::used_ahead`]);
+    /// a prediction no sync asked for never guides a size variant.
+    pub fn insert_ahead(&mut self, plan: Arc<Plan>) {
+        self.plans.put(plan.hash, plan);
+    }
+
+    /// A sync used `plan`, compiled ahead: it is now its structure's last.
+    pub fn used_ahead(&mut self, plan: &Arc<Plan>) {
+        self.structures.put(plan.graph.shape_free_hash(), plan.clone());
     }
 
     /// Number of plans cached by graph.

@@ -245,6 +245,13 @@ pub const VARS: &[Var] = &[
         "lazuli-executor (DeviceSettings::force_fallback)",
     ),
     var(
+        "LAZULI_COMPILE_AHEAD",
+        Kind::Flag,
+        "on where kernels run on a GPU",
+        "compile the next size of a structure whose sizes keep one step on a thread of its own",
+        "lazuli-executor (DeviceSettings::compile_ahead)",
+    ),
+    var(
         "LAZULI_DUMP_DIR",
         Kind::Path,
         "off",

@@ -61,6 +61,11 @@ pub struct DeviceSettings {
     /// Where every compiled graph and plan is written (`LAZULI_DUMP_DIR`;
     /// default nowhere).
     pub dump_dir: Option<PathBuf>,
+    /// Compile the next size of a structure whose sizes keep one step
+    /// ahead of time (`LAZULI_COMPILE_AHEAD`; default: where the main
+    /// backend says it pays, [`Backend::compiles_ahead`]; see
+    /// [`Device::set_compile_ahead`]).
+    pub compile_ahead: Option<bool>,
 }
 
 impl Default for DeviceSettings {
@@ -70,6 +75,7 @@ impl Default for DeviceSettings {
             compile_cache_size: NonZeroUsize::new(1024).expect("non-zero"),
             force_fallback: BTreeSet::new(),
             dump_dir: None,
+            compile_ahead: None,
         }
     }
 }
@@ -89,6 +95,7 @@ impl DeviceSettings {
             s.force_fallback = ops.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect();
         }
         s.dump_dir = config::path(lookup, "LAZULI_DUMP_DIR");
+        s.compile_ahead = config::flag(lookup, "LAZULI_COMPILE_AHEAD")?;
         Ok(s)
     }
 }
@@ -104,8 +111,11 @@ pub(crate) struct DeviceInner {
     /// Every registered tensor handle (this set changes on every op).
     pub live: Mutex<LiveSet>,
     /// Compiled plans by graph, by sync structure (trace replay) and by
-    /// shape-free structure (size variants).
-    cache: Mutex<CompileCache>,
+    /// shape-free structure (size variants); shared with the
+    /// compile-ahead thread.
+    cache: Arc<Mutex<CompileCache>>,
+    /// Size variants compiled ahead of time ([`crate::ahead`]).
+    ahead: crate::ahead::Ahead,
     tx: Option<Sender<Job>>,
     shared: Arc<Shared>,
     pub rng: Mutex<RngState>,
@@ -246,6 +256,8 @@ impl Device {
             }
         };
         crate::timeline::start_from_env(&lookup);
+        // Compiling ahead needs a thread of its own.
+        let ahead = platform::WORKER_THREAD && settings.compile_ahead.unwrap_or_else(|| main.compiles_ahead());
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
         shared.validate.store(settings.validate, Ordering::Relaxed);
@@ -263,7 +275,8 @@ impl Device {
             main,
             cpu,
             live: Mutex::new(LiveSet::default()),
-            cache: Mutex::new(CompileCache::new(settings.compile_cache_size)),
+            cache: Arc::new(Mutex::new(CompileCache::new(settings.compile_cache_size))),
+            ahead: crate::ahead::Ahead::new(ahead),
             tx: Some(tx),
             shared,
             rng: Mutex::new(RngState::default()),
@@ -301,6 +314,11 @@ impl Device {
                 source(validate != env.validate, "LAZULI_VALIDATE"),
             ),
             Setting::new("LAZULI_FORCE_FALLBACK", listed, source(force != env.force_fallback, "LAZULI_FORCE_FALLBACK")),
+            Setting::new(
+                "LAZULI_COMPILE_AHEAD",
+                if self.compiling_ahead() { "on" } else { "off" },
+                source(self.compiling_ahead() != self.0.ahead.initially(), "LAZULI_COMPILE_AHEAD"),
+            ),
         ]);
         report.apply(self.0.cpu.settings());
         report.apply(self.0.main.settings());
@@ -358,11 +376,35 @@ impl Device {
         self.0.main.bytes_in_use()
     }
 
+    /// Turns compiling size variants ahead of time on or off (see
+    /// `LAZULI_COMPILE_AHEAD`): where the sizes of a structure keep
+    /// one step (a growing context), the next size's plan is compiled on
+    /// a thread of its own while the current one runs. Off drops a
+    /// prediction not started yet. Where the platform has no threads,
+    /// it stays off.
+    pub fn set_compile_ahead(&self, on: bool) {
+        self.0.ahead.set(on && platform::WORKER_THREAD);
+    }
+
+    /// True while size variants are compiled ahead of time.
+    pub fn compiling_ahead(&self) -> bool {
+        self.0.ahead.is_on()
+    }
+
+    /// Size variants this device compiled ahead of time, as `(compiled,
+    /// used)`: plans compiled and cached, and of those the ones a sync
+    /// then used (the rest were predictions no sync asked for). Used
+    /// ones count as cache hits in [`Device::compile_counts`].
+    pub fn compiled_ahead(&self) -> (u64, u64) {
+        self.0.ahead.counts()
+    }
+
     /// Forces nodes of the named ops (e.g. "exp", "matmul") onto the CPU
     /// fallback, as `LAZULI_FORCE_FALLBACK=exp,matmul` does. Plans compiled
     /// before the call keep their partition, so the cache is cleared.
     pub fn set_force_fallback(&self, ops: &[&str]) {
         *self.0.force_fallback.write().unwrap_or_else(|e| e.into_inner()) = ops.iter().map(|s| s.to_string()).collect();
+        self.0.ahead.invalidate();
         self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
@@ -716,12 +758,18 @@ impl Device {
             return Err(ExecError::Config(e.clone()));
         }
         let hash = traced.graph.structural_hash();
-        {
-            let cached = self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash, &traced.graph);
-            if let Some(plan) = cached {
-                self.cache_hit();
-                return Ok(plan);
+        let lookup = || self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash, &traced.graph);
+        // A graph being compiled ahead is waited for, not compiled twice.
+        let cached = lookup().or_else(|| self.0.ahead.settle(hash).then(lookup).flatten());
+        if let Some(plan) = cached {
+            self.cache_hit();
+            if plan.lineage.unused_ahead.swap(false, Ordering::Relaxed) {
+                self.0.ahead.used();
+                self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).used_ahead(&plan);
+                self.dump(hash, traced, &plan);
+                self.foresee(&plan, true);
             }
+            return Ok(plan);
         }
         self.0.uncached.fetch_add(1, Ordering::Relaxed);
         let _span =
@@ -743,21 +791,40 @@ impl Device {
                 return Err(ExecError::Backend { context: context(), source });
             }
         }
-        let plan =
+        let mut plan =
             Plan::compile(traced.graph.clone(), self.0.main.as_ref(), self.0.cpu.as_ref(), &force, earlier.as_deref())
                 .map_err(|source| ExecError::Backend { context: context(), source })?;
         metrics::record_time("Compile", started.elapsed());
         if earlier.is_some() {
             metrics::record_time("SizeVariantCompile", started.elapsed());
         }
+        // A step of the sizes seen twice in a row predicts the next size.
+        plan.lineage.step = earlier.as_ref().and_then(|e| crate::ahead::step_between(&e.graph, &plan.graph));
+        let confirmed = plan.lineage.step.is_some() && earlier.is_some_and(|e| e.lineage.step == plan.lineage.step);
         let plan = Arc::new(plan);
+        self.dump(hash, traced, &plan);
+        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(plan.clone());
+        self.foresee(&plan, confirmed);
+        Ok(plan)
+    }
+
+    /// Asks for the size after `plan`'s to be compiled ahead of time,
+    /// where its step is `confirmed` (see [`crate::ahead`]).
+    fn foresee(&self, plan: &Arc<Plan>, confirmed: bool) {
+        if confirmed && self.0.ahead.is_on() {
+            let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
+            self.0.ahead.foresee(plan, confirmed, &self.0.cache, &self.0.main, &self.0.cpu, force);
+        }
+    }
+
+    /// Writes `plan`'s dump where `LAZULI_DUMP_DIR` asks for one (when it
+    /// is compiled, or first used where it was compiled ahead).
+    fn dump(&self, hash: u64, traced: &Traced, plan: &Plan) {
         if let Some(dir) = &self.0.dump_dir {
-            if let Err(e) = dump_plan(dir, hash, traced, &plan) {
+            if let Err(e) = dump_plan(dir, hash, traced, plan) {
                 tracing::warn!(dir = %dir.display(), error = %e, "LAZULI_DUMP_DIR: could not write the dump");
             }
         }
-        self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(plan.clone());
-        Ok(plan)
     }
 
     /// Counts a compile-cache hit.
@@ -847,6 +914,9 @@ impl fmt::Display for Device {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        // Nothing compiles ahead past the device (nor into the backends'
+        // persisted caches).
+        self.ahead.stop();
         self.tx.take();
         if let Some(w) = self.worker.take() {
             let _ = w.join();

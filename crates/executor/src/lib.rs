@@ -13,6 +13,7 @@
 //! [`Backend`]; only the executor decides when to sync; backends never see a
 //! lazy tensor.
 
+mod ahead;
 pub mod autocast;
 pub mod autograd;
 pub mod backend;

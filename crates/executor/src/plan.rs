@@ -99,6 +99,9 @@ pub(crate) struct Plan {
     /// Elements computed by one execution: the element counts of the
     /// optimized graph's op nodes, summed (saturating). A cost estimate.
     pub work: u64,
+    /// How it relates to the other sizes of its structure (set by whoever
+    /// compiled it, see [`crate::ahead`]).
+    pub lineage: crate::ahead::Lineage,
 }
 
 impl Plan {
@@ -258,6 +261,7 @@ impl Plan {
             outputs,
             fallback_ops,
             work,
+            lineage: Default::default(),
         })
     }
 
