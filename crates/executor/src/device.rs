@@ -305,6 +305,13 @@ impl Device {
         let source = |code: bool, name| Source::of(code, config::text(&lookup, name).is_some());
         let validate = self.validating();
         let force = self.force_fallback();
+        let ahead_by_code = self.compiling_ahead() != self.0.ahead.initially();
+        let ahead = match self.compiling_ahead() {
+            true => "on",
+            false if !platform::WORKER_THREAD => "off (no threads here)",
+            false if !ahead_by_code && env.compile_ahead.is_none() => "off (kernels run on the host's cores)",
+            false => "off",
+        };
         let listed =
             if force.is_empty() { "none".to_string() } else { force.iter().cloned().collect::<Vec<_>>().join(",") };
         report.apply([
@@ -314,11 +321,7 @@ impl Device {
                 source(validate != env.validate, "LAZULI_VALIDATE"),
             ),
             Setting::new("LAZULI_FORCE_FALLBACK", listed, source(force != env.force_fallback, "LAZULI_FORCE_FALLBACK")),
-            Setting::new(
-                "LAZULI_COMPILE_AHEAD",
-                if self.compiling_ahead() { "on" } else { "off" },
-                source(self.compiling_ahead() != self.0.ahead.initially(), "LAZULI_COMPILE_AHEAD"),
-            ),
+            Setting::new("LAZULI_COMPILE_AHEAD", ahead, source(ahead_by_code, "LAZULI_COMPILE_AHEAD")),
         ]);
         report.apply(self.0.cpu.settings());
         report.apply(self.0.main.settings());
