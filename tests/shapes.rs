@@ -223,7 +223,9 @@ fn greedy_generation_with_a_growing_context_matches_the_fixed_window() {
             // `passes::optimize_traced`), sibling kernels and multi-tensor
             // segments of one shape (`fusion::plan_sized_like`) all keep
             // the structure of the other lengths.
-            assert!(growing.plans >= 10, "{growing:?}");
+            // (Compiled on the steps' path or, where sizes are compiled
+            // ahead, on a thread of its own.)
+            assert!(growing.plans + growing.compiled_ahead >= 10, "{growing:?}");
             assert!(growing.plans_with_new_code <= 2, "{growing:?}");
             // At most two sets of kernels: the first length's static ones
             // and one generic set (some kernels keep their sizes and stay
