@@ -10,7 +10,11 @@
 //! case with the tiled matmul forced on every shape), so every form is
 //! fuzzed on any adapter. A third property runs each program at three
 //! base shapes, so graphs that differ only in sizes go through the
-//! kernels generic over sizes (size variants, widenings, reuse).
+//! kernels generic over sizes (size variants, widenings, reuse), and a
+//! fourth at four base shapes whose dims keep a step, on devices that
+//! compile sizes ahead (`Device::set_compile_ahead`), so later sizes run
+//! plans compiled on the compile-ahead thread (measured: about one per
+//! case).
 //!
 //! A program is a *choice sequence* (Hypothesis-style): a base shape, a
 //! data seed and a list of steps of four small numbers. An interpreter
@@ -796,7 +800,11 @@ fn devices() -> Option<&'static Devices> {
     DEVS.get_or_init(|| {
         let with = |forms: lazuli::KernelForms| {
             let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
-            Device::wgpu_with(opts).ok()
+            let dev = Device::wgpu_with(opts).ok()?;
+            // Sizes that keep a step are compiled ahead (see
+            // `stepped_program`), on any adapter.
+            dev.set_compile_ahead(true);
+            Some(dev)
         };
         common::wgpu()?;
         Some((
@@ -1004,6 +1012,26 @@ fn sized_program() -> impl Strategy<Value = (Program, [Vec<usize>; 2])> {
     })
 }
 
+/// A program to run at four base shapes whose dims keep one step each
+/// (`a`, `a + d`, `a + 2d`, `a + 3d`; a step may be 0), so that the
+/// graphs' sizes keep a step too where the program's view attributes
+/// follow the dims (the compile-ahead thread, see `lazuli_executor`'s
+/// `ahead`, then compiles the last one or two ahead).
+fn stepped_program() -> impl Strategy<Value = (Program, Vec<usize>)> {
+    let dim = || prop_oneof![Just(2usize), Just(3usize), Just(5usize), Just(8usize)];
+    let delta = || prop_oneof![Just(0usize), Just(1usize), Just(2usize), Just(3usize)];
+    let step = (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(op, a, b, c)| Step { op, a, b, c });
+    (1..=3usize).prop_flat_map(move |rank| {
+        (
+            prop::collection::vec(dim(), rank),
+            prop::collection::vec(delta(), rank),
+            any::<u64>(),
+            prop::collection::vec(step.clone(), 10..=40),
+        )
+            .prop_map(|(dims, deltas, seed, steps)| (Program { dims, seed, steps }, deltas))
+    })
+}
+
 fn cases() -> u32 {
     std::env::var("LAZULI_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(500)
 }
@@ -1143,6 +1171,20 @@ proptest! {
     fn random_graphs_at_several_sizes_match_the_cpu_reference((p, others) in sized_program()) {
         let [b, c] = others;
         for dims in [p.dims.clone(), b, c] {
+            let sized = Program { dims: dims.clone(), ..p.clone() };
+            if let Err(e) = run(&sized) {
+                prop_assert!(false, "at base shape {dims:?}: {}", e);
+            }
+        }
+    }
+
+    /// Sizes compiled ahead: the same program at four base shapes whose
+    /// dims keep a step, so the third and fourth may run plans compiled
+    /// on the compile-ahead thread; every size matches the CPU reference.
+    #[test]
+    fn random_graphs_at_stepped_sizes_match_the_cpu_reference((p, deltas) in stepped_program()) {
+        for k in 0..4 {
+            let dims: Vec<usize> = p.dims.iter().zip(&deltas).map(|(a, d)| a + k * d).collect();
             let sized = Program { dims: dims.clone(), ..p.clone() };
             if let Err(e) = run(&sized) {
                 prop_assert!(false, "at base shape {dims:?}: {}", e);
