@@ -80,7 +80,10 @@ fn check_within_compiles(events: &[Value], phases: &[&str]) {
         let ts = e["ts"].as_f64().unwrap();
         (e["tid"].as_u64().unwrap(), ts, ts + e["dur"].as_f64().unwrap())
     };
-    let compiles: Vec<_> = events.iter().filter(|e| e["name"] == "Compile").map(interval).collect();
+    // A size compiled ahead runs its phases inside `AheadCompile`, on a
+    // thread of its own.
+    let compiles: Vec<_> =
+        events.iter().filter(|e| e["name"] == "Compile" || e["name"] == "AheadCompile").map(interval).collect();
     for e in events.iter().filter(|e| phases.contains(&e["name"].as_str().unwrap())) {
         let (tid, a, b) = interval(e);
         assert!(

@@ -354,17 +354,17 @@ fn compile_loop(state: &(Mutex<State>, Condvar), cache: &Mutex<CompileCache>, ma
         let hash = request.hash;
         let known = cache.lock().unwrap_or_else(|e| e.into_inner()).contains(hash, &request.graph);
         if !known {
-            let _span = crate::timeline::span("AheadCompile");
+            // (Its timer is its timeline span too.)
             let started = Instant::now();
             let Request { graph, earlier, step, force_fallback, epoch, .. } = request;
             // A panic in a compile must not leave a sync waiting forever.
             let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 Plan::compile(graph, main, cpu, &force_fallback, Some(&earlier))
             }));
+            metrics::record_time("AheadCompile", started.elapsed());
             match compiled {
                 Ok(Ok(mut plan)) => {
                     plan.lineage = Lineage { step: Some(step), unused_ahead: AtomicBool::new(true) };
-                    metrics::record_time("AheadCompile", started.elapsed());
                     let mut s = lock();
                     // Under the state lock: a clear bumps the epoch first.
                     if s.epoch == epoch && !s.stop {
