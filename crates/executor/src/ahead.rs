@@ -26,7 +26,9 @@
 //! a background compile, never a result. A sync that needs the very graph
 //! being compiled, or waiting to be, waits for it rather than compiling
 //! it twice. Clearing the cache (`Device::set_force_fallback`) drops a
-//! waiting prediction and discards one being compiled. A device's drop
+//! waiting prediction and discards one being compiled. A plan compiled
+//! ahead becomes its structure's last plan (what the next size variant
+//! compiles against) only once a sync uses it. A device's drop
 //! stops and joins the thread before the backends persist their caches.
 //!
 //! On by default where the main backend says background compiles pay
@@ -243,6 +245,8 @@ impl Ahead {
         self.on.store(on, Ordering::Relaxed);
         if !on {
             self.lock().waiting = None;
+            // A sync waiting for the dropped prediction compiles it itself.
+            self.state.1.notify_all();
         }
     }
 
@@ -250,21 +254,19 @@ impl Ahead {
         self.state.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Where `plan` (just compiled or first used) is a step on from its
-    /// predecessor, asks for the graph one more step on to be compiled
-    /// in the background, unless `cache` has it. `confirmed`: the step
-    /// was seen twice (a plan compiled on the path whose predecessor took
-    /// the same step, or a plan compiled ahead).
+    /// Asks for the graph one step on from `plan` (just compiled or first
+    /// used, its step seen twice: a plan compiled on the path whose
+    /// predecessor took the same step, or a plan compiled ahead) to be
+    /// compiled in the background, unless `cache` has it.
     pub fn foresee(
         &self,
         plan: &Arc<Plan>,
-        confirmed: bool,
         cache: &Arc<Mutex<CompileCache>>,
         main: &Arc<dyn Backend>,
         cpu: &Arc<dyn Backend>,
         force_fallback: BTreeSet<String>,
     ) {
-        let (true, true, Some(step)) = (self.is_on(), confirmed, plan.lineage.step.as_ref()) else { return };
+        let (true, Some(step)) = (self.is_on(), plan.lineage.step.as_ref()) else { return };
         let Some(graph) = predict(&plan.graph, step) else { return };
         let hash = graph.structural_hash();
         if cache.lock().unwrap_or_else(|e| e.into_inner()).contains(hash, &graph) {
@@ -318,6 +320,8 @@ impl Ahead {
         let mut state = self.lock();
         state.epoch += 1;
         state.waiting = None;
+        drop(state);
+        self.state.1.notify_all();
     }
 
     /// Stops the thread and joins it (a compile in progress finishes).

@@ -816,7 +816,7 @@ impl Device {
     fn foresee(&self, plan: &Arc<Plan>, confirmed: bool) {
         if confirmed && self.0.ahead.is_on() {
             let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
-            self.0.ahead.foresee(plan, confirmed, &self.0.cache, &self.0.main, &self.0.cpu, force);
+            self.0.ahead.foresee(plan, &self.0.cache, &self.0.main, &self.0.cpu, force);
         }
     }
 
