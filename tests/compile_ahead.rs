@@ -1,7 +1,8 @@
 //! Size variants compiled ahead of time (`LAZULI_COMPILE_AHEAD`,
 //! `Device::set_compile_ahead`): a structure whose sizes keep one step
 //! gets its next size compiled on a thread of its own, every result
-//! matches the CPU reference, a sequence without a steady step predicts
+//! matches the CPU reference (a growing `narrow`, and a decode loop whose
+//! key cache stays on the device), a sequence without a steady step predicts
 //! nothing, clearing the cache discards what was compiled ahead, and a
 //! device dropped while it compiles ahead drops cleanly.
 
@@ -52,6 +53,42 @@ fn a_growing_length_compiles_its_next_sizes_ahead() {
         assert_eq!(compiled, 3, "{name}: plans compiled on the path");
         assert_eq!(used, lengths.len() as u64 - 3, "{name}: plans compiled ahead and used");
         assert!(ahead >= used, "{name}: {ahead} compiled ahead, {used} used");
+    }
+}
+
+/// A decode loop with a key cache kept on the device: each step appends
+/// one row to the cache (the previous step's output), attends a query
+/// over it, and syncs the output and the new cache as one graph. Returns
+/// the outputs of every step.
+fn decode(d: &Device, steps: usize) -> Vec<Vec<f32>> {
+    let mut cache = Tensor::from_slice(&common::rand_vec(2 * 8, 5, -1.0, 1.0), [2, 8], d).unwrap();
+    let mut outs = Vec::new();
+    for s in 0..steps {
+        let row = Tensor::from_slice(&common::rand_vec(8, 100 + s as u64, -1.0, 1.0), [1, 8], d).unwrap();
+        let q = Tensor::from_slice(&common::rand_vec(8, 200 + s as u64, -1.0, 1.0), [1, 8], d).unwrap();
+        let keys = Tensor::concat(&[&cache, &row], 0).unwrap();
+        let p = q.matmul(&keys.t().unwrap()).unwrap().softmax(-1).unwrap();
+        let out = p.matmul(&keys).unwrap();
+        lazuli::sync(&[&out, &keys]).unwrap();
+        outs.push(out.to_vec::<f32>().unwrap());
+        cache = keys;
+    }
+    outs
+}
+
+#[test]
+fn a_decode_loop_with_a_device_cache_compiles_ahead() {
+    let want = decode(&Device::cpu(), 16);
+    for (name, dev) in devices() {
+        dev.set_compile_ahead(true);
+        let got = decode(&dev, 16);
+        for (s, (got, want)) in got.iter().zip(&want).enumerate() {
+            common::assert_close(got, want, 1e-4, 1e-4, &format!("{name}, step {s}"));
+        }
+        // The first cache length on the path, then two size variants
+        // that confirm the step; the other 13 were compiled ahead.
+        assert_eq!(dev.compile_counts().0, 3, "{name}: plans compiled on the path");
+        assert_eq!(dev.compiled_ahead().1, 13, "{name}: plans compiled ahead and used");
     }
 }
 
