@@ -382,9 +382,9 @@ impl Device {
     /// Turns compiling size variants ahead of time on or off (see
     /// `LAZULI_COMPILE_AHEAD`): where the sizes of a structure keep
     /// one step (a growing context), the next size's plan is compiled on
-    /// a thread of its own while the current one runs. Off drops a
-    /// prediction not started yet. Where the platform has no threads,
-    /// it stays off.
+    /// a thread of its own while the current one runs (steps count from
+    /// the sizes compiled while it is on). Off drops a prediction not
+    /// started yet. Where the platform has no threads, it stays off.
     pub fn set_compile_ahead(&self, on: bool) {
         self.0.ahead.set(on && platform::WORKER_THREAD);
     }
@@ -801,8 +801,11 @@ impl Device {
         if earlier.is_some() {
             metrics::record_time("SizeVariantCompile", started.elapsed());
         }
-        // A step of the sizes seen twice in a row predicts the next size.
-        plan.lineage.step = earlier.as_ref().and_then(|e| crate::ahead::step_between(&e.graph, &plan.graph));
+        // A step of the sizes seen twice in a row predicts the next size
+        // (looked for only while sizes are compiled ahead).
+        if self.0.ahead.is_on() {
+            plan.lineage.step = earlier.as_ref().and_then(|e| crate::ahead::step_between(&e.graph, &plan.graph));
+        }
         let confirmed = plan.lineage.step.is_some() && earlier.is_some_and(|e| e.lineage.step == plan.lineage.step);
         let plan = Arc::new(plan);
         self.dump(hash, traced, &plan);
