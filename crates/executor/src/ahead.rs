@@ -12,21 +12,23 @@
 //! the earlier graph with the later one's free sizes gives the later
 //! graph exactly (so they differ in nothing else). When a size variant is
 //! the same step from its predecessor as that one was from its own, the
+//! sync queues a request and goes on; on the compile-ahead thread the
 //! graph one more step on is rebuilt (every node's type inferred again;
 //! a size that would turn negative, or an op that rejects the new sizes,
-//! predicts nothing) and compiled in the background with the current
-//! plan as its `CompileHints::earlier`, as the sync would have compiled
-//! it. A plan compiled ahead, when a sync first uses it, predicts the
+//! predicts nothing) and, unless the cache has it, compiled with the
+//! current plan as its `CompileHints::earlier`, as the sync would have
+//! compiled it. A plan compiled ahead, when a sync first uses it, predicts the
 //! next one the same way, so a sequence that keeps its step compiles on
 //! its own path only its first three sizes.
 //!
 //! Sound by construction: a plan compiled ahead is only ever found by a
 //! sync whose traced graph is equal to the predicted one (the compile
 //! cache checks graph equality on every hit), so a wrong prediction costs
-//! a background compile, never a result. A sync that needs the very graph
-//! being compiled, or waiting to be, waits for it rather than compiling
-//! it twice. Clearing the cache (`Device::set_force_fallback`) drops a
-//! waiting prediction and discards one being compiled. A plan compiled
+//! a background compile, never a result. A sync that misses the cache
+//! while a request is waiting or being rebuilt, or while its very graph
+//! is being compiled, waits for that rather than compiling it twice.
+//! Clearing the cache (`Device::set_force_fallback`) drops a waiting
+//! request and discards a plan being compiled. A plan compiled
 //! ahead becomes its structure's last plan (what the next size variant
 //! compiles against) only once a sync uses it. A device's drop
 //! stops and joins the thread before the backends persist their caches.
@@ -37,7 +39,7 @@
 //! `LAZULI_COMPILE_AHEAD` or [`crate::Device::set_compile_ahead`]
 //! decide otherwise. Counters: `AheadCompiles` (plans compiled ahead),
 //! `AheadHits` (of those, the ones a sync used), `AheadWaits` (syncs that
-//! waited for one); timer `AheadCompile`.
+//! waited and then found their plan); timer `AheadCompile`.
 
 use crate::backend::Backend;
 use crate::compile_cache::CompileCache;
@@ -168,10 +170,8 @@ pub(crate) fn predict(g: &Graph, step: &[i64]) -> Option<Graph> {
     with_free_sizes(g, &next?)
 }
 
-/// A graph to compile ahead.
+/// A plan whose next size is to be compiled ahead.
 struct Request {
-    hash: u64,
-    graph: Graph,
     /// The plan it is a step on from (`CompileHints::earlier`).
     earlier: Arc<Plan>,
     step: Vec<i64>,
@@ -182,8 +182,10 @@ struct Request {
 
 #[derive(Default)]
 struct State {
-    /// The next graph to compile (a newer prediction replaces it).
+    /// The next request (a newer one replaces it).
     waiting: Option<Request>,
+    /// The thread is rebuilding a request's graph.
+    predicting: bool,
     /// The hash of the graph being compiled.
     compiling: Option<u64>,
     /// Bumped when the compile cache is cleared: a plan compiled for an
@@ -194,6 +196,24 @@ struct State {
     compiled: u64,
 }
 
+/// What the compile-ahead thread works with: the device's cache and
+/// backends, and the state it shares with the syncs.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled whenever `waiting`, `predicting` or `compiling` changes
+    /// or the thread is to stop.
+    changed: Condvar,
+    cache: Arc<Mutex<CompileCache>>,
+    main: Arc<dyn Backend>,
+    cpu: Arc<dyn Backend>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The compile-ahead thread of a device (started at its first request).
 pub(crate) struct Ahead {
     on: AtomicBool,
@@ -201,18 +221,19 @@ pub(crate) struct Ahead {
     initially: bool,
     /// Plans compiled ahead that a sync used.
     used: std::sync::atomic::AtomicU64,
-    state: Arc<(Mutex<State>, Condvar)>,
+    shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Ahead {
-    /// A compile-ahead slot, on or off.
-    pub fn new(on: bool) -> Ahead {
+    /// Compiling ahead, on or off, into `cache` with the device's
+    /// backends.
+    pub fn new(on: bool, cache: Arc<Mutex<CompileCache>>, main: Arc<dyn Backend>, cpu: Arc<dyn Backend>) -> Ahead {
         Ahead {
             on: AtomicBool::new(on),
             initially: on,
             used: Default::default(),
-            state: Default::default(),
+            shared: Arc::new(Shared { state: Default::default(), changed: Condvar::new(), cache, main, cpu }),
             thread: Mutex::new(None),
         }
     }
@@ -226,7 +247,7 @@ impl Ahead {
 
     /// Plans compiled ahead and cached, and of those the ones a sync used.
     pub fn counts(&self) -> (u64, u64) {
-        (self.lock().compiled, self.used.load(Ordering::Relaxed))
+        (self.shared.lock().compiled, self.used.load(Ordering::Relaxed))
     }
 
     /// Whether predictions were compiled as the device was created.
@@ -239,150 +260,148 @@ impl Ahead {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Turns compiling ahead on or off (off drops a waiting prediction;
-    /// one being compiled finishes).
+    /// Turns compiling ahead on or off (off drops a waiting request; a
+    /// graph being compiled finishes).
     pub fn set(&self, on: bool) {
         self.on.store(on, Ordering::Relaxed);
         if !on {
-            self.lock().waiting = None;
-            // A sync waiting for the dropped prediction compiles it itself.
-            self.state.1.notify_all();
+            self.shared.lock().waiting = None;
+            // A sync waiting for the dropped request goes on.
+            self.shared.changed.notify_all();
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Asks for the graph one step on from `plan` (just compiled or first
     /// used, its step seen twice: a plan compiled on the path whose
     /// predecessor took the same step, or a plan compiled ahead) to be
-    /// compiled in the background, unless `cache` has it.
-    pub fn foresee(
-        &self,
-        plan: &Arc<Plan>,
-        cache: &Arc<Mutex<CompileCache>>,
-        main: &Arc<dyn Backend>,
-        cpu: &Arc<dyn Backend>,
-        force_fallback: BTreeSet<String>,
-    ) {
+    /// compiled in the background. The thread rebuilds that graph and
+    /// skips it where the cache has it: nothing but the request is done
+    /// on the syncing thread.
+    pub fn foresee(&self, plan: &Arc<Plan>, force_fallback: BTreeSet<String>) {
         let (true, Some(step)) = (self.is_on(), plan.lineage.step.as_ref()) else { return };
-        let Some(graph) = predict(&plan.graph, step) else { return };
-        let hash = graph.structural_hash();
-        if cache.lock().unwrap_or_else(|e| e.into_inner()).contains(hash, &graph) {
-            return;
+        {
+            let mut state = self.shared.lock();
+            if state.stop {
+                return;
+            }
+            let epoch = state.epoch;
+            state.waiting = Some(Request { earlier: plan.clone(), step: step.clone(), force_fallback, epoch });
         }
-        let mut state = self.lock();
-        if state.stop || state.compiling == Some(hash) {
-            return;
-        }
-        let epoch = state.epoch;
-        state.waiting = Some(Request { hash, graph, earlier: plan.clone(), step: step.clone(), force_fallback, epoch });
-        drop(state);
-        self.state.1.notify_all();
+        self.shared.changed.notify_all();
         let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         if thread.is_none() {
-            let (state, cache, main, cpu) = (self.state.clone(), cache.clone(), main.clone(), cpu.clone());
-            match std::thread::Builder::new()
-                .name("lazuli-ahead".into())
-                .spawn(move || compile_loop(&state, &cache, main.as_ref(), cpu.as_ref()))
-            {
+            let shared = self.shared.clone();
+            match std::thread::Builder::new().name("lazuli-ahead".into()).spawn(move || compile_loop(&shared)) {
                 Ok(handle) => *thread = Some(handle),
                 Err(e) => {
                     tracing::warn!("could not start the compile-ahead thread: {e}; sizes compile on the path");
                     self.on.store(false, Ordering::Relaxed);
-                    self.lock().waiting = None;
+                    self.shared.lock().waiting = None;
                 }
             }
         }
     }
 
-    /// Before a sync compiles graph `hash` itself: where that graph is
-    /// waiting to be compiled ahead or being compiled, waits until it is
-    /// done (it is then in the cache, unless its compile failed) and
-    /// returns true.
+    /// Before a sync compiles graph `hash` itself: while a request is
+    /// waiting or being rebuilt (its graph may be this one), or this
+    /// graph is being compiled ahead, waits. Returns whether it waited
+    /// (the graph may then be in the cache).
     pub fn settle(&self, hash: u64) -> bool {
-        let mut state = self.lock();
-        let pending = |s: &State| s.compiling == Some(hash) || s.waiting.as_ref().is_some_and(|r| r.hash == hash);
+        let mut state = self.shared.lock();
+        let pending = |s: &State| s.waiting.is_some() || s.predicting || s.compiling == Some(hash);
         if !pending(&state) {
             return false;
         }
-        metrics::inc("AheadWaits", 1);
         while pending(&state) && !state.stop {
-            state = self.state.1.wait(state).unwrap_or_else(|e| e.into_inner());
+            state = self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         true
     }
 
-    /// The compile cache is being cleared: drops the waiting prediction
-    /// and discards the plan being compiled. Call before clearing.
+    /// The compile cache is being cleared: drops the waiting request and
+    /// discards the plan being compiled. Call before clearing.
     pub fn invalidate(&self) {
-        let mut state = self.lock();
+        let mut state = self.shared.lock();
         state.epoch += 1;
         state.waiting = None;
         drop(state);
-        self.state.1.notify_all();
+        self.shared.changed.notify_all();
     }
 
     /// Stops the thread and joins it (a compile in progress finishes).
     pub fn stop(&self) {
         {
-            let mut state = self.lock();
+            let mut state = self.shared.lock();
             state.stop = true;
             state.waiting = None;
         }
-        self.state.1.notify_all();
+        self.shared.changed.notify_all();
         if let Some(handle) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = handle.join();
         }
     }
 }
 
-/// The compile-ahead thread: compiles each request and caches its plan.
-fn compile_loop(state: &(Mutex<State>, Condvar), cache: &Mutex<CompileCache>, main: &dyn Backend, cpu: &dyn Backend) {
-    let lock = || state.0.lock().unwrap_or_else(|e| e.into_inner());
+/// The compile-ahead thread: rebuilds each request's graph one step on
+/// and, where the cache lacks it, compiles it and caches its plan.
+fn compile_loop(shared: &Shared) {
     loop {
         let request = {
-            let mut s = lock();
+            let mut s = shared.lock();
             loop {
                 if s.stop {
                     return;
                 }
                 if let Some(r) = s.waiting.take() {
-                    s.compiling = Some(r.hash);
+                    s.predicting = true;
                     break r;
                 }
-                s = state.1.wait(s).unwrap_or_else(|e| e.into_inner());
+                s = shared.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let hash = request.hash;
-        let known = cache.lock().unwrap_or_else(|e| e.into_inner()).contains(hash, &request.graph);
-        if !known {
-            // (Its timer is its timeline span too.)
-            let started = Instant::now();
-            let Request { graph, earlier, step, force_fallback, epoch, .. } = request;
-            // A panic in a compile must not leave a sync waiting forever.
-            let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                Plan::compile(graph, main, cpu, &force_fallback, Some(&earlier))
-            }));
-            metrics::record_time("AheadCompile", started.elapsed());
-            match compiled {
-                Ok(Ok(mut plan)) => {
-                    plan.lineage = Lineage { step: Some(step), unused_ahead: AtomicBool::new(true) };
-                    let mut s = lock();
-                    // Under the state lock: a clear bumps the epoch first.
-                    if s.epoch == epoch && !s.stop {
-                        cache.lock().unwrap_or_else(|e| e.into_inner()).insert_ahead(Arc::new(plan));
-                        s.compiled += 1;
-                        metrics::inc("AheadCompiles", 1);
-                    }
-                }
-                Ok(Err(e)) => tracing::debug!(hash = format_args!("{hash:016x}"), "compiling ahead failed: {e}"),
-                Err(_) => tracing::warn!(hash = format_args!("{hash:016x}"), "compiling ahead panicked"),
+        // A panic here must not leave a sync waiting forever: the state
+        // is reset whatever happens.
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compile_one(shared, request)));
+        if done.is_err() {
+            tracing::warn!("compiling ahead panicked");
+        }
+        let mut s = shared.lock();
+        s.predicting = false;
+        s.compiling = None;
+        drop(s);
+        shared.changed.notify_all();
+    }
+}
+
+/// One request: its graph one step on, compiled and cached unless the
+/// cache has it.
+fn compile_one(shared: &Shared, request: Request) {
+    let Request { earlier, step, force_fallback, epoch } = request;
+    let predicted = predict(&earlier.graph, &step).map(|g| (g.structural_hash(), g));
+    let known = |hash, g: &Graph| shared.cache.lock().unwrap_or_else(|e| e.into_inner()).contains(hash, g);
+    let Some((hash, graph)) = predicted.filter(|(hash, g)| !known(*hash, g)) else { return };
+    {
+        let mut s = shared.lock();
+        s.predicting = false;
+        s.compiling = Some(hash);
+    }
+    shared.changed.notify_all();
+    // (Its timer is its timeline span too.)
+    let started = Instant::now();
+    let compiled = Plan::compile(graph, shared.main.as_ref(), shared.cpu.as_ref(), &force_fallback, Some(&earlier));
+    metrics::record_time("AheadCompile", started.elapsed());
+    match compiled {
+        Ok(mut plan) => {
+            plan.lineage = Lineage { step: Some(step), unused_ahead: AtomicBool::new(true) };
+            let mut s = shared.lock();
+            // Under the state lock: a clear bumps the epoch first.
+            if s.epoch == epoch && !s.stop {
+                shared.cache.lock().unwrap_or_else(|e| e.into_inner()).insert_ahead(Arc::new(plan));
+                s.compiled += 1;
+                metrics::inc("AheadCompiles", 1);
             }
         }
-        lock().compiling = None;
-        state.1.notify_all();
+        Err(e) => tracing::debug!(hash = format_args!("{hash:016x}"), "compiling ahead failed: {e}"),
     }
 }
 

@@ -257,7 +257,9 @@ impl Device {
         };
         crate::timeline::start_from_env(&lookup);
         // Compiling ahead needs a thread of its own.
-        let ahead = platform::WORKER_THREAD && settings.compile_ahead.unwrap_or_else(|| main.compiles_ahead());
+        let on = platform::WORKER_THREAD && settings.compile_ahead.unwrap_or_else(|| main.compiles_ahead());
+        let cache = Arc::new(Mutex::new(CompileCache::new(settings.compile_cache_size)));
+        let ahead = crate::ahead::Ahead::new(on, cache.clone(), main.clone(), cpu.clone());
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
         shared.validate.store(settings.validate, Ordering::Relaxed);
@@ -275,8 +277,8 @@ impl Device {
             main,
             cpu,
             live: Mutex::new(LiveSet::default()),
-            cache: Arc::new(Mutex::new(CompileCache::new(settings.compile_cache_size))),
-            ahead: crate::ahead::Ahead::new(ahead),
+            cache,
+            ahead,
             tx: Some(tx),
             shared,
             rng: Mutex::new(RngState::default()),
@@ -763,7 +765,13 @@ impl Device {
         let hash = traced.graph.structural_hash();
         let lookup = || self.0.cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash, &traced.graph);
         // A graph being compiled ahead is waited for, not compiled twice.
-        let cached = lookup().or_else(|| self.0.ahead.settle(hash).then(lookup).flatten());
+        let cached = lookup().or_else(|| {
+            let waited = self.0.ahead.settle(hash).then(lookup).flatten();
+            if waited.is_some() {
+                metrics::inc("AheadWaits", 1);
+            }
+            waited
+        });
         if let Some(plan) = cached {
             self.cache_hit();
             if plan.lineage.unused_ahead.swap(false, Ordering::Relaxed) {
@@ -819,7 +827,7 @@ impl Device {
     fn foresee(&self, plan: &Arc<Plan>, confirmed: bool) {
         if confirmed && self.0.ahead.is_on() {
             let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
-            self.0.ahead.foresee(plan, &self.0.cache, &self.0.main, &self.0.cpu, force);
+            self.0.ahead.foresee(plan, force);
         }
     }
 
