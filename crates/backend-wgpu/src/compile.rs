@@ -221,11 +221,7 @@ impl Compiler {
                 untuned.push(*i);
             }
             let lowered = self.finish(ctx, k, graph, name.clone(), wgsl)?;
-            // The kernel, then its first pass (the order `assemble` takes).
-            let mut prepared = vec![Prepared::fixed(lowered.name.clone(), &lowered.wgsl)];
-            if let Some(pre) = lowered.wgsl.pre.as_deref() {
-                prepared.push(Prepared::fixed(format!("{}_pass1", lowered.name), pre));
-            }
+            let prepared: Vec<Prepared> = lowered.passes().map(|(name, w, _)| Prepared::fixed(name, w)).collect();
             let members = vec![None; prepared.len()].into_iter();
             let built = self.assemble(ctx, vec![lowered], prepared, members, false)?;
             compiled.extend(built.into_iter().map(|kernel| (*i, kernel)));
@@ -344,10 +340,9 @@ impl Compiler {
     ) -> (Vec<Prepared>, std::vec::IntoIter<Option<Arc<Member>>>) {
         let mut prepared = Vec::new();
         let mut members = Vec::new();
-        for (i, Lowered { name, wgsl, .. }) in lowered.iter().enumerate() {
+        for (i, kernel) in lowered.iter().enumerate() {
             let earlier = like.and_then(|l| l.get(i));
-            let pre = wgsl.pre.as_deref().map(|p| (format!("{name}_pass1"), p, 1));
-            for (name, w, pass) in std::iter::once((name.clone(), wgsl, 0)).chain(pre) {
+            for (name, w, pass) in kernel.passes() {
                 let like = earlier.and_then(|e| {
                     let was = if pass == 0 { Some(&e.wgsl) } else { e.wgsl.pre.as_deref() };
                     Some((e.members[pass].as_deref()?, was?.source.as_str()))
@@ -586,6 +581,16 @@ pub(crate) struct Lowered {
     pre_cost: Option<LaunchCost>,
     /// The cost of the kernel proper.
     cost: LaunchCost,
+}
+
+impl Lowered {
+    /// What gets a pipeline, in the order [`Compiler::assemble`] takes:
+    /// the kernel (pass 0), then its first pass where it has one (pass 1,
+    /// named `<kernel>_pass1`).
+    fn passes(&self) -> impl Iterator<Item = (String, &Wgsl, usize)> {
+        let pre = self.wgsl.pre.as_deref().map(|p| (format!("{}_pass1", self.name), p, 1));
+        std::iter::once((self.name.clone(), &self.wgsl, 0)).chain(pre)
+    }
 }
 
 /// A kernel of a compiled plan.
