@@ -94,13 +94,16 @@ pub struct GenReport {
     pub pipelines: u64,
     /// Kernels run through a generic pipeline with their own sizes.
     pub generic_reuse: u64,
+    /// Kernels a size variant kept from the plan of its structure before
+    /// it, as compiled, lowering nothing for them (`KernelsKept`).
+    pub kept: u64,
 }
 
 impl GenReport {
     /// One JSON object: the device, the window and every measure.
     pub fn to_json(&self, device: &str) -> String {
         format!(
-            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"steady_late_step_ms\": {}, \"specialized_kernels\": {}, \"plans_compiled\": {}, \"plans_compiled_ahead\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}}}",
+            "{{\"device\": {device:?}, \"window\": \"{:?}\", \"tokens\": {}, \"total_ms\": {:.1}, \"first_step_ms\": {:.1}, \"steady_step_ms\": {}, \"steady_late_step_ms\": {}, \"specialized_kernels\": {}, \"plans_compiled\": {}, \"plans_compiled_ahead\": {}, \"structures_compiled\": {}, \"size_variant_compile_ms\": {:.1}, \"size_variant_median_ms\": {}, \"plans_with_new_code\": {}, \"pipelines_created\": {}, \"generic_kernel_reuse\": {}, \"kernels_kept\": {}}}",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
@@ -115,14 +118,15 @@ impl GenReport {
             self.variant_median.map_or("null".to_string(), |d| format!("{:.3}", d.as_secs_f64() * 1e3)),
             self.plans_with_new_code,
             self.pipelines,
-            self.generic_reuse
+            self.generic_reuse,
+            self.kept
         )
     }
 
     /// One line of text with the same measures.
     pub fn summary(&self, device: &str) -> String {
         format!(
-            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}, {} in the second half, {} kernels specialized); {} plans compiled on the path and {} ahead ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines",
+            "{:?} window on {device}: {} tokens in {:.1} ms (first step {:.1} ms, steady step {}, {} in the second half, {} kernels specialized); {} plans compiled on the path and {} ahead ({} structures, size variants {:.1} ms of host time, {} each at the median once their kernels are generic), {} with new kernel code, {} pipelines created, {} kernels reused generic pipelines, {} kept as compiled",
             self.window,
             self.tokens.len(),
             self.total.as_secs_f64() * 1e3,
@@ -137,7 +141,8 @@ impl GenReport {
             self.variant_median.map_or("-".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3)),
             self.plans_with_new_code,
             self.pipelines,
-            self.generic_reuse
+            self.generic_reuse,
+            self.kept
         )
     }
 }
@@ -284,6 +289,7 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
     };
     let specialized0 = metrics::counter("SpecializedKernels");
     let ahead0 = metrics::counter("AheadHits");
+    let kept0 = metrics::counter("KernelsKept");
     let (structures0, variants0, pipes0, reuse0, variant_ms0) = counters();
     let mut plans_with_new_code = 0;
     let started = Instant::now();
@@ -335,5 +341,6 @@ pub fn run(cfg: GenConfig, window: Window, device: &Device) -> Result<GenReport>
         plans_with_new_code,
         pipelines: pipes - pipes0,
         generic_reuse: reuse - reuse0,
+        kept: metrics::counter("KernelsKept") - kept0,
     })
 }

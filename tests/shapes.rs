@@ -158,6 +158,9 @@ fn a_recurring_size_gets_static_kernels_in_the_background() {
 /// cancels and joins that compile: the drop returns, nothing outlives it.
 #[test]
 fn dropping_a_device_stops_its_background_compiles() {
+    // It compiles size variants: the counters other tests read must not
+    // see them.
+    let _g = common::metrics_lock();
     if common::wgpu().is_none() {
         return;
     }
@@ -284,11 +287,14 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
             let mut plans = Vec::new();
             // Of those, size variants of a structure compiled before.
             let mut variants = 0;
+            // Kernels the size variants kept from the full batch's plan.
+            let mut kept = 0;
             for _epoch in 0..3 {
                 let mut epoch = Vec::new();
                 for &(start, len) in &batches {
                     let before = common::plans_compiled();
                     let variants_before = metrics::counter("SizeVariantCompile");
+                    let kept_before = metrics::counter("KernelsKept");
                     // Each batch is uploaded from the host, as a data loader does.
                     let xb = Tensor::from_slice(&xdata[start * 8..(start + len) * 8], [len, 8], d).unwrap();
                     let yb = Tensor::from_slice(&labels[start..start + len], [len], d).unwrap();
@@ -301,6 +307,7 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
                     losses.push(loss.to_vec::<f32>().unwrap()[0]);
                     epoch.push(common::plans_compiled() - before);
                     variants += metrics::counter("SizeVariantCompile") - variants_before;
+                    kept += metrics::counter("KernelsKept") - kept_before;
                 }
                 plans.push(epoch);
             }
@@ -313,10 +320,10 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
                 evals.push(mlp(&p, &xb).unwrap().softmax(-1).unwrap().to_vec::<f32>().unwrap());
                 pipelines.push(metrics::counter("PipelinesCreated") - before);
             }
-            (losses, plans, variants, evals, pipelines)
+            (losses, plans, variants, kept, evals, pipelines)
         };
-        let (want_losses, _, _, want_evals, _) = run(&cpu);
-        let (losses, plans, variants, evals, pipelines) = run(&dev);
+        let (want_losses, _, _, _, want_evals, _) = run(&cpu);
+        let (losses, plans, variants, kept, evals, pipelines) = run(&dev);
         common::assert_close(&losses, &want_losses, 1e-4, 1e-4, &format!("losses, {profile}"));
         for (got, want) in evals.iter().zip(&want_evals) {
             common::assert_close(got, want, 1e-4, 1e-4, &format!("evaluation, {profile}"));
@@ -329,10 +336,53 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
         // ... a size variant of the full batch's structure, not a new one.
         assert_eq!(variants, 1, "{profile}: size variants compiled");
         assert!(plans[1..].iter().flatten().all(|&n| n == 0), "{profile}: plans per step {plans:?}");
+        // Measured: the partial batch keeps one kernel of the full batch's
+        // plan as compiled (one that only the parameters' sizes reach).
+        assert!(kept >= 1, "{profile}: kernels kept by the partial batch: {kept}");
         // Measured on lavapipe, both profiles: 3, 3, then 0 pipelines: the
         // first size compiles static kernels, the second generic ones, and
         // no later size compiles.
         assert!(pipelines[2..].iter().all(|&n| n == 0), "{profile}: pipelines per evaluation size {pipelines:?}");
+    }
+}
+
+/// A size variant keeps, as compiled, each kernel whose nodes are exactly
+/// those of the plan before it (`KernelsKept`), and lowers every kernel
+/// that differs in anything: a kernel whose shapes all stay but whose
+/// slice starts elsewhere is lowered again, and every result matches the
+/// CPU.
+#[test]
+fn a_size_variant_keeps_only_the_kernels_it_does_not_change() {
+    let _g = common::metrics_lock();
+    let cpu = Device::cpu();
+    let wdata = common::rand_vec(64, 3, -1.0, 1.0);
+    let step = |x: &[f32], start: usize, d: &Device| {
+        let w = Tensor::from_slice(&wdata, [8usize, 8], d).unwrap();
+        let x = Tensor::from_slice(x, [x.len() / 8, 8], d).unwrap();
+        // Rows vary with the batch; the window's start moves (its shape
+        // stays); the parameter's column sums change nothing.
+        let outs = [x.sum(&[-1], false), w.narrow(0, start, 4).and_then(|v| v.exp()), w.sum(&[0], false)];
+        let outs: Vec<Tensor> = outs.into_iter().collect::<lazuli::Result<_>>().unwrap();
+        // One graph: the three outputs in one sync.
+        lazuli::sync(&outs.iter().collect::<Vec<_>>()).unwrap();
+        outs.iter().map(|t| t.to_vec::<f32>().unwrap()).collect::<Vec<_>>()
+    };
+    for (profile, dev) in common::wgpu_profiles() {
+        let (mut variants, mut kept) = (0, 0);
+        for (rows, start) in [(5usize, 1usize), (9, 3), (6, 2)] {
+            let x = common::rand_vec(rows * 8, rows as u64, -1.0, 1.0);
+            let counts = || (metrics::counter("SizeVariantCompile"), metrics::counter("KernelsKept"));
+            let before = counts();
+            let got = step(&x, start, &dev);
+            variants += counts().0 - before.0;
+            kept += counts().1 - before.1;
+            for (i, (got, want)) in got.iter().zip(&step(&x, start, &cpu)).enumerate() {
+                common::assert_close(got, want, 1e-5, 1e-5, &format!("output {i}, rows {rows}, {profile}"));
+            }
+        }
+        assert_eq!(variants, 2, "{profile}: size variants");
+        // Only the column sums of the parameter, in each of the two variants.
+        assert_eq!(kept, 2, "{profile}: kernels kept");
     }
 }
 

@@ -6,7 +6,9 @@
 //! family has seen other sizes ([`crate::generic`]), and given a pipeline
 //! ([`crate::pipeline`]). A plan with generic kernels whose sizes recur
 //! gets static ones later, compiled off the step's path
-//! (`Compiler::compile_static`, see [`crate::tier`]). Each phase is
+//! (`Compiler::compile_static`, see [`crate::tier`]). A size variant
+//! keeps the earlier executable's kernels whose nodes it did not change
+//! (`WgpuExecutable::unchanged`). Each phase is
 //! timed (`CompileFusion`, `CompileLower`, `CompileGeneric`,
 //! `CompileBuild`). The compile-side caches (pipelines, the
 //! autotuner's winners, size families) live here, apart from the device
@@ -107,7 +109,18 @@ impl Compiler {
             }),
             None => Vec::new(),
         };
+        // Kernels over nodes exactly as the earlier executable had them
+        // keep its compiled kernels.
+        let earlier_kernels = earlier.map(WgpuExecutable::current_kernels);
+        let mut kept: Vec<Option<CompiledKernel>> = match (earlier, &earlier_kernels) {
+            (Some(earlier), Some(kernels)) => {
+                plan.kernels.iter().enumerate().map(|(i, k)| earlier.unchanged(i, k, graph, kernels)).collect()
+            }
+            _ => Vec::new(),
+        };
         let mut lowered = Vec::with_capacity(plan.kernels.len());
+        // Per kernel lowered, its index in the plan.
+        let mut lowered_at = Vec::with_capacity(plan.kernels.len());
         let mut untuned = Vec::new();
         for (i, k) in plan.kernels.iter().enumerate() {
             let name = format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name());
@@ -133,6 +146,11 @@ impl Compiler {
                     }
                 }
             };
+            if let Some(Some(kernel)) = kept.get(i) {
+                self.check_kept(ctx, k, graph, kernel);
+                metrics::inc("KernelsKept", 1);
+                continue;
+            }
             let wgsl = match (fixed, lowered_varying) {
                 (Some(_), Some(w)) => w,
                 // Tuning a form per size would defeat sharing it.
@@ -150,17 +168,27 @@ impl Compiler {
             };
             metrics::inc("KernelsLowered", 1);
             lowered.push(self.finish(ctx, k, graph, name, wgsl)?);
+            lowered_at.push(i);
         }
         metrics::record_time("CompileLower", lowering.elapsed());
         // A size variant's kernels read their sizes against the earlier
         // variant's (see `Families::specialize`).
-        let like = earlier.filter(|_| generic).map(WgpuExecutable::current_kernels);
+        let like: Vec<Option<&CompiledKernel>> = match earlier_kernels.as_deref() {
+            Some(kernels) if generic => lowered_at.iter().map(|&i| kernels.get(i)).collect(),
+            _ => Vec::new(),
+        };
         let specializing = Instant::now();
-        let (prepared, members) = self.prepare(&lowered, like.as_deref());
+        let (prepared, members) = self.prepare(&lowered, &like);
         metrics::record_time("CompileGeneric", specializing.elapsed());
         let building = Instant::now();
-        let kernels = self.assemble(ctx, lowered, prepared, members, true)?;
+        let mut built = self.assemble(ctx, lowered, prepared, members, true)?.into_iter();
         metrics::record_time("CompileBuild", building.elapsed());
+        let kernels = (0..plan.kernels.len())
+            .map(|i| match kept.get_mut(i).and_then(Option::take) {
+                Some(kernel) => kernel,
+                None => built.next().expect("one compiled kernel per kernel lowered"),
+            })
+            .collect();
         Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
     }
 
@@ -180,7 +208,7 @@ impl Compiler {
             .and_then(|won| match won {
                 Some((form, wgsl)) if form != codegen::matmul::resolve_form(k, graph, &self.lower) => {
                     let kernel = self.finish(ctx, k, graph, name.clone(), wgsl)?;
-                    Ok(self.build(ctx, vec![kernel], None)?.pop())
+                    Ok(self.build(ctx, vec![kernel], &[])?.pop())
                 }
                 _ => Ok(None),
             });
@@ -271,15 +299,34 @@ impl Compiler {
         Ok(Lowered { name, wgsl, windows, pre_cost, cost })
     }
 
+    /// Debug builds: a kept kernel (see [`WgpuExecutable::unchanged`]) is
+    /// what lowering kernel `k` again would make, source for source.
+    fn check_kept(&self, ctx: &Context, k: &Kernel, graph: &VerifiedGraph, kept: &CompiledKernel) {
+        if cfg!(debug_assertions) {
+            let again = self
+                .lower_static(ctx, k, graph)
+                .and_then(|(wgsl, _)| self.finish(ctx, k, graph, kept.name.clone(), wgsl));
+            let again = again.unwrap_or_else(|e| panic!("kept kernel {} does not lower again: {e}", kept.name));
+            assert_eq!(again.wgsl.source, kept.wgsl.source, "kept kernel {} differs from its lowering", kept.name);
+            assert_eq!(
+                again.wgsl.pre.map(|p| p.source),
+                kept.wgsl.pre.as_ref().map(|p| p.source.clone()),
+                "kept kernel {}'s first pass differs from its lowering",
+                kept.name
+            );
+        }
+    }
+
     /// Compiled kernels for finished sources: generic over sizes where
     /// their families vary, with their pipelines and size bind groups.
-    /// `like`: the kernels of the same structure compiled at other sizes
-    /// (a size variant's predecessor), kernel for kernel.
+    /// `like`: per kernel of `lowered`, the same kernel of the structure
+    /// compiled at other sizes (a size variant's predecessor), if any;
+    /// empty where there is none.
     fn build(
         &self,
         ctx: &Context,
         lowered: Vec<Lowered>,
-        like: Option<&[CompiledKernel]>,
+        like: &[Option<&CompiledKernel>],
     ) -> Result<Vec<CompiledKernel>, BackendError> {
         let (prepared, members) = self.prepare(&lowered, like);
         self.assemble(ctx, lowered, prepared, members, true)
@@ -336,12 +383,12 @@ impl Compiler {
     fn prepare(
         &self,
         lowered: &[Lowered],
-        like: Option<&[CompiledKernel]>,
+        like: &[Option<&CompiledKernel>],
     ) -> (Vec<Prepared>, std::vec::IntoIter<Option<Arc<Member>>>) {
         let mut prepared = Vec::new();
         let mut members = Vec::new();
         for (i, kernel) in lowered.iter().enumerate() {
-            let earlier = like.and_then(|l| l.get(i));
+            let earlier = like.get(i).copied().flatten();
             for (name, w, pass) in kernel.passes() {
                 let like = earlier.and_then(|e| {
                     let was = if pass == 0 { Some(&e.wgsl) } else { e.wgsl.pre.as_deref() };
@@ -662,6 +709,34 @@ impl WgpuExecutable {
             tier: Arc::new(Mutex::new(tier)),
             outputs_read: Arc::new(crate::transfer::OutputsRead::new(graph.outputs.len())),
         }
+    }
+
+    /// Kernel `i` of a plan of `graph`, `k`, as this executable compiled
+    /// it (`kernels`: its kernels now), where nothing its lowering reads
+    /// differs: this executable's kernel `i` is `k`, over nodes equal in
+    /// op, attributes, type and operands (the graphs align node for node),
+    /// lowered in static forms, compiled static and not waiting for the
+    /// tuner. Lowering is a pure function of those nodes and the limits,
+    /// so the kernel is what lowering `k` statically again would make (or
+    /// the tuner's winner for it). A kernel in generic forms whose sizes
+    /// stayed is lowered again, static, as before. A size variant keeps
+    /// such kernels (the optimizer's update of a partial last batch, the
+    /// layers a change of sizes does not reach), lowering and looking up
+    /// nothing for them (`KernelsKept`).
+    fn unchanged(
+        &self,
+        i: usize,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        kernels: &[CompiledKernel],
+    ) -> Option<CompiledKernel> {
+        let kernel = kernels.get(i).filter(|kernel| !kernel.is_generic() && !kernel.wgsl.generic_form)?;
+        let same_nodes = || {
+            graph.len() == self.graph.len()
+                && k.inputs.iter().chain(&k.inline).chain(&k.outputs).all(|&id| graph.node(id) == self.graph.node(id))
+        };
+        let waiting = || self.untuned.lock().unwrap_or_else(|e| e.into_inner()).contains(&i);
+        (self.plan.kernels.get(i) == Some(k) && same_nodes() && !waiting()).then(|| kernel.clone())
     }
 
     /// The compiled kernels as they are now (an execution holds on to

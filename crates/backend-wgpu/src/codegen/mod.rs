@@ -211,6 +211,9 @@ pub struct Wgsl {
     /// matmul at fixed sizes (and split-K's first pass) sets it; a later
     /// rewrite (windows, size families, fault injection) clears it.
     pub trusted: bool,
+    /// Lowered in the forms of a kernel generic over sizes
+    /// ([`LowerLimits::generic`]), not those its sizes ask for.
+    pub generic_form: bool,
 }
 
 /// Why a kernel cannot be lowered.
@@ -303,6 +306,7 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     let mut wgsl = lower_in_registers(kernel, graph, limits)?;
     let mut pass = Some(&mut wgsl);
     while let Some(w) = pass {
+        w.generic_form = limits.generic;
         if crate::halves::uses_halves(&w.source) {
             w.source = crate::halves::rewrite_source(&w.source, limits.f16).map_err(|e| LowerError::Unsupported {
                 op: format!("{} ({e})", graph.node(kernel.root()).op.name()),
@@ -461,6 +465,7 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
         error_slot: w.error_slot,
         binds_inputs: false,
         trusted: w.trusted,
+        generic_form: false,
     };
     if let Some(sp) = split {
         return Ok(w.split_k_second_pass(kernel, sp, &input_decls, first));
@@ -492,6 +497,7 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
         error_slot: false,
         binds_inputs: false,
         trusted: false,
+        generic_form: false,
     })
 }
 
@@ -628,6 +634,7 @@ impl Writer<'_> {
             error_slot: false,
             binds_inputs: true,
             trusted: false,
+            generic_form: false,
         }
     }
 }

@@ -201,6 +201,7 @@ impl Writer<'_> {
             trusted: false,
             error_slot: false,
             binds_inputs: false,
+            generic_form: false,
         })
     }
 }
