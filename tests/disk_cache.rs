@@ -41,7 +41,7 @@ fn entries(d: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-fn second_device_validates_nothing_and_agrees() {
+fn second_device_parses_and_validates_nothing_and_agrees() {
     let _g = common::metrics_lock();
     let d = dir("second");
     let Some(first) = device(&d) else { return };
@@ -53,8 +53,10 @@ fn second_device_validates_nothing_and_agrees() {
     let second = device(&d).expect("a second device");
     let (n1, h1, b1) =
         (metrics::counter("NagaValidations"), metrics::counter("DiskCacheHit"), metrics::counter("DiskCacheBad"));
+    let read = metrics::counter("NagaModulesRead");
     let got = program(&second);
     assert_eq!(metrics::counter("NagaValidations") - n1, 0, "the second device validated a kernel again");
+    assert!(metrics::counter("NagaModulesRead") > read, "the second device parsed its kernels again");
     assert!(metrics::counter("DiskCacheHit") > h1, "the second device had no disk hits");
     assert_eq!(metrics::counter("DiskCacheBad") - b1, 0);
     assert_eq!(got, want, "same kernels, same results");

@@ -1,7 +1,8 @@
 //! Computes `LAZULI_BUILD_ID`, a hash of the sources that decide what the
-//! backend generates (this crate's and `lazuli-ir`'s), so the persistent
-//! kernel cache of one build is never read by another (see
-//! `src/diskcache.rs`).
+//! backend generates (this crate's and `lazuli-ir`'s) and of the
+//! workspace manifest (which pins naga, whose IR the cache stores), so
+//! the persistent kernel cache of one build is never read by another
+//! (see `src/diskcache.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +20,13 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn main() {
     let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
-    let dirs = [root.join("src"), root.join("../ir/src"), root.join("Cargo.toml"), root.join("../ir/Cargo.toml")];
+    let dirs = [
+        root.join("src"),
+        root.join("../ir/src"),
+        root.join("Cargo.toml"),
+        root.join("../ir/Cargo.toml"),
+        root.join("../../Cargo.toml"),
+    ];
     let mut all = Vec::new();
     for d in &dirs {
         println!("cargo:rerun-if-changed={}", d.display());

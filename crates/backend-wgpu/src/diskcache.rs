@@ -3,8 +3,11 @@
 //! ([`crate::autotune::cache_dir`]: `LAZULI_CACHE_DIR`, empty turns it
 //! off) as one file per entry, `<kind>-<key hex>.lzc`, and holds
 //!
-//! - `naga`: a mark per kernel source (WGSL and entry point) that passed
-//!   naga validation, so the same source is not validated again;
+//! - `naga`: per kernel source (WGSL and entry point), its naga module
+//!   as parsed and validated (naga's IR in its serde layout, encoded with
+//!   `postcard`; naga's version is pinned and in the build id), so the
+//!   same source is neither parsed nor validated again: wgpu makes its
+//!   shader module from the stored one;
 //! - `pipelines`: the driver's pipeline cache (wgpu `PipelineCache`,
 //!   where the adapter has `Features::PIPELINE_CACHE`), loaded at device
 //!   creation so pipelines rebuild from the driver's cache.

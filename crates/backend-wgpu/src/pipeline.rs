@@ -1,9 +1,11 @@
-//! Pipelines: creation (naga validation first, then the shader module,
-//! bind group layouts and compute pipeline, with the driver's pipeline
-//! cache), the pipeline cache keyed by the hash of the whole WGSL source
-//! and entry point (the bind group layout follows from the source,
-//! bounded LRU), and the persistent side of both: naga marks and the
-//! driver cache blob in the disk cache ([`crate::diskcache`]).
+//! Pipelines: creation (naga parses and validates the source first; the
+//! shader module is made from that naga module, then the bind group
+//! layouts and compute pipeline, with the driver's pipeline cache), the
+//! pipeline cache keyed by the hash of the whole WGSL source and entry
+//! point (the bind group layout follows from the source, bounded LRU),
+//! and the persistent side of both: each source's naga module and the
+//! driver cache blob in the disk cache ([`crate::diskcache`]), so a later
+//! process neither parses nor validates a kernel it has seen.
 //!
 //! The missing pipelines of a plan are created on several threads at
 //! once (`LAZULI_COMPILE_THREADS`, default the machine's cores, at most 8;
@@ -23,7 +25,7 @@
 use crate::context::Context;
 use crate::diskcache::{self, DiskCache};
 use crate::platform::{self, Scope};
-use crate::validate::validate_wgsl;
+use crate::validate::parse_and_validate;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use std::collections::HashMap;
@@ -119,6 +121,9 @@ impl Prepared {
         }
     }
 }
+
+/// Kind of the disk cache's entries holding a kernel's naga module.
+const MODULE_KIND: &str = "naga";
 
 /// Kind of the driver pipeline cache entry in the disk cache.
 const DRIVER_CACHE: &str = "pipelines";
@@ -297,29 +302,13 @@ impl Pipelines {
         tracing::debug!(kernel = name, generic = !k.dims.is_empty(), "creating a pipeline");
         crate::validate::log_source(&k.source);
         let started = Instant::now();
-        // A source that passed naga in an earlier process of this build
-        // (the key hashes the source and entry point) is not validated
-        // again; wgpu still validates it when it makes the module.
-        let mark = key.to_le_bytes();
-        let known = self.disk.as_ref().is_some_and(|d| d.get("naga", &mark).is_some());
-        if !known {
-            metrics::inc("NagaValidations", 1);
-            validate_wgsl(&k.source).map_err(|m| BackendError::Compile {
-                kernel: name.to_string(),
-                message: format!("{m}\n{}", k.source),
-            })?;
-            if let Some(d) = &self.disk {
-                d.put("naga", &mark, b"valid");
-            }
-        }
+        let module = stored_or_parsed(self.disk.as_deref(), k, key)?;
         metrics::record_time("CompileNaga", started.elapsed());
         let started = Instant::now();
         let dev = &ctx.device;
         let scope = Scope::push(dev, wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(k.source.as_str().into()),
-        };
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(name), source: platform::shader_source(&k.source, module) };
         let module = if self.trusts(k) {
             metrics::inc("TrustedModules", 1);
             tracing::debug!(kernel = name, "trusted shader module (no runtime checks)");
@@ -362,6 +351,43 @@ impl Pipelines {
         metrics::record_time("CompilePipeline", started.elapsed());
         Ok(PipelineEntry { pipeline, layout, dims_layout })
     }
+}
+
+/// The naga module of `k`'s source, parsed and validated: read from the
+/// disk cache where a process of this build parsed the same source (`key`
+/// hashes the source and entry point) and stored its module
+/// (`NagaModulesRead`), else parsed and validated here (`NagaValidations`)
+/// and stored. Lexing and parsing WGSL is most of what naga costs (about
+/// 1 ms of a kernel's pipeline on the 2-core box; reading the stored
+/// module is some 20 times faster), and wgpu makes the shader module from
+/// this one, so a source is parsed at most once per process and not at
+/// all in a later one. wgpu still validates the module against the
+/// device. A stored module that does not decode is a `DiskCacheBad`
+/// warning; the source is parsed and stored again.
+fn stored_or_parsed(disk: Option<&DiskCache>, k: &Prepared, key: u64) -> Result<naga::Module, BackendError> {
+    let mark = key.to_le_bytes();
+    if let Some(bytes) = disk.and_then(|d| d.get(MODULE_KIND, &mark)) {
+        match postcard::from_bytes::<naga::Module>(&bytes) {
+            Ok(module) => {
+                metrics::inc("NagaModulesRead", 1);
+                return Ok(module);
+            }
+            Err(e) => {
+                metrics::inc("DiskCacheBad", 1);
+                tracing::warn!(kernel = k.name, "a stored naga module does not decode ({e}); parsing its source");
+            }
+        }
+    }
+    metrics::inc("NagaValidations", 1);
+    let module = parse_and_validate(&k.source)
+        .map_err(|m| BackendError::Compile { kernel: k.name.clone(), message: format!("{m}\n{}", k.source) })?;
+    if let Some(d) = disk {
+        match postcard::to_allocvec(&module) {
+            Ok(bytes) => d.put(MODULE_KIND, &mark, &bytes),
+            Err(e) => tracing::warn!(kernel = k.name, "a naga module does not encode ({e}); not stored"),
+        }
+    }
+    Ok(module)
 }
 
 impl Drop for Pipelines {
@@ -410,4 +436,108 @@ fn layouts(dev: &wgpu::Device, k: &Prepared) -> (wgpu::BindGroupLayout, Option<w
         dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: name, entries: &[storage(0, true)] })
     });
     (layout, dims_layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source is parsed and stored once, then read; a stored module that
+    /// does not decode is parsed again and replaced.
+    #[test]
+    fn a_module_is_parsed_once_and_then_read() {
+        let dir = std::env::temp_dir().join(format!("lazuli-naga-modules-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let disk = DiskCache::open(Some(&dir), "test adapter", None).expect("a cache");
+        let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shaders/w1_vec4.wgsl"))
+            .expect("a shader");
+        let k = Prepared {
+            name: "w1".into(),
+            source,
+            entry: "main",
+            inputs: 1,
+            outputs: 1,
+            error_slot: false,
+            dims: Vec::new(),
+            trusted: false,
+        };
+        let key = PipelineCache::key(&k.source, k.entry, false);
+        let counts = || (metrics::counter("NagaValidations"), metrics::counter("NagaModulesRead"));
+        let spirv = |m: &naga::Module| {
+            let info =
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+                    .validate(m)
+                    .expect("a valid module");
+            naga::back::spv::write_vec(m, &info, &naga::back::spv::Options::default(), None).expect("SPIR-V")
+        };
+        let (v0, r0) = counts();
+        let parsed = stored_or_parsed(Some(&disk), &k, key).expect("parses");
+        let (v1, r1) = counts();
+        assert!(v1 > v0 && r1 == r0, "the first call parses");
+        let read = stored_or_parsed(Some(&disk), &k, key).expect("reads");
+        assert!(counts().1 > r1, "the second call reads the stored module");
+        assert_eq!(spirv(&read), spirv(&parsed));
+        // An entry whose payload is intact but is no module.
+        disk.put(MODULE_KIND, &key.to_le_bytes(), &[0xff; 7]);
+        let bad = metrics::counter("DiskCacheBad");
+        let again = stored_or_parsed(Some(&disk), &k, key).expect("parses again");
+        assert!(metrics::counter("DiskCacheBad") > bad, "an undecodable module is reported");
+        assert_eq!(spirv(&again), spirv(&parsed));
+        let r2 = counts().1;
+        stored_or_parsed(Some(&disk), &k, key).expect("reads");
+        assert!(counts().1 > r2, "the module parsed again replaced the bad entry");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A module stored in the disk cache and read back is the module
+    /// parsed: it validates and writes the same SPIR-V, for every golden
+    /// kernel (every kernel kind, both form profiles) and the shaders.
+    #[test]
+    fn a_stored_module_reads_back_as_parsed() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files: Vec<_> = [root.join("tests/golden"), root.join("../../shaders")]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(d).expect("a directory of WGSL").flatten().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wgsl"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 20, "golden kernels found: {}", files.len());
+        let spirv = |m: &naga::Module| {
+            let info =
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+                    .validate(m)
+                    .expect("a valid module");
+            naga::back::spv::write_vec(m, &info, &naga::back::spv::Options::default(), None).expect("SPIR-V")
+        };
+        let mut kernels = 0;
+        for f in files {
+            let text = std::fs::read_to_string(&f).expect("a source");
+            // A golden file is a plan, then its kernels (and first passes)
+            // one after another, each under a header line naming its
+            // invocations.
+            let header = |l: &str| l.starts_with("// kernel ") && l.contains("invocations");
+            let mut sources: Vec<String> = Vec::new();
+            for line in text.lines() {
+                if header(line) {
+                    sources.push(String::new());
+                }
+                if let Some(s) = sources.last_mut() {
+                    s.push_str(line);
+                    s.push('\n');
+                }
+            }
+            if sources.is_empty() {
+                sources.push(text);
+            }
+            for (i, source) in sources.iter().enumerate() {
+                let at = format!("{} (kernel {i})", f.display());
+                let parsed = parse_and_validate(source).unwrap_or_else(|e| panic!("{at}: {e}"));
+                let bytes = postcard::to_allocvec(&parsed).expect("encodes");
+                let read: naga::Module = postcard::from_bytes(&bytes).expect("decodes");
+                assert_eq!(spirv(&read), spirv(&parsed), "{at}: the stored module writes other SPIR-V");
+                kernels += 1;
+            }
+        }
+        assert!(kernels >= 100, "kernels compared: {kernels}");
+    }
 }

@@ -22,7 +22,10 @@
 //!   is written to disk ([`DISK_CACHE`]: caches stay in memory), matmul
 //!   forms are not autotuned and kernels are not timed ([`CAN_BLOCK`]:
 //!   both read results back synchronously), and kernels use no subgroup
-//!   operations ([`SUBGROUPS`]).
+//!   operations ([`SUBGROUPS`]);
+//! - shader modules are made from their WGSL ([`shader_source`]): the
+//!   browser compiles WGSL, where natively wgpu takes the naga module
+//!   the backend already parsed.
 //!
 //! Natively every function here is the blocking code the backend always
 //! ran.
@@ -32,6 +35,22 @@ use std::sync::{Arc, Mutex};
 
 /// True where pipelines may be created on several threads.
 pub(crate) const THREADS: bool = cfg!(not(target_arch = "wasm32"));
+
+/// What a shader module is made from: natively the naga module parsed
+/// and validated from `wgsl` (wgpu then neither lexes nor parses it
+/// again); in a browser, where WebGPU compiles WGSL itself, the source.
+pub(crate) fn shader_source(wgsl: &str, module: naga::Module) -> wgpu::ShaderSource<'_> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let _ = wgsl;
+        wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(module))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = module;
+        wgpu::ShaderSource::Wgsl(wgsl.into())
+    }
+}
 
 /// True where a thread may block on the device (reads inside autotuning
 /// and profiling).

@@ -9,6 +9,12 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 /// kernel uses them only where the device was opened with
 /// `wgpu::Features::SUBGROUP` (`LowerLimits::subgroups`).
 pub fn validate_wgsl(source: &str) -> Result<(), String> {
+    parse_and_validate(source).map(|_| ())
+}
+
+/// [`validate_wgsl`], returning the parsed module: what a pipeline is
+/// created from (see `crate::pipeline`), so the source is parsed once.
+pub fn parse_and_validate(source: &str) -> Result<naga::Module, String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
     // Subgroup operations only where the device has them (row kernels);
     // f16 is emitted only for adapters with `SHADER_F16`; `pack2x16float`
@@ -23,8 +29,8 @@ pub fn validate_wgsl(source: &str) -> Result<(), String> {
             | Capabilities::COOPERATIVE_MATRIX,
     )
     .validate(&module)
-    .map(|_| ())
-    .map_err(|e| e.emit_to_string(source))
+    .map_err(|e| e.emit_to_string(source))?;
+    Ok(module)
 }
 
 /// When `LAZULI_WGSL_LOG_DIR` is set, writes every generated source there
