@@ -57,6 +57,10 @@ fn second_device_parses_and_validates_nothing_and_agrees() {
     let got = program(&second);
     assert_eq!(metrics::counter("NagaValidations") - n1, 0, "the second device validated a kernel again");
     assert!(metrics::counter("NagaModulesRead") > read, "the second device parsed its kernels again");
+    // `lazuli info` says what the cache holds.
+    let report = second.configuration();
+    let row = report.settings.iter().find(|s| s.variable == "LAZULI_CACHE_DIR").expect("a cache row");
+    assert!(row.value.contains(" entries, ") && row.value.contains("naga "), "{}", row.value);
     assert!(metrics::counter("DiskCacheHit") > h1, "the second device had no disk hits");
     assert_eq!(metrics::counter("DiskCacheBad") - b1, 0);
     assert_eq!(got, want, "same kernels, same results");

@@ -185,6 +185,31 @@ impl DiskCache {
         }
     }
 
+    /// What the directory holds, for `lazuli info`: its entries (of
+    /// every build and adapter that wrote there), their bytes and how
+    /// many of each kind, as in `43 entries, 263 KiB: autotune 1, naga
+    /// 41, pipelines 1`.
+    pub fn contents(&self) -> String {
+        let entries = self.entries();
+        let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+        for (_, _, path) in &entries {
+            let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let kind = name.rsplit_once('-').map_or(name.as_str(), |(kind, _)| kind);
+            *kinds.entry(kind.to_string()).or_default() += 1;
+        }
+        let bytes: u64 = entries.iter().map(|e| e.1).sum();
+        let size = match bytes {
+            b if b < 1 << 20 => format!("{:.0} KiB", b as f64 / 1024.0),
+            b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        };
+        let mut text = format!("{} entries, {size}", entries.len());
+        for (i, (kind, n)) in kinds.iter().enumerate() {
+            text.push_str(if i == 0 { ": " } else { ", " });
+            text.push_str(&format!("{kind} {n}"));
+        }
+        text
+    }
+
     /// The directory's entries: modification time, length, path.
     fn entries(&self) -> Vec<(std::time::SystemTime, u64, PathBuf)> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };

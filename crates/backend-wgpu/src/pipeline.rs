@@ -159,6 +159,11 @@ pub(crate) struct Pipelines {
 pub const DRIVER_SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Pipelines {
+    /// The persistent compile cache, where there is one.
+    pub fn disk(&self) -> Option<&DiskCache> {
+        self.disk.as_deref()
+    }
+
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
     /// Creates pipelines on up to `threads` threads (`None`: the machine's

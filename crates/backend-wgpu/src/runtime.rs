@@ -390,8 +390,16 @@ impl Backend for WgpuBackend {
         self.inner.ctx.name.clone()
     }
 
+    /// The settings, with what the persistent cache holds now (a scan of
+    /// its directory, so only when asked: `lazuli info`).
     fn settings(&self) -> Vec<Setting> {
-        self.inner.settings.clone()
+        let mut settings = self.inner.settings.clone();
+        if let Some(disk) = self.inner.compiler.pipelines.disk() {
+            if let Some(s) = settings.iter_mut().find(|s| s.variable == "LAZULI_CACHE_DIR") {
+                s.value = format!("{} ({})", s.value, disk.contents());
+            }
+        }
+        settings
     }
 
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
