@@ -447,6 +447,15 @@ fn layouts(dev: &wgpu::Device, k: &Prepared) -> (wgpu::BindGroupLayout, Option<w
 mod tests {
     use super::*;
 
+    /// What `m` compiles to: two modules that write the same SPIR-V are
+    /// the same kernel.
+    fn spirv(m: &naga::Module) -> Vec<u32> {
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(m)
+            .expect("a valid module");
+        naga::back::spv::write_vec(m, &info, &naga::back::spv::Options::default(), None).expect("SPIR-V")
+    }
+
     /// A source is parsed and stored once, then read; a stored module that
     /// does not decode is parsed again and replaced.
     #[test]
@@ -468,13 +477,6 @@ mod tests {
         };
         let key = PipelineCache::key(&k.source, k.entry, false);
         let counts = || (metrics::counter("NagaValidations"), metrics::counter("NagaModulesRead"));
-        let spirv = |m: &naga::Module| {
-            let info =
-                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-                    .validate(m)
-                    .expect("a valid module");
-            naga::back::spv::write_vec(m, &info, &naga::back::spv::Options::default(), None).expect("SPIR-V")
-        };
         let (v0, r0) = counts();
         let parsed = stored_or_parsed(Some(&disk), &k, key).expect("parses");
         let (v1, r1) = counts();
@@ -507,13 +509,6 @@ mod tests {
             .collect();
         files.sort();
         assert!(files.len() >= 20, "golden kernels found: {}", files.len());
-        let spirv = |m: &naga::Module| {
-            let info =
-                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-                    .validate(m)
-                    .expect("a valid module");
-            naga::back::spv::write_vec(m, &info, &naga::back::spv::Options::default(), None).expect("SPIR-V")
-        };
         let mut kernels = 0;
         for f in files {
             let text = std::fs::read_to_string(&f).expect("a source");
