@@ -186,26 +186,28 @@ impl DiskCache {
     }
 
     /// What the directory holds, for `lazuli info`: its entries (of
-    /// every build and adapter that wrote there), their bytes and how
-    /// many of each kind, as in `43 entries, 263 KiB: autotune 1, naga
-    /// 41, pipelines 1`.
+    /// every build and adapter that wrote there) and their bytes, in all
+    /// and per kind, as in `43 entries, 2.3 MiB: autotune 1 (1 KiB), naga
+    /// 41 (246 KiB), pipelines 1 (2.1 MiB)`. The size of `pipelines`, the
+    /// driver's pipeline cache, says whether the driver keeps compiled
+    /// code in it (lavapipe keeps only a header).
     pub fn contents(&self) -> String {
-        let entries = self.entries();
-        let mut kinds = std::collections::BTreeMap::<String, usize>::new();
-        for (_, _, path) in &entries {
-            let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let kind = name.rsplit_once('-').map_or(name.as_str(), |(kind, _)| kind);
-            *kinds.entry(kind.to_string()).or_default() += 1;
-        }
-        let bytes: u64 = entries.iter().map(|e| e.1).sum();
-        let size = match bytes {
+        let size = |b: u64| match b {
             b if b < 1 << 20 => format!("{:.0} KiB", b as f64 / 1024.0),
             b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
         };
-        let mut text = format!("{} entries, {size}", entries.len());
-        for (i, (kind, n)) in kinds.iter().enumerate() {
+        let entries = self.entries();
+        let mut kinds = std::collections::BTreeMap::<String, (usize, u64)>::new();
+        for (_, len, path) in &entries {
+            let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let kind = name.rsplit_once('-').map_or(name.as_str(), |(kind, _)| kind);
+            let k = kinds.entry(kind.to_string()).or_default();
+            *k = (k.0 + 1, k.1 + len);
+        }
+        let mut text = format!("{} entries, {}", entries.len(), size(entries.iter().map(|e| e.1).sum()));
+        for (i, (kind, (n, bytes))) in kinds.iter().enumerate() {
             text.push_str(if i == 0 { ": " } else { ", " });
-            text.push_str(&format!("{kind} {n}"));
+            text.push_str(&format!("{kind} {n} ({})", size(*bytes)));
         }
         text
     }
