@@ -722,7 +722,8 @@ impl WgpuExecutable {
     /// stayed is lowered again, static, as before. A size variant keeps
     /// such kernels (the optimizer's update of a partial last batch, the
     /// layers a change of sizes does not reach), lowering and looking up
-    /// nothing for them (`KernelsKept`).
+    /// nothing for them (`KernelsKept`) but, in a structure's first size
+    /// variant, the record of their forms every kernel gets.
     fn unchanged(
         &self,
         i: usize,

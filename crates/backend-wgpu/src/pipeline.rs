@@ -300,7 +300,7 @@ impl Pipelines {
 
     /// Creates the pipeline of `k` (validated first), with bind group 1
     /// for its dynamic sizes when it is generic. `key` is its
-    /// [`PipelineCache::key`], which also names its naga mark in the disk
+    /// [`PipelineCache::key`], which also names its naga module in the disk
     /// cache.
     fn create(&self, ctx: &Context, k: &Prepared, key: u64) -> Result<PipelineEntry, BackendError> {
         let name = k.name.as_str();
@@ -370,8 +370,8 @@ impl Pipelines {
 /// device. A stored module that does not decode is a `DiskCacheBad`
 /// warning; the source is parsed and stored again.
 fn stored_or_parsed(disk: Option<&DiskCache>, k: &Prepared, key: u64) -> Result<naga::Module, BackendError> {
-    let mark = key.to_le_bytes();
-    if let Some(bytes) = disk.and_then(|d| d.get(MODULE_KIND, &mark)) {
+    let disk_key = key.to_le_bytes();
+    if let Some(bytes) = disk.and_then(|d| d.get(MODULE_KIND, &disk_key)) {
         match postcard::from_bytes::<naga::Module>(&bytes) {
             Ok(module) => {
                 metrics::inc("NagaModulesRead", 1);
@@ -388,7 +388,7 @@ fn stored_or_parsed(disk: Option<&DiskCache>, k: &Prepared, key: u64) -> Result<
         .map_err(|m| BackendError::Compile { kernel: k.name.clone(), message: format!("{m}\n{}", k.source) })?;
     if let Some(d) = disk {
         match postcard::to_allocvec(&module) {
-            Ok(bytes) => d.put(MODULE_KIND, &mark, &bytes),
+            Ok(bytes) => d.put(MODULE_KIND, &disk_key, &bytes),
             Err(e) => tracing::warn!(kernel = k.name, "a naga module does not encode ({e}); not stored"),
         }
     }

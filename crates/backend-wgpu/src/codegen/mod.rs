@@ -93,7 +93,7 @@ pub struct LowerLimits {
     /// (`WgpuOptions::subgroups`): row kernels combine the lanes of a row
     /// with them (see [`rows`]): their `main` takes the subgroup builtins.
     /// The source differs, so every cache keyed by source (pipelines, the
-    /// disk cache's naga marks) tells the two apart. (No `enable
+    /// disk cache's naga modules) tells the two apart. (No `enable
     /// subgroups;` directive: naga 30 rejects it and takes subgroup
     /// operations without it, as wgpu's native backends do; a browser,
     /// which would need it, never gets subgroup kernels, see
