@@ -26,18 +26,49 @@
 //! never see a partial entry, and the directory is kept under
 //! `LAZULI_CACHE_MAX_BYTES` (default [`DEFAULT_MAX_BYTES`]) by deleting
 //! the least recently used entries (by modification time, refreshed on
-//! each hit). Counters: `DiskCacheHit`, `DiskCacheMiss`, `DiskCacheBad`,
-//! `DiskCacheWrite`, `DiskCacheEvicted`.
+//! each hit). The bound counts what entries take on disk, whole blocks
+//! of [`BLOCK`] bytes (a 40-byte entry takes a block), and holds entries
+//! of every build and adapter that wrote there: those of older builds are
+//! the least recently used and go first. What the directory holds is
+//! learnt by a scan on a thread of its own, started by the process's
+//! first write (timer `DiskCacheScan`): never on the path of the
+//! device's creation (a directory of thousands of entries takes tens of
+//! milliseconds to list), and not at all in a process that only reads,
+//! which cannot grow the directory. Writes before the scan ends are
+//! counted, and the bound is applied once it ends. The scan also deletes
+//! temporary files an interrupted write left behind (older than
+//! [`STALE_TEMP`]). Counters:
+//! `DiskCacheHit`, `DiskCacheMiss`, `DiskCacheBad`, `DiskCacheWrite`,
+//! `DiskCacheEvicted`.
 
 use lazuli_executor::metrics;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 /// Format version of the entry files.
 pub const FORMAT: u32 = 1;
 
-/// Default bound of the directory's entries, in bytes.
+/// Default bound of the directory's entries, in bytes on disk.
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+/// The unit file systems give files in: an entry takes its length
+/// rounded up to whole blocks on disk, and the bound counts that.
+pub const BLOCK: u64 = 4096;
+
+/// A temporary file older than this was left by a write that never
+/// finished (a write takes milliseconds): the scan deletes it.
+pub const STALE_TEMP: Duration = Duration::from_secs(3600);
+
+/// Prefix of the temporary files writes rename into place.
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// What an entry of `len` bytes takes on disk: whole [`BLOCK`]s.
+fn footprint(len: u64) -> u64 {
+    len.div_ceil(BLOCK).max(1) * BLOCK
+}
 
 const MAGIC: &[u8; 4] = b"LZC\x01";
 const HEADER: usize = 4 + 4 + 8 + 8 + 8;
@@ -95,11 +126,31 @@ pub struct DiskCache {
     dir: PathBuf,
     salt: String,
     max_bytes: u64,
-    /// Bytes the directory's entries hold, as of the last scan plus what
-    /// this process wrote since (an overestimate where writes replaced
-    /// entries); the directory is scanned again only when it passes
-    /// `max_bytes`.
-    bytes: std::sync::atomic::AtomicU64,
+    /// What the directory's entries take on disk, shared with the scan.
+    usage: Arc<Usage>,
+    /// The scan of the directory, started by the first write.
+    scan: Mutex<Scan>,
+}
+
+/// Where the scan of a cache's directory stands.
+#[derive(Debug)]
+enum Scan {
+    NotStarted,
+    Running(std::thread::JoinHandle<()>),
+    Done,
+}
+
+/// What a cache directory's entries take on disk, as far as this process
+/// knows: the scan's total plus what this process wrote since (an
+/// overestimate where writes replaced entries, or the scan saw a write);
+/// the directory is scanned again only when it passes the bound.
+#[derive(Debug, Default)]
+struct Usage {
+    bytes: AtomicU64,
+    /// The first scan has ended: the total covers the whole directory.
+    known: AtomicBool,
+    /// An eviction is running (another one would only repeat it).
+    evicting: AtomicBool,
 }
 
 impl DiskCache {
@@ -113,14 +164,44 @@ impl DiskCache {
             return None;
         }
         let max_bytes = max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
-        let cache = DiskCache {
+        Some(DiskCache {
             dir: dir.to_path_buf(),
             salt: format!("{salt} lazuli {} build {}", env!("CARGO_PKG_VERSION"), build_id()),
             max_bytes,
-            bytes: std::sync::atomic::AtomicU64::new(0),
+            usage: Arc::new(Usage::default()),
+            scan: Mutex::new(Scan::NotStarted),
+        })
+    }
+
+    /// Starts the scan of the directory on a thread of its own, once
+    /// (see the module's documentation).
+    fn start_scan(&self) {
+        let mut scan = self.scan.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(*scan, Scan::NotStarted) {
+            return;
+        }
+        let (dir, usage, max_bytes) = (self.dir.clone(), self.usage.clone(), self.max_bytes);
+        *scan = match std::thread::Builder::new()
+            .name("lazuli-cache-scan".into())
+            .spawn(move || first_scan(&dir, max_bytes, &usage))
+        {
+            Ok(running) => Scan::Running(running),
+            Err(_) => {
+                // No thread to be had: scan here rather than never.
+                first_scan(&self.dir, self.max_bytes, &self.usage);
+                Scan::Done
+            }
         };
-        cache.bytes.store(cache.entries().iter().map(|e| e.1).sum(), std::sync::atomic::Ordering::Relaxed);
-        Some(cache)
+    }
+
+    /// Starts the scan if no write has, and waits for it: the bound is
+    /// applied when this returns (tests).
+    pub fn wait_for_scan(&self) {
+        self.start_scan();
+        let scan = std::mem::replace(&mut *self.scan.lock().unwrap_or_else(|e| e.into_inner()), Scan::Done);
+        if let Scan::Running(running) = scan {
+            let _ = running.join();
+        }
     }
 
     /// The directory.
@@ -176,9 +257,13 @@ impl DiskCache {
         match write_entry(&self.dir, &path, full, data) {
             Ok(()) => {
                 metrics::inc("DiskCacheWrite", 1);
-                let written = (HEADER + data.len()) as u64;
-                if self.bytes.fetch_add(written, std::sync::atomic::Ordering::Relaxed) + written > self.max_bytes {
-                    self.evict();
+                self.start_scan();
+                let written = footprint((HEADER + data.len()) as u64);
+                let total = self.usage.bytes.fetch_add(written, Ordering::Relaxed) + written;
+                // Until the first scan ends the total is partial; the scan
+                // applies the bound when it does.
+                if total > self.max_bytes && self.usage.known.load(Ordering::Acquire) {
+                    evict(&self.dir, self.max_bytes, &self.usage);
                 }
             }
             Err(e) => tracing::warn!("compile cache: cannot write {}: {e}", path.display()),
@@ -187,8 +272,9 @@ impl DiskCache {
 
     /// What the directory holds, for `lazuli info`: its entries (of
     /// every build and adapter that wrote there) and their bytes, in all
-    /// and per kind, as in `43 entries, 2.3 MiB: autotune 1 (1 KiB), naga
-    /// 41 (246 KiB), pipelines 1 (2.1 MiB)`. The size of `pipelines`, the
+    /// (and on disk, what the bound counts) and per kind, as in `43
+    /// entries, 2.3 MiB, 2.4 MiB on disk: autotune 1 (1 KiB), naga 41
+    /// (246 KiB), pipelines 1 (2.1 MiB)`. The size of `pipelines`, the
     /// driver's pipeline cache, says whether the driver keeps compiled
     /// code in it (lavapipe keeps only a header).
     pub fn contents(&self) -> String {
@@ -196,7 +282,7 @@ impl DiskCache {
             b if b < 1 << 20 => format!("{:.0} KiB", b as f64 / 1024.0),
             b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
         };
-        let entries = self.entries();
+        let entries = entries(&self.dir);
         let mut kinds = std::collections::BTreeMap::<String, (usize, u64)>::new();
         for (_, len, path) in &entries {
             let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -204,47 +290,83 @@ impl DiskCache {
             let k = kinds.entry(kind.to_string()).or_default();
             *k = (k.0 + 1, k.1 + len);
         }
-        let mut text = format!("{} entries, {}", entries.len(), size(entries.iter().map(|e| e.1).sum()));
+        let on_disk = entries.iter().map(|e| footprint(e.1)).sum();
+        let mut text = format!(
+            "{} entries, {}, {} on disk",
+            entries.len(),
+            size(entries.iter().map(|e| e.1).sum()),
+            size(on_disk)
+        );
         for (i, (kind, (n, bytes))) in kinds.iter().enumerate() {
             text.push_str(if i == 0 { ": " } else { ", " });
             text.push_str(&format!("{kind} {n} ({})", size(*bytes)));
         }
         text
     }
+}
 
-    /// The directory's entries: modification time, length, path.
-    fn entries(&self) -> Vec<(std::time::SystemTime, u64, PathBuf)> {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
-        rd.flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == EXT))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len(), e.path()))
-            })
-            .collect()
-    }
+/// The directory's entries: modification time, length, path.
+fn entries(dir: &Path) -> Vec<(SystemTime, u64, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    rd.flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == EXT))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len(), e.path()))
+        })
+        .collect()
+}
 
-    /// Deletes the least recently used entries while the directory holds
-    /// more than the bound (down to three quarters of it), from a fresh
-    /// scan (other processes write here too).
-    fn evict(&self) {
-        let mut entries = self.entries();
-        let mut total: u64 = entries.iter().map(|e| e.1).sum();
-        if total > self.max_bytes {
-            entries.sort();
-            let target = self.max_bytes / 4 * 3;
-            for (_, len, path) in entries {
-                if total <= target {
-                    break;
-                }
-                if std::fs::remove_file(&path).is_ok() {
-                    metrics::inc("DiskCacheEvicted", 1);
-                }
-                total = total.saturating_sub(len);
+/// The scan a cache starts at its first write: deletes temporary files older
+/// than [`STALE_TEMP`], adds what the entries take on disk to `usage`
+/// (writes made meanwhile are already in it) and applies the bound.
+fn first_scan(dir: &Path, max_bytes: u64, usage: &Usage) {
+    let started = lazuli_executor::platform::Instant::now();
+    let now = SystemTime::now();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let stale = e.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
+                && e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_TEMP));
+            if stale {
+                let _ = std::fs::remove_file(e.path());
             }
         }
-        self.bytes.store(total, std::sync::atomic::Ordering::Relaxed);
     }
+    let on_disk: u64 = entries(dir).iter().map(|e| footprint(e.1)).sum();
+    let total = usage.bytes.fetch_add(on_disk, Ordering::Relaxed) + on_disk;
+    usage.known.store(true, Ordering::Release);
+    if total > max_bytes {
+        evict(dir, max_bytes, usage);
+    }
+    metrics::record_time("DiskCacheScan", started.elapsed());
+}
+
+/// Deletes the least recently used entries until the directory's entries
+/// take at most three quarters of `max_bytes` on disk, when they take
+/// more than `max_bytes`; `usage` then holds the total left.
+fn evict(dir: &Path, max_bytes: u64, usage: &Usage) {
+    if usage.evicting.swap(true, Ordering::Acquire) {
+        return;
+    }
+    let mut entries = entries(dir);
+    let mut total: u64 = entries.iter().map(|e| footprint(e.1)).sum();
+    if total > max_bytes {
+        entries.sort();
+        let target = max_bytes / 4 * 3;
+        for (_, len, path) in entries {
+            if total <= target {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                metrics::inc("DiskCacheEvicted", 1);
+            }
+            total = total.saturating_sub(footprint(len));
+        }
+    }
+    usage.bytes.store(total, Ordering::Relaxed);
+    usage.evicting.store(false, Ordering::Release);
 }
 
 /// Reads the entry at `path` for full key `full`: `Ok(None)` when there
@@ -285,7 +407,7 @@ fn read_entry(path: &Path, full: u64) -> Result<Option<Vec<u8>>, EntryError> {
 fn write_entry(dir: &Path, path: &Path, full: u64, data: &[u8]) -> std::io::Result<()> {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".tmp-{}-{seq}-{full:016x}", std::process::id()));
+    let tmp = dir.join(format!("{TEMP_PREFIX}{}-{seq}-{full:016x}", std::process::id()));
     let mut bytes = Vec::with_capacity(HEADER + data.len());
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&FORMAT.to_le_bytes());
@@ -320,8 +442,11 @@ mod tests {
     fn round_trip_and_salt() {
         let d = tmp("rt");
         let a = DiskCache::open(Some(&d), "adapter A", None).expect("opens");
+        let scan_started = || !matches!(*a.scan.lock().expect("scan"), Scan::NotStarted);
         assert_eq!(a.get("k", b"x"), None);
+        assert!(!scan_started(), "a cache that only reads never lists its directory");
         a.put("k", b"x", b"payload");
+        assert!(scan_started(), "the first write starts the scan");
         assert_eq!(a.get("k", b"x").as_deref(), Some(&b"payload"[..]));
         let b = DiskCache::open(Some(&d), "adapter B", None).expect("opens");
         assert_eq!(b.get("k", b"x"), None, "another adapter never reads A's entry");
@@ -355,15 +480,59 @@ mod tests {
     }
 
     #[test]
-    fn eviction_keeps_the_bound() {
+    fn eviction_keeps_the_bound_on_disk() {
         let d = tmp("evict");
-        let c = DiskCache::open(Some(&d), "adapter", Some(10_000)).expect("opens");
-        for i in 0..50u32 {
-            c.put("k", &i.to_le_bytes(), &[7u8; 1000]);
+        // Ten blocks: 136-byte entries take a block each on disk, so at
+        // most ten stay (counting their lengths would keep all of them).
+        let c = DiskCache::open(Some(&d), "adapter", Some(10 * BLOCK)).expect("opens");
+        let count = || std::fs::read_dir(&d).expect("dir").flatten().count();
+        for i in 0..25u32 {
+            c.put("k", &i.to_le_bytes(), &[7u8; 100]);
         }
-        let total: u64 = std::fs::read_dir(&d).expect("dir").flatten().map(|e| e.metadata().expect("meta").len()).sum();
-        assert!(total <= 10_000, "{total} bytes over the bound");
+        // Writes before the scan ends are counted; the scan
+        // applies the bound when it ends.
+        c.wait_for_scan();
+        assert!(count() <= 10, "{} entries over ten blocks after the scan", count());
+        for i in 25..50u32 {
+            c.put("k", &i.to_le_bytes(), &[7u8; 100]);
+            assert!(count() <= 10, "{} entries over ten blocks", count());
+        }
         assert!(c.get("k", &49u32.to_le_bytes()).is_some(), "the newest entry stays");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_full_directory_is_bounded_and_cleared_of_stale_temporaries_by_its_scan() {
+        let d = tmp("open");
+        let big = DiskCache::open(Some(&d), "old build", None).expect("opens");
+        let hour_ago = SystemTime::now() - STALE_TEMP;
+        for i in 0..30u32 {
+            big.put("k", &i.to_le_bytes(), &[1u8; 10]);
+            // Entry i was last used i seconds after an hour ago.
+            let path = big.path("k", big.full_key("k", &i.to_le_bytes()));
+            let f = std::fs::File::options().append(true).open(&path).expect("entry");
+            f.set_modified(hour_ago + Duration::from_secs(u64::from(i))).expect("mtime");
+        }
+        big.wait_for_scan();
+        let stale = d.join(format!("{TEMP_PREFIX}1-0-stale"));
+        let fresh = d.join(format!("{TEMP_PREFIX}1-1-fresh"));
+        for t in [&stale, &fresh] {
+            std::fs::write(t, b"partial").expect("temporary");
+        }
+        std::fs::File::options()
+            .append(true)
+            .open(&stale)
+            .and_then(|f| f.set_modified(hour_ago - Duration::from_secs(60)))
+            .expect("mtime");
+        let c = DiskCache::open(Some(&d), "new build", Some(8 * BLOCK)).expect("opens");
+        c.wait_for_scan();
+        let left: Vec<u32> =
+            (0..30u32).filter(|i| big.path("k", big.full_key("k", &i.to_le_bytes())).exists()).collect();
+        // Over eight blocks, the scan leaves three quarters: six, the most
+        // recently used.
+        assert_eq!(left, (24..30).collect::<Vec<_>>());
+        assert!(!stale.exists(), "a temporary file an interrupted write left is deleted");
+        assert!(fresh.exists(), "a temporary file being written stays");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

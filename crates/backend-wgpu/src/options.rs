@@ -74,9 +74,9 @@ pub struct WgpuOptions {
     /// Also where the persistent compile cache lives (see
     /// [`crate::diskcache`]).
     pub cache_dir: Option<Option<std::path::PathBuf>>,
-    /// Bound of the persistent compile cache in bytes (else
-    /// `LAZULI_CACHE_MAX_BYTES`, a decimal byte count, else
-    /// [`crate::diskcache::DEFAULT_MAX_BYTES`]).
+    /// Bound of the persistent compile cache in bytes on disk, each
+    /// entry counted in whole blocks (else `LAZULI_CACHE_MAX_BYTES`, a
+    /// decimal byte count, else [`crate::diskcache::DEFAULT_MAX_BYTES`]).
     pub cache_max_bytes: Option<u64>,
     /// Whether kernels of graphs that differ only in sizes share generic
     /// pipelines (see [`crate::generic`]); default on, the flag

@@ -14,8 +14,8 @@ use crate::pipeline::Pipelines;
 use crate::pool::{Pool, PoolStats};
 use crate::profile::{LaunchSample, Profiler};
 use lazuli_executor::config::{self, Setting, Source};
-use lazuli_executor::platform::LocalFuture;
-use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
+use lazuli_executor::platform::{Instant, LocalFuture};
+use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
 use lazuli_ir::fusion::FusionLimits;
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,22 +51,30 @@ impl WgpuBackend {
     /// device opens: in a browser tab it is `BackendError::WouldBlock`
     /// (use [`WgpuBackend::new_async`]).
     pub fn new(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
+        let started = Instant::now();
         let (options, sources) = options.resolve(&config::process)?;
         let opened = Context::open(&options)?;
-        Ok(WgpuBackend::opened(options, &sources, opened))
+        Ok(WgpuBackend::opened(options, &sources, opened, started))
     }
 
     /// [`WgpuBackend::new`] without blocking: in a browser tab, the
     /// browser's WebGPU adapter (see `platform`); natively the
     /// same as `new`.
     pub async fn new_async(options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
+        let started = Instant::now();
         let (options, sources) = options.resolve(&config::process)?;
         let opened = Context::open_async(&options).await?;
-        Ok(WgpuBackend::opened(options, &sources, opened))
+        Ok(WgpuBackend::opened(options, &sources, opened, started))
     }
 
-    /// The backend on an opened device.
-    fn opened(options: WgpuOptions, sources: &[(&'static str, Source)], opened: crate::context::Opened) -> WgpuBackend {
+    /// The backend on an opened device; `started`: when opening began
+    /// (the whole is timed as `DeviceOpen`).
+    fn opened(
+        options: WgpuOptions,
+        sources: &[(&'static str, Source)],
+        opened: crate::context::Opened,
+        started: Instant,
+    ) -> WgpuBackend {
         let (ctx, info, limits) = (opened.context, opened.info, opened.limits);
         let max_sb = opened.max_storage_buffers;
         let forms = kernel_forms(&options, info.device_type);
@@ -152,6 +160,7 @@ impl WgpuBackend {
         };
         let settings =
             effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref(), specialize_after);
+        metrics::record_time("DeviceOpen", started.elapsed());
         WgpuBackend {
             inner: Arc::new(Inner {
                 ctx,

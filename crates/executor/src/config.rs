@@ -115,7 +115,7 @@ pub const VARS: &[Var] = &[
         "LAZULI_CACHE_MAX_BYTES",
         Kind::Bytes,
         "268435456 (256 MiB)",
-        "bound of the persistent compile cache",
+        "bound of the persistent compile cache, in bytes on disk",
         "lazuli-wgpu (WgpuOptions::cache_max_bytes)",
     ),
     var(
