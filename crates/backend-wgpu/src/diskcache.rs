@@ -39,6 +39,7 @@
 //! temporary files an interrupted write left behind (older than
 //! [`STALE_TEMP`]). Counters:
 //! `DiskCacheHit`, `DiskCacheMiss`, `DiskCacheBad`, `DiskCacheWrite`,
+//! `DiskCacheWriteFailed` (only the first failure is warned),
 //! `DiskCacheEvicted`.
 
 use lazuli_executor::metrics;
@@ -130,6 +131,9 @@ pub struct DiskCache {
     usage: Arc<Usage>,
     /// The scan of the directory, started by the first write.
     scan: Mutex<Scan>,
+    /// Writes that failed: the first is warned, the others logged at
+    /// debug level (a read-only directory fails every write).
+    write_failures: AtomicU64,
 }
 
 /// Where the scan of a cache's directory stands.
@@ -170,6 +174,7 @@ impl DiskCache {
             max_bytes,
             usage: Arc::new(Usage::default()),
             scan: Mutex::new(Scan::NotStarted),
+            write_failures: AtomicU64::new(0),
         })
     }
 
@@ -250,7 +255,8 @@ impl DiskCache {
     }
 
     /// Stores `data` for `(kind, key)` (counted as `DiskCacheWrite`);
-    /// failures are warned, never returned.
+    /// failures are counted (`DiskCacheWriteFailed`) and the first is
+    /// warned, never returned.
     pub fn put(&self, kind: &str, key: &[u8], data: &[u8]) {
         let full = self.full_key(kind, key);
         let path = self.path(kind, full);
@@ -266,7 +272,18 @@ impl DiskCache {
                     evict(&self.dir, self.max_bytes, &self.usage);
                 }
             }
-            Err(e) => tracing::warn!("compile cache: cannot write {}: {e}", path.display()),
+            Err(e) => {
+                metrics::inc("DiskCacheWriteFailed", 1);
+                if self.write_failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        "compile cache: cannot write {}: {e} (later failures are logged at debug level; \
+                         LAZULI_CACHE_DIR= turns the cache off)",
+                        path.display()
+                    );
+                } else {
+                    tracing::debug!("compile cache: cannot write {}: {e}", path.display());
+                }
+            }
         }
     }
 
@@ -451,6 +468,22 @@ mod tests {
         let b = DiskCache::open(Some(&d), "adapter B", None).expect("opens");
         assert_eq!(b.get("k", b"x"), None, "another adapter never reads A's entry");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn writes_that_fail_are_counted_not_returned() {
+        let d = tmp("ro");
+        let c = DiskCache::open(Some(&d), "adapter", None).expect("opens");
+        // The directory turns into a file: every write fails (a test run
+        // as root cannot make a directory read-only).
+        std::fs::remove_dir_all(&d).expect("removed");
+        std::fs::write(&d, b"not a directory").expect("file");
+        for i in 0..3u32 {
+            c.put("k", &i.to_le_bytes(), b"payload");
+        }
+        assert_eq!(c.write_failures.load(Ordering::Relaxed), 3);
+        assert_eq!(c.get("k", &0u32.to_le_bytes()), None);
+        let _ = std::fs::remove_file(&d);
     }
 
     #[test]
