@@ -83,3 +83,59 @@ fn cached_plan_behaves_like_a_fresh_one() {
         assert_eq!(first, second, "{}", dev.name());
     }
 }
+
+/// The two plans of [`a_kernel_in_a_plan_with_other_scalars_reuses_its_pipeline`]:
+/// `A` is a softmax of `x * 1.75` (one kernel reading one lifted scalar);
+/// `B` lifts `2.5` first, read by a row sum, then computes `A`.
+fn plan_a(x: &Tensor) -> lazuli::Result<Tensor> {
+    (x * 1.75)?.softmax(1)
+}
+
+fn plan_b(x: &Tensor) -> lazuli::Result<(Tensor, Tensor)> {
+    let sums = (x * 2.5)?.sum(&[1], false)?;
+    Ok((sums, plan_a(x)?))
+}
+
+/// A kernel declares only the scalars it reads, numbered in its own order:
+/// the same kernel in a plan whose graph lifts another scalar before its
+/// own is the same source and runs the pipeline the first plan made
+/// (before, every kernel declared all of its graph's scalars, so none of a
+/// plan's kernels matched another plan's with other scalars).
+#[test]
+fn a_kernel_in_a_plan_with_other_scalars_reuses_its_pipeline() {
+    let _g = common::metrics_lock();
+    let data = common::rand_vec(8 * 96, 3, -1.0, 1.0);
+    let cpu = Device::cpu();
+    let xc = Tensor::from_slice(&data, [8, 96], &cpu).unwrap();
+    let (want_sums, want_soft) = plan_b(&xc).unwrap();
+    let (want_sums, want_soft) = (want_sums.to_vec::<f32>().unwrap(), want_soft.to_vec::<f32>().unwrap());
+    let created = || metrics::counter("PipelinesCreated");
+    let fresh = common::wgpu_profiles();
+    for ((forms, dev), (_, alone)) in common::wgpu_profiles().into_iter().zip(fresh) {
+        let x = Tensor::from_slice(&data, [8, 96], &dev).unwrap();
+        let p0 = created();
+        let a = plan_a(&x).unwrap().to_vec::<f32>().unwrap();
+        let made_a = created() - p0;
+        common::assert_close(&a, &want_soft, 1e-5, 1e-6, &format!("plan A, {forms}"));
+        let p1 = created();
+        let (sums, soft) = plan_b(&x).unwrap();
+        lazuli::sync(&[&sums, &soft]).unwrap();
+        let made_b = created() - p1;
+        common::assert_close(&sums.to_vec::<f32>().unwrap(), &want_sums, 1e-5, 1e-5, &format!("plan B sums, {forms}"));
+        common::assert_close(
+            &soft.to_vec::<f32>().unwrap(),
+            &want_soft,
+            1e-5,
+            1e-6,
+            &format!("plan B softmax, {forms}"),
+        );
+        // Plan B alone, on a device that has seen nothing.
+        let x = Tensor::from_slice(&data, [8, 96], &alone).unwrap();
+        let p2 = created();
+        let (sums, soft) = plan_b(&x).unwrap();
+        lazuli::sync(&[&sums, &soft]).unwrap();
+        let made_alone = created() - p2;
+        assert!(made_a >= 1, "{forms}: plan A made its pipelines");
+        assert_eq!(made_a + made_b, made_alone, "{forms}: plan B reused every pipeline of plan A");
+    }
+}

@@ -340,7 +340,8 @@ fn time_kernel(
     pipeline: &PipelineEntry,
 ) -> Result<f64, BackendError> {
     let dev = &ctx.device;
-    let uniform = ctx.uniform(&graph.scalars, None)?;
+    let scalars: Vec<_> = wgsl.scalars.iter().map(|&i| graph.scalars[i]).collect();
+    let uniform = ctx.uniform(&scalars, None)?;
     let mut scratch = Vec::new();
     for &id in k.inputs.iter().chain(&k.outputs) {
         let bytes = (graph.node(id).shape.numel() as u64 * 4).max(4);

@@ -42,6 +42,10 @@ pub(crate) struct Context {
     /// Bytes between the error slots of one execution (the adapter's
     /// `min_storage_buffer_offset_alignment`, at least a slot's size).
     pub slot_stride: u64,
+    /// Bytes between the sections of an execution's uniform (the
+    /// adapter's `min_uniform_buffer_offset_alignment`; see
+    /// [`crate::uniforms`]).
+    pub uniform_align: u64,
     /// How tensors beyond one binding are bound.
     pub windows: Windows,
     /// The largest buffer (`max_buffer_size`, a multiple of 4).
@@ -262,6 +266,7 @@ impl Context {
             name,
             pool,
             slot_stride: (limits.min_storage_buffer_offset_alignment as u64).max(ERROR_SLOT_BYTES),
+            uniform_align: (limits.min_uniform_buffer_offset_alignment as u64).max(16),
             windows,
             max_buffer: limits.max_buffer_size & !3,
             loop_budget: (info.device_type == wgpu::DeviceType::Cpu).then_some(codegen::LLVMPIPE_LOOP_BUDGET),
@@ -396,9 +401,10 @@ impl Context {
         Ok(v)
     }
 
-    /// The uniform buffer of a launch: `P.z` (0), then one 32-bit word per
-    /// lifted scalar of `dtypes` (`values`, or zeros when `None`), padded
-    /// to 16 bytes.
+    /// The uniform buffer of a launch of a kernel reading the lifted
+    /// scalars `dtypes` (its `Wgsl::scalars`, in order): `P.z` (0), then
+    /// one 32-bit word each (`values`, or zeros when `None`), padded to 16
+    /// bytes.
     pub fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
         let words = uniform_words(dtypes, values);
         let uniform = self.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
@@ -417,14 +423,14 @@ impl Context {
     /// byte `offset` of a buffer, if any.
     pub fn bindings<'b>(
         &self,
-        uniform: &'b WgpuStorage,
+        uniform: Binding<'b>,
         storage: &[&'b WgpuStorage],
         windows: &[u32],
         slot: Option<(&'b WgpuStorage, u64)>,
     ) -> Vec<Binding<'b>> {
         debug_assert_eq!(storage.len(), windows.len());
         let mut out = Vec::with_capacity(storage.len() + 2);
-        out.push(Binding::whole(uniform));
+        out.push(uniform);
         for (&b, &w) in storage.iter().zip(windows) {
             if w <= 1 {
                 out.push(Binding::whole(b));
@@ -490,16 +496,8 @@ impl Context {
 pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) -> Vec<u32> {
     let mut words: Vec<u32> = Vec::with_capacity(dtypes.len() + 4);
     words.push(0);
-    for (k, d) in dtypes.iter().enumerate() {
-        words.push(values.map_or(0, |vs| match d {
-            DType::F32 => (vs[k].as_f64() as f32).to_bits(),
-            // f16 and bf16 scalars are f32 in registers (values already
-            // rounded to their dtype by the executor).
-            DType::F16 | DType::BF16 => (vs[k].cast(*d).as_f64() as f32).to_bits(),
-            DType::I32 => vs[k].as_i64() as i32 as u32,
-            DType::Bool => vs[k].as_bool() as u32,
-            _ => vs[k].as_u64() as u32,
-        }));
+    for (k, &d) in dtypes.iter().enumerate() {
+        words.push(values.map_or(0, |vs| crate::uniforms::scalar_word(d, &vs[k])));
     }
     while !words.len().is_multiple_of(4) {
         words.push(0);

@@ -15,11 +15,12 @@
 
 use crate::binds::{self, BindCache, Binding};
 use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
-use crate::context::{device_err, dispatch_size, uniform_words, Context, READBACK, STORAGE, UNIFORM};
+use crate::context::{device_err, dispatch_size, Context, READBACK, STORAGE, UNIFORM};
 use crate::platform::Scope;
 use crate::pool::WgpuStorage;
 use crate::profile::{map_intervals, mapped_intervals, PendingTimes, Profiler};
 use crate::transfer::{early_copies, EarlyCopy, OutputOf};
+use crate::uniforms::Sections;
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
@@ -50,7 +51,8 @@ pub(crate) fn execute(
     let kernels = exe.current_kernels();
     let mut cache = exe.binds.try_lock().ok();
     let allocating = timeline::span("Allocate");
-    let (uniform, values) = allocate(ctx, exe, &mut cache, &inputs, scalars)?;
+    let sections = Sections::of(kernels.iter().map(|k| &k.wgsl), ctx.uniform_align);
+    let (uniform, values) = allocate(ctx, exe, &mut cache, &inputs, &sections, scalars)?;
     drop(allocating);
     let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));
     let dev = &ctx.device;
@@ -61,7 +63,7 @@ pub(crate) fn execute(
     let slots = ErrorSlots::new(ctx, exe, &kernels, &mut cache, &mut enc)?;
     // Scratch buffers of two-pass kernels live until the wait below.
     let mut scratch = Vec::new();
-    let work = launches(ctx, exe, &kernels, &mut cache, &uniform, &value, &slots, &mut scratch)?;
+    let work = launches(ctx, exe, &kernels, &mut cache, (&uniform, &sections), &value, &slots, &mut scratch)?;
     // Timestamps per launch while profiling or recording the timeline.
     let profiling = profiler.on();
     let timed = profiling || timeline::enabled();
@@ -191,8 +193,9 @@ fn acquire(
     Ok(buf)
 }
 
-/// The uniform of lifted scalars (written before the submission that
-/// reads it: `queue.write_buffer` is ordered before the next submit) and
+/// The uniform of lifted scalars, in `sections` (written before the
+/// submission that reads it: `queue.write_buffer` is ordered before the
+/// next submit) and
 /// the execution's buffers: parameters, then every materialized node in
 /// order, each node asking for the buffers it had before. The
 /// intermediates go back to the pool in reverse order at the end, so even
@@ -203,10 +206,11 @@ fn allocate(
     exe: &WgpuExecutable,
     cache: &mut Cache,
     inputs: &[Buffer],
+    sections: &Sections,
     scalars: &[ScalarValue],
 ) -> Result<(WgpuStorage, Vec<Buffer>), BackendError> {
     let g = &exe.graph;
-    let words = uniform_words(&g.scalars, Some(scalars));
+    let words = sections.words(&g.scalars, scalars);
     let uniform = acquire(ctx, cache, exe.buffers.len(), words.len() as u64 * 4, UNIFORM)?;
     ctx.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
     let mut values: Vec<Buffer> = Vec::with_capacity(exe.buffers.len());
@@ -402,12 +406,17 @@ fn launches<'a, 'v>(
     exe: &WgpuExecutable,
     kernels: &'a [CompiledKernel],
     cache: &mut Cache,
-    uniform: &WgpuStorage,
+    (uniform, sections): (&WgpuStorage, &Sections),
     value: &dyn Fn(NodeId) -> Option<&'v Buffer>,
     slots: &ErrorSlots,
     scratch: &mut Vec<WgpuStorage>,
 ) -> Result<Vec<Launch<'a>>, BackendError> {
     let mut work: Vec<Launch> = Vec::with_capacity(kernels.len());
+    // Each launch binds the uniform's section of its kernel's scalars.
+    let section = |scalars: &[usize]| {
+        let (offset, size) = sections.range(scalars);
+        Binding { storage: uniform, offset, size }
+    };
     for (ki, (k, kernel)) in kernels.iter().zip(&exe.plan.kernels).enumerate() {
         if k.wgsl.invocations == 0 {
             continue;
@@ -439,7 +448,7 @@ fn launches<'a, 'v>(
                     first.push(buffer(id)?);
                 }
                 first.push(&s);
-                let bindings = ctx.bindings(uniform, &first, &k.windows.pre, None);
+                let bindings = ctx.bindings(section(&pre.scalars), &first, &k.windows.pre, None);
                 work.push(Launch {
                     kernel: k,
                     first_pass: true,
@@ -460,7 +469,7 @@ fn launches<'a, 'v>(
                 for id in &kernel.outputs {
                     second.push(buffer(id)?);
                 }
-                let bindings = ctx.bindings(uniform, &second, &k.windows.main, None);
+                let bindings = ctx.bindings(section(&k.wgsl.scalars), &second, &k.windows.main, None);
                 work.push(main(bind(ctx, cache, 2 * ki + 1, &k.pipeline.layout, &bindings)));
                 scratch.push(s);
             }
@@ -469,7 +478,7 @@ fn launches<'a, 'v>(
                 for id in kernel.inputs.iter().chain(&kernel.outputs) {
                     bufs.push(buffer(id)?);
                 }
-                let bindings = ctx.bindings(uniform, &bufs, &k.windows.main, slots.of(ki));
+                let bindings = ctx.bindings(section(&k.wgsl.scalars), &bufs, &k.windows.main, slots.of(ki));
                 work.push(main(bind(ctx, cache, 2 * ki + 1, &k.pipeline.layout, &bindings)));
             }
         }

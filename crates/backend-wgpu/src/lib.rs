@@ -105,6 +105,7 @@ pub mod runtime;
 mod threads;
 pub mod tier;
 mod transfer;
+mod uniforms;
 pub mod validate;
 mod wgsl_text;
 pub mod window;
