@@ -2,7 +2,8 @@
 //! executions (`BindCache`).
 //!
 //! A bind group names the buffer ranges of one launch (`Binding`): the
-//! uniform of lifted scalars, then the kernel's inputs and outputs (or a
+//! kernel's section of the uniform of lifted scalars (the `uniforms`
+//! module), then the kernel's inputs and outputs (or a
 //! two-pass kernel's scratch), each whole or, for a tensor beyond one
 //! storage binding, as several windows at their offsets (see
 //! [`crate::window`]), then the error slot of a kernel that checks indices
