@@ -406,7 +406,9 @@ impl Context {
     /// one 32-bit word each (`values`, or zeros when `None`), padded to 16
     /// bytes.
     pub fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
-        let words = uniform_words(dtypes, values);
+        let words = crate::uniforms::section(
+            dtypes.iter().enumerate().map(|(k, &d)| values.map_or(0, |vs| crate::uniforms::scalar_word(d, &vs[k]))),
+        );
         let uniform = self.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
         self.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
         Ok(uniform)
@@ -488,21 +490,6 @@ impl Context {
             })
             .collect()
     }
-}
-
-/// The words of a uniform buffer of lifted scalars: `P.z` (0), then one
-/// 32-bit word per lifted scalar of `dtypes` (`values`, or zeros when
-/// `None`), padded to 16 bytes.
-pub(crate) fn uniform_words(dtypes: &[DType], values: Option<&[ScalarValue]>) -> Vec<u32> {
-    let mut words: Vec<u32> = Vec::with_capacity(dtypes.len() + 4);
-    words.push(0);
-    for (k, &d) in dtypes.iter().enumerate() {
-        words.push(values.map_or(0, |vs| crate::uniforms::scalar_word(d, &vs[k])));
-    }
-    while !words.len().is_multiple_of(4) {
-        words.push(0);
-    }
-    words
 }
 
 /// Bytes of the device buffer of a value of type `ty`: 4 per element,

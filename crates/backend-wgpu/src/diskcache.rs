@@ -340,18 +340,19 @@ fn entries(dir: &Path) -> Vec<(SystemTime, u64, PathBuf)> {
 fn first_scan(dir: &Path, max_bytes: u64, usage: &Usage) {
     let started = lazuli_executor::platform::Instant::now();
     let now = SystemTime::now();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let stale = e.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
-                && e.metadata()
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_TEMP));
-            if stale {
-                let _ = std::fs::remove_file(e.path());
-            }
+    // One listing: entries counted, stale temporaries deleted.
+    let mut on_disk = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        let Ok(meta) = e.metadata() else { continue };
+        if path.extension().is_some_and(|x| x == EXT) {
+            on_disk += footprint(meta.len());
+        } else if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
+            && meta.modified().is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_TEMP))
+        {
+            let _ = std::fs::remove_file(path);
         }
     }
-    let on_disk: u64 = entries(dir).iter().map(|e| footprint(e.1)).sum();
     let total = usage.bytes.fetch_add(on_disk, Ordering::Relaxed) + on_disk;
     usage.known.store(true, Ordering::Release);
     if total > max_bytes {

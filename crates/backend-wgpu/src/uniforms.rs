@@ -65,19 +65,27 @@ impl Sections {
     pub fn words(&self, dtypes: &[DType], values: &[ScalarValue]) -> Vec<u32> {
         let mut words = vec![0u32; (self.bytes / 4) as usize];
         for (list, offset, _) in &self.sections {
-            let at = (*offset / 4) as usize + 1;
-            for (k, &index) in list.iter().enumerate() {
-                words[at + k] = scalar_word(dtypes[index], &values[index]);
-            }
+            let s = section(list.iter().map(|&i| scalar_word(dtypes[i], &values[i])));
+            let at = (*offset / 4) as usize;
+            words[at..at + s.len()].copy_from_slice(&s);
         }
         words
     }
 }
 
 /// Bytes of a uniform section of `scalars` scalars: `P.z` and one word
-/// each, padded to 16 bytes.
+/// each, padded to 16 bytes (the length of [`section`]'s words).
 pub(crate) fn section_bytes(scalars: usize) -> u64 {
     ((1 + scalars) as u64 * 4).next_multiple_of(16)
+}
+
+/// The words of one section: `P.z` (0), then `scalars` (see
+/// [`scalar_word`]), padded to 16 bytes.
+pub(crate) fn section(scalars: impl IntoIterator<Item = u32>) -> Vec<u32> {
+    let mut words = vec![0];
+    words.extend(scalars);
+    words.resize(section_bytes(words.len() - 1) as usize / 4, 0);
+    words
 }
 
 /// The 32-bit word of a lifted scalar `value` of dtype `d` in a uniform.

@@ -681,7 +681,7 @@ pub(super) fn ceil_div(n: u64, d: u64, generic: bool) -> String {
 fn params_header(graph: &VerifiedGraph, scalars: &[usize]) -> String {
     let mut s = String::from("struct Params {\n    z: u32,\n");
     for (k, &index) in scalars.iter().enumerate() {
-        // Lifted f16 and bf16 scalars are f32 words (see `uniform_words`).
+        // Lifted f16 and bf16 scalars are f32 words (see `crate::uniforms::scalar_word`).
         let _ = writeln!(s, "    s{k}: {},", storage_reg_ty(graph.scalars[index]));
     }
     s.push_str("}\n\n@group(0) @binding(0) var<uniform> P: Params;\n");
