@@ -531,14 +531,11 @@ impl Writer<'_> {
                 continue;
             }
             let n = self.g.node(id);
-            let load = if n.dtype == DType::Bool {
-                format!("in{k}[i] != 0u")
-            } else if vec4(id) {
-                // Bound as vectors for the matmul loop; views read lanes.
-                format!("in{k}[i >> 2u][i & 3u]")
-            } else {
-                format!("in{k}[i]")
-            };
+            // Bound as vectors (the matmul loop, a row kernel's vec4
+            // layout): views read lanes.
+            let raw = if vec4(id) { format!("in{k}[i >> 2u][i & 3u]") } else { format!("in{k}[i]") };
+            // Bools are one `u32` per element in buffers.
+            let load = if n.dtype == DType::Bool { format!("{raw} != 0u") } else { raw };
             let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
         }
     }
