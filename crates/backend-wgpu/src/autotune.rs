@@ -5,18 +5,26 @@
 //! memory for the process and on disk (`LAZULI_CACHE_DIR`) for the next
 //! one, which never times that kernel again.
 //!
-//! Tuning pays for itself or does not happen:
+//! Tuning pays for itself or does not happen, and no step waits for
+//! the compiles it needs:
 //! - only products of at least [`MIN_FLOPS`] are tuned
 //!   (`WgpuOptions::autotune_min_flops`): a matmul that takes
 //!   microseconds never is;
 //! - never on the first execution's path: a compile only looks winners
-//!   up (`lookup`); a kernel without one runs in the rule's form, and
-//!   is measured (`measure`) just before its plan's second execution
-//!   (a plan run once, such as an odd evaluation batch, is never tuned),
-//!   when nothing else of the backend runs; the winner replaces the
-//!   kernel at that plan boundary, one kernel per execution, so no step
-//!   waits for more than one key's measurements;
-//! - the candidates' pipelines are created together, on several threads.
+//!   up (`lookup`); a kernel without one runs in the rule's form. At its
+//!   plan's second execution (a plan run once, such as an odd evaluation
+//!   batch, is never tuned) the candidate forms of the plan's waiting
+//!   kernels start compiling on a thread of their own, their pipelines
+//!   on the compile threads (`Compiler::compile_candidates`); the steps
+//!   go on meanwhile. At the first plan boundary after that compile
+//!   finished, the candidates are timed when nothing else of the backend
+//!   runs (`time_candidates`), one key after another within
+//!   [`BOUNDARY_BUDGET`] (the keys left over are timed at the next
+//!   boundaries), and each winner replaces its kernels there. So a step
+//!   waits for timed runs only (a few milliseconds for the products of
+//!   a GPT step), never for a pipeline;
+//! - kernels of one plan with the same source (a model's identical
+//!   layers) are one key: compiled and timed once.
 //!
 //! Bounds: each kernel key gets at most [`KEY_BUDGET`] of timed runs (the
 //! static choice is timed first, so a budget that runs out leaves a
@@ -37,15 +45,16 @@
 //! (`AutotuneCacheBad`).
 
 use crate::codegen::{self, LowerLimits, MatmulForm, MatmulTile, Wgsl};
+use crate::compile::CompiledKernel;
 use crate::context::{dispatch_size, Context, READBACK, STORAGE};
 use crate::diskcache::DiskCache;
-use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
+use crate::pipeline::PipelineEntry;
 use crate::profile::read_timestamps;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::VerifiedGraph;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,6 +69,11 @@ pub const PROCESS_BUDGET: Duration = Duration::from_secs(3);
 /// about 0.1 ms on a GPU at 20 TFLOP/s, so its candidates take about a
 /// millisecond to time); smaller ones keep the rule's form.
 pub const MIN_FLOPS: u64 = 2 << 30;
+
+/// Timed runs measured at one plan boundary: keys are timed there one
+/// after another until this is spent (at least one is), the rest at the
+/// boundaries that follow.
+pub const BOUNDARY_BUDGET: Duration = KEY_BUDGET;
 
 /// Timed runs of each candidate (after one untimed warm-up run).
 pub const RUNS: usize = 3;
@@ -116,9 +130,12 @@ impl Tuner {
         self.enabled
     }
 
-    /// The key of a kernel whose static-form source is `source`.
+    /// The key of a kernel whose static-form source is `source`, in its
+    /// canonical form (node names renumbered, see [`crate::generic`]): the
+    /// same product in every layer of a model is one key, tuned once.
     pub fn key(&self, family: &str, source: &str) -> u64 {
-        lazuli_ir::stable_hash(&(self.salt.as_str(), family, source))
+        let canonical = crate::generic::scan(source);
+        lazuli_ir::stable_hash(&(self.salt.as_str(), family, canonical.canonical()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -211,55 +228,120 @@ pub(crate) fn lookup(
     })
 }
 
-/// Measures the candidate forms of kernel `k` of `graph` (named `name`),
-/// whose static form lowers to `static_wgsl`, and returns the winner with
-/// its source, recorded in the tuner (memory and disk); `None` when the
-/// process budget is spent or every candidate failed. The candidates'
-/// pipelines are created together (on several threads), then timed one
-/// after another, the rule's choice first, within [`KEY_BUDGET`]. Called
-/// between executions, when nothing else of this backend runs.
-pub(crate) fn measure(
+/// Where the kernels of an executable that wait for the tuner stand
+/// (see [`crate::compile::Compiler::tune_at_boundary`]).
+#[derive(Default)]
+pub(crate) enum Waiting {
+    /// No candidates compiled or compiling.
+    #[default]
+    Idle,
+    /// Their candidates are being compiled, off the steps' path.
+    Compiling,
+    /// Compiled, to be timed at the plan boundaries that follow.
+    Ready(VecDeque<KeyCandidates>),
+    /// Tuning was given up for this executable (the process budget is
+    /// spent, or its candidates could not be compiled): its kernels keep
+    /// the rule's forms.
+    Abandoned,
+}
+
+/// One tuning key's candidates in one executable, compiled.
+pub(crate) struct KeyCandidates {
+    /// The key (see [`Tuner::key`]).
+    pub key: u64,
+    /// The executable's kernels (indices) with this key: the same static
+    /// source, so one measurement decides them all.
+    pub kernels: Vec<usize>,
+    /// Each candidate form with its compiled kernel for each of
+    /// `kernels`, the rule's choice first; where the winner was known
+    /// by the time the candidates were compiled (another executable or
+    /// process tuned the key), that form alone.
+    pub forms: Vec<(MatmulForm, Vec<CompiledKernel>)>,
+    /// Whether `forms` is a known winner (nothing to time).
+    pub known: bool,
+}
+
+/// The kernels of an executable whose candidates are to be compiled,
+/// handed to the compiling thread; [`TuneJob::finish`] hands them back
+/// (dropped unfinished, it gives tuning up for the executable).
+pub(crate) struct TuneJob {
+    /// The executable's graph.
+    pub graph: VerifiedGraph,
+    /// Each waiting kernel: its index in the plan, its kernel and name.
+    pub kernels: Vec<(usize, Kernel, String)>,
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+impl TuneJob {
+    /// The job for `kernels` of `graph`, whose executable's state is
+    /// `waiting` (set to [`Waiting::Compiling`] here).
+    pub fn new(graph: VerifiedGraph, kernels: Vec<(usize, Kernel, String)>, waiting: Arc<Mutex<Waiting>>) -> TuneJob {
+        *lock(&waiting) = Waiting::Compiling;
+        TuneJob { graph, kernels, waiting }
+    }
+
+    /// Hands the compiled candidates to the executable (timed at its next
+    /// boundaries); a failure gives tuning up for it, with a warning.
+    /// `Ok(None)`: cancelled (the backend is going away).
+    pub fn finish(&self, compiled: Result<Option<VecDeque<KeyCandidates>>, BackendError>) {
+        *lock(&self.waiting) = match compiled {
+            Ok(Some(ready)) => Waiting::Ready(ready),
+            Ok(None) => Waiting::Abandoned,
+            Err(e) => {
+                tracing::warn!("compiling autotune candidates failed, the kernels keep their forms: {e}");
+                Waiting::Abandoned
+            }
+        };
+    }
+}
+
+impl Drop for TuneJob {
+    /// A compile that never finished (its thread did not start, or
+    /// panicked) gives tuning up for the executable.
+    fn drop(&mut self) {
+        let mut waiting = lock(&self.waiting);
+        if matches!(*waiting, Waiting::Compiling) {
+            *waiting = Waiting::Abandoned;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The candidate forms of kernel `k` of `graph` the adapter can run, the
+/// rule's choice first (the limits `base`).
+pub(crate) fn candidate_forms(k: &Kernel, graph: &VerifiedGraph, base: LowerLimits) -> Vec<MatmulForm> {
+    codegen::matmul::candidates(k, graph)
+        .into_iter()
+        // Not available on this adapter (workgroup memory).
+        .filter(|&form| codegen::matmul::resolve_form(k, graph, &with_form(base, form)) == form)
+        .collect()
+}
+
+/// Times `c`'s candidate forms of kernel `k` of `graph` (named `name`)
+/// one after another, the rule's choice first, within [`KEY_BUDGET`] of
+/// timed runs, and records the winner in the tuner (memory and disk);
+/// returns its index in `c.forms`, `None` when every candidate failed.
+/// Called at a plan boundary, when nothing else of the backend runs
+/// (the caller settles the execution in flight first).
+pub(crate) fn time_candidates(
     ctx: &Context,
     tuner: &Tuner,
-    pipelines: &Pipelines,
-    base: LowerLimits,
     (k, graph, name): (&Kernel, &VerifiedGraph, &str),
-    lower: impl Fn(&LowerLimits) -> Result<Wgsl, BackendError>,
-) -> Result<Option<(MatmulForm, Wgsl)>, BackendError> {
-    let key = tuner.key("matmul", &lower(&base)?.source);
-    if let Some(form) = tuner.known(key) {
-        return Ok(Some((form, lower(&with_form(base, form))?)));
-    }
-    if !tuner.budget_left() {
-        return Ok(None);
-    }
+    c: &KeyCandidates,
+) -> Option<usize> {
     let start = Instant::now();
-    let mut candidates = Vec::new();
-    for form in codegen::matmul::candidates(k, graph) {
-        let limits = with_form(base, form);
-        if codegen::matmul::resolve_form(k, graph, &limits) != form {
-            continue; // not available on this adapter (workgroup memory)
-        }
-        candidates.push((form, lower(&limits)?));
-    }
-    let prepared: Vec<Prepared> =
-        candidates.iter().map(|(form, wgsl)| Prepared::fixed(format!("{name} tune {form:?}"), wgsl)).collect();
-    let made = pipelines.get_or_create(ctx, &prepared, true)?;
-    // Nothing else runs while the candidates are timed: the execution
-    // that returned before finishing (see `Context::overlap`) ends first.
-    ctx.settle()?;
-    let mut measuring = std::time::Duration::ZERO;
     let mut best: Option<(f64, usize)> = None;
     // The rule's choice is the first candidate: what tuning buys is
     // measured against it.
     let mut rule_ms = None;
-    for (i, ((form, wgsl), pipeline)) in candidates.iter().zip(&made).enumerate() {
-        if best.is_some() && measuring >= KEY_BUDGET {
+    for (i, (form, compiled)) in c.forms.iter().enumerate() {
+        if best.is_some() && start.elapsed() >= KEY_BUDGET {
             break;
         }
-        let t = Instant::now();
-        let ms = time_kernel(ctx, k, graph, wgsl, pipeline);
-        measuring += t.elapsed();
+        let ms = time_kernel(ctx, k, graph, &compiled[0].wgsl, &compiled[0].pipeline);
         metrics::inc("AutotuneRuns", 1);
         match ms {
             Ok(ms) => {
@@ -277,20 +359,20 @@ pub(crate) fn measure(
     metrics::record_time("Autotune", start.elapsed());
     match best {
         Some((ms, i)) => {
-            let (form, wgsl) = candidates.swap_remove(i);
-            tuner.record(key, form, start.elapsed());
+            let form = c.forms[i].0;
+            tuner.record(c.key, form, start.elapsed());
             if let Some(rule) = rule_ms {
                 metrics::note(format!(
-                    "autotuned {name}: {} at {ms:.3} ms against the rule's choice at {rule:.3} ms, after {:.1} ms of tuning",
+                    "autotuned {name}: {} at {ms:.3} ms against the rule's choice at {rule:.3} ms, after {:.1} ms of timing",
                     form_name(form),
                     start.elapsed().as_secs_f64() * 1e3
                 ));
             }
-            Ok(Some((form, wgsl)))
+            Some(i)
         }
         None => {
             tuner.spend(start.elapsed());
-            Ok(None)
+            None
         }
     }
 }

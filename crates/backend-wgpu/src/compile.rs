@@ -15,7 +15,7 @@
 //! context; which graph was compiled before at other sizes is the
 //! executor's to remember (`CompileHints::earlier`).
 
-use crate::autotune::{self, Tuner, Tuning};
+use crate::autotune::{self, KeyCandidates, TuneJob, Tuner, Tuning, Waiting};
 use crate::binds::BindCache;
 use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Wgsl};
 use crate::context::Context;
@@ -28,6 +28,7 @@ use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInf
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
 use lazuli_ir::{Node, NodeId, Op, VerifiedGraph};
 use std::any::Any;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 /// The compile side of a backend: limits, forms and caches.
@@ -192,33 +193,155 @@ impl Compiler {
         Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
     }
 
-    /// Before an execution of `exe`: from its second execution on (a plan
-    /// that repeats), measures one kernel still waiting for the tuner and,
-    /// where another form won, replaces it (see [`crate::autotune`]). A
-    /// failure to tune is a warning: the kernel keeps its form.
-    pub fn tune_pending(&self, ctx: &Context, exe: &WgpuExecutable) {
+    /// At a plan boundary, before an execution of `exe`, for its kernels
+    /// waiting for the tuner (see [`crate::autotune`]): from its second
+    /// execution on (a plan that repeats), returns the job compiling
+    /// their candidates, which the caller runs off this thread; once
+    /// compiled, times them here, keys within
+    /// [`autotune::BOUNDARY_BUDGET`], and swaps each winner in. A failure
+    /// to tune is a warning: the kernels keep their forms.
+    pub fn tune_at_boundary(&self, ctx: &Context, exe: &WgpuExecutable) -> Option<TuneJob> {
         if exe.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
-            return;
+            return None;
         }
-        let Some(ki) = exe.untuned.lock().unwrap_or_else(|e| e.into_inner()).pop() else { return };
-        let (k, graph) = (&exe.plan.kernels[ki], &exe.graph);
-        let name = exe.current_kernels()[ki].name.clone();
-        let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
-        let tuned = autotune::measure(ctx, &self.tuner, &self.pipelines, self.lower, (k, graph, &name), lower)
-            .and_then(|won| match won {
-                Some((form, wgsl)) if form != codegen::matmul::resolve_form(k, graph, &self.lower) => {
-                    let kernel = self.finish(ctx, k, graph, name.clone(), wgsl)?;
-                    Ok(self.build(ctx, vec![kernel], &[])?.pop())
+        let mut waiting = exe.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *waiting {
+            Waiting::Compiling | Waiting::Abandoned => None,
+            Waiting::Ready(ready) => {
+                self.time_ready(ctx, exe, ready);
+                if ready.is_empty() {
+                    *waiting = Waiting::Idle;
                 }
-                _ => Ok(None),
-            });
-        match tuned {
-            Ok(Some(kernel)) => {
+                None
+            }
+            Waiting::Idle => {
+                let untuned = exe.untuned.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if untuned.is_empty() {
+                    return None;
+                }
+                if !self.tuner.budget_left() {
+                    exe.untuned.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    *waiting = Waiting::Abandoned;
+                    return None;
+                }
+                drop(waiting);
+                let current = exe.current_kernels();
+                let kernels =
+                    untuned.iter().map(|&i| (i, exe.plan.kernels[i].clone(), current[i].name.clone())).collect();
+                Some(TuneJob::new(exe.graph.clone(), kernels, exe.waiting.clone()))
+            }
+        }
+    }
+
+    /// The candidates of `job`'s kernels compiled (their pipelines on
+    /// threads of the job's own), grouped by tuning key; a key whose winner is known by now
+    /// gets that form alone. `None` where `cancelled` turned true (checked
+    /// before each kernel). Runs off the steps' path; its time counts
+    /// against the tuner's process budget.
+    pub(crate) fn compile_candidates(
+        &self,
+        ctx: &Context,
+        job: &TuneJob,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<Option<VecDeque<KeyCandidates>>, BackendError> {
+        let start = Instant::now();
+        let graph = &job.graph;
+        let mut keys: Vec<KeyCandidates> = Vec::new();
+        // Per lowered candidate: its key's entry, its form's index there.
+        let mut lowered = Vec::new();
+        let mut places = Vec::new();
+        for (i, k, name) in &job.kernels {
+            if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
+            let key = self.tuner.key("matmul", &lower(&self.lower)?.source);
+            let entry = match keys.iter().position(|c| c.key == key) {
+                Some(e) => e,
+                None => {
+                    let (forms, known) = match self.tuner.known(key) {
+                        Some(form) => (vec![form], true),
+                        None => (autotune::candidate_forms(k, graph, self.lower), false),
+                    };
+                    let forms = forms.into_iter().map(|f| (f, Vec::new())).collect();
+                    keys.push(KeyCandidates { key, kernels: Vec::new(), forms, known });
+                    keys.len() - 1
+                }
+            };
+            keys[entry].kernels.push(*i);
+            for f in 0..keys[entry].forms.len() {
+                let form = keys[entry].forms[f].0;
+                let wgsl = lower(&autotune::with_form(self.lower, form))?;
+                lowered.push(self.finish(ctx, k, graph, name.clone(), wgsl)?);
+                places.push((entry, f));
+            }
+        }
+        // Static pipelines, as a first compile at these sizes makes them
+        // (no size family), created in parallel on threads of this job's
+        // own: the compile threads stay free for the steps' compiles.
+        let prepared: Vec<Prepared> = lowered
+            .iter()
+            .flat_map(|l| l.passes().map(|(name, w, _)| Prepared::fixed(name, w)).collect::<Vec<_>>())
+            .collect();
+        let threads = (self.pipelines.workers().threads() / 2).max(1);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = prepared
+                .chunks(prepared.len().div_ceil(threads).max(1))
+                .map(|part| scope.spawn(move || self.pipelines.get_or_create(ctx, part, false)))
+                .collect();
+            parts.into_iter().try_for_each(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)).map(drop))
+        })?;
+        // Every pipeline is made: this only assembles the kernels.
+        let members = vec![None; prepared.len()].into_iter();
+        let built = self.assemble(ctx, lowered, prepared, members, false)?;
+        for (kernel, (entry, f)) in built.into_iter().zip(places) {
+            keys[entry].forms[f].1.push(kernel);
+        }
+        let spent = start.elapsed();
+        metrics::record_time("AutotuneCompile", spent);
+        self.tuner.spend(spent);
+        Ok(Some(keys.into()))
+    }
+
+    /// Times the first keys of `ready` (of `exe`) within
+    /// [`autotune::BOUNDARY_BUDGET`] (at least one) and swaps each winner
+    /// in where it is not the form the kernels run.
+    fn time_ready(&self, ctx: &Context, exe: &WgpuExecutable, ready: &mut VecDeque<KeyCandidates>) {
+        let start = Instant::now();
+        let mut settled = false;
+        while let Some(c) = ready.front() {
+            if settled && start.elapsed() >= autotune::BOUNDARY_BUDGET {
+                break;
+            }
+            let ki = c.kernels[0];
+            let (k, graph) = (&exe.plan.kernels[ki], &exe.graph);
+            let won = if c.known {
+                Some(0)
+            } else {
+                if !settled {
+                    // Nothing else runs while the candidates are timed: the
+                    // execution that returned before finishing (see
+                    // `Context::overlap`) ends first.
+                    if let Err(e) = ctx.settle() {
+                        tracing::warn!("autotuning postponed: {e}");
+                        return;
+                    }
+                    settled = true;
+                }
+                let name = exe.current_kernels()[ki].name.clone();
+                autotune::time_candidates(ctx, &self.tuner, (k, graph, &name), c)
+            };
+            let c = ready.pop_front().expect("a front key");
+            exe.untuned.lock().unwrap_or_else(|e| e.into_inner()).retain(|i| !c.kernels.contains(i));
+            let Some(w) = won else { continue };
+            let (form, kernels) = c.forms.into_iter().nth(w).expect("the winner is a candidate");
+            if form == codegen::matmul::resolve_form(k, graph, &self.lower) {
+                continue;
+            }
+            for (&ki, kernel) in c.kernels.iter().zip(kernels) {
                 exe.replace_kernel(ki, kernel);
                 metrics::inc("AutotuneSwaps", 1);
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(kernel = name, "autotuning failed, the kernel keeps its form: {e}"),
         }
     }
 
@@ -317,25 +440,11 @@ impl Compiler {
         }
     }
 
-    /// Compiled kernels for finished sources: generic over sizes where
-    /// their families vary, with their pipelines and size bind groups.
-    /// `like`: per kernel of `lowered`, the same kernel of the structure
-    /// compiled at other sizes (a size variant's predecessor), if any;
-    /// empty where there is none.
-    fn build(
-        &self,
-        ctx: &Context,
-        lowered: Vec<Lowered>,
-        like: &[Option<&CompiledKernel>],
-    ) -> Result<Vec<CompiledKernel>, BackendError> {
-        let (prepared, members) = self.prepare(&lowered, like);
-        self.assemble(ctx, lowered, prepared, members, true)
-    }
-
-    /// [`Compiler::build`] after [`Compiler::prepare`]: the pipelines of
-    /// `prepared` (created where missing, on the compile threads where
-    /// `parallel`) and the size bind groups of its generic kernels,
-    /// joined with `lowered` and `members` into kernels.
+    /// Compiled kernels for finished sources, after
+    /// [`Compiler::prepare`]: the pipelines of `prepared` (created where
+    /// missing, on the compile threads where `parallel`) and the size bind
+    /// groups of its generic kernels, joined with `lowered` and `members`
+    /// into kernels.
     fn assemble(
         &self,
         ctx: &Context,
@@ -378,8 +487,9 @@ impl Compiler {
 
     /// Each lowered source (and first pass) ready for pipeline creation:
     /// generic over sizes where its family has seen other sizes; with
-    /// each one's member of its family, if generic. `like`: see
-    /// [`Compiler::build`].
+    /// each one's member of its family, if generic. `like`: per kernel of
+    /// `lowered`, the same kernel of the structure compiled at other sizes
+    /// (a size variant's predecessor), if any; empty where there is none.
     fn prepare(
         &self,
         lowered: &[Lowered],
@@ -587,10 +697,12 @@ pub struct WgpuExecutable {
     pub(crate) plan: FusionPlan,
     /// The compiled kernels, one per kernel of `plan`; a kernel the tuner
     /// replaces is swapped between executions (see
-    /// [`Compiler::tune_pending`]).
+    /// [`Compiler::tune_at_boundary`]).
     kernels: std::sync::RwLock<Arc<[CompiledKernel]>>,
     /// Kernels still waiting for the tuner (indices into `kernels`).
     untuned: Mutex<Vec<usize>>,
+    /// Where their candidates stand (see [`crate::autotune`]).
+    waiting: Arc<Mutex<Waiting>>,
     /// Executions started.
     runs: std::sync::atomic::AtomicU64,
     /// The buffers of an execution, in order: parameters, then every
@@ -701,6 +813,7 @@ impl WgpuExecutable {
             plan,
             kernels: std::sync::RwLock::new(kernels.into()),
             untuned: Mutex::new(untuned),
+            waiting: Default::default(),
             runs: Default::default(),
             buffers,
             slot,
@@ -747,7 +860,7 @@ impl WgpuExecutable {
     }
 
     /// Queues kernels `indices` for the tuner (measured at the plan
-    /// boundaries that follow, see [`Compiler::tune_pending`]).
+    /// boundaries that follow, see [`Compiler::tune_at_boundary`]).
     pub(crate) fn await_tuning(&self, indices: &[usize]) {
         self.untuned.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(indices);
     }

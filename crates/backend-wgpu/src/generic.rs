@@ -286,6 +286,12 @@ pub fn scan(source: &str) -> Scanned {
 }
 
 impl Scanned {
+    /// The source with its node names renumbered: equal for kernels that
+    /// differ only in node numbering (the same layer twice in a model).
+    pub fn canonical(&self) -> &str {
+        &self.canonical
+    }
+
     /// The values of the replaceable literals, in source order.
     pub fn values(&self) -> Vec<u32> {
         self.literals.iter().map(|l| l.value).collect()

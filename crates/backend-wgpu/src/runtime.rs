@@ -36,7 +36,8 @@ struct Inner {
     /// Executions after which a plan's generic kernels are compiled
     /// static (see [`crate::tier`]); `None`: never.
     specialize_after: Option<u64>,
-    /// The threads compiling static kernels, not yet joined.
+    /// The threads compiling off the steps' path (static kernels, the
+    /// tuner's candidates), not yet joined.
     background: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Set while a device on this backend is dropped: the background
     /// compiles stop before their next kernel.
@@ -185,18 +186,46 @@ impl WgpuBackend {
             return;
         }
         let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
+        self.in_background("lazuli-specialize", move |inner| {
+            job.finish(inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels, &inner.cancel));
+        });
+    }
+
+    /// At a plan boundary before an execution of `exe`: times the tuner's
+    /// candidates for its kernels where they are compiled, or starts
+    /// compiling them on a thread of their own (see [`crate::autotune`]).
+    fn tune(&self, exe: &WgpuExecutable) {
+        let Some(job) = self.inner.compiler.tune_at_boundary(&self.inner.ctx, exe) else { return };
+        self.in_background("lazuli-autotune", move |inner| {
+            job.finish(inner.compiler.compile_candidates(&inner.ctx, &job, &inner.cancel));
+        });
+    }
+
+    /// Runs `work` on a thread named `name`, joined when a device on this
+    /// backend is dropped (see [`WgpuBackend::await_background`]); a
+    /// thread that cannot start is a warning (the job, dropped, leaves its
+    /// plan as it is).
+    fn in_background(&self, name: &str, work: impl FnOnce(&Inner) + Send + 'static) {
         let inner = self.inner.clone();
-        let compile = move || {
-            let compiled = inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels, &inner.cancel);
-            job.finish(compiled);
-        };
-        match std::thread::Builder::new().name("lazuli-specialize".into()).spawn(compile) {
+        match std::thread::Builder::new().name(name.into()).spawn(move || work(&inner)) {
             Ok(handle) => {
                 let mut background = self.inner.background.lock().unwrap_or_else(|e| e.into_inner());
                 background.retain(|h| !h.is_finished());
                 background.push(handle);
             }
-            Err(e) => tracing::warn!("could not start compiling static kernels, the plan stays generic: {e}"),
+            Err(e) => tracing::warn!("could not start a background compile ({name}): {e}"),
+        }
+    }
+
+    /// Waits for the compiles running off the steps' path to finish: a
+    /// plan's static kernels for recurring sizes ([`crate::tier`]) and
+    /// the tuner's candidates ([`crate::autotune`]). What they made takes
+    /// effect at each plan's next execution. For tests, and for
+    /// benchmarks that want a settled engine before they time.
+    pub fn await_background(&self) {
+        let handles = std::mem::take(&mut *self.inner.background.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.join();
         }
     }
 
@@ -500,7 +529,7 @@ impl Backend for WgpuBackend {
         // before this execution (see `crate::autotune`), and generic
         // kernels by static ones (see `crate::tier`).
         self.specialize(exe);
-        self.inner.compiler.tune_pending(&self.inner.ctx, exe);
+        self.tune(exe);
         crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
     }
 

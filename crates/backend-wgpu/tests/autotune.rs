@@ -1,11 +1,13 @@
 //! Autotuning of matmul forms, forced on whatever adapter is present
 //! (lavapipe in CI): a plan's first execution runs the rule's form and
-//! times nothing; before its second one the tuner times the candidate
-//! forms and records the winner on disk; a later compile, or a second
-//! backend with the same cache directory, reuses it without timing
-//! anything; products below the tuner's minimum are never timed; every
-//! chosen form computes the right product; corrupt cache entries are
-//! ignored.
+//! times nothing; its second one starts compiling the candidate forms
+//! off the step's path and times nothing either; the first execution
+//! after that compile finished times them and records the winner on
+//! disk; a later compile, or a second backend with the same cache
+//! directory, reuses it without timing anything; kernels of one plan
+//! with the same source are timed once; products below the tuner's
+//! minimum are never timed; every chosen form computes the right
+//! product; corrupt cache entries are ignored.
 
 use lazuli_executor::{metrics, Backend};
 use lazuli_ir::{DType, Graph, Op, ValueType};
@@ -43,7 +45,9 @@ fn backend_with(dir: &Path, min_flops: Option<u64>) -> Option<WgpuBackend> {
 }
 
 /// Compiles `a [m, k] @ b [k, n]`, runs it `runs` times and checks each
-/// result against a host product.
+/// result against a host product. After each execution the background
+/// compiles are awaited, so the tuner's candidates are compiled by the
+/// execution after the one that started them.
 fn check_matmul(b: &WgpuBackend, m: usize, k: usize, n: usize, runs: usize) {
     let mut g = Graph::new();
     let x = g.param(ValueType::new([m, k], DType::F32));
@@ -67,6 +71,7 @@ fn check_matmul(b: &WgpuBackend, m: usize, k: usize, n: usize, runs: usize) {
                 assert_eq!(got[i * n + j], want, "({i}, {j}) of {m}x{k}x{n}, run {run}");
             }
         }
+        b.await_background();
     }
 }
 
@@ -100,7 +105,7 @@ fn tunes_once_then_reuses_the_disk_cache() {
     assert_eq!(metrics::counter("AutotuneRuns"), runs, "no timing with a warm disk cache");
     assert!(metrics::counter("AutotuneHits") >= hits + 2);
     // A different shape is a different key.
-    check_matmul(&b2, 40, 24, 72, 2);
+    check_matmul(&b2, 40, 24, 72, 3);
     assert!(metrics::counter("AutotuneRuns") > runs);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -122,7 +127,7 @@ fn corrupt_cache_entries_are_ignored() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir("corrupt");
     let Some(b) = backend(&dir) else { return };
-    check_matmul(&b, 64, 32, 64, 2);
+    check_matmul(&b, 64, 32, 64, 3);
     drop(b);
     let entries = autotune_entries(&dir);
     assert_eq!(entries.len(), 1);
@@ -134,7 +139,7 @@ fn corrupt_cache_entries_are_ignored() {
     std::fs::write(&entries[0], bytes).unwrap();
     let (bad, runs) = (metrics::counter("DiskCacheBad"), metrics::counter("AutotuneRuns"));
     let b2 = backend(&dir).unwrap();
-    check_matmul(&b2, 64, 32, 64, 2);
+    check_matmul(&b2, 64, 32, 64, 3);
     assert!(metrics::counter("DiskCacheBad") > bad, "the corrupt entry is counted");
     assert!(metrics::counter("AutotuneRuns") > runs, "tuned again");
     let _ = std::fs::remove_dir_all(&dir);
@@ -150,5 +155,61 @@ fn small_products_are_never_tuned() {
     check_matmul(&b, 96, 64, 80, 4);
     assert_eq!(metrics::counter("AutotuneRuns"), runs);
     assert!(autotune_entries(&dir).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn candidates_compile_off_the_steps_path_and_one_source_is_timed_once() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("background");
+    let Some(b) = backend(&dir) else { return };
+    // Two products with the same source (two layers of one shape): one
+    // tuning key.
+    let (m, k, n) = (72, 48, 56);
+    let mut g = Graph::new();
+    let x = g.param(ValueType::new([m, k], DType::F32));
+    let w1 = g.param(ValueType::new([k, n], DType::F32));
+    let w2 = g.param(ValueType::new([k, n], DType::F32));
+    let y1 = g.push(Op::MatMul, &[x, w1]).unwrap();
+    let y2 = g.push(Op::MatMul, &[x, w2]).unwrap();
+    g.outputs.extend([y1, y2]);
+    let v = g.verify().unwrap();
+    let exe = b.compile(&v).unwrap();
+    let up = |len: usize, shape: [usize; 2], f: fn(usize) -> f32| {
+        let bytes: Vec<u8> = (0..len).flat_map(|i| f(i).to_le_bytes()).collect();
+        b.upload(&bytes, &ValueType::new(shape, DType::F32)).unwrap()
+    };
+    let inputs = vec![
+        up(m * k, [m, k], |i| ((i * 7) % 13) as f32 - 6.0),
+        up(k * n, [k, n], |i| ((i * 5) % 11) as f32 * 0.5 - 2.5),
+        up(k * n, [k, n], |i| ((i * 3) % 7) as f32 - 3.0),
+    ];
+    let run = || {
+        let out = b.execute(exe.as_ref(), inputs.clone(), &[]).unwrap();
+        out.iter().map(|o| b.download(o).unwrap()).collect::<Vec<_>>()
+    };
+    let counters = || ["AutotuneRuns", "AutotuneKeys"].map(metrics::counter);
+    let compiles = || metrics::timer("AutotuneCompile").map_or(0, |t| t.count);
+    let (before, compiled) = (counters(), compiles());
+    let first = run();
+    assert_eq!(counters(), before, "a first execution tunes nothing");
+    let second = run();
+    assert_eq!(counters()[0], before[0], "the execution that starts the candidates' compile times nothing");
+    b.await_background();
+    assert_eq!(compiles(), compiled + 1, "one compile of candidates, off the step's path");
+    let third = run();
+    let after = counters();
+    assert!(after[0] > before[0], "the first execution after the compile times the candidates");
+    assert_eq!(after[1], before[1] + 1, "two kernels of one source are one key");
+    // Nothing left to tune: later executions time nothing; every form
+    // computes the same products.
+    let fourth = run();
+    b.await_background();
+    let fifth = run();
+    assert_eq!(counters(), after);
+    assert_eq!(compiles(), compiled + 1);
+    for later in [&second, &third, &fourth, &fifth] {
+        assert_eq!(later, &first);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
