@@ -558,10 +558,15 @@ fn train_loop(
             drop(loss);
             device.mark_step()?;
             step += 1;
-            // Read the previous step's loss: keeps at most one step in
-            // flight and gives the progress bar a value without a new graph.
-            if losses.len() >= 2 {
-                last_loss = Some(losses[losses.len() - 2].item::<f32>()? as f64);
+            // Read the loss of two steps before (done by now, from the
+            // copy its own execution made): the GPU keeps two steps queued
+            // while this thread records the next one. A read one step
+            // behind would leave it only the step just submitted, and it
+            // would idle whenever recording and encoding a step take
+            // longer than running one (a small model on a fast GPU). The
+            // progress bar gets a value without a new graph.
+            if losses.len() >= 3 {
+                last_loss = Some(losses[losses.len() - 3].item::<f32>()? as f64);
             }
             if step == 2 {
                 after_step_2 = Some(device.cached_plans());

@@ -4,12 +4,13 @@
 //! are one byte on the host and one `u32` on the device.
 //!
 //! Early copies: an execution copies each output of its plan that was
-//! read from one of the two executions before (and, in a plan's first two
-//! executions, its scalar outputs) into readback buffers at the end of
-//! its own submission ([`early_copies`]). Reading such an output then
-//! waits for that execution only and submits nothing: a training loop
-//! that reads step N's loss while step N + 1 is on the queue neither
-//! waits for step N + 1 nor takes the queue from the thread encoding it.
+//! read from one of the [`EARLY_BEHIND`] executions before (and, in a
+//! plan's first [`EARLY_BEHIND`] executions, its scalar outputs) into
+//! readback buffers at the end of its own submission ([`early_copies`]).
+//! Reading such an output then waits for that execution only and submits
+//! nothing: a training loop that reads step N's loss while steps N + 1
+//! and N + 2 are on the queue neither waits for them nor takes the queue
+//! from the thread encoding them.
 
 use crate::context::{device_err, Context, READBACK};
 use crate::pool::WgpuStorage;
@@ -19,9 +20,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Outputs of at most this many bytes (a scalar, a few elements) are
-/// copied early by an executable's first two executions (see
+/// copied early by an executable's first [`EARLY_BEHIND`] executions (see
 /// [`OutputsRead`]) whether or not they were read before.
 pub(crate) const EARLY_SMALL: u64 = 16;
+
+/// How far behind the newest execution a loop may read and still find
+/// early copies: one step behind keeps one step queued behind the one
+/// running, two behind keeps the GPU fed while the host records the next
+/// step (the queue holds two executions, so three covers both).
+pub(crate) const EARLY_BEHIND: u64 = 3;
 
 /// Most bytes one execution copies early.
 pub(crate) const EARLY_BUDGET: u64 = 64 << 20;
@@ -48,16 +55,17 @@ impl OutputsRead {
     }
 
     /// Whether execution `run` copies output `i` of `len` bytes early:
-    /// an output read from one of the two executions before (a loop that
-    /// reads one step behind reads execution `run - 1`'s value after
-    /// `run` has started), and in the first two executions, before any
-    /// read could tell, a scalar. So an output nobody reads costs at most
-    /// two copies.
+    /// an output read from one of the [`EARLY_BEHIND`] executions before
+    /// (a loop that reads one step behind reads execution `run - 1`'s
+    /// value after `run` has started, two behind `run - 2`'s), and in the
+    /// first [`EARLY_BEHIND`] executions, before any read could tell, a
+    /// scalar. So an output nobody reads costs at most [`EARLY_BEHIND`]
+    /// copies.
     fn wanted(&self, run: u64, i: usize, len: u64) -> bool {
-        (run <= 2 && len <= EARLY_SMALL)
+        (run <= EARLY_BEHIND && len <= EARLY_SMALL)
             || self.read_at.get(i).is_some_and(|r| {
                 let at = r.load(Ordering::Relaxed);
-                at != 0 && at + 2 >= run
+                at != 0 && at + EARLY_BEHIND >= run
             })
     }
 }
@@ -273,25 +281,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn outputs_are_copied_early_when_scalar_or_read_from_the_two_executions_before() {
+    fn outputs_are_copied_early_when_scalar_or_read_from_the_three_executions_before() {
         let read = OutputsRead::new(2);
         let big = 1 << 20;
-        // Nothing read yet: only the scalar, and only in the first two
+        // Nothing read yet: only the scalar, and only in the first three
         // executions.
         assert_eq!(read.start(), 1);
         assert!(read.wanted(1, 0, 4) && !read.wanted(1, 1, big));
         assert_eq!(read.start(), 2);
-        assert!(read.wanted(2, 0, 4) && !read.wanted(2, 1, big) && !read.wanted(3, 0, 4));
+        assert!(read.wanted(2, 0, 4) && !read.wanted(2, 1, big) && read.wanted(3, 0, 4));
+        assert!(!read.wanted(4, 0, 4));
         // Execution 1's value of output 1 is read (while execution 2
-        // runs): execution 3 copies it. Execution 2's value is read too:
-        // 4 copies it, 5 would only after another read. An output never
-        // read, beyond a scalar's size, is never copied.
+        // runs): executions 3 and 4 copy it. Execution 2's value is read
+        // too: 5 copies it, 6 would only after another read. An output
+        // never read, beyond a scalar's size, is never copied.
         read.read_at[1].fetch_max(1, Ordering::Relaxed);
-        assert!(read.wanted(3, 1, big));
+        assert!(read.wanted(3, 1, big) && read.wanted(4, 1, big) && !read.wanted(5, 1, big));
         read.read_at[1].fetch_max(2, Ordering::Relaxed);
-        assert!(read.wanted(4, 1, big) && !read.wanted(5, 1, big) && !read.wanted(1, 0, 20));
-        // A scalar read one step behind stays copied.
+        assert!(read.wanted(5, 1, big) && !read.wanted(6, 1, big) && !read.wanted(1, 0, 20));
+        // A scalar read two steps behind (execution 2's, read once 4 has
+        // started) stays copied.
         read.read_at[0].fetch_max(2, Ordering::Relaxed);
-        assert!(read.wanted(3, 0, 4) && read.wanted(4, 0, 4) && !read.wanted(5, 0, 4));
+        assert!(read.wanted(4, 0, 4) && read.wanted(5, 0, 4) && !read.wanted(6, 0, 4));
     }
 }
