@@ -308,7 +308,7 @@ impl Pipelines {
         crate::validate::log_source(&k.source);
         let started = Instant::now();
         let module = stored_or_parsed(self.disk.as_deref(), k, key)?;
-        metrics::record_time("CompileNaga", started.elapsed());
+        metrics::record_time_of("CompileNaga", Some(name), started.elapsed());
         let started = Instant::now();
         let dev = &ctx.device;
         let scope = Scope::push(dev, wgpu::ErrorFilter::Validation);
@@ -353,7 +353,7 @@ impl Pipelines {
         if let Some(e) = scope.pop() {
             return Err(BackendError::Compile { kernel: name.to_string(), message: format!("{e}\n{}", k.source) });
         }
-        metrics::record_time("CompilePipeline", started.elapsed());
+        metrics::record_time_of("CompilePipeline", Some(name), started.elapsed());
         Ok(PipelineEntry { pipeline, layout, dims_layout })
     }
 }

@@ -100,7 +100,13 @@ pub fn value(name: &str) -> Option<Stat> {
 
 /// Records a duration sample of timer `name`.
 pub fn record_time(name: &str, d: Duration) {
-    crate::timeline::host_span(name, d);
+    record_time_of(name, None, d);
+}
+
+/// [`record_time`], the timeline's span saying what it was for (`what`,
+/// e.g. the kernel whose pipeline was created).
+pub fn record_time_of(name: &str, what: Option<&str>, d: Duration) {
+    crate::timeline::host_span_of(name, what, d);
     let ms = d.as_secs_f64() * 1e3;
     with(|r| match r.timers.get_mut(name) {
         Some(s) => s.add(ms),

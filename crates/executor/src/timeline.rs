@@ -55,6 +55,9 @@ struct Event {
     tid: u64,
     /// The device clock of a GPU interval.
     clock: Option<u64>,
+    /// What the span was for (a pipeline's kernel), written as the
+    /// event's `args.what`.
+    what: Option<String>,
 }
 
 #[derive(Default)]
@@ -111,9 +114,9 @@ pub fn micros(t: Instant) -> f64 {
     t.saturating_duration_since(epoch()).as_secs_f64() * 1e6
 }
 
-fn push(name: String, cat: &'static str, ts: f64, dur: f64, tid: Option<u64>) {
+fn push(name: String, cat: &'static str, ts: f64, dur: f64, what: Option<String>) {
     let mut r = recorder().lock().unwrap_or_else(|e| e.into_inner());
-    push_locked(&mut r, Event { name, cat, ts, dur, tid: tid.unwrap_or(0), clock: None }, tid.is_none());
+    push_locked(&mut r, Event { name, cat, ts, dur, tid: 0, clock: None, what }, true);
 }
 
 /// Adds `e` to `r`; on this thread's track where `on_this_thread`.
@@ -139,12 +142,18 @@ fn push_locked(r: &mut Recorder, mut e: Event, on_this_thread: bool) {
 
 /// Records a host span `name` on this thread that ended now and took `d`.
 pub fn host_span(name: &str, d: Duration) {
+    host_span_of(name, None, d);
+}
+
+/// [`host_span`] with what the span was for (`what`, e.g. the kernel a
+/// pipeline was created for), shown as its `args.what`.
+pub fn host_span_of(name: &str, what: Option<&str>, d: Duration) {
     if !enabled() {
         return;
     }
     let end = micros(Instant::now());
     let dur = d.as_secs_f64() * 1e6;
-    push(name.to_string(), "host", (end - dur).max(0.0), dur, None);
+    push(name.to_string(), "host", (end - dur).max(0.0), dur, what.map(str::to_string));
 }
 
 thread_local! {
@@ -211,7 +220,15 @@ impl Recorder {
             let dur = (end - begin).max(0.0);
             push_locked(
                 self,
-                Event { name: name.clone(), cat: "gpu", ts: begin, dur, tid: GPU_TRACK, clock: Some(clock) },
+                Event {
+                    name: name.clone(),
+                    cat: "gpu",
+                    ts: begin,
+                    dur,
+                    tid: GPU_TRACK,
+                    clock: Some(clock),
+                    what: None,
+                },
                 false,
             );
         }
@@ -249,7 +266,12 @@ fn write(r: &Recorder, path: &Path) -> std::io::Result<()> {
     events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": GPU_TRACK, "args": {"name": "GPU"}}));
     for e in &r.events {
         let ts = r.start_of(e);
-        events.push(json!({"name": e.name, "cat": e.cat, "ph": "X", "ts": ts, "dur": e.dur, "pid": 1, "tid": e.tid}));
+        let mut event =
+            json!({"name": e.name, "cat": e.cat, "ph": "X", "ts": ts, "dur": e.dur, "pid": 1, "tid": e.tid});
+        if let Some(what) = &e.what {
+            event["args"] = json!({ "what": what });
+        }
+        events.push(event);
     }
     let doc = json!({
         "traceEvents": events,

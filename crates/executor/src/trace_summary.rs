@@ -15,6 +15,11 @@
 //! - the kernels by total time;
 //! - the longest stretches where the GPU track is idle, each with the
 //!   host spans over it (what the host was doing while the GPU waited).
+//!
+//! And over the whole trace, for a first run: each compile's wall time
+//! and the longest pipeline creations, with the kernel each was for (a
+//! compile's wall time is its slowest pipeline where the pipelines are
+//! created in parallel).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -69,11 +74,18 @@ pub struct TraceSummary {
     /// The longest idle stretches of the GPU track in the window (from
     /// the window's start to its first kernel, and between kernels).
     pub idle_gaps: Vec<IdleGap>,
+    /// Each compile in the whole trace, as (start, duration) in µs.
+    pub compile_spans: Vec<(f64, f64)>,
+    /// The longest pipeline creations in the whole trace, as (the kernel,
+    /// µs), longest first.
+    pub slowest_pipelines: Vec<(String, f64)>,
 }
 
 /// Idle stretches listed, and host spans per stretch.
 const GAPS: usize = 5;
 const SPANS_PER_GAP: usize = 4;
+/// Pipeline creations listed.
+const PIPELINES: usize = 8;
 
 impl TraceSummary {
     /// Wall time of the window, µs.
@@ -92,6 +104,7 @@ impl TraceSummary {
         let events = doc["traceEvents"].as_array().ok_or("no traceEvents array: not a Chrome trace")?;
         let mut threads: BTreeMap<u64, String> = BTreeMap::new();
         let mut spans = Vec::new();
+        let mut pipelines: Vec<(String, f64)> = Vec::new();
         for e in events {
             let tid = e["tid"].as_u64().unwrap_or(0);
             match e["ph"].as_str() {
@@ -100,7 +113,11 @@ impl TraceSummary {
                 }
                 Some("X") => {
                     let (Some(ts), Some(dur)) = (e["ts"].as_f64(), e["dur"].as_f64()) else { continue };
-                    spans.push((e["name"].as_str().unwrap_or("").to_string(), tid, ts, dur));
+                    let name = e["name"].as_str().unwrap_or("");
+                    if name == "CompilePipeline" {
+                        pipelines.push((e["args"]["what"].as_str().unwrap_or("?").to_string(), dur));
+                    }
+                    spans.push((name.to_string(), tid, ts, dur));
                 }
                 _ => {}
             }
@@ -198,6 +215,8 @@ impl TraceSummary {
         }
         let mut top_kernels = spent(kernels.iter().map(|k| (k.0.as_str(), k.3)).collect());
         top_kernels.truncate(top);
+        pipelines.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        pipelines.truncate(PIPELINES);
         Ok(TraceSummary {
             start_us: first,
             end_us: end,
@@ -209,6 +228,8 @@ impl TraceSummary {
             host,
             top_kernels,
             idle_gaps,
+            compile_spans: compiles.iter().map(|c| (c.0, c.1 - c.0)).collect(),
+            slowest_pipelines: pipelines,
         })
     }
 }
@@ -261,6 +282,18 @@ impl fmt::Display for TraceSummary {
                 writeln!(f, "  {:.3} at {:.1}: {}", ms(g.dur_us), ms(g.start_us), host.join(", "))?;
             }
         }
+        if !self.compile_spans.is_empty() {
+            let each: Vec<String> =
+                self.compile_spans.iter().map(|(at, d)| format!("{:.1} at {:.1}", ms(*d), ms(*at))).collect();
+            let total: f64 = self.compile_spans.iter().map(|c| c.1).sum();
+            writeln!(f, "compiles in the trace: {:.1} ms in all (ms): {}", ms(total), each.join(", "))?;
+        }
+        if !self.slowest_pipelines.is_empty() {
+            writeln!(f, "longest pipeline creations in the trace (ms):")?;
+            for (kernel, us) in &self.slowest_pipelines {
+                writeln!(f, "  {:>8.1}  {kernel}", ms(*us))?;
+            }
+        }
         Ok(())
     }
 }
@@ -281,6 +314,9 @@ mod tests {
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "main"}},
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "worker"}},
             x("Compile", 2, 0.0, 100.0),
+            // Its pipelines, created in parallel: the longest sets its wall.
+            json!({"name": "CompilePipeline", "ph": "X", "ts": 10.0, "dur": 80.0, "pid": 1, "tid": 3, "args": {"what": "k0_MatMul_matmul"}}),
+            json!({"name": "CompilePipeline", "ph": "X", "ts": 10.0, "dur": 30.0, "pid": 1, "tid": 4, "args": {"what": "k1_Elementwise_add"}}),
             x("Execute", 2, 100.0, 50.0),
             x("k0", gpu, 120.0, 30.0),
             // Steady state: two executions; the second returns before its
@@ -326,6 +362,16 @@ mod tests {
         assert!(text.contains("wall / kernel 1.41") && text.contains("idle 0.055 ms"), "{text}");
         assert!(
             text.contains("0.045 at 0.3: main: Record 0.020, worker: Execute 0.005, worker: Encode 0.003"),
+            "{text}"
+        );
+        // Over the whole trace: each compile, the longest pipelines first.
+        assert_eq!(s.compile_spans, [(0.0, 100.0), (150.0, 50.0), (400.0, 30.0)]);
+        assert_eq!(
+            s.slowest_pipelines,
+            [("k0_MatMul_matmul".to_string(), 80.0), ("k1_Elementwise_add".to_string(), 30.0)]
+        );
+        assert!(
+            text.contains("compiles in the trace: 0.2 ms in all") && text.contains("0.1  k0_MatMul_matmul"),
             "{text}"
         );
     }
