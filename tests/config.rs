@@ -120,6 +120,7 @@ fn options_take_code_over_environment_over_default() {
     let env = |name: &str| match name {
         "LAZULI_CPU_MEMORY_BYTES" => Some("4096".to_string()),
         "LAZULI_AUTOTUNE" => Some("OFF".to_string()),
+        "LAZULI_AUTOTUNE_MIN_FLOPS" => Some("1000".to_string()),
         "LAZULI_POOL_BYTES" => Some("1024".to_string()),
         _ => None,
     };
@@ -133,10 +134,12 @@ fn options_take_code_over_environment_over_default() {
     let code = WgpuDeviceOptions { pool_max_free_bytes: Some(7), ..Default::default() };
     let (wgpu, sources) = code.resolve(&env).unwrap();
     assert_eq!(wgpu.autotune, Some(false));
+    assert_eq!(wgpu.autotune_min_flops, Some(1000));
     assert_eq!(wgpu.pool_max_free_bytes, Some(7));
     assert_eq!(wgpu.multi_tensor, None);
     let source = |name| sources.iter().find(|(n, _)| *n == name).unwrap().1;
     assert_eq!(source("LAZULI_AUTOTUNE"), Source::Environment);
+    assert_eq!(source("LAZULI_AUTOTUNE_MIN_FLOPS"), Source::Environment);
     assert_eq!(source("LAZULI_POOL_BYTES"), Source::Code);
     assert_eq!(source("LAZULI_MULTI_TENSOR"), Source::Default);
 }

@@ -58,15 +58,17 @@ pub struct WgpuOptions {
     /// the barrier-free register-blocked one (false), on top of the
     /// profile.
     pub tiled_matmul: Option<bool>,
-    /// Whether to time candidate kernel forms on the adapter (before the
-    /// second execution of a plan with a large enough matmul, see
+    /// Whether to time candidate kernel forms on the adapter (compiled
+    /// off the steps' path from the second execution of a plan with a
+    /// large enough matmul, timed at a later plan boundary, see
     /// [`crate::autotune`]); default: on for GPUs, off for software
     /// adapters, `LAZULI_AUTOTUNE` (a flag: `1`, `0`, `true`, `false`,
     /// `on`, `off`) overrides.
     pub autotune: Option<bool>,
     /// Least work (floating-point operations, `2 * M * N * K`) of a
-    /// matmul worth tuning (default [`crate::autotune::MIN_FLOPS`]; tests
-    /// lower it to tune small products).
+    /// matmul worth tuning (default [`crate::autotune::MIN_FLOPS`], else
+    /// `LAZULI_AUTOTUNE_MIN_FLOPS`; tests lower it to tune small
+    /// products).
     pub autotune_min_flops: Option<u64>,
     /// Where the autotuning results persist (else `LAZULI_CACHE_DIR`, empty
     /// meaning nowhere, else [`crate::autotune::cache_dir`]; `Some(None)`:
@@ -180,6 +182,9 @@ impl WgpuOptions {
         let autotune = config::flag(lookup, "LAZULI_AUTOTUNE")?;
         note("LAZULI_AUTOTUNE", self.autotune.is_some(), autotune.is_some());
         out.autotune = self.autotune.or(autotune);
+        let min_flops = config::count(lookup, "LAZULI_AUTOTUNE_MIN_FLOPS")?;
+        note("LAZULI_AUTOTUNE_MIN_FLOPS", self.autotune_min_flops.is_some(), min_flops.is_some());
+        out.autotune_min_flops = self.autotune_min_flops.or(min_flops.map(|n| n as u64));
         let cache_dir = config::dir_or_off(lookup, "LAZULI_CACHE_DIR");
         note("LAZULI_CACHE_DIR", self.cache_dir.is_some(), cache_dir.is_some());
         out.cache_dir = self.cache_dir.clone().or(cache_dir);

@@ -349,6 +349,7 @@ fn effective_settings(
             by_default(on_off(compiler.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
             source("LAZULI_AUTOTUNE"),
         ),
+        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
         Setting::new(
             "LAZULI_CACHE_DIR",
             cache_dir.map_or("off".to_string(), |d| d.display().to_string()),

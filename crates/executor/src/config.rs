@@ -105,6 +105,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::autotune)",
     ),
     var(
+        "LAZULI_AUTOTUNE_MIN_FLOPS",
+        Kind::Count,
+        "2147483648 (a 1024-cubed product)",
+        "least work (2 M N K) of a matmul the tuner times",
+        "lazuli-wgpu (WgpuOptions::autotune_min_flops)",
+    ),
+    var(
         "LAZULI_CACHE_DIR",
         Kind::Path,
         "$XDG_CACHE_HOME/lazuli, else ~/.cache/lazuli",
