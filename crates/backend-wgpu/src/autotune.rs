@@ -322,7 +322,9 @@ pub(crate) fn candidate_forms(k: &Kernel, graph: &VerifiedGraph, base: LowerLimi
 
 /// Times `c`'s candidate forms of kernel `k` of `graph` (named `name`)
 /// one after another, the rule's choice first, within [`KEY_BUDGET`] of
-/// timed runs, and records the winner in the tuner (memory and disk);
+/// timed runs (a candidate whose runs would not fit, judged by the best
+/// time so far, is not started), and records the winner in the tuner
+/// (memory and disk);
 /// returns its index in `c.forms`, `None` when every candidate failed.
 /// Called at a plan boundary, when nothing else of the backend runs
 /// (the caller settles the execution in flight first).
@@ -338,8 +340,14 @@ pub(crate) fn time_candidates(
     // measured against it.
     let mut rule_ms = None;
     for (i, (form, compiled)) in c.forms.iter().enumerate() {
-        if best.is_some() && start.elapsed() >= KEY_BUDGET {
-            break;
+        // The next candidate's runs, at about the best one's speed, must
+        // fit in what is left of the budget (a product that takes long
+        // on this adapter keeps the rule's form rather than overrun it).
+        if let Some((ms, _)) = best {
+            let next = Duration::from_secs_f64((RUNS + 1) as f64 * ms * 1e-3);
+            if start.elapsed() + next >= KEY_BUDGET {
+                break;
+            }
         }
         let ms = time_kernel(ctx, k, graph, &compiled[0].wgsl, &compiled[0].pipeline);
         metrics::inc("AutotuneRuns", 1);
