@@ -37,7 +37,7 @@ pub use lazuli_executor::autograd;
 pub use lazuli_executor::{
     debug, einsum, metrics, platform, sync, sync_async, timeline, trace_summary, Backend, BackendError, BackendKind,
     Collective, CollectiveError, Device, Element, ExecError, HostRng, IndexError, PendingCollective, PrintOptions,
-    Result, RngState, Tensor, TensorState, SORT_MAX_ROW, TOPK_SELECT_MAX_K,
+    Result, RngState, Tensor, TensorState, COMPILE_AHEAD_DEPTH, SORT_MAX_ROW, TOPK_SELECT_MAX_K,
 };
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;

@@ -1,6 +1,6 @@
 //! Size variants compiled ahead of time (`LAZULI_COMPILE_AHEAD`,
 //! `Device::set_compile_ahead`): a structure whose sizes keep one step
-//! gets its next size compiled on a thread of its own, every result
+//! gets its next sizes compiled on threads of their own, every result
 //! matches the CPU reference (a growing `narrow`, and a decode loop whose
 //! key cache stays on the device), a sequence without a steady step predicts
 //! nothing, clearing the cache discards what was compiled ahead, and a
@@ -53,6 +53,33 @@ fn a_growing_length_compiles_its_next_sizes_ahead() {
         assert_eq!(compiled, 3, "{name}: plans compiled on the path");
         assert_eq!(used, lengths.len() as u64 - 3, "{name}: plans compiled ahead and used");
         assert!(ahead >= used, "{name}: {ahead} compiled ahead, {used} used");
+    }
+}
+
+/// Once a step is confirmed, the next `COMPILE_AHEAD_DEPTH` sizes compile
+/// ahead at once, on threads of their own, before any sync asks for
+/// them (one thread one size ahead would set the pace of a loop whose
+/// steps take less than a compile).
+#[test]
+fn several_sizes_compile_ahead_at_once() {
+    let cpu = Device::cpu();
+    for (name, dev) in devices() {
+        dev.set_compile_ahead(true);
+        for t in 3..=5 {
+            common::assert_close(&step(&dev, t), &step(&cpu, t), 1e-4, 1e-4, &format!("{name}, length {t}"));
+        }
+        let depth = lazuli::COMPILE_AHEAD_DEPTH as u64;
+        assert!(depth >= 2, "several sizes at once");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while dev.compiled_ahead().0 < depth {
+            assert!(std::time::Instant::now() < deadline, "{name}: {:?} compiled ahead", dev.compiled_ahead());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        for t in 6..6 + depth as usize {
+            common::assert_close(&step(&dev, t), &step(&cpu, t), 1e-4, 1e-4, &format!("{name}, length {t}"));
+        }
+        assert_eq!(dev.compile_counts().0, 3, "{name}: lengths 3, 4 and 5 compiled on the path");
+        assert_eq!(dev.compiled_ahead().1, depth, "{name}: the lengths after 5 were compiled ahead");
     }
 }
 

@@ -1,8 +1,13 @@
 //! Size variants compiled ahead of time: where the sizes of a structure
 //! move by the same step twice in a row (a growing context: 12, 13, 14
-//! tokens), the next size's plan is compiled on a thread of its own
-//! while the current one runs, so the step that needs it finds it in the
-//! compile cache instead of compiling on its own path.
+//! tokens), the next [`DEPTH`] sizes' plans are compiled on threads of
+//! their own while the current one runs, so the step that needs one
+//! finds it in the compile cache instead of compiling on its own path.
+//! Several sizes at once, because a size variant's compile (a few
+//! milliseconds of host time) can take longer than a step of a small
+//! model on a GPU (under a millisecond): one thread compiling one size
+//! ahead would set the loop's pace; [`DEPTH`] of them, on a GPU host's
+//! idle cores, keep ahead of it.
 //!
 //! A graph's *free sizes* are the integers its sizes follow from: the
 //! parameters' dimensions and the size attributes of its ops (the shapes
@@ -17,9 +22,11 @@
 //! a size that would turn negative, or an op that rejects the new sizes,
 //! predicts nothing) and, unless the cache has it, compiled with the
 //! current plan as its `CompileHints::earlier`, as the sync would have
-//! compiled it. A plan compiled ahead, when a sync first uses it, predicts the
-//! next one the same way, so a sequence that keeps its step compiles on
-//! its own path only its first three sizes.
+//! compiled it (the sizes two and three steps on likewise, by other
+//! threads). A plan compiled ahead, when a sync first uses it, predicts
+//! the next ones the same way (those already cached or being compiled
+//! are skipped), so a sequence that keeps its step compiles on its own
+//! path only its first three sizes.
 //!
 //! Sound by construction: a plan compiled ahead is only ever found by a
 //! sync whose traced graph is equal to the predicted one (the compile
@@ -47,10 +54,14 @@ use crate::metrics;
 use crate::plan::Plan;
 use crate::platform::Instant;
 use lazuli_ir::{Graph, Op, Shape, ValueType};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+
+/// Sizes compiled ahead of the one a sync uses, each on a thread of its
+/// own.
+pub const DEPTH: usize = 3;
 
 /// How a plan relates to the other sizes of its structure.
 #[derive(Debug, Default)]
@@ -170,11 +181,14 @@ pub(crate) fn predict(g: &Graph, step: &[i64]) -> Option<Graph> {
     with_free_sizes(g, &next?)
 }
 
-/// A plan whose next size is to be compiled ahead.
+/// A size to be compiled ahead: `steps` steps on from a plan.
 struct Request {
     /// The plan it is a step on from (`CompileHints::earlier`).
     earlier: Arc<Plan>,
+    /// The plan's step of the free sizes.
     step: Vec<i64>,
+    /// How many steps on (1 to [`DEPTH`]).
+    steps: i64,
     force_fallback: BTreeSet<String>,
     /// The cache's epoch when it was made (see [`State::epoch`]).
     epoch: u64,
@@ -182,12 +196,12 @@ struct Request {
 
 #[derive(Default)]
 struct State {
-    /// The next request (a newer one replaces it).
-    waiting: Option<Request>,
-    /// The thread is rebuilding a request's graph.
-    predicting: bool,
-    /// The hash of the graph being compiled.
-    compiling: Option<u64>,
+    /// The requests no thread has taken yet (newer ones replace them).
+    waiting: VecDeque<Request>,
+    /// Threads rebuilding a request's graph.
+    predicting: usize,
+    /// The hashes of the graphs being compiled.
+    compiling: Vec<u64>,
     /// Bumped when the compile cache is cleared: a plan compiled for an
     /// older epoch is discarded.
     epoch: u64,
@@ -222,7 +236,9 @@ pub(crate) struct Ahead {
     /// Plans compiled ahead that a sync used.
     used: std::sync::atomic::AtomicU64,
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The compiling threads (up to [`DEPTH`], started at the first
+    /// request).
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Ahead {
@@ -234,7 +250,7 @@ impl Ahead {
             initially: on,
             used: Default::default(),
             shared: Arc::new(Shared { state: Default::default(), changed: Condvar::new(), cache, main, cpu }),
-            thread: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
         }
     }
 
@@ -260,23 +276,24 @@ impl Ahead {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Turns compiling ahead on or off (off drops a waiting request; a
-    /// graph being compiled finishes).
+    /// Turns compiling ahead on or off (off drops the waiting requests;
+    /// graphs being compiled finish).
     pub fn set(&self, on: bool) {
         self.on.store(on, Ordering::Relaxed);
         if !on {
-            self.shared.lock().waiting = None;
+            self.shared.lock().waiting.clear();
             // A sync waiting for the dropped request goes on.
             self.shared.changed.notify_all();
         }
     }
 
-    /// Asks for the graph one step on from `plan` (just compiled or first
-    /// used, its step seen twice: a plan compiled on the path whose
-    /// predecessor took the same step, or a plan compiled ahead) to be
-    /// compiled in the background. The thread rebuilds that graph and
-    /// skips it where the cache has it: nothing but the request is done
-    /// on the syncing thread.
+    /// Asks for the graphs one to [`DEPTH`] steps on from `plan` (just
+    /// compiled or first used, its step seen twice: a plan compiled on
+    /// the path whose predecessor took the same step, or a plan compiled
+    /// ahead) to be compiled in the background; they replace the requests
+    /// no thread took yet. A thread rebuilds each graph and skips it where
+    /// the cache has it or another thread compiles it: nothing but the
+    /// requests is done on the syncing thread.
     pub fn foresee(&self, plan: &Arc<Plan>, force_fallback: BTreeSet<String>) {
         let (true, Some(step)) = (self.is_on(), plan.lineage.step.as_ref()) else { return };
         {
@@ -285,18 +302,31 @@ impl Ahead {
                 return;
             }
             let epoch = state.epoch;
-            state.waiting = Some(Request { earlier: plan.clone(), step: step.clone(), force_fallback, epoch });
+            state.waiting = (1..=DEPTH as i64)
+                .map(|steps| Request {
+                    earlier: plan.clone(),
+                    step: step.clone(),
+                    steps,
+                    force_fallback: force_fallback.clone(),
+                    epoch,
+                })
+                .collect();
         }
         self.shared.changed.notify_all();
-        let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        if thread.is_none() {
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        while threads.len() < DEPTH {
             let shared = self.shared.clone();
             match std::thread::Builder::new().name("lazuli-ahead".into()).spawn(move || compile_loop(&shared)) {
-                Ok(handle) => *thread = Some(handle),
-                Err(e) => {
+                Ok(handle) => threads.push(handle),
+                Err(e) if threads.is_empty() => {
                     tracing::warn!("could not start the compile-ahead thread: {e}; sizes compile on the path");
                     self.on.store(false, Ordering::Relaxed);
-                    self.shared.lock().waiting = None;
+                    self.shared.lock().waiting.clear();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("compiling ahead on {} thread(s): {e}", threads.len());
+                    return;
                 }
             }
         }
@@ -308,7 +338,7 @@ impl Ahead {
     /// (the graph may then be in the cache).
     pub fn settle(&self, hash: u64) -> bool {
         let mut state = self.shared.lock();
-        let pending = |s: &State| s.waiting.is_some() || s.predicting || s.compiling == Some(hash);
+        let pending = |s: &State| !s.waiting.is_empty() || s.predicting > 0 || s.compiling.contains(&hash);
         if !pending(&state) {
             return false;
         }
@@ -318,32 +348,34 @@ impl Ahead {
         true
     }
 
-    /// The compile cache is being cleared: drops the waiting request and
-    /// discards the plan being compiled. Call before clearing.
+    /// The compile cache is being cleared: drops the waiting requests and
+    /// discards the plans being compiled. Call before clearing.
     pub fn invalidate(&self) {
         let mut state = self.shared.lock();
         state.epoch += 1;
-        state.waiting = None;
+        state.waiting.clear();
         drop(state);
         self.shared.changed.notify_all();
     }
 
-    /// Stops the thread and joins it (a compile in progress finishes).
+    /// Stops the threads and joins them (compiles in progress finish).
     pub fn stop(&self) {
         {
             let mut state = self.shared.lock();
             state.stop = true;
-            state.waiting = None;
+            state.waiting.clear();
         }
         self.shared.changed.notify_all();
-        if let Some(handle) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for handle in threads {
             let _ = handle.join();
         }
     }
 }
 
-/// The compile-ahead thread: rebuilds each request's graph one step on
-/// and, where the cache lacks it, compiles it and caches its plan.
+/// A compile-ahead thread: rebuilds each request's graph its steps on
+/// and, where the cache lacks it and no other thread compiles it,
+/// compiles it and caches its plan.
 fn compile_loop(shared: &Shared) {
     loop {
         let request = {
@@ -352,8 +384,8 @@ fn compile_loop(shared: &Shared) {
                 if s.stop {
                     return;
                 }
-                if let Some(r) = s.waiting.take() {
-                    s.predicting = true;
+                if let Some(r) = s.waiting.pop_front() {
+                    s.predicting += 1;
                     break r;
                 }
                 s = shared.changed.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -361,29 +393,41 @@ fn compile_loop(shared: &Shared) {
         };
         // A panic here must not leave a sync waiting forever: the state
         // is reset whatever happens.
-        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compile_one(shared, request)));
+        let mut compiling = None;
+        let done =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compile_one(shared, request, &mut compiling)));
         if done.is_err() {
             tracing::warn!("compiling ahead panicked");
         }
         let mut s = shared.lock();
-        s.predicting = false;
-        s.compiling = None;
+        match compiling {
+            Some(hash) => s.compiling.retain(|&h| h != hash),
+            None => s.predicting -= 1,
+        }
         drop(s);
         shared.changed.notify_all();
     }
 }
 
-/// One request: its graph one step on, compiled and cached unless the
-/// cache has it.
-fn compile_one(shared: &Shared, request: Request) {
-    let Request { earlier, step, force_fallback, epoch } = request;
-    let predicted = predict(&earlier.graph, &step).map(|g| (g.structural_hash(), g));
+/// One request: its graph its steps on, compiled and cached unless the
+/// cache has it or another thread compiles it. `compiling` is set to its
+/// hash when it moves from rebuilding to compiling.
+fn compile_one(shared: &Shared, request: Request, compiling: &mut Option<u64>) {
+    let Request { earlier, step, steps, force_fallback, epoch } = request;
+    let on: Option<Vec<i64>> = step.iter().map(|d| d.checked_mul(steps)).collect();
+    let predicted = on.and_then(|on| predict(&earlier.graph, &on)).map(|g| (g.structural_hash(), g));
     let known = |hash, g: &Graph| shared.cache.lock().unwrap_or_else(|e| e.into_inner()).contains(hash, g);
     let Some((hash, graph)) = predicted.filter(|(hash, g)| !known(*hash, g)) else { return };
     {
         let mut s = shared.lock();
-        s.predicting = false;
-        s.compiling = Some(hash);
+        // Again under the state lock, under which plans compiled ahead
+        // are cached: another thread may just have finished this one.
+        if s.compiling.contains(&hash) || known(hash, &graph) {
+            return;
+        }
+        s.predicting -= 1;
+        s.compiling.push(hash);
+        *compiling = Some(hash);
     }
     shared.changed.notify_all();
     // (Its timer is its timeline span too.)

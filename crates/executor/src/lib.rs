@@ -43,6 +43,7 @@ mod trace;
 pub mod trace_summary;
 mod validate;
 
+pub use ahead::DEPTH as COMPILE_AHEAD_DEPTH;
 pub use autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
