@@ -9,6 +9,18 @@ pub trait Element: Copy + Send + Sync + std::fmt::Debug + 'static {
     const DTYPE: DType;
     /// Appends the canonical bytes of `self`.
     fn write_bytes(self, out: &mut Vec<u8>);
+    /// Appends the canonical bytes of every value of `data`, in order: on
+    /// a little-endian host the numeric types' memory is already their
+    /// canonical bytes, and this is one copy (a batch of a training loop
+    /// is encoded every step).
+    fn extend_bytes(data: &[Self], out: &mut Vec<u8>)
+    where
+        Self: Sized,
+    {
+        for &v in data {
+            v.write_bytes(out);
+        }
+    }
     /// Reads one value from canonical bytes (exactly `DTYPE.size_bytes()`).
     fn read_bytes(bytes: &[u8]) -> Self;
     /// The value as a [`ScalarValue`].
@@ -21,6 +33,9 @@ macro_rules! element {
             const DTYPE: DType = $d;
             fn write_bytes(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn extend_bytes(data: &[Self], out: &mut Vec<u8>) {
+                little_endian_bytes(data, out);
             }
             fn read_bytes(bytes: &[u8]) -> Self {
                 <$t>::from_le_bytes(bytes.try_into().expect("element width"))
@@ -48,6 +63,9 @@ impl Element for half::f16 {
     fn write_bytes(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
     }
+    fn extend_bytes(data: &[Self], out: &mut Vec<u8>) {
+        little_endian_bytes(data, out);
+    }
     fn read_bytes(bytes: &[u8]) -> Self {
         half::f16::from_le_bytes(bytes.try_into().expect("element width"))
     }
@@ -60,6 +78,9 @@ impl Element for half::bf16 {
     const DTYPE: DType = DType::BF16;
     fn write_bytes(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn extend_bytes(data: &[Self], out: &mut Vec<u8>) {
+        little_endian_bytes(data, out);
     }
     fn read_bytes(bytes: &[u8]) -> Self {
         half::bf16::from_le_bytes(bytes.try_into().expect("element width"))
@@ -82,12 +103,22 @@ impl Element for bool {
     }
 }
 
+/// Appends `data`'s canonical (little-endian) bytes: its memory as it is
+/// on a little-endian host, each value's `to_le_bytes` elsewhere.
+fn little_endian_bytes<T: bytemuck::Pod + Element>(data: &[T], out: &mut Vec<u8>) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(data));
+    } else {
+        for &v in data {
+            v.write_bytes(out);
+        }
+    }
+}
+
 /// Encodes a slice as canonical bytes.
 pub fn to_bytes<T: Element>(data: &[T]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() * T::DTYPE.size_bytes());
-    for &v in data {
-        v.write_bytes(&mut out);
-    }
+    T::extend_bytes(data, &mut out);
     out
 }
 
@@ -136,5 +167,42 @@ pub fn read_scalar(bytes: &[u8], dtype: DType, i: usize) -> ScalarValue {
         DType::U16 => u16::read_bytes(b).to_scalar(),
         DType::U32 => u32::read_bytes(b).to_scalar(),
         DType::U64 => u64::read_bytes(b).to_scalar(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each element's bytes one by one, as `write_bytes` writes them.
+    fn one_by_one<T: Element>(data: &[T]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &v in data {
+            v.write_bytes(&mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn bulk_encoding_is_each_values_canonical_bytes() {
+        fn check<T: Element + std::fmt::Debug + PartialEq>(data: &[T]) {
+            let bulk = to_bytes(data);
+            assert_eq!(bulk, one_by_one(data), "{:?}", T::DTYPE);
+            assert_eq!(from_bytes::<T>(&bulk), data, "{:?}", T::DTYPE);
+        }
+        check(&[1.5f32, -0.0, f32::MAX, 3e-39]);
+        check(&[1.5f64, -2.25]);
+        check(&[-3i8, 7]);
+        check(&[-300i16, 7]);
+        check(&[-70000i32, 0x1234_5678]);
+        check(&[-1i64, 1 << 40]);
+        check(&[200u8, 1]);
+        check(&[60000u16, 2]);
+        check(&[0xdead_beefu32, 3]);
+        check(&[u64::MAX, 4]);
+        check(&[half::f16::from_f32(1.5), half::f16::NEG_INFINITY]);
+        check(&[half::bf16::from_f32(-2.0), half::bf16::ONE]);
+        check(&[true, false, true]);
+        assert_eq!(to_bytes(&[1.0f32]), [0, 0, 0x80, 0x3f], "little endian");
     }
 }

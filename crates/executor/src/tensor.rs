@@ -189,9 +189,7 @@ impl Tensor {
             });
         }
         let mut bytes = device.host_vec(data.len().saturating_mul(T::DTYPE.size_bytes()), "from_slice")?;
-        for &v in data {
-            v.write_bytes(&mut bytes);
-        }
+        T::extend_bytes(data, &mut bytes);
         Tensor::from_bytes(bytes, ValueType::new(shape, T::DTYPE), device)
     }
 
