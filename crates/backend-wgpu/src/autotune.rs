@@ -15,16 +15,16 @@
 //!   plan's second execution (a plan run once, such as an odd evaluation
 //!   batch, is never tuned) the candidate forms of the plan's waiting
 //!   kernels start compiling on a thread of their own, their pipelines
-//!   on the compile threads (`Compiler::compile_candidates`); the steps
-//!   go on meanwhile. At the first plan boundary after that compile
+//!   on threads of that job, not on the compile threads a step's compile
+//!   uses (`Compiler::compile_candidates`); the steps go on meanwhile. At the first plan boundary after that compile
 //!   finished, the candidates are timed when nothing else of the backend
 //!   runs (`time_candidates`), one key after another within
 //!   [`BOUNDARY_BUDGET`] (the keys left over are timed at the next
 //!   boundaries), and each winner replaces its kernels there. So a step
 //!   waits for timed runs only (a few milliseconds for the products of
 //!   a GPT step), never for a pipeline;
-//! - kernels of one plan with the same source (a model's identical
-//!   layers) are one key: compiled and timed once.
+//! - kernels with the same source up to node numbering (a model's
+//!   identical layers) are one key: compiled and timed once.
 //!
 //! Bounds: each kernel key gets at most [`KEY_BUDGET`] of timed runs (the
 //! static choice is timed first, so a budget that runs out leaves a

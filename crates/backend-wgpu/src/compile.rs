@@ -234,10 +234,10 @@ impl Compiler {
     }
 
     /// The candidates of `job`'s kernels compiled (their pipelines on
-    /// threads of the job's own), grouped by tuning key; a key whose winner is known by now
-    /// gets that form alone. `None` where `cancelled` turned true (checked
-    /// before each kernel). Runs off the steps' path; its time counts
-    /// against the tuner's process budget.
+    /// threads of the job's own), grouped by tuning key; a key whose
+    /// winner is known by now gets that form alone. `None` where
+    /// `cancelled` turned true (checked before each kernel). Runs off the
+    /// steps' path; its time counts against the tuner's process budget.
     pub(crate) fn compile_candidates(
         &self,
         ctx: &Context,
