@@ -14,7 +14,11 @@
 //! - per host thread and span name: count, total and median;
 //! - the kernels by total time;
 //! - the longest stretches where the GPU track is idle, each with the
-//!   host spans over it (what the host was doing while the GPU waited).
+//!   host spans over it (what the host was doing while the GPU waited);
+//! - per thread that records, its own work: its `Record` spans (the time
+//!   between syncs) less the reads and barrier waits inside them, per
+//!   execution, which bounds a loop's step from below however fast the
+//!   GPU is.
 //!
 //! And over the whole trace, for a first run: each compile's wall time
 //! and the longest pipeline creations, with the kernel each was for (a
@@ -69,6 +73,10 @@ pub struct TraceSummary {
     pub gpu_busy_us: f64,
     /// Host spans in the window, per thread name, by total time.
     pub host: Vec<(String, Vec<Spent>)>,
+    /// Per thread that records (has `Record` spans in the window), its
+    /// own work in µs: the `Record` spans less the `Readback` and
+    /// `BarrierWait` spans inside them.
+    pub host_work: Vec<(String, f64)>,
     /// Kernels in the window by total time.
     pub top_kernels: Vec<Spent>,
     /// The longest idle stretches of the GPU track in the window (from
@@ -203,14 +211,21 @@ impl TraceSummary {
             out
         };
         let mut host = Vec::new();
+        let mut host_work = Vec::new();
         for (&tid, name) in threads.iter().filter(|(t, _)| is_host(**t)) {
-            let items: Vec<(&str, f64)> = spans
-                .iter()
-                .filter(|s| s.1 == tid && s.2 >= first && s.2 <= end)
-                .map(|s| (s.0.as_str(), s.3))
-                .collect();
+            let mine: Vec<_> = spans.iter().filter(|s| s.1 == tid && s.2 >= first && s.2 <= end).collect();
+            let items: Vec<(&str, f64)> = mine.iter().map(|s| (s.0.as_str(), s.3)).collect();
             if !items.is_empty() {
                 host.push((format!("{name} (track {tid})"), spent(items)));
+            }
+            let records: Vec<_> = mine.iter().filter(|s| s.0 == "Record").collect();
+            if !records.is_empty() {
+                let inside =
+                    |w: &&&(String, u64, f64, f64)| records.iter().any(|r| w.2 >= r.2 && w.2 + w.3 <= r.2 + r.3);
+                let waiting: f64 =
+                    mine.iter().filter(|w| w.0 == "Readback" || w.0 == "BarrierWait").filter(inside).map(|w| w.3).sum();
+                let recorded: f64 = records.iter().map(|r| r.3).sum();
+                host_work.push((format!("{name} (track {tid})"), (recorded - waiting).max(0.0)));
             }
         }
         let mut top_kernels = spent(kernels.iter().map(|k| (k.0.as_str(), k.3)).collect());
@@ -228,6 +243,7 @@ impl TraceSummary {
             host,
             top_kernels,
             idle_gaps,
+            host_work,
             compile_spans: compiles.iter().map(|c| (c.0, c.1 - c.0)).collect(),
             slowest_pipelines: pipelines,
         })
@@ -263,6 +279,13 @@ impl fmt::Display for TraceSummary {
             ms(self.wall_us() - self.gpu_busy_us),
             100.0 * (self.wall_us() - self.gpu_busy_us) / self.wall_us().max(f64::MIN_POSITIVE)
         )?;
+        for (thread, us) in &self.host_work {
+            writeln!(
+                f,
+                "host {thread}: its own work between syncs {:.3} ms per execution (Record less the reads and barrier waits in it)",
+                per(*us)
+            )?;
+        }
         for (thread, spans) in &self.host {
             writeln!(f, "host {thread}: span count total ms median µs")?;
             for s in spans {
@@ -327,6 +350,8 @@ mod tests {
             x("k0", gpu, 210.0, 40.0),
             x("k1", gpu, 240.0, 20.0),
             x("Record", 1, 220.0, 60.0),
+            // A read inside it: waiting, not the program's own work.
+            x("Readback", 1, 230.0, 20.0),
             x("Execute", 2, 300.0, 10.0),
             x("Encode", 2, 302.0, 3.0),
             x("k0", gpu, 305.0, 50.0),
@@ -364,6 +389,10 @@ mod tests {
             text.contains("0.045 at 0.3: main: Record 0.020, worker: Execute 0.005, worker: Encode 0.003"),
             "{text}"
         );
+        // The main thread's own work: 60 µs of Record less a 20 µs read,
+        // over 2 executions.
+        assert_eq!(s.host_work, [("main (track 1)".to_string(), 40.0)]);
+        assert!(text.contains("host main (track 1): its own work between syncs 0.020 ms per execution"), "{text}");
         // Over the whole trace: each compile, the longest pipelines first.
         assert_eq!(s.compile_spans, [(0.0, 100.0), (150.0, 50.0), (400.0, 30.0)]);
         assert_eq!(

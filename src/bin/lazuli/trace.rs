@@ -1,7 +1,9 @@
 //! `lazuli trace FILE`: the steady state of a `LAZULI_TRACE` file in
 //! numbers (`lazuli::trace_summary`): wall against kernel time, the GPU's
-//! idle time, host spans per thread, the kernels by total time and the
-//! longest idle stretches with the host spans over them.
+//! idle time, host spans per thread and each recording thread's own work
+//! per execution, the kernels by total time, the longest idle stretches
+//! with the host spans over them, and the compiles with the longest
+//! pipeline creations.
 
 use lazuli::trace_summary::TraceSummary;
 
@@ -24,6 +26,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let bytes = std::fs::read(&file).map_err(|e| format!("{file}: {e}"))?;
     let doc: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| format!("{file}: {e}"))?;
     let summary = TraceSummary::of(&doc, top).map_err(|e| format!("{file}: {e}"))?;
-    print!("{summary}");
-    Ok(())
+    // A reader that stops early (`| head`) is no error.
+    use std::io::Write as _;
+    match write!(std::io::stdout().lock(), "{summary}") {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing the summary: {e}")),
+        _ => Ok(()),
+    }
 }
