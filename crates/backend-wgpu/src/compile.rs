@@ -22,6 +22,7 @@ use crate::context::Context;
 use crate::generic::{Families, Member, SizeChanges};
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::tier::Tier;
+use crate::uniforms::Sections;
 use crate::window::{self, KernelWindows};
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo, LaunchCost};
@@ -190,7 +191,7 @@ impl Compiler {
                 None => built.next().expect("one compiled kernel per kernel lowered"),
             })
             .collect();
-        Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned))
+        Ok(WgpuExecutable::new(graph, plan, kernels, generic, untuned, ctx.uniform_align))
     }
 
     /// At a plan boundary, before an execution of `exe`, for its kernels
@@ -695,10 +696,15 @@ impl Compiler {
 pub struct WgpuExecutable {
     pub(crate) graph: VerifiedGraph,
     pub(crate) plan: FusionPlan,
-    /// The compiled kernels, one per kernel of `plan`; a kernel the tuner
-    /// replaces is swapped between executions (see
+    /// The compiled kernels, one per kernel of `plan`, and the sections
+    /// of the uniform their launches bind (a function of the kernels,
+    /// kept with them so that no execution computes it again); a kernel
+    /// the tuner replaces is swapped between executions (see
     /// [`Compiler::tune_at_boundary`]).
-    kernels: std::sync::RwLock<Arc<[CompiledKernel]>>,
+    kernels: std::sync::RwLock<(Arc<[CompiledKernel]>, Arc<Sections>)>,
+    /// The adapter's `min_uniform_buffer_offset_alignment` (see
+    /// [`crate::uniforms`]).
+    uniform_align: u64,
     /// Kernels still waiting for the tuner (indices into `kernels`).
     untuned: Mutex<Vec<usize>>,
     /// Where their candidates stand (see [`crate::autotune`]).
@@ -720,6 +726,13 @@ pub struct WgpuExecutable {
     /// Which outputs were read, and by which execution: the executions
     /// after copy them early (see [`crate::transfer::early_copies`]).
     pub(crate) outputs_read: Arc<crate::transfer::OutputsRead>,
+}
+
+/// `kernels` with the sections of the uniform their launches bind, at
+/// offsets aligned to `align` bytes.
+fn with_sections(kernels: Arc<[CompiledKernel]>, align: u64) -> (Arc<[CompiledKernel]>, Arc<Sections>) {
+    let sections = Arc::new(Sections::of(kernels.iter().map(|k| &k.wgsl), align));
+    (kernels, sections)
 }
 
 /// Where a buffer of an execution comes from.
@@ -791,6 +804,7 @@ impl WgpuExecutable {
         kernels: Vec<CompiledKernel>,
         generic: bool,
         untuned: Vec<usize>,
+        uniform_align: u64,
     ) -> WgpuExecutable {
         let mut buffers = Vec::new();
         let mut slot = vec![u32::MAX; graph.len()];
@@ -811,7 +825,8 @@ impl WgpuExecutable {
         WgpuExecutable {
             graph: graph.clone(),
             plan,
-            kernels: std::sync::RwLock::new(kernels.into()),
+            kernels: std::sync::RwLock::new(with_sections(kernels.into(), uniform_align)),
+            uniform_align,
             untuned: Mutex::new(untuned),
             waiting: Default::default(),
             runs: Default::default(),
@@ -856,6 +871,12 @@ impl WgpuExecutable {
     /// The compiled kernels as they are now (an execution holds on to
     /// them, so a kernel replaced meanwhile takes effect at the next one).
     pub(crate) fn current_kernels(&self) -> Arc<[CompiledKernel]> {
+        self.current().0
+    }
+
+    /// The compiled kernels as they are now, with their uniform's
+    /// sections.
+    pub(crate) fn current(&self) -> (Arc<[CompiledKernel]>, Arc<Sections>) {
         self.kernels.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -875,9 +896,9 @@ impl WgpuExecutable {
     /// for the old one's layout.
     pub(crate) fn replace_kernel(&self, ki: usize, kernel: CompiledKernel) {
         let mut guard = self.kernels.write().unwrap_or_else(|e| e.into_inner());
-        let mut kernels = guard.to_vec();
+        let mut kernels = guard.0.to_vec();
         kernels[ki] = kernel;
-        *guard = kernels.into();
+        *guard = with_sections(kernels.into(), self.uniform_align);
         let mut binds = self.binds.lock().unwrap_or_else(|e| e.into_inner());
         binds.forget_launch(2 * ki);
         binds.forget_launch(2 * ki + 1);

@@ -48,10 +48,9 @@ pub(crate) fn execute(
     // The plan's cached bind groups and allocation history; while another
     // thread executes the same plan and holds them, this execution binds
     // afresh.
-    let kernels = exe.current_kernels();
+    let (kernels, sections) = exe.current();
     let mut cache = exe.binds.try_lock().ok();
     let allocating = timeline::span("Allocate");
-    let sections = Sections::of(kernels.iter().map(|k| &k.wgsl), ctx.uniform_align);
     let (uniform, values) = allocate(ctx, exe, &mut cache, &inputs, &sections, scalars)?;
     drop(allocating);
     let value = |id: NodeId| exe.slot.get(id.index()).and_then(|&s| values.get(s as usize));

@@ -218,10 +218,15 @@ impl TraceSummary {
             if !items.is_empty() {
                 host.push((format!("{name} (track {tid})"), spent(items)));
             }
-            let records: Vec<_> = mine.iter().filter(|s| s.0 == "Record").collect();
+            // A thread's Record spans do not overlap: sorted by start, the
+            // one a wait may lie in is the last that starts at or before it.
+            let mut records: Vec<_> = mine.iter().filter(|s| s.0 == "Record").collect();
+            records.sort_by(|a, b| a.2.total_cmp(&b.2));
             if !records.is_empty() {
-                let inside =
-                    |w: &&&(String, u64, f64, f64)| records.iter().any(|r| w.2 >= r.2 && w.2 + w.3 <= r.2 + r.3);
+                let inside = |w: &&&(String, u64, f64, f64)| {
+                    let at = records.partition_point(|r| r.2 <= w.2);
+                    at > 0 && w.2 + w.3 <= records[at - 1].2 + records[at - 1].3
+                };
                 let waiting: f64 =
                     mine.iter().filter(|w| w.0 == "Readback" || w.0 == "BarrierWait").filter(inside).map(|w| w.3).sum();
                 let recorded: f64 = records.iter().map(|r| r.3).sum();
