@@ -489,7 +489,9 @@ impl Device {
     /// [`Device::wait_async`].
     pub fn wait(&self) -> Result<()> {
         self.wait_for_jobs();
+        let started = Instant::now();
         let finished = self.0.main.finish();
+        metrics::record_time("DeviceWait", started.elapsed());
         self.finished(finished)
     }
 

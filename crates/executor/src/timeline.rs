@@ -13,7 +13,8 @@
 //!   sync (`Record`: the program's own work, recording its ops included);
 //! - every timer of [`crate::metrics`] (`record_time`) as a host span on
 //!   the calling thread: tracing, lookup, each compile phase, pipeline
-//!   creation, segment execution, barrier waits, and what backends time
+//!   creation, segment execution, barrier waits, `Device::wait`'s wait
+//!   for the device (`DeviceWait`), and what backends time
 //!   (the wgpu backend adds spans of its own: `Allocate`, `Encode`,
 //!   `QueueSubmit`, `Wait`, `Upload`, `Readback`, `PoolCreateBuffer`);
 //! - GPU intervals from timestamp queries ([`gpu_execution`]): each

@@ -16,7 +16,7 @@
 //! - the longest stretches where the GPU track is idle, each with the
 //!   host spans over it (what the host was doing while the GPU waited);
 //! - per thread that records, its own work: its `Record` spans (the time
-//!   between syncs) less the reads and barrier waits inside them, per
+//!   between syncs) less the reads and waits inside them, per
 //!   execution, which bounds a loop's step from below however fast the
 //!   GPU is.
 //!
@@ -74,8 +74,8 @@ pub struct TraceSummary {
     /// Host spans in the window, per thread name, by total time.
     pub host: Vec<(String, Vec<Spent>)>,
     /// Per thread that records (has `Record` spans in the window), its
-    /// own work in µs: the `Record` spans less the `Readback` and
-    /// `BarrierWait` spans inside them.
+    /// own work in µs: the `Record` spans less the `Readback`,
+    /// `BarrierWait` and `DeviceWait` spans inside them.
     pub host_work: Vec<(String, f64)>,
     /// Kernels in the window by total time.
     pub top_kernels: Vec<Spent>,
@@ -227,8 +227,12 @@ impl TraceSummary {
                     let at = records.partition_point(|r| r.2 <= w.2);
                     at > 0 && w.2 + w.3 <= records[at - 1].2 + records[at - 1].3
                 };
-                let waiting: f64 =
-                    mine.iter().filter(|w| w.0 == "Readback" || w.0 == "BarrierWait").filter(inside).map(|w| w.3).sum();
+                let waiting: f64 = mine
+                    .iter()
+                    .filter(|w| matches!(w.0.as_str(), "Readback" | "BarrierWait" | "DeviceWait"))
+                    .filter(inside)
+                    .map(|w| w.3)
+                    .sum();
                 let recorded: f64 = records.iter().map(|r| r.3).sum();
                 host_work.push((format!("{name} (track {tid})"), (recorded - waiting).max(0.0)));
             }
@@ -287,7 +291,7 @@ impl fmt::Display for TraceSummary {
         for (thread, us) in &self.host_work {
             writeln!(
                 f,
-                "host {thread}: its own work between syncs {:.3} ms per execution (Record less the reads and barrier waits in it)",
+                "host {thread}: its own work between syncs {:.3} ms per execution (Record less the reads and waits in it)",
                 per(*us)
             )?;
         }
@@ -355,8 +359,10 @@ mod tests {
             x("k0", gpu, 210.0, 40.0),
             x("k1", gpu, 240.0, 20.0),
             x("Record", 1, 220.0, 60.0),
-            // A read inside it: waiting, not the program's own work.
+            // A read and a device wait inside it: waiting, not the
+            // program's own work.
             x("Readback", 1, 230.0, 20.0),
+            x("DeviceWait", 1, 252.0, 5.0),
             x("Execute", 2, 300.0, 10.0),
             x("Encode", 2, 302.0, 3.0),
             x("k0", gpu, 305.0, 50.0),
@@ -394,10 +400,10 @@ mod tests {
             text.contains("0.045 at 0.3: main: Record 0.020, worker: Execute 0.005, worker: Encode 0.003"),
             "{text}"
         );
-        // The main thread's own work: 60 µs of Record less a 20 µs read,
-        // over 2 executions.
-        assert_eq!(s.host_work, [("main (track 1)".to_string(), 40.0)]);
-        assert!(text.contains("host main (track 1): its own work between syncs 0.020 ms per execution"), "{text}");
+        // The main thread's own work: 60 µs of Record less a 20 µs read
+        // and a 5 µs device wait, over 2 executions.
+        assert_eq!(s.host_work, [("main (track 1)".to_string(), 35.0)]);
+        assert!(text.contains("host main (track 1): its own work between syncs 0.018 ms per execution"), "{text}");
         // Over the whole trace: each compile, the longest pipelines first.
         assert_eq!(s.compile_spans, [(0.0, 100.0), (150.0, 50.0), (400.0, 30.0)]);
         assert_eq!(
