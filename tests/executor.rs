@@ -348,3 +348,85 @@ fn overlapping_executions_match_waiting_ones() {
         common::assert_close(&got, &want, 1e-4, 1e-5, &format!("overlap {overlap}"));
     }
 }
+
+/// Streamed submission (`LAZULI_STREAM_SUBMIT`, on by default): an
+/// execution started with the GPU idle is submitted in pieces as it is
+/// encoded. Forced to pieces of 1, 2, 4, ... launches, a training loop
+/// that reads its loss every step (so every step starts idle) with a
+/// split-K weight gradient (a two-pass kernel and its scratch), a
+/// gather of its batch's rows (an index-checking kernel and its error
+/// slot) and timed launches (timestamp queries across the pieces) gives
+/// what one piece gives and what the CPU gives; a bad label is still
+/// reported, and the device runs on after it.
+#[test]
+fn streamed_executions_match_one_piece_ones() {
+    let Some(_) = common::wgpu() else { return };
+    let _lock = common::metrics_lock();
+    let tokens = 1100;
+    let x = common::rand_vec(tokens * 48, 11, -1.0, 1.0);
+    let labels: Vec<i32> = (0..tokens as i32).map(|i| (i * 7) % 10).collect();
+    let order: Vec<i32> = (0..tokens as i32).map(|i| (i * 37) % tokens as i32).collect();
+    let run = |dev: &Device| {
+        dev.manual_seed(5);
+        let w1 = Tensor::from_slice(&common::rand_vec(48 * 40, 12, -0.2, 0.2), [48, 40], dev).unwrap();
+        let w2 = Tensor::from_slice(&common::rand_vec(40 * 10, 13, -0.2, 0.2), [40, 10], dev).unwrap();
+        let (mut w1, mut w2) = (w1.requires_grad_(true).unwrap(), w2.requires_grad_(true).unwrap());
+        let x = Tensor::from_slice(&x, [tokens, 48], dev).unwrap();
+        let y = Tensor::from_slice(&labels, [tokens], dev).unwrap();
+        let order = Tensor::from_slice(&order, [tokens], dev).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            let h = x.gather(0, &order).unwrap().matmul(&w1).unwrap().relu().unwrap();
+            let loss = lazuli::nn::cross_entropy(&h.matmul(&w2).unwrap(), &y).unwrap();
+            loss.backward().unwrap();
+            let step = |w: &Tensor| w.sub(&w.grad().unwrap().mul_scalar(0.5).unwrap()).unwrap();
+            let (n1, n2) = (step(&w1), step(&w2));
+            (w1, w2) = (n1.detach().requires_grad_(true).unwrap(), n2.detach().requires_grad_(true).unwrap());
+            dev.mark_step().unwrap();
+            out.push(loss.item::<f32>().unwrap());
+        }
+        out.extend(w1.to_vec::<f32>().unwrap());
+        out.extend(w2.to_vec::<f32>().unwrap());
+        out
+    };
+    let want = run(&Device::cpu());
+    let cpu = Device::cpu().backend().clone();
+    for (first, timed) in [(0, false), (1, false), (1, true)] {
+        let what = format!("pieces from {first} launch(es), timed {timed}");
+        let opts = lazuli::WgpuDeviceOptions {
+            stream_submit: Some(first),
+            kernel_forms: Some(lazuli::KernelForms::gpu()),
+            ..Default::default()
+        };
+        let backend = std::sync::Arc::new(lazuli_wgpu::WgpuBackend::new(opts).expect("a wgpu device"));
+        let dev = Device::new(backend.clone(), cpu.clone());
+        let setting = dev.configuration().settings.into_iter().find(|s| s.variable == "LAZULI_STREAM_SUBMIT");
+        let on = setting.expect("listed").value.starts_with("on");
+        assert_eq!(on, first > 0, "{what}");
+        backend.set_profiling(timed);
+        let streamed = metrics::counter("StreamedSubmits");
+        let got = run(&dev);
+        let samples = backend.take_profile();
+        backend.set_profiling(false);
+        common::assert_close(&got, &want, 1e-3, 1e-4, &what);
+        let pieces = metrics::counter("StreamedSubmits") - streamed;
+        assert_eq!(pieces > 0, first > 0, "{what}: {pieces} extra submissions");
+        if timed && backend.supports_profiling() {
+            assert!(samples.iter().any(|s| s.cost.name.ends_with("_pass1")), "{what}: the weight gradient splits K");
+            assert!(samples.iter().all(|s| s.ms.is_some_and(|ms| ms >= 0.0)), "{what}: every launch timed");
+        }
+        // A bad row index in a streamed execution is reported at its read
+        // (its tensors dropped after, so the next step does not run them
+        // again).
+        {
+            let bad: Vec<i32> = (0..tokens as i32).map(|i| if i == 700 { 5000 } else { i }).collect();
+            let ones = Tensor::ones([48, 10], DType::F32, &dev).unwrap();
+            let logits = Tensor::from_slice(&x, [tokens, 48], &dev).unwrap().matmul(&ones).unwrap().relu().unwrap();
+            let bad = Tensor::from_slice(&bad, [tokens], &dev).unwrap();
+            let picked = logits.gather(0, &bad).unwrap().exp().unwrap().matmul(&ones.t().unwrap()).unwrap();
+            let err = picked.sum(&[], false).unwrap().item::<f32>().expect_err("row 5000 of 1100");
+            assert!(err.to_string().contains("5000"), "{what}: {err}");
+        }
+        assert_eq!(run(&dev).len(), want.len(), "{what}: the device runs on");
+    }
+}

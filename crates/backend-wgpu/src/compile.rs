@@ -789,6 +789,16 @@ pub(crate) struct CompiledKernel {
 }
 
 impl CompiledKernel {
+    /// Dispatches one execution makes of it: none where it has no
+    /// invocations, two for a two-pass kernel, else one.
+    pub(crate) fn launches(&self) -> u64 {
+        match (self.wgsl.invocations, &self.wgsl.pre, &self.pre) {
+            (0, _, _) => 0,
+            (_, Some(_), Some(_)) => 2,
+            _ => 1,
+        }
+    }
+
     /// Whether it (or its first pass) reads its sizes from a buffer.
     pub(crate) fn is_generic(&self) -> bool {
         self.dims.is_some() || self.pre.as_ref().is_some_and(|(_, dims)| dims.is_some())

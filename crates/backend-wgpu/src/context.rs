@@ -17,6 +17,7 @@ use crate::window::Windows;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{BackendError, BackendKind, Buffer};
 use lazuli_ir::{DType, ScalarValue, ValueType};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wgpu::BufferUsages;
 
@@ -72,6 +73,13 @@ pub(crate) struct Context {
     /// Executions overlap (natively; `WgpuOptions::overlap_submit`): one
     /// returns once submitted and the one before it has finished.
     pub overlap: bool,
+    /// Launches the first submission of a streamed execution holds (0:
+    /// executions are submitted in one piece; see
+    /// [`crate::execute`] and `WgpuOptions::stream_submit`).
+    pub stream_first: u64,
+    /// Executions submitted, and the last one seen finished (see
+    /// [`Context::submitted`]).
+    executions: (AtomicU64, Arc<AtomicU64>),
     /// The submission of the last execution that returned before it
     /// finished, if any.
     in_flight: std::sync::Mutex<Option<wgpu::SubmissionIndex>>,
@@ -276,6 +284,8 @@ impl Context {
             cooperative_matrix,
             deferred,
             overlap: platform::CAN_BLOCK && options.overlap_submit.unwrap_or(true),
+            stream_first: options.stream_submit.unwrap_or(crate::STREAM_FIRST_LAUNCHES),
+            executions: Default::default(),
             in_flight: Default::default(),
             pending_times: Default::default(),
             clock: {
@@ -304,6 +314,24 @@ impl Context {
         };
         self.collect_times();
         waited
+    }
+
+    /// Counts an execution's last submission, just made: it is seen
+    /// finished ([`Context::idle`]) once a poll of the device (any wait)
+    /// runs the callback registered here.
+    pub fn submitted(&self) {
+        let n = self.executions.0.fetch_add(1, Ordering::Relaxed) + 1;
+        let finished = self.executions.1.clone();
+        self.queue.on_submitted_work_done(move || {
+            finished.fetch_max(n, Ordering::Relaxed);
+        });
+    }
+
+    /// Whether every execution submitted so far was seen finished: the
+    /// GPU has none of this device's kernels queued, as in a loop that
+    /// waits for (or reads) each step before recording the next.
+    pub fn idle(&self) -> bool {
+        self.executions.1.load(Ordering::Relaxed) >= self.executions.0.load(Ordering::Relaxed)
     }
 
     /// Keeps an execution's timestamps to collect later: they are placed

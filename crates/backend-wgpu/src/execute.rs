@@ -57,17 +57,52 @@ pub(crate) fn execute(
     let dev = &ctx.device;
     let oom = Scope::push(dev, wgpu::ErrorFilter::OutOfMemory);
     let val = Scope::push(dev, wgpu::ErrorFilter::Validation);
-    let encoding = timeline::span("Encode");
+    let mut encoding = timeline::span("Encode");
     let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
     let slots = ErrorSlots::new(ctx, exe, &kernels, &mut cache, &mut enc)?;
     // Scratch buffers of two-pass kernels live until the wait below.
     let mut scratch = Vec::new();
-    let work = launches(ctx, exe, &kernels, &mut cache, (&uniform, &sections), &value, &slots, &mut scratch)?;
+    let counts: Vec<u64> = kernels.iter().map(CompiledKernel::launches).collect();
+    let total: u64 = counts.iter().sum();
     // Timestamps per launch while profiling or recording the timeline.
     let profiling = profiler.on();
     let timed = profiling || timeline::enabled();
-    let queries = (ctx.timestamps && timed && !work.is_empty()).then(|| Queries::new(dev, work.len()));
-    let launched = encode(&mut enc, &work, queries.as_ref());
+    let queries = (ctx.timestamps && timed && total > 0).then(|| Queries::new(dev, total as usize));
+    // With the GPU idle, a long execution streams: its first launches
+    // run while the host encodes the rest.
+    let pieces = stream_pieces(&counts, if ctx.idle() { ctx.stream_first } else { 0 });
+    let mut work: Vec<Launch> = Vec::with_capacity(total as usize);
+    for kernels_of in &pieces[..pieces.len() - 1] {
+        let from = work.len();
+        launches(
+            ctx,
+            exe,
+            &kernels,
+            kernels_of.clone(),
+            &mut cache,
+            (&uniform, &sections),
+            &value,
+            &slots,
+            &mut scratch,
+            &mut work,
+        )?;
+        encode(&mut enc, &work[from..], from, queries.as_ref());
+        let piece = std::mem::replace(
+            &mut enc,
+            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") }),
+        );
+        let commands = piece.finish();
+        drop(encoding);
+        let submitting = timeline::span("QueueSubmit");
+        ctx.queue.submit([commands]);
+        drop(submitting);
+        metrics::inc("StreamedSubmits", 1);
+        encoding = timeline::span("Encode");
+    }
+    let from = work.len();
+    let last = pieces[pieces.len() - 1].clone();
+    launches(ctx, exe, &kernels, last, &mut cache, (&uniform, &sections), &value, &slots, &mut scratch, &mut work)?;
+    let launched = encode(&mut enc, &work[from..], from, queries.as_ref()) + from as u64;
     if let Some(q) = &queries {
         q.resolve(&mut enc);
     }
@@ -88,6 +123,7 @@ pub(crate) fn execute(
     drop(encoding);
     let submitting = timeline::span("QueueSubmit");
     let submission = ctx.queue.submit([commands]);
+    ctx.submitted();
     for (index, (out, copy)) in made.iter().zip(copies).enumerate() {
         if let Some(b) = out {
             let early = copy.map(|(staging, len)| EarlyCopy { staging, len, submission: submission.clone() });
@@ -397,26 +433,58 @@ fn bind(
     }
 }
 
-/// The launches of `exe` in order, with their bind groups; scratch
-/// buffers of two-pass kernels are pushed to `scratch`.
+/// Launches the first piece of a streamed execution holds by default
+/// (see `WgpuOptions::stream_submit`): enough to start the GPU on a few
+/// kernels (about their encoding's time on a GPU's host) without a
+/// submission per kernel.
+pub const STREAM_FIRST_LAUNCHES: u64 = 8;
+
+/// The kernels (by index) of each submission of an execution whose
+/// kernels launch `counts[i]` times: all in one unless `first` is nonzero
+/// and they launch more than `2 * first` times; then pieces of at least
+/// `first`, `2 * first`, `4 * first`, ... launches and the rest, so that
+/// submissions grow as the queue fills (one per doubling) and the GPU,
+/// idle at the start, gets its first kernels after `first` are encoded.
+fn stream_pieces(counts: &[u64], first: u64) -> Vec<std::ops::Range<usize>> {
+    let total: u64 = counts.iter().sum();
+    if first == 0 || total <= 2 * first {
+        return vec![0..counts.len()];
+    }
+    let mut pieces = Vec::new();
+    let (mut start, mut have, mut want) = (0, 0, first);
+    for (i, &n) in counts.iter().enumerate() {
+        have += n;
+        if have >= want && i + 1 < counts.len() {
+            pieces.push(start..i + 1);
+            (start, have, want) = (i + 1, 0, want * 2);
+        }
+    }
+    pieces.push(start..counts.len());
+    pieces
+}
+
+/// The launches of kernels `range` of `exe` in order, with their bind
+/// groups, appended to `work`; scratch buffers of two-pass kernels are
+/// pushed to `scratch`.
 #[allow(clippy::too_many_arguments)] // One execution's state, passed explicitly rather than bundled for one call.
 fn launches<'a, 'v>(
     ctx: &Context,
     exe: &WgpuExecutable,
     kernels: &'a [CompiledKernel],
+    range: std::ops::Range<usize>,
     cache: &mut Cache,
     (uniform, sections): (&WgpuStorage, &Sections),
     value: &dyn Fn(NodeId) -> Option<&'v Buffer>,
     slots: &ErrorSlots,
     scratch: &mut Vec<WgpuStorage>,
-) -> Result<Vec<Launch<'a>>, BackendError> {
-    let mut work: Vec<Launch> = Vec::with_capacity(kernels.len());
+    work: &mut Vec<Launch<'a>>,
+) -> Result<(), BackendError> {
     // Each launch binds the uniform's section of its kernel's scalars.
     let section = |scalars: &[usize]| {
         let (offset, size) = sections.range(scalars);
         Binding { storage: uniform, offset, size }
     };
-    for (ki, (k, kernel)) in kernels.iter().zip(&exe.plan.kernels).enumerate() {
+    for ((ki, k), kernel) in kernels.iter().enumerate().zip(&exe.plan.kernels).skip(range.start).take(range.len()) {
         if k.wgsl.invocations == 0 {
             continue;
         }
@@ -482,7 +550,7 @@ fn launches<'a, 'v>(
             }
         }
     }
-    Ok(work)
+    Ok(())
 }
 
 /// The timestamp queries of a profiled execution: a begin and an end per
@@ -523,10 +591,10 @@ impl Queries {
     }
 }
 
-/// Encodes `work` into `enc`: one compute pass for all launches, or one
-/// pass per launch with timestamps when `queries` is given. Returns the
-/// number of launches.
-fn encode(enc: &mut wgpu::CommandEncoder, work: &[Launch], queries: Option<&Queries>) -> u64 {
+/// Encodes `work`, launches `from..` of the execution, into `enc`: one
+/// compute pass for all, or one pass per launch with timestamps when
+/// `queries` is given. Returns the number of launches.
+fn encode(enc: &mut wgpu::CommandEncoder, work: &[Launch], from: usize, queries: Option<&Queries>) -> u64 {
     let dispatch = |pass: &mut wgpu::ComputePass, l: &Launch| {
         pass.set_pipeline(l.pipeline);
         pass.set_bind_group(0, &l.bind_group, &[]);
@@ -538,6 +606,7 @@ fn encode(enc: &mut wgpu::CommandEncoder, work: &[Launch], queries: Option<&Quer
     match queries {
         Some(q) => {
             for (i, l) in work.iter().enumerate() {
+                let i = from + i;
                 let name = l.name();
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some(&name),
@@ -586,4 +655,30 @@ fn index_error_template(g: &VerifiedGraph, k: &Kernel) -> (IndexError, bool) {
 fn with_index((mut error, signed): (IndexError, bool), bits: u32) -> BackendError {
     error.index = if signed { bits as i32 as i128 } else { bits as i128 };
     BackendError::IndexOutOfRange(Box::new(error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_pieces;
+
+    #[test]
+    fn short_executions_and_streaming_off_submit_in_one_piece() {
+        assert_eq!(stream_pieces(&[1; 16], 8), vec![0..16]);
+        assert_eq!(stream_pieces(&[1; 100], 0), vec![0..100]);
+        assert_eq!(stream_pieces(&[], 8), vec![0..0]);
+    }
+
+    #[test]
+    fn pieces_double_and_hold_whole_kernels() {
+        // 166 one-launch kernels (G8): 8, 16, 32, 64, then the rest.
+        let sizes: Vec<usize> = stream_pieces(&[1; 166], 8).iter().map(|r| r.len()).collect();
+        assert_eq!(sizes, [8, 16, 32, 64, 46]);
+        // A two-pass kernel stays in one piece; a kernel without
+        // invocations counts nothing.
+        let pieces = stream_pieces(&[1, 2, 0, 1, 1, 1, 2, 1, 1], 1);
+        assert_eq!(pieces, vec![0..1, 1..2, 2..7, 7..9]);
+        // Every kernel in exactly one piece, in order.
+        let flat: Vec<usize> = pieces.into_iter().flatten().collect();
+        assert_eq!(flat, (0..9).collect::<Vec<_>>());
+    }
 }

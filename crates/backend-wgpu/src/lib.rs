@@ -113,6 +113,7 @@ pub mod window;
 #[cfg(not(target_arch = "wasm32"))]
 pub use adapter::list_adapters;
 pub use compile::WgpuExecutable;
+pub use execute::STREAM_FIRST_LAUNCHES;
 pub use options::{kernel_forms, WgpuOptions};
 #[cfg(target_arch = "wasm32")]
 pub use platform::list_adapters;

@@ -121,6 +121,16 @@ pub struct WgpuOptions {
     /// or whose times are profiled always wait (the timeline's are
     /// collected by a later wait).
     pub overlap_submit: Option<bool>,
+    /// Launches the first submission of a streamed execution holds (0:
+    /// never stream). An execution of more than twice as many launches
+    /// that starts while none of the device's executions is in flight
+    /// (the GPU idle: a loop that waits every step) is submitted in
+    /// pieces as it is encoded, `n` launches first, then `2n`, `4n`, ...,
+    /// so that the GPU runs the first kernels while the host encodes the
+    /// rest. Default [`crate::STREAM_FIRST_LAUNCHES`]; the flag
+    /// `LAZULI_STREAM_SUBMIT=0` submits every execution in one piece.
+    /// Tests set 1 to stream every plan of three launches or more.
+    pub stream_submit: Option<u64>,
     /// Store f16 tensors packed two per `u32` (true) or natively as
     /// `array<f16>` where the adapter has `SHADER_F16` (false); else
     /// `LAZULI_F16_PACKED`, else native on GPUs with the feature and packed
@@ -213,6 +223,9 @@ impl WgpuOptions {
         let overlap = config::flag(lookup, "LAZULI_OVERLAP_SUBMIT")?;
         note("LAZULI_OVERLAP_SUBMIT", self.overlap_submit.is_some(), overlap.is_some());
         out.overlap_submit = self.overlap_submit.or(overlap);
+        let stream = config::flag(lookup, "LAZULI_STREAM_SUBMIT")?;
+        note("LAZULI_STREAM_SUBMIT", self.stream_submit.is_some(), stream.is_some());
+        out.stream_submit = self.stream_submit.or(stream.map(|on| if on { crate::STREAM_FIRST_LAUNCHES } else { 0 }));
         let subgroups = config::flag(lookup, "LAZULI_SUBGROUPS")?;
         note("LAZULI_SUBGROUPS", self.subgroups.is_some(), subgroups.is_some());
         out.subgroups = self.subgroups.or(subgroups);

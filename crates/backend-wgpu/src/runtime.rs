@@ -373,6 +373,14 @@ fn effective_settings(
         Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
         Setting::new("LAZULI_OVERLAP_SUBMIT", on_off(ctx.overlap), source("LAZULI_OVERLAP_SUBMIT")),
         Setting::new(
+            "LAZULI_STREAM_SUBMIT",
+            match ctx.stream_first {
+                0 => "off".to_string(),
+                n => format!("on ({n}, {}, {}, ... launches per submission)", 2 * n, 4 * n),
+            },
+            source("LAZULI_STREAM_SUBMIT"),
+        ),
+        Setting::new(
             "LAZULI_SUBGROUPS",
             match (compiler.lower.subgroups, ctx.subgroups) {
                 (true, _) => "on".to_string(),

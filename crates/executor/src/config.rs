@@ -154,6 +154,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::overlap_submit)",
     ),
     var(
+        "LAZULI_STREAM_SUBMIT",
+        Kind::Flag,
+        "on",
+        "an execution of over 16 launches started with the GPU idle is submitted 8, 16, 32, ... launches at a time as it is encoded",
+        "lazuli-wgpu (WgpuOptions::stream_submit)",
+    ),
+    var(
         "LAZULI_SUBGROUPS",
         Kind::Flag,
         "on where the adapter has subgroups",
