@@ -10,9 +10,15 @@
 //! and update are one graph. Hyperparameters (learning rate, betas, bias
 //! corrections) enter the graph as lifted scalars, one per group where
 //! groups differ, so changing a learning rate (by hand or by a scheduler)
-//! or advancing Adam's step count compiles nothing new. The first one
-//! or two steps have their own graphs (the state buffers do not exist yet);
-//! from then on every step has the same graph hash.
+//! or advancing Adam's step count compiles nothing new. Every step has
+//! the same graph hash from the first on: an optimizer materializes its
+//! parameters when it is made (a model's lazily initialized weights would
+//! otherwise be computed inside the first step's graph), and a step gives
+//! each parameter that has no state yet buffers of zeros, materialized by
+//! one sync of their own, before it records its update.
+//! From zeros, the first update is exactly PyTorch's (its moments start at
+//! zero; SGD's `buf = mu * 0 + g` is its `buf = g`), except for SGD with
+//! dampening, whose first step keeps its own graph.
 //!
 //! Each optimizer's state (SGD's momentum buffers, Adam's moments and step
 //! count) saves to and loads from safetensors by PyTorch's names with the
@@ -102,6 +108,48 @@ fn flatten_groups(groups: Vec<ParamGroup>) -> Flat {
         }
     }
     f
+}
+
+/// Materializes `params` where they are pending (a model's weights are
+/// initialized lazily), as one graph per device, without waiting, so that
+/// the first step's graph reads them as every later step does. A failure
+/// is not lost: the tensors stay as they were, and the next sync that
+/// needs them (the first step's) reports it.
+fn materialize(params: &[Tensor]) {
+    let pending: Vec<&Tensor> = params.iter().filter(|p| p.state() == crate::TensorState::PendingIr).collect();
+    let _ = sync_by_device(&pending);
+}
+
+/// Syncs `tensors` as one graph per device.
+fn sync_by_device(tensors: &[&Tensor]) -> Result<()> {
+    let mut by_device: Vec<Vec<&Tensor>> = Vec::new();
+    for &t in tensors {
+        match by_device.iter_mut().find(|ts| ts[0].device().same(t.device())) {
+            Some(ts) => ts.push(t),
+            None => by_device.push(vec![t]),
+        }
+    }
+    by_device.iter().try_for_each(|ts| crate::sync(ts))
+}
+
+/// Gives each parameter that has a gradient and no buffer yet in `states`
+/// a buffer of zeros in each, all materialized by one sync per device
+/// before the step records its update: a zeros tensor left lazy would be
+/// a constant folded into the step's graph, which would then differ from
+/// every later step's (that reads the buffers).
+fn fresh_state(params: &[Tensor], states: &mut [&mut Buffers]) -> Result<()> {
+    let mut made: Vec<Tensor> = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        if states.iter().all(|s| s[i].is_some()) || p.grad().is_none() {
+            continue;
+        }
+        for s in states.iter_mut().filter(|s| s[i].is_none()) {
+            let z = Tensor::zeros(p.shape().clone(), p.dtype(), p.device())?;
+            made.push(z.clone());
+            s[i] = Some(z);
+        }
+    }
+    sync_by_device(&made.iter().collect::<Vec<_>>())
 }
 
 /// The learning rate of each group: its own, else the optimizer's.
@@ -239,7 +287,9 @@ impl Scalars {
 
 /// Stochastic gradient descent, as PyTorch's `torch.optim.SGD`:
 /// `g += wd * p; buf = mu * buf + (1 - dampening) * g` (the first step
-/// sets `buf = g`); `g = nesterov ? g + mu * buf : buf`; `p -= lr * g`.
+/// sets `buf = g`: without dampening, from a buffer of zeros, see the
+/// module documentation); `g = nesterov ? g + mu * buf : buf`;
+/// `p -= lr * g`.
 #[derive(Clone, Debug)]
 pub struct Sgd {
     params: Vec<Tensor>,
@@ -269,6 +319,7 @@ impl Sgd {
     /// learning rate, or [`Sgd::weight_decay`]'s and `lr`).
     pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Sgd {
         let Flat { params, group, group_wd, group_lr } = flatten_groups(groups);
+        materialize(&params);
         let n = params.len();
         Sgd {
             params,
@@ -287,6 +338,12 @@ impl Sgd {
     /// Sets the momentum factor.
     pub fn momentum(mut self, momentum: f64) -> Sgd {
         self.momentum = momentum;
+        self
+    }
+
+    /// Sets the dampening of the momentum's gradient term.
+    pub fn dampening(mut self, dampening: f64) -> Sgd {
+        self.dampening = dampening;
         self
     }
 
@@ -330,6 +387,9 @@ impl Sgd {
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _guard = crate::NoGradGuard::new();
+        if self.momentum != 0.0 && self.dampening == 0.0 {
+            fresh_state(&self.params, &mut [&mut self.bufs])?;
+        }
         let mut sc = Scalars::default();
         for (i, (p, buf)) in self.params.iter().zip(self.bufs.iter_mut()).enumerate() {
             let Some(mut g) = p.grad() else { continue };
@@ -431,6 +491,7 @@ impl Adam {
     /// learning rate, or [`Adam::weight_decay`]'s and `lr`.
     pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Adam {
         let Flat { params, group, group_wd, group_lr } = flatten_groups(groups);
+        materialize(&params);
         let n = params.len();
         Adam {
             params,
@@ -540,6 +601,7 @@ impl Adam {
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         let _guard = crate::NoGradGuard::new();
+        fresh_state(&self.params, &mut [&mut self.m, &mut self.v])?;
         let mut sc = Scalars::default();
         self.t += 1;
         let (b1, b2) = self.betas;

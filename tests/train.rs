@@ -104,7 +104,7 @@ fn opening_wgpu_without_xdg_runtime_dir_prints_nothing_about_it() {
 }
 
 /// One W4-style step: forward, backward, SGD update, one mark_step.
-fn mlp_step(dev: &Device, model: &impl Module, opt: &mut impl Optimizer, x: &Tensor, y: &Tensor) -> u64 {
+fn mlp_step(dev: &Device, model: &impl Module, opt: &mut (impl Optimizer + ?Sized), x: &Tensor, y: &Tensor) -> u64 {
     let loss = nn::cross_entropy(&model.forward(x).unwrap(), y).unwrap();
     loss.backward().unwrap();
     opt.step().unwrap();
@@ -117,32 +117,49 @@ fn mlp_step(dev: &Device, model: &impl Module, opt: &mut impl Optimizer, x: &Ten
     hash
 }
 
+/// Every step from the first has one graph (the optimizer materializes
+/// the lazily initialized weights when made, and each step's fresh state
+/// as zeros before recording): one compile for the step, none after it,
+/// learning-rate changes included; SGD with dampening keeps a first step
+/// of its own (PyTorch's first buffer is the undampened gradient).
 #[test]
 fn steady_training_step_has_one_graph_hash_and_lr_changes_compile_nothing() {
-    let dev = Device::cpu();
-    dev.manual_seed(5);
-    let model = nn::Sequential::new()
-        .add(nn::Linear::new(8, 16, &dev).unwrap())
-        .add(nn::Activation::Relu)
-        .add(nn::Linear::new(16, 4, &dev).unwrap());
-    let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9).weight_decay(1e-4);
-    let x = Tensor::from_slice(&common::rand_vec(32, 1, -1.0, 1.0), [4, 8], &dev).unwrap();
-    let y = Tensor::from_slice(&[0i32, 1, 2, 3], [4], &dev).unwrap();
-    let mut hashes = Vec::new();
-    let mut compiles_after_2 = 0;
-    for step in 0..6 {
-        opt.set_lr(0.1 / (step + 1) as f64);
-        let before = dev.cached_plans();
-        hashes.push(mlp_step(&dev, &model, &mut opt, &x, &y));
-        dev.wait().unwrap();
-        if step >= 2 {
-            compiles_after_2 += dev.cached_plans() - before;
+    type MakeOpt = fn(Vec<Tensor>) -> Box<dyn Optimizer>;
+    let optimizers: [(&str, MakeOpt, usize); 5] = [
+        ("sgd", |p| Box::new(Sgd::new(p, 0.1).weight_decay(1e-4)), 0),
+        ("sgd momentum", |p| Box::new(Sgd::new(p, 0.1).momentum(0.9).weight_decay(1e-4)), 0),
+        ("sgd nesterov", |p| Box::new(Sgd::new(p, 0.1).momentum(0.9).nesterov(true)), 0),
+        ("sgd dampening", |p| Box::new(Sgd::new(p, 0.1).momentum(0.9).dampening(0.1)), 1),
+        ("adamw", |p| Box::new(Adam::adamw(p, 0.01, 0.1)), 0),
+    ];
+    for (name, make, first_steady) in optimizers {
+        let dev = Device::cpu();
+        dev.manual_seed(5);
+        let model = nn::Sequential::new()
+            .add(nn::Linear::new(8, 16, &dev).unwrap())
+            .add(nn::Activation::Relu)
+            .add(nn::Linear::new(16, 4, &dev).unwrap());
+        let mut opt = make(model.parameters());
+        let x = Tensor::from_slice(&common::rand_vec(32, 1, -1.0, 1.0), [4, 8], &dev).unwrap();
+        let y = Tensor::from_slice(&[0i32, 1, 2, 3], [4], &dev).unwrap();
+        let mut hashes = Vec::new();
+        let mut compiles = Vec::new();
+        for step in 0..6 {
+            opt.set_lr(0.1 / (step + 1) as f64);
+            let before = dev.cached_plans();
+            hashes.push(mlp_step(&dev, &model, opt.as_mut(), &x, &y));
+            dev.wait().unwrap();
+            compiles.push(dev.cached_plans() - before);
         }
+        let steady = &hashes[first_steady..];
+        assert!(steady.iter().all(|h| *h == steady[0]), "{name}: {hashes:x?}");
+        assert!(compiles[first_steady + 1..].iter().all(|&c| c == 0), "{name}: plans compiled per step {compiles:?}");
+        if first_steady > 0 {
+            assert_ne!(hashes[0], hashes[1], "{name}: the first step has its own graph");
+        }
+        // Parameters stay trainable leaves across the in-place updates.
+        assert!(model.parameters().iter().all(|p| p.requires_grad() && p.is_leaf() && p.grad().is_none()), "{name}");
     }
-    assert!(hashes[2..].iter().all(|h| *h == hashes[2]), "{hashes:x?}");
-    assert_eq!(compiles_after_2, 0);
-    // Parameters stay trainable leaves across the in-place updates.
-    assert!(model.parameters().iter().all(|p| p.requires_grad() && p.is_leaf() && p.grad().is_none()));
 }
 
 #[test]
