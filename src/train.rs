@@ -407,16 +407,40 @@ pub fn accuracy(
     rows: std::ops::Range<usize>,
     device: &Device,
 ) -> crate::Result<f64> {
+    Ok(accuracies(model, data, std::slice::from_ref(&rows), device)?[0])
+}
+
+/// Accuracy of `model` on each of `splits` (row ranges of `data`), all
+/// computed by one graph (one sync, one compile, no gradients): the
+/// splits' predictions are read after one execution, and a process that
+/// evaluates a train and a test split compiles one plan for both rather
+/// than one per split size.
+pub fn accuracies(
+    model: &(impl Module + ?Sized),
+    data: &Digits,
+    splits: &[std::ops::Range<usize>],
+    device: &Device,
+) -> crate::Result<Vec<f64>> {
     no_grad(|| {
-        let n = rows.len();
-        let x = Tensor::from_slice(
-            &data.images[rows.start * DIGITS_FEATURES..rows.end * DIGITS_FEATURES],
-            [n, DIGITS_FEATURES],
-            device,
-        )?;
-        let pred = model.forward(&x)?.argmax(-1, false)?.to_vec::<i32>()?;
-        let correct = pred.iter().zip(&data.labels[rows]).filter(|(&p, &l)| p == l as i32).count();
-        Ok(correct as f64 / n.max(1) as f64)
+        let mut preds = Vec::with_capacity(splits.len());
+        for rows in splits {
+            let x = Tensor::from_slice(
+                &data.images[rows.start * DIGITS_FEATURES..rows.end * DIGITS_FEATURES],
+                [rows.len(), DIGITS_FEATURES],
+                device,
+            )?;
+            preds.push(model.forward(&x)?.argmax(-1, false)?);
+        }
+        crate::sync(&preds.iter().collect::<Vec<_>>())?;
+        splits
+            .iter()
+            .zip(&preds)
+            .map(|(rows, pred)| {
+                let pred = pred.to_vec::<i32>()?;
+                let correct = pred.iter().zip(&data.labels[rows.clone()]).filter(|(&p, &l)| p == l as i32).count();
+                Ok(correct as f64 / rows.len().max(1) as f64)
+            })
+            .collect()
     })
 }
 
@@ -606,8 +630,9 @@ fn train_loop(
     fallback_by_op.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let last = |name: &str| metrics::value(name).map(|v| v.last as usize).unwrap_or(0);
     let (graph_nodes_per_step, kernels_per_step) = (last("GraphSize"), last("KernelsPerPlan"));
-    let test_accuracy = accuracy(model.as_ref(), data, DIGITS_TRAIN_ROWS..data.len(), device)?;
-    let train_accuracy = accuracy(model.as_ref(), data, 0..DIGITS_TRAIN_ROWS, device)?;
+    let splits = [DIGITS_TRAIN_ROWS..data.len(), 0..DIGITS_TRAIN_ROWS];
+    let split_accuracies = accuracies(model.as_ref(), data, &splits, device)?;
+    let (test_accuracy, train_accuracy) = (split_accuracies[0], split_accuracies[1]);
     // Steady state: leave out the first two steps (they compile).
     let mut steady: Vec<f64> = step_ms.iter().skip(2).copied().collect();
     if steady.is_empty() {
