@@ -22,9 +22,11 @@
 //!   asks the pool for those first ([`Pool::acquire_preferring`]), so the
 //!   same nodes get the same buffers again and the bind groups match. (The
 //!   pool alone would not: buffers freed between executions, such as a
-//!   parameter replaced by its update, rotate through its free lists.) Two
-//!   cover the common case of an updated value, whose new buffer cannot be
-//!   its old one (still being read) but can be the one before. So the
+//!   parameter replaced by its update, rotate through its free lists.) Three
+//!   cover an updated value, whose new buffer cannot be its old one (still
+//!   being read) and, while the host records a step or two ahead of the
+//!   device, not the one before either (still held by a queued step): it
+//!   cycles through three. So the
 //!   uniform buffer is in effect made once per plan, and only its contents
 //!   change (`queue.write_buffer` of the execution's scalar values), while
 //!   the pool still counts it against the memory budget as before and may
@@ -61,7 +63,11 @@ use lazuli_executor::metrics;
 pub const GROUPS_PER_LAUNCH: usize = 16;
 
 /// Buffer ids remembered per allocation of a plan (see the module doc).
-pub const HISTORY: usize = 2;
+/// With two, the digits demo (recording two steps ahead) made 1.6 bind
+/// groups a step in its steady state on lavapipe; with three 0.8, most of
+/// them its loss's (the loop keeps every step's loss of an epoch, so each
+/// takes a new buffer).
+pub const HISTORY: usize = 3;
 
 /// What a bind group binds: [`Binding::key`] of each binding, in order.
 type Key = Box<[[u64; 3]]>;
