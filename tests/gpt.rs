@@ -1,6 +1,7 @@
 //! The G8 GPT training step (`lazuli::bench::Gpt`) on every backend, at a
-//! tiny size: the training loop compiles nothing after its second step
-//! (per-device compile counters), the loss falls, the attention is causal
+//! tiny size: the training loop compiles nothing after its first step
+//! (per-device compile counters: AdamW's moments are zeros made before the
+//! first update, so every step has the first step's graph), the loss falls, the attention is causal
 //! (a later token never changes an earlier position's logits), and CPU and
 //! wgpu agree on the losses.
 
@@ -29,12 +30,12 @@ fn train(dev: &Device) -> (Vec<f32>, Vec<u64>) {
 }
 
 #[test]
-fn gpt_training_compiles_nothing_after_step_two_and_learns() {
+fn gpt_training_compiles_nothing_after_step_one_and_learns() {
     let mut all = Vec::new();
     for dev in common::devices() {
         let (losses, compiles) = train(&dev);
-        assert!(compiles[..2].iter().all(|&c| c >= 1), "{}: steps 1 and 2 compile: {compiles:?}", dev.name());
-        assert!(compiles[2..].iter().all(|&c| c == 0), "{}: compiles per step {compiles:?}", dev.name());
+        assert!(compiles[0] >= 1, "{}: step 1 compiles: {compiles:?}", dev.name());
+        assert!(compiles[1..].iter().all(|&c| c == 0), "{}: compiles per step {compiles:?}", dev.name());
         assert!(losses.iter().all(|l| l.is_finite()), "{}: {losses:?}", dev.name());
         // AdamW at lr 3e-4 over 8 steps on one fixed batch: a small but
         // steady fall.
