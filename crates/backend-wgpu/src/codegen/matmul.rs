@@ -304,6 +304,14 @@ pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
 /// Most invocations per matmul workgroup.
 pub const MATMUL_LANES: u64 = 128;
 
+/// Invocations the GPU rule gives a narrow register-blocked product (N
+/// under 64) before it blocks rows (see `matmul_shape`): about one per
+/// lane of 64 SMs.
+pub const MATMUL_NARROW_INVOCATIONS: u64 = 8192;
+
+/// Most invocations per workgroup of a narrow product under the GPU rule.
+pub const MATMUL_NARROW_LANES: u64 = 64;
+
 /// The layout of a matmul kernel (see `Writer::matmul`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct MatMulShape {
@@ -370,10 +378,32 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     let mq = if fixed.m { m.next_power_of_two() } else { m.next_power_of_two().max(64) };
     let nq = if fixed.n { n.next_power_of_two() } else { n.next_power_of_two().max(64) };
     let large = mq >= MATMUL_LARGE_M || m.saturating_mul(n).saturating_mul(kk) >= MATMUL_LARGE_WORK;
+    // The GPU profile's rule (not a form forced on it, as autotuning's
+    // candidates and the software profile are).
+    let gpu_rule = limits.forms.matmul == MatmulForm::ByShape;
     let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
     let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
         let vecs = 2;
         (mq.clamp(1, row_cap), vecs, nq.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
+    } else if gpu_rule {
+        // The GPU rule's narrow products (a layer's logits, their weight
+        // gradient): few outputs over a long K. Fewer rows per invocation,
+        // down to one, until the product has
+        // [`MATMUL_NARROW_INVOCATIONS`]: a GPU runs them all at once, so
+        // an invocation's serial walk of K sets the kernel's time (the
+        // digits demo's `[64, 256] x [256, 10]` was 16 invocations of 8
+        // rows, 30 µs on an H200), and a small block is also far less
+        // code for the driver to compile. Lanes split rows in workgroups
+        // of up to 64 (two warps; 8 left a warp three quarters idle).
+        let vecs = if nq <= 12 { nq.div_ceil(4).max(1) } else { 2 };
+        let col_lanes = nq.div_ceil(4 * vecs).max(1);
+        let batch = rn.shape.dims()[..r - 2].iter().product::<usize>().max(1) as u64;
+        let mut rows = mq.clamp(1, 8);
+        while rows > 1 && batch * mq.div_ceil(rows) * col_lanes < MATMUL_NARROW_INVOCATIONS {
+            rows /= 2;
+        }
+        let row_lanes = (MATMUL_NARROW_LANES / col_lanes).min(mq.div_ceil(rows)).max(1);
+        (rows, vecs, col_lanes * row_lanes, row_lanes)
     } else {
         let vecs = if nq <= 12 { nq.div_ceil(4).max(1) } else { 2 };
         let col_lanes = nq.div_ceil(4 * vecs).max(1);
@@ -406,7 +436,9 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
             && dim > 0)
             .then_some(src)
     };
-    let a_t = transposed(rn.inputs[0], m, fixed.m);
+    // Four rows of A^T are one vec4 load; fewer rows read it by element
+    // (adjacent lanes on adjacent rows: still coalesced).
+    let a_t = transposed(rn.inputs[0], m, fixed.m).filter(|_| rows.is_multiple_of(4));
     let b_t = transposed(rn.inputs[1], kk, fixed.k);
     MatMulShape {
         rows,
@@ -1257,6 +1289,43 @@ pub(super) mod tests {
                 }
             }
         }
+    }
+
+    /// The GPU rule spreads a narrow product (N under 64) over invocations
+    /// of few rows each until it has [`MATMUL_NARROW_INVOCATIONS`], in
+    /// workgroups of up to [`MATMUL_NARROW_LANES`]; a product with that
+    /// many row blocks already keeps 8 rows; the software profile keeps
+    /// its 8-row blocks in workgroups of 8. Every source passes naga.
+    #[test]
+    fn gpu_rule_spreads_narrow_products_over_invocations() {
+        let shape_of = |mkn, la, limits: &LowerLimits| {
+            let (v, k) = product(&[], mkn, la, false, true);
+            let w = lower(&k, &v, limits).unwrap();
+            crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
+            let p = matmul_shape(&k, &v, limits);
+            (p.rows, p.lanes, p.a_t.is_some(), w.invocations, w.source.matches("fma(").count())
+        };
+        let (gpu, software) = (LowerLimits::gpu(), LowerLimits::software());
+        // The digits demo's logits, [64, 256] x [256, 10]: 16 invocations
+        // of 8 rows before; now one row each, 64 lanes to a workgroup.
+        let (rows, lanes, _, invocations, fmas) = shape_of((64, 256, 10), Layout::Rows, &gpu);
+        assert_eq!((rows, lanes, invocations), (1, 64, 128));
+        let (rows, lanes, _, invocations, old_fmas) = shape_of((64, 256, 10), Layout::Rows, &software);
+        assert_eq!((rows, lanes, invocations), (8, 8, 16));
+        assert!(fmas * 4 <= old_fmas, "{fmas} fma against {old_fmas}: the kernel is smaller");
+        // Its weight gradient reads a transposed view (A^T by element, not
+        // vec4 along rows, with one row per invocation).
+        let (rows, _, a_t, _, _) = shape_of((256, 64, 12), Layout::Transposed, &gpu);
+        assert_eq!((rows, a_t), (1, false));
+        let (rows, _, a_t, _, _) = shape_of((256, 64, 12), Layout::Transposed, &software);
+        assert_eq!((rows, a_t), (8, true));
+        // Rows in between, and a product with row blocks enough.
+        assert_eq!(shape_of((6_000, 16, 16), Layout::Rows, &gpu).0, 2);
+        assert_eq!(shape_of((12_000, 16, 16), Layout::Rows, &gpu).0, 4);
+        assert_eq!(shape_of((70_000, 16, 10), Layout::Rows, &gpu).0, 8);
+        // Forced (as autotuning's candidate), the form keeps its blocks.
+        let forced_rb = forced(MatmulForm::RegisterBlocked);
+        assert_eq!(shape_of((64, 256, 10), Layout::Rows, &forced_rb).0, 8);
     }
 
     /// Integer products, kernels generic over sizes, empty K and inlined
