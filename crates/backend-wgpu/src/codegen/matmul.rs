@@ -378,9 +378,11 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     let mq = if fixed.m { m.next_power_of_two() } else { m.next_power_of_two().max(64) };
     let nq = if fixed.n { n.next_power_of_two() } else { n.next_power_of_two().max(64) };
     let large = mq >= MATMUL_LARGE_M || m.saturating_mul(n).saturating_mul(kk) >= MATMUL_LARGE_WORK;
-    // The GPU profile's rule (not a form forced on it, as autotuning's
-    // candidates and the software profile are).
-    let gpu_rule = limits.forms.matmul == MatmulForm::ByShape;
+    // The GPU profile's rule choosing the register-blocked form (not a
+    // form forced on it, as autotuning's candidates and the software
+    // profile are; the tiled forms take their own tiles).
+    let gpu_rule =
+        limits.forms.matmul == MatmulForm::ByShape && matches!(resolve_form(k, g, limits), MatmulForm::RegisterBlocked);
     let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
     let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
         let vecs = 2;
@@ -1323,6 +1325,9 @@ pub(super) mod tests {
         assert_eq!(shape_of((6_000, 16, 16), Layout::Rows, &gpu).0, 2);
         assert_eq!(shape_of((12_000, 16, 16), Layout::Rows, &gpu).0, 4);
         assert_eq!(shape_of((70_000, 16, 10), Layout::Rows, &gpu).0, 8);
+        // A tiled product as narrow (N = 32) keeps its layout.
+        let (rows, _, a_t, _, _) = shape_of((32, 64, 32), Layout::Transposed, &gpu);
+        assert_eq!((rows, a_t), (8, true));
         // Forced (as autotuning's candidate), the form keeps its blocks.
         let forced_rb = forced(MatmulForm::RegisterBlocked);
         assert_eq!(shape_of((64, 256, 10), Layout::Rows, &forced_rb).0, 8);
