@@ -194,6 +194,19 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(y);
         out.push(("matmul_bias_relu", g));
     }
+    // A narrow product (the digits demo's logits, N = 10) with its bias:
+    // the GPU rule's one-row invocations against the software profile's
+    // 8-row blocks.
+    {
+        let mut g = Graph::new();
+        let a = f32p(&mut g, &[64, 256]);
+        let b = f32p(&mut g, &[256, 10]);
+        let bias = f32p(&mut g, &[10]);
+        let m = push(&mut g, Op::MatMul, &[a, b]);
+        let y = bin(&mut g, BinaryOp::Add, m, bias);
+        g.outputs.push(y);
+        out.push(("matmul_narrow", g));
+    }
     // Square matmul (W2/G2-like, small) and one with odd sizes.
     {
         let mut g = Graph::new();
