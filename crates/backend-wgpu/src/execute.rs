@@ -4,7 +4,9 @@
 //! its bind groups (cached per plan while its buffers recur, see
 //! [`crate::binds`]), the encoding of every launch into one compute pass
 //! (one pass per launch with timestamps while profiling), one submission
-//! and one wait, then the errors the device or a kernel reported. The
+//! (or, for a long execution started with the GPU idle, one per piece of
+//! 8, 16, 32, ... launches as they are encoded: [`stream_pieces`]) and
+//! one wait, then the errors the device or a kernel reported. The
 //! wait is for the execution before this one where executions overlap
 //! (natively, by default: `Context::overlap`), so that the GPU runs this
 //! one while the next is encoded: at most two are on the queue.
@@ -72,26 +74,18 @@ pub(crate) fn execute(
     // run while the host encodes the rest.
     let pieces = stream_pieces(&counts, if ctx.idle() { ctx.stream_first } else { 0 });
     let mut work: Vec<Launch> = Vec::with_capacity(total as usize);
-    for kernels_of in &pieces[..pieces.len() - 1] {
+    let mut launched = 0;
+    for (p, kernels_of) in pieces.iter().enumerate() {
         let from = work.len();
-        launches(
-            ctx,
-            exe,
-            &kernels,
-            kernels_of.clone(),
-            &mut cache,
-            (&uniform, &sections),
-            &value,
-            &slots,
-            &mut scratch,
-            &mut work,
-        )?;
-        encode(&mut enc, &work[from..], from, queries.as_ref());
-        let piece = std::mem::replace(
-            &mut enc,
-            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") }),
-        );
-        let commands = piece.finish();
+        let state = (&uniform, &*sections);
+        launches(ctx, exe, &kernels, kernels_of.clone(), &mut cache, state, &value, &slots, &mut scratch, &mut work)?;
+        launched += encode(&mut enc, &work[from..], from, queries.as_ref());
+        if p + 1 == pieces.len() {
+            break;
+        }
+        // A piece before the last: submitted now, the rest encoded after.
+        let fresh = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("lazuli") });
+        let commands = std::mem::replace(&mut enc, fresh).finish();
         drop(encoding);
         let submitting = timeline::span("QueueSubmit");
         ctx.queue.submit([commands]);
@@ -99,10 +93,6 @@ pub(crate) fn execute(
         metrics::inc("StreamedSubmits", 1);
         encoding = timeline::span("Encode");
     }
-    let from = work.len();
-    let last = pieces[pieces.len() - 1].clone();
-    launches(ctx, exe, &kernels, last, &mut cache, (&uniform, &sections), &value, &slots, &mut scratch, &mut work)?;
-    let launched = encode(&mut enc, &work[from..], from, queries.as_ref()) + from as u64;
     if let Some(q) = &queries {
         q.resolve(&mut enc);
     }
