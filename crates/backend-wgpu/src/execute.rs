@@ -438,7 +438,7 @@ pub const STREAM_FIRST_LAUNCHES: u64 = 8;
 fn stream_pieces(counts: &[u64], first: u64) -> Vec<std::ops::Range<usize>> {
     let total: u64 = counts.iter().sum();
     if first == 0 || total <= 2 * first {
-        return vec![0..counts.len()];
+        return std::iter::once(0..counts.len()).collect();
     }
     let mut pieces = Vec::new();
     let (mut start, mut have, mut want) = (0, 0, first);
@@ -653,9 +653,10 @@ mod tests {
 
     #[test]
     fn short_executions_and_streaming_off_submit_in_one_piece() {
-        assert_eq!(stream_pieces(&[1; 16], 8), vec![0..16]);
-        assert_eq!(stream_pieces(&[1; 100], 0), vec![0..100]);
-        assert_eq!(stream_pieces(&[], 8), vec![0..0]);
+        let one = |n: usize| std::iter::once(0..n).collect::<Vec<_>>();
+        assert_eq!(stream_pieces(&[1; 16], 8), one(16));
+        assert_eq!(stream_pieces(&[1; 100], 0), one(100));
+        assert_eq!(stream_pieces(&[], 8), one(0));
     }
 
     #[test]
