@@ -430,3 +430,31 @@ fn streamed_executions_match_one_piece_ones() {
         assert_eq!(run(&dev).len(), want.len(), "{what}: the device runs on");
     }
 }
+
+/// A plan's uniform of lifted scalars is written only when its values
+/// change: the same step run with scalars A, A, B, A, B, B (each step
+/// read, so each execution gets the plan's uniform buffer back) gives
+/// what the CPU gives, and the repeated values skip their writes
+/// (`UniformWritesSkipped`).
+#[test]
+fn repeated_scalar_values_skip_the_uniform_write_and_changed_ones_reach_the_kernel() {
+    let Some(dev) = common::wgpu() else { return };
+    let _lock = common::metrics_lock();
+    let data = common::rand_vec(1024, 21, -1.0, 1.0);
+    let run = |dev: &Device| {
+        let x = Tensor::from_slice(&data, [32, 32], dev).unwrap();
+        let mut out = Vec::new();
+        for s in [0.5, 0.5, 1.5, 0.5, 1.5, 1.5] {
+            let y = x.mul_scalar(s).unwrap().add_scalar(s * 0.25).unwrap().tanh().unwrap();
+            out.extend(y.sum(&[1], false).unwrap().to_vec::<f32>().unwrap());
+        }
+        out
+    };
+    let want = run(&Device::cpu());
+    run(&dev);
+    let skipped = metrics::counter("UniformWritesSkipped");
+    let got = run(&dev);
+    common::assert_close(&got, &want, 1e-5, 1e-6, "scalars A A B A B B");
+    let now = metrics::counter("UniformWritesSkipped") - skipped;
+    assert!(now >= 2, "the repeats skip their writes: {now}");
+}

@@ -24,6 +24,10 @@ use wgpu::BufferUsages;
 /// Usage of every value buffer: bound as storage, copied from and to.
 pub(crate) const STORAGE: BufferUsages =
     BufferUsages::STORAGE.union(BufferUsages::COPY_SRC).union(BufferUsages::COPY_DST);
+/// Uniform buffers whose last contents [`Context::write_uniform`]
+/// remembers before it forgets them all.
+const UNIFORMS_HELD: usize = 4096;
+
 /// Usage of the uniform buffer of lifted scalars.
 pub(crate) const UNIFORM: BufferUsages = BufferUsages::UNIFORM.union(BufferUsages::COPY_DST);
 /// Usage of a readback (staging) buffer.
@@ -77,6 +81,9 @@ pub(crate) struct Context {
     /// executions are submitted in one piece; see
     /// [`crate::execute`] and `WgpuOptions::stream_submit`).
     pub stream_first: u64,
+    /// What each uniform buffer (by id) was last written with (see
+    /// [`Context::write_uniform`]).
+    uniforms_held: std::sync::Mutex<std::collections::HashMap<u64, Box<[u32]>>>,
     /// Executions submitted, and the last one seen finished (see
     /// [`Context::submitted`]).
     executions: (AtomicU64, Arc<AtomicU64>),
@@ -285,6 +292,7 @@ impl Context {
             deferred,
             overlap: platform::CAN_BLOCK && options.overlap_submit.unwrap_or(true),
             stream_first: options.stream_submit.unwrap_or(crate::STREAM_FIRST_LAUNCHES),
+            uniforms_held: Default::default(),
             executions: Default::default(),
             in_flight: Default::default(),
             pending_times: Default::default(),
@@ -438,8 +446,33 @@ impl Context {
             dtypes.iter().enumerate().map(|(k, &d)| values.map_or(0, |vs| crate::uniforms::scalar_word(d, &vs[k]))),
         );
         let uniform = self.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
-        self.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+        self.write_uniform(&uniform, &words);
         Ok(uniform)
+    }
+
+    /// Writes `words` at the start of uniform buffer `u`, unless its last
+    /// write (every uniform write goes through here) was the same words: a
+    /// plan whose lifted scalars keep their values from one execution to
+    /// the next (a learning rate, a momentum) gets its uniform buffer back
+    /// (`BindCache`'s history) and skips a staging copy per execution
+    /// (`UniformWritesSkipped`). A write not yet submitted is not missed:
+    /// it goes out with the next submission, before whatever reads it.
+    pub fn write_uniform(&self, u: &WgpuStorage, words: &[u32]) {
+        {
+            let mut held = self.uniforms_held.lock().unwrap_or_else(|e| e.into_inner());
+            if held.get(&u.id()).is_some_and(|w| **w == *words) {
+                drop(held);
+                lazuli_executor::metrics::inc("UniformWritesSkipped", 1);
+                return;
+            }
+            // Ids are never reused: entries of destroyed buffers only
+            // take room, so the map is emptied when it grows large.
+            if held.len() >= UNIFORMS_HELD {
+                held.clear();
+            }
+            held.insert(u.id(), words.into());
+        }
+        self.queue.write_buffer(u.buffer(), 0, bytemuck::cast_slice(words));
     }
 
     /// A bind group of `layout` binding `bufs` whole, in binding order.

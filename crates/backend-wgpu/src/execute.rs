@@ -237,7 +237,7 @@ fn allocate(
     let g = &exe.graph;
     let words = sections.words(&g.scalars, scalars);
     let uniform = acquire(ctx, cache, exe.buffers.len(), words.len() as u64 * 4, UNIFORM)?;
-    ctx.queue.write_buffer(uniform.buffer(), 0, bytemuck::cast_slice(&words));
+    ctx.write_uniform(&uniform, &words);
     let mut values: Vec<Buffer> = Vec::with_capacity(exe.buffers.len());
     for (slot, b) in exe.buffers.iter().enumerate() {
         values.push(match *b {
