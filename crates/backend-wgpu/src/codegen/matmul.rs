@@ -305,8 +305,8 @@ pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
 pub const MATMUL_LANES: u64 = 128;
 
 /// Invocations the GPU rule gives a narrow register-blocked product (N
-/// under 64) before it blocks rows (see `matmul_shape`): about one per
-/// lane of 64 SMs.
+/// of 32 or less) before it blocks rows (see `matmul_shape`): about one
+/// per lane of 64 SMs.
 pub const MATMUL_NARROW_INVOCATIONS: u64 = 8192;
 
 /// Most invocations per workgroup of a narrow product under the GPU rule.
@@ -1293,7 +1293,7 @@ pub(super) mod tests {
         }
     }
 
-    /// The GPU rule spreads a narrow product (N under 64) over invocations
+    /// The GPU rule spreads a narrow product (N of 32 or less) over invocations
     /// of few rows each until it has [`MATMUL_NARROW_INVOCATIONS`], in
     /// workgroups of up to [`MATMUL_NARROW_LANES`]; a product with that
     /// many row blocks already keeps 8 rows; the software profile keeps
