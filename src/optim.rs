@@ -384,12 +384,23 @@ impl Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    fn step(&mut self) -> Result<()> {
-        let _guard = crate::NoGradGuard::new();
+impl Sgd {
+    /// Zero momentum buffers for the parameters about to take their
+    /// first step (see `fresh_state`); none without momentum, and none
+    /// with dampening, whose first step sets the buffer to the
+    /// undampened gradient.
+    fn fresh_state(&mut self) -> Result<()> {
         if self.momentum != 0.0 && self.dampening == 0.0 {
             fresh_state(&self.params, &mut [&mut self.bufs])?;
         }
+        Ok(())
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        let _guard = crate::NoGradGuard::new();
+        self.fresh_state()?;
         let mut sc = Scalars::default();
         for (i, (p, buf)) in self.params.iter().zip(self.bufs.iter_mut()).enumerate() {
             let Some(mut g) = p.grad() else { continue };
@@ -440,6 +451,9 @@ impl Optimizer for Sgd {
     }
 
     fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        // The zeros first, so that a skipped first step keeps them and
+        // its graph is every later step's.
+        self.fresh_state()?;
         let (old, bufs) = (kept_params(&self.params), self.bufs.clone());
         self.step()?;
         keep_params_if(skip, &old)?;
@@ -662,6 +676,8 @@ impl Optimizer for Adam {
     }
 
     fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        // The zeros first (see `Sgd::step_unless`).
+        fresh_state(&self.params, &mut [&mut self.m, &mut self.v])?;
         let (old, m, v) = (kept_params(&self.params), self.m.clone(), self.v.clone());
         self.step()?;
         keep_params_if(skip, &old)?;

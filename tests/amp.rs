@@ -413,3 +413,34 @@ fn gpt_under_autocast_runs_without_fallback_on_wgpu() {
         assert!(fell.is_empty(), "{dtype} autocast GPT step fell back on {}: {fell:?}", dev.name());
     }
 }
+
+/// A training loop under autocast to f16 with a `GradScaler` (whose
+/// `step` is `Optimizer::step_unless`) compiles its step once: the
+/// momentum buffers start as zeros made before the first update, so a
+/// skipped first step keeps buffers rather than folding zeros into its
+/// graph, and every step has the first step's graph.
+#[test]
+fn a_scaled_training_loop_compiles_its_step_once() {
+    for dev in common::devices() {
+        dev.manual_seed(2);
+        let lin = Linear::new(16, 4, &dev).unwrap();
+        let mut opt = Sgd::new(lin.parameters(), 0.1).momentum(0.9);
+        let opts = GradScalerOptions { enabled: true, ..GradScalerOptions::default() };
+        let mut scaler = GradScaler::with_options(&dev, opts).unwrap();
+        let (x, t) = (data(&dev, [8, 16], 1), data(&dev, [8, 4], 2));
+        let mut compiles = Vec::new();
+        for _ in 0..5 {
+            let before = dev.cached_plans();
+            let loss = amp::autocast(Some(DType::F16), || nn::mse(&lin.forward(&x)?, &t)).unwrap();
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            scaler.step(&mut opt).unwrap();
+            scaler.update().unwrap();
+            opt.zero_grad();
+            dev.mark_step().unwrap();
+            dev.wait().unwrap();
+            compiles.push(dev.cached_plans() - before);
+        }
+        assert!(compiles[0] >= 1, "{}: {compiles:?}", dev.name());
+        assert!(compiles[1..].iter().all(|&c| c == 0), "{}: plans compiled per step {compiles:?}", dev.name());
+    }
+}
