@@ -384,9 +384,22 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     let gpu_rule =
         limits.forms.matmul == MatmulForm::ByShape && matches!(resolve_form(k, g, limits), MatmulForm::RegisterBlocked);
     let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
+    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>().max(1) as u64;
+    // Under the GPU rule, rows per invocation halve (down to one) until
+    // the product has [`MATMUL_NARROW_INVOCATIONS`] (see below).
+    let spread = |mut rows: u64, col_lanes: u64| {
+        while gpu_rule && rows > 1 && batch * mq.div_ceil(rows) * col_lanes < MATMUL_NARROW_INVOCATIONS {
+            rows /= 2;
+        }
+        rows
+    };
     let (rows, vecs, lanes, row_lanes) = if nq >= 64 {
+        // Wide outputs of few rows (a batch of a few tokens through a
+        // projection) take the same spread under the GPU rule: lanes split
+        // the columns, and each invocation walks K for fewer rows.
         let vecs = 2;
-        (mq.clamp(1, row_cap), vecs, nq.div_ceil(4 * vecs).next_multiple_of(8).min(MATMUL_LANES), 1)
+        let col_lanes = nq.div_ceil(4 * vecs);
+        (spread(mq.clamp(1, row_cap), col_lanes), vecs, col_lanes.next_multiple_of(8).min(MATMUL_LANES), 1)
     } else if gpu_rule {
         // The GPU rule's narrow products (a layer's logits, their weight
         // gradient): few outputs over a long K. Fewer rows per invocation,
@@ -399,11 +412,7 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
         // of up to 64 (two warps; 8 left a warp three quarters idle).
         let vecs = if nq <= 12 { nq.div_ceil(4).max(1) } else { 2 };
         let col_lanes = nq.div_ceil(4 * vecs).max(1);
-        let batch = rn.shape.dims()[..r - 2].iter().product::<usize>().max(1) as u64;
-        let mut rows = mq.clamp(1, 8);
-        while rows > 1 && batch * mq.div_ceil(rows) * col_lanes < MATMUL_NARROW_INVOCATIONS {
-            rows /= 2;
-        }
+        let rows = spread(mq.clamp(1, 8), col_lanes);
         let row_lanes = (MATMUL_NARROW_LANES / col_lanes).min(mq.div_ceil(rows)).max(1);
         (rows, vecs, col_lanes * row_lanes, row_lanes)
     } else {
