@@ -68,6 +68,25 @@ pub fn row_lanes(units: u64) -> u64 {
     units.div_ceil(ROW_MAX_CACHED / 2).max(1).next_power_of_two().min(ROW_MAX_LANES)
 }
 
+/// The units a cooperative row kernel lays its lanes out for: the row's
+/// own where its length is `fixed`, else the power of two at or above it
+/// and at least [`ROW_GENERIC_MIN_UNITS`] (as generic matmuls take the
+/// layout of 64 rows or columns): a kernel generic over the row length
+/// then serves every length of that bucket with one source, lanes past
+/// the row's end masked, so a context growing up to 64 tokens needs one
+/// generic softmax, not one per length.
+pub fn layout_units(units: u64, fixed: bool) -> u64 {
+    if fixed {
+        units
+    } else {
+        units.next_power_of_two().max(ROW_GENERIC_MIN_UNITS)
+    }
+}
+
+/// The smallest bucket a varying row length is laid out for (see
+/// [`layout_units`]).
+pub const ROW_GENERIC_MIN_UNITS: u64 = 64;
+
 impl Writer<'_> {
     /// The start of a cooperative row kernel's `main` with `lanes` lanes
     /// per row and `256 / lanes` rows per workgroup, `rows` rows in all:
@@ -204,9 +223,14 @@ impl Writer<'_> {
         let len = x.shape.dims()[axis] as u64;
         let rows = (x.shape.numel() as u64).checked_div(len).unwrap_or(0);
         let units = if vec { len / 4 } else { len };
-        let lanes = row_lanes(units);
+        // A row length that varies (a kernel generic over it) is laid out
+        // by its power-of-two bucket: every length of the bucket then has
+        // this source, the length itself read at run time.
+        let fixed = self.limits.fixed_sizes().row;
+        let layout_units = layout_units(units, fixed);
+        let lanes = row_lanes(layout_units);
         let rows_per_group = WORKGROUP_SIZE as u64 / lanes;
-        let per_lane = units.div_ceil(lanes);
+        let per_lane = layout_units.div_ceil(lanes);
         let cached = per_lane <= ROW_MAX_CACHED;
         self.cooperative = Some(if cached { "f32" } else { "vec2<f32>" });
         self.use_helper(Helper::MaxNan);
@@ -248,7 +272,7 @@ impl Writer<'_> {
         let fin = if log { "let lsm = log(sm);" } else { "let rsm = 1.0 / sm;" };
         if cached {
             // Units past the row end stay -inf and are skipped below.
-            let exact = units.is_multiple_of(lanes);
+            let exact = fixed && units.is_multiple_of(lanes);
             let cond =
                 |e: u64| if exact { "valid".to_string() } else { format!("valid && tid + {}u < {units}u", e * lanes) };
             for e in 0..per_lane {
@@ -344,13 +368,14 @@ pub fn rows_layout(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> RowsL
     let len = shape.dims().last().copied().unwrap_or(1) as u64;
     let n = shape.numel() as u64;
     let all_full = k.outputs.iter().all(|&o| g.node(o).shape.numel() as u64 == n);
-    let w = if limits.fixed_sizes().row && len > 0 && len.is_multiple_of(4) && all_full { 4 } else { 1 };
-    let units = len / w;
+    let fixed = limits.fixed_sizes().row;
+    let w = if fixed && len > 0 && len.is_multiple_of(4) && all_full { 4 } else { 1 };
+    let units = layout_units(len / w, fixed);
     let lanes = row_lanes(units);
     if units.div_ceil(lanes) * w <= ROWS_MAX_HELD {
         return RowsLayout { lanes, held: true, vec4: w == 4 };
     }
-    RowsLayout { lanes: super::reduce::reduce_lanes(len), held: false, vec4: false }
+    RowsLayout { lanes: super::reduce::reduce_lanes(layout_units(len, fixed)), held: false, vec4: false }
 }
 
 impl Writer<'_> {
@@ -381,14 +406,15 @@ impl Writer<'_> {
         let RowsLayout { lanes, held, vec4 } = rows_layout(k, g, &self.limits);
         let w = if vec4 { 4 } else { 1 };
         let units = len / w;
+        let fixed = self.limits.fixed_sizes().row;
         let per_group = WORKGROUP_SIZE as u64 / lanes;
-        let per_lane = units.div_ceil(lanes);
+        let per_lane = layout_units(units, fixed).div_ceil(lanes);
         self.cooperative = Some("f32");
         let head = self.row_prologue(lanes, rows);
         let _ = writeln!(b, "{head}    let base = t * {len}u;");
         // Unit `e` of this lane: whether it is in the row; element slot
         // `s` is lane `s % w` of unit `s / w`.
-        let exact = units.is_multiple_of(lanes);
+        let exact = fixed && units.is_multiple_of(lanes);
         let cond =
             |e: u64| if exact { "valid".to_string() } else { format!("valid && tid + {}u < {units}u", e * lanes) };
         let slots = per_lane * w;
