@@ -1334,6 +1334,10 @@ pub(super) mod tests {
         assert_eq!(shape_of((6_000, 16, 16), Layout::Rows, &gpu).0, 2);
         assert_eq!(shape_of((12_000, 16, 16), Layout::Rows, &gpu).0, 4);
         assert_eq!(shape_of((70_000, 16, 10), Layout::Rows, &gpu).0, 8);
+        // A wide product of few rows (16 tokens through a projection)
+        // spreads its rows too.
+        assert_eq!(shape_of((16, 256, 768), Layout::Rows, &gpu).0, 1);
+        assert_eq!(shape_of((16, 256, 768), Layout::Rows, &software).0, 8);
         // A tiled product as narrow (N = 32) keeps its layout.
         let (rows, _, a_t, _, _) = shape_of((32, 64, 32), Layout::Transposed, &gpu);
         assert_eq!((rows, a_t), (8, true));
