@@ -384,7 +384,9 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     let gpu_rule =
         limits.forms.matmul == MatmulForm::ByShape && matches!(resolve_form(k, g, limits), MatmulForm::RegisterBlocked);
     let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
-    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>().max(1) as u64;
+    // A generic kernel's layout does not follow the batch (which may
+    // vary, as in a partial last batch): it spreads as for one entry.
+    let batch = if generic { 1 } else { rn.shape.dims()[..r - 2].iter().product::<usize>().max(1) as u64 };
     // Under the GPU rule, rows per invocation halve (down to one) until
     // the product has [`MATMUL_NARROW_INVOCATIONS`] (see below).
     let spread = |mut rows: u64, col_lanes: u64| {
