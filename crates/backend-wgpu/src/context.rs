@@ -326,8 +326,12 @@ impl Context {
 
     /// Counts an execution's last submission, just made: it is seen
     /// finished ([`Context::idle`]) once a poll of the device (any wait)
-    /// runs the callback registered here.
+    /// runs the callback registered here. Nothing is counted where
+    /// executions never stream (only a streamed execution asks).
     pub fn submitted(&self) {
+        if self.stream_first == 0 {
+            return;
+        }
         let n = self.executions.0.fetch_add(1, Ordering::Relaxed) + 1;
         let finished = self.executions.1.clone();
         self.queue.on_submitted_work_done(move || {

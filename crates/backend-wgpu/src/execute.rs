@@ -72,7 +72,7 @@ pub(crate) fn execute(
     let queries = (ctx.timestamps && timed && total > 0).then(|| Queries::new(dev, total as usize));
     // With the GPU idle, a long execution streams: its first launches
     // run while the host encodes the rest.
-    let pieces = stream_pieces(&counts, if ctx.idle() { ctx.stream_first } else { 0 });
+    let pieces = stream_pieces(&counts, if ctx.stream_first > 0 && ctx.idle() { ctx.stream_first } else { 0 });
     let mut work: Vec<Launch> = Vec::with_capacity(total as usize);
     let mut launched = 0;
     for (p, kernels_of) in pieces.iter().enumerate() {

@@ -17,9 +17,7 @@ pub trait Element: Copy + Send + Sync + std::fmt::Debug + 'static {
     where
         Self: Sized,
     {
-        for &v in data {
-            v.write_bytes(out);
-        }
+        each_bytes(data, out);
     }
     /// Reads one value from canonical bytes (exactly `DTYPE.size_bytes()`).
     fn read_bytes(bytes: &[u8]) -> Self;
@@ -109,9 +107,14 @@ fn little_endian_bytes<T: bytemuck::Pod + Element>(data: &[T], out: &mut Vec<u8>
     if cfg!(target_endian = "little") {
         out.extend_from_slice(bytemuck::cast_slice(data));
     } else {
-        for &v in data {
-            v.write_bytes(out);
-        }
+        each_bytes(data, out);
+    }
+}
+
+/// Appends each value's `write_bytes`, one after another.
+fn each_bytes<T: Element>(data: &[T], out: &mut Vec<u8>) {
+    for &v in data {
+        v.write_bytes(out);
     }
 }
 
