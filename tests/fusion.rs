@@ -87,3 +87,105 @@ fn lowering_is_deterministic() {
     assert!(!a.is_empty());
     assert_eq!(a, b);
 }
+
+/// The kernels `outs` lower to on `dev`, by name.
+fn kernel_names(outs: &[&Tensor]) -> Vec<String> {
+    lazuli::debug::backend_code(outs).unwrap().into_iter().map(|(name, _)| name).collect()
+}
+
+/// Each of `outs` computed on `dev` against the CPU device's values of the
+/// same program (`build` on each device's inputs).
+fn against_cpu(dev: &Device, build: &dyn Fn(&Device) -> Vec<Tensor>, what: &str) -> Vec<String> {
+    let outs = build(dev);
+    let names = kernel_names(&outs.iter().collect::<Vec<_>>());
+    let want = build(&Device::cpu());
+    for (k, (o, w)) in outs.iter().zip(&want).enumerate() {
+        let got = o.to_vec::<f32>().unwrap();
+        common::assert_close(&got, &w.to_vec::<f32>().unwrap(), 1e-5, 1e-5, &format!("{what}: output {k} ({names:?})"));
+    }
+    names
+}
+
+/// Small reductions run inside the kernel that consumes them, under both
+/// kernel-form profiles: a bias gradient's column sum inside an SGD
+/// update with momentum (straight-line form, one element per
+/// invocation; the gradient used twice), a loss's sum over classes inside
+/// its mean over the batch (a reduction's prologue), a max over a middle
+/// axis read through a permute (the indexed form), and a mean in a
+/// multi-tensor kernel beside another update. Each matches the CPU, and
+/// none leaves a reduction kernel of its own.
+#[test]
+fn small_reductions_run_inside_their_consumers() {
+    let _g = common::metrics_lock();
+    let t = |d: &[f32], shape: &[usize], dev: &Device| Tensor::from_slice(d, shape, dev).unwrap();
+    let grad = common::rand_vec(64 * 256, 1, -1.0, 1.0);
+    let bias = common::rand_vec(256, 2, -1.0, 1.0);
+    let mom = common::rand_vec(256, 3, -1.0, 1.0);
+    let logits = common::rand_vec(64 * 10, 4, -3.0, 3.0);
+    let target = common::rand_vec(64 * 10, 5, 0.0, 1.0);
+    let cube = common::rand_vec(4 * 16 * 32, 6, -2.0, 2.0);
+    let update = |dev: &Device| {
+        let db = t(&grad, &[64, 256], dev).sum(&[0], false).unwrap();
+        let b = t(&bias, &[256], dev);
+        let m = t(&mom, &[256], dev).mul_scalar(0.9).unwrap().add(&db).unwrap();
+        let step = (&db + &m.mul_scalar(0.9).unwrap()).unwrap().mul_scalar(0.1).unwrap();
+        vec![(&b - &step).unwrap(), m]
+    };
+    let loss = |dev: &Device| {
+        let p = (t(&logits, &[64, 10], dev) * t(&target, &[64, 10], dev)).unwrap();
+        vec![p.sum(&[1], false).unwrap().neg().unwrap().mean(&[0], false).unwrap()]
+    };
+    let middle = |dev: &Device| {
+        let m = t(&cube, &[4, 16, 32], dev).max(&[1], false).unwrap();
+        vec![m.t().unwrap().add_scalar(0.5).unwrap().relu().unwrap()]
+    };
+    let multi = |dev: &Device| {
+        let mean = t(&grad, &[64, 256], dev).mean(&[0], false).unwrap();
+        let a = t(&bias, &[256], dev).sub(&mean).unwrap();
+        let c = t(&logits, &[64, 10], dev).mul_scalar(0.5).unwrap();
+        vec![a, c]
+    };
+    for (profile, dev) in common::wgpu_profiles() {
+        let cases: [(&str, &dyn Fn(&Device) -> Vec<Tensor>, usize); 4] =
+            [("sgd update", &update, 1), ("loss", &loss, 1), ("middle axis", &middle, 1), ("multi-tensor", &multi, 1)];
+        for (what, build, kernels) in cases {
+            let names = against_cpu(&dev, build, &format!("{profile}, {what}"));
+            assert_eq!(names.len(), kernels, "{profile}, {what}: {names:?}");
+            let reductions = names.iter().filter(|n| n.contains("Reduce")).count();
+            let expected = usize::from(what == "loss");
+            assert_eq!(
+                reductions, expected,
+                "{profile}, {what}: only the loss's mean is a reduction kernel: {names:?}"
+            );
+        }
+    }
+}
+
+/// Reductions stay kernels of their own where inlining would compute
+/// them more than once or loop too long: a sum broadcast back over its
+/// rows (softmax-like), a column sum over more than 64 rows, and a sum
+/// that is itself an output. Values match the CPU either way.
+#[test]
+fn reductions_that_would_repeat_or_loop_long_stay_apart() {
+    let _g = common::metrics_lock();
+    let t = |d: &[f32], shape: &[usize], dev: &Device| Tensor::from_slice(d, shape, dev).unwrap();
+    let x = common::rand_vec(65 * 48, 7, -1.0, 1.0);
+    let broadcast = |dev: &Device| {
+        let x = t(&x, &[65, 48], dev);
+        vec![(&x - &x.sum(&[1], true).unwrap()).unwrap()]
+    };
+    let long = |dev: &Device| vec![t(&x, &[65, 48], dev).sum(&[0], false).unwrap().mul_scalar(2.0).unwrap()];
+    let output = |dev: &Device| {
+        let s = t(&x, &[65, 48], dev).sum(&[1], false).unwrap();
+        vec![s.mul_scalar(3.0).unwrap(), s]
+    };
+    for (profile, dev) in common::wgpu_profiles() {
+        for (what, build) in
+            [("broadcast", &broadcast as &dyn Fn(&Device) -> Vec<Tensor>), ("65 rows", &long), ("an output", &output)]
+        {
+            let names = against_cpu(&dev, build, &format!("{profile}, {what}"));
+            let apart = names.iter().any(|n| n.contains("Reduce") || n.contains("Rows"));
+            assert!(apart, "{profile}, {what}: the reduction keeps a kernel: {names:?}");
+        }
+    }
+}

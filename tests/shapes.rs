@@ -301,14 +301,11 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
             let mut plans = Vec::new();
             // Of those, size variants of a structure compiled before.
             let mut variants = 0;
-            // Kernels the size variants kept from the full batch's plan.
-            let mut kept = 0;
             for _epoch in 0..3 {
                 let mut epoch = Vec::new();
                 for &(start, len) in &batches {
                     let before = common::plans_compiled();
                     let variants_before = metrics::counter("SizeVariantCompile");
-                    let kept_before = metrics::counter("KernelsKept");
                     // Each batch is uploaded from the host, as a data loader does.
                     let xb = Tensor::from_slice(&xdata[start * 8..(start + len) * 8], [len, 8], d).unwrap();
                     let yb = Tensor::from_slice(&labels[start..start + len], [len], d).unwrap();
@@ -321,7 +318,6 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
                     losses.push(loss.to_vec::<f32>().unwrap()[0]);
                     epoch.push(common::plans_compiled() - before);
                     variants += metrics::counter("SizeVariantCompile") - variants_before;
-                    kept += metrics::counter("KernelsKept") - kept_before;
                 }
                 plans.push(epoch);
             }
@@ -334,10 +330,10 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
                 evals.push(mlp(&p, &xb).unwrap().softmax(-1).unwrap().to_vec::<f32>().unwrap());
                 pipelines.push(metrics::counter("PipelinesCreated") - before);
             }
-            (losses, plans, variants, kept, evals, pipelines)
+            (losses, plans, variants, evals, pipelines)
         };
-        let (want_losses, _, _, _, want_evals, _) = run(&cpu);
-        let (losses, plans, variants, kept, evals, pipelines) = run(&dev);
+        let (want_losses, _, _, want_evals, _) = run(&cpu);
+        let (losses, plans, variants, evals, pipelines) = run(&dev);
         common::assert_close(&losses, &want_losses, 1e-4, 1e-4, &format!("losses, {profile}"));
         for (got, want) in evals.iter().zip(&want_evals) {
             common::assert_close(got, want, 1e-4, 1e-4, &format!("evaluation, {profile}"));
@@ -350,9 +346,6 @@ fn a_partial_last_batch_costs_one_plan_and_new_eval_batch_sizes_compile_nothing(
         // ... a size variant of the full batch's structure, not a new one.
         assert_eq!(variants, 1, "{profile}: size variants compiled");
         assert!(plans[1..].iter().flatten().all(|&n| n == 0), "{profile}: plans per step {plans:?}");
-        // Measured: the partial batch keeps one kernel of the full batch's
-        // plan as compiled (one that only the parameters' sizes reach).
-        assert!(kept >= 1, "{profile}: kernels kept by the partial batch: {kept}");
         // Measured on lavapipe, both profiles: 3, 3, then 0 pipelines: the
         // first size compiles static kernels, the second generic ones, and
         // no later size compiles.

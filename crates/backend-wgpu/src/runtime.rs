@@ -115,6 +115,8 @@ impl WgpuBackend {
             // Independent elementwise kernels share a dispatch.
             multi_tensor: options.multi_tensor.unwrap_or(true),
             window_elements: ctx.windows.elements(),
+            // Small reductions are loops inside their consumers.
+            inline_reductions: crate::codegen::INLINE_REDUCTION_LEN,
             ..FusionLimits::default()
         };
         // f16 natively where the device has SHADER_F16 and is a GPU,

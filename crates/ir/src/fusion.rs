@@ -93,7 +93,24 @@ pub struct FusionLimits {
     /// counting against `max_storage_buffers`. `u64::MAX` (the default):
     /// every value is one binding.
     pub window_elements: u64,
+    /// Most elements an f32 reduction may combine per output and still be
+    /// evaluated inside the one kernel that consumes it, as a loop per
+    /// element, instead of in a kernel of its own (0: never). It joins an
+    /// elementwise kernel over its own output's elements (a bias
+    /// gradient's column sum inside the optimizer's update) or a reduction
+    /// over them (a loss's sum over classes inside its mean over the
+    /// batch), evaluated at most [`MAX_INLINE_REDUCTION_EVALS`] times per
+    /// element there. The invocation that uses an element computes it, so
+    /// the reduction costs no dispatch and no buffer. Off by default;
+    /// backends that lower a reduction as a value function turn it on.
+    pub inline_reductions: u64,
 }
+
+/// Most times per element of its kernel an inlined reduction (see
+/// [`FusionLimits::inline_reductions`]) may be evaluated: a kernel written
+/// per element evaluates a value once per use (an SGD update with
+/// momentum uses the gradient twice), one in straight-line form once.
+pub const MAX_INLINE_REDUCTION_EVALS: usize = 2;
 
 impl Default for FusionLimits {
     fn default() -> Self {
@@ -106,6 +123,7 @@ impl Default for FusionLimits {
             row_kernels: false,
             multi_tensor: false,
             window_elements: u64::MAX,
+            inline_reductions: 0,
         }
     }
 }
@@ -427,6 +445,15 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
             roots.push(id);
             kinds.len() - 1
         };
+        if c == Class::Root(KernelKind::Reduce) && !is_output[i] && !forced.contains(&id) {
+            let at =
+                Placed { users: &users[i], live: &live, group: &group, evals: &evals, kinds: &kinds, roots: &roots };
+            if let Some((g, ev)) = inline_reduction_group(graph, id, &at, limits) {
+                group[i] = Some(g);
+                evals[i] = ev;
+                continue;
+            }
+        }
         match c {
             Class::Param => {}
             Class::CheapLeaf => {
@@ -567,6 +594,64 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
 
 /// Picks an inlined node of `k` to materialize so that `k` gets fewer
 /// inputs: the one reaching the most distinct inputs while still fitting.
+/// Where the backward pass of [`assign`] stands when it reaches a node:
+/// the node's users, which nodes are live, the group of each assigned
+/// node and how often it is evaluated per iteration, and each group's kind
+/// and root.
+struct Placed<'a> {
+    users: &'a [NodeId],
+    live: &'a [bool],
+    group: &'a [Option<usize>],
+    evals: &'a [usize],
+    kinds: &'a [KernelKind],
+    roots: &'a [NodeId],
+}
+
+/// The group reduction `id` joins as an inlined value, with how often it
+/// is evaluated per iteration there (see
+/// [`FusionLimits::inline_reductions`]): f32, at most that many elements
+/// per output, every live user in one elementwise or reduction group that
+/// iterates over exactly the reduction's output elements (an elementwise
+/// kernel of its size, a reduction of a value of its size), so no element
+/// is computed for more than [`MAX_INLINE_REDUCTION_EVALS`] uses.
+fn inline_reduction_group(graph: &Graph, id: NodeId, at: &Placed, limits: &FusionLimits) -> Option<(usize, usize)> {
+    let nodes = graph.nodes();
+    let n = &nodes[id.index()];
+    let x = &nodes[n.inputs.first()?.index()];
+    let (out, len) = (n.shape.numel() as u64, x.shape.numel() as u64);
+    let f32s = n.dtype == crate::DType::F32 && x.dtype == crate::DType::F32;
+    if !matches!(n.op, Op::Reduce { .. }) || !f32s || out == 0 || len / out > limits.inline_reductions {
+        return None;
+    }
+    let mut g = None;
+    let mut ev = 0usize;
+    for u in at.users.iter().filter(|u| at.live[u.index()]) {
+        let gu = at.group[u.index()]?;
+        if g.is_some_and(|x| x != gu) {
+            return None;
+        }
+        g = Some(gu);
+        ev += at.evals[u.index()].max(1);
+    }
+    let g = g?;
+    let root = &nodes[at.roots[g].index()];
+    let iterations = match at.kinds[g] {
+        KernelKind::Elementwise => root.shape.numel(),
+        KernelKind::Reduce => nodes[root.inputs[0].index()].shape.numel(),
+        _ => return None,
+    };
+    (iterations as u64 == out && ev <= MAX_INLINE_REDUCTION_EVALS).then_some((g, ev))
+}
+
+/// Whether kernel `k` evaluates an inlined reduction (see
+/// [`FusionLimits::inline_reductions`]; a row kernel's own reductions are
+/// not such): such a kernel stays what it is, never an epilogue of a
+/// matmul nor part of a row kernel, whose forms evaluate only elementwise
+/// ops per element.
+pub fn inlines_reduction(graph: &Graph, k: &Kernel) -> bool {
+    k.kind != KernelKind::Rows && k.inline.iter().any(|&x| matches!(graph.node(x).op, Op::Reduce { .. }))
+}
+
 /// The elementwise group matmul node `mm` may join as the producer of an
 /// epilogue: all live users of `mm` are in one elementwise group whose root
 /// has `mm`'s shape, and every member depending on `mm` is an elementwise
@@ -603,6 +688,10 @@ fn epilogue_group(
             continue;
         }
         let n = &nodes[x];
+        if matches!(n.op, Op::Reduce { .. }) {
+            // An inlined reduction: the group stays elementwise.
+            return None;
+        }
         if !n.inputs.iter().any(|o| dep.contains(o)) {
             continue;
         }
@@ -717,7 +806,7 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
     // Last consumers first, so one kernel takes the whole chain.
     for e in (0..ks.len()).rev() {
         let Some(ke) = ks[e].clone() else { continue };
-        if ke.kind != KernelKind::Elementwise {
+        if ke.kind != KernelKind::Elementwise || inlines_reduction(graph, &ke) {
             continue;
         }
         let shape = nodes[ke.root().index()].shape.clone();
@@ -735,8 +824,10 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
         while let Some(x) = frontier.pop() {
             let Some(c) = producer(x, &ks) else { continue };
             let Some(kc) = ks[c].as_ref() else { continue };
-            let reduce = kc.kind == KernelKind::Reduce && row_reduction(graph, x, &shape);
+            let reduce =
+                kc.kind == KernelKind::Reduce && row_reduction(graph, x, &shape) && !inlines_reduction(graph, kc);
             let elementwise = matches!(kc.kind, KernelKind::Elementwise | KernelKind::Rows)
+                && !inlines_reduction(graph, kc)
                 && kc.outputs.iter().all(|o| {
                     let s = &nodes[o.index()].shape;
                     (*s == shape || *s == row_shape) && !graph.outputs.contains(o)
@@ -894,7 +985,11 @@ fn merge_epilogue_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> 
             (0..ks.len()).filter(|&c| ks[c].as_ref().is_some_and(|kc| kc.inputs.contains(&r))).collect();
         let [b] = readers[..] else { continue };
         let Some(kb) = ks[b].clone() else { continue };
-        if b <= a || kb.kind != KernelKind::Elementwise || nodes[kb.root().index()].shape != *shape {
+        if b <= a
+            || kb.kind != KernelKind::Elementwise
+            || nodes[kb.root().index()].shape != *shape
+            || inlines_reduction(graph, &kb)
+        {
             continue;
         }
         // Every input of kb other than r is produced before ka.
@@ -1526,5 +1621,69 @@ mod tests {
         check_limits(&g, &p2, 8);
         // Deterministic.
         assert_eq!(p2, plan(&g, &on));
+    }
+
+    /// A column sum over 64 rows read by an SGD update (twice, through the
+    /// momentum) joins the update's kernel as an inlined reduction; a loss's
+    /// sum over 10 classes joins the mean over the batch that reads it.
+    /// Off (the default limit 0), each is a kernel of its own.
+    #[test]
+    fn small_reductions_join_their_consumers() {
+        let mut g = Graph::new();
+        let grad = g.param(ValueType::new([64, 256], DType::F32));
+        let m = g.param(ValueType::new([256], DType::F32));
+        let db = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[grad]).unwrap();
+        let m2 = bin(&mut g, BinaryOp::Add, m, db);
+        let both = bin(&mut g, BinaryOp::Add, db, m2);
+        g.outputs.extend([both, m2]);
+        let logp = g.param(ValueType::new([64, 10], DType::F32));
+        let rows = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: false }, &[logp]).unwrap();
+        let neg = g.push(Op::Unary(UnaryOp::Neg), &[rows]).unwrap();
+        let loss = g.push(Op::Reduce { op: ReduceOp::Mean, axes: vec![0], keepdim: false }, &[neg]).unwrap();
+        g.outputs.push(loss);
+        let base = FusionLimits { inline_outputs: true, ..FusionLimits::default() };
+        let off = plan(&g, &base);
+        assert_eq!(off.kernels.iter().filter(|k| k.kind == KernelKind::Reduce).count(), 3, "{}", off.to_text());
+        let on = plan(&g, &FusionLimits { inline_reductions: 64, ..base });
+        let update = on.kernels.iter().find(|k| k.outputs.contains(&both)).expect("the update");
+        assert_eq!(update.kind, KernelKind::Elementwise, "{}", on.to_text());
+        assert!(update.inline.contains(&db) && update.inputs == vec![grad, m], "{}", on.to_text());
+        let mean = on.kernels.iter().find(|k| k.outputs == vec![loss]).expect("the loss");
+        assert!(mean.inline.contains(&rows) && mean.inputs == vec![logp], "{}", on.to_text());
+        assert_eq!(on.kernels.len(), 2, "{}", on.to_text());
+        assert!(on.kernels.iter().all(|k| inlines_reduction(&g, k)));
+        // One element short of the limit's reach: the 64-row sum stays.
+        let short = plan(&g, &FusionLimits { inline_reductions: 63, ..base });
+        assert!(short.kernels.iter().any(|k| k.outputs == vec![db]), "{}", short.to_text());
+    }
+
+    /// A reduction whose value is broadcast (each element read by a row of
+    /// the consumer), read by two kernels, or itself an output keeps a
+    /// kernel of its own: inlined, it would be computed per use.
+    #[test]
+    fn reductions_read_more_than_once_per_element_stay_kernels() {
+        let limits = FusionLimits { inline_reductions: 1 << 20, ..FusionLimits::default() };
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([8, 16], DType::F32));
+        let s = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: true }, &[x]).unwrap();
+        let centred = bin(&mut g, BinaryOp::Sub, x, s);
+        g.outputs.push(centred);
+        let p = plan(&g, &limits);
+        assert!(p.kernels.iter().any(|k| k.outputs == vec![s]), "{}", p.to_text());
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([8, 16], DType::F32));
+        let s = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: false }, &[x]).unwrap();
+        let a = g.push(Op::Unary(UnaryOp::Exp), &[s]).unwrap();
+        let b = g.push(Op::Reduce { op: ReduceOp::Max, axes: vec![0], keepdim: false }, &[s]).unwrap();
+        g.outputs.extend([a, b]);
+        let p = plan(&g, &limits);
+        assert!(p.kernels.iter().any(|k| k.outputs == vec![s]), "two readers: {}", p.to_text());
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([8, 16], DType::F32));
+        let s = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdim: false }, &[x]).unwrap();
+        let a = g.push(Op::Unary(UnaryOp::Exp), &[s]).unwrap();
+        g.outputs.extend([a, s]);
+        let p = plan(&g, &limits);
+        assert!(p.kernels.iter().any(|k| k.outputs == vec![s]), "an output: {}", p.to_text());
     }
 }

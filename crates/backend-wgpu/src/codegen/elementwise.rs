@@ -11,7 +11,7 @@ use super::common::*;
 use super::{LowerError, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{DType, NodeId, Op, VerifiedGraph};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 /// Vectors each invocation of a large straight-line elementwise kernel
@@ -52,9 +52,11 @@ pub fn gpu_steps(vectors: u64, max_groups: u64) -> u64 {
 /// with which vector width (4 when the element count allows, else 1): every
 /// value is either full-size (read or computed at the output's own linear
 /// index: elementwise ops over same-size operands, reshapes and no-op
-/// expands) or a single element (broadcast, evaluated once). Anything with
-/// index math (permutes, slices, pads, concats, iota, partial broadcasts)
-/// keeps the indexed form.
+/// expands) or a single element (broadcast, evaluated once), or an
+/// inlined reduction of the output's size (one call of its value function
+/// per element, width 1), whose operands only its loop reads, through
+/// value functions. Anything with index math (permutes, slices, pads,
+/// concats, iota, partial broadcasts) keeps the indexed form.
 pub fn straight_line_width(k: &Kernel, g: &VerifiedGraph) -> Option<u32> {
     if k.kind != KernelKind::Elementwise {
         return None;
@@ -64,12 +66,35 @@ pub fn straight_line_width(k: &Kernel, g: &VerifiedGraph) -> Option<u32> {
         return None;
     }
     let size_ok = |id: NodeId| matches!(g.node(id).shape.numel(), m if m == n || m == 1);
-    if !k.inputs.iter().all(|&i| size_ok(i)) {
+    // What only inlined reductions read is evaluated in their loops by
+    // value functions: never full-size, so never a lane of the line.
+    let prologue = reduction_prologue(k, g);
+    let reduced = |id: NodeId| matches!(g.node(id).op, Op::Reduce { .. });
+    let in_main =
+        |id: NodeId| k.inline.iter().any(|&u| !prologue.contains(&u) && !reduced(u) && g.node(u).inputs.contains(&id));
+    for &id in k.inputs.iter().chain(&k.inline).filter(|id| prologue.contains(id)) {
+        let m = g.node(id).shape.numel();
+        if m == n || (m != 1 && (in_main(id) || k.outputs.contains(&id))) {
+            return None;
+        }
+    }
+    if !k.inputs.iter().all(|&i| size_ok(i) || prologue.contains(&i)) {
         return None;
     }
     for &id in &k.inline {
         let node = g.node(id);
         let m = node.shape.numel();
+        if prologue.contains(&id) {
+            continue;
+        }
+        if reduced(id) {
+            // An inlined reduction: one call of its value function per
+            // element of the line.
+            if m != n {
+                return None;
+            }
+            continue;
+        }
         if m == 1 {
             if !node.inputs.iter().all(|&o| g.node(o).shape.numel() == 1) {
                 return None;
@@ -82,7 +107,31 @@ pub fn straight_line_width(k: &Kernel, g: &VerifiedGraph) -> Option<u32> {
             return None;
         }
     }
-    Some(if n.is_multiple_of(4) { 4 } else { 1 })
+    // An inlined reduction loops in every invocation that uses it: one
+    // element per invocation keeps as many loops in flight as its own
+    // kernel would have, adjacent lanes on adjacent outputs.
+    let reduces = k.inline.iter().any(|&id| reduced(id));
+    Some(if n.is_multiple_of(4) && !reduces { 4 } else { 1 })
+}
+
+/// The nodes and inputs of kernel `k` that its inlined reductions read
+/// (see `lazuli_ir::fusion::FusionLimits::inline_reductions`), through
+/// the inlined nodes between: evaluated inside the reductions' loops.
+fn reduction_prologue(k: &Kernel, g: &VerifiedGraph) -> BTreeSet<NodeId> {
+    let inline: BTreeSet<NodeId> = k.inline.iter().copied().collect();
+    let mut stack: Vec<NodeId> = k
+        .inline
+        .iter()
+        .filter(|&&id| matches!(g.node(id).op, Op::Reduce { .. }))
+        .map(|&id| g.node(id).inputs[0])
+        .collect();
+    let mut seen = BTreeSet::new();
+    while let Some(x) = stack.pop() {
+        if seen.insert(x) && inline.contains(&x) {
+            stack.extend(g.node(x).inputs.iter().copied());
+        }
+    }
+    seen
 }
 
 impl Writer<'_> {
@@ -120,14 +169,19 @@ impl Writer<'_> {
         let lanes = width as usize;
         // Lane expressions of every value available in the loop body.
         let mut lane: HashMap<NodeId, Vec<String>> = HashMap::new();
+        // Inlined reductions and what they read are value functions
+        // (`reduction_prologue`), one call per element.
+        let prologue = reduction_prologue(k, g);
+        let reduced = |id: NodeId| matches!(g.node(id).op, Op::Reduce { .. });
+        let per_lane = |id: NodeId| full(id) && !prologue.contains(&id) && !reduced(id);
         for &id in &k.inline {
-            if !full(id) {
+            if !per_lane(id) {
                 self.node_fn(id, None)?;
             }
         }
         let mut b = String::new();
         for &id in k.inputs.iter().chain(&k.inline) {
-            let used = k.inline.iter().any(|&u| full(u) && g.node(u).inputs.contains(&id));
+            let used = k.inline.iter().any(|&u| per_lane(u) && g.node(u).inputs.contains(&id));
             if !full(id) && used {
                 let _ = writeln!(b, "    let h{0} = n{0}(0u);", id.0);
                 lane.insert(id, vec![format!("h{}", id.0); lanes]);
@@ -160,12 +214,24 @@ impl Writer<'_> {
             lane.insert(id, vals);
         }
         for &id in &k.inline {
-            if !full(id) {
+            if !full(id) || prologue.contains(&id) {
                 continue;
             }
             let node = g.node(id);
             let ops = &node.inputs;
             let d = |k: usize| g.node(ops[k]).dtype;
+            if reduced(id) {
+                // Element `j * width + c` of the line.
+                let vals = (0..lanes)
+                    .map(|c| {
+                        let at = if width == 4 { format!("j * 4u + {c}u") } else { "j".to_string() };
+                        let _ = writeln!(b, "{ind}let r{0}_{c} = n{0}({at});", id.0);
+                        format!("r{}_{c}", id.0)
+                    })
+                    .collect();
+                lane.insert(id, vals);
+                continue;
+            }
             let (params, expr) = match &node.op {
                 Op::Reshape(_) | Op::Expand(_) => {
                     let v = lane[&ops[0]].clone();

@@ -59,7 +59,9 @@ pub use forms::{
 };
 use matmul::matmul_shape;
 pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
-pub use reduce::{reduce_lanes, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL};
+pub use reduce::{
+    reduce_lanes, INLINE_REDUCTION_LEN, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL,
+};
 use rows::vector_rows;
 pub use rows::{row_lanes, rows_layout, RowsLayout, ROWS_MAX_HELD, ROW_MAX_CACHED, ROW_MAX_LANES};
 
@@ -900,6 +902,9 @@ impl Writer<'_> {
                 let _ = write!(b, "return {};", call(0, &sum(terms)));
                 b
             }
+            // A small reduction inlined into its consumer (never an
+            // epilogue's dependent: the planner keeps such kernels apart).
+            Op::Reduce { .. } if epi.is_none() => self.inlined_reduce_body(id),
             // Ops with kernels of their own: never inlined as a value
             // function (the planner makes them kernel roots or inputs).
             other @ (Op::Random { .. }

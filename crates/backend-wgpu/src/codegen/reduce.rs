@@ -3,7 +3,7 @@
 use super::common::*;
 use super::{LowerLimits, SecondPass, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
-use lazuli_ir::{ArgReduceOp, DType, Op, ReduceOp, Shape, VerifiedGraph};
+use lazuli_ir::{ArgReduceOp, DType, NodeId, Op, ReduceOp, Shape, VerifiedGraph};
 use std::fmt::Write as _;
 
 /// Reductions at least this long with at most
@@ -15,6 +15,15 @@ pub const REDUCE_COOPERATIVE_OUTPUTS: u64 = 256;
 
 /// Elements a reduction loop handles per iteration (unrolled).
 pub const REDUCE_UNROLL: u64 = 8;
+
+/// Most elements per output of a reduction evaluated inside the kernel
+/// that consumes it (`FusionLimits::inline_reductions`): a loop of at most
+/// this many loads, [`REDUCE_UNROLL`] in flight at a time, in the
+/// invocation that uses the value. The form a reduction of its own would
+/// take at such sizes for strided elements (a bias gradient over a batch
+/// of 64) is the same loop in an invocation per output, so inlining it
+/// saves a dispatch and a buffer and costs the GPU nothing more.
+pub const INLINE_REDUCTION_LEN: u64 = 64;
 
 /// Reductions with at most this many outputs and at least
 /// [`TWO_PASS_MIN_LEN`] elements each run in two passes on GPUs.
@@ -90,6 +99,38 @@ pub fn vector_reduce(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> boo
         && two_pass_parts(rn.shape.numel() as u64, len) == 1
 }
 
+/// The offset in a reduction's operand (of shape `x`, reduced over
+/// `axes`) of the first element of output `var` (a WGSL expression of the
+/// output's linear index).
+fn reduced_base(x: &Shape, axes: &[usize], var: &str) -> String {
+    let xs = strides(x);
+    let kept: Vec<usize> = (0..x.rank()).filter(|d| !axes.contains(d)).collect();
+    let kshape = Shape::new(kept.iter().map(|&d| x.dims()[d]).collect::<Vec<_>>());
+    sum((0..kept.len())
+        .filter(|&j| kshape.dims()[j] != 1)
+        .map(|j| format!("{} * {}u", coord(var, &kshape, j), xs[kept[j]]))
+        .collect())
+}
+
+/// The offset of reduced element `r` from an output's first element in
+/// a reduction's operand (of shape `x`, reduced over `axes`), and whether
+/// the axes are the trailing dims in order (one contiguous run: the
+/// offset is `r` itself).
+fn reduced_offset(x: &Shape, axes: &[usize]) -> (bool, String) {
+    let rank = x.rank();
+    let trailing = axes.iter().enumerate().all(|(j, &a)| a + axes.len() == rank + j);
+    if trailing {
+        return (true, "r".to_string());
+    }
+    let xs = strides(x);
+    let rshape = Shape::new(axes.iter().map(|&d| x.dims()[d]).collect::<Vec<_>>());
+    let off = sum((0..axes.len())
+        .filter(|&j| rshape.dims()[j] != 1)
+        .map(|j| format!("{} * {}u", coord("r", &rshape, j), xs[axes[j]]))
+        .collect());
+    (false, off)
+}
+
 /// Invocations per output in the cooperative form for rows of `len`
 /// contiguous elements: a power of two giving each at least two unrolled
 /// steps ([`REDUCE_UNROLL`]) where the row allows, at most one workgroup.
@@ -108,30 +149,10 @@ impl Writer<'_> {
         let Op::Reduce { op, axes, .. } = &rn.op else { unreachable!() };
         let x = g.node(rn.inputs[0]);
         invocations = rn.shape.numel() as u64;
-        let xs = strides(&x.shape);
-        let kept: Vec<usize> = (0..x.shape.rank()).filter(|d| !axes.contains(d)).collect();
-        let kshape = Shape::new(kept.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
         let rshape = Shape::new(axes.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
-        // Offset of output `var`'s first element in the operand.
-        let base_of = |var: &str| {
-            sum((0..kept.len())
-                .filter(|&j| kshape.dims()[j] != 1)
-                .map(|j| format!("{} * {}u", coord(var, &kshape, j), xs[kept[j]]))
-                .collect())
-        };
+        let base_of = |var: &str| reduced_base(&x.shape, axes, var);
         let base = base_of("t");
-        // Reduced axes that are the trailing dims, in order, are
-        // one contiguous run: the offset is `r` itself.
-        let rank = x.shape.rank();
-        let trailing = axes.iter().enumerate().all(|(j, &a)| a + axes.len() == rank + j);
-        let off = if trailing {
-            "r".to_string()
-        } else {
-            sum((0..axes.len())
-                .filter(|&j| rshape.dims()[j] != 1)
-                .map(|j| format!("{} * {}u", coord("r", &rshape, j), xs[axes[j]]))
-                .collect())
-        };
+        let (trailing, off) = reduced_offset(&x.shape, axes);
         let d = x.dtype;
         let (acc_ty, init, combine, fin) = self.reduce_parts(*op, d, rshape.numel());
         let load = if d == DType::Bool {
@@ -279,6 +300,57 @@ impl Writer<'_> {
             let _ = writeln!(b, "    out0[t] = {fin};");
         }
         invocations
+    }
+
+    /// The body of the value function `nK(i)` of reduction `id` inlined
+    /// into its consumer's kernel (see
+    /// `lazuli_ir::fusion::FusionLimits::inline_reductions`): the serial
+    /// form of [`Writer::reduce_kernel`] for output `i`, its operand read
+    /// through its own value function, returning the result.
+    pub(super) fn inlined_reduce_body(&mut self, id: NodeId) -> String {
+        let g = self.g;
+        let rn = g.node(id);
+        let Op::Reduce { op, axes, .. } = &rn.op else { unreachable!("an inlined reduction") };
+        let x = g.node(rn.inputs[0]);
+        let len = (x.shape.numel() / rn.shape.numel().max(1)) as u64;
+        let (acc_ty, init, combine, fin) = self.reduce_parts(*op, x.dtype, len as usize);
+        let base = reduced_base(&x.shape, axes, "i");
+        let (_, off) = reduced_offset(&x.shape, axes);
+        let load = format!("n{}(base + {off})", x_id(rn));
+        let u = REDUCE_UNROLL;
+        let main = len / u * u;
+        let steps: String = (0..u)
+            .map(|q| {
+                format!(
+                    "        {{
+            let r = r0 + {q}u;
+            let v = {load};
+            acc = {combine};
+        }}
+"
+                )
+            })
+            .collect();
+        let mut b = format!(
+            "let base = {base};
+    var acc: {acc_ty} = {init};
+    for (var r0 = 0u; r0 < {main}u; r0 = r0 + {u}u) {{
+{steps}    }}
+"
+        );
+        // A kernel generic over sizes keeps the remainder loop at every
+        // size, so that its source differs only in literals.
+        if main < len || self.limits.generic {
+            let _ = writeln!(
+                b,
+                "    for (var r = {main}u; r < {len}u; r = r + 1u) {{
+        let v = {load};
+        acc = {combine};
+    }}"
+            );
+        }
+        let _ = write!(b, "    return {fin};");
+        b
     }
 
     /// The second pass of a two-pass reduction: `lanes` invocations per
