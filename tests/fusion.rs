@@ -111,9 +111,10 @@ fn against_cpu(dev: &Device, build: &dyn Fn(&Device) -> Vec<Tensor>, what: &str)
 /// update with momentum (straight-line form, one element per
 /// invocation; the gradient used twice), a loss's sum over classes inside
 /// its mean over the batch (a reduction's prologue), a max over a middle
-/// axis read through a permute (the indexed form), and a mean in a
-/// multi-tensor kernel beside another update. Each matches the CPU, and
-/// none leaves a reduction kernel of its own.
+/// axis read through a permute (the indexed form), and a mean beside an
+/// independent update (which stays out of the multi-tensor kernel: two
+/// kernels). Each matches the CPU, and none leaves a reduction kernel of
+/// its own.
 #[test]
 fn small_reductions_run_inside_their_consumers() {
     let _g = common::metrics_lock();
@@ -146,8 +147,12 @@ fn small_reductions_run_inside_their_consumers() {
         vec![a, c]
     };
     for (profile, dev) in common::wgpu_profiles() {
-        let cases: [(&str, &dyn Fn(&Device) -> Vec<Tensor>, usize); 4] =
-            [("sgd update", &update, 1), ("loss", &loss, 1), ("middle axis", &middle, 1), ("multi-tensor", &multi, 1)];
+        let cases: [(&str, &dyn Fn(&Device) -> Vec<Tensor>, usize); 4] = [
+            ("sgd update", &update, 1),
+            ("loss", &loss, 1),
+            ("middle axis", &middle, 1),
+            ("beside another", &multi, 2),
+        ];
         for (what, build, kernels) in cases {
             let names = against_cpu(&dev, build, &format!("{profile}, {what}"));
             assert_eq!(names.len(), kernels, "{profile}, {what}: {names:?}");

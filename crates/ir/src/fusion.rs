@@ -647,7 +647,8 @@ fn inline_reduction_group(graph: &Graph, id: NodeId, at: &Placed, limits: &Fusio
 /// [`FusionLimits::inline_reductions`]; a row kernel's own reductions are
 /// not such): such a kernel stays what it is, never an epilogue of a
 /// matmul nor part of a row kernel, whose forms evaluate only elementwise
-/// ops per element.
+/// ops per element, nor a segment of a multi-tensor kernel (see
+/// `multi::joinable`).
 pub fn inlines_reduction(graph: &Graph, k: &Kernel) -> bool {
     k.kind != KernelKind::Rows && k.inline.iter().any(|&x| matches!(graph.node(x).op, Op::Reduce { .. }))
 }

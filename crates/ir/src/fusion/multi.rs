@@ -125,9 +125,14 @@ fn group_by_shape(graph: &Graph, outputs: &[NodeId], earlier: Option<&Graph>) ->
 }
 
 /// Whether kernel `k` may join a multi-tensor kernel. None of these kinds
-/// checks indices, so a joined kernel binds no error slot.
-fn joinable(k: &Kernel) -> bool {
-    let ok = matches!(k.kind, KernelKind::Elementwise | KernelKind::MultiTensor);
+/// checks indices, so a joined kernel binds no error slot. A kernel with
+/// an inlined reduction (`FusionLimits::inline_reductions`) stays apart:
+/// on lavapipe such a segment made the demo's multi-tensor update 3.5x
+/// slower (BENCHMARKS.md, "Small reductions inside their consumers"),
+/// while on its own it is faster than the reduction and update it
+/// replaces.
+fn joinable(graph: &Graph, k: &Kernel) -> bool {
+    let ok = matches!(k.kind, KernelKind::Elementwise | KernelKind::MultiTensor) && !super::inlines_reduction(graph, k);
     debug_assert!(!(ok && k.kind.checks_indices()));
     ok
 }
@@ -190,7 +195,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: 
             .unwrap_or(ks.len())
     };
     for a in 0..ks.len() {
-        if !ks[a].as_ref().is_some_and(joinable) {
+        if !ks[a].as_ref().is_some_and(|k| joinable(graph, k)) {
             continue;
         }
         let mut reader = first_reader(&ks, a);
@@ -200,7 +205,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: 
                 b += 1;
                 continue;
             };
-            if !joinable(kb) || !joined_fits(graph, ka, kb, max, earlier) {
+            if !joinable(graph, kb) || !joined_fits(graph, ka, kb, max, earlier) {
                 b += 1;
                 continue;
             }
