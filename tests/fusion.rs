@@ -88,6 +88,9 @@ fn lowering_is_deterministic() {
     assert_eq!(a, b);
 }
 
+/// A program built on a device's own inputs, returning its outputs.
+type Program<'a> = &'a dyn Fn(&Device) -> Vec<Tensor>;
+
 /// The kernels `outs` lower to on `dev`, by name.
 fn kernel_names(outs: &[&Tensor]) -> Vec<String> {
     lazuli::debug::backend_code(outs).unwrap().into_iter().map(|(name, _)| name).collect()
@@ -95,7 +98,7 @@ fn kernel_names(outs: &[&Tensor]) -> Vec<String> {
 
 /// Each of `outs` computed on `dev` against the CPU device's values of the
 /// same program (`build` on each device's inputs).
-fn against_cpu(dev: &Device, build: &dyn Fn(&Device) -> Vec<Tensor>, what: &str) -> Vec<String> {
+fn against_cpu(dev: &Device, build: Program, what: &str) -> Vec<String> {
     let outs = build(dev);
     let names = kernel_names(&outs.iter().collect::<Vec<_>>());
     let want = build(&Device::cpu());
@@ -112,9 +115,11 @@ fn against_cpu(dev: &Device, build: &dyn Fn(&Device) -> Vec<Tensor>, what: &str)
 /// invocation; the gradient used twice), a loss's sum over classes inside
 /// its mean over the batch (a reduction's prologue), a max over a middle
 /// axis read through a permute (the indexed form), and a mean beside an
-/// independent update (which stays out of the multi-tensor kernel: two
-/// kernels). Each matches the CPU, and none leaves a reduction kernel of
-/// its own.
+/// independent update (joined into one multi-tensor kernel under the GPU
+/// forms; under the software forms, whose llvmpipe runs every segment's
+/// code for every batch of lanes, two kernels). Each matches the CPU, and
+/// none leaves a reduction kernel of its own. With
+/// `inline_reductions: Some(false)` the bias gradient is a kernel again.
 #[test]
 fn small_reductions_run_inside_their_consumers() {
     let _g = common::metrics_lock();
@@ -147,11 +152,12 @@ fn small_reductions_run_inside_their_consumers() {
         vec![a, c]
     };
     for (profile, dev) in common::wgpu_profiles() {
-        let cases: [(&str, &dyn Fn(&Device) -> Vec<Tensor>, usize); 4] = [
+        let joined = if profile == "gpu forms" { 1 } else { 2 };
+        let cases: [(&str, Program, usize); 4] = [
             ("sgd update", &update, 1),
             ("loss", &loss, 1),
             ("middle axis", &middle, 1),
-            ("beside another", &multi, 2),
+            ("beside another", &multi, joined),
         ];
         for (what, build, kernels) in cases {
             let names = against_cpu(&dev, build, &format!("{profile}, {what}"));
@@ -163,6 +169,12 @@ fn small_reductions_run_inside_their_consumers() {
                 "{profile}, {what}: only the loss's mean is a reduction kernel: {names:?}"
             );
         }
+    }
+    if common::wgpu().is_some() {
+        let opts = WgpuDeviceOptions { inline_reductions: Some(false), ..Default::default() };
+        let apart = Device::wgpu_with(opts).unwrap();
+        let names = against_cpu(&apart, &update, "inlining off");
+        assert_eq!(names.len(), 2, "inlining off: the column sum is a kernel again: {names:?}");
     }
 }
 
@@ -185,9 +197,7 @@ fn reductions_that_would_repeat_or_loop_long_stay_apart() {
         vec![s.mul_scalar(3.0).unwrap(), s]
     };
     for (profile, dev) in common::wgpu_profiles() {
-        for (what, build) in
-            [("broadcast", &broadcast as &dyn Fn(&Device) -> Vec<Tensor>), ("65 rows", &long), ("an output", &output)]
-        {
+        for (what, build) in [("broadcast", &broadcast as Program), ("65 rows", &long), ("an output", &output)] {
             let names = against_cpu(&dev, build, &format!("{profile}, {what}"));
             let apart = names.iter().any(|n| n.contains("Reduce") || n.contains("Rows"));
             assert!(apart, "{profile}, {what}: the reduction keeps a kernel: {names:?}");

@@ -95,6 +95,12 @@ pub struct WgpuOptions {
     /// one multi-tensor dispatch (see `lazuli_ir::fusion::multi`); default
     /// on, the flag `LAZULI_MULTI_TENSOR` overrides.
     pub multi_tensor: Option<bool>,
+    /// Whether a reduction of at most
+    /// [`crate::codegen::INLINE_REDUCTION_LEN`] elements per output whose
+    /// elements one kernel reads once each runs as a loop inside that
+    /// kernel (see `lazuli_ir::fusion::FusionLimits::inline_reductions`);
+    /// default on, the flag `LAZULI_INLINE_REDUCTIONS` overrides.
+    pub inline_reductions: Option<bool>,
     /// Whether row kernels (softmax, layer norm, row reductions) combine
     /// the lanes sharing a row with subgroup operations where the adapter
     /// has `wgpu::Features::SUBGROUP` (default on; the flag
@@ -211,6 +217,9 @@ impl WgpuOptions {
         let multi = config::flag(lookup, "LAZULI_MULTI_TENSOR")?;
         note("LAZULI_MULTI_TENSOR", self.multi_tensor.is_some(), multi.is_some());
         out.multi_tensor = self.multi_tensor.or(multi);
+        let inline = config::flag(lookup, "LAZULI_INLINE_REDUCTIONS")?;
+        note("LAZULI_INLINE_REDUCTIONS", self.inline_reductions.is_some(), inline.is_some());
+        out.inline_reductions = self.inline_reductions.or(inline);
         let generic = config::flag(lookup, "LAZULI_GENERIC_SIZES")?;
         note("LAZULI_GENERIC_SIZES", self.generic_sizes.is_some(), generic.is_some());
         out.generic_sizes = self.generic_sizes.or(generic);

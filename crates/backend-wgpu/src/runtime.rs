@@ -115,8 +115,15 @@ impl WgpuBackend {
             // Independent elementwise kernels share a dispatch.
             multi_tensor: options.multi_tensor.unwrap_or(true),
             window_elements: ctx.windows.elements(),
-            // Small reductions are loops inside their consumers.
-            inline_reductions: crate::codegen::INLINE_REDUCTION_LEN,
+            // Small reductions are loops inside their consumers, which
+            // join multi-tensor kernels where warps of other segments skip
+            // the loops (GPUs), not where every lane batch runs them
+            // masked (llvmpipe).
+            inline_reductions: match options.inline_reductions.unwrap_or(true) {
+                true => crate::codegen::INLINE_REDUCTION_LEN,
+                false => 0,
+            },
+            join_inlined_reductions: forms.reduce == ReduceForm::Cooperative,
             ..FusionLimits::default()
         };
         // f16 natively where the device has SHADER_F16 and is a GPU,
@@ -373,6 +380,11 @@ fn effective_settings(
             source("LAZULI_DEVICE_MEMORY_BYTES"),
         ),
         Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new(
+            "LAZULI_INLINE_REDUCTIONS",
+            on_off(compiler.fusion.inline_reductions > 0),
+            source("LAZULI_INLINE_REDUCTIONS"),
+        ),
         Setting::new("LAZULI_OVERLAP_SUBMIT", on_off(ctx.overlap), source("LAZULI_OVERLAP_SUBMIT")),
         Setting::new(
             "LAZULI_STREAM_SUBMIT",

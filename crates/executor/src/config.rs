@@ -140,6 +140,13 @@ pub const VARS: &[Var] = &[
         "lazuli-wgpu (WgpuOptions::memory_budget)",
     ),
     var(
+        "LAZULI_INLINE_REDUCTIONS",
+        Kind::Flag,
+        "on",
+        "reductions of at most 64 elements per output run as loops inside the kernel that reads them",
+        "lazuli-wgpu (WgpuOptions::inline_reductions)",
+    ),
+    var(
         "LAZULI_MULTI_TENSOR",
         Kind::Flag,
         "on",

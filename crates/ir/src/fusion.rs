@@ -104,6 +104,13 @@ pub struct FusionLimits {
     /// the reduction costs no dispatch and no buffer. Off by default;
     /// backends that lower a reduction as a value function turn it on.
     pub inline_reductions: u64,
+    /// Let a kernel with an inlined reduction join a multi-tensor kernel
+    /// (see [`FusionLimits::multi_tensor`]). A GPU runs each segment on
+    /// warps of its own (segments start on whole subgroups), so the
+    /// reduction's loop delays no other segment; llvmpipe runs every
+    /// segment's code, masked, for every batch of lanes, so there the
+    /// loop is paid once per batch of the whole dispatch. Off by default.
+    pub join_inlined_reductions: bool,
 }
 
 /// Most times per element of its kernel an inlined reduction (see
@@ -124,6 +131,7 @@ impl Default for FusionLimits {
             multi_tensor: false,
             window_elements: u64::MAX,
             inline_reductions: 0,
+            join_inlined_reductions: false,
         }
     }
 }
@@ -647,8 +655,8 @@ fn inline_reduction_group(graph: &Graph, id: NodeId, at: &Placed, limits: &Fusio
 /// [`FusionLimits::inline_reductions`]; a row kernel's own reductions are
 /// not such): such a kernel stays what it is, never an epilogue of a
 /// matmul nor part of a row kernel, whose forms evaluate only elementwise
-/// ops per element, nor a segment of a multi-tensor kernel (see
-/// `multi::joinable`).
+/// ops per element, nor (unless [`FusionLimits::join_inlined_reductions`])
+/// a segment of a multi-tensor kernel.
 pub fn inlines_reduction(graph: &Graph, k: &Kernel) -> bool {
     k.kind != KernelKind::Rows && k.inline.iter().any(|&x| matches!(graph.node(x).op, Op::Reduce { .. }))
 }
@@ -953,7 +961,7 @@ fn finish(
     }
     kernels = merge_attention_parts(graph, kernels, &max);
     if limits.multi_tensor {
-        kernels = multi::merge(graph, kernels, &max, earlier);
+        kernels = multi::merge(graph, kernels, &max, earlier, limits.join_inlined_reductions);
     }
     let mut materialized: Vec<NodeId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
     materialized.sort();
@@ -1656,6 +1664,29 @@ mod tests {
         // One element short of the limit's reach: the 64-row sum stays.
         let short = plan(&g, &FusionLimits { inline_reductions: 63, ..base });
         assert!(short.kernels.iter().any(|k| k.outputs == vec![db]), "{}", short.to_text());
+    }
+
+    /// A kernel with an inlined reduction joins a multi-tensor kernel only
+    /// with `join_inlined_reductions` (GPUs); without it (llvmpipe) it
+    /// stays beside the multi-tensor kernel of the others.
+    #[test]
+    fn inlined_reductions_join_multi_tensor_kernels_only_when_asked() {
+        let mut g = Graph::new();
+        let grad = g.param(ValueType::new([64, 256], DType::F32));
+        let b = g.param(ValueType::new([256], DType::F32));
+        let w = g.param(ValueType::new([10, 256], DType::F32));
+        let db = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[grad]).unwrap();
+        let b2 = bin(&mut g, BinaryOp::Sub, b, db);
+        let w2 = g.push(Op::Unary(UnaryOp::Neg), &[w]).unwrap();
+        g.outputs.extend([b2, w2]);
+        let limits = FusionLimits { multi_tensor: true, inline_reductions: 64, ..FusionLimits::default() };
+        let apart = plan(&g, &limits);
+        assert_eq!(apart.kernels.len(), 2, "{}", apart.to_text());
+        assert!(apart.kernels.iter().all(|k| k.kind == KernelKind::Elementwise), "{}", apart.to_text());
+        let joined = plan(&g, &FusionLimits { join_inlined_reductions: true, ..limits });
+        assert_eq!(joined.kernels.len(), 1, "{}", joined.to_text());
+        assert_eq!(joined.kernels[0].kind, KernelKind::MultiTensor, "{}", joined.to_text());
+        assert!(joined.kernels[0].inline.contains(&db), "{}", joined.to_text());
     }
 
     /// A reduction whose value is broadcast (each element read by a row of

@@ -131,6 +131,21 @@ fn reduced_offset(x: &Shape, axes: &[usize]) -> (bool, String) {
     (false, off)
 }
 
+/// Elements per output of the longest reduction inlined into kernel `k`'s
+/// prologue (`FusionLimits::inline_reductions`); 1 when none is.
+fn inlined_extent(k: &Kernel, g: &VerifiedGraph) -> u64 {
+    k.inline
+        .iter()
+        .filter(|&&id| matches!(g.node(id).op, Op::Reduce { .. }))
+        .map(|&id| {
+            let n = g.node(id);
+            (g.node(n.inputs[0]).shape.numel() / n.shape.numel().max(1)) as u64
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// Invocations per output in the cooperative form for rows of `len`
 /// contiguous elements: a power of two giving each at least two unrolled
 /// steps ([`REDUCE_UNROLL`]) where the row allows, at most one workgroup.
@@ -225,7 +240,11 @@ impl Writer<'_> {
             // by 4 are read as vec4 (see `vector_reduce`).
             let vec = vector_reduce(k, self.g, &self.limits);
             let units = if vec { len / 4 } else { len };
-            let lanes = reduce_lanes(units);
+            // An inlined reduction in the prologue (a loss's sum over
+            // classes under its mean over the batch) loops per element:
+            // lanes for the loads of both, at most one per element.
+            let lanes = reduce_lanes(units.saturating_mul(inlined_extent(k, self.g)))
+                .min(units.next_power_of_two().min(WORKGROUP_SIZE as u64));
             let per_group = WORKGROUP_SIZE as u64 / lanes;
             invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
             self.cooperative = Some(acc_ty);

@@ -126,13 +126,14 @@ fn group_by_shape(graph: &Graph, outputs: &[NodeId], earlier: Option<&Graph>) ->
 
 /// Whether kernel `k` may join a multi-tensor kernel. None of these kinds
 /// checks indices, so a joined kernel binds no error slot. A kernel with
-/// an inlined reduction (`FusionLimits::inline_reductions`) stays apart:
-/// on lavapipe such a segment made the demo's multi-tensor update 3.5x
+/// an inlined reduction (`FusionLimits::inline_reductions`) joins only
+/// with `reductions` (`FusionLimits::join_inlined_reductions`): on
+/// lavapipe such a segment made the demo's multi-tensor update 3.5x
 /// slower (BENCHMARKS.md, "Small reductions inside their consumers"),
-/// while on its own it is faster than the reduction and update it
-/// replaces.
-fn joinable(graph: &Graph, k: &Kernel) -> bool {
-    let ok = matches!(k.kind, KernelKind::Elementwise | KernelKind::MultiTensor) && !super::inlines_reduction(graph, k);
+/// while apart it is faster than the reduction and update it replaces.
+fn joinable(graph: &Graph, k: &Kernel, reductions: bool) -> bool {
+    let ok = matches!(k.kind, KernelKind::Elementwise | KernelKind::MultiTensor)
+        && (reductions || !super::inlines_reduction(graph, k));
     debug_assert!(!(ok && k.kind.checks_indices()));
     ok
 }
@@ -175,8 +176,15 @@ fn joined_fits(graph: &Graph, a: &Kernel, b: &Kernel, max: &Budget, earlier: Opt
 /// joins the first later kernel it can move to (when nothing in between
 /// reads its outputs), or pulls later kernels to its own place (when
 /// nothing from its place on writes their inputs), until neither is
-/// possible.
-pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: Option<&Graph>) -> Vec<Kernel> {
+/// possible. Kernels with inlined reductions join only with `reductions`
+/// (see [`joinable`]).
+pub(super) fn merge(
+    graph: &Graph,
+    kernels: Vec<Kernel>,
+    max: &Budget,
+    earlier: Option<&Graph>,
+    reductions: bool,
+) -> Vec<Kernel> {
     let mut ks: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
     // The kernel writing each node, by position in `ks` (kept up to date
     // as kernels move).
@@ -195,7 +203,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: 
             .unwrap_or(ks.len())
     };
     for a in 0..ks.len() {
-        if !ks[a].as_ref().is_some_and(|k| joinable(graph, k)) {
+        if !ks[a].as_ref().is_some_and(|k| joinable(graph, k, reductions)) {
             continue;
         }
         let mut reader = first_reader(&ks, a);
@@ -205,7 +213,7 @@ pub(super) fn merge(graph: &Graph, kernels: Vec<Kernel>, max: &Budget, earlier: 
                 b += 1;
                 continue;
             };
-            if !joinable(graph, kb) || !joined_fits(graph, ka, kb, max, earlier) {
+            if !joinable(graph, kb, reductions) || !joined_fits(graph, ka, kb, max, earlier) {
                 b += 1;
                 continue;
             }
