@@ -621,7 +621,8 @@ struct Placed<'a> {
 /// per output, every live user in one elementwise or reduction group that
 /// iterates over exactly the reduction's output elements (an elementwise
 /// kernel of its size, a reduction of a value of its size), so no element
-/// is computed for more than [`MAX_INLINE_REDUCTION_EVALS`] uses.
+/// is computed for more than [`MAX_INLINE_REDUCTION_EVALS`] uses; never a
+/// reduction a row kernel may take ([`FusionLimits::row_kernels`]).
 fn inline_reduction_group(graph: &Graph, id: NodeId, at: &Placed, limits: &FusionLimits) -> Option<(usize, usize)> {
     let nodes = graph.nodes();
     let n = &nodes[id.index()];
@@ -629,6 +630,11 @@ fn inline_reduction_group(graph: &Graph, id: NodeId, at: &Placed, limits: &Fusio
     let (out, len) = (n.shape.numel() as u64, x.shape.numel() as u64);
     let f32s = n.dtype == crate::DType::F32 && x.dtype == crate::DType::F32;
     if !matches!(n.op, Op::Reduce { .. }) || !f32s || out == 0 || len / out > limits.inline_reductions {
+        return None;
+    }
+    // A reduction a row kernel may take (layer norm's mean and variance)
+    // is left to it: one row kernel reads the row once for all of them.
+    if limits.row_kernels && row_reduction(graph, id, &x.shape) {
         return None;
     }
     let mut g = None;
