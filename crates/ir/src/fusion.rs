@@ -1695,6 +1695,33 @@ mod tests {
         assert!(joined.kernels[0].inline.contains(&db), "{}", joined.to_text());
     }
 
+    /// Layer norm's variance (a keepdim mean over the last axis, read by
+    /// `rsqrt` per row, which training keeps for the backward) is left to
+    /// the row kernel where row kernels are on: one kernel reads each row
+    /// once for the mean, the variance and the output. Without row
+    /// kernels it is inlined into the kernel writing the `rsqrt`.
+    #[test]
+    fn row_reductions_are_left_to_row_kernels() {
+        let mut g = Graph::new();
+        let x = g.param(ValueType::new([16, 64], DType::F32));
+        let mean = g.push(Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keepdim: true }, &[x]).unwrap();
+        let c = bin(&mut g, BinaryOp::Sub, x, mean);
+        let sq = bin(&mut g, BinaryOp::Mul, c, c);
+        let var = g.push(Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keepdim: true }, &[sq]).unwrap();
+        let inv = g.push(Op::Unary(UnaryOp::Rsqrt), &[var]).unwrap();
+        let y = bin(&mut g, BinaryOp::Mul, c, inv);
+        // The backward's reader of the inverse deviation.
+        let saved = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false }, &[inv]).unwrap();
+        g.outputs.extend([y, saved]);
+        let base = FusionLimits { inline_reductions: 64, ..FusionLimits::default() };
+        let rows = plan(&g, &FusionLimits { row_kernels: true, ..base });
+        let row = rows.kernels.iter().find(|k| k.kind == KernelKind::Rows).expect("a row kernel");
+        assert!(row.inline.contains(&var) && row.outputs.contains(&inv), "{}", rows.to_text());
+        let flat = plan(&g, &base);
+        let writer = flat.kernels.iter().find(|k| k.outputs.contains(&inv)).expect("the rsqrt's kernel");
+        assert!(writer.kind == KernelKind::Elementwise && writer.inline.contains(&var), "{}", flat.to_text());
+    }
+
     /// A reduction whose value is broadcast (each element read by a row of
     /// the consumer), read by two kernels, or itself an output keeps a
     /// kernel of its own: inlined, it would be computed per use.
