@@ -600,8 +600,6 @@ fn assign(graph: &Graph, forced: &BTreeSet<NodeId>, limits: &FusionLimits) -> Ve
     out
 }
 
-/// Picks an inlined node of `k` to materialize so that `k` gets fewer
-/// inputs: the one reaching the most distinct inputs while still fitting.
 /// Where the backward pass of [`assign`] stands when it reaches a node:
 /// the node's users, which nodes are live, the group of each assigned
 /// node and how often it is evaluated per iteration, and each group's kind
@@ -719,6 +717,8 @@ fn epilogue_group(
     Some(g)
 }
 
+/// Picks an inlined node of `k` to materialize so that `k` gets fewer
+/// inputs: the one reaching the most distinct inputs while still fitting.
 fn split_candidate(graph: &Graph, k: &Kernel, max: &Budget) -> Option<NodeId> {
     let nodes = graph.nodes();
     let inl: BTreeSet<NodeId> = k.inline.iter().copied().collect();
