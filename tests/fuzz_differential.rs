@@ -60,6 +60,22 @@ use std::sync::OnceLock;
 /// 2^16 f32 ulps, scaled to the tolerance's 2e-5 per rounded op).
 const HALF_DEPTH: (u32, u32) = (16, 128);
 
+/// Largest rounded depth a value carries: beyond it the tolerance
+/// (`2e-5 * depth * bound`) no longer checks anything, and a cap keeps
+/// the depth arithmetic from overflowing.
+const MAX_DEPTH: u32 = 1 << 20;
+
+/// A depth's error (`1 + depth` units at one bound) in units of another
+/// bound `factor` times smaller, rounded up, at most [`MAX_DEPTH`].
+fn carry(depth: u32, factor: f64) -> u32 {
+    let units = (1 + depth.min(MAX_DEPTH)) as f64 * factor;
+    if units.is_nan() {
+        MAX_DEPTH
+    } else {
+        units.ceil().clamp(0.0, MAX_DEPTH as f64) as u32
+    }
+}
+
 /// Most elements of one value of a program (see `Interp::push`).
 const MAX_VALUE_ELEMENTS: usize = 1 << 20;
 
@@ -254,8 +270,8 @@ impl Interp {
             return v.clone();
         }
         let t = self.apply("clamp", &[v], |x| x[0].clamp(Some(-lim), Some(lim))).expect("clamp");
-        let depth = ((1 + v.depth) as f64 * v.bound / lim).ceil() as u32 - 1;
-        Val { cpu: t.0, gpu: t.1, bound: lim, frac: v.frac, depth: if v.exact() { v.depth } else { depth } }
+        let depth = if v.exact() { v.depth } else { carry(v.depth, v.bound / lim).saturating_sub(1).max(v.depth) };
+        Val { cpu: t.0, gpu: t.1, bound: lim, frac: v.frac, depth }
     }
 
     /// A partner for a binary op with `a`: a value of the same dtype whose
@@ -313,20 +329,25 @@ impl Interp {
                 // nothing in f32, but an f16 trip's one-ulp disagreement
                 // (4e-3 at 5) reaching cos(x) exceeded a bound-1 tolerance.
                 let slope = if name == "exp" { bound } else { 1.13 };
-                let carried = slope * (1 + v.depth) as f64 * v.bound.max(1.0) / bound.max(1.0);
-                self.push(t, bound, None, carried.ceil() as u32 + 1);
+                let carried = carry(v.depth, slope * v.bound.max(1.0) / bound.max(1.0));
+                self.push(t, bound, None, carried + 1);
             }
             // Domain-restricted unary ops on |x| + 0.5.
             2 => {
                 let v = self.float(&a, 64.0);
-                let (name, f, bound): (&str, fn(&Tensor) -> Res, f64) = match s.b % 4 {
-                    0 => ("log", Tensor::log, (v.bound + 0.5).ln().abs().max(0.7)),
-                    1 => ("sqrt", Tensor::sqrt, (v.bound + 0.5).sqrt()),
-                    2 => ("rsqrt", Tensor::rsqrt, 1.5),
-                    _ => ("reciprocal", Tensor::reciprocal, 2.0),
+                // With each op's steepest slope on `|x| + 0.5` (at 0.5).
+                let (name, f, bound, slope): (&str, fn(&Tensor) -> Res, f64, f64) = match s.b % 4 {
+                    0 => ("log", Tensor::log, (v.bound + 0.5).ln().abs().max(0.7), 2.0),
+                    1 => ("sqrt", Tensor::sqrt, (v.bound + 0.5).sqrt(), 0.71),
+                    2 => ("rsqrt", Tensor::rsqrt, 1.5, 1.42),
+                    _ => ("reciprocal", Tensor::reciprocal, 2.0, 4.0),
                 };
                 let t = self.apply(name, &[&v], |x| f(&x[0].abs()?.add_scalar(0.5)?));
-                self.push(t, bound, None, v.depth + 1);
+                // The input's absolute error through the slope, plus one
+                // rounding (as the smooth ops): an f16 trip's one-ulp flip
+                // through `1 / (|x| + 0.5)` exceeded a bound-2 tolerance.
+                let carried = carry(v.depth, slope * v.bound.max(1.0) / bound.max(1.0));
+                self.push(t, bound, None, carried.max(v.depth) + 1);
             }
             // Discontinuous unary ops: exact operands only.
             3 => {
