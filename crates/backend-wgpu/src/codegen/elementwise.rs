@@ -221,15 +221,11 @@ impl Writer<'_> {
             let ops = &node.inputs;
             let d = |k: usize| g.node(ops[k]).dtype;
             if reduced(id) {
-                // Element `j * width + c` of the line.
-                let vals = (0..lanes)
-                    .map(|c| {
-                        let at = if width == 4 { format!("j * 4u + {c}u") } else { "j".to_string() };
-                        let _ = writeln!(b, "{ind}let r{0}_{c} = n{0}({at});", id.0);
-                        format!("r{}_{c}", id.0)
-                    })
-                    .collect();
-                lane.insert(id, vals);
+                // Element `j` of the line (width 1: see
+                // `straight_line_width`).
+                debug_assert_eq!(width, 1, "an inlined reduction is written one element per step");
+                let _ = writeln!(b, "{ind}let r{0}_0 = n{0}(j);", id.0);
+                lane.insert(id, vec![format!("r{}_0", id.0)]);
                 continue;
             }
             let (params, expr) = match &node.op {

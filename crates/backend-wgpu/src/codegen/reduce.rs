@@ -137,13 +137,50 @@ fn inlined_extent(k: &Kernel, g: &VerifiedGraph) -> u64 {
     k.inline
         .iter()
         .filter(|&&id| matches!(g.node(id).op, Op::Reduce { .. }))
-        .map(|&id| {
-            let n = g.node(id);
-            (g.node(n.inputs[0]).shape.numel() / n.shape.numel().max(1)) as u64
-        })
+        .map(|&id| reduced_len(g, id))
         .max()
         .unwrap_or(1)
         .max(1)
+}
+
+/// Elements reduction `id` combines per output.
+fn reduced_len(g: &VerifiedGraph, id: NodeId) -> u64 {
+    let n = g.node(id);
+    (g.node(n.inputs[0]).shape.numel() / n.shape.numel().max(1)) as u64
+}
+
+/// [`REDUCE_UNROLL`] steps of a reduction loop, lines indented by `ind`:
+/// step `q` combines element `r0 + q * stride` (`load`, an expression of
+/// `r`) into `acc`.
+fn unrolled_steps(ind: &str, r0: &str, stride: u64, load: &str, combine: &str) -> String {
+    (0..REDUCE_UNROLL)
+        .map(|q| {
+            format!(
+                "{ind}{{\n{ind}    let r = {r0} + {}u;\n{ind}    let v = {load};\n{ind}    acc = {combine};\n{ind}}}\n",
+                q * stride
+            )
+        })
+        .collect()
+}
+
+/// The serial form of a reduction of `len` elements for one output, as
+/// statements of a function body: `base`, `acc` from `init`, the unrolled
+/// loop, then the remainder loop where `len` leaves one (or always, with
+/// `remainder`), leaving the result in `acc`.
+fn serial_reduce(base: &str, acc_ty: &str, init: &str, load: &str, combine: &str, len: u64, remainder: bool) -> String {
+    let u = REDUCE_UNROLL;
+    let main = len / u * u;
+    let mut b = format!(
+        "    let base = {base};\n    var acc: {acc_ty} = {init};\n    for (var r0 = 0u; r0 < {main}u; r0 = r0 + {u}u) {{\n{}    }}\n",
+        unrolled_steps("        ", "r0", 1, load, combine)
+    );
+    if main < len || remainder {
+        let _ = writeln!(
+            b,
+            "    for (var r = {main}u; r < {len}u; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}"
+        );
+    }
+    b
 }
 
 /// Invocations per output in the cooperative form for rows of `len`
@@ -181,16 +218,7 @@ impl Writer<'_> {
         // `REDUCE_UNROLL` elements per loop iteration, then the
         // remainder: keeps trip counts far below the llvmpipe loop
         // budget (`LLVMPIPE_LOOP_BUDGET`).
-        let step = |ind: &str, r0: &str, stride: u64| {
-            (0..u)
-                .map(|q| {
-                    format!(
-                        "{ind}{{\n{ind}    let r = {r0} + {}u;\n{ind}    let v = {load};\n{ind}    acc = {combine};\n{ind}}}\n",
-                        q * stride
-                    )
-                })
-                .collect::<String>()
-        };
+        let step = |ind: &str, r0: &str, stride: u64| unrolled_steps(ind, r0, stride, &load, &combine);
         let cooperative = (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
             || len / u > LLVMPIPE_LOOP_BUDGET / 2;
         let parts = two_pass_parts(outputs, len);
@@ -304,18 +332,7 @@ impl Writer<'_> {
                 "    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}"
             );
         } else {
-            let main = len / u * u;
-            let _ = write!(
-                b,
-                "    let base = {base};\n    var acc: {acc_ty} = {init};\n    for (var r0 = 0u; r0 < {main}u; r0 = r0 + {u}u) {{\n{}    }}\n",
-                step("        ", "r0", 1)
-            );
-            if main < len {
-                let _ = writeln!(
-                    b,
-                    "    for (var r = {main}u; r < {len}u; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}"
-                );
-            }
+            b.push_str(&serial_reduce(&base, acc_ty, &init, &load, &combine, len, false));
             let _ = writeln!(b, "    out0[t] = {fin};");
         }
         invocations
@@ -331,43 +348,15 @@ impl Writer<'_> {
         let rn = g.node(id);
         let Op::Reduce { op, axes, .. } = &rn.op else { unreachable!("an inlined reduction") };
         let x = g.node(rn.inputs[0]);
-        let len = (x.shape.numel() / rn.shape.numel().max(1)) as u64;
+        let len = reduced_len(g, id);
         let (acc_ty, init, combine, fin) = self.reduce_parts(*op, x.dtype, len as usize);
         let base = reduced_base(&x.shape, axes, "i");
         let (_, off) = reduced_offset(&x.shape, axes);
         let load = format!("n{}(base + {off})", x_id(rn));
-        let u = REDUCE_UNROLL;
-        let main = len / u * u;
-        let steps: String = (0..u)
-            .map(|q| {
-                format!(
-                    "        {{
-            let r = r0 + {q}u;
-            let v = {load};
-            acc = {combine};
-        }}
-"
-                )
-            })
-            .collect();
-        let mut b = format!(
-            "let base = {base};
-    var acc: {acc_ty} = {init};
-    for (var r0 = 0u; r0 < {main}u; r0 = r0 + {u}u) {{
-{steps}    }}
-"
-        );
         // A kernel generic over sizes keeps the remainder loop at every
         // size, so that its source differs only in literals.
-        if main < len || self.limits.generic {
-            let _ = writeln!(
-                b,
-                "    for (var r = {main}u; r < {len}u; r = r + 1u) {{
-        let v = {load};
-        acc = {combine};
-    }}"
-            );
-        }
+        let mut b =
+            serial_reduce(&base, acc_ty, &init, &load, &combine, len, self.limits.generic).trim_start().to_string();
         let _ = write!(b, "    return {fin};");
         b
     }
