@@ -119,9 +119,10 @@ impl WgpuBackend {
             // join multi-tensor kernels where warps of other segments skip
             // the loops (GPUs), not where every lane batch runs them
             // masked (llvmpipe).
-            inline_reductions: match options.inline_reductions.unwrap_or(true) {
-                true => crate::codegen::INLINE_REDUCTION_LEN,
-                false => 0,
+            inline_reductions: if options.inline_reductions.unwrap_or(true) {
+                crate::codegen::INLINE_REDUCTION_LEN
+            } else {
+                0
             },
             join_inlined_reductions: forms.reduce == ReduceForm::Cooperative,
             ..FusionLimits::default()

@@ -838,11 +838,10 @@ fn merge_row_kernels(graph: &Graph, kernels: Vec<Kernel>, max: &Budget) -> Vec<K
         let mut frontier: Vec<NodeId> = ke.inputs.clone();
         while let Some(x) = frontier.pop() {
             let Some(c) = producer(x, &ks) else { continue };
-            let Some(kc) = ks[c].as_ref() else { continue };
-            let reduce =
-                kc.kind == KernelKind::Reduce && row_reduction(graph, x, &shape) && !inlines_reduction(graph, kc);
+            // A kernel with an inlined reduction is never folded.
+            let Some(kc) = ks[c].as_ref().filter(|kc| !inlines_reduction(graph, kc)) else { continue };
+            let reduce = kc.kind == KernelKind::Reduce && row_reduction(graph, x, &shape);
             let elementwise = matches!(kc.kind, KernelKind::Elementwise | KernelKind::Rows)
-                && !inlines_reduction(graph, kc)
                 && kc.outputs.iter().all(|o| {
                     let s = &nodes[o.index()].shape;
                     (*s == shape || *s == row_shape) && !graph.outputs.contains(o)
