@@ -143,13 +143,16 @@ fn binary_cross_entropy_with_logits_matches_pytorch() {
     }
 }
 
-/// Shapes of (input, target) for the regression losses, broadcasting as
-/// PyTorch allows it.
+/// Shapes of (input, target) for the regression losses: the same shape,
+/// and targets that broadcast to the input, which the losses refuse
+/// (PyTorch warns and broadcasts) unless the caller expands the target.
 fn regression_shapes() -> Vec<(Vec<usize>, Vec<usize>)> {
     vec![(vec![7], vec![7]), (vec![3, 4], vec![3, 4]), (vec![3, 4], vec![4]), (vec![2, 3, 5], vec![2, 1, 5])]
 }
 
-/// Checks a regression loss whose per-element value is `per(input - target)`.
+/// Checks a regression loss whose per-element value is `per(input - target)`:
+/// PyTorch's values where the shapes agree or the target is expanded on
+/// purpose, and an error naming both shapes where they differ.
 fn check_regression(name: &str, per: impl Fn(f64) -> f64, f: impl Fn(&Tensor, &Tensor, Reduction) -> Result<Tensor>) {
     for (xd, yd) in regression_shapes() {
         let x = vals(numel(&xd), 11, -3.0, 3.0);
@@ -159,8 +162,14 @@ fn check_regression(name: &str, per: impl Fn(f64) -> f64, f: impl Fn(&Tensor, &T
         for r in REDUCTIONS {
             let want = reduce(v.clone(), &xd, r);
             expect(&format!("{name} {xd:?} vs {yd:?} {r:?}"), &want, |dev| {
-                f(&t32(&x, &xd, dev), &t32(&y, &yd, dev), r)
+                f(&t32(&x, &xd, dev), &t32(&y, &yd, dev).expand(xd.clone())?, r)
             });
+            if xd != yd {
+                let dev = Device::cpu();
+                let e = f(&t32(&x, &xd, &dev), &t32(&y, &yd, &dev), r).expect_err("shapes differ").to_string();
+                let (xs, ys) = (format!("{:?}", xd), format!("{:?}", yd));
+                assert!(e.contains(name) && e.contains(&xs) && e.contains(&ys), "{name}: {e}");
+            }
         }
     }
 }
@@ -385,20 +394,21 @@ fn grad_binary_cross_entropy_with_logits() {
 #[test]
 fn grad_regression_losses() {
     // Differences well away from 0 and from the thresholds 0.5 and 1 (the
-    // kinks), with a broadcast target.
+    // kinks), with a target broadcast on purpose (its gradient sums over
+    // the broadcast rows).
     let x = inp(vec![-2.7, -1.3, -0.8, -0.3, -0.1, 0.2, 0.35, 0.7, 1.2, 1.6, 2.2, 3.1], &[3, 4]);
     let y = inp(vec![0.02, -0.04, 0.03, 0.0], &[4]);
     for r in REDUCTIONS {
         let both = [x.clone(), y.clone()];
-        check_grad(&format!("l1_loss {r:?}"), &both, &[0, 1], |_, t| nn::l1_loss(&t[0], &t[1], r));
+        check_grad(&format!("l1_loss {r:?}"), &both, &[0, 1], |_, t| nn::l1_loss(&t[0], &t[1].expand([3, 4])?, r));
         for beta in [0.0, 0.5, 1.0] {
             check_grad(&format!("smooth_l1_loss {beta} {r:?}"), &both, &[0, 1], |_, t| {
-                nn::smooth_l1_loss(&t[0], &t[1], beta, r)
+                nn::smooth_l1_loss(&t[0], &t[1].expand([3, 4])?, beta, r)
             });
         }
         for delta in [0.5, 1.0] {
             check_grad(&format!("huber_loss {delta} {r:?}"), &both, &[0, 1], |_, t| {
-                nn::huber_loss(&t[0], &t[1], delta, r)
+                nn::huber_loss(&t[0], &t[1].expand([3, 4])?, delta, r)
             });
         }
     }
