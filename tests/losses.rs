@@ -168,7 +168,8 @@ fn check_regression(name: &str, per: impl Fn(f64) -> f64, f: impl Fn(&Tensor, &T
                 let dev = Device::cpu();
                 let e = f(&t32(&x, &xd, &dev), &t32(&y, &yd, &dev), r).expect_err("shapes differ").to_string();
                 let (xs, ys) = (format!("{:?}", xd), format!("{:?}", yd));
-                assert!(e.contains(name) && e.contains(&xs) && e.contains(&ys), "{name}: {e}");
+                let op = name.split(' ').next().unwrap();
+                assert!(e.contains(op) && e.contains(&xs) && e.contains(&ys), "{name}: {e}");
             }
         }
     }
@@ -563,4 +564,29 @@ fn wgpu_gradients_match_the_cpu_with_no_fallback() {
         common::assert_close(&[loss], &[want_loss], 1e-5, 1e-6, &format!("loss {which}"));
         common::assert_close(&grad, &want_grad, 1e-5, 1e-6, &format!("loss {which}: gradient"));
     }
+}
+
+/// The classic regression bug: a `[n, 1]` prediction against an `[n]`
+/// target, which PyTorch warns about and broadcasts to `[n, n]`.
+#[test]
+fn regression_losses_refuse_mismatched_shapes() {
+    let dev = Device::cpu();
+    let pred = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4, 1], &dev).unwrap();
+    let target = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4], &dev).unwrap();
+    let line = line!() + 1;
+    let e = nn::mse(&pred, &target).unwrap_err().to_string();
+    for part in ["mse", "[4, 1]", "[4]", "[4, 4]", "target.reshape([4, 1])"] {
+        assert!(e.contains(part), "{e:?} should mention {part:?}");
+    }
+    assert!(e.contains(&format!("{}:{line}", file!())), "{e}");
+    for r in [Reduction::Mean, Reduction::Sum] {
+        assert!(nn::l1_loss(&pred, &target, r).is_err());
+        assert!(nn::smooth_l1_loss(&pred, &target, 1.0, r).is_err());
+        assert!(nn::huber_loss(&pred, &target, 1.0, r).is_err());
+    }
+    let opts = BceWithLogitsOptions::default();
+    assert!(nn::binary_cross_entropy_with_logits(&pred, &target, &opts).is_err());
+    // Reshaped, the loss is what it should be: zero.
+    let fixed = nn::mse(&pred, &target.reshape([4, 1]).unwrap()).unwrap();
+    assert_eq!(fixed.item::<f32>().unwrap(), 0.0);
 }

@@ -210,9 +210,12 @@ fn check_pair(op: &str, input: &Tensor, target: &Tensor, same_shape: bool, at: &
     }
     if same_shape && input.shape() != target.shape() {
         let broadcast = match input.shape().broadcast(target.shape()) {
-            Some(s) => format!(
-                "broadcasting them would compare every input with every target in a {s} result, a classic bug; "
-            ),
+            Some(s) if s == *input.shape() => {
+                format!("the target would be repeated over the input's {s} (PyTorch warns here); ")
+            }
+            Some(s) => {
+                format!("broadcasting them gives a {s} result, every input against every target, a classic bug; ")
+            }
             None => String::new(),
         };
         let fix = if input.numel() == target.numel() {
