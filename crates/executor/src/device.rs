@@ -261,6 +261,7 @@ impl Device {
     /// of the process environment (tests; the backends read their own
     /// variables when they are created).
     pub fn with_env(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>, lookup: fn(&str) -> Option<String>) -> Device {
+        metrics::start();
         let (settings, config_error) = match config::check(&lookup).and_then(|()| DeviceSettings::from_env(&lookup)) {
             Ok(settings) => (settings, None),
             Err(e) => {

@@ -3,7 +3,8 @@
 //! so this is one of the few globals, behind a small API.
 //!
 //! The report starts with where the wall time since the last [`reset`]
-//! went on the threads that call the engine: syncs (tracing, cache
+//! (or since the first device was made) went on the threads that call
+//! the engine: syncs (tracing, cache
 //! lookup and compiling, submitting, and running a plan inline), waits for
 //! the device (barriers before reads, `Device::wait`), downloads, and the
 //! rest, which is the program's own work with the recording of its ops.
@@ -156,6 +157,12 @@ pub fn note(text: String) {
     })
 }
 
+/// Starts the wall-time clock of the report if nothing started it yet
+/// (the first device does, so the report covers the program from then).
+pub fn start() {
+    with(|_| ());
+}
+
 /// Clears every metric.
 pub fn reset() {
     with(|r| *r = Registry::default())
@@ -175,8 +182,8 @@ pub fn report() -> String {
         }
         let _ = writeln!(
             s,
-            "Wall time since reset: {wall:.1} ms: {}; the rest, {:.1} ms, is the program's own work (recording \
-             ops included)",
+            "Wall time: {wall:.1} ms since the metrics were reset or the first device was made: {}; the rest, \
+             {:.1} ms, is the program's own work (recording ops included)",
             parts.join(", "),
             (wall - inside).max(0.0)
         );

@@ -381,14 +381,19 @@ impl Tensor {
         }
     }
 
-    /// Index (i32) of the maximum along `axis`.
+    /// Index of the maximum along `axis`, as i32 (the first on ties).
+    /// PyTorch gives int64; i32 is the widest integer WGSL has, so every
+    /// backend computes it natively: read it with `to_vec::<i32>()`, or
+    /// ask for int64 with [`Tensor::argmax_as`] (a cast on the CPU
+    /// fallback on wgpu devices).
     #[track_caller]
     pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let axis = self.axis("argmax", axis)?;
         Tensor::record(Op::ArgReduce { op: ArgReduceOp::ArgMax, axis, keepdim, select_last: false }, &[self])
     }
 
-    /// Index (i32) of the minimum along `axis`.
+    /// Index of the minimum along `axis`, as i32 (see [`Tensor::argmax`]
+    /// and [`Tensor::argmin_as`]).
     #[track_caller]
     pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let axis = self.axis("argmin", axis)?;
