@@ -115,6 +115,7 @@ fn conv_and_pool_attributes_have_defaults() {
 }
 
 #[test]
+#[allow(clippy::needless_borrows_for_generic_args)] // The point: `&[2, 2]` is what a PyTorch user writes.
 fn pytorch_habits_compile_and_do_what_they_say() {
     for dev in common::devices() {
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 6.0], &[2, 2], &dev).unwrap(); // a slice as a shape

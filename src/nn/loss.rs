@@ -188,7 +188,7 @@ pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// The error of a loss given [`Reduction::BatchMean`], which only
 /// [`kl_div`] takes.
 fn batch_mean_error(op: &str, at: &Location<'_>) -> ExecError {
-    invalid_at(op, format!("reduction BatchMean is for kl_div only; use Mean, Sum or None"), at)
+    invalid_at(op, "reduction BatchMean is for kl_div only; use Mean, Sum or None".into(), at)
 }
 
 /// Checks that `input` is float and that `target` has its dtype and

@@ -13,13 +13,16 @@ use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::RwLock;
 
+/// A source location as a key: file, line, column.
+type Site = (&'static str, u32, u32);
+
 /// What recorded an op at a source line, where a composition says so
 /// (`embedding` does): an index error names it beside the line.
-static RECORDED_BY: RwLock<Option<HashMap<(&'static str, u32, u32), &'static str>>> = RwLock::new(None);
+static RECORDED_BY: RwLock<Option<HashMap<Site, &'static str>>> = RwLock::new(None);
 
 /// The composition that recorded ops at `location`, if one said so.
 pub(crate) fn recorded_by(location: &'static Location<'static>) -> Option<&'static str> {
-    let key = (location.file(), location.line(), location.column());
+    let key: Site = (location.file(), location.line(), location.column());
     RECORDED_BY.read().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&key).copied()
 }
 
