@@ -97,10 +97,7 @@ impl DeviceExt for Device {
         let (device, choice) = match config::choice(&config::process, "LAZULI_DEVICE")? {
             Some("cpu") => cpu("LAZULI_DEVICE=cpu".into()),
             Some(_) => match Device::wgpu() {
-                Ok(d) => {
-                    let name = d.name();
-                    wgpu(d, format!("LAZULI_DEVICE=wgpu: {name}"))
-                }
+                Ok(d) => wgpu(d, "LAZULI_DEVICE=wgpu".into()),
                 Err(e) => {
                     lazuli_executor::warn::once(
                         "LAZULI_DEVICE=wgpu without an adapter",
