@@ -215,8 +215,10 @@ impl Tensor {
             self.0.grad_tracked.store(true, Ordering::Relaxed);
         }
         drop(st);
-        if requires && leaf {
+        if requires && leaf && self.0.live_slot.is_some() {
             // A parameter is state: computed once (see `Tensor::persist`).
+            // (Not the executor's own unregistered views, such as the
+            // stand-ins `checkpoint` makes for a segment's inputs.)
             self.persist();
         }
         Ok(self.clone())

@@ -629,7 +629,8 @@ impl Device {
     /// `pairs` and the persistent state still pending on this device
     /// (which this takes off the queue).
     fn with_persisted(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)]) -> Option<Vec<(crate::Tensor, Arc<LazyNode>)>> {
-        if !self.0.persist_waiting.swap(false, Ordering::AcqRel) {
+        // A load first: the common case (nothing queued) writes nothing.
+        if !self.0.persist_waiting.load(Ordering::Acquire) || !self.0.persist_waiting.swap(false, Ordering::AcqRel) {
             return None;
         }
         let queued = std::mem::take(&mut *self.0.persist.lock().unwrap_or_else(|e| e.into_inner()));

@@ -27,7 +27,7 @@ pub(crate) struct TensorInner {
     ty: ValueType,
     node: Mutex<Arc<LazyNode>>,
     /// The slot in the device's live-tensor registry, if registered.
-    live_slot: Option<u32>,
+    pub(crate) live_slot: Option<u32>,
     /// Serializes in-place updates (`assign`, `add_` ...) so that a
     /// read-modify-write from several threads loses no update.
     update: Mutex<()>,
