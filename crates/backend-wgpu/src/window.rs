@@ -70,7 +70,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use thiserror::Error;
 
-use crate::codegen::Wgsl;
+use crate::codegen::{Passes, Wgsl};
 use crate::wgsl_text::{self, StorageDecl};
 
 /// The smallest window: also the smallest size class of the pool, so
@@ -149,16 +149,35 @@ impl KernelWindows {
     /// then the outputs where `Wgsl::binds_inputs`); scratch holds at most
     /// a few partials per output and is never windowed.
     pub fn of(kernel: &Kernel, graph: &VerifiedGraph, wgsl: &Wgsl, windows: &Windows) -> KernelWindows {
+        KernelWindows::counted(kernel, graph, wgsl.pre.is_some(), wgsl.binds_inputs, windows)
+    }
+
+    /// The windows of `kernel` of `graph` scheduled in `passes` (see
+    /// [`crate::codegen::Schedule`]), before it is lowered: what
+    /// [`KernelWindows::of`] finds in its lowering.
+    pub fn scheduled(kernel: &Kernel, graph: &VerifiedGraph, passes: Passes, windows: &Windows) -> KernelWindows {
+        KernelWindows::counted(kernel, graph, passes.two(), passes.binds_inputs(), windows)
+    }
+
+    /// The windows of `kernel` of `graph`, in two passes where `two`, its
+    /// second binding the inputs too where `binds_inputs`.
+    fn counted(
+        kernel: &Kernel,
+        graph: &VerifiedGraph,
+        two: bool,
+        binds_inputs: bool,
+        windows: &Windows,
+    ) -> KernelWindows {
         let count = |id: &lazuli_ir::NodeId| windows.count(graph.node(*id).shape.numel() as u64);
         let inputs = kernel.inputs.iter().map(count);
         let outputs = kernel.outputs.iter().map(count);
-        match &wgsl.pre {
-            None => KernelWindows { main: inputs.chain(outputs).collect(), pre: Vec::new() },
-            Some(_) if wgsl.binds_inputs => KernelWindows {
+        match (two, binds_inputs) {
+            (false, _) => KernelWindows { main: inputs.chain(outputs).collect(), pre: Vec::new() },
+            (true, true) => KernelWindows {
                 main: inputs.clone().chain(std::iter::once(1)).chain(outputs).collect(),
                 pre: inputs.chain(std::iter::once(1)).collect(),
             },
-            Some(_) => KernelWindows {
+            (true, false) => KernelWindows {
                 main: std::iter::once(1).chain(outputs).collect(),
                 pre: inputs.chain(std::iter::once(1)).collect(),
             },

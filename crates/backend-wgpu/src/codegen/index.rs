@@ -76,7 +76,7 @@ impl Writer<'_> {
     /// counted from the end when negative, as u32; 0 when not ok),
     /// reporting an index out of range. Lines indented by `ind`.
     fn checked_index(&mut self, idx: NodeId, j: &str, dim: u64, ind: &str) -> String {
-        self.error_slot = true;
+        debug_assert!(self.s.error_slot, "a kernel that checks indices has an error slot");
         let d = self.g.node(idx).dtype;
         if d == DType::U32 {
             format!(
@@ -146,7 +146,6 @@ impl Writer<'_> {
                 let rows = WORKGROUP_SIZE as u64 / lanes;
                 let blocks = n.div_ceil(rows);
                 let groups = outer * blocks;
-                self.workgroup = Some(WORKGROUP_SIZE);
                 self.shared.push_str(&format!(
                     "var<workgroup> lz_rows: array<u32, {WORKGROUP_SIZE}>;\nvar<workgroup> lz_any: array<atomic<u32>, 2>;\n\n"
                 ));

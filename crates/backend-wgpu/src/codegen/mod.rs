@@ -1,5 +1,11 @@
 //! Lowering of one planned kernel ([`Kernel`]) to WGSL: a pure,
-//! deterministic function of the kernel, the verified graph and the limits.
+//! deterministic function of the kernel, the verified graph and the limits,
+//! in two stages. [`schedule`] decides everything first, as a value (the
+//! family's plan: a matmul's product, form and operand layouts, a
+//! reduction's passes, a row kernel's lanes; which bindings are vec4; how
+//! `main` is entered; the passes and their scratch; whether the source is
+//! trusted); [`lower_scheduled`] then writes the text from that
+//! [`Schedule`] and decides nothing. [`lower`] is the two in a row.
 //!
 //! Every inlined node becomes a function `nK(i: u32) -> T` returning its
 //! value at row-major linear index `i` of its own shape; views are index
@@ -30,7 +36,8 @@
 //! gradient); [`multi`] writes multi-tensor kernels from the elementwise
 //! forms; `common` holds the type, literal and index helpers and the WGSL
 //! helper functions they share (a typed `Helper` each). [`forms`] holds
-//! the kernel forms each family can be written in ([`KernelForms`]).
+//! the kernel forms each family can be written in ([`KernelForms`]);
+//! [`schedule`] the decisions of one kernel ([`Schedule`]).
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{BinaryOp, DType, NodeId, Op, PadMode, RandomDist, UnaryOp, VerifiedGraph};
@@ -50,6 +57,7 @@ pub mod multi;
 pub mod pool;
 pub mod reduce;
 pub mod rows;
+pub mod schedule;
 
 use common::*;
 pub use common::{is_half, LLVMPIPE_LOOP_BUDGET};
@@ -57,13 +65,12 @@ pub use elementwise::{straight_line_width, STRAIGHT_LINE_STEPS};
 pub use forms::{
     AttentionForm, ConvForm, ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm, ScatterForm,
 };
-use matmul::matmul_shape;
-pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
+pub use matmul::{MatmulPlan, MatmulProblem, MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
 pub use reduce::{
     reduce_lanes, INLINE_REDUCTION_LEN, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL,
 };
-use rows::vector_rows;
 pub use rows::{row_lanes, rows_layout, RowsLayout, ROWS_MAX_HELD, ROW_MAX_CACHED, ROW_MAX_LANES};
+pub use schedule::{schedule, Entry, Family, Passes, Schedule};
 
 /// Invocations per workgroup of every generated kernel.
 pub const WORKGROUP_SIZE: u32 = 256;
@@ -310,15 +317,22 @@ fn check_lowerable(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits)
     Ok(())
 }
 
-/// Lowers `kernel` of `graph` to WGSL: f16 and bf16 bindings stored as
-/// `limits.f16` says (see [`crate::halves`]).
+/// Lowers `kernel` of `graph` to WGSL under `limits`: its schedule
+/// ([`schedule`]), then the text written from it ([`lower_scheduled`]).
 pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
-    let mut wgsl = lower_in_registers(kernel, graph, limits)?;
+    lower_scheduled(kernel, graph, &schedule(kernel, graph, limits)?)
+}
+
+/// Writes `kernel` of `graph` as WGSL from its schedule `s` (decided by
+/// [`schedule`] for this kernel): f16 and bf16 bindings stored as
+/// `s.limits.f16` says (see [`crate::halves`]).
+pub fn lower_scheduled(kernel: &Kernel, graph: &VerifiedGraph, s: &Schedule) -> Result<Wgsl, LowerError> {
+    let mut wgsl = lower_in_registers(kernel, graph, s)?;
     let mut pass = Some(&mut wgsl);
     while let Some(w) = pass {
-        w.generic_form = limits.generic;
+        w.generic_form = s.limits.generic;
         if crate::halves::uses_halves(&w.source) {
-            w.source = crate::halves::rewrite_source(&w.source, limits.f16).map_err(|e| LowerError::Unsupported {
+            w.source = crate::halves::rewrite_source(&w.source, s.limits.f16).map_err(|e| LowerError::Unsupported {
                 op: format!("{} ({e})", graph.node(kernel.root()).op.name()),
                 dtype: graph.node(kernel.root()).dtype,
             })?;
@@ -328,94 +342,45 @@ pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Re
     Ok(wgsl)
 }
 
-/// [`lower`] with f16 and bf16 bindings declared but not yet rewritten.
-fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
+/// [`lower_scheduled`] with f16 and bf16 bindings declared but not yet
+/// rewritten.
+fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, sched: &Schedule) -> Result<Wgsl, LowerError> {
     let mut w = Writer {
         g: graph,
+        s: sched,
         helpers: BTreeSet::new(),
         funcs: String::new(),
-        cooperative: None,
-        workgroup: None,
         shared: String::new(),
-        limits: *limits,
+        limits: sched.limits,
         second: None,
         decls: String::new(),
         slots: None,
         defined: BTreeSet::new(),
-        error_slot: false,
         split: None,
-        trusted: false,
-        subgroups: false,
-        cooperative_matrix: false,
         scalars: Vec::new(),
     };
-    check_lowerable(kernel, graph, limits)?;
     if kernel.kind == KernelKind::MultiTensor {
         return w.multi_tensor(kernel);
     }
     let root = kernel.root();
     let concat_part_root = matches!(kernel.kind, KernelKind::ConcatPart { .. }).then_some(root);
-    // Generic kernels keep the straight-line form but not vec4, which
-    // holds only for sizes divisible by 4.
-    let width = straight_line_width(kernel, graph).map(|w| if limits.generic { 1 } else { w });
-    // An attention kernel runs while any of its parts has elements (the
-    // log-sum-exp beside an empty output, say).
-    let root_numel = if kernel.kind == KernelKind::Attention {
-        kernel.outputs.iter().map(|&o| graph.node(o).shape.numel()).max().unwrap_or(0)
-    } else {
-        graph.node(root).shape.numel()
-    };
-    // Whether input `id` is read as one vector per invocation step.
-    let row_vec = vector_rows(kernel, graph, limits);
-    // Both matmul forms read aligned operands as vectors.
-    // The cooperative-matrix form reads its operands element by element.
-    let coop_form = kernel.kind == KernelKind::MatMul
-        && matches!(matmul::resolve_form(kernel, graph, limits), MatmulForm::Cooperative(_));
-    let mm = (kernel.kind == KernelKind::MatMul && !coop_form).then(|| matmul_shape(kernel, graph, limits));
-    let mm_vec = |id: NodeId| {
-        mm.as_ref()
-            .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
-    };
-    // A held row kernel in the vec4 layout reads and writes everything of
-    // the row's size as vectors (see `rows::rows_layout`).
-    let rows_vec = kernel.kind == KernelKind::Rows && root_numel > 0 && rows::rows_layout(kernel, graph, limits).vec4;
-    // A row reduction reading its input as vec4 (see
-    // `reduce::vector_reduce`).
-    let reduce_vec = reduce::vector_reduce(kernel, graph, limits);
-    let rows_vec_input =
-        |id: NodeId| (rows_vec && graph.node(id).shape.numel() == root_numel) || (reduce_vec && kernel.inputs[0] == id);
-    // The flash attention forward reads aligned q, k, v as vectors.
-    let attn_vec = attention::flash_vec4_operands(kernel, graph, limits);
-    let mm_vec = |id: NodeId| mm_vec(id) || attn_vec.contains(&id);
-    let vector_input = |id: NodeId| {
-        (width == Some(4) && graph.node(id).shape.numel() == root_numel)
-            || (row_vec && kernel.inputs[0] == id)
-            || mm_vec(id)
-            || rows_vec_input(id)
-    };
-    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec) || rows_vec;
-    // Inputs read in `main` by the straight-line or vector-row path need
-    // no function.
-    let in_main = |id: NodeId| (width.is_some() && graph.node(id).shape.numel() == root_numel) || row_vec;
-    w.input_fns(kernel, &in_main, &|id| mm_vec(id) || rows_vec_input(id));
-    // A kernel that checks indices runs even when its output is empty:
-    // an index out of range is an error whether or not it moves anything.
-    let checks_only =
-        kernel.kind.checks_indices() && root_numel == 0 && graph.node(graph.node(root).inputs[1]).shape.numel() > 0;
-    let (body, invocations) = match width {
+    let in_main = |id: NodeId| kernel.inputs.iter().position(|&x| x == id).is_some_and(|k| sched.in_main[k]);
+    let vector_input = |id: NodeId| kernel.inputs.iter().position(|&x| x == id).is_some_and(|k| sched.vector_inputs[k]);
+    w.input_fns(kernel, &in_main, &vector_input);
+    let (body, invocations) = match &sched.family {
         // No output elements: never dispatched, and its index math would
         // divide by a zero dim, which naga rejects (reliability finding 1).
-        _ if root_numel == 0 && !checks_only => (String::new(), 0),
-        Some(width) => w.straight_line(kernel, width)?,
-        None if row_vec && limits.forms.rows.per_row() => w.softmax_rows_vec4(kernel),
-        None => {
+        _ if sched.empty => (String::new(), 0),
+        Family::Straight { width } => w.straight_line(kernel, *width)?,
+        Family::Softmax(rows::SoftmaxPlan::Vec4Rows) => w.softmax_rows_vec4(kernel),
+        _ => {
             w.value_fns(kernel, concat_part_root)?;
             w.main_body(kernel)?
         }
     };
     // Assemble.
     let mut s = String::new();
-    if w.cooperative_matrix {
+    if matches!(sched.entry, Entry::Workgroup { cooperative_matrix: true, .. }) {
         s.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
     }
     s.push_str("// generated by lazuli-wgpu\n");
@@ -423,11 +388,13 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
     let mut input_decls = String::new();
     for (k, &id) in kernel.inputs.iter().enumerate() {
         let d = graph.node(id).dtype;
-        let elem = if vector_input(id) { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
+        let elem = if sched.vector_inputs[k] { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
         let _ = writeln!(input_decls, "@group(0) @binding({}) var<storage, read> in{k}: array<{elem}>;", k + 1);
     }
     s.push_str(&input_decls);
     let split = w.split.take();
+    debug_assert_eq!(split.is_some(), matches!(sched.passes, Passes::SplitK { .. }), "split-K as scheduled");
+    debug_assert_eq!(w.second.is_some(), matches!(sched.passes, Passes::Partials { .. }), "two passes as scheduled");
     // Split-K: the first pass writes f32 partials as its one output.
     let scratch_elem = |vec: bool| if vec { "vec4<f32>" } else { "f32" };
     if let Some(sp) = &split {
@@ -442,18 +409,18 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
         let d = graph.node(id).dtype;
         // A first pass of two writes f32 partials, whatever the output's
         // dtype.
-        let sd = match &w.second {
-            Some(second) if is_half(d) => second.acc,
+        let sd = match sched.passes {
+            Passes::Partials { acc, .. } if is_half(d) => acc,
             _ => storage_ty(d),
         };
-        let elem = if vector_output { format!("vec4<{sd}>") } else { sd.to_string() };
+        let elem = if sched.vector_outputs { format!("vec4<{sd}>") } else { sd.to_string() };
         let _ = writeln!(
             s,
             "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;",
             kernel.inputs.len() + 1 + k
         );
     }
-    if w.error_slot {
+    if sched.error_slot {
         s.push_str(&index::error_slot_source(kernel.inputs.len() + kernel.outputs.len() + 1));
     }
     s.push('\n');
@@ -470,12 +437,12 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
         invocations,
         inputs: kernel.inputs.len(),
         outputs: if split.is_some() { 1 } else { kernel.outputs.len() },
-        workgroup_size: w.workgroup.unwrap_or(WORKGROUP_SIZE),
+        workgroup_size: sched.entry.workgroup_size(),
         pre: None,
         scratch: 0,
-        error_slot: w.error_slot,
+        error_slot: sched.error_slot,
         binds_inputs: false,
-        trusted: w.trusted,
+        trusted: sched.trusted,
         generic_form: false,
         scalars: w.scalars.clone(),
     };
@@ -483,6 +450,7 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
         return Ok(w.split_k_second_pass(kernel, sp, &input_decls, first));
     }
     let Some(second) = w.second.take() else { return Ok(first) };
+    let Passes::Partials { acc, out, .. } = sched.passes else { unreachable!("two passes as scheduled") };
     // Two passes: the kernel proper is the second; the first feeds it.
     let mut s = String::new();
     s.push_str("// generated by lazuli-wgpu (second pass)\n");
@@ -490,14 +458,13 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
     s.push_str(&params_header(graph, &[]));
     let _ = writeln!(
         s,
-        "@group(0) @binding(1) var<storage, read> in0: array<{}>;\n@group(0) @binding(2) var<storage, read_write> out0: array<{}>;\n",
-        second.acc, second.out
+        "@group(0) @binding(1) var<storage, read> in0: array<{acc}>;\n@group(0) @binding(2) var<storage, read_write> out0: array<{out}>;\n",
     );
     for h in &w.helpers {
         s.push_str(h.source());
         s.push('\n');
     }
-    s.push_str(&cooperative_main(second.acc, &second.body, false));
+    s.push_str(&cooperative_main(acc, &second.body, false));
     Ok(Wgsl {
         source: s,
         entry: "main",
@@ -586,10 +553,10 @@ impl Writer<'_> {
     /// return), or an invocation per index below `invocations`.
     fn main_entry(&self, body: &str, invocations: u64) -> String {
         let mut s = String::new();
-        if let Some(lanes) = self.workgroup {
+        if let Entry::Workgroup { lanes, cooperative_matrix } = self.s.entry {
             // Kernels written per workgroup (matmul): `main` derives `t`.
             s.push_str(&self.shared);
-            let sg = if self.cooperative_matrix {
+            let sg = if cooperative_matrix {
                 ", @builtin(subgroup_id) sid: u32, @builtin(subgroup_invocation_id) sii: u32"
             } else {
                 ""
@@ -598,10 +565,10 @@ impl Writer<'_> {
                 s,
                 "@compute @workgroup_size({lanes})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>{sg}) {{\n{body}}}\n"
             );
-        } else if let Some(shared) = self.cooperative {
+        } else if let Entry::Cooperative { red, subgroups } = self.s.entry {
             // Cooperative kernels: invocations work together through
             // workgroup memory and barriers, so none may return early.
-            s.push_str(&cooperative_main(shared, body, self.subgroups));
+            s.push_str(&cooperative_main(red, body, subgroups));
         } else {
             let _ = write!(
                 s,
@@ -703,24 +670,24 @@ fn cooperative_main(shared: &str, body: &str, subgroups: bool) -> String {
     )
 }
 
+/// The writer of one kernel's text, from its schedule (`s`): what it
+/// holds besides the schedule is text written so far.
 struct Writer<'a> {
     g: &'a VerifiedGraph,
+    /// The kernel's schedule: every decision the text follows.
+    s: &'a Schedule,
     /// The graph's scalars the kernel reads so far, in the order of its
     /// `Params` members (see [`Wgsl::scalars`]).
     scalars: Vec<usize>,
     helpers: BTreeSet<Helper>,
     funcs: String,
-    /// Set by cooperative kernels: the element type of the workgroup
-    /// array `red`; `main` then has no early return.
-    cooperative: Option<&'static str>,
-    /// Set by kernels written per workgroup (matmul): the workgroup size;
-    /// `main` gets `lid`, `wid`, `nwg` and the body defines `t`.
-    workgroup: Option<u32>,
     /// Workgroup-memory declarations of kernels written per workgroup.
     shared: String,
+    /// `s.limits`.
     limits: LowerLimits,
-    /// Set by a two-pass reduction: the main body, written above, is the
-    /// first pass; this is the second (see [`reduce`]).
+    /// The body of the second pass of a kernel scheduled in two passes
+    /// with partials ([`Passes::Partials`]): the main body is the first
+    /// pass (see [`reduce`]).
     second: Option<SecondPass>,
     /// Module-scope declarations (private and workgroup variables) of
     /// kernels that need them besides `red` (row kernels).
@@ -732,34 +699,20 @@ struct Writer<'a> {
     /// `n7`): segments of a multi-tensor kernel may share nodes, and each
     /// function is written once.
     defined: BTreeSet<(char, u32)>,
-    /// Set by kernels that check indices: the error slot is declared.
-    error_slot: bool,
-    /// Set by a split-K matmul: the main body, written above, is the
-    /// first pass, writing partials to scratch as `out0`; this is the
-    /// second, which also binds the kernel's inputs (see
+    /// The body of a split-K matmul's second pass ([`Passes::SplitK`]):
+    /// the main body is the first pass, writing partials to scratch as
+    /// `out0`; the second also binds the kernel's inputs (see
     /// [`Wgsl::binds_inputs`]).
     split: Option<matmul::SplitSum>,
-    /// Set by the tiled matmul where [`matmul::trusted`] holds: see
-    /// [`Wgsl::trusted`].
-    trusted: bool,
-    /// Set by row kernels that combine lanes with subgroup operations
-    /// (see [`rows`]): `main` takes the subgroup builtins.
-    subgroups: bool,
-    /// Set by the cooperative-matrix matmul ([`coop`]): the source enables
-    /// f16 and `wgpu_cooperative_matrix`, and `main` takes the subgroup id
-    /// and lane builtins (`sid`, `sii`).
-    cooperative_matrix: bool,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
-/// `scratch` partials of element type `acc` (binding 1) and writing the
-/// outputs (binding 2).
+/// `scratch` partials (binding 1) and writing the outputs (binding 2);
+/// their element types are the schedule's ([`Passes::Partials`]).
 struct SecondPass {
     body: String,
     invocations: u64,
     scratch: u64,
-    acc: &'static str,
-    out: &'static str,
 }
 
 impl Writer<'_> {
@@ -1225,7 +1178,7 @@ impl Writer<'_> {
             KernelKind::Softmax => invocations = self.softmax_kernel(k, &mut b),
             KernelKind::CumSum => invocations = self.cumsum_kernel(k, &mut b),
             KernelKind::MatMul => {
-                invocations = match matmul::resolve_form(k, g, &self.limits) {
+                invocations = match self.s.matmul().form {
                     MatmulForm::Tiled(tile) => self.matmul_tiled(k, tile, 1, &mut b),
                     MatmulForm::SplitK { tile, parts } => {
                         let first = self.matmul_tiled(k, tile, parts as u64, &mut b);
@@ -1234,7 +1187,7 @@ impl Writer<'_> {
                     }
                     MatmulForm::RegisterBlocked => self.matmul(k, &mut b),
                     MatmulForm::Cooperative(tile) => self.matmul_coop(k, tile, &mut b),
-                    MatmulForm::ByShape => unreachable!("resolve_form returns a concrete form"),
+                    MatmulForm::ByShape => unreachable!("the schedule holds a concrete form"),
                 };
             }
             KernelKind::Gather => invocations = self.gather_kernel(k, &mut b),

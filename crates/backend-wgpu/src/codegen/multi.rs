@@ -21,9 +21,9 @@
 //! function.
 
 use super::common::*;
-use super::{straight_line_width, LowerError, Wgsl, Writer, WORKGROUP_SIZE};
+use super::{straight_line_width, LowerError, LowerLimits, Wgsl, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
-use lazuli_ir::{DType, NodeId};
+use lazuli_ir::{DType, NodeId, VerifiedGraph};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
@@ -42,12 +42,62 @@ pub(super) struct Slots {
 }
 
 /// A segment with its form.
-struct Part {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Part {
     kernel: Kernel,
     /// Straight-line vector width, `None` for the indexed form.
     width: Option<u32>,
     numel: usize,
     out_base: usize,
+}
+
+/// How a multi-tensor kernel is written, decided by the schedule (see
+/// [`super::Schedule`]): its segments with their forms, the inputs some
+/// segment loads as whole vectors (bound as `vec4`) and the inputs some
+/// segment reads through a value function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultiPlan {
+    parts: Vec<Part>,
+    pub(super) vector_in: BTreeSet<NodeId>,
+    accessed: BTreeSet<NodeId>,
+}
+
+impl MultiPlan {
+    /// The plan of multi-tensor kernel `kernel` of `g` under `limits`.
+    pub(super) fn new(kernel: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MultiPlan {
+        let generic = limits.generic;
+        let numel = |id: NodeId| g.node(id).shape.numel();
+        let mut parts = Vec::new();
+        let mut out_base = 0;
+        for seg in kernel.segments(g) {
+            debug_assert_eq!(seg.kind, KernelKind::Elementwise);
+            let width = straight_line_width(&seg, g).map(|w| if generic { 1 } else { w });
+            let n = numel(seg.root());
+            let outputs = seg.outputs.len();
+            parts.push(Part { kernel: seg, width, numel: n, out_base });
+            out_base += outputs;
+        }
+        debug_assert_eq!(out_base, kernel.outputs.len(), "segments hold every output once, in order");
+        // Inputs some segment loads as whole vectors, and inputs some
+        // segment reads through a value function.
+        let mut vector_in = BTreeSet::new();
+        let mut accessed = BTreeSet::new();
+        for p in parts.iter().filter(|p| p.numel > 0) {
+            for &id in &p.kernel.inputs {
+                match p.width {
+                    Some(w) if numel(id) == p.numel => {
+                        if w == 4 {
+                            vector_in.insert(id);
+                        }
+                    }
+                    _ => {
+                        accessed.insert(id);
+                    }
+                }
+            }
+        }
+        MultiPlan { parts, vector_in, accessed }
+    }
 }
 
 impl Writer<'_> {
@@ -68,38 +118,10 @@ impl Writer<'_> {
     pub(super) fn multi_tensor(mut self, kernel: &Kernel) -> Result<Wgsl, LowerError> {
         let g = self.g;
         let generic = self.limits.generic;
-        let numel = |id: NodeId| g.node(id).shape.numel();
-        let mut parts = Vec::new();
-        let mut out_base = 0;
-        for seg in kernel.segments(g) {
-            debug_assert_eq!(seg.kind, KernelKind::Elementwise);
-            let width = straight_line_width(&seg, g).map(|w| if generic { 1 } else { w });
-            let n = numel(seg.root());
-            let outputs = seg.outputs.len();
-            parts.push(Part { kernel: seg, width, numel: n, out_base });
-            out_base += outputs;
-        }
-        debug_assert_eq!(out_base, kernel.outputs.len(), "segments hold every output once, in order");
+        let sched = self.s;
+        let MultiPlan { parts, vector_in, accessed } = sched.multi();
         let slot: HashMap<NodeId, usize> = kernel.inputs.iter().enumerate().map(|(k, &id)| (id, k)).collect();
-        // Inputs some segment loads as whole vectors, and inputs some
-        // segment reads through a value function.
-        let mut vector_in = BTreeSet::new();
-        let mut accessed = BTreeSet::new();
-        for p in parts.iter().filter(|p| p.numel > 0) {
-            for &id in &p.kernel.inputs {
-                match p.width {
-                    Some(w) if numel(id) == p.numel => {
-                        if w == 4 {
-                            vector_in.insert(id);
-                        }
-                    }
-                    _ => {
-                        accessed.insert(id);
-                    }
-                }
-            }
-        }
-        for &id in &accessed {
+        for &id in accessed {
             let k = slot[&id];
             let d = g.node(id).dtype;
             let raw = if vector_in.contains(&id) { format!("in{k}[i >> 2u][i & 3u]") } else { format!("in{k}[i]") };
@@ -161,7 +183,7 @@ impl Writer<'_> {
             let elem = if vector_in.contains(&id) { format!("vec4<{d}>") } else { d.to_string() };
             let _ = writeln!(src, "@group(0) @binding({}) var<storage, read> in{k}: array<{elem}>;", k + 1);
         }
-        for p in &parts {
+        for p in parts {
             for (j, &id) in p.kernel.outputs.iter().enumerate() {
                 let d = storage_ty(g.node(id).dtype);
                 let elem = if p.width == Some(4) && p.numel > 0 { format!("vec4<{d}>") } else { d.to_string() };

@@ -87,6 +87,60 @@ pub fn layout_units(units: u64, fixed: bool) -> u64 {
 /// [`layout_units`]).
 pub const ROW_GENERIC_MIN_UNITS: u64 = 64;
 
+/// How a softmax kernel is written, decided by the schedule (see
+/// [`super::Schedule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftmaxPlan {
+    /// One invocation per row in vec4 (the per-row form, see
+    /// [`vector_rows`]).
+    Vec4Rows,
+    /// One invocation per row, three passes.
+    PerRow,
+    /// A group of `lanes` invocations per row, units of vec4 where `vec`;
+    /// rows held in registers where `cached` (see
+    /// `Writer::softmax_cooperative`).
+    Cooperative {
+        /// Units are vec4s.
+        vec: bool,
+        /// Invocations per row.
+        lanes: u64,
+        /// The row is held in registers.
+        cached: bool,
+    },
+}
+
+impl SoftmaxPlan {
+    /// The plan of softmax kernel `k` of `g` under `limits`.
+    pub(super) fn new(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> SoftmaxPlan {
+        let vec = vector_rows(k, g, limits);
+        let per_row = limits.forms.rows.per_row();
+        if vec && per_row {
+            return SoftmaxPlan::Vec4Rows;
+        }
+        let rn = g.node(k.root());
+        let Op::Softmax { axis, .. } = rn.op else { unreachable!("softmax kernel") };
+        let len = g.node(rn.inputs[0]).shape.dims()[axis] as u64;
+        // One invocation per row runs three passes of `len` iterations;
+        // longer rows go cooperative even on llvmpipe (its loop budget,
+        // `LLVMPIPE_LOOP_BUDGET`).
+        if per_row && 3 * len <= LLVMPIPE_LOOP_BUDGET {
+            return SoftmaxPlan::PerRow;
+        }
+        let units = if vec { len / 4 } else { len };
+        // A row length that varies (a kernel generic over it) is laid out
+        // by its power-of-two bucket: every length of the bucket then has
+        // this source, the length itself read at run time.
+        let layout_units = layout_units(units, limits.fixed_sizes().row);
+        let lanes = row_lanes(layout_units);
+        SoftmaxPlan::Cooperative { vec, lanes, cached: layout_units.div_ceil(lanes) <= ROW_MAX_CACHED }
+    }
+
+    /// Whether the kernel's input and output are bound as vec4.
+    pub(super) fn vec4(self) -> bool {
+        matches!(self, SoftmaxPlan::Vec4Rows | SoftmaxPlan::Cooperative { vec: true, .. })
+    }
+}
+
 impl Writer<'_> {
     /// The start of a cooperative row kernel's `main` with `lanes` lanes
     /// per row and `256 / lanes` rows per workgroup, `rows` rows in all:
@@ -99,8 +153,8 @@ impl Writer<'_> {
     pub(super) fn row_prologue(&mut self, lanes: u64, rows: u64) -> String {
         let per_group = WORKGROUP_SIZE as u64 / lanes;
         let mut b = String::new();
-        if self.limits.subgroups && lanes > 1 {
-            self.subgroups = true;
+        if self.s.subgroups() {
+            debug_assert!(lanes > 1, "subgroups combine the lanes of a row");
             let _ = writeln!(self.decls, "var<workgroup> sgmode: u32;\n");
             let _ = writeln!(
                 b,
@@ -133,7 +187,7 @@ impl Writer<'_> {
             "{ind}red[f] = acc;\n{ind}workgroupBarrier();\n{ind}for (var h = {}u; h > 0u; h = h >> 1u) {{\n{ind}    if (tid < h) {{\n{ind}        let acc = red[f];\n{ind}        let v = red[f + h];\n{ind}        red[f] = {combine};\n{ind}    }}\n{ind}    workgroupBarrier();\n{ind}}}\n{ind}acc = red[f - tid];\n{ind}workgroupBarrier();\n",
             lanes / 2
         );
-        if !self.subgroups {
+        if !self.s.subgroups() {
             return tree;
         }
         let i2 = format!("{ind}    ");
@@ -177,10 +231,8 @@ impl Writer<'_> {
         let x = g.node(rn.inputs[0]);
         let len = x.shape.dims()[*axis] as u64;
         let rows = (x.shape.numel() as u64).checked_div(len).unwrap_or(0);
-        // One invocation per row runs three passes of `len`
-        // iterations; longer rows go cooperative even on llvmpipe
-        // (its loop budget, `LLVMPIPE_LOOP_BUDGET`).
-        if self.limits.forms.rows.per_row() && 3 * len <= LLVMPIPE_LOOP_BUDGET {
+        let plan = self.s.softmax();
+        if plan == SoftmaxPlan::PerRow {
             let invocations = rows;
             let (base, stride, _) = line(&x.shape, *axis);
             self.use_helper(Helper::MaxNan);
@@ -201,8 +253,8 @@ impl Writer<'_> {
             );
             return invocations;
         }
-        let vec = vector_rows(k, g, &self.limits);
-        self.softmax_cooperative(k, vec, b)
+        let SoftmaxPlan::Cooperative { vec, lanes, cached } = plan else { unreachable!("the cooperative softmax") };
+        self.softmax_cooperative(k, (vec, lanes, cached), b)
     }
 
     /// The cooperative softmax (see [`super::RowsForm::Cooperative`]): `P` lanes
@@ -215,7 +267,7 @@ impl Writer<'_> {
     /// and rescaled sum per lane (online softmax), combine the pairs
     /// ([`Writer::row_combine`]), and read the row a second time to write it. With `vec` a
     /// unit is a vec4 (see [`vector_rows`]). Returns the invocation count.
-    fn softmax_cooperative(&mut self, k: &Kernel, vec: bool, b: &mut String) -> u64 {
+    fn softmax_cooperative(&mut self, k: &Kernel, (vec, lanes, cached): (bool, u64, bool), b: &mut String) -> u64 {
         let g = self.g;
         let rn = g.node(k.root());
         let Op::Softmax { axis, log } = rn.op else { unreachable!("softmax kernel") };
@@ -228,11 +280,8 @@ impl Writer<'_> {
         // this source, the length itself read at run time.
         let fixed = self.limits.fixed_sizes().row;
         let layout_units = layout_units(units, fixed);
-        let lanes = row_lanes(layout_units);
         let rows_per_group = WORKGROUP_SIZE as u64 / lanes;
         let per_lane = layout_units.div_ceil(lanes);
-        let cached = per_lane <= ROW_MAX_CACHED;
-        self.cooperative = Some(if cached { "f32" } else { "vec2<f32>" });
         self.use_helper(Helper::MaxNan);
         self.use_helper(Helper::InfF);
         let xi = x_id(rn);
@@ -403,13 +452,12 @@ impl Writer<'_> {
         let len = shape.dims()[shape.rank() - 1] as u64;
         let n = shape.numel() as u64;
         let rows = n.checked_div(len).unwrap_or(0);
-        let RowsLayout { lanes, held, vec4 } = rows_layout(k, g, &self.limits);
+        let RowsLayout { lanes, held, vec4 } = self.s.rows_layout();
         let w = if vec4 { 4 } else { 1 };
         let units = len / w;
         let fixed = self.limits.fixed_sizes().row;
         let per_group = WORKGROUP_SIZE as u64 / lanes;
         let per_lane = layout_units(units, fixed).div_ceil(lanes);
-        self.cooperative = Some("f32");
         let head = self.row_prologue(lanes, rows);
         let _ = writeln!(b, "{head}    let base = t * {len}u;");
         // Unit `e` of this lane: whether it is in the row; element slot
