@@ -23,7 +23,7 @@ use crate::generic::{Families, Member, SizeChanges};
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::tier::Tier;
 use crate::uniforms::Sections;
-use crate::window::{self, KernelWindows};
+use crate::window::KernelWindows;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo, LaunchCost};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
@@ -413,14 +413,13 @@ impl Compiler {
         name: String,
         mut wgsl: Wgsl,
     ) -> Result<Lowered, BackendError> {
-        let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
+        let windows = self.window(ctx, k, graph, &name, &wgsl)?;
         let faulty = self.fault_kernel.as_deref().is_some_and(|f| name.contains(f));
         if faulty {
             wgsl.source = crate::fault::perturb(&wgsl.source);
-        }
-        // Trust was proven for the source as lowered: a rewritten one
-        // (windows, fault injection) keeps its runtime checks.
-        if faulty || windows.is_windowed() {
+            // Trust was proven for the source as lowered: a rewritten one
+            // keeps its runtime checks (windowed sources never had trust,
+            // see `codegen::Schedule::trusted`).
             wgsl.trusted = false;
             if let Some(p) = wgsl.pre.as_deref_mut() {
                 p.trusted = false;
@@ -638,19 +637,18 @@ impl Compiler {
         }
     }
 
-    /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
-    /// tensors beyond one binding (see [`crate::window`]): rewrites the
-    /// source and binding counts where needed. A kernel needing more
-    /// storage bindings than the adapter allows, or whose source cannot
-    /// be windowed, is `BackendError::TooLarge` naming its op, its bytes
-    /// and the limit.
+    /// The windows of kernel `k` (named `name`), lowered as `wgsl`, for
+    /// its tensors beyond one binding (see [`crate::window`]; lowering
+    /// wrote their accesses, see [`codegen::access`]). A kernel needing
+    /// more storage bindings than the adapter allows is
+    /// `BackendError::TooLarge` naming its op, its bytes and the limit.
     fn window(
         &self,
         ctx: &Context,
         k: &Kernel,
         graph: &VerifiedGraph,
         name: &str,
-        wgsl: &mut Wgsl,
+        wgsl: &Wgsl,
     ) -> Result<KernelWindows, BackendError> {
         let w = ctx.windows;
         let kw = KernelWindows::of(k, graph, wgsl, &w);
@@ -672,12 +670,6 @@ impl Compiler {
                 limit_name: format!("what one kernel can bind ({max} storage bindings)"),
             });
         }
-        window::apply(wgsl, &kw, &w).map_err(|e| BackendError::TooLarge {
-            op: format!("{op}: this kernel cannot be windowed ({e})"),
-            bytes,
-            limit: w.bytes(),
-            limit_name: "one storage binding".into(),
-        })?;
         metrics::inc("WindowedKernels", 1);
         Ok(kw)
     }

@@ -59,7 +59,7 @@
 //! through bit patterns, which no driver folds away.
 
 use super::common::*;
-use super::{AttentionForm, LowerLimits, Writer};
+use super::{AttentionForm, Binding, LowerLimits, Writer};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{AttentionMask, AttentionPart, DType, NodeId, Op, Shape, VerifiedGraph};
 use std::fmt::Write as _;
@@ -521,7 +521,7 @@ impl Writer<'_> {
         // vec4 chunk `p` of row `row` (in range) of operand `id`, `w` wide,
         // whose slice starts at `base`.
         let load = |id: NodeId, base: &str, row: &str, w: u64, p: &str| match slot(id) {
-            Some(s) => format!("in{s}[({base} + ({row}) * {w}u) / 4u + {p}]"),
+            Some(s) => sched.main.inputs[s].load(&format!("({base} + ({row}) * {w}u) / 4u + {p}")),
             None => format!("ld{}({base} + ({row}) * {w}u, {p})", id.0),
         };
         let kv_len = if v_in_k { (bc * qs).max(bc * vs) } else { bc * qs };
@@ -738,7 +738,11 @@ impl Writer<'_> {
             for (r, lane) in LANE.iter().enumerate() {
                 let _ = writeln!(
                     b,
-                    "{ind}if (tc == 0u && ri{r} < {tq}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
+                    "{ind}if (tc == 0u && ri{r} < {tq}u) {{\n{i2}{}\n{ind}}}",
+                    self.output(s).store(
+                        &format!("obase + ri{r}"),
+                        &format!("select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}))")
+                    )
                 );
             }
         }
@@ -750,7 +754,11 @@ impl Writer<'_> {
                         let col = format!("(tc + {}u) * 4u + {e}u", c * c4);
                         let _ = writeln!(
                             b,
-                            "{i2}if ({col} < {dv}u) {{\n{i3}out{s}[(obase + ri{r}) * {dv}u + {col}] = select(acc_o{r}_{c}.{comp} * rl.{lane}, nan_f(), dead.{lane});\n{i2}}}"
+                            "{i2}if ({col} < {dv}u) {{\n{i3}{}\n{i2}}}",
+                            self.output(s).store(
+                                &format!("(obase + ri{r}) * {dv}u + {col}"),
+                                &format!("select(acc_o{r}_{c}.{comp} * rl.{lane}, nan_f(), dead.{lane})")
+                            )
                         );
                     }
                     let _ = writeln!(b, "{ind}}}");
@@ -853,12 +861,13 @@ impl Writer<'_> {
                     // keys at all (t_k = 0): output 0.
                     let dead = if tk == 0 { "false" } else { "isninf_f(m)" };
                     let _ = writeln!(b, "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / l, 0.0, isninf_f(m));");
-                    b.push_str(&store(ind, s, "o", dv, &|x| format!("select({x} * rl, nan_f(), dead)")));
+                    b.push_str(&store(ind, self.output(s), "o", dv, &|x| format!("select({x} * rl, nan_f(), dead)")));
                 }
                 if let Some(s) = a.slot(AttentionPart::LogSumExp) {
                     let _ = writeln!(
                         b,
-                        "{ind}if (live) {{\n{i2}out{s}[t] = select(m + log(l), -inf_f(), isninf_f(m));\n{ind}}}"
+                        "{ind}if (live) {{\n{i2}{}\n{ind}}}",
+                        self.output(s).store("t", "select(m + log(l), -inf_f(), isninf_f(m))")
                     );
                 }
             }
@@ -883,7 +892,7 @@ impl Writer<'_> {
                 );
                 b.push_str(&each(i2, dc, &|c| format!("dq{c} = fma(ds, k{c}, dq{c});")));
                 let _ = writeln!(b, "{ind}}}");
-                b.push_str(&store(ind, s, "dq", d, &|x| x));
+                b.push_str(&store(ind, self.output(s), "dq", d, &|x| x));
             }
             Pass::GradKv => {
                 let (ngo, nl, nd) = (a.go.expect("grad").0, a.lse.expect("grad").0, a.delta.expect("grad").0);
@@ -928,10 +937,10 @@ impl Writer<'_> {
                 }
                 let _ = writeln!(b, "{ind}}}");
                 if let Some(s) = sk {
-                    b.push_str(&store(ind, s, "dk", d, &|x| x));
+                    b.push_str(&store(ind, self.output(s), "dk", d, &|x| x));
                 }
                 if let Some(s) = sv {
-                    b.push_str(&store(ind, s, "dv", dv, &|x| x));
+                    b.push_str(&store(ind, self.output(s), "dv", dv, &|x| x));
                 }
             }
         }
@@ -1082,7 +1091,11 @@ impl Writer<'_> {
                 for (r, lane) in LANE.iter().enumerate() {
                     let _ = writeln!(
                         b,
-                        "{ind}if (tc == 0u && ri{r} < {rows}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
+                        "{ind}if (tc == 0u && ri{r} < {rows}u) {{\n{i2}{}\n{ind}}}",
+                        self.output(s).store(
+                            &format!("obase + ri{r}"),
+                            &format!("select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}))")
+                        )
                     );
                 }
             }
@@ -1101,7 +1114,8 @@ impl Writer<'_> {
                         };
                         let _ = writeln!(
                             b,
-                            "{ind}if (ri{r} < {rows}u && {col} < {w}u) {{\n{i2}out{s}[(obase + ri{r}) * {w}u + {col}] = {v};\n{ind}}}"
+                            "{ind}if (ri{r} < {rows}u && {col} < {w}u) {{\n{i2}{}\n{ind}}}",
+                            self.output(s).store(&format!("(obase + ri{r}) * {w}u + {col}"), &v)
                         );
                     }
                 }
@@ -1428,14 +1442,18 @@ fn per_row_each(ind: &str, n: u64, f: &dyn Fn(u64) -> String) -> String {
 }
 
 /// The per-row form's stores of chunks `{name}{c}` (through `value`) to
-/// output `slot`, `w` wide, for a live row.
-fn per_row_store(ind: &str, slot: usize, name: &str, w: u64, value: &dyn Fn(String) -> String) -> String {
+/// output `out`, `w` wide, for a live row.
+fn per_row_store(ind: &str, out: &Binding, name: &str, w: u64, value: &dyn Fn(String) -> String) -> String {
     let mut s = format!("{ind}if (live) {{\n");
     for c in 0..w.div_ceil(4) {
         for (e, comp) in LANE.iter().enumerate() {
             let col = 4 * c + e as u64;
             if col < w {
-                let _ = writeln!(s, "{ind}out{slot}[t * {w}u + {col}u] = {};", value(format!("{name}{c}.{comp}")));
+                let _ = writeln!(
+                    s,
+                    "{ind}{}",
+                    out.store(&format!("t * {w}u + {col}u"), &value(format!("{name}{c}.{comp}")))
+                );
             }
         }
     }

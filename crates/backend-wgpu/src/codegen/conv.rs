@@ -382,9 +382,9 @@ impl Writer<'_> {
             );
             for j in 0..ob {
                 let store = if parts > 1 {
-                    format!("out0[(ob + {}u) * {parts}u + part] = acc{p}_{j};", j * plane)
+                    self.output(0).store(&format!("(ob + {}u) * {parts}u + part", j * plane), &format!("acc{p}_{j}"))
                 } else {
-                    format!("out0[ob + {}u] = acc{p}_{j};", j * plane)
+                    self.output(0).store(&format!("ob + {}u", j * plane), &format!("acc{p}_{j}"))
                 };
                 if geo.og.is_multiple_of(ob) {
                     let _ = writeln!(b, "        {store}");
@@ -475,18 +475,19 @@ impl Writer<'_> {
                 geo.o
             );
             for j in 0..tn {
+                let at = if parts > 1 {
+                    format!(
+                        "(base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u) * {parts}u + part",
+                        og = geo.og,
+                        oj = 16 * j
+                    )
+                } else {
+                    format!("base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u", og = geo.og, oj = 16 * j)
+                };
                 let _ = writeln!(
                     b,
-                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        out0[{}] = acc{i}_{j};\n    }}",
-                    if parts > 1 {
-                        format!(
-                            "(base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u) * {parts}u + part",
-                            og = geo.og,
-                            oj = 16 * j
-                        )
-                    } else {
-                        format!("base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u", og = geo.og, oj = 16 * j)
-                    },
+                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        {}\n    }}",
+                    self.output(0).store(&at, &format!("acc{i}_{j}")),
                     oj = 16 * j,
                     og = geo.og
                 );

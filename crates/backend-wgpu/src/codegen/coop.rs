@@ -223,7 +223,11 @@ impl Writer<'_> {
                     j * COOP_FRAGMENT
                 );
                 for (sl, &o) in k.outputs.iter().enumerate() {
-                    let _ = writeln!(b, "            out{sl}[idx] = {};", self.epilogue_store(o, "idx", "acc"));
+                    let _ = writeln!(
+                        b,
+                        "            {}",
+                        self.output(sl).store("idx", &self.epilogue_store(o, "idx", "acc"))
+                    );
                 }
                 let _ = writeln!(b, "        }}\n    }}\n    workgroupBarrier();");
             }
@@ -247,7 +251,7 @@ mod tests {
     fn problem(k: &Kernel, v: &VerifiedGraph) -> MatmulProblem {
         MatmulProblem::of(k, v).unwrap()
     }
-    use crate::halves::HalfStorage;
+    use super::super::HalfStorage;
     use lazuli_ir::fusion::{self, FusionLimits};
     use lazuli_ir::{BinaryOp, Graph, Op, UnaryOp, ValueType};
 

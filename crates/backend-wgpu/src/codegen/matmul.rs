@@ -749,7 +749,7 @@ impl Writer<'_> {
                 bm * bk / 4,
                 v_ty,
                 &format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;", bk / 4, bk / 4),
-                &kmask(zv, format!("in{src}[(abase + min(row0 + am, {}u) * {kk}u + {}) / 4u]", m - 1, kidx("k0 + ak", kk - 4)), "k0 + ak"),
+                &kmask(zv, self.input(src).load(&format!("(abase + min(row0 + am, {}u) * {kk}u + {}) / 4u", m - 1, kidx("k0 + ak", kk - 4))), "k0 + ak"),
                 &format!("let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {{reg}}.x;\n                sa[ai + {bm4}u][am % 4u] = {{reg}}.y;\n                sa[ai + {}u][am % 4u] = {{reg}}.z;\n                sa[ai + {}u][am % 4u] = {{reg}}.w;", 2 * bm4, 3 * bm4),
             );
         } else if let Some(id) = p.a_t {
@@ -762,11 +762,11 @@ impl Writer<'_> {
                 &format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;"),
                 &kmask(
                     zv,
-                    format!(
-                        "in{src}[(abase + {} * {m}u + min(row0 + am, {}u)) / 4u]",
+                    self.input(src).load(&format!(
+                        "(abase + {} * {m}u + min(row0 + am, {}u)) / 4u",
                         kidx("k0 + ak", kk.max(1) - 1),
                         m - 4
-                    ),
+                    )),
                     "k0 + ak",
                 ),
                 &format!("sa[(nb0 + ak) * {bm4}u + am / 4u] = {{reg}};"),
@@ -802,11 +802,11 @@ impl Writer<'_> {
                 &format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;"),
                 &kmask(
                     zv,
-                    format!(
-                        "in{src}[(bbase + {} * {nn}u + min(col0 + bn, {}u)) / 4u]",
+                    self.input(src).load(&format!(
+                        "(bbase + {} * {nn}u + min(col0 + bn, {}u)) / 4u",
                         kidx("k0 + bk", kk.max(1) - 1),
                         nn - 4
-                    ),
+                    )),
                     "k0 + bk",
                 ),
                 &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u] = {{reg}};"),
@@ -819,7 +819,7 @@ impl Writer<'_> {
                 bnn * bk / 4,
                 v_ty,
                 &format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;", bk / 4, bk / 4),
-                &kmask(zv, format!("in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + {}) / 4u]", nn - 1, kidx("k0 + bk", kk - 4)), "k0 + bk"),
+                &kmask(zv, self.input(src).load(&format!("(bbase + min(col0 + bn, {}u) * {kk}u + {}) / 4u", nn - 1, kidx("k0 + bk", kk - 4))), "k0 + bk"),
                 &format!("let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {{reg}}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {{reg}}.y;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.z;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.w;", 2 * bn4, 3 * bn4),
             );
         } else {
@@ -872,11 +872,10 @@ impl Writer<'_> {
                     if out_vec {
                         let _ = writeln!(b, "    if ({row} < {m}u && {col} < {nn}u) {{");
                         for (sl, &o) in outputs.iter().enumerate() {
-                            let _ = write!(
-                                b,
-                                "        out{sl}[(obase + ({row}) * {nn}u + {col}) / 4u] = vec4<{}>(",
-                                storage_reg_ty(g.node(o).dtype)
-                            );
+                            let out = self.output(sl);
+                            b.push_str("        ");
+                            out.open_store(b, format_args!("(obase + ({row}) * {nn}u + {col}) / 4u"));
+                            let _ = write!(b, "vec4<{}>(", storage_reg_ty(g.node(o).dtype));
                             for (c, lane) in LANE.iter().enumerate() {
                                 if c > 0 {
                                     b.push_str(", ");
@@ -888,21 +887,26 @@ impl Writer<'_> {
                                     format_args!("c{q}_{i}_{pp}.{lane}"),
                                 );
                             }
-                            b.push_str(");\n");
+                            b.push(')');
+                            out.close_store(b);
+                            b.push('\n');
                         }
                         b.push_str("    }\n");
                     } else {
                         for (c, lane) in LANE.iter().enumerate() {
                             let _ = writeln!(b, "    if ({row} < {m}u && {col} + {c}u < {nn}u) {{");
                             for (sl, &o) in outputs.iter().enumerate() {
-                                let _ = write!(b, "        out{sl}[obase + ({row}) * {nn}u + {col} + {c}u] = ");
+                                let out = self.output(sl);
+                                b.push_str("        ");
+                                out.open_store(b, format_args!("obase + ({row}) * {nn}u + {col} + {c}u"));
                                 self.write_epilogue_store(
                                     b,
                                     o,
                                     format_args!("obase + ({row}) * {nn}u + {col} + {c}u"),
                                     format_args!("c{q}_{i}_{pp}.{lane}"),
                                 );
-                                b.push_str(";\n");
+                                out.close_store(b);
+                                b.push('\n');
                             }
                             b.push_str("    }\n");
                         }
@@ -928,24 +932,32 @@ impl Writer<'_> {
         let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         let mut b = String::new();
         let (invocations, acc0) = if p.out_vec { (total / 4, "vec4<f32>(0.0)") } else { (total, "0.0") };
+        let pass2 = self.pass2();
+        let scratch = pass2.scratch.as_ref().expect("split-K's second pass reads scratch");
         let _ = writeln!(
             b,
-            "    var acc = {acc0};\n    for (var s = 0u; s < {parts}u; s = s + 1u) {{\n        acc = acc + scr[s * {invocations}u + t];\n    }}"
+            "    var acc = {acc0};\n    for (var s = 0u; s < {parts}u; s = s + 1u) {{\n        acc = acc + {};\n    }}",
+            scratch.load(&format!("s * {invocations}u + t"))
         );
         for (sl, &o) in k.outputs.iter().enumerate() {
             let od = g.node(o).dtype;
+            let out = &pass2.outputs[sl];
             if p.out_vec {
                 let vals: Vec<String> = LANE
                     .iter()
                     .enumerate()
                     .map(|(c, lane)| value(o, format!("t * 4u + {c}u"), format!("acc.{lane}")))
                     .collect();
-                let _ = writeln!(b, "    out{sl}[t] = vec4<{}>({});", storage_reg_ty(od), vals.join(", "));
+                let _ = writeln!(
+                    b,
+                    "    {}",
+                    out.store("t", &format!("vec4<{}>({})", storage_reg_ty(od), vals.join(", ")))
+                );
             } else {
-                let _ = writeln!(b, "    out{sl}[t] = {};", value(o, "t".into(), "acc".into()));
+                let _ = writeln!(b, "    {}", out.store("t", &value(o, "t".into(), "acc".into())));
             }
         }
-        SplitSum { body: b, invocations, scratch: parts * total, vec: p.out_vec }
+        SplitSum { body: b, invocations, scratch: parts * total }
     }
 
     /// Matmul, written per workgroup (see [`matmul_shape`]): register
@@ -1015,9 +1027,9 @@ impl Writer<'_> {
                 for j in 0..rows / 4 {
                     let _ = writeln!(
                         b,
-                        "        let at{q}_{j} = in{}[(abase + (k + {q}u) * {m}u) / 4u + min(r0 / 4u + {j}u, {}u)];",
-                        slot(id),
-                        m / 4 - 1
+                        "        let at{q}_{j} = {};",
+                        self.input(slot(id))
+                            .load(&format!("(abase + (k + {q}u) * {m}u) / 4u + min(r0 / 4u + {j}u, {}u)", m / 4 - 1))
                     );
                 }
             }
@@ -1026,7 +1038,8 @@ impl Writer<'_> {
             if p.a_t.is_some() {
                 av.push((0..ku).map(|q| format!("at{q}_{}.{}", i / 4, LANE[(i % 4) as usize])).collect());
             } else if let Some(id) = p.a_vec {
-                let _ = writeln!(b, "        let a{i} = in{}[ar{i} / 4u + k / 4u];", slot(id));
+                let _ =
+                    writeln!(b, "        let a{i} = {};", self.input(slot(id)).load(&format!("ar{i} / 4u + k / 4u")));
                 av.push((0..ku).map(|q| format!("a{i}.{}", LANE[q as usize])).collect());
             } else {
                 let mut row = Vec::new();
@@ -1040,7 +1053,11 @@ impl Writer<'_> {
         if let Some(id) = p.b_t {
             // Column j of B at k..k+4 is consecutive in the source.
             for j in 0..cols {
-                let _ = writeln!(b, "        let bt{j} = in{}[(bbase + bc{j} * {kk}u + k) / 4u];", slot(id));
+                let _ = writeln!(
+                    b,
+                    "        let bt{j} = {};",
+                    self.input(slot(id)).load(&format!("(bbase + bc{j} * {kk}u + k) / 4u"))
+                );
             }
         }
         for q in 0..ku {
@@ -1050,7 +1067,11 @@ impl Writer<'_> {
                     let l: Vec<String> = (0..4).map(|c| format!("bt{}.{}", 4 * v + c, LANE[q as usize])).collect();
                     let _ = writeln!(b, "            let b{v} = vec4<{t_ty}>({});", l.join(", "));
                 } else if let Some(id) = p.b_vec {
-                    let _ = writeln!(b, "            let b{v} = in{}[bc{v} + kb / 4u];", slot(id));
+                    let _ = writeln!(
+                        b,
+                        "            let b{v} = {};",
+                        self.input(slot(id)).load(&format!("bc{v} + kb / 4u"))
+                    );
                 } else {
                     let l: Vec<String> = (0..4).map(|c| format!("n{nbid}(bc{} + kb)", 4 * v + c)).collect();
                     let _ = writeln!(b, "            let b{v} = vec4<{t_ty}>({});", l.join(", "));
@@ -1124,11 +1145,10 @@ impl Writer<'_> {
                 if out_vec {
                     let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 / 4u + {v}u < {}u) {{", nn / 4);
                     for (slot, &o) in outputs.iter().enumerate() {
-                        let _ = write!(
-                            b,
-                            "        out{slot}[(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u] = vec4<{}>(",
-                            storage_reg_ty(g.node(o).dtype),
-                        );
+                        let out = self.output(slot);
+                        b.push_str("        ");
+                        out.open_store(b, format_args!("(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u"));
+                        let _ = write!(b, "vec4<{}>(", storage_reg_ty(g.node(o).dtype));
                         for (c, lane) in LANE.iter().enumerate() {
                             if c > 0 {
                                 b.push_str(", ");
@@ -1141,7 +1161,9 @@ impl Writer<'_> {
                                 format_args!("c{i}_{v}.{lane}"),
                             );
                         }
-                        b.push_str(");\n");
+                        b.push(')');
+                        out.close_store(b);
+                        b.push('\n');
                     }
                     b.push_str("    }\n");
                 } else {
@@ -1149,14 +1171,17 @@ impl Writer<'_> {
                         let col = 4 * v + c as u64;
                         let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 + {col}u < {nn}u) {{");
                         for (slot, &o) in outputs.iter().enumerate() {
-                            let _ = write!(b, "        out{slot}[obase + (r0 + {i}u) * {nn}u + col0 + {col}u] = ");
+                            let out = self.output(slot);
+                            b.push_str("        ");
+                            out.open_store(b, format_args!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u"));
                             self.write_epilogue_store(
                                 b,
                                 o,
                                 format_args!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u"),
                                 format_args!("c{i}_{v}.{lane}"),
                             );
-                            b.push_str(";\n");
+                            out.close_store(b);
+                            b.push('\n');
                         }
                         b.push_str("    }\n");
                     }
@@ -1175,8 +1200,6 @@ pub(super) struct SplitSum {
     pub(super) invocations: u64,
     /// f32 partials the first pass writes: parts x outputs.
     pub(super) scratch: u64,
-    /// Scratch and outputs are read and written as vec4.
-    pub(super) vec: bool,
 }
 
 /// `s` with every line indented by `n` more spaces.

@@ -306,8 +306,9 @@ impl Writer<'_> {
                 let obase = base_of("o");
                 let _ = writeln!(
                 b,
-                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    var r0 = p * {chunk}u;\n    while (r0 + {u}u <= hi) {{\n{}        r0 = r0 + {u}u;\n    }}\n    for (var r = r0; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;",
-                step("        ", "r0", 1)
+                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    var r0 = p * {chunk}u;\n    while (r0 + {u}u <= hi) {{\n{}        r0 = r0 + {u}u;\n    }}\n    for (var r = r0; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    {}",
+                step("        ", "r0", 1),
+                self.output(0).store(&format!("o * {parts}u + p"), "acc")
             );
                 self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin));
             }
@@ -323,8 +324,9 @@ impl Writer<'_> {
                 invocations = outputs * parts * wg;
                 let _ = writeln!(
                 b,
-                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && lid == 0u) {{\n        out0[gi] = red[0];\n    }}",
-                lane_tree("    ", wg / 2, "lid", &combine)
+                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && lid == 0u) {{\n        {}\n    }}",
+                lane_tree("    ", wg / 2, "lid", &combine),
+                self.output(0).store("gi", "red[0]")
             );
                 self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin));
             }
@@ -345,8 +347,10 @@ impl Writer<'_> {
                 let head = self.row_prologue(lanes, outputs);
                 if vec {
                     // Unit `r` of the row: four elements, combined in order.
+                    let in0 = self.input(0);
                     let unit = |ind: &str, r: &str| {
-                        let mut s = format!("{ind}{{\n{ind}    let x4 = in0[t * {units}u + {r}];\n");
+                        let mut s =
+                            format!("{ind}{{\n{ind}    let x4 = {};\n", in0.load(&format!("t * {units}u + {r}")));
                         for c in ["x", "y", "z", "w"] {
                             let _ = writeln!(
                                 s,
@@ -364,7 +368,11 @@ impl Writer<'_> {
                     unit("            ", "r")
                 );
                     b.push_str(&self.row_combine("    ", lanes, &combine));
-                    let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
+                    let _ = writeln!(
+                        b,
+                        "    if (valid && tid == 0u) {{\n        {}\n    }}",
+                        self.output(0).store("t", &fin)
+                    );
                     return invocations;
                 }
                 let _ = write!(
@@ -374,7 +382,8 @@ impl Writer<'_> {
                 step("            ", "r0", lanes)
             );
                 b.push_str(&self.row_combine("    ", lanes, &combine));
-                let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
+                let _ =
+                    writeln!(b, "    if (valid && tid == 0u) {{\n        {}\n    }}", self.output(0).store("t", &fin));
             }
             ReducePlan::Workgroup => {
                 // Few long reductions: one workgroup per output, its
@@ -394,12 +403,13 @@ impl Writer<'_> {
                 b.push_str(&lane_tree("    ", wg / 2, "lid", &combine));
                 let _ = writeln!(
                     b,
-                    "    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}"
+                    "    if (valid && lid == 0u) {{\n        let acc = red[0];\n        {}\n    }}",
+                    self.output(0).store("t", &fin)
                 );
             }
             ReducePlan::Serial => {
                 b.push_str(&serial_reduce(&base, acc_ty, &init, &load, &combine, len, false));
-                let _ = writeln!(b, "    out0[t] = {fin};");
+                let _ = writeln!(b, "    {}", self.output(0).store("t", &fin));
             }
         }
         invocations
@@ -443,9 +453,12 @@ impl Writer<'_> {
         let wg = WORKGROUP_SIZE as u64;
         let lanes = reduce_lanes(parts);
         let per_group = wg / lanes;
+        let pass2 = self.pass2();
         let body = format!(
-            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
-            lane_tree("    ", lanes / 2, "tid", combine)
+            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = {};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        {}\n    }}\n",
+            pass2.inputs[0].load(&format!("t * {parts}u + r")),
+            lane_tree("    ", lanes / 2, "tid", combine),
+            pass2.outputs[0].store("t", fin)
         );
         SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts }
     }
@@ -478,7 +491,8 @@ impl Writer<'_> {
         let head = format!("for (var j = 1u; j < {len}u; j = j + 1u) {{");
         let _ = writeln!(
             b,
-            "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    {head}\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    out0[t] = i32(bi);",
+            "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    {head}\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    {}",
+            self.output(0).store("t", "i32(bi)"),
             x = x_id(rn)
         );
         invocations
@@ -497,10 +511,11 @@ impl Writer<'_> {
         let (base, stride, _) = line(&x.shape, *axis);
         let jj = if *reverse { format!("({len}u - 1u - q)") } else { "q".into() };
         let head = format!("for (var q = 0u; q < {len}u; q = q + 1u) {{");
+        let store = self.output(0).store("idx", "acc");
         let (pre, post) = if *exclusive {
-            ("out0[idx] = acc;\n        acc = acc + v;", "")
+            (format!("{store}\n        acc = acc + v;"), "")
         } else {
-            ("acc = acc + v;\n        out0[idx] = acc;", "")
+            (format!("acc = acc + v;\n        {store}"), "")
         };
         let _ = writeln!(
             b,

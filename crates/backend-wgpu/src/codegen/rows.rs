@@ -215,8 +215,10 @@ impl Writer<'_> {
         // grows (online softmax); while the max is still -inf nothing is
         // added, so leading -inf values do not turn the sum into NaN.
         let head = format!("for (var j = 0u; j < {len4}u; j = j + 1u) {{");
+        let load = self.input(0).load("b + j");
         let b = format!(
-            "    let b = t * {len4}u;\n    var m = -inf_f();\n    var s = 0.0;\n    {head}\n        let v = in0[b + j];\n        let mn = max_nan(m, max_nan(max_nan(v.x, v.y), max_nan(v.z, v.w)));\n        if (mn > -inf_f()) {{\n            let e = exp(v - vec4<f32>(mn));\n            s = s * exp(m - mn) + ((e.x + e.y) + (e.z + e.w));\n        }}\n        m = mn;\n    }}\n    {fin}\n    {head}\n        let v = in0[b + j];\n        out0[b + j] = {out};\n    }}\n"
+            "    let b = t * {len4}u;\n    var m = -inf_f();\n    var s = 0.0;\n    {head}\n        let v = {load};\n        let mn = max_nan(m, max_nan(max_nan(v.x, v.y), max_nan(v.z, v.w)));\n        if (mn > -inf_f()) {{\n            let e = exp(v - vec4<f32>(mn));\n            s = s * exp(m - mn) + ((e.x + e.y) + (e.z + e.w));\n        }}\n        m = mn;\n    }}\n    {fin}\n    {head}\n        let v = {load};\n        {}\n    }}\n",
+            self.output(0).store("b + j", out)
         );
         (b, rows)
     }
@@ -240,10 +242,14 @@ impl Writer<'_> {
             let xi = x_id(rn);
             // Softmax stores exp(v - m) in the second pass and
             // scales it in the third (one exp per element).
+            let out0 = self.output(0);
             let (second, third) = if *log {
-                ("", "let v = n{xi}(idx);\n        out0[idx] = v - m - ls;".replace("{xi}", &xi.to_string()))
+                (String::new(), format!("let v = n{xi}(idx);\n        {}", out0.store("idx", "v - m - ls")))
             } else {
-                ("\n        out0[idx] = e;", "out0[idx] = out0[idx] * r;".to_string())
+                (
+                    format!("\n        {}", out0.store("idx", "e")),
+                    out0.store("idx", &format!("{} * r", out0.load("idx"))),
+                )
             };
             let fin = if *log { "let ls = log(s);" } else { "let r = 1.0 / s;" };
             let head = format!("for (var j = 0u; j < {len}u; j = j + 1u) {{");
@@ -289,8 +295,14 @@ impl Writer<'_> {
         // Unit `j` of row `t`: its load, its max and exp-sum terms, and
         // its store of value expression `e` (over `v`, a unit).
         let ut = if vec { "vec4<f32>" } else { "f32" };
-        let load =
-            |j: &str| if vec { format!("in0[t * {units}u + {j}]") } else { format!("n{xi}(base + ({j}) * {stride}u)") };
+        let (in0, out0) = (self.input(0), self.output(0));
+        let load = |j: &str| {
+            if vec {
+                in0.load(&format!("t * {units}u + {j}"))
+            } else {
+                format!("n{xi}(base + ({j}) * {stride}u)")
+            }
+        };
         let umax = |v: &str| {
             if vec {
                 format!("max_nan(max_nan({v}.x, {v}.y), max_nan({v}.z, {v}.w))")
@@ -314,8 +326,14 @@ impl Writer<'_> {
                 format!("exp({v} - {m}) * rsm")
             }
         };
-        let dst =
-            |j: &str| if vec { format!("out0[t * {units}u + {j}]") } else { format!("out0[base + ({j}) * {stride}u]") };
+        // The statement storing value `v` to unit `j`.
+        let store = |j: &str, v: &str| {
+            if vec {
+                out0.store(&format!("t * {units}u + {j}"), v)
+            } else {
+                out0.store(&format!("base + ({j}) * {stride}u"), v)
+            }
+        };
         let head = self.row_prologue(lanes, rows);
         let _ = writeln!(b, "{head}    let base = {base};");
         let fin = if log { "let lsm = log(sm);" } else { "let rsm = 1.0 / sm;" };
@@ -360,9 +378,9 @@ impl Writer<'_> {
                 let value = if log { write(&format!("v{e}")) } else { format!("v{e} * rsm") };
                 let _ = writeln!(
                     b,
-                    "    if ({}) {{\n        {} = {value};\n    }}",
+                    "    if ({}) {{\n        {}\n    }}",
                     cond(e),
-                    dst(&format!("tid + {}u", e * lanes)),
+                    store(&format!("tid + {}u", e * lanes), &value),
                 );
             }
         } else {
@@ -380,10 +398,9 @@ impl Writer<'_> {
             b.push_str(&self.row_combine("    ", lanes, "vec2<f32>(max_nan(acc.x, v.x), select(0.0, acc.y * exp(acc.x - max_nan(acc.x, v.x)), acc.y > 0.0) + select(0.0, v.y * exp(v.x - max_nan(acc.x, v.x)), v.y > 0.0))"));
             let _ = write!(
                 b,
-                "    let mx = acc.x;\n    let sm = acc.y;\n    {fin}\n    if (valid) {{\n        {each}\n            let v = {};\n            {} = {};\n        }}\n    }}\n",
+                "    let mx = acc.x;\n    let sm = acc.y;\n    {fin}\n    if (valid) {{\n        {each}\n            let v = {};\n            {}\n        }}\n    }}\n",
                 load("j"),
-                dst("j"),
-                write("v")
+                store("j", &write("v"))
             );
         }
         rows.div_ceil(rows_per_group) * WORKGROUP_SIZE as u64
@@ -482,7 +499,7 @@ impl Writer<'_> {
                     let (t, load) = if vec4 {
                         (
                             format!("vec4<{}>", storage_reg_ty(d.dtype)),
-                            format!("in{slot}[t * {units}u + tid + {}u]", e * lanes),
+                            self.input(slot).load(&format!("t * {units}u + tid + {}u", e * lanes)),
                         )
                     } else {
                         (ty(d.dtype).to_string(), format!("n{}(i{e})", id.0))
@@ -552,15 +569,17 @@ impl Writer<'_> {
                         let v = self.lane_value(&mut lanes_of, k, n, id, e * w + c, b)?;
                         vals.push(store(d, &v));
                     }
+                    let out = self.output(o);
                     stores.push(if vec4 {
                         format!(
-                            "        out{o}[t * {units}u + tid + {}u] = vec4<{}>({});\n",
-                            e * lanes,
-                            storage_reg_ty(d),
-                            vals.join(", ")
+                            "        {}\n",
+                            out.store(
+                                &format!("t * {units}u + tid + {}u", e * lanes),
+                                &format!("vec4<{}>({})", storage_reg_ty(d), vals.join(", "))
+                            )
                         )
                     } else {
-                        format!("        out{o}[i{e}] = {};\n", vals[0])
+                        format!("        {}\n", out.store(&format!("i{e}"), &vals[0]))
                     });
                 }
                 if !stores.is_empty() {
@@ -573,8 +592,8 @@ impl Writer<'_> {
             for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
                 let _ = writeln!(
                     b,
-                    "            out{o}[base + j] = {};",
-                    store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
+                    "            {}",
+                    self.output(o).store("base + j", &store(g.node(id).dtype, &format!("n{}(base + j)", id.0)))
                 );
             }
             b.push_str("        }\n");
@@ -582,8 +601,8 @@ impl Writer<'_> {
         for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| per_row(id)) {
             let _ = writeln!(
                 b,
-                "        if (tid == 0u) {{\n            out{o}[t] = {};\n        }}",
-                store(g.node(id).dtype, &format!("n{}(t)", id.0))
+                "        if (tid == 0u) {{\n            {}\n        }}",
+                self.output(o).store("t", &store(g.node(id).dtype, &format!("n{}(t)", id.0)))
             );
         }
         b.push_str("    }\n");

@@ -25,13 +25,14 @@
 //! a lowering, and the assembler depended on side effects of the body.
 
 use super::attention::AttnPlan;
+use super::common::{is_half, storage_ty};
 use super::conv::{conv_plan, ConvPlan};
 use super::matmul::MatmulPlan;
 use super::reduce::{acc_ty, reduce_plan, ReducePlan};
 use super::rows::{rows_layout, RowsLayout, SoftmaxPlan};
 use super::{
-    check_lowerable, multi, straight_line_width, KernelForms, LowerError, LowerLimits, MatmulForm, ScatterForm,
-    WORKGROUP_SIZE,
+    check_lowerable, multi, straight_line_width, Binding, Bindings, KernelForms, LowerError, LowerLimits, MatmulForm,
+    ScatterForm, WORKGROUP_SIZE,
 };
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{NodeId, Op, VerifiedGraph};
@@ -64,6 +65,13 @@ pub struct Schedule {
     /// The kernel checks indices and binds an error slot (see
     /// [`super::index`]).
     pub error_slot: bool,
+    /// The storage bindings of the pass the family's body writes first
+    /// (the kernel, or its first pass where it has two), with their
+    /// storage: native, half-precision or windowed (see [`super::access`]).
+    pub main: Bindings,
+    /// The storage bindings of the kernel proper where a first pass runs
+    /// before it.
+    pub second: Option<Bindings>,
 }
 
 /// A kernel family's plan (the part of the schedule its writer reads).
@@ -189,6 +197,7 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
     if kind == KernelKind::MultiTensor {
         let plan = multi::MultiPlan::new(kernel, g, limits);
         let vector_inputs = kernel.inputs.iter().map(|id| plan.vector_in.contains(id)).collect();
+        let main = plan.bindings(kernel, g, limits)?;
         return Ok(Schedule {
             limits: *limits,
             family: Family::Multi(plan),
@@ -200,6 +209,8 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
             passes: Passes::One,
             trusted: false,
             error_slot: false,
+            main,
+            second: None,
         });
     }
     // Generic kernels keep the straight-line form but not vec4, which
@@ -254,7 +265,7 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
     // `reduce::vector_reduce`).
     let reduce_vec = matches!(family, Family::Reduce(ReducePlan::Rows { vec: true, .. }));
     let rows_vec_input = |id: NodeId| (rows_vec && full(id)) || (reduce_vec && kernel.inputs[0] == id);
-    let vector_inputs = kernel
+    let vector_inputs: Vec<bool> = kernel
         .inputs
         .iter()
         .map(|&id| {
@@ -312,7 +323,7 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
         _ if empty => Passes::One,
         Family::Reduce(ReducePlan::Columns { parts } | ReducePlan::TwoPass { parts }) => {
             let red = acc_ty(g.node(root_node.inputs[0]).dtype);
-            Passes::Partials { parts: *parts, acc: red, out: super::common::storage_ty(root_node.dtype) }
+            Passes::Partials { parts: *parts, acc: red, out: storage_ty(root_node.dtype) }
         }
         Family::Conv(plan) if plan.parts > 1 => Passes::Partials { parts: plan.parts, acc: "f32", out: "f32" },
         Family::Matmul(MatmulPlan { form: MatmulForm::SplitK { parts, .. }, .. }) => {
@@ -320,10 +331,15 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
         }
         _ => Passes::One,
     };
+    let error_slot = kind.checks_indices() && !empty;
+    let (main, second) = bindings(kernel, g, limits, (&vector_inputs, vector_outputs), passes, error_slot)?;
+    // A windowed source keeps its runtime checks: trust is proven for
+    // whole-buffer bindings.
     let trusted = match &family {
         Family::Matmul(plan) if !empty => super::matmul::trusted(kernel, g, limits, plan.form),
         _ => false,
-    };
+    } && !main.windowed()
+        && !second.as_ref().is_some_and(Bindings::windowed);
     Ok(Schedule {
         limits: *limits,
         family,
@@ -334,7 +350,101 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
         entry,
         passes,
         trusted,
-        error_slot: kind.checks_indices() && !empty,
+        error_slot,
+        main,
+        second,
+    })
+}
+
+/// The binding of node `id` of `g` named `name`, stored as `scalar`
+/// (see [`Binding::tensor`]); a half-precision tensor that would need
+/// windows is an unsupported case (the planner keeps those on the CPU
+/// fallback).
+pub(super) fn tensor_binding(
+    g: &VerifiedGraph,
+    limits: &LowerLimits,
+    (name, scalar, id): (String, &'static str, NodeId),
+    vec4: bool,
+    writable: bool,
+) -> Result<Binding, LowerError> {
+    let n = g.node(id);
+    Binding::tensor(name, scalar, vec4, writable, n.shape.numel() as u64, (limits.f16, &limits.windows)).ok_or_else(
+        || LowerError::Unsupported {
+            op: format!("{} ({scalar} beyond one storage binding)", n.op.name()),
+            dtype: n.dtype,
+        },
+    )
+}
+
+/// The storage bindings of the pass `kernel`'s body writes first and, in
+/// two passes, of the kernel proper: inputs (vec4 as `vector_inputs`
+/// says), outputs (vec4 where `vector_outputs`), a first pass's scratch
+/// partials, the scratch a split-K matmul's second pass reads.
+fn bindings(
+    kernel: &Kernel,
+    g: &VerifiedGraph,
+    limits: &LowerLimits,
+    (vector_inputs, vector_outputs): (&[bool], bool),
+    passes: Passes,
+    error_slot: bool,
+) -> Result<(Bindings, Option<Bindings>), LowerError> {
+    let tensor = |name: String, id: NodeId, vec4: bool, writable: bool| {
+        tensor_binding(g, limits, (name, storage_ty(g.node(id).dtype), id), vec4, writable)
+    };
+    let inputs = kernel
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &id)| tensor(format!("in{k}"), id, vector_inputs[k], false))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outputs = |vec4: bool| {
+        kernel
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(j, &id)| tensor(format!("out{j}"), id, vec4, true))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(match passes {
+        Passes::One => (Bindings { inputs, scratch: None, outputs: outputs(vector_outputs)?, error_slot }, None),
+        Passes::Partials { acc, out, .. } => {
+            // The first pass writes partials as its outputs: the
+            // accumulator's type where the output is f16 or bf16.
+            let partials = kernel
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(j, &id)| {
+                    let d = g.node(id).dtype;
+                    let scalar = if is_half(d) { acc } else { storage_ty(d) };
+                    Binding::native(format!("out{j}"), scalar, vector_outputs, true)
+                })
+                .collect();
+            let output = tensor_binding(g, limits, ("out0".into(), out, kernel.outputs[0]), false, true)?;
+            (
+                Bindings { inputs, scratch: None, outputs: partials, error_slot: false },
+                Some(Bindings {
+                    inputs: vec![Binding::native("in0".into(), acc, false, false)],
+                    scratch: None,
+                    outputs: vec![output],
+                    error_slot: false,
+                }),
+            )
+        }
+        Passes::SplitK { .. } => (
+            Bindings {
+                inputs: inputs.clone(),
+                scratch: None,
+                outputs: vec![Binding::native("out0".into(), "f32", vector_outputs, true)],
+                error_slot: false,
+            },
+            Some(Bindings {
+                inputs,
+                scratch: Some(Binding::native("scr".into(), "f32", vector_outputs, false)),
+                outputs: outputs(vector_outputs)?,
+                error_slot: false,
+            }),
+        ),
     })
 }
 
