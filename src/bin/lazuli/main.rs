@@ -9,6 +9,7 @@
 //! - `generate`: greedy generation with a small GPT, a growing context
 //!   beside a fixed window;
 //! - `conformance`: the ONNX conformance cases and their per-op table;
+//! - `run`: an ONNX model on a device (`lazuli::onnx::cli` holds its logic);
 //! - `dump`: the IR, DOT and WGSL of the demo's graph;
 //! - `trace`: the steady state of a `LAZULI_TRACE` file in numbers.
 //!
@@ -21,6 +22,7 @@ mod demo;
 mod dump;
 mod generate;
 mod info;
+mod run;
 mod trace;
 
 use lazuli::prelude::*;
@@ -28,7 +30,7 @@ use lazuli::DeviceKind;
 use std::process::ExitCode;
 
 /// The commands `main` dispatches, in the order `USAGE` lists them.
-const COMMANDS: [&str; 7] = ["info", "demo", "dump", "conformance", "bench", "generate", "trace"];
+const COMMANDS: [&str; 8] = ["info", "demo", "dump", "conformance", "run", "bench", "generate", "trace"];
 
 /// What `lazuli help` prints.
 const USAGE: &str = "usage: lazuli <command> [options]
@@ -50,6 +52,15 @@ commands:
   conformance [DIR] [--device cpu|wgpu|all]
                             run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
                             ../shared/conformance/onnx) and print the per-op table
+  run MODEL.onnx [--input NAME=FILE.npy ...] [--dim NAME=SIZE ...] [--device cpu|wgpu] [--repeat N]
+      [--save DIR] [--json] [--check]
+                            run an ONNX model: inputs from .npy files or random with their
+                            declared shapes (symbolic dims from --dim); prints each output's
+                            shape, dtype and statistics, the first run's time (compile
+                            included), the median of --repeat runs (default 5), kernels per
+                            run and fallback ops; --save DIR writes DIR/NAME.npy per output
+                            (NAME with characters outside [A-Za-z0-9_.-] as _); --json prints
+                            one JSON object; --check lists every unsupported node (exit 1)
   bench [W1 ... G1 ... H1 C1 A1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
         [--json] [--profile] [--amp] [--iterations N]
                             run the benchmark workloads and baselines; prints a table.
@@ -102,6 +113,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(rest),
         Some("dump") => dump::run(rest),
         Some("conformance") => conformance::run(rest),
+        Some("run") => run::run(rest),
         Some("bench") => bench::run(rest),
         Some("generate") => generate::run(rest),
         Some("trace") => trace::run(rest),
