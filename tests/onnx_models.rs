@@ -146,7 +146,9 @@ fn run_suites(suites: &[&str]) {
             let name = dir.file_name().unwrap_or_default().to_string_lossy().to_string();
             if let Some(key) = expected_unsupported(&name) {
                 match Model::load(dir.join("model.onnx")) {
-                    Err(OnnxError::Unsupported(list)) if list.iter().any(|u| u.to_string().contains(key)) => passed += 1,
+                    Err(OnnxError::Unsupported(list)) if list.iter().any(|u| u.to_string().contains(key)) => {
+                        passed += 1
+                    }
                     Err(e) => failures.push(format!("{s}/{name}: want an unsupported {key} at load, got {e}")),
                     Ok(_) => failures.push(format!("{s}/{name}: loaded, want an unsupported {key}")),
                 }
@@ -194,12 +196,12 @@ fn exported_models_at_a_new_size_compile_no_new_structure() {
                 let outs = model.run_on(&dev, &named).expect("run");
                 lazuli::sync(&outs.tensors()).expect("sync");
                 for ((n, t), (_, w)) in outs.iter().zip(tensors(sub, "output")) {
-                    compare(&format!("{name}/{n} on {}", dev.name()), t, &w, rtol, atol).unwrap_or_else(|e| panic!("{e}"));
+                    compare(&format!("{name}/{n} on {}", dev.name()), t, &w, rtol, atol)
+                        .unwrap_or_else(|e| panic!("{e}"));
                 }
             };
-            let counts = || {
-                (lazuli::metrics::counter("UncachedCompile"), lazuli::metrics::counter("SizeVariantCompile"))
-            };
+            let counts =
+                || (lazuli::metrics::counter("UncachedCompile"), lazuli::metrics::counter("SizeVariantCompile"));
             let f0 = lazuli::metrics::counter("FallbackOps");
             run(&dir);
             let (u1, v1) = counts();
@@ -276,7 +278,7 @@ fn unsupported_nodes_are_listed_at_load() {
         r#type: Some(2),
         ..Default::default()
     });
-    let shaped = node("Reshape", "reshape", &["c", "x"], &["d"]);
+    let shaped = node("Reshape", "reshape", &["c", "a"], &["d"]);
     let mut m = model_with(vec![custom, looped, resize, shaped], 19);
     m.opset_import.push(onnx::proto::OperatorSetIdProto { domain: Some("com.example".into()), version: Some(1) });
     let g = m.graph.as_mut().expect("graph");
@@ -401,11 +403,93 @@ fn lazuli_run_reports_saves_and_checks() {
     assert_eq!(saved.dims(), &[2, 5, 8]);
     std::fs::remove_dir_all(&out).expect("cleanup");
     // --check: every node of the encoder is supported; a string model is not.
-    let ok = std::process::Command::new(exe).args(["run", model.to_str().expect("path"), "--check"]).output().expect("run");
+    let ok =
+        std::process::Command::new(exe).args(["run", model.to_str().expect("path"), "--check"]).output().expect("run");
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stdout));
     let strings = fixtures().join("simple/strnorm_model_monday_casesensintive_lower/model.onnx");
-    let bad = std::process::Command::new(exe).args(["run", strings.to_str().expect("path"), "--check"]).output().expect("run");
+    let bad = std::process::Command::new(exe)
+        .args(["run", strings.to_str().expect("path"), "--check"])
+        .output()
+        .expect("run");
     assert!(!bad.status.success());
     let text = String::from_utf8_lossy(&bad.stdout);
     assert!(text.contains("StringNormalizer") && text.contains("unsupported"), "{text}");
+}
+
+#[test]
+fn if_is_resolved_when_the_run_is_planned() {
+    use onnx::proto::*;
+    let branch = |op: &str, out: &str| GraphProto {
+        node: vec![node(op, &format!("{op}_in_branch"), &["x"], &[out])],
+        output: vec![ValueInfoProto { name: Some(out.into()), ..Default::default() }],
+        ..Default::default()
+    };
+    let graph_attr = |name: &str, g: GraphProto| AttributeProto {
+        name: Some(name.into()),
+        g: Some(g),
+        r#type: Some(5),
+        ..Default::default()
+    };
+    // cond = shape(x)[0] > 1: then relu(x), else neg(x).
+    let mut gather = node("Gather", "first_dim", &["shape", "zero"], &["n"]);
+    gather.attribute.push(AttributeProto {
+        name: Some("axis".into()),
+        i: Some(0),
+        r#type: Some(2),
+        ..Default::default()
+    });
+    let mut iff = node("If", "pick", &["cond"], &["y"]);
+    iff.attribute.push(graph_attr("then_branch", branch("Relu", "then_y")));
+    iff.attribute.push(graph_attr("else_branch", branch("Neg", "else_y")));
+    let mut m = model_with(
+        vec![
+            node("Shape", "shape_of_x", &["x"], &["shape"]),
+            gather,
+            node("Greater", "gt", &["n", "one"], &["cond"]),
+            iff,
+        ],
+        17,
+    );
+    let g = m.graph.as_mut().expect("graph");
+    let scalar = |name: &str, v: i64| TensorProto {
+        name: Some(name.into()),
+        dims: vec![],
+        data_type: Some(7),
+        int64_data: vec![v],
+        ..Default::default()
+    };
+    g.initializer.extend([scalar("zero", 0), scalar("one", 1)]);
+    // The batch dim is symbolic.
+    if let Some(type_proto::Value::TensorType(t)) = g.input[0].r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.shape.as_mut().expect("shape").dim[0].value =
+            Some(tensor_shape_proto::dimension::Value::DimParam("n".into()));
+    }
+    g.output[0].r#type = None;
+    let model = Model::from_proto(&m, Default::default()).expect("the If loads");
+    for dev in common::devices() {
+        let x2 = Tensor::from_slice(&[-1.0f32, 2.0, -3.0, 4.0, -5.0, 6.0], [2, 3], &dev).expect("x");
+        let y = model.run(&[("x", &x2)]).expect("run").get("y").expect("y").to_vec::<f32>().expect("read");
+        assert_eq!(y, vec![0.0, 2.0, 0.0, 4.0, 0.0, 6.0], "then branch on {}", dev.name());
+        let x1 = Tensor::from_slice(&[-1.0f32, 2.0, -3.0], [1, 3], &dev).expect("x");
+        let y = model.run(&[("x", &x1)]).expect("run").get("y").expect("y").to_vec::<f32>().expect("read");
+        assert_eq!(y, vec![1.0, -2.0, 3.0], "else branch on {}", dev.name());
+    }
+    // A condition computed from tensor data is refused at load, naming the node.
+    let mut m2 = m.clone();
+    let g2 = m2.graph.as_mut().expect("graph");
+    g2.node[2] = node("ReduceSum", "sum_of_x", &["x"], &["s"]);
+    g2.node.insert(3, node("Greater", "gt", &["s", "zero_f"], &["cond"]));
+    g2.initializer.push(TensorProto {
+        name: Some("zero_f".into()),
+        data_type: Some(1),
+        float_data: vec![0.0],
+        ..Default::default()
+    });
+    match Model::from_proto(&m2, Default::default()) {
+        Err(OnnxError::Unsupported(list)) => {
+            assert!(list.iter().any(|u| u.node == "pick" && u.reason.contains("tensor data")), "{list:?}")
+        }
+        Err(e) => panic!("want the unsupported list, got {e}"),
+        Ok(_) => panic!("an If on tensor data loaded"),
+    }
 }

@@ -18,13 +18,23 @@ pub fn models_dir() -> PathBuf {
 /// `(row name, model path, symbolic dims)` of every O1 model.
 pub fn o1_models() -> Vec<(String, PathBuf, Vec<(&'static str, usize)>)> {
     let dir = models_dir();
-    let mut v: Vec<(String, PathBuf, Vec<(&'static str, usize)>)> = ["alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19", "zfnet512"]
-        .iter()
-        .map(|m| {
-            let name = if *m == "alexnet" { "bvlc_alexnet" } else { m };
-            (format!("O1 {name}"), dir.join("light").join(name).join("model.onnx"), vec![])
-        })
-        .collect();
+    let mut v: Vec<(String, PathBuf, Vec<(&'static str, usize)>)> = [
+        "alexnet",
+        "densenet121",
+        "inception_v1",
+        "inception_v2",
+        "resnet50",
+        "shufflenet",
+        "squeezenet",
+        "vgg19",
+        "zfnet512",
+    ]
+    .iter()
+    .map(|m| {
+        let name = if *m == "alexnet" { "bvlc_alexnet" } else { m };
+        (format!("O1 {name}"), dir.join("light").join(name).join("model.onnx"), vec![])
+    })
+    .collect();
     v.push(("O1 encoder b8 t128".into(), dir.join("exported/encoder/model.onnx"), vec![("batch", 8), ("seq", 128)]));
     v
 }
@@ -57,12 +67,18 @@ fn inputs(model: &Model, dims: &[(&str, usize)], dev: &crate::Device) -> Result<
 }
 
 /// A step that runs `model` once (outputs synced and waited for).
-fn step(model: Model, inputs: Vec<(String, Tensor)>, dev: &crate::Device, name: &str) -> Box<dyn FnMut() -> Result<()>> {
+fn step(
+    model: Model,
+    inputs: Vec<(String, Tensor)>,
+    dev: &crate::Device,
+    name: &str,
+) -> Box<dyn FnMut() -> Result<()>> {
     let dev = dev.clone();
     let name = name.to_string();
     Box::new(move || {
         let named: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let outs = model.run_on(&dev, &named).map_err(|e| ExecError::Invalid { op: name.clone(), detail: e.to_string() })?;
+        let outs =
+            model.run_on(&dev, &named).map_err(|e| ExecError::Invalid { op: name.clone(), detail: e.to_string() })?;
         crate::sync(&outs.tensors())?;
         dev.wait()
     })

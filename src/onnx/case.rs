@@ -151,7 +151,8 @@ impl Case {
 
 fn value_info(name: &str, d: &TensorData) -> proto::ValueInfoProto {
     use proto::tensor_shape_proto::{dimension, Dimension};
-    let dims = d.shape.iter().map(|&n| Dimension { value: Some(dimension::Value::DimValue(n as i64)), ..Default::default() });
+    let dims =
+        d.shape.iter().map(|&n| Dimension { value: Some(dimension::Value::DimValue(n as i64)), ..Default::default() });
     proto::ValueInfoProto {
         name: Some(name.to_string()),
         r#type: Some(proto::TypeProto {

@@ -300,10 +300,9 @@ fn make_inputs(declared: &[ValueInfo], args: &RunArgs, device: &Device) -> Resul
                 .enumerate()
                 .map(|(i, d)| match d {
                     Dim::Fixed(n) => Ok(*n),
-                    Dim::Symbolic(s) => dims
-                        .get(s.as_str())
-                        .copied()
-                        .ok_or_else(|| format!("dim {s} of input {} is symbolic: give it with --dim {s}=SIZE", info.name)),
+                    Dim::Symbolic(s) => dims.get(s.as_str()).copied().ok_or_else(|| {
+                        format!("dim {s} of input {} is symbolic: give it with --dim {s}=SIZE", info.name)
+                    }),
                     Dim::Unknown => Err(format!(
                         "dim {i} of input {} is not declared: give the input with --input {}=FILE.npy",
                         info.name, info.name
@@ -404,8 +403,7 @@ pub fn save_npy(dir: &Path, name: &str, t: &Tensor) -> Result<(), String> {
         DType::U64 => save!(u64),
         DType::Bool => save!(bool),
         DType::F16 | DType::BF16 => {
-            let data: Vec<f32> =
-                t.cast(DType::F32).and_then(|c| c.to_vec::<f32>()).map_err(|e| bad(&e))?;
+            let data: Vec<f32> = t.cast(DType::F32).and_then(|c| c.to_vec::<f32>()).map_err(|e| bad(&e))?;
             use npyz::WriterBuilder;
             let mut w = npyz::WriteOptions::<f32>::new()
                 .default_dtype()

@@ -214,7 +214,14 @@ impl ExternalFiles {
 
     /// The bytes `[offset, offset + len)` of `location`, checked: the path
     /// must stay inside the model's folder and the range inside the file.
-    fn read(&self, tensor: &str, location: &str, offset: u64, len: Option<u64>, want: usize) -> Result<Bytes, OnnxError> {
+    fn read(
+        &self,
+        tensor: &str,
+        location: &str,
+        offset: u64,
+        len: Option<u64>,
+        want: usize,
+    ) -> Result<Bytes, OnnxError> {
         let bad = |detail: String| OnnxError::Tensor { tensor: tensor.to_string(), detail };
         let Some(dir) = &self.dir else {
             return Err(bad(format!("external data {location:?} needs the model's folder (load from a path)")));
@@ -354,7 +361,11 @@ pub fn decode_tensor(t: &proto::TensorProto, files: &ExternalFiles) -> Result<Ho
             count_ok(t.int32_data.len(), "int32_data")?;
             out.reserve(want);
             for &v in &t.int32_data {
-                let s = if dtype.is_unsigned_int() { ScalarValue::UInt(v as u32 as u64) } else { ScalarValue::Int(v as i64) };
+                let s = if dtype.is_unsigned_int() {
+                    ScalarValue::UInt(v as u32 as u64)
+                } else {
+                    ScalarValue::Int(v as i64)
+                };
                 out.extend(scalar_bytes(if dtype == DType::Bool { ScalarValue::Bool(v != 0) } else { s }, dtype));
             }
         }
@@ -500,10 +511,16 @@ mod tests {
     #[test]
     fn typed_fields_decode_to_canonical_bytes() {
         let files = ExternalFiles::new(None);
-        let t = proto::TensorProto { dims: vec![3], data_type: Some(9), int32_data: vec![1, 0, 5], ..Default::default() };
+        let t =
+            proto::TensorProto { dims: vec![3], data_type: Some(9), int32_data: vec![1, 0, 5], ..Default::default() };
         let h = decode_tensor(&t, &files).unwrap();
         assert_eq!(h.scalars(), vec![ScalarValue::Bool(true), ScalarValue::Bool(false), ScalarValue::Bool(true)]);
-        let t = proto::TensorProto { dims: vec![2], data_type: Some(7), int64_data: vec![-3, 1 << 40], ..Default::default() };
+        let t = proto::TensorProto {
+            dims: vec![2],
+            data_type: Some(7),
+            int64_data: vec![-3, 1 << 40],
+            ..Default::default()
+        };
         let h = decode_tensor(&t, &files).unwrap();
         assert_eq!(h.to_i64s(), vec![-3, 1 << 40]);
         assert!(h.narrowed().is_none());

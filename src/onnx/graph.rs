@@ -66,12 +66,9 @@ impl std::fmt::Display for ValueInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dt = self.dtype.map(|d| d.to_string()).unwrap_or_else(|| "?".into());
         match &self.dims {
-            Some(d) => write!(
-                f,
-                "{}: {dt}[{}]",
-                self.name,
-                d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
-            ),
+            Some(d) => {
+                write!(f, "{}: {dt}[{}]", self.name, d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+            }
             None => write!(f, "{}: {dt}[..]", self.name),
         }
     }
@@ -93,6 +90,20 @@ pub struct Node {
     pub inputs: Vec<Option<usize>>,
     /// Output value ids in slot order.
     pub outputs: Vec<Option<usize>>,
+    /// `If`: the then and else branches (the node's inputs after the
+    /// condition are the outer values the branches read).
+    pub branches: Vec<Branch>,
+}
+
+/// A branch of an `If`: its nodes in file order (values numbered in the
+/// model's one table; its initializers and `Constant` nodes are among the
+/// graph's constants) and its outputs.
+#[derive(Clone, Debug)]
+pub struct Branch {
+    /// The branch's nodes.
+    pub nodes: Vec<Node>,
+    /// The values the branch returns, in the `If`'s output order.
+    pub outputs: Vec<usize>,
 }
 
 /// A checked graph.
@@ -181,6 +192,115 @@ impl Names {
     }
 }
 
+/// One `NodeProto` with its value names numbered; an `If`'s branches
+/// converted too (their constants join `consts`).
+fn convert_node(
+    n: &proto::NodeProto,
+    default_name: &str,
+    names: &mut Names,
+    consts: &mut HashMap<usize, HostTensor>,
+    files: &ExternalFiles,
+) -> Result<Node, OnnxError> {
+    let name = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| default_name.to_string());
+    let mut attrs = BTreeMap::new();
+    for a in &n.attribute {
+        let key = a.name.clone().unwrap_or_default();
+        let value = decode_attr(a, files).map_err(|e| match e {
+            OnnxError::Tensor { tensor, detail } => {
+                OnnxError::Tensor { tensor: format!("{tensor} (attribute {key} of node {name})"), detail }
+            }
+            other => other,
+        })?;
+        attrs.insert(key, value);
+    }
+    let slot = |s: &String, names: &mut Names| if s.is_empty() { None } else { Some(names.id(s)) };
+    let domain = n.domain.clone().filter(|d| d != "ai.onnx").unwrap_or_default();
+    let op = n.op_type.clone().unwrap_or_default();
+    let mut node = Node {
+        inputs: n.input.iter().map(|s| slot(s, names)).collect(),
+        outputs: n.output.iter().map(|s| slot(s, names)).collect(),
+        name,
+        domain,
+        op,
+        attrs,
+        branches: vec![],
+    };
+    if node.op == "If" && node.domain.is_empty() {
+        for key in ["then_branch", "else_branch"] {
+            let Some(Attr::Graph(g)) = node.attrs.get(key) else {
+                return Err(OnnxError::Invalid(format!("If node {:?} has no {key}", node.name)));
+            };
+            let g = g.clone();
+            let branch = convert_branch(&g, &node.name, names, consts, files)?;
+            node.branches.push(branch);
+        }
+        node.attrs.remove("then_branch");
+        node.attrs.remove("else_branch");
+        // The outer values the branches read become inputs after the
+        // condition, so that sorting places the `If` after them.
+        let mut inner = std::collections::HashSet::new();
+        let mut outer = vec![];
+        fn walk(nodes: &[Node], inner: &mut std::collections::HashSet<usize>, outer: &mut Vec<usize>) {
+            for n in nodes {
+                for &v in n.inputs.iter().flatten() {
+                    if !inner.contains(&v) && !outer.contains(&v) {
+                        outer.push(v);
+                    }
+                }
+                for b in &n.branches {
+                    walk(&b.nodes, inner, outer);
+                }
+                inner.extend(n.outputs.iter().flatten().copied());
+            }
+        }
+        for b in &node.branches {
+            let mut inside = inner.clone();
+            walk(&b.nodes, &mut inside, &mut outer);
+            for &o in &b.outputs {
+                if !inside.contains(&o) && !outer.contains(&o) {
+                    outer.push(o);
+                }
+            }
+        }
+        inner.clear();
+        outer.retain(|v| !consts.contains_key(v));
+        node.inputs.truncate(1);
+        node.inputs.extend(outer.into_iter().map(Some));
+    }
+    Ok(node)
+}
+
+fn convert_branch(
+    g: &proto::GraphProto,
+    parent: &str,
+    names: &mut Names,
+    consts: &mut HashMap<usize, HostTensor>,
+    files: &ExternalFiles,
+) -> Result<Branch, OnnxError> {
+    for t in &g.initializer {
+        let id = names.id(t.name.as_deref().unwrap_or_default());
+        consts.insert(id, decode_tensor(t, files)?);
+    }
+    let mut nodes = vec![];
+    for (i, n) in g.node.iter().enumerate() {
+        let node = convert_node(n, &format!("{parent}/#{i}"), names, consts, files)?;
+        if node.op == "Constant" && node.domain.is_empty() {
+            let value = constant_value(&node).map_err(|d| OnnxError::Node {
+                node: node.name.clone(),
+                op: node.op.clone(),
+                detail: d,
+            })?;
+            if let Some(Some(out)) = node.outputs.first() {
+                consts.insert(*out, value);
+            }
+        } else {
+            nodes.push(node);
+        }
+    }
+    let outputs = g.output.iter().map(|v| names.id(v.name.as_deref().unwrap_or_default())).collect();
+    Ok(Branch { nodes, outputs })
+}
+
 impl Graph {
     /// Checks and numbers `g`; `ops` answers, per node, which input slots
     /// must be known on the host (see [`super::map::host_slots`]).
@@ -210,28 +330,7 @@ impl Graph {
         }
         let mut nodes = Vec::with_capacity(g.node.len());
         for (i, n) in g.node.iter().enumerate() {
-            let name = n.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| format!("#{i}"));
-            let mut attrs = BTreeMap::new();
-            for a in &n.attribute {
-                let key = a.name.clone().unwrap_or_default();
-                let value = decode_attr(a, files).map_err(|e| match e {
-                    OnnxError::Tensor { tensor, detail } => {
-                        OnnxError::Tensor { tensor: format!("{tensor} (attribute {key} of node {name})"), detail }
-                    }
-                    other => other,
-                })?;
-                attrs.insert(key, value);
-            }
-            let slot = |s: &String, names: &mut Names| if s.is_empty() { None } else { Some(names.id(s)) };
-            let node = Node {
-                name,
-                domain: n.domain.clone().filter(|d| d != "ai.onnx").unwrap_or_default(),
-                op: n.op_type.clone().unwrap_or_default(),
-                attrs,
-                inputs: n.input.iter().map(|s| slot(s, &mut names)).collect(),
-                outputs: n.output.iter().map(|s| slot(s, &mut names)).collect(),
-            };
-            nodes.push(node);
+            nodes.push(convert_node(n, &format!("#{i}"), &mut names, &mut consts, files)?);
         }
         let outputs: Vec<(usize, ValueInfo)> = g
             .output
@@ -241,21 +340,16 @@ impl Graph {
                 (names.id(&info.name), info)
             })
             .collect();
-        let mut graph = Graph {
-            names: names.names,
-            nodes,
-            consts,
-            inputs,
-            outputs,
-            class: vec![],
-            opset,
-        };
+        let mut graph = Graph { names: names.names, nodes, consts, inputs, outputs, class: vec![], opset };
         // `Constant` nodes become initializers.
         let mut kept = Vec::with_capacity(graph.nodes.len());
         for node in std::mem::take(&mut graph.nodes) {
             if node.op == "Constant" && node.domain.is_empty() {
-                let value = constant_value(&node)
-                    .map_err(|d| OnnxError::Node { node: node.name.clone(), op: node.op.clone(), detail: d })?;
+                let value = constant_value(&node).map_err(|d| OnnxError::Node {
+                    node: node.name.clone(),
+                    op: node.op.clone(),
+                    detail: d,
+                })?;
                 let Some(Some(out)) = node.outputs.first().copied() else {
                     return Err(OnnxError::Invalid(format!("Constant node {:?} has no output", node.name)));
                 };
@@ -328,8 +422,11 @@ impl Graph {
             }
         }
         if order.len() != self.nodes.len() {
-            let stuck: Vec<&str> =
-                (0..self.nodes.len()).filter(|i| waiting[*i] > 0).take(5).map(|i| self.nodes[i].name.as_str()).collect();
+            let stuck: Vec<&str> = (0..self.nodes.len())
+                .filter(|i| waiting[*i] > 0)
+                .take(5)
+                .map(|i| self.nodes[i].name.as_str())
+                .collect();
             return Err(OnnxError::Invalid(format!("the graph has a cycle through node(s) {stuck:?}")));
         }
         for (id, info) in &self.outputs {
@@ -348,19 +445,32 @@ impl Graph {
         for &id in self.consts.keys() {
             class[id] = Class::Const;
         }
-        for node in &self.nodes {
-            let inputs = node.inputs.iter().flatten().map(|&v| class[v]).max().unwrap_or(Class::Const);
-            let c = if !node.domain.is_empty() || super::map::is_random(&node.op) {
-                Class::Data
-            } else if matches!(node.op.as_str(), "Shape" | "Size") {
-                inputs.min(Class::Shape)
-            } else {
-                inputs
-            };
-            for &o in node.outputs.iter().flatten() {
-                class[o] = c;
+        fn visit(nodes: &[Node], class: &mut [Class]) {
+            for node in nodes {
+                for b in &node.branches {
+                    visit(&b.nodes, class);
+                }
+                let inputs = node.inputs.iter().flatten().map(|&v| class[v]).max().unwrap_or(Class::Const);
+                let from_branches = node
+                    .branches
+                    .iter()
+                    .flat_map(|b| b.outputs.iter())
+                    .map(|&v| class[v])
+                    .max()
+                    .unwrap_or(Class::Const);
+                let c = if !node.domain.is_empty() || super::map::is_random(&node.op) {
+                    Class::Data
+                } else if matches!(node.op.as_str(), "Shape" | "Size") {
+                    inputs.min(Class::Shape)
+                } else {
+                    inputs.max(from_branches)
+                };
+                for &o in node.outputs.iter().flatten() {
+                    class[o] = c;
+                }
             }
         }
+        visit(&self.nodes, &mut class);
         self.class = class;
     }
 
@@ -433,7 +543,11 @@ pub fn fold_batch_norms(g: &mut Graph) {
             _ => true,
         } && !matches!(bn.attrs.get("spatial"), Some(Attr::Int(0)))
             && !matches!(bn.attrs.get("is_test"), Some(Attr::Int(0)) if g.opset < 7);
-        if bn.op != "BatchNormalization" || !bn.domain.is_empty() || !inference || bn.outputs.iter().skip(1).any(Option::is_some) {
+        if bn.op != "BatchNormalization"
+            || !bn.domain.is_empty()
+            || !inference
+            || bn.outputs.iter().skip(1).any(Option::is_some)
+        {
             continue;
         }
         let (Some(Some(x)), Some(Some(y))) = (bn.inputs.first(), bn.outputs.first()) else { continue };
@@ -483,6 +597,7 @@ pub fn fold_batch_norms(g: &mut Graph) {
                 attrs,
                 inputs: inputs.into_iter().map(Some).collect(),
                 outputs: vec![Some(out)],
+                branches: vec![],
             });
             out
         };

@@ -245,6 +245,12 @@ pub const MAX_OPSET: i64 = 27;
 /// before anything is recorded; `None` when it can.
 pub fn check(op: &str, opset: i64, attrs: &BTreeMap<String, Attr>, n_in: usize, n_out: usize) -> Option<String> {
     let _ = (n_in, n_out);
+    if matches!(op, "Loop" | "Scan") {
+        return Some(format!("{op} is not supported (control flow repeated over tensor data)"));
+    }
+    if op == "If" {
+        return None;
+    }
     if !SUPPORTED_OPS.contains(&op) {
         return Some(format!("no mapping for the operator {op}"));
     }
@@ -280,7 +286,9 @@ pub fn check(op: &str, opset: i64, attrs: &BTreeMap<String, Attr>, n_in: usize, 
                 _ => &["Tanh"],
             };
             match attrs.get("activations") {
-                Some(Attr::Strings(a)) if a.chunks(defaults.len()).any(|c| c.iter().map(String::as_str).ne(defaults.iter().copied())) => {
+                Some(Attr::Strings(a))
+                    if a.chunks(defaults.len()).any(|c| c.iter().map(String::as_str).ne(defaults.iter().copied())) =>
+                {
                     Some(format!("{op} activations {a:?} (only the defaults {defaults:?} are supported)"))
                 }
                 _ if i("input_forget").is_some_and(|f| f != 0) => Some("LSTM with input_forget = 1".into()),
@@ -337,7 +345,10 @@ pub fn host_slots(op: &str, opset: i64) -> &'static [usize] {
 
 /// Operators whose results are random (never folded).
 pub fn is_random(op: &str) -> bool {
-    matches!(op, "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike" | "Bernoulli" | "Multinomial")
+    matches!(
+        op,
+        "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike" | "Bernoulli" | "Multinomial"
+    )
 }
 
 /// The Lazuli dtype of an ONNX `TensorProto.DataType` code, if Lazuli has it.
@@ -1577,12 +1588,14 @@ impl<'a> Node<'a> {
                 let total = full[i].checked_sub(shape[i]).ok_or_else(|| {
                     MapError::Invalid(format!("ConvTranspose output_shape {shape:?} larger than {full:?}"))
                 })?;
-                (pb[i], pe[i]) = if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+                (pb[i], pe[i]) =
+                    if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
             }
         } else if auto == "SAME_UPPER" || auto == "SAME_LOWER" {
             for i in 0..nsp {
                 let total = full[i].saturating_sub(input[i] * strides[i]);
-                (pb[i], pe[i]) = if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+                (pb[i], pe[i]) =
+                    if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
             }
         } else if auto == "NOTSET" {
             let pads = self.ints("pads")?.unwrap_or_else(|| vec![0; 2 * nsp]);
@@ -1651,7 +1664,10 @@ impl<'a> Node<'a> {
         let (ctm, nearest_mode) = if upsample || self.opset() < 11 {
             ("asymmetric".to_string(), if upsample { "floor" } else { "round_prefer_floor" }.to_string())
         } else {
-            (self.string("coordinate_transformation_mode", "half_pixel")?, self.string("nearest_mode", "round_prefer_floor")?)
+            (
+                self.string("coordinate_transformation_mode", "half_pixel")?,
+                self.string("nearest_mode", "round_prefer_floor")?,
+            )
         };
         if self.int("antialias", 0)? != 0 {
             return unsupported("Resize with antialias = 1");
@@ -1735,7 +1751,10 @@ impl<'a> Node<'a> {
             });
             let taps = resize_taps(n, m, scale, &ctm, &mode, &nearest_mode, cubic_a, exclude, roi_ab)
                 .map_err(MapError::Invalid)?;
-            if m == n && taps.iter().all(|t| t.len() == 1 && t[0].1 == 1.0) && taps.iter().enumerate().all(|(i, t)| t[0].0 == i as i64) {
+            if m == n
+                && taps.iter().all(|t| t.len() == 1 && t[0].1 == 1.0)
+                && taps.iter().enumerate().all(|(i, t)| t[0].0 == i as i64)
+            {
                 continue;
             }
             y = self.apply_taps(&y, a, &taps, extrapolation)?;
@@ -1958,7 +1977,11 @@ impl<'a> Node<'a> {
             }
             let ys_d: Vec<Tensor> = y_steps.into_iter().flatten().collect();
             let refs: Vec<&Tensor> = ys_d.iter().collect();
-            ys.push(if refs.is_empty() { Tensor::zeros([0, batch, hidden], d, self.dev())? } else { Tensor::stack(&refs, 0)? });
+            ys.push(if refs.is_empty() {
+                Tensor::zeros([0, batch, hidden], d, self.dev())?
+            } else {
+                Tensor::stack(&refs, 0)?
+            });
             hs.push(h);
             cs.push(c);
         }
@@ -2306,8 +2329,7 @@ fn resize_taps(
                         0.0
                     }
                 };
-                let mut taps: Vec<(i64, f64)> =
-                    (-1..=2).map(|k| (x0 as i64 + k, c(t - k as f64))).collect();
+                let mut taps: Vec<(i64, f64)> = (-1..=2).map(|k| (x0 as i64 + k, c(t - k as f64))).collect();
                 if exclude_outside {
                     taps.retain(|&(j, _)| (0..=last).contains(&j));
                     let sum: f64 = taps.iter().map(|p| p.1).sum();

@@ -172,7 +172,11 @@ impl Model {
         Model::from_proto_in(proto, None, options)
     }
 
-    fn from_proto_in(proto: &proto::ModelProto, dir: Option<PathBuf>, options: ModelOptions) -> Result<Model, OnnxError> {
+    fn from_proto_in(
+        proto: &proto::ModelProto,
+        dir: Option<PathBuf>,
+        options: ModelOptions,
+    ) -> Result<Model, OnnxError> {
         let Some(g) = &proto.graph else { return Err(OnnxError::Invalid("the model has no graph".into())) };
         let (opset, domains) = opsets(proto);
         let files = ExternalFiles::new(dir);
@@ -297,7 +301,7 @@ impl Model {
                 continue;
             }
             let class = node.outputs.iter().flatten().map(|&o| self.graph.class[o]).max().unwrap_or(Class::Data);
-            let outs = self.eval(node, &env, device, narrow, class != Class::Data)?;
+            let outs = self.eval_any(node, &mut env, device, narrow, class != Class::Data)?;
             for (slot, value) in node.outputs.iter().zip(outs) {
                 let Some(o) = *slot else { continue };
                 let s = match value {
@@ -335,7 +339,11 @@ impl Model {
 
     /// Checks the given inputs against the declared ones; returns them in
     /// declaration order.
-    fn bind_inputs<'t>(&self, device: &Device, inputs: &[(&str, &'t Tensor)]) -> Result<Vec<(usize, &'t Tensor)>, OnnxError> {
+    fn bind_inputs<'t>(
+        &self,
+        device: &Device,
+        inputs: &[(&str, &'t Tensor)],
+    ) -> Result<Vec<(usize, &'t Tensor)>, OnnxError> {
         let bad = |name: &str, detail: String| OnnxError::Input { name: name.to_string(), detail };
         for (name, t) in inputs {
             if !self.graph.inputs.iter().any(|(_, i)| i.name == *name) {
@@ -386,6 +394,54 @@ impl Model {
         Ok(out)
     }
 
+    /// [`Model::eval`], or for an `If` the branch its condition (known on
+    /// the host: the load refuses one computed from tensor data) picks,
+    /// evaluated into `env`: the branch is resolved when the run is planned.
+    fn eval_any(
+        &self,
+        node: &super::graph::Node,
+        env: &mut Vec<Option<Slot>>,
+        device: &Device,
+        narrow: bool,
+        foldable: bool,
+    ) -> Result<Vec<Value>, OnnxError> {
+        if node.branches.is_empty() {
+            return self.eval(node, env, device, narrow, foldable);
+        }
+        let cond = node.inputs.first().copied().flatten().and_then(|c| env[c].as_ref()).and_then(|s| s.host.as_ref());
+        let Some(cond) = cond.filter(|c| c.numel() == 1) else {
+            return Err(self.node_error(node, "the condition is not a single value known on the host".into()));
+        };
+        let branch = &node.branches[if cond.scalar(0).as_bool() { 0 } else { 1 }];
+        for inner in &branch.nodes {
+            if inner.outputs.iter().flatten().all(|&o| env[o].is_some()) {
+                continue;
+            }
+            let class = inner.outputs.iter().flatten().map(|&o| self.graph.class[o]).max().unwrap_or(Class::Data);
+            let outs = self.eval_any(inner, env, device, narrow, foldable && class != Class::Data)?;
+            for (slot, value) in inner.outputs.iter().zip(outs) {
+                if let Some(o) = *slot {
+                    env[o] = Some(match value {
+                        Value::Host(h) => Slot::host(h),
+                        Value::Tensor(t) => Slot::tensor(t),
+                    });
+                }
+            }
+        }
+        branch
+            .outputs
+            .iter()
+            .map(|&o| match env[o].as_ref() {
+                Some(Slot { host: Some(h), .. }) => Ok(Value::Host(h.clone())),
+                Some(s) => match s.tensor.get() {
+                    Some(t) => Ok(Value::Tensor(t.clone())),
+                    None => Err(self.node_error(node, format!("branch output {:?} has no value", self.graph.names[o]))),
+                },
+                None => Err(self.node_error(node, format!("branch output {:?} has no value", self.graph.names[o]))),
+            })
+            .collect()
+    }
+
     /// Lowers one node. Foldable nodes (constants, shape arithmetic) whose
     /// inputs are all on the host are evaluated on the host device when
     /// their result is small; everything else is recorded on `device`.
@@ -405,16 +461,19 @@ impl Model {
         let all_host = slots.iter().flatten().all(|s| s.host.is_some());
         if foldable && all_host {
             // Host copies of the inputs: the host device gets its own uploads.
-            let host_slots: Vec<Option<Slot>> = slots.iter().map(|s| s.map(|s| Slot { host: s.host.clone(), tensor: Default::default() })).collect();
+            let host_slots: Vec<Option<Slot>> =
+                slots.iter().map(|s| s.map(|s| Slot { host: s.host.clone(), tensor: Default::default() })).collect();
             let refs: Vec<Option<&Slot>> = host_slots.iter().map(Option::as_ref).collect();
             let host = host_device();
-            let outs = lower(&node_ctx(node, self.graph.opset, host, &refs, false)).map_err(|e| self.map_error(node, e))?;
+            let outs =
+                lower(&node_ctx(node, self.graph.opset, host, &refs, false)).map_err(|e| self.map_error(node, e))?;
             let small = outs.iter().all(|v| match v {
                 Value::Host(_) => true,
                 Value::Tensor(t) => t.numel() <= HOST_FOLD_LIMIT,
             });
             if small {
-                let tensors: Vec<&Tensor> = outs.iter().filter_map(|v| if let Value::Tensor(t) = v { Some(t) } else { None }).collect();
+                let tensors: Vec<&Tensor> =
+                    outs.iter().filter_map(|v| if let Value::Tensor(t) = v { Some(t) } else { None }).collect();
                 crate::sync(&tensors)?;
                 return outs
                     .into_iter()
@@ -444,7 +503,7 @@ impl Model {
             if !self.live[i] || !is_const {
                 continue;
             }
-            let outs = self.eval(node, &env, device, narrow, true)?;
+            let outs = self.eval_any(node, &mut env, device, narrow, true)?;
             for (slot, value) in node.outputs.iter().zip(outs) {
                 if let Some(o) = *slot {
                     env[o] = Some(match value {
@@ -526,13 +585,38 @@ fn host_read_inputs(g: &Graph) -> Vec<bool> {
 /// Every node Lazuli cannot run, with the reason.
 fn unsupported_nodes(g: &Graph, domains: &BTreeMap<String, i64>) -> Vec<Unsupported> {
     let mut out = vec![];
-    for node in &g.nodes {
+    check_nodes(g, &g.nodes, domains, &mut out);
+    for (_, info) in &g.inputs {
+        if info.dtype.is_none() {
+            out.push(Unsupported {
+                node: format!("input {}", info.name),
+                domain: String::new(),
+                op: "graph input".into(),
+                opset: g.opset,
+                reason: "not a tensor of a Lazuli dtype".into(),
+            });
+        }
+    }
+    out
+}
+
+fn check_nodes(g: &Graph, nodes: &[super::graph::Node], domains: &BTreeMap<String, i64>, out: &mut Vec<Unsupported>) {
+    for node in nodes {
+        for b in &node.branches {
+            check_nodes(g, &b.nodes, domains, out);
+        }
         let opset = domains.get(&node.domain).copied().unwrap_or(0);
         let mut reasons = vec![];
         if !node.domain.is_empty() {
             reasons.push(format!("the domain {:?} is not supported (only the default ONNX domain is)", node.domain));
         } else if let Some(why) = map::check(&node.op, opset, &node.attrs, node.inputs.len(), node.outputs.len()) {
             reasons.push(why);
+        } else if node.op == "If" && node.inputs.first().copied().flatten().is_some_and(|c| g.class[c] == Class::Data) {
+            reasons.push(
+                "the condition is computed from tensor data (an If is resolved when the run is planned, from \
+                 constants and input shapes)"
+                    .into(),
+            );
         } else {
             for &slot in map::host_slots(&node.op, opset) {
                 if let Some(Some(v)) = node.inputs.get(slot) {
@@ -557,18 +641,6 @@ fn unsupported_nodes(g: &Graph, domains: &BTreeMap<String, i64>) -> Vec<Unsuppor
             });
         }
     }
-    for (_, info) in &g.inputs {
-        if info.dtype.is_none() {
-            out.push(Unsupported {
-                node: format!("input {}", info.name),
-                domain: String::new(),
-                op: "graph input".into(),
-                opset: g.opset,
-                reason: "not a tensor of a Lazuli dtype".into(),
-            });
-        }
-    }
-    out
 }
 
 /// The protobuf bytes of a model (to write one built in memory).
