@@ -15,10 +15,13 @@ pub fn models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx")
 }
 
-/// `(row name, model path, symbolic dims)` of every O1 model.
-pub fn o1_models() -> Vec<(String, PathBuf, Vec<(&'static str, usize)>)> {
+/// An O1 row: its name, the model file and the sizes of its symbolic dims.
+pub type O1Model = (String, PathBuf, Vec<(&'static str, usize)>);
+
+/// Every O1 model.
+pub fn o1_models() -> Vec<O1Model> {
     let dir = models_dir();
-    let mut v: Vec<(String, PathBuf, Vec<(&'static str, usize)>)> = [
+    let mut v: Vec<O1Model> = [
         "alexnet",
         "densenet121",
         "inception_v1",

@@ -1743,8 +1743,7 @@ impl<'a> Node<'a> {
             return unsupported(format!("Resize mode {mode} of {} values", x.dtype()));
         }
         let mut y = x.clone();
-        for a in 0..r {
-            let (n, m, scale) = plan[a];
+        for (a, &(n, m, scale)) in plan.iter().enumerate() {
             let roi_ab = roi.as_ref().and_then(|roi| {
                 let k = axes.iter().position(|&x| x == a)?;
                 Some((roi.get(k).copied()?, roi.get(k + axes.len()).copied()?))

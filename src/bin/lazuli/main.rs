@@ -61,7 +61,7 @@ commands:
                             run and fallback ops; --save DIR writes DIR/NAME.npy per output
                             (NAME with characters outside [A-Za-z0-9_.-] as _); --json prints
                             one JSON object; --check lists every unsupported node (exit 1)
-  bench [W1 ... G1 ... H1 C1 A1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
+  bench [W1 ... G1 ... H1 C1 A1 O1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
         [--json] [--profile] [--amp] [--iterations N]
                             run the benchmark workloads and baselines; prints a table.
                             --scale small (default) runs W1-W6 and H1 (host cost per op, by
@@ -71,7 +71,9 @@ commands:
                             w [64,32,3,3], runs only when named, with the gemm crate on the
                             same three products as its baseline; A1, causal attention on
                             [4, 8, 1024, 64], the fused op beside the unfused composition,
-                            forward and forward + backward, with the unfused / fused ratios).
+                            forward and forward + backward, with the unfused / fused ratios;
+                            O1, whole ONNX models: the onnx wheel's light CNNs and a transformer
+                            encoder at batch 8, sequence 128, one row each).
                             --size small runs the G workloads and A1 at sizes for a small box.
                             Full-size G workloads time 10 iterations on a GPU, 3 on cpu and 1
                             on a software adapter unless --iterations is given; one that
