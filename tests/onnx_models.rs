@@ -493,3 +493,17 @@ fn if_is_resolved_when_the_run_is_planned() {
         Ok(_) => panic!("an If on tensor data loaded"),
     }
 }
+
+#[test]
+fn batch_norms_fold_into_the_convolutions_before_them() {
+    // (model, norms, norms right after a convolution nothing else reads)
+    for (name, bns, after_conv) in [("resnet50", 53, 53), ("inception_v2", 69, 69), ("densenet121", 121, 59)] {
+        let path = fixtures().join("light").join(name).join("model.onnx");
+        let model = Model::load(&path).expect("light model");
+        let counts = model.op_counts();
+        assert_eq!(counts.get("BatchNormalization").copied().unwrap_or(0), bns - after_conv, "{name}: {counts:?}");
+        // Each folded norm became constant arithmetic on the weights (Add,
+        // Sqrt, Div, Reshape, Mul, Sub or Neg, Mul, Add), evaluated once.
+        assert_eq!(counts.get("Sqrt").copied().unwrap_or(0), after_conv, "{name}: {counts:?}");
+    }
+}

@@ -375,6 +375,11 @@ pub fn save_npy(dir: &Path, name: &str, t: &Tensor) -> Result<(), String> {
     let path = dir.join(format!("{}.npy", file_name(name)));
     let bad = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let shape: Vec<u64> = t.dims().iter().map(|&d| d as u64).collect();
+    // numpy has no bf16: 16-bit floats are written as f32 (exact).
+    let t = match t.dtype() {
+        DType::F16 | DType::BF16 => t.cast(DType::F32).map_err(|e| bad(&e))?,
+        _ => t.clone(),
+    };
     let file = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| bad(&e))?);
     macro_rules! save {
         ($t:ty) => {{
@@ -402,18 +407,7 @@ pub fn save_npy(dir: &Path, name: &str, t: &Tensor) -> Result<(), String> {
         DType::U32 => save!(u32),
         DType::U64 => save!(u64),
         DType::Bool => save!(bool),
-        DType::F16 | DType::BF16 => {
-            let data: Vec<f32> = t.cast(DType::F32).and_then(|c| c.to_vec::<f32>()).map_err(|e| bad(&e))?;
-            use npyz::WriterBuilder;
-            let mut w = npyz::WriteOptions::<f32>::new()
-                .default_dtype()
-                .shape(&shape)
-                .writer(file)
-                .begin_nd()
-                .map_err(|e| bad(&e))?;
-            w.extend(data).map_err(|e| bad(&e))?;
-            w.finish().map_err(|e| bad(&e))
-        }
+        DType::F16 | DType::BF16 => unreachable!("16-bit floats were cast to f32 above"),
     }
 }
 
