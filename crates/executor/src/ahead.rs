@@ -51,7 +51,7 @@
 use crate::backend::Backend;
 use crate::compile_cache::CompileCache;
 use crate::metrics;
-use crate::plan::Plan;
+use crate::plan::{Lineage, Plan};
 use crate::platform::Instant;
 use lazuli_ir::{Graph, Op, Shape, ValueType};
 use std::collections::{BTreeSet, VecDeque};
@@ -62,16 +62,6 @@ use std::thread::JoinHandle;
 /// Sizes compiled ahead of the one a sync uses, each on a thread of its
 /// own.
 pub const DEPTH: usize = 3;
-
-/// How a plan relates to the other sizes of its structure.
-#[derive(Debug, Default)]
-pub(crate) struct Lineage {
-    /// The step of the free sizes from the structure's previous plan to
-    /// this one, where the two graphs differ in nothing else.
-    pub step: Option<Vec<i64>>,
-    /// Compiled ahead and not used by a sync yet.
-    pub unused_ahead: AtomicBool,
-}
 
 /// The free sizes of `g`, in a fixed order (see the module doc).
 pub(crate) fn free_sizes(g: &Graph) -> Vec<i64> {

@@ -36,6 +36,7 @@ mod plan;
 pub mod platform;
 mod print;
 mod random;
+mod shadow;
 mod sort;
 mod tensor;
 pub mod timeline;

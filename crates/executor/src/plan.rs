@@ -21,6 +21,7 @@ use crate::{
 };
 use lazuli_ir::{CollectiveOp, DType, Graph, NodeId, Op, ScalarValue, ValueType};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Where a value comes from when a segment or the plan reads it.
@@ -49,7 +50,7 @@ pub(crate) struct Segment {
     /// (shadow validation maps kernels back to source locations with it).
     pub origin: Vec<NodeId>,
     /// Executables shadow validation compiles for this segment on first use.
-    pub shadow: crate::validate::ShadowCache,
+    pub shadow: crate::shadow::ShadowCache,
 }
 
 /// A collective node of the optimized graph, run by the executor.
@@ -101,7 +102,19 @@ pub(crate) struct Plan {
     pub work: u64,
     /// How it relates to the other sizes of its structure (set by whoever
     /// compiled it, see [`crate::ahead`]).
-    pub lineage: crate::ahead::Lineage,
+    pub lineage: Lineage,
+}
+
+/// How a plan relates to the other sizes of its structure: what the
+/// compile-ahead (`crate::ahead`) predicts the next sizes from and counts
+/// its hits with. Held by the plan, set by whoever compiled it.
+#[derive(Debug, Default)]
+pub(crate) struct Lineage {
+    /// The step of the free sizes from the structure's previous plan to
+    /// this one, where the two graphs differ in nothing else.
+    pub step: Option<Vec<i64>>,
+    /// Compiled ahead and not used by a sync yet.
+    pub unused_ahead: AtomicBool,
 }
 
 impl Plan {

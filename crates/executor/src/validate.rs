@@ -7,7 +7,8 @@
 //! them, and its generated source (WGSL). Fusion bugs no longer need
 //! bisecting by hand.
 //!
-//! How: a native segment is compiled once more as its *shadow*: the same
+//! How: a native segment is compiled once more as its *shadow*
+//! (`crate::shadow`, which a plan's segments hold): the same
 //! graph with every kernel output also made a graph output (those nodes are
 //! materialized anyway, so the backend plans the same kernels), once for
 //! the main backend and once for the CPU. Under validation the shadow runs
@@ -29,26 +30,12 @@
 //! flip that is not a bug; the report shows the values.
 
 use crate::plan::{transfer, Plan};
-use crate::{element, Backend, BackendError, Buffer, ExecError, Executable, KernelInfo};
-use lazuli_ir::{stable_hash, DType, Graph, NodeId, Op, ScalarValue};
+use crate::shadow::Shadow;
+use crate::{element, Backend, BackendError, Buffer, ExecError, KernelInfo};
+use lazuli_ir::{stable_hash, DType, Graph, NodeId, ScalarValue};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::panic::Location;
-use std::sync::{Arc, OnceLock};
-
-/// The shadow executables of one segment, compiled on first validated run.
-#[derive(Default)]
-pub(crate) struct ShadowCache(OnceLock<Result<Shadow, BackendError>>);
-
-struct Shadow {
-    /// The segment graph with every kernel output also a graph output
-    /// (the segment's own outputs first, in order).
-    graph: Graph,
-    main: Arc<dyn Executable>,
-    cpu: Arc<dyn Executable>,
-    /// The main shadow's kernels, or one pseudo-kernel for the segment.
-    kernels: Vec<KernelInfo>,
-}
 
 /// Runs `plan` like [`Plan::run`], validating every native segment
 /// against the CPU backend. `locations` are the source locations of the
@@ -85,12 +72,7 @@ pub(crate) fn run_validated(
             values.extend(s.outputs.iter().copied().zip(outs));
             continue;
         }
-        let shadow = s
-            .shadow
-            .0
-            .get_or_init(|| Shadow::compile(&s.graph, s.exe.as_ref(), main, cpu))
-            .as_ref()
-            .map_err(|e| backend_err(e.clone()))?;
+        let shadow = s.shadow.get_or_compile(&s.graph, s.exe.as_ref(), main, cpu).map_err(backend_err)?;
         let cpu_args = args.iter().map(|b| transfer(b.clone(), cpu, main, cpu)).collect::<Result<Vec<_>, _>>();
         let outs = main.execute(shadow.main.as_ref(), args, scalars).map_err(backend_err)?;
         let want = cpu.execute(shadow.cpu.as_ref(), cpu_args.map_err(backend_err)?, scalars).map_err(backend_err)?;
@@ -131,62 +113,6 @@ pub(crate) fn run_validated(
         values.extend(s.outputs.iter().copied().zip(outs));
     }
     Ok(plan.collect_outputs(&inputs, &values))
-}
-
-impl Shadow {
-    fn compile(
-        graph: &Graph,
-        exe: &dyn Executable,
-        main: &dyn Backend,
-        cpu: &dyn Backend,
-    ) -> Result<Shadow, BackendError> {
-        let mut g = graph.clone();
-        let mut kernels = exe.kernels();
-        // Expose every kernel output; recompiling must give the same
-        // kernels, but if the planner materializes a node it did not
-        // before, expose that too (a few rounds at most).
-        for _ in 0..4 {
-            for k in &kernels {
-                for o in &k.outputs {
-                    if !g.outputs.contains(o) {
-                        g.outputs.push(*o);
-                    }
-                }
-            }
-            let verified = g.clone().verify().map_err(|e| BackendError::Compile {
-                kernel: "shadow validation".into(),
-                message: format!("shadow graph failed verification (a bug): {e}"),
-            })?;
-            let m = main.compile(&verified)?;
-            kernels = m.kernels();
-            if kernels.is_empty() {
-                // Per-segment comparison for backends that list no kernels.
-                let sources = m.kernel_sources();
-                kernels = vec![KernelInfo {
-                    name: "segment".into(),
-                    source: sources.iter().map(|(n, s)| format!("// {n}\n{s}")).collect::<Vec<_>>().join("\n"),
-                    nodes: g.ids().filter(|id| !is_leaf(&g.node(*id).op)).collect(),
-                    outputs: graph.outputs.clone(),
-                }];
-            }
-            if kernels.iter().all(|k| k.outputs.iter().all(|o| g.outputs.contains(o))) {
-                let verified = g.clone().verify().map_err(|e| BackendError::Compile {
-                    kernel: "shadow validation".into(),
-                    message: format!("shadow graph failed verification (a bug): {e}"),
-                })?;
-                let c = cpu.compile(&verified)?;
-                return Ok(Shadow { graph: g, main: m, cpu: c, kernels });
-            }
-        }
-        Err(BackendError::Compile {
-            kernel: "shadow validation".into(),
-            message: "the kernel plan kept changing as kernel outputs were exposed".into(),
-        })
-    }
-}
-
-fn is_leaf(op: &Op) -> bool {
-    matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_))
 }
 
 /// The first disagreement between two buffers' canonical bytes.
