@@ -3,9 +3,9 @@
 //! uploaded). Creating tensors, reading values (the barriers) and in-place
 //! updates live here; op methods live in `ops`.
 
-use crate::device::Device;
-use crate::element::{self, Element};
-use crate::lazy::{CellState, DataCell, LazyNode, Operands};
+use crate::api::element::{self, Element};
+use crate::api::lazy::{CellState, DataCell, LazyNode, Operands};
+use crate::runtime::device::Device;
 use crate::{metrics, ExecError, Result};
 use lazuli_ir::{DType, IrError, Op, ScalarValue, Shape, StableHasher, ValueType};
 use smallvec::SmallVec;
@@ -368,7 +368,7 @@ impl Tensor {
         // counted exactly, and the exact count becomes the node's bound.
         let limit = max_graph_nodes();
         let mut over = false;
-        if node.size > limit && crate::lazy::pending_nodes() > limit {
+        if node.size > limit && crate::api::lazy::pending_nodes() > limit {
             node.size = 1 + pending_count(&node.operands, limit);
             over = node.size > limit;
         }

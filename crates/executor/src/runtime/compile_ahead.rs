@@ -49,10 +49,10 @@
 //! waited and then found their plan); timer `AheadCompile`.
 
 use crate::backend::Backend;
-use crate::compile_cache::CompileCache;
 use crate::metrics;
-use crate::plan::{Lineage, Plan};
 use crate::platform::Instant;
+use crate::runtime::compile_cache::CompileCache;
+use crate::runtime::plan::{Lineage, Plan};
 use lazuli_ir::{Graph, Op, Shape, ValueType};
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

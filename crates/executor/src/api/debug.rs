@@ -1,14 +1,14 @@
 //! Introspection without syncing: the IR text, Graphviz DOT, graph hash and
 //! generated kernel sources of what a sync of some tensors would run.
 
-use crate::lazy::LazyNode;
-use crate::plan::Plan;
-use crate::trace::{trace, Traced};
+use crate::api::lazy::LazyNode;
+use crate::runtime::plan::Plan;
+use crate::runtime::trace::{trace, Traced};
 use crate::{ExecError, Result, Tensor};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-pub use crate::explain::{clear_compile_log, compile_log};
+pub use crate::runtime::explain::{clear_compile_log, compile_log};
 
 fn traced(tensors: &[&Tensor]) -> Traced {
     let mut roots: Vec<Arc<LazyNode>> = Vec::new();

@@ -10,7 +10,7 @@
 //! equal in one pass, without allocating, hashing or comparing an arena
 //! graph (see `Device::sync_nodes`).
 
-use crate::lazy::{DataCell, LazyNode, NodeKind};
+use crate::api::lazy::{DataCell, LazyNode, NodeKind};
 use lazuli_ir::{DType, Graph, NodeId, Op, ScalarValue, StableHasher, ValueType};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -276,7 +276,7 @@ fn walk(roots: &[Arc<LazyNode>], sink: &mut impl Sink) -> Option<Run> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lazy::{CellState, Operands};
+    use crate::api::lazy::{CellState, Operands};
     use lazuli_ir::{BinaryOp, UnaryOp};
     use smallvec::smallvec;
 

@@ -8,7 +8,7 @@
 //! bisecting by hand.
 //!
 //! How: a native segment is compiled once more as its *shadow*
-//! (`crate::shadow`, which a plan's segments hold): the same
+//! (`crate::runtime::shadow`, which a plan's segments hold): the same
 //! graph with every kernel output also made a graph output (those nodes are
 //! materialized anyway, so the backend plans the same kernels), once for
 //! the main backend and once for the CPU. Under validation the shadow runs
@@ -29,9 +29,10 @@
 //! rounded values into discontinuous ops (floor, comparisons) can report a
 //! flip that is not a bug; the report shows the values.
 
-use crate::plan::{transfer, Plan};
-use crate::shadow::Shadow;
-use crate::{element, Backend, BackendError, Buffer, ExecError, KernelInfo};
+use crate::api::element;
+use crate::runtime::plan::{transfer, Plan};
+use crate::runtime::shadow::Shadow;
+use crate::{Backend, BackendError, Buffer, ExecError, KernelInfo};
 use lazuli_ir::{stable_hash, DType, Graph, NodeId, ScalarValue};
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -1,5 +1,5 @@
 //! The shadow of a plan's native segment, what shadow validation
-//! (`crate::validate`) runs in its place: the segment's graph with every
+//! (`crate::runtime::shadow_run`) runs in its place: the segment's graph with every
 //! kernel output also made a graph output (those nodes are materialized
 //! anyway, so the backend plans the same kernels), compiled once for the
 //! main backend and once for the CPU, on the segment's first validated

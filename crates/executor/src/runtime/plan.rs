@@ -50,7 +50,7 @@ pub(crate) struct Segment {
     /// (shadow validation maps kernels back to source locations with it).
     pub origin: Vec<NodeId>,
     /// Executables shadow validation compiles for this segment on first use.
-    pub shadow: crate::shadow::ShadowCache,
+    pub shadow: crate::runtime::shadow::ShadowCache,
 }
 
 /// A collective node of the optimized graph, run by the executor.
@@ -101,12 +101,12 @@ pub(crate) struct Plan {
     /// optimized graph's op nodes, summed (saturating). A cost estimate.
     pub work: u64,
     /// How it relates to the other sizes of its structure (set by whoever
-    /// compiled it, see [`crate::ahead`]).
+    /// compiled it, see [`crate::runtime::compile_ahead`]).
     pub lineage: Lineage,
 }
 
 /// How a plan relates to the other sizes of its structure: what the
-/// compile-ahead (`crate::ahead`) predicts the next sizes from and counts
+/// compile-ahead (`crate::runtime::compile_ahead`) predicts the next sizes from and counts
 /// its hits with. Held by the plan, set by whoever compiled it.
 #[derive(Debug, Default)]
 pub(crate) struct Lineage {
@@ -142,7 +142,8 @@ impl Plan {
         earlier: Option<&Plan>,
     ) -> Result<Plan, BackendError> {
         let optimizing = Instant::now();
-        let (optimized, became) = crate::optimize::optimize(&graph, earlier.map(|e| (&e.graph, e.became.as_slice())));
+        let (optimized, became) =
+            crate::runtime::optimize::optimize(&graph, earlier.map(|e| (&e.graph, e.became.as_slice())));
         metrics::record_time("CompileOptimize", optimizing.elapsed());
         let n = optimized.len();
         let is_leaf = |op: &Op| matches!(op, Op::Parameter(_) | Op::Constant(..) | Op::ScalarParam(_));

@@ -31,7 +31,7 @@
 //! its `detach()`, values recorded inside `no_grad`), and a node cannot
 //! point back at the leaf handle whose `grad` it should fill.
 
-use crate::lazy::{LazyNode, NodeKind};
+use crate::api::lazy::{LazyNode, NodeKind};
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{
     reduced_shape, AttentionAttrs, AttentionPart, BinaryOp, ConvAttrs, Op, PadMode, PoolKind, ReduceOp, Shape, UnaryOp,

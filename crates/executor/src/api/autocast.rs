@@ -34,7 +34,7 @@
 //! The scope's dtype is any 16-bit float ([`is_low_precision`]): f16 today,
 //! bf16 when the IR has it, with no change here.
 
-use crate::lazy::{LazyNode, NodeKind};
+use crate::api::lazy::{LazyNode, NodeKind};
 use crate::{ExecError, Result, Tensor};
 use lazuli_ir::{AttentionPart, BinaryOp, DType, Op, ReduceOp, UnaryOp};
 use std::cell::Cell;

@@ -12,7 +12,7 @@
 //!   they need not keep a map of their own nor plan the earlier graph
 //!   again.
 
-use crate::plan::Plan;
+use crate::runtime::plan::Plan;
 use lazuli_ir::Graph;
 use lru::LruCache;
 use std::num::NonZeroUsize;
@@ -75,7 +75,7 @@ impl CompileCache {
         self.plans.put(plan.hash, plan);
     }
 
-    /// Caches a plan compiled ahead of time (see [`crate::ahead`]): by
+    /// Caches a plan compiled ahead of time (see [`crate::runtime::compile_ahead`]): by
     /// graph only, until a sync uses it ([`CompileCache::used_ahead`]);
     /// a prediction no sync asked for never guides a size variant.
     pub fn insert_ahead(&mut self, plan: Arc<Plan>) {

@@ -11,13 +11,13 @@
 //! [`ExecError::Poisoned`] (which names the earlier failure as such), and
 //! the other roots of the same sync run normally.
 
-use crate::compile_cache::CompileCache;
+use crate::api::lazy::{CellState, DataCell, LazyNode};
+use crate::api::tensor::TensorInner;
 use crate::config::{self, ConfigError, Lookup, Setting, Source};
-use crate::lazy::{CellState, DataCell, LazyNode};
-use crate::plan::Plan;
 use crate::platform::{self, Instant};
-use crate::tensor::TensorInner;
-use crate::trace::{replay, roots_key, trace, Traced};
+use crate::runtime::compile_cache::CompileCache;
+use crate::runtime::plan::Plan;
+use crate::runtime::trace::{replay, roots_key, trace, Traced};
 use crate::{metrics, Backend, BackendError, BackendKind, Buffer, ExecError, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use lazuli_ir::ScalarValue;
@@ -114,13 +114,13 @@ pub(crate) struct DeviceInner {
     /// shape-free structure (size variants); shared with the
     /// compile-ahead thread.
     cache: Arc<Mutex<CompileCache>>,
-    /// Size variants compiled ahead of time ([`crate::ahead`]).
-    ahead: crate::ahead::Ahead,
+    /// Size variants compiled ahead of time ([`crate::runtime::compile_ahead`]).
+    ahead: crate::runtime::compile_ahead::Ahead,
     tx: Option<Sender<Job>>,
     shared: Arc<Shared>,
     pub rng: Mutex<RngState>,
     force_fallback: RwLock<BTreeSet<String>>,
-    explainer: Mutex<crate::explain::Explainer>,
+    explainer: Mutex<crate::runtime::explain::Explainer>,
     /// Plans this device compiled (the `UncachedCompile` and
     /// `SizeVariantCompile` counters) and found cached (`CachedCompile`).
     uncached: AtomicU64,
@@ -206,8 +206,8 @@ struct Shared {
     /// Failed jobs no barrier has reported yet, as (job id, error), oldest
     /// first.
     unreported: Mutex<Vec<(u64, ExecError)>>,
-    faults: Mutex<crate::fault::Faults>,
-    /// Shadow validation against the CPU backend (`crate::validate`).
+    faults: Mutex<crate::runtime::fault::Faults>,
+    /// Shadow validation against the CPU backend (`crate::runtime::shadow_run`).
     validate: std::sync::atomic::AtomicBool,
     /// Runs the collectives of plans (`Device::set_collective`).
     collective: RwLock<Option<Arc<dyn crate::Collective>>>,
@@ -259,7 +259,7 @@ impl Device {
         // Compiling ahead needs a thread of its own.
         let on = platform::WORKER_THREAD && settings.compile_ahead.unwrap_or_else(|| main.compiles_ahead());
         let cache = Arc::new(Mutex::new(CompileCache::new(settings.compile_cache_size)));
-        let ahead = crate::ahead::Ahead::new(on, cache.clone(), main.clone(), cpu.clone());
+        let ahead = crate::runtime::compile_ahead::Ahead::new(on, cache.clone(), main.clone(), cpu.clone());
         let (tx, rx) = unbounded::<Job>();
         let shared = Arc::new(Shared::default());
         shared.validate.store(settings.validate, Ordering::Relaxed);
@@ -799,7 +799,7 @@ impl Device {
         if let Some(n) = traced.graph.nodes().iter().find(|n| n.op.is_collective()) {
             if !self.has_collective() {
                 let lazuli_ir::Op::AllReduce { bucket, .. } = n.op else { unreachable!("the one collective") };
-                let source = crate::CollectiveError::new(crate::plan::NO_COLLECTIVE);
+                let source = crate::CollectiveError::new(crate::runtime::plan::NO_COLLECTIVE);
                 let source = BackendError::Collective { op: n.op.name(), bucket, source };
                 return Err(ExecError::Backend { context: context(), source });
             }
@@ -814,7 +814,8 @@ impl Device {
         // A step of the sizes seen twice in a row predicts the next size
         // (looked for only while sizes are compiled ahead).
         if self.0.ahead.is_on() {
-            plan.lineage.step = earlier.as_ref().and_then(|e| crate::ahead::step_between(&e.graph, &plan.graph));
+            plan.lineage.step =
+                earlier.as_ref().and_then(|e| crate::runtime::compile_ahead::step_between(&e.graph, &plan.graph));
         }
         let confirmed = plan.lineage.step.is_some() && earlier.is_some_and(|e| e.lineage.step == plan.lineage.step);
         let plan = Arc::new(plan);
@@ -825,7 +826,7 @@ impl Device {
     }
 
     /// Asks for the size after `plan`'s to be compiled ahead of time,
-    /// where its step is `confirmed` (see [`crate::ahead`]).
+    /// where its step is `confirmed` (see [`crate::runtime::compile_ahead`]).
     fn foresee(&self, plan: &Arc<Plan>, confirmed: bool) {
         if confirmed && self.0.ahead.is_on() {
             let force = self.0.force_fallback.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1130,12 +1131,14 @@ fn run_job_with(
         }
         inputs.push(buf);
     }
-    crate::fault::before_execute(&shared.faults, &job.context)?;
+    crate::runtime::fault::before_execute(&shared.faults, &job.context)?;
     job.ran.store(true, Ordering::Relaxed);
     if shared.validate.load(Ordering::Relaxed) {
         let (plan, scalars, locations) = (&job.plan, &job.scalars, &job.locations);
         let context = &job.context;
-        return crate::validate::run_validated(plan, inputs, scalars, main, cpu, locations, context, collective);
+        return crate::runtime::shadow_run::run_validated(
+            plan, inputs, scalars, main, cpu, locations, context, collective,
+        );
     }
     job.plan
         .run(inputs, &job.scalars, main, cpu, collective)

@@ -38,7 +38,7 @@ impl Tensor {
             ));
         }
         let v = value.into();
-        if !crate::ops::scalar_fits(v, self.dtype()) {
+        if !crate::api::ops::scalar_fits(v, self.dtype()) {
             return Err(dtype_error(
                 op,
                 &format!("value {v:?} is not representable in the input's dtype"),
