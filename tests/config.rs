@@ -142,3 +142,44 @@ fn device_settings_come_from_the_environment_or_fail_naming_the_variable() {
     let e = DeviceSettings::from_env(&bad).unwrap_err();
     assert_eq!((e.variable.as_str(), e.expected.as_str()), ("LAZULI_VALIDATE", "one of cpu, off"));
 }
+
+/// The guide's environment tables (docs/guide.md, "Devices and
+/// environment") list every variable of `config::VARS`: the library's in
+/// the first table, the test harness's in the second, and no name the
+/// library does not know.
+#[test]
+fn the_guide_lists_every_configuration_variable() {
+    use lazuli_executor::config::{Scope, VARS};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/guide.md");
+    let guide = std::fs::read_to_string(&path).expect("docs/guide.md");
+    let start = guide.find("## Devices and environment").expect("the environment chapter");
+    let end = guide[start + 3..].find("\n## ").map_or(guide.len(), |i| start + 3 + i);
+    // The names in each table's first column, table by table.
+    let mut tables: Vec<Vec<String>> = Vec::new();
+    let mut in_table = false;
+    for line in guide[start..end].lines() {
+        if !line.starts_with('|') {
+            in_table = false;
+            continue;
+        }
+        if !in_table {
+            tables.push(Vec::new());
+            in_table = true;
+        }
+        let first = line.split('|').nth(1).unwrap_or_default();
+        let names = first.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("LAZULI_"));
+        tables.last_mut().expect("a table").extend(names.map(str::to_string));
+    }
+    assert_eq!(tables.len(), 2, "a table of the library's variables and one of the test harness's");
+    for v in VARS {
+        let table = match v.scope {
+            Scope::Library => &tables[0],
+            Scope::Test => &tables[1],
+            Scope::Build => continue,
+        };
+        assert!(table.iter().any(|n| n == v.name), "{} ({:?}) has no row in docs/guide.md", v.name, v.scope);
+    }
+    for name in tables.iter().flatten() {
+        assert!(VARS.iter().any(|v| v.name == name), "docs/guide.md lists {name}, which config::VARS does not know");
+    }
+}

@@ -1,4 +1,4 @@
-//! Criterion benches of the workloads in `WORKLOADS.md` (W1–W5) and of C1
+//! Criterion benches of the workloads in `docs/workloads.md` (W1–W5) and of C1
 //! (a 3x3 convolution forward and backward) on the CPU backend and, where
 //! an adapter exists, on wgpu, and of the host's cost per recorded op.
 //! Sample counts are small:

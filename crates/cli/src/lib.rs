@@ -7,7 +7,7 @@
 //! - [`commands`]: one module per command (`info`, `demo`, `dump`,
 //!   `conformance`, `bench`, `generate`, `trace`, `completions`), each an
 //!   `Args` struct and its `run`;
-//! - [`bench`]: the benchmark harness (the workloads of `WORKLOADS.md`,
+//! - [`bench`]: the benchmark harness (the workloads of `docs/workloads.md`,
 //!   their baselines with the hand-written WGSL kernels of `shaders/`, the
 //!   per-kernel profile), used by `lazuli bench`, the criterion benches
 //!   (`benches/workloads.rs`) and the kernel examples (`examples/`).

@@ -1,5 +1,5 @@
 //! G8: a GPT training step written against the public API, from
-//! `lazuli::nn` layers, as `WORKLOADS.md` defines it and as the PyTorch
+//! `lazuli::nn` layers, as `docs/workloads.md` defines it and as the PyTorch
 //! twin (`shared/gpu/torch_twin.py`) builds it: token and learned position
 //! embeddings, pre-LayerNorm blocks of causal self-attention (one qkv
 //! `Linear`, an output `Linear`) and a GELU (erf) MLP, a final LayerNorm,
@@ -44,7 +44,7 @@ pub struct GptSizes {
 }
 
 impl GptSizes {
-    /// G8 of `WORKLOADS.md`: vocab 256, 4 layers, n_embd 256, 4 heads,
+    /// G8 of `docs/workloads.md`: vocab 256, 4 layers, n_embd 256, 4 heads,
     /// context 128, batch 32.
     pub const G8: GptSizes = GptSizes { vocab: 256, layers: 4, embd: 256, heads: 4, context: 128, batch: 32 };
 

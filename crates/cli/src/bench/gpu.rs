@@ -1,4 +1,4 @@
-//! The GPU-scale workloads G1–G8 of `WORKLOADS.md`: their sizes
+//! The GPU-scale workloads G1–G8 of `docs/workloads.md`: their sizes
 //! ([`GpuSizes`], full, small or tiny through the same code), their row
 //! names (those of the PyTorch twin), building one ready to time
 //! ([`prepare_gpu`]) and running it into a row, an error row when it
@@ -17,7 +17,7 @@ use lazuli_models::gpt::{Gpt, GptSizes, StepTimes};
 use std::time::Duration;
 
 /// The sizes of the G workloads. [`GpuSizes::default`] gives those of
-/// `WORKLOADS.md`; tests run the same code with [`GpuSizes::tiny`].
+/// `docs/workloads.md`; tests run the same code with [`GpuSizes::tiny`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuSizes {
     /// G1, G4 and G5: the f32 input, [rows, cols] ([16384, 4096]).

@@ -1,5 +1,5 @@
 //! The benchmark harness behind `lazuli bench` and the criterion benches:
-//! the workloads of `WORKLOADS.md` on a device — the small set W1–W6 (with
+//! the workloads of `docs/workloads.md` on a device — the small set W1–W6 (with
 //! H1), sized for a 2-core box, and the GPU-scale set G1–G8 (`--scale gpu`)
 //! — and the baselines they are judged against, measured in the same
 //! process.
@@ -11,7 +11,7 @@
 //! kernels launched per iteration (the `KernelLaunches` counter delta).
 //!
 //! The G workloads take their sizes from [`GpuSizes`]: the full sizes of
-//! `WORKLOADS.md` by default, [`GpuSizes::small`] for a 2-core box
+//! `docs/workloads.md` by default, [`GpuSizes::small`] for a 2-core box
 //! (`--size small`), tiny ones in tests, through the same code. Their row
 //! names are those of the PyTorch twin the project times beside it
 //! (`torch_twin.py`, kept with the GPU measurement scripts), so JSON rows
@@ -29,12 +29,12 @@
 //! run through [`handwritten::Baseline`] on the same adapter: a vec4
 //! kernel for W1 and a naive one-thread-per-output matmul for W2.
 //!
-//! C1 is not in `WORKLOADS.md`: a 3x3 convolution forward and backward
+//! C1 is not in `docs/workloads.md`: a 3x3 convolution forward and backward
 //! (the CPU backend's im2col + GEMM), judged against [`conv_gemm_baseline`],
 //! the `gemm` crate alone on the three matrix products a convolution's
 //! forward and backward amount to (same FLOPs, no packing, no layout work).
 //!
-//! A1 is not in `WORKLOADS.md` either: causal scaled dot-product attention
+//! A1 is not in `docs/workloads.md` either: causal scaled dot-product attention
 //! ([`AttnSizes`], `GpuSizes::attention`, so `--size small` applies), the
 //! fused op beside the unfused composition on the same device, forward
 //! alone and forward + backward; the ratio lines give fused over unfused.
@@ -74,7 +74,7 @@ pub use host::{host_split, HOST_OPS};
 pub use profile::{profile, KernelProfile, Profile};
 pub use small::{w1_chain, w1_input, w1_step, w2_inputs, w2_step, w3_input, w3_step, w5_input, w5_step, Mlp, MlpSizes};
 
-/// A workload of `WORKLOADS.md`.
+/// A workload of `docs/workloads.md`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
     /// Elementwise chain over f32 [4096, 4096].

@@ -1,4 +1,4 @@
-//! The small workloads W1–W5 of `WORKLOADS.md`, sized for a 2-core box:
+//! The small workloads W1–W5 of `docs/workloads.md`, sized for a 2-core box:
 //! each one's inputs (uploaded outside any timed loop) and one iteration
 //! (record, sync, wait), and the MLP training step W4 shares with G7.
 
@@ -28,7 +28,7 @@ impl MlpSizes {
     /// G7: batch 4096, 1024 -> 4096 -> 1024.
     pub const G7: MlpSizes = MlpSizes { batch: 4096, input: 1024, hidden: 4096, classes: 1024 };
 
-    /// FLOPs of one step as `WORKLOADS.md` counts them: 2 per multiply-add
+    /// FLOPs of one step as `docs/workloads.md` counts them: 2 per multiply-add
     /// of the two matmuls, three times (forward, and the two products of
     /// each backward matmul).
     pub fn flops(self) -> f64 {

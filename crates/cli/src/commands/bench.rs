@@ -21,7 +21,7 @@ pub enum Scale {
     /// W1–W6 and H1 (host cost per op, by phase), sized for a 2-core box.
     #[default]
     Small,
-    /// G1–G8 of WORKLOADS.md, sized for a GPU (G8: the GPT training step,
+    /// G1–G8 of docs/workloads.md, sized for a GPU (G8: the GPT training step,
     /// with host and device ms per step).
     Gpu,
 }
@@ -39,7 +39,7 @@ impl Scale {
 /// The sizes of the G workloads and A1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Size {
-    /// WORKLOADS.md's sizes.
+    /// docs/workloads.md's sizes.
     #[default]
     Full,
     /// Sizes for a small box ([`GpuSizes::small`]).
@@ -115,7 +115,7 @@ impl Args {
         }
     }
 
-    /// The sizes of the G workloads: `WORKLOADS.md`'s, or with `--size
+    /// The sizes of the G workloads: `docs/workloads.md`'s, or with `--size
     /// small` [`GpuSizes::small`].
     pub fn sizes(&self) -> GpuSizes {
         match self.size {
