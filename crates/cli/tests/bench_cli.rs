@@ -13,6 +13,8 @@ use lazuli_cli::bench::{
 };
 use std::process::{Command, Output};
 
+mod common;
+
 /// Runs the `lazuli` binary with `args` (the compile cache off, as under
 /// cargo).
 fn lazuli(args: &[&str]) -> Output {
@@ -180,9 +182,7 @@ fn h1_splits_the_host_cost_by_phase() {
 /// 1024-element vector: 200 FLOPs an element in all, whatever the fusion.
 #[test]
 fn bench_profile_json_carries_each_kernels_roofline() {
-    if let Err(e) = lazuli_wgpu::WgpuBackend::new(Default::default()) {
-        assert_ne!(std::env::var("LAZULI_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no wgpu adapter: {e}");
-        eprintln!("skipping: no wgpu adapter ({e})");
+    if !common::wgpu_adapter() {
         return;
     }
     let out = lazuli(&["bench", "W5", "--device", "wgpu", "--profile", "--iterations", "1", "--json"]);

@@ -1,21 +1,14 @@
 //! `lazuli demo --distributed` under `mpirun` (cargo feature `mpi`; Open
-//! MPI installed): `cargo test -p lazuli-cli --features mpi --test
-//! distributed_demo`.
+//! MPI installed): `cargo test --workspace --features lazuli-cli/mpi
+//! --test distributed_demo`.
 
+mod common;
+use common::describe;
 use serde_json::Value;
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
-}
-
-fn describe(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `lazuli demo --distributed`: 2 ranks with half

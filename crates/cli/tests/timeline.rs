@@ -6,18 +6,8 @@
 
 use serde_json::Value;
 
-/// Whether a wgpu adapter exists; without one, `LAZULI_REQUIRE_ADAPTER=1`
-/// (CI) fails the test instead of letting it skip.
-fn wgpu_adapter() -> bool {
-    match lazuli_wgpu::WgpuBackend::new(Default::default()) {
-        Ok(_) => true,
-        Err(e) => {
-            assert_ne!(std::env::var("LAZULI_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no wgpu adapter: {e}");
-            eprintln!("skipping: no wgpu adapter ({e})");
-            false
-        }
-    }
-}
+mod common;
+use common::wgpu_adapter;
 
 /// The `ph: X` events of the trace `lazuli demo --device <device>` wrote.
 fn demo_trace(device: &str) -> Vec<Value> {
