@@ -167,7 +167,8 @@ fn the_guide_lists_every_configuration_variable() {
             in_table = true;
         }
         let first = line.split('|').nth(1).unwrap_or_default();
-        let names = first.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("LAZULI_"));
+        let names =
+            first.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("LAZULI_"));
         tables.last_mut().expect("a table").extend(names.map(str::to_string));
     }
     assert_eq!(tables.len(), 2, "a table of the library's variables and one of the test harness's");
