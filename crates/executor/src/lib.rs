@@ -29,7 +29,7 @@ mod runtime;
 mod support;
 
 pub use api::{autocast, autograd, debug};
-pub use support::{config, metrics, platform, timeline, trace_summary};
+pub use support::{config, error, metrics, platform, timeline, trace_summary, warn};
 
 pub use api::autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use api::einsum::einsum;
@@ -37,6 +37,7 @@ pub use api::element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element}
 pub use api::ops::{ReshapeDims, TensorIndex};
 pub use api::print::PrintOptions;
 pub use api::random::{splitmix64, HostRng};
+pub use api::site::CallSite;
 pub use api::sort::{SORT_MAX_ROW, TOPK_SELECT_MAX_K};
 pub use api::tensor::{sync, sync_async, Tensor, TensorState};
 pub use backend::{

@@ -5,7 +5,7 @@
 //! CLI built with the cargo feature `mpi`, run under `mpirun -np N`) the
 //! training is data-parallel across the ranks; rank 0 prints.
 
-use super::{open_device, DeviceChoice};
+use super::{open_device_and_reason, DeviceChoice};
 use lazuli::prelude::*;
 use lazuli::{debug, metrics};
 use lazuli_distributed::ProcessGroup;
@@ -65,7 +65,7 @@ pub struct Args {
 /// `--fused` the fused elementwise example.
 pub fn run(args: Args) -> Result<(), String> {
     if args.fused {
-        return open_device(args.device).and_then(|d| fused_demo(&d));
+        return open_device_and_reason(args.device).and_then(|(d, why)| fused_demo(&d, &why));
     }
     let model = match args.model {
         ModelChoice::Mlp => DigitsModel::Mlp,
@@ -86,9 +86,9 @@ pub fn run(args: Args) -> Result<(), String> {
     let group = if args.distributed { Some(process_group()?) } else { None };
     // Only rank 0 prints.
     let quiet = group.as_ref().is_some_and(|g| g.rank() != 0);
-    let dev = match &group {
-        Some(g) if args.device.is_none() => rank_device(g)?,
-        _ => open_device(args.device)?,
+    let (dev, why) = match &group {
+        Some(g) if args.device.is_none() => (rank_device(g)?, "this rank's device".to_string()),
+        _ => open_device_and_reason(args.device)?,
     };
     let data = Digits::load(&data_dir).map_err(|e| e.to_string())?;
     if let (Some(g), false) = (&group, json || quiet) {
@@ -100,7 +100,7 @@ pub fn run(args: Args) -> Result<(), String> {
         );
     }
     if !json && !quiet {
-        println!("device: {}", dev.name());
+        println!("device: {} ({why})", dev.name());
         let what = match cfg.model {
             DigitsModel::Mlp => format!("an MLP 64 -> {} -> 10", cfg.hidden),
             DigitsModel::Cnn => {
@@ -242,9 +242,9 @@ pub(crate) fn demo_graph(dev: &Device) -> lazuli::Result<(Tensor, Tensor)> {
 
 /// `lazuli demo --fused`: runs the demo graph once on `dev` (compile
 /// included) and prints its values, kernels, WGSL and counters.
-fn fused_demo(dev: &Device) -> Result<(), String> {
+fn fused_demo(dev: &Device, why: &str) -> Result<(), String> {
     let err = |e: lazuli::ExecError| e.to_string();
-    println!("device: {}", dev.name());
+    println!("device: {} ({why})", dev.name());
     metrics::reset();
     let started = std::time::Instant::now();
     let (y, row_sums) = demo_graph(dev).map_err(err)?;

@@ -34,6 +34,21 @@ pub fn open_device(choice: Option<DeviceChoice>) -> Result<Device, String> {
     }
 }
 
+/// [`open_device`] with why that device: the option, or what
+/// `Device::default()` chose and why.
+pub fn open_device_and_reason(choice: Option<DeviceChoice>) -> Result<(Device, String), String> {
+    match choice {
+        None => match Device::default_choice() {
+            Ok((d, chosen)) => Ok((d, format!("the default: {}", chosen.reason))),
+            Err(e) => Err(e.to_string()),
+        },
+        Some(c) => {
+            let reason = format!("--device {}", if c == DeviceChoice::Cpu { "cpu" } else { "wgpu" });
+            open_device(Some(c)).map(|d| (d, reason))
+        }
+    }
+}
+
 /// `--device cpu|wgpu|all` of a command that compares devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum DevicesChoice {
