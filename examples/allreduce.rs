@@ -17,11 +17,11 @@
 //! mpirun -np 2 --oversubscribe target/debug/examples/allreduce [--params N] [--iters N] [--gpt [--host]]
 //! ```
 
-use lazuli::bench::{GptModel, GptSizes};
 use lazuli::distributed::{data_parallel, device_for, DataParallel, ProcessGroup};
 use lazuli::nn::{cross_entropy, Module, ModuleExt};
 use lazuli::optim::{Adam, Optimizer};
 use lazuli::{DType, Device, Tensor};
+use lazuli_models::gpt::{GptModel, GptSizes};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -13,7 +13,7 @@ use lazuli::data::{DataLoader, HostArray, TensorDataset};
 use lazuli::nn::{self, Module, ModuleExt};
 use lazuli::optim::{Adam, Optimizer};
 use lazuli::prelude::*;
-use lazuli::train::{Digits, DIGITS_CLASSES, DIGITS_TRAIN_ROWS};
+use lazuli_models::digits::{Digits, DIGITS_CLASSES, DIGITS_TRAIN_ROWS};
 
 /// conv(1 -> 16) - BN - ReLU - pool, conv(16 -> 32) - BN - ReLU - pool,
 /// flatten (32 x 2 x 2), linear (128 -> 10).

@@ -15,12 +15,12 @@
 //! proves that bit for bit). `--fresh` ignores the checkpoint; `--steps N`
 //! and `--checkpoint PATH` change the defaults.
 
-use lazuli::bench::{GptModel, GptSizes};
 use lazuli::checkpoint::Checkpoint;
 use lazuli::data::{DataLoader, HostArray, TensorDataset};
 use lazuli::nn::{self, Module};
 use lazuli::optim::{decay_groups, Adam, LrScheduler, Optimizer, SequentialLR};
 use lazuli::prelude::*;
+use lazuli_models::gpt::{GptModel, GptSizes};
 use std::path::PathBuf;
 
 const TEXT: &str = "It was the best of times, it was the worst of times, it was the age of wisdom, \

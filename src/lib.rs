@@ -126,21 +126,25 @@
 //!   shows the message).
 //!
 //! This crate is the facade: it wires the backends (`lazuli-cpu`,
-//! `lazuli-wgpu`) to the executor and re-exports the public API.
+//! `lazuli-wgpu`) to the executor and re-exports the public API: tensors
+//! and devices at the root, [`nn`], [`optim`], [`data`], [`serialize`],
+//! [`checkpoint`], [`amp`], `distributed` (cargo feature `mpi`), [`onnx`]
+//! and the wgpu backend's settings in [`wgpu`]. It carries no tools: the
+//! `lazuli` command (demo, benchmarks, conformance runs, trace reports) is
+//! the `lazuli-cli` crate, the demo's and benchmarks' models are
+//! `lazuli-models`.
 
 pub mod amp;
-pub mod bench;
 pub mod checkpoint;
 pub mod data;
 mod device;
 #[cfg(feature = "mpi")]
 pub mod distributed;
-pub mod generate;
 pub mod nn;
 pub mod onnx;
 pub mod optim;
 pub mod serialize;
-pub mod train;
+pub mod wgpu;
 
 pub use device::{adapters, wgpu_async, CpuDeviceOptions, DefaultChoice, DeviceExt, DeviceKind, WgpuDeviceOptions};
 pub use lazuli_executor::autograd;
@@ -153,20 +157,18 @@ pub use lazuli_executor::{
 pub use lazuli_executor::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use lazuli_ir as ir;
 pub use lazuli_ir::{DType, ScalarValue, Shape};
-// The kernel forms at the crate root, as before `forms` existed: kept so
-// that code naming `lazuli::KernelForms` compiles, hidden from the docs
-// (see CHANGELOG.md).
+// The kernel forms at the crate root, as before `wgpu::forms` existed:
+// kept so that code naming `lazuli::KernelForms` compiles, hidden from the
+// docs (see CHANGELOG.md).
 #[doc(hidden)]
 pub use lazuli_wgpu::codegen::forms::*;
 pub use lazuli_wgpu::validate_wgsl;
 
-/// The wgpu backend's kernel forms (`KernelForms` and one enum per kernel
-/// family), whole, so that a new form needs no change here: what
-/// [`WgpuDeviceOptions::kernel_forms`] takes to force a form (tests prove
-/// every form on any adapter that way).
-pub mod forms {
-    pub use lazuli_wgpu::codegen::forms::*;
-}
+/// The kernel forms under the name an earlier change gave them
+/// (`lazuli::forms`): kept so that code naming it compiles, hidden from
+/// the docs; they are [`wgpu::forms`] (see CHANGELOG.md).
+#[doc(hidden)]
+pub use crate::wgpu::forms;
 
 /// The names most programs need: `use lazuli::prelude::*;`.
 pub mod prelude {

@@ -15,14 +15,14 @@ mod common;
 
 use lazuli::amp::{self, GradScaler, GradScalerOptions};
 use lazuli::autograd::checkpoint;
-use lazuli::bench::{Gpt, GptSizes};
 use lazuli::checkpoint::Checkpoint;
 use lazuli::ir::ConvAttrs;
 use lazuli::metrics;
 use lazuli::nn::{self, Linear, Module};
 use lazuli::optim::{Optimizer, Sgd};
 use lazuli::prelude::*;
-use lazuli::train::{train_digits, Digits, TrainConfig};
+use lazuli_models::digits::{train_digits, Digits, TrainConfig};
+use lazuli_models::gpt::{Gpt, GptSizes};
 
 fn data(dev: &Device, dims: [usize; 2], seed: u64) -> Tensor {
     Tensor::from_slice(&common::rand_vec(dims[0] * dims[1], seed, -1.0, 1.0), dims, dev).unwrap()

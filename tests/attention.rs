@@ -439,17 +439,17 @@ fn form_devices() -> &'static [(&'static str, Device)] {
         if common::wgpu().is_none() {
             return Vec::new();
         }
-        let with = |forms: lazuli::KernelForms| {
+        let with = |forms: lazuli::wgpu::forms::KernelForms| {
             let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
             Device::wgpu_with(opts).expect("a wgpu device")
         };
         let forced = std::env::var("LAZULI_KERNEL_FORMS").unwrap_or_default();
         let mut v = Vec::new();
         if forced != "gpu" {
-            v.push(("software forms", with(lazuli::KernelForms::software())));
+            v.push(("software forms", with(lazuli::wgpu::forms::KernelForms::software())));
         }
         if forced != "software" {
-            v.push(("gpu forms", with(lazuli::KernelForms::gpu())));
+            v.push(("gpu forms", with(lazuli::wgpu::forms::KernelForms::gpu())));
         }
         v
     })
@@ -616,9 +616,9 @@ fn fused_path_never_materializes_the_scores_and_never_falls_back() {
             // A fresh device: its pool then holds every buffer the run made.
             let opts = lazuli::WgpuDeviceOptions {
                 kernel_forms: Some(if *name == "gpu forms" {
-                    lazuli::KernelForms::gpu()
+                    lazuli::wgpu::forms::KernelForms::gpu()
                 } else {
-                    lazuli::KernelForms::software()
+                    lazuli::wgpu::forms::KernelForms::software()
                 }),
                 ..Default::default()
             };

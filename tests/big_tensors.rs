@@ -47,7 +47,8 @@
 mod common;
 use lazuli::ir::{PoolAttrs, PoolKind};
 use lazuli::prelude::*;
-use lazuli::{metrics, BackendError, ExecError, KernelForms, WgpuDeviceOptions};
+use lazuli::wgpu::forms::KernelForms;
+use lazuli::{metrics, BackendError, ExecError, WgpuDeviceOptions};
 use std::sync::{Mutex, MutexGuard};
 
 /// lavapipe's storage binding limit, the window of the real-size tests.

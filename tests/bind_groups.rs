@@ -4,10 +4,10 @@
 //! buffers computes what the CPU reference computes every time.
 
 mod common;
-use lazuli::bench::{Gpt, GptSizes};
 use lazuli::metrics;
 use lazuli::prelude::*;
 use lazuli::WgpuDeviceOptions;
+use lazuli_models::gpt::{Gpt, GptSizes};
 
 fn created() -> u64 {
     metrics::counter("WgpuBindGroupsCreated")

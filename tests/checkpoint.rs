@@ -345,8 +345,8 @@ fn batch_norm_counts_batches_in_training_only() {
 /// `resume` (skipping the batches of the epoch already used) and stopping
 /// after `stop` steps, saving a checkpoint there. Each loss's bits.
 fn gpt_run(path: &std::path::Path, resume: bool, stop: u64) -> Vec<u32> {
-    use lazuli::bench::{GptModel, GptSizes};
     use lazuli::data::{DataLoader, HostArray, TensorDataset};
+    use lazuli_models::gpt::{GptModel, GptSizes};
     let sizes = GptSizes::TINY;
     let dev = Device::cpu();
     let t = sizes.context;

@@ -1,78 +1,15 @@
 //! One configuration step: a malformed `LAZULI_*` value is an error naming
-//! the variable (from the `lazuli` binary, from a device, from the options
-//! types), an unknown name is reported, and `lazuli info` prints every
-//! variable's effective value and its source.
+//! the variable (from a device, from the options types) and devices report
+//! each variable's effective value and its source. What the `lazuli`
+//! binary makes of them (`lazuli info`) is tested in crates/cli.
 
 mod common;
 
 use lazuli::prelude::*;
 use lazuli::{Backend, CpuDeviceOptions, ExecError, WgpuDeviceOptions};
 use lazuli_cpu::CpuBackend;
-use lazuli_executor::config::{self, Source};
-use std::process::{Command, Output};
+use lazuli_executor::config::Source;
 use std::sync::Arc;
-
-/// Runs `lazuli info` with the `LAZULI_*` variables of this process
-/// removed and `vars` set.
-fn lazuli_info(vars: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lazuli"));
-    cmd.arg("info");
-    for name in config::process_names() {
-        cmd.env_remove(name);
-    }
-    // No disk cache: the test must not write outside the target folder.
-    cmd.env("LAZULI_CACHE_DIR", "");
-    cmd.envs(vars.iter().copied());
-    cmd.output().expect("running the lazuli binary")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-#[test]
-fn a_malformed_flag_fails_the_cli_naming_the_variable() {
-    let out = lazuli_info(&[("LAZULI_AUTOTUNE", "maybe"), ("LAZULI_DEVICE", "cpu")]);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(!out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(
-        stderr.contains("LAZULI_AUTOTUNE=\"maybe\" is not valid: expected 1, 0, true, false, on or off"),
-        "stderr:\n{stderr}"
-    );
-}
-
-#[test]
-fn a_malformed_byte_count_fails_the_cli_naming_the_variable() {
-    let out = lazuli_info(&[("LAZULI_POOL_BYTES", "lots")]);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(!out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stderr.contains("LAZULI_POOL_BYTES=\"lots\" is not valid: expected a byte count"), "stderr:\n{stderr}");
-    assert!(stdout.contains("error: configuration: LAZULI_POOL_BYTES"), "the report shows it too:\n{stdout}");
-}
-
-#[test]
-fn info_prints_each_variable_with_its_source_and_unknown_names() {
-    let out = lazuli_info(&[("LAZULI_DEVICE", "cpu"), ("LAZULI_FINITE_MATH", "on"), ("LAZULI_AUTOTUN", "1")]);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let row = |name: &str| {
-        stdout
-            .lines()
-            .find(|l| l.trim_start().starts_with(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name}:\n{stdout}"))
-    };
-    assert!(row("LAZULI_DEVICE").ends_with("= cpu [environment]"), "{stdout}");
-    assert!(row("LAZULI_FINITE_MATH").ends_with("= on [environment]"), "{stdout}");
-    assert!(row("LAZULI_COMPILE_CACHE_SIZE").ends_with("= 1024 [default]"), "{stdout}");
-    assert!(row("LAZULI_CACHE_DIR").ends_with("[environment]"), "{stdout}");
-    assert!(row("LAZULI_CPU_MEMORY_BYTES").ends_with("[default]"), "{stdout}");
-    let library = config::VARS.iter().filter(|v| v.scope == config::Scope::Library);
-    for v in library {
-        row(v.name);
-    }
-    assert!(stdout.contains("unknown variable LAZULI_AUTOTUN (did you mean LAZULI_AUTOTUNE?)"), "{stdout}");
-    assert!(stderr.contains("unknown configuration variable LAZULI_AUTOTUN"), "warned at device creation:\n{stderr}");
-}
 
 fn cpu() -> Arc<dyn Backend> {
     Arc::new(CpuBackend::new())
@@ -204,4 +141,46 @@ fn device_settings_come_from_the_environment_or_fail_naming_the_variable() {
     let bad = |name: &str| (name == "LAZULI_VALIDATE").then(|| "yes".to_string());
     let e = DeviceSettings::from_env(&bad).unwrap_err();
     assert_eq!((e.variable.as_str(), e.expected.as_str()), ("LAZULI_VALIDATE", "one of cpu, off"));
+}
+
+/// The guide's environment tables (docs/guide.md, "Devices and
+/// environment") list every variable of `config::VARS`: the library's in
+/// the first table, the test harness's in the second, and no name the
+/// library does not know.
+#[test]
+fn the_guide_lists_every_configuration_variable() {
+    use lazuli_executor::config::{Scope, VARS};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/guide.md");
+    let guide = std::fs::read_to_string(&path).expect("docs/guide.md");
+    let start = guide.find("## Devices and environment").expect("the environment chapter");
+    let end = guide[start + 3..].find("\n## ").map_or(guide.len(), |i| start + 3 + i);
+    // The names in each table's first column, table by table.
+    let mut tables: Vec<Vec<String>> = Vec::new();
+    let mut in_table = false;
+    for line in guide[start..end].lines() {
+        if !line.starts_with('|') {
+            in_table = false;
+            continue;
+        }
+        if !in_table {
+            tables.push(Vec::new());
+            in_table = true;
+        }
+        let first = line.split('|').nth(1).unwrap_or_default();
+        let names =
+            first.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("LAZULI_"));
+        tables.last_mut().expect("a table").extend(names.map(str::to_string));
+    }
+    assert_eq!(tables.len(), 2, "a table of the library's variables and one of the test harness's");
+    for v in VARS {
+        let table = match v.scope {
+            Scope::Library => &tables[0],
+            Scope::Test => &tables[1],
+            Scope::Build => continue,
+        };
+        assert!(table.iter().any(|n| n == v.name), "{} ({:?}) has no row in docs/guide.md", v.name, v.scope);
+    }
+    for name in tables.iter().flatten() {
+        assert!(VARS.iter().any(|v| v.name == name), "docs/guide.md lists {name}, which config::VARS does not know");
+    }
 }

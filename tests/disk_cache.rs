@@ -146,29 +146,3 @@ fn off_when_the_dir_is_none() {
     assert_eq!(metrics::counter("DiskCacheMiss") - m, 0);
     assert_eq!(metrics::counter("DiskCacheWrite") - w, 0);
 }
-
-#[test]
-fn cli_second_process_validates_nothing() {
-    if common::wgpu().is_none() {
-        return;
-    }
-    let d = dir("cli");
-    let run = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli"))
-            .args(["demo", "--fused", "--device", "wgpu"])
-            .env("LAZULI_CACHE_DIR", &d)
-            .output()
-            .expect("the lazuli binary runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let counted = |text: &str, name: &str| text.lines().any(|l| l.split_whitespace().next() == Some(name));
-    let first = run();
-    assert!(counted(&first, "NagaValidations"), "the first process validates:\n{first}");
-    assert!(counted(&first, "DiskCacheWrite"), "the first process writes:\n{first}");
-    let second = run();
-    assert!(!counted(&second, "NagaValidations"), "the second process validated again:\n{second}");
-    assert!(counted(&second, "DiskCacheHit"), "the second process had no hits:\n{second}");
-    assert!(!counted(&second, "DiskCacheBad"));
-    let _ = std::fs::remove_dir_all(&d);
-}

@@ -395,7 +395,7 @@ fn streamed_executions_match_one_piece_ones() {
         let what = format!("pieces from {first} launch(es), timed {timed}");
         let opts = lazuli::WgpuDeviceOptions {
             stream_submit: Some(first),
-            kernel_forms: Some(lazuli::KernelForms::gpu()),
+            kernel_forms: Some(lazuli::wgpu::forms::KernelForms::gpu()),
             ..Default::default()
         };
         let backend = std::sync::Arc::new(lazuli_wgpu::WgpuBackend::new(opts).expect("a wgpu device"));

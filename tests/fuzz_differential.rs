@@ -811,10 +811,10 @@ impl Interp {
 type Devices = (Device, Device, Device, Device);
 
 /// The GPU profile with the tiled matmul (64 x 64 tiles) whatever the shape.
-fn tiled_matmul() -> lazuli::KernelForms {
-    lazuli::KernelForms {
-        matmul: lazuli::MatmulForm::Tiled(lazuli::MatmulTile { bm: 64, bn: 64 }),
-        ..lazuli::KernelForms::gpu()
+fn tiled_matmul() -> lazuli::wgpu::forms::KernelForms {
+    lazuli::wgpu::forms::KernelForms {
+        matmul: lazuli::wgpu::forms::MatmulForm::Tiled(lazuli::wgpu::forms::MatmulTile { bm: 64, bn: 64 }),
+        ..lazuli::wgpu::forms::KernelForms::gpu()
     }
 }
 
@@ -825,7 +825,7 @@ fn tiled_matmul() -> lazuli::KernelForms {
 fn devices() -> Option<&'static Devices> {
     static DEVS: OnceLock<Option<Devices>> = OnceLock::new();
     DEVS.get_or_init(|| {
-        let with = |forms: lazuli::KernelForms| {
+        let with = |forms: lazuli::wgpu::forms::KernelForms| {
             let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
             let dev = Device::wgpu_with(opts).ok()?;
             // Sizes that keep a step are compiled ahead (see
@@ -836,8 +836,8 @@ fn devices() -> Option<&'static Devices> {
         common::wgpu()?;
         Some((
             Device::cpu(),
-            with(lazuli::KernelForms::software())?,
-            with(lazuli::KernelForms::gpu())?,
+            with(lazuli::wgpu::forms::KernelForms::software())?,
+            with(lazuli::wgpu::forms::KernelForms::gpu())?,
             with(tiled_matmul())?,
         ))
     })
@@ -893,7 +893,7 @@ fn inputs(it: &mut Interp, dims: &[usize], seed: u64) {
 fn windowed_devices() -> Option<&'static Devices> {
     static DEVS: OnceLock<Option<Devices>> = OnceLock::new();
     DEVS.get_or_init(|| {
-        let with = |forms: lazuli::KernelForms| {
+        let with = |forms: lazuli::wgpu::forms::KernelForms| {
             let opts = lazuli::WgpuDeviceOptions {
                 kernel_forms: Some(forms),
                 binding_window: Some(8 << 10),
@@ -906,8 +906,8 @@ fn windowed_devices() -> Option<&'static Devices> {
         common::wgpu()?;
         Some((
             Device::cpu(),
-            with(lazuli::KernelForms::software())?,
-            with(lazuli::KernelForms::gpu())?,
+            with(lazuli::wgpu::forms::KernelForms::software())?,
+            with(lazuli::wgpu::forms::KernelForms::gpu())?,
             with(tiled_matmul())?,
         ))
     })

@@ -1,4 +1,4 @@
-//! The G8 GPT training step (`lazuli::bench::Gpt`) on every backend, at a
+//! The G8 GPT training step (`lazuli_models::gpt::Gpt`) on every backend, at a
 //! tiny size: the training loop compiles nothing after its first step
 //! (per-device compile counters: AdamW's moments are zeros made before the
 //! first update, so every step has the first step's graph), the loss falls, the attention is causal
@@ -7,9 +7,9 @@
 
 mod common;
 
-use lazuli::bench::{Gpt, GptModel, GptSizes};
 use lazuli::nn::Module;
 use lazuli::prelude::*;
+use lazuli_models::gpt::{Gpt, GptModel, GptSizes};
 
 const STEPS: usize = 8;
 

@@ -16,7 +16,9 @@ fn devices() -> Vec<(String, Device)> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for (name, forms) in [("software", lazuli::KernelForms::software()), ("gpu", lazuli::KernelForms::gpu())] {
+    for (name, forms) in
+        [("software", lazuli::wgpu::forms::KernelForms::software()), ("gpu", lazuli::wgpu::forms::KernelForms::gpu())]
+    {
         for packed in [false, true] {
             let opts =
                 lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), f16_packed: Some(packed), ..Default::default() };

@@ -168,7 +168,7 @@ fn trusted_modules_only_where_switched_on() {
     let (want, _) = run(&cpu, &c);
     for trusted in [true, false] {
         let opts = lazuli::WgpuDeviceOptions {
-            kernel_forms: Some(lazuli::KernelForms::gpu()),
+            kernel_forms: Some(lazuli::wgpu::forms::KernelForms::gpu()),
             trusted_shaders: Some(trusted),
             ..Default::default()
         };

@@ -59,7 +59,7 @@ fn a_recurring_token_count_gets_the_split_weight_gradient_back() {
         return;
     }
     let opts = lazuli::WgpuDeviceOptions {
-        kernel_forms: Some(lazuli::KernelForms::gpu()),
+        kernel_forms: Some(lazuli::wgpu::forms::KernelForms::gpu()),
         specialize_after: Some(2),
         ..Default::default()
     };

@@ -8,7 +8,8 @@ mod common;
 use lazuli::metrics;
 use lazuli::optim::{Adam, Optimizer};
 use lazuli::prelude::*;
-use lazuli::{KernelForms, WgpuDeviceOptions};
+use lazuli::wgpu::forms::KernelForms;
+use lazuli::WgpuDeviceOptions;
 
 /// Shapes of the updated "parameters": vec4-sized, odd, a single element,
 /// empty, 3-D and one whose gradient is a broadcast row.

@@ -394,8 +394,8 @@ fn adamw_groups_skip_decay_on_biases_norms_and_embeddings() {
 fn bench_gpt_walks_agree_on_its_tree() {
     let dev = Device::cpu();
     dev.manual_seed(4);
-    let sizes = lazuli::bench::GptSizes::TINY;
-    let model = lazuli::bench::GptModel::new(sizes, &dev).unwrap();
+    let sizes = lazuli_models::gpt::GptSizes::TINY;
+    let model = lazuli_models::gpt::GptModel::new(sizes, &dev).unwrap();
     let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names.len(), sizes.parameter_tensors());
     assert_eq!(&names[..4], ["wte.weight", "wpe.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias"]);

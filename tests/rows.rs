@@ -28,15 +28,15 @@ fn devices() -> Vec<(&'static str, Device)> {
     if common::wgpu().is_none() {
         return Vec::new();
     }
-    let with = |forms: lazuli::KernelForms, subgroups: bool| {
+    let with = |forms: lazuli::wgpu::forms::KernelForms, subgroups: bool| {
         let opts =
             lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), subgroups: Some(subgroups), ..Default::default() };
         Device::wgpu_with(opts).expect("a wgpu device")
     };
     vec![
-        ("gpu forms, subgroups", with(lazuli::KernelForms::gpu(), true)),
-        ("gpu forms, no subgroups", with(lazuli::KernelForms::gpu(), false)),
-        ("software forms", with(lazuli::KernelForms::software(), true)),
+        ("gpu forms, subgroups", with(lazuli::wgpu::forms::KernelForms::gpu(), true)),
+        ("gpu forms, no subgroups", with(lazuli::wgpu::forms::KernelForms::gpu(), false)),
+        ("software forms", with(lazuli::wgpu::forms::KernelForms::software(), true)),
     ]
 }
 

@@ -106,8 +106,8 @@ fn a_recurring_size_gets_static_kernels_in_the_background() {
     let cpu = Device::cpu();
     let d = 16;
     let wdata = common::rand_vec(d * d, 11, -0.5, 0.5);
-    for forms in [lazuli::KernelForms::software(), lazuli::KernelForms::gpu()] {
-        let tune = forms == lazuli::KernelForms::gpu();
+    for forms in [lazuli::wgpu::forms::KernelForms::software(), lazuli::wgpu::forms::KernelForms::gpu()] {
+        let tune = forms == lazuli::wgpu::forms::KernelForms::gpu();
         let opts = lazuli::WgpuDeviceOptions {
             kernel_forms: Some(forms),
             specialize_after: Some(3),
@@ -207,7 +207,7 @@ fn generic_sizes_can_be_turned_off() {
 
 #[test]
 fn greedy_generation_with_a_growing_context_matches_the_fixed_window() {
-    use lazuli::generate::{run, GenConfig, Window};
+    use lazuli_models::generate::{run, GenConfig, Window};
     let _g = common::metrics_lock();
     let cfg = GenConfig { vocab: 16, embd: 16, heads: 2, layers: 1, context: 12, prompt: 3, tokens: 14, seed: 3 };
     let cpu = run(cfg, Window::Fixed, &Device::cpu()).unwrap();

@@ -12,8 +12,8 @@ mod common;
 use lazuli::nn::{cross_entropy, ModuleExt};
 use lazuli::optim::{Optimizer, Sgd};
 use lazuli::prelude::*;
-use lazuli::train::Mlp;
 use lazuli::WgpuDeviceOptions;
+use lazuli_models::digits::Mlp;
 
 /// WebGPU's default `maxStorageBuffersPerShaderStage`.
 const STORAGE_BUFFERS: usize = 8;

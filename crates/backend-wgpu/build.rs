@@ -1,8 +1,10 @@
 //! Computes `LAZULI_BUILD_ID`, a hash of the sources that decide what the
-//! backend generates (this crate's and `lazuli-ir`'s) and of the
-//! workspace manifest (which pins naga, whose IR the cache stores), so
-//! the persistent kernel cache of one build is never read by another
-//! (see `src/diskcache.rs`).
+//! backend generates (this crate's, and `lazuli-ir`'s through the hash its
+//! build script publishes, `DEP_LAZULI_IR_SOURCE_HASH`) and of this
+//! crate's manifest (which pins naga, whose IR the cache stores), so the
+//! persistent kernel cache of one build is never read by another (see
+//! `src/diskcache.rs`). Only this crate's own files are read, so the
+//! packaged crate builds the same.
 
 use std::path::{Path, PathBuf};
 
@@ -20,13 +22,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn main() {
     let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
-    let dirs = [
-        root.join("src"),
-        root.join("../ir/src"),
-        root.join("Cargo.toml"),
-        root.join("../ir/Cargo.toml"),
-        root.join("../../Cargo.toml"),
-    ];
+    let dirs = [root.join("src"), root.join("Cargo.toml")];
     let mut all = Vec::new();
     for d in &dirs {
         println!("cargo:rerun-if-changed={}", d.display());
@@ -45,6 +41,9 @@ fn main() {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     };
+    println!("cargo:rerun-if-env-changed=DEP_LAZULI_IR_SOURCE_HASH");
+    eat(std::env::var("DEP_LAZULI_IR_SOURCE_HASH").unwrap_or_default().as_bytes());
+    eat(&[0]);
     for f in &all {
         let rel = f.strip_prefix(&root).unwrap_or(f);
         eat(rel.to_string_lossy().as_bytes());

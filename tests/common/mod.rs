@@ -30,11 +30,14 @@ pub fn wgpu_profiles() -> Vec<(&'static str, Device)> {
     if wgpu().is_none() {
         return Vec::new();
     }
-    let with = |forms: lazuli::KernelForms| {
+    let with = |forms: lazuli::wgpu::forms::KernelForms| {
         let opts = lazuli::WgpuDeviceOptions { kernel_forms: Some(forms), ..Default::default() };
         Device::wgpu_with(opts).expect("a wgpu device")
     };
-    vec![("software forms", with(lazuli::KernelForms::software())), ("gpu forms", with(lazuli::KernelForms::gpu()))]
+    vec![
+        ("software forms", with(lazuli::wgpu::forms::KernelForms::software())),
+        ("gpu forms", with(lazuli::wgpu::forms::KernelForms::gpu())),
+    ]
 }
 
 /// The CPU device and, when available, the wgpu device.

@@ -390,6 +390,12 @@ impl DeviceStorage for CpuStorage {
     }
 }
 
+/// The elements of a buffer this backend made (a program's inputs are
+/// checked to be CPU buffers when they are bound).
+pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
+    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,8 +76,7 @@
 //! stay under llvmpipe's per-invocation loop budget
 //! ([`codegen::LLVMPIPE_LOOP_BUDGET`]). Pipelines skip wgpu's zero-fill of
 //! workgroup memory: every kernel writes it before reading it.
-//! [`baseline`] runs hand-written WGSL on the same device for benchmarks;
-//! per-kernel GPU times come from timestamp queries
+//! Per-kernel GPU times come from timestamp queries
 //! ([`WgpuBackend::set_profiling`]).
 //!
 //! Architecture invariant: this crate never sees a lazy tensor; it gets
@@ -88,7 +87,6 @@
 #[cfg(not(target_arch = "wasm32"))]
 pub mod adapter;
 pub mod autotune;
-pub mod baseline;
 pub mod binds;
 pub mod codegen;
 pub mod compile;

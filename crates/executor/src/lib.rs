@@ -2,64 +2,50 @@
 //! scheduling, device barriers, metrics and the object-safe [`Backend`]
 //! trait.
 //!
+//! Three rooms, by owner: `api` (the tensor API a program calls: the
+//! `Tensor` handle, its ops and compositions, autograd, autocast,
+//! printing, the recording form `lazy`), `runtime` (what a sync runs:
+//! `trace`, the compile cache, `optimize`, `plan`, `compile_ahead`,
+//! `explain`, the shadow run of `LAZULI_VALIDATE`, collectives, the
+//! device and its worker) and `support` (configuration, errors, metrics,
+//! the timeline, platform differences); `backend` is the contract between
+//! the executor and a device.
+//!
 //! Data flow of one sync: ops on a [`Tensor`] record immutable lazy nodes
-//! (`lazy`); a sync point traces the pending nodes into one arena graph
-//! (`trace`), looks its structural hash up in the device's compile cache or
-//! optimizes, partitions (native / CPU fallback) and compiles it (`plan`),
-//! installs placeholders and hands the plan to the device worker
-//! (`device`), which fills them; reading a value waits on its cell.
+//! (`api::lazy`); a sync point traces the pending nodes into one arena
+//! graph (`runtime::trace`), looks its structural hash up in the device's
+//! compile cache or optimizes, partitions (native / CPU fallback) and
+//! compiles it (`runtime::plan`), installs placeholders and hands the plan
+//! to the device worker (`runtime::device`), which fills them; reading a
+//! value waits on its cell.
 //!
 //! Architecture invariants: the executor knows backends only through
 //! [`Backend`]; only the executor decides when to sync; backends never see a
 //! lazy tensor.
 
-mod ahead;
-pub mod autocast;
-pub mod autograd;
+mod api;
 pub mod backend;
-mod collective;
-mod compile_cache;
-mod compose;
-pub mod config;
-pub mod debug;
-mod device;
-mod einsum;
-mod element;
-pub mod error;
-mod explain;
-mod fault;
-mod lazy;
-pub mod metrics;
-mod ops;
-mod optimize;
-mod plan;
-pub mod platform;
-mod print;
-mod random;
-mod site;
-mod sort;
-mod tensor;
-pub mod timeline;
-mod trace;
-pub mod trace_summary;
-mod validate;
-pub mod warn;
+mod runtime;
+mod support;
 
-pub use ahead::DEPTH as COMPILE_AHEAD_DEPTH;
-pub use autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
+pub use api::{autocast, autograd, debug};
+pub use support::{config, error, metrics, platform, timeline, trace_summary, warn};
+
+pub use api::autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
+pub use api::einsum::einsum;
+pub use api::element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
+pub use api::ops::{ReshapeDims, TensorIndex};
+pub use api::print::PrintOptions;
+pub use api::random::{splitmix64, HostRng};
+pub use api::site::CallSite;
+pub use api::sort::{SORT_MAX_ROW, TOPK_SELECT_MAX_K};
+pub use api::tensor::{sync, sync_async, Tensor, TensorState};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
     LaunchCost,
 };
-pub use collective::{Collective, CollectiveError, PendingCollective};
-pub use device::{Device, DeviceSettings, RngState};
-pub use einsum::einsum;
-pub use element::{from_bytes, read_scalar, scalar_bytes, to_bytes, Element};
-pub use error::{ExecError, Result};
-pub use explain::CompileEntry;
-pub use ops::{ReshapeDims, TensorIndex};
-pub use print::PrintOptions;
-pub use random::{splitmix64, HostRng};
-pub use site::CallSite;
-pub use sort::{SORT_MAX_ROW, TOPK_SELECT_MAX_K};
-pub use tensor::{sync, sync_async, Tensor, TensorState};
+pub use runtime::collective::{Collective, CollectiveError, PendingCollective};
+pub use runtime::compile_ahead::DEPTH as COMPILE_AHEAD_DEPTH;
+pub use runtime::device::{Device, DeviceSettings, RngState};
+pub use runtime::explain::CompileEntry;
+pub use support::error::{ExecError, Result};

@@ -13,7 +13,7 @@ use crate::WebError;
 use lazuli::nn::{cross_entropy, ModuleExt};
 use lazuli::optim::{Optimizer, Sgd};
 use lazuli::prelude::*;
-use lazuli::train::Mlp;
+use lazuli_models::digits::Mlp;
 use serde_json::json;
 
 /// One case: builds its outputs on a device.

@@ -3,7 +3,7 @@
 //! momentum 0.9, weight decay 1e-4), and the fused-kernel example of
 //! `lazuli demo --fused` with its generated WGSL.
 //!
-//! The training loop is `lazuli::train::train_digits` with asynchronous
+//! The training loop is `lazuli_models::digits::train_digits` with asynchronous
 //! reads: each step is one `mark_step`, and the previous step's loss is
 //! read with `item_async`, which yields to the browser (it repaints the
 //! progress bar and the curve) while the device works.
@@ -13,18 +13,14 @@ use lazuli::nn::{cross_entropy, ModuleExt};
 use lazuli::optim::{Optimizer, Sgd};
 use lazuli::platform::Instant;
 use lazuli::prelude::*;
-use lazuli::train::{Digits, Mlp, TrainConfig, DIGITS_CLASSES, DIGITS_FEATURES, DIGITS_TRAIN_ROWS};
 use lazuli::HostRng;
+use lazuli_models::digits::{Digits, Mlp, TrainConfig, DIGITS_CLASSES, DIGITS_FEATURES, DIGITS_TRAIN_ROWS};
 use serde_json::json;
-
-/// The dataset, embedded (see `data/digits/README.md`).
-const IMAGES: &[u8] = include_bytes!("../../../data/digits/images.f32");
-const LABELS: &[u8] = include_bytes!("../../../data/digits/labels.u8");
 
 /// Trains for `epochs` epochs on `dev`, updating the page; returns the
 /// summary the test driver checks.
 pub async fn train(dev: &Device, epochs: usize) -> Result<serde_json::Value, WebError> {
-    let data = Digits::from_bytes(IMAGES, LABELS.to_vec(), "embedded data/digits")?;
+    let data = Digits::embedded()?;
     let cfg = TrainConfig { epochs, ..TrainConfig::default() };
     dev.manual_seed(cfg.seed);
     let model = Mlp::new(DIGITS_FEATURES, cfg.hidden, DIGITS_CLASSES, dev)?;

@@ -33,7 +33,7 @@ pub enum WebError {
     Backend(#[from] BackendError),
     /// The embedded dataset is malformed.
     #[error(transparent)]
-    Train(#[from] lazuli::train::TrainError),
+    Train(#[from] lazuli_models::digits::TrainError),
     /// The page lacks an element the code draws into.
     #[error("the page has no element #{0}")]
     Dom(String),
