@@ -18,7 +18,7 @@
 
 use crate::fused::FusedLoop;
 use crate::memory::Memory;
-use crate::storage::{CpuData, CpuStorage};
+use crate::storage::{data, CpuData, CpuStorage};
 use crate::{attention, conv, matmul, movement, reduce, source};
 use lazuli_executor::{BackendError, BackendKind, Buffer, DeviceStorage, Executable};
 use lazuli_ir::fusion::{self, FusionLimits, KernelKind};
@@ -331,10 +331,6 @@ impl ProgramBuilder<'_> {
 pub fn run(graph: &Graph, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
     let mem = Arc::default();
     Program::compile(graph, &mem).run(graph, inputs, scalars, &mem)
-}
-
-pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
-    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
 }
 
 fn check_inputs(graph: &Graph, inputs: &[Buffer], scalars: &[ScalarValue]) -> Result<(), BackendError> {

@@ -32,9 +32,8 @@
 //! node by node.
 
 use crate::elementwise::{self, BlockFn, Operand};
-use crate::exec::data;
 use crate::memory::Memory;
-use crate::storage::{each_all, CpuData};
+use crate::storage::{data, each_all, CpuData};
 use crate::stream;
 use lazuli_executor::BackendError;
 use lazuli_executor::DeviceStorage;

@@ -380,6 +380,12 @@ impl Drop for CpuStorage {
     }
 }
 
+/// The typed data of a value the CPU backend computed or bound (every
+/// such storage is a [`CpuStorage`]: inputs are checked when bound).
+pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
+    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
+}
+
 impl DeviceStorage for CpuStorage {
     fn as_any(&self) -> &dyn Any {
         self
