@@ -47,7 +47,7 @@ pub use ahead::DEPTH as COMPILE_AHEAD_DEPTH;
 pub use autograd::{checkpoint, is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
-    LaunchCost,
+    LaunchCost, LaunchSample,
 };
 pub use collective::{Collective, CollectiveError, PendingCollective};
 pub use device::{Device, DeviceSettings, RngState};
