@@ -277,6 +277,6 @@ mod tests {
 
     #[test]
     fn gelu_is_accurate() {
-        check("gelu", gelu, reference(UnaryOp::Gelu), 6e-7);
+        check("gelu", gelu, reference(UnaryOp::Gelu), 1e-6);
     }
 }

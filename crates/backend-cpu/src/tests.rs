@@ -261,7 +261,7 @@ fn float_ops_follow_the_reference() {
         .into_iter()
         .chain((-40..40).map(|k| k as f64 * 0.37))
         .collect();
-    let fast = [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid];
+    let fast = [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Erf, UnaryOp::Gelu];
     for &op in UnaryOp::ALL {
         let Some(FloatUnary::Map(f)) = float_unary(op) else { continue };
         let want: Vec<f64> = xs.iter().map(|&x| f(x)).collect();
