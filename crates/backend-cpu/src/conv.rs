@@ -461,21 +461,8 @@ pub(crate) fn pool_grad(
                 let (iw, ow) = (xd[3], gd[3]);
                 for (oy, ys) in win.valid[0].iter().enumerate() {
                     for (ox, xs) in win.valid[1].iter().enumerate() {
-                        let mut best: Option<(usize, T)> = None;
-                        for &y in ys {
-                            for &xi in xs {
-                                let off = y * iw + xi;
-                                let v = plane[off];
-                                let better = match best {
-                                    None => true,
-                                    Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
-                                };
-                                if better {
-                                    best = Some((off, v));
-                                }
-                            }
-                        }
-                        if let Some((off, _)) = best {
+                        let taps = ys.iter().flat_map(|&y| xs.iter().map(move |&xi| y * iw + xi));
+                        if let Some(off) = first_max(plane, taps) {
                             out[off] += Float::to_f64(g[pi * out_plane + oy * ow + ox]);
                         }
                     }
@@ -507,19 +494,7 @@ pub(crate) fn pool_grad(
                 let share = Float::to_f64(g[pi * out_plane + flat]);
                 match kind {
                     PoolKind::Max => {
-                        let mut best: Option<(usize, T)> = None;
-                        for t in 0..total {
-                            let off = tap(t);
-                            let v = plane[off];
-                            let better = match best {
-                                None => true,
-                                Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
-                            };
-                            if better {
-                                best = Some((off, v));
-                            }
-                        }
-                        if let Some((off, _)) = best {
+                        if let Some(off) = first_max(plane, (0..total).map(&tap)) {
                             out[off] += share;
                         }
                     }
@@ -551,6 +526,23 @@ pub(crate) fn pool_grad(
         (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(typed(mem, a, b, xd, gd, &win, p.kind)?),
         _ => unreachable!("pool_grad operands are one float dtype in a verified graph"),
     })
+}
+
+/// The offset among `taps` (in scan order) of the first maximum of
+/// `plane`, the first NaN where there is one; `None` for no taps.
+fn first_max<T: Float>(plane: &[T], taps: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut best: Option<(usize, T)> = None;
+    for off in taps {
+        let v = plane[off];
+        let better = match best {
+            None => true,
+            Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
+        };
+        if better {
+            best = Some((off, v));
+        }
+    }
+    best.map(|(off, _)| off)
 }
 
 /// Max pooling over two spatial dims: [`pool_typed`]'s fold for

@@ -28,7 +28,9 @@ use crate::profile::{self, Profiler};
 use crate::storage::{data, CpuData, CpuStorage};
 use crate::{attention, conv, matmul, movement, reduce, source, threads};
 use lazuli_executor::platform::Instant;
-use lazuli_executor::{timeline, BackendError, BackendKind, Buffer, DeviceStorage, Executable, LaunchCost, LaunchSample};
+use lazuli_executor::{
+    timeline, BackendError, BackendKind, Buffer, DeviceStorage, Executable, LaunchCost, LaunchSample,
+};
 use lazuli_ir::fusion::{self, FusionLimits, KernelKind};
 use lazuli_ir::{DType, Graph, NodeId, Op, ScalarValue, VerifiedGraph};
 use std::any::Any;
@@ -271,7 +273,8 @@ impl Program {
                     }
                 }
                 StepKind::MatMul { node, a, b } => {
-                    let arg = |(src, _): &(NodeId, View)| data(vals[src.index()].as_ref().expect("operands precede users"));
+                    let arg =
+                        |(src, _): &(NodeId, View)| data(vals[src.index()].as_ref().expect("operands precede users"));
                     let out = matmul::matmul_views(mem, arg(a), &a.1, arg(b), &b.1, graph.node(*node).shape.dims())?;
                     vals[node.index()] = Some(Arc::new(mem.track(out)));
                 }

@@ -68,7 +68,8 @@ impl Pool {
     /// grow: each step takes back what the step before released.)
     fn shrink(&mut self, mut pooled: usize, max: usize) -> usize {
         while pooled > max {
-            let largest = self.by_size.iter().filter(|(_, b)| !b.is_empty()).max_by_key(|((dt, n), _)| n * dt.size_bytes());
+            let largest =
+                self.by_size.iter().filter(|(_, b)| !b.is_empty()).max_by_key(|((dt, n), _)| n * dt.size_bytes());
             let Some((&key, _)) = largest else { break };
             if let Some(d) = self.by_size.get_mut(&key).and_then(Vec::pop) {
                 pooled -= byte_len(&d);

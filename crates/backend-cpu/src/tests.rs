@@ -503,7 +503,8 @@ fn matmul_all_kinds() {
 /// materialized operands; the transposes make no copy loop.
 #[test]
 fn products_read_views_of_their_operands_in_place() {
-    let vals = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + seed * 13) % 17) as f32 / 4.0 - 2.0).collect() };
+    let vals =
+        |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + seed * 13) % 17) as f32 / 4.0 - 2.0).collect() };
     let at = |v: &[f32], cols: usize, r: usize, c: usize| v[r * cols + c] as f64;
     // a^T @ b^T: a [4, 3], b [5, 4] -> [3, 5].
     let (a, b) = (vals(12, 1), vals(20, 2));
@@ -516,8 +517,7 @@ fn products_read_views_of_their_operands_in_place() {
     let exe = be.compile(&t.g.verify().unwrap()).unwrap();
     assert_eq!(exe.as_any().downcast_ref::<CpuExecutable>().unwrap().fused_loops(), 0, "no copy of a transpose");
     let r = be.execute(exe.as_ref(), t.inputs, &[]).unwrap();
-    let want: Vec<f64> =
-        (0..15).map(|e| (0..4).map(|p| at(&a, 3, p, e / 5) * at(&b, 4, e % 5, p)).sum()).collect();
+    let want: Vec<f64> = (0..15).map(|e| (0..4).map(|p| at(&a, 3, p, e / 5) * at(&b, 4, e % 5, p)).sum()).collect();
     close(CpuBackend::data(&r[0]).unwrap(), &want, 1e-6);
 
     // A broadcast batch and a strided slice: a [1, 3, 8] sliced to every
@@ -1078,4 +1078,52 @@ fn bf16_computes_in_f32_and_accumulates_wide() {
     // Exp rounds the f64 reference once.
     let r = un(UnaryOp::Exp, b(&[1.0]));
     close(&r, &[lazuli_ir::bf16_from_f64(std::f64::consts::E).to_f64()], 0.0);
+}
+
+/// `LAZULI_CPU_THREADS` sets the thread count unless code does; a
+/// malformed value is the error; the pool never has more threads than
+/// the host has cores.
+#[test]
+fn the_thread_count_comes_from_code_the_environment_or_the_cores() {
+    use lazuli_executor::config::Source;
+    let env = |v: &'static str| move |name: &str| (name == "LAZULI_CPU_THREADS").then(|| v.to_string());
+    let (o, s) = CpuOptions::default().resolve(&env("3")).unwrap();
+    assert_eq!((o.threads, s.threads), (Some(3), Source::Environment));
+    let (o, s) = CpuOptions { threads: Some(1), ..CpuOptions::default() }.resolve(&env("3")).unwrap();
+    assert_eq!((o.threads, s.threads), (Some(1), Source::Code));
+    let e = CpuOptions::default().resolve(&env("many")).unwrap_err();
+    assert_eq!(e.variable, "LAZULI_CPU_THREADS");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let one = CpuBackend::with_options(CpuOptions { threads: Some(1), ..CpuOptions::default() });
+    let many = CpuBackend::with_options(CpuOptions { threads: Some(cores + 5), ..CpuOptions::default() });
+    assert_eq!((one.threads(), many.threads()), (1, cores));
+}
+
+/// While profiling, every step of an execution is a launch with its name,
+/// FLOPs, bytes, wall time, CPU time and threads; the executable's
+/// `launch_costs` name the same steps; nothing is collected once off.
+#[test]
+fn profiling_collects_every_step_with_its_cost() {
+    let mut t = T::new();
+    let x = t.input(f32s(&[1.0; 12]), &[3, 4]);
+    let w = t.input(f32s(&[0.5; 8]), &[4, 2]);
+    let y = t.op(Op::MatMul, &[x, w]);
+    let z = t.op(Op::Unary(UnaryOp::Tanh), &[y]);
+    t.g.outputs = vec![z];
+    let be = CpuBackend::new();
+    let exe = be.compile(&t.g.verify().unwrap()).unwrap();
+    let names: Vec<String> = exe.launch_costs().into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["k0_matmul", "k1_fused_tanh"]);
+    assert!(be.set_profiling(true), "the CPU backend times every launch");
+    be.execute(exe.as_ref(), t.inputs.clone(), &[]).unwrap();
+    let samples = be.take_profile();
+    assert_eq!(samples.iter().map(|s| s.cost.name.as_str()).collect::<Vec<_>>(), names);
+    // [3, 4] @ [4, 2]: 2 * 3 * 2 * 4 FLOPs; 48 + 32 bytes read, 24 written.
+    assert_eq!((samples[0].cost.flops, samples[0].cost.bytes), (48, 104));
+    assert_eq!((samples[1].cost.flops, samples[1].cost.bytes), (6, 48));
+    assert!(samples.iter().all(|s| s.ms.is_some_and(|ms| ms >= 0.0) && s.threads == Some(1)));
+    assert!(samples.iter().all(|s| s.cpu_ms.is_some() == cfg!(unix)));
+    be.set_profiling(false);
+    be.execute(exe.as_ref(), t.inputs, &[]).unwrap();
+    assert!(be.take_profile().is_empty());
 }
