@@ -12,14 +12,18 @@
 //! Each value lives in an `Arc`'d [`CpuStorage`] until the last step that
 //! reads it, then it is dropped; `Reshape` shares its operand's storage.
 //! Outputs are returned as [`Buffer`]s sharing the same storage (no copy).
-//!
-//! Each step has a name (`k3_fused_mul_add_tanh`, `k7_matmul`) and a cost
-//! (FLOPs and bytes, [`crate::profile`]) from compilation; while the
-//! backend profiles or the timeline records, each step's wall time and
-//! threads are taken too.
 //! Every value is allocated from the backend's `Memory`, so a step whose
 //! output does not fit fails with `BackendError::OutOfMemory`; the values
 //! made so far are dropped with the run.
+//!
+//! A matmul kernel whose operands are views (transposes, slices,
+//! broadcasts) of materialized nodes is one `MatMul` step that reads them
+//! through their strides, never a copy loop and a product.
+//!
+//! Each step has a name (`k3_fused_mul_add_tanh`, `k7_matmul`) and a cost
+//! (FLOPs and bytes, [`crate::profile`]) from compilation; while the
+//! backend profiles or the timeline records, each step's wall time, CPU
+//! time and threads are taken too.
 
 use crate::fused::FusedLoop;
 use crate::layout::View;

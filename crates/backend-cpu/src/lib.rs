@@ -10,7 +10,10 @@
 //! last use. Reductions, softmax and matmul have contiguous fast paths;
 //! attention is fused (blocks of queries against all keys through the
 //! `gemm` crate, every requested part of one problem in one pass). Storage is [`CpuStorage`]: typed
-//! vectors per dtype ([`CpuData`]).
+//! vectors per dtype ([`CpuData`]). A large execution runs on a worker
+//! pool that the `gemm` crate shares, a small one serially on the calling
+//! thread (`threads`, [`CpuOptions::threads`]); each step can be profiled
+//! (`Backend::set_profiling`) and traced (`LAZULI_TRACE`).
 //!
 //! Every allocation that grows with a tensor comes from the backend's
 //! `memory` (a budget, a count of the bytes in use, a pool of freed

@@ -293,7 +293,9 @@ fn write(r: &Recorder, path: &Path) -> std::io::Result<()> {
     }
     events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": GPU_TRACK, "args": {"name": "GPU"}}));
     if r.events.iter().any(|e| e.tid == CPU_TRACK) {
-        events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": CPU_TRACK, "args": {"name": "CPU kernels"}}));
+        events.push(
+            json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": CPU_TRACK, "args": {"name": "CPU kernels"}}),
+        );
     }
     for e in &r.events {
         let ts = r.start_of(e);
