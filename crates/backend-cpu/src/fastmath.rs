@@ -170,18 +170,18 @@ fn sigmoid_generic(x: &[f32], out: &mut [f32]) {
 fn erf_core(v: f32) -> f32 {
     let x = v.clamp(-4.0, 4.0);
     let x2 = x * x;
-    let mut p = -2.726_142_2e-10f32;
-    p = p * x2 + 2.770_681_4e-8;
+    let mut p = -2.726_142_4e-10f32;
+    p = p * x2 + 2.770_681_5e-8;
     p = p * x2 - 2.101_024e-6;
-    p = p * x2 - 5.692_506_4e-5;
-    p = p * x2 - 7.349_906_3e-4;
+    p = p * x2 - 5.692_506_2e-5;
+    p = p * x2 - 7.349_906_4e-4;
     p = p * x2 - 2.954_6e-3;
     p = p * x2 - 1.609_603_3e-2;
-    let mut q = -1.456_607_2e-5f32;
-    q = q * x2 - 2.133_740_6e-4;
+    let mut q = -1.456_607_15e-5f32;
+    q = q * x2 - 2.133_740_5e-4;
     q = q * x2 - 1.682_827e-3;
-    q = q * x2 - 7.373_329e-3;
-    q = q * x2 - 1.426_474e-2;
+    q = q * x2 - 7.373_329_3e-3;
+    q = q * x2 - 1.426_473_9e-2;
     x * p / q
 }
 
@@ -204,11 +204,11 @@ const GELU_LO: f32 = -1.0;
 fn gelu_generic(x: &[f32], out: &mut [f32]) {
     let mut outside = false;
     for (o, &v) in out.iter_mut().zip(x) {
-        outside |= !(v >= GELU_LO);
+        outside |= v.is_nan() || v < GELU_LO;
         *o = 0.5 * v * (1.0 + erf_core(v * std::f32::consts::FRAC_1_SQRT_2));
     }
     if outside {
-        fix(x, out, |v| !(v >= GELU_LO), reference(UnaryOp::Gelu));
+        fix(x, out, |v| v.is_nan() || v < GELU_LO, reference(UnaryOp::Gelu));
     }
 }
 
