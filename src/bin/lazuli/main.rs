@@ -129,6 +129,12 @@ fn init_tracing() {
 /// The device `--device cpu|wgpu` names, else `Device::default()`;
 /// any other option is an error.
 fn device_arg(args: &[String]) -> Result<Device, String> {
+    device_and_reason(args).map(|(d, _)| d)
+}
+
+/// [`device_arg`] with why that device: the option, or what
+/// `Device::default()` chose and why.
+fn device_and_reason(args: &[String]) -> Result<(Device, String), String> {
     let mut it = args.iter();
     let mut kind = None;
     while let Some(a) = it.next() {
@@ -144,8 +150,14 @@ fn device_arg(args: &[String]) -> Result<Device, String> {
         }
     }
     match kind {
-        None => Ok(Device::default()),
-        Some(k) => Device::of_kind(k).map_err(|e| e.to_string()),
+        None => match Device::default_choice() {
+            Ok((d, choice)) => Ok((d, format!("the default: {}", choice.reason))),
+            Err(e) => Err(e.to_string()),
+        },
+        Some(k) => {
+            let reason = format!("--device {}", if k == DeviceKind::Cpu { "cpu" } else { "wgpu" });
+            Device::of_kind(k).map(|d| (d, reason)).map_err(|e| e.to_string())
+        }
     }
 }
 
