@@ -227,7 +227,12 @@ mod tests {
     use lazuli_executor::LaunchSample;
 
     fn sample(name: &str, flops: u64, ms: Option<f64>) -> LaunchSample {
-        LaunchSample { cost: LaunchCost { name: name.into(), flops, bytes: 4000, workgroups: 2 }, ms, threads: None, cpu_ms: None }
+        LaunchSample {
+            cost: LaunchCost { name: name.into(), flops, bytes: 4000, workgroups: 2 },
+            ms,
+            threads: None,
+            cpu_ms: None,
+        }
     }
 
     #[test]

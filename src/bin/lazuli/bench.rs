@@ -282,7 +282,10 @@ pub fn profile_table(name: &str, p: &Profile) -> String {
         (true, true) => format!("profile {name} (CPU wall time over {} iterations):\n", p.iterations),
         (true, false) => format!("profile {name} (GPU time over {} iterations):\n", p.iterations),
         (false, _) => {
-            format!("profile {name} ({} iterations; no timestamp queries on this adapter, counts only):\n", p.iterations)
+            format!(
+                "profile {name} ({} iterations; no timestamp queries on this adapter, counts only):\n",
+                p.iterations
+            )
         }
     };
     s.push_str(&format!(
