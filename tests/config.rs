@@ -61,12 +61,13 @@ fn options_take_code_over_environment_over_default() {
         "LAZULI_POOL_BYTES" => Some("1024".to_string()),
         _ => None,
     };
-    let (cpu, source) = CpuDeviceOptions::default().resolve(&env).unwrap();
-    assert_eq!((cpu.memory_budget, source), (Some(4096), Source::Environment));
-    let (cpu, source) = CpuDeviceOptions { memory_budget: Some(8) }.resolve(&env).unwrap();
-    assert_eq!((cpu.memory_budget, source), (Some(8), Source::Code));
-    let (cpu, source) = CpuDeviceOptions::default().resolve(&|_: &str| None).unwrap();
-    assert_eq!((cpu.memory_budget, source), (None, Source::Default));
+    let (cpu, sources) = CpuDeviceOptions::default().resolve(&env).unwrap();
+    assert_eq!((cpu.memory_budget, sources.memory_budget), (Some(4096), Source::Environment));
+    let (cpu, sources) = CpuDeviceOptions { memory_budget: Some(8), ..Default::default() }.resolve(&env).unwrap();
+    assert_eq!((cpu.memory_budget, sources.memory_budget), (Some(8), Source::Code));
+    let (cpu, sources) = CpuDeviceOptions::default().resolve(&|_: &str| None).unwrap();
+    assert_eq!((cpu.memory_budget, sources.memory_budget), (None, Source::Default));
+    assert_eq!((cpu.threads, sources.threads), (None, Source::Default));
 
     let code = WgpuDeviceOptions { pool_max_free_bytes: Some(7), ..Default::default() };
     let (wgpu, sources) = code.resolve(&env).unwrap();

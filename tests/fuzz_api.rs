@@ -457,7 +457,8 @@ fn initial(devs: &[Device]) -> Vec<Tensor> {
 
 /// Runs one sequence; Err describes a panic.
 fn run(calls: &[Call], use_wgpu: bool) -> Result<usize, String> {
-    let budgeted = Device::cpu_with(CpuDeviceOptions { memory_budget: Some(BUDGET as u64) });
+    let budgeted =
+        Device::cpu_with(CpuDeviceOptions { memory_budget: Some(BUDGET as u64), ..CpuDeviceOptions::default() });
     let mut devs = vec![Device::cpu(), Device::cpu(), budgeted];
     if use_wgpu {
         if let Some(g) = common::wgpu() {

@@ -241,7 +241,7 @@ fn live_tensors_over_budget(dev: &Device, budget: u64, device_prefix: &str) {
 #[test]
 fn live_tensors_over_a_cpu_memory_budget_fail_with_a_typed_error_and_the_device_recovers() {
     let budget = 8 * MIB as u64;
-    let dev = Device::cpu_with(CpuDeviceOptions { memory_budget: Some(budget) });
+    let dev = Device::cpu_with(CpuDeviceOptions { memory_budget: Some(budget), ..CpuDeviceOptions::default() });
     live_tensors_over_budget(&dev, budget, "cpu");
 }
 
@@ -308,7 +308,7 @@ fn a_one_tebibyte_tensor_is_a_typed_error_on_every_backend_and_the_next_computat
 fn a_request_the_host_allocator_refuses_is_a_typed_error() {
     // No budget: 2^62 bytes go to the allocator, which cannot map them
     // (beyond the address space, whatever the overcommit policy).
-    let dev = Device::cpu_with(CpuDeviceOptions { memory_budget: Some(u64::MAX) });
+    let dev = Device::cpu_with(CpuDeviceOptions { memory_budget: Some(u64::MAX), ..CpuDeviceOptions::default() });
     let huge = Tensor::rand([1usize << 60], DType::F32, &dev).unwrap();
     let err = huge.to_vec::<f32>().unwrap_err();
     match out_of_memory(&err) {

@@ -391,7 +391,7 @@ fn compute<T: Real>(
     let slices: Vec<SliceOut<'_, T>> = (0..nb)
         .map(|b| SliceOut { o: o[b].take(), lse: lse[b].take(), dq: dq[b].take(), dk: dk[b].take(), dv: dv[b].take() })
         .collect();
-    let threads = rayon::current_num_threads();
+    let threads = crate::threads::available();
     let flops = nb * p.tq * p.tk * (p.d + p.dv);
     let (outer, inner) = if flops < PAR_FLOPS || threads < 2 {
         (false, 1)
@@ -402,6 +402,7 @@ fn compute<T: Real>(
     };
     let run = |(b, s): (usize, SliceOut<'_, T>)| slice(mem, p, b, ins, want, s, inner);
     if outer {
+        crate::threads::note(threads);
         slices.into_par_iter().enumerate().try_for_each(run)?;
     } else {
         slices.into_iter().enumerate().try_for_each(run)?;

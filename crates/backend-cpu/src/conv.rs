@@ -132,7 +132,7 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
     let mut col = mem.zeroed(chunk * p * k)?;
     let mut tmp = mem.zeroed(chunk * p * og)?;
     let mut hwc = if channels_last { mem.zeroed(chunk * plane * cg)? } else { Vec::new() };
-    let threads = rayon::current_num_threads();
+    let threads = crate::threads::available();
     for n0 in (0..nb).step_by(chunk) {
         let nc = chunk.min(nb - n0);
         let rows = nc * p;
@@ -146,6 +146,7 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
                     transpose(src, cg, plane, dst);
                 };
                 if hwc.len() >= PAR_PACK && threads > 1 {
+                    crate::threads::note(threads);
                     hwc.par_chunks_mut(plane * cg).enumerate().for_each(to_hwc);
                 } else {
                     hwc.chunks_mut(plane * cg).enumerate().for_each(to_hwc);
@@ -168,6 +169,7 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
                 transpose(&tmp[j * p * og..(j + 1) * p * og], p, og, &mut img[g * og * p..(g + 1) * og * p]);
             };
             if rows * og >= PAR_PACK && threads > 1 {
+                crate::threads::note(threads);
                 images.par_chunks_mut(co * p).enumerate().for_each(place);
             } else {
                 images.chunks_mut(co * p).enumerate().for_each(place);
@@ -195,6 +197,7 @@ fn split_k_gemm<T: GemmFloat + Send + Sync>(
     d: Dims,
     threads: usize,
 ) -> Result<(), BackendError> {
+    crate::threads::note(threads);
     let part = d.k.div_ceil(threads);
     let partials: Vec<Vec<T>> = (0..threads)
         .into_par_iter()
@@ -284,7 +287,8 @@ impl Geometry {
         let k = self.cg * self.kh * self.kw;
         let block = self.ow * k;
         let each = |(r, out): (usize, &mut [T])| fill(r / self.oh, r % self.oh, out);
-        if col.len() >= PAR_PACK && rayon::current_num_threads() > 1 {
+        if col.len() >= PAR_PACK && crate::threads::available() > 1 {
+            crate::threads::note(crate::threads::available());
             col.par_chunks_mut(block).enumerate().for_each(each);
         } else {
             col.chunks_mut(block).enumerate().for_each(each);
@@ -399,6 +403,7 @@ pub(crate) fn pool(
 ) -> Result<CpuData, BackendError> {
     let win = windows(p, &xd[2..], &out[2..]);
     Ok(match p.kind {
+        PoolKind::Max if xd.len() == 4 && xd[2] * xd[3] > 0 => same_num!(x, v => max_pool_2d(mem, v, xd, out, &win)?),
         PoolKind::Max => {
             same_num!(x, v => pool_typed(mem, v, xd, out, &win, |it, _| it.fold(Num::LOWEST, Num::maximum))?)
         }
@@ -450,6 +455,20 @@ pub(crate) fn pool_grad(
         // Planes are independent: each writes its own part of `acc`.
         let plane_grad = |pi: usize, out: &mut [f64]| {
             let plane = &x[pi * in_plane..(pi + 1) * in_plane];
+            if nsp == 2 && kind == PoolKind::Max {
+                // The loop below for two spatial dims, without its index
+                // arithmetic: the same windows in the same scan order.
+                let (iw, ow) = (xd[3], gd[3]);
+                for (oy, ys) in win.valid[0].iter().enumerate() {
+                    for (ox, xs) in win.valid[1].iter().enumerate() {
+                        let taps = ys.iter().flat_map(|&y| xs.iter().map(move |&xi| y * iw + xi));
+                        if let Some(off) = first_max(plane, taps) {
+                            out[off] += Float::to_f64(g[pi * out_plane + oy * ow + ox]);
+                        }
+                    }
+                }
+                return;
+            }
             let mut opos = vec![0usize; nsp];
             let mut lists: Vec<&[usize]> = Vec::with_capacity(nsp);
             for flat in 0..out_plane {
@@ -475,19 +494,7 @@ pub(crate) fn pool_grad(
                 let share = Float::to_f64(g[pi * out_plane + flat]);
                 match kind {
                     PoolKind::Max => {
-                        let mut best: Option<(usize, T)> = None;
-                        for t in 0..total {
-                            let off = tap(t);
-                            let v = plane[off];
-                            let better = match best {
-                                None => true,
-                                Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
-                            };
-                            if better {
-                                best = Some((off, v));
-                            }
-                        }
-                        if let Some((off, _)) = best {
+                        if let Some(off) = first_max(plane, (0..total).map(&tap)) {
                             out[off] += share;
                         }
                     }
@@ -504,7 +511,8 @@ pub(crate) fn pool_grad(
                 }
             }
         };
-        if x.len() >= PAR_PACK {
+        if x.len() >= PAR_PACK && crate::threads::available() > 1 {
+            crate::threads::note(crate::threads::available());
             acc.par_chunks_mut(in_plane).enumerate().for_each(|(pi, out)| plane_grad(pi, out));
         } else {
             acc.chunks_mut(in_plane).enumerate().for_each(|(pi, out)| plane_grad(pi, out));
@@ -518,6 +526,52 @@ pub(crate) fn pool_grad(
         (CpuData::F64(a), CpuData::F64(b)) => CpuData::F64(typed(mem, a, b, xd, gd, &win, p.kind)?),
         _ => unreachable!("pool_grad operands are one float dtype in a verified graph"),
     })
+}
+
+/// The offset among `taps` (in scan order) of the first maximum of
+/// `plane`, the first NaN where there is one; `None` for no taps.
+fn first_max<T: Float>(plane: &[T], taps: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut best: Option<(usize, T)> = None;
+    for off in taps {
+        let v = plane[off];
+        let better = match best {
+            None => true,
+            Some((_, b)) => !b.is_nan() && (v.is_nan() || v > b),
+        };
+        if better {
+            best = Some((off, v));
+        }
+    }
+    best.map(|(off, _)| off)
+}
+
+/// Max pooling over two spatial dims: [`pool_typed`]'s fold for
+/// `PoolKind::Max` without its per-element index arithmetic (the same
+/// windows in the same scan order, so the same result).
+fn max_pool_2d<T: Num>(
+    mem: &Memory,
+    x: &[T],
+    xd: &[usize],
+    out: &[usize],
+    win: &Windows,
+) -> Result<Vec<T>, BackendError> {
+    let (in_plane, iw) = (xd[2] * xd[3], xd[3]);
+    let mut res = mem.vec(out[0] * out[1] * out[2] * out[3])?;
+    for plane in x.chunks_exact(in_plane).take(out[0] * out[1]) {
+        for ys in &win.valid[0] {
+            for xs in &win.valid[1] {
+                let mut m = T::LOWEST;
+                for &y in ys {
+                    let row = &plane[y * iw..(y + 1) * iw];
+                    for &xi in xs {
+                        m = Num::maximum(m, row[xi]);
+                    }
+                }
+                res.push(m);
+            }
+        }
+    }
+    Ok(res)
 }
 
 /// Runs `f(window elements, padded tap count)` for every output element.

@@ -13,7 +13,7 @@
 //! round identically).
 //!
 //! Float transcendental functions are evaluated in `f64` by the reference
-//! semantics ([`lazuli_ir::semantics`]) and rounded to the element type, except f32 `exp`, `tanh` and `sigmoid`, which use the
+//! semantics ([`lazuli_ir::semantics`]) and rounded to the element type, except f32 `exp`, `tanh`, `sigmoid`, `erf` and `gelu`, which use the
 //! vectorized f32 code of [`crate::fastmath`] (a few ulp). f32 `sqrt`,
 //! `reciprocal`, `floor`, `ceil` and `round` run in f32 directly, which
 //! rounds identically to the `f64` definition. Basic float arithmetic
@@ -290,13 +290,15 @@ fn unary_f32(op: UnaryOp) -> BlockFn {
         Exp => fast(fastmath::exp),
         Tanh => fast(fastmath::tanh),
         Sigmoid => fast(fastmath::sigmoid),
+        Erf => fast(fastmath::erf),
+        Gelu => fast(fastmath::gelu),
         Sqrt => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::sqrt)),
         Reciprocal => Box::new(|a, d| map1::<f32, f32>(a[0], d, |x| 1.0 / x)),
         Floor => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::floor)),
         Ceil => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::ceil)),
         Round => Box::new(|a, d| map1::<f32, f32>(a[0], d, f32::round_ties_even)),
         Rsqrt => Box::new(|a, d| map1::<f32, f32>(a[0], d, |x| (1.0 / (x as f64).sqrt()) as f32)),
-        Log | Gelu | GeluTanh | Erf | Sin | Cos => {
+        Log | GeluTanh | Sin | Cos => {
             let f = fastmath::reference(op);
             Box::new(move |a, d| map1::<f32, f32>(a[0], d, |e| f(e as f64) as f32))
         }

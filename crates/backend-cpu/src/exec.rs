@@ -15,14 +15,28 @@
 //! Every value is allocated from the backend's `Memory`, so a step whose
 //! output does not fit fails with `BackendError::OutOfMemory`; the values
 //! made so far are dropped with the run.
+//!
+//! A matmul kernel whose operands are views (transposes, slices,
+//! broadcasts) of materialized nodes is one `MatMul` step that reads them
+//! through their strides, never a copy loop and a product.
+//!
+//! Each step has a name (`k3_fused_mul_add_tanh`, `k7_matmul`) and a cost
+//! (FLOPs and bytes, [`crate::profile`]) from compilation; while the
+//! backend profiles or the timeline records, each step's wall time, CPU
+//! time and threads are taken too.
 
 use crate::fused::FusedLoop;
+use crate::layout::View;
 use crate::memory::Memory;
+use crate::profile::{self, Profiler};
 use crate::storage::{data, CpuData, CpuStorage};
-use crate::{attention, conv, matmul, movement, reduce, source};
-use lazuli_executor::{BackendError, BackendKind, Buffer, DeviceStorage, Executable};
+use crate::{attention, conv, matmul, movement, reduce, source, threads};
+use lazuli_executor::platform::Instant;
+use lazuli_executor::{
+    timeline, BackendError, BackendKind, Buffer, DeviceStorage, Executable, LaunchCost, LaunchSample,
+};
 use lazuli_ir::fusion::{self, FusionLimits, KernelKind};
-use lazuli_ir::{Graph, NodeId, Op, ScalarValue, VerifiedGraph};
+use lazuli_ir::{DType, Graph, NodeId, Op, ScalarValue, VerifiedGraph};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -63,7 +77,25 @@ impl CpuExecutable {
 
     /// Runs the program on `inputs` (one per parameter) and `scalars`.
     pub fn run(&self, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
-        self.program.run(&self.graph, inputs, scalars, &self.memory)
+        self.program.run(&self.graph, inputs, scalars, &self.memory, None)
+    }
+
+    /// [`CpuExecutable::run`], each step timed into `profiler` while it
+    /// collects.
+    pub(crate) fn run_profiled(
+        &self,
+        inputs: Vec<Buffer>,
+        scalars: &[ScalarValue],
+        profiler: &Profiler,
+    ) -> Result<Vec<Buffer>, BackendError> {
+        self.program.run(&self.graph, inputs, scalars, &self.memory, Some(profiler))
+    }
+
+    /// Whether an execution has enough work to run on the worker pool
+    /// ([`threads::PARALLEL_WORK`]); smaller ones run serially on the
+    /// calling thread.
+    pub(crate) fn parallel(&self) -> bool {
+        self.program.work >= threads::PARALLEL_WORK
     }
 
     /// How many steps are fused loops (for tests).
@@ -84,6 +116,10 @@ impl Executable for CpuExecutable {
     fn kernel_sources(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+
+    fn launch_costs(&self) -> Vec<LaunchCost> {
+        self.program.steps.iter().map(|s| s.cost.clone()).collect()
+    }
 }
 
 /// The steps that evaluate a graph, in order.
@@ -91,12 +127,16 @@ struct Program {
     steps: Vec<Step>,
     /// Per node: how many steps read it (plus one for graph outputs).
     uses: Vec<usize>,
+    /// FLOPs plus bytes of all steps (the threading policy's measure).
+    work: u64,
 }
 
 struct Step {
     kind: StepKind,
     /// Nodes read, deduplicated (released after their last reading step).
     reads: Vec<NodeId>,
+    /// Its name in profiles and its FLOPs and bytes.
+    cost: LaunchCost,
 }
 
 enum StepKind {
@@ -106,6 +146,10 @@ enum StepKind {
     Fused(Box<FusedLoop>),
     /// Attention parts over the same operands, computed together.
     Attention(Vec<NodeId>),
+    /// A product (f32 or f64) reading each operand in place through a
+    /// view of a materialized node (a transpose, slice or broadcast of it
+    /// is never copied).
+    MatMul { node: NodeId, a: (NodeId, View), b: (NodeId, View) },
 }
 
 impl Program {
@@ -172,6 +216,10 @@ impl Program {
                 // prologue (`eval_node` matches every op): a new kind is
                 // correct here, just not specialized.
                 _ => {
+                    // A product whose operands it can read in place.
+                    if k.kind == KernelKind::MatMul && b.strided_matmul(k.root(), &k.inline) {
+                        continue;
+                    }
                     let root = k.root();
                     b.prologue(root, &k.inline);
                     b.node(root);
@@ -187,7 +235,8 @@ impl Program {
         for o in &graph.outputs {
             uses[o.index()] += 1;
         }
-        Program { steps: b.steps, uses }
+        let work = b.steps.iter().map(|s| s.cost.flops + s.cost.bytes).sum();
+        Program { steps: b.steps, uses, work }
     }
 
     fn run(
@@ -196,7 +245,11 @@ impl Program {
         inputs: Vec<Buffer>,
         scalars: &[ScalarValue],
         mem: &Arc<Memory>,
+        profiler: Option<&Profiler>,
     ) -> Result<Vec<Buffer>, BackendError> {
+        let profiling = profiler.is_some_and(Profiler::on);
+        let timed = profiling || timeline::enabled();
+        let mut samples = Vec::new();
         check_inputs(graph, &inputs, scalars)?;
         let mut uses = self.uses.clone();
         let mut vals: Vec<Option<Arc<dyn DeviceStorage>>> = vec![None; graph.len()];
@@ -206,6 +259,10 @@ impl Program {
             }
         }
         for step in &self.steps {
+            let start = timed.then(|| {
+                threads::take_used();
+                (Instant::now(), profile::thread_cpu_time())
+            });
             match &step.kind {
                 StepKind::Node(id) => {
                     let v = eval_node(graph, *id, &vals, scalars, mem)?;
@@ -219,11 +276,36 @@ impl Program {
                         vals[o.index()] = Some(Arc::new(mem.track(d)));
                     }
                 }
+                StepKind::MatMul { node, a, b } => {
+                    let arg =
+                        |(src, _): &(NodeId, View)| data(vals[src.index()].as_ref().expect("operands precede users"));
+                    let out = matmul::matmul_views(mem, arg(a), &a.1, arg(b), &b.1, graph.node(*node).shape.dims())?;
+                    vals[node.index()] = Some(Arc::new(mem.track(out)));
+                }
                 StepKind::Fused(lp) => {
                     let outs = lp.run(&vals, scalars, mem)?;
                     for (o, d) in lp.writes().into_iter().zip(outs) {
                         vals[o.index()] = Some(Arc::new(mem.track(d)));
                     }
+                }
+            }
+            if let Some((start, cpu_start)) = start {
+                let took = start.elapsed();
+                let cpu = profile::thread_cpu_time().zip(cpu_start).map(|(end, begin)| end.saturating_sub(begin));
+                let threads = threads::take_used();
+                if timeline::enabled() {
+                    let c = &step.cost;
+                    let cpu = cpu.map_or(String::new(), |d| format!(", {:.1} µs CPU", d.as_secs_f64() * 1e6));
+                    let what = format!("{} FLOPs, {} bytes, {threads} threads{cpu}", c.flops, c.bytes);
+                    timeline::cpu_kernel(&c.name, start, took, what);
+                }
+                if profiling {
+                    samples.push(LaunchSample {
+                        cost: step.cost.clone(),
+                        ms: Some(took.as_secs_f64() * 1e3),
+                        threads: Some(threads as u32),
+                        cpu_ms: cpu.map(|d| d.as_secs_f64() * 1e3),
+                    });
                 }
             }
             for r in &step.reads {
@@ -233,6 +315,9 @@ impl Program {
                     vals[r.index()] = None;
                 }
             }
+        }
+        if let Some(p) = profiler.filter(|_| profiling) {
+            p.record(samples);
         }
         Ok(graph
             .outputs
@@ -256,11 +341,14 @@ struct ProgramBuilder<'g> {
 
 impl ProgramBuilder<'_> {
     fn fused(&mut self, lp: FusedLoop) {
-        for w in lp.writes() {
+        let writes = lp.writes();
+        for w in &writes {
             self.done[w.index()] = true;
         }
         let reads = lp.reads();
-        self.steps.push(Step { kind: StepKind::Fused(Box::new(lp)), reads });
+        let name = format!("k{}_fused_{}", self.steps.len(), lp.describe());
+        let cost = profile::step_cost(self.graph, name, lp.flops(), &reads, &writes);
+        self.steps.push(Step { kind: StepKind::Fused(Box::new(lp)), reads, cost });
     }
 
     /// The prologue of a kernel rooted at `root`: each inlined operand of
@@ -277,6 +365,36 @@ impl ProgramBuilder<'_> {
         }
     }
 
+    /// Plans the product `root` (the root of a matmul kernel with prologue
+    /// `inline`) as a [`StepKind::MatMul`] when it is an f32 or f64
+    /// `MatMul` whose operands are views (or none) of materialized nodes
+    /// that the product can read in place; the other inlined operands
+    /// are computed first. False (nothing planned) otherwise.
+    fn strided_matmul(&mut self, root: NodeId, inline: &[NodeId]) -> bool {
+        let node = self.graph.node(root);
+        if !matches!(node.op, Op::MatMul) || !matches!(node.dtype, DType::F32 | DType::F64) {
+            return false;
+        }
+        let view = |o: NodeId| view_of(self.graph, o, inline).filter(|(_, v)| matmul::readable_in_place(v));
+        let (Some(a), Some(b)) = (view(node.inputs[0]), view(node.inputs[1])) else { return false };
+        for src in [a.0, b.0] {
+            if !self.done[src.index()] && inline.contains(&src) {
+                // A non-view node of the prologue the view reads.
+                match FusedLoop::compile(self.graph, inline, &[src], self.mem) {
+                    Some(lp) => self.fused(lp),
+                    None => self.closure(src, inline),
+                }
+            }
+        }
+        let mut reads = vec![a.0, b.0];
+        reads.dedup();
+        self.done[root.index()] = true;
+        let name = format!("k{}_matmul", self.steps.len());
+        let cost = profile::step_cost(self.graph, name, profile::node_flops(self.graph, root), &reads, &[root]);
+        self.steps.push(Step { kind: StepKind::MatMul { node: root, a, b }, reads, cost });
+        true
+    }
+
     /// Computes attention parts over the same operands in one step.
     fn attention(&mut self, outputs: Vec<NodeId>) {
         let mut reads = self.graph.node(outputs[0]).inputs.clone();
@@ -285,7 +403,17 @@ impl ProgramBuilder<'_> {
         for o in &outputs {
             self.done[o.index()] = true;
         }
-        self.steps.push(Step { kind: StepKind::Attention(outputs), reads });
+        let parts: Vec<String> = outputs
+            .iter()
+            .map(|&o| match self.graph.node(o).op {
+                Op::Attention { part, .. } => format!("{part:?}").to_lowercase(),
+                _ => unreachable!("attention step of a non-attention node"),
+            })
+            .collect();
+        let name = format!("k{}_attention_{}", self.steps.len(), parts.join("_"));
+        let flops = profile::attention_flops(self.graph, &outputs);
+        let cost = profile::step_cost(self.graph, name, flops, &reads, &outputs);
+        self.steps.push(Step { kind: StepKind::Attention(outputs), reads, cost });
     }
 
     /// Interprets one node (elementwise nodes as one-node loops).
@@ -303,7 +431,13 @@ impl ProgramBuilder<'_> {
         reads.sort();
         reads.dedup();
         self.done[id.index()] = true;
-        self.steps.push(Step { kind: StepKind::Node(id), reads });
+        let name = format!("k{}_{}", self.steps.len(), node.op.label());
+        // A reshape shares its operand's storage: it moves nothing.
+        let cost = match node.op {
+            Op::Reshape(_) => LaunchCost { name, ..LaunchCost::default() },
+            _ => profile::step_cost(self.graph, name, profile::node_flops(self.graph, id), &reads, &[id]),
+        };
+        self.steps.push(Step { kind: StepKind::Node(id), reads, cost });
     }
 
     /// Interprets the nodes of `members` that `root` needs, in order.
@@ -325,12 +459,45 @@ impl ProgramBuilder<'_> {
     }
 }
 
+/// Node `id` as a view of a node outside `inline` (materialized before
+/// the kernel runs), or of a node of `inline` that is no view op: the
+/// chain of `Reshape`, `Permute`, `Expand` and `Slice` nodes of `inline`
+/// that leads to it, folded into strides. `None` where a reshape cannot
+/// be a view.
+fn view_of(graph: &Graph, id: NodeId, inline: &[NodeId]) -> Option<(NodeId, View)> {
+    let node = graph.node(id);
+    let dims = node.shape.dims();
+    if !inline.contains(&id) {
+        return Some((id, View::contiguous(dims)));
+    }
+    let below = || view_of(graph, node.inputs[0], inline);
+    Some(match &node.op {
+        Op::Reshape(_) => {
+            let (src, v) = below()?;
+            (src, v.reshape(dims)?)
+        }
+        Op::Permute(perm) => {
+            let (src, v) = below()?;
+            (src, v.permute(perm))
+        }
+        Op::Expand(_) => {
+            let (src, v) = below()?;
+            (src, v.expand(dims))
+        }
+        Op::Slice { starts, steps, lens } => {
+            let (src, v) = below()?;
+            (src, v.slice(starts, steps, lens))
+        }
+        _ => (id, View::contiguous(dims)),
+    })
+}
+
 /// Runs `graph` on `inputs` (one per parameter) and `scalars` (one per
 /// scalar slot), returning one buffer per output. Compiles the graph first;
 /// [`CpuExecutable::run`] reuses a compiled program.
 pub fn run(graph: &Graph, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Result<Vec<Buffer>, BackendError> {
     let mem = Arc::default();
-    Program::compile(graph, &mem).run(graph, inputs, scalars, &mem)
+    Program::compile(graph, &mem).run(graph, inputs, scalars, &mem, None)
 }
 
 fn check_inputs(graph: &Graph, inputs: &[Buffer], scalars: &[ScalarValue]) -> Result<(), BackendError> {

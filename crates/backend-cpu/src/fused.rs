@@ -32,6 +32,7 @@
 //! node by node.
 
 use crate::elementwise::{self, BlockFn, Operand};
+use crate::layout::View;
 use crate::memory::Memory;
 use crate::storage::{data, each_all, CpuData};
 use crate::stream;
@@ -68,6 +69,8 @@ pub(crate) struct FusedLoop {
     owned: Vec<CpuData>,
     /// Physical scratch registers.
     nregs: usize,
+    /// The ops of its compute instructions, in order (for profiles).
+    ops: Vec<&'static str>,
 }
 
 enum Source {
@@ -114,85 +117,6 @@ impl Inst {
     }
 }
 
-/// A strided view of a buffer, in elements.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct View {
-    dims: Vec<usize>,
-    strides: Vec<isize>,
-    offset: isize,
-}
-
-impl View {
-    fn contiguous(dims: &[usize]) -> View {
-        let mut strides = vec![0isize; dims.len()];
-        let mut acc = 1isize;
-        for d in (0..dims.len()).rev() {
-            strides[d] = acc;
-            acc *= dims[d] as isize;
-        }
-        View { dims: dims.to_vec(), strides, offset: 0 }
-    }
-
-    fn is_row_major(&self) -> bool {
-        let c = self.collapse();
-        c.dims.is_empty() || (c.dims.len() == 1 && c.strides[0] == 1)
-    }
-
-    fn reshape(&self, dims: &[usize]) -> Option<View> {
-        self.is_row_major().then(|| View { offset: self.offset, ..View::contiguous(dims) })
-    }
-
-    fn permute(&self, perm: &[usize]) -> View {
-        View {
-            dims: perm.iter().map(|&p| self.dims[p]).collect(),
-            strides: perm.iter().map(|&p| self.strides[p]).collect(),
-            offset: self.offset,
-        }
-    }
-
-    /// Numpy broadcast to `out` (right-aligned; size-1 dims get stride 0).
-    fn expand(&self, out: &[usize]) -> View {
-        let off = out.len() - self.dims.len();
-        let strides = (0..out.len())
-            .map(|i| if i < off || self.dims[i - off] == 1 { 0 } else { self.strides[i - off] })
-            .collect();
-        View { dims: out.to_vec(), strides, offset: self.offset }
-    }
-
-    fn slice(&self, starts: &[i64], steps: &[i64], lens: &[usize]) -> View {
-        let mut offset = self.offset;
-        for d in 0..self.dims.len() {
-            if lens[d] > 0 {
-                offset += starts[d] as isize * self.strides[d];
-            }
-        }
-        let strides = (0..self.dims.len()).map(|d| self.strides[d] * steps[d] as isize).collect();
-        View { dims: lens.to_vec(), strides, offset }
-    }
-
-    /// Drops size-1 dims and merges adjacent dims that step uniformly.
-    fn collapse(&self) -> View {
-        let mut dims: Vec<usize> = Vec::new();
-        let mut strides: Vec<isize> = Vec::new();
-        for (&d, &s) in self.dims.iter().zip(&self.strides) {
-            if d == 1 {
-                continue;
-            }
-            match (dims.last_mut(), strides.last_mut()) {
-                (Some(ld), Some(ls)) if *ls == s * d as isize => {
-                    *ld *= d;
-                    *ls = s;
-                }
-                _ => {
-                    dims.push(d);
-                    strides.push(s);
-                }
-            }
-        }
-        View { dims, strides, offset: self.offset }
-    }
-}
-
 /// A node's value while compiling.
 #[derive(Clone)]
 enum Val {
@@ -215,6 +139,7 @@ struct Builder<'g> {
     source_of: HashMap<NodeId, usize>,
     view_slots: HashMap<(usize, View), usize>,
     vregs: usize,
+    ops: Vec<&'static str>,
 }
 
 impl FusedLoop {
@@ -247,6 +172,7 @@ impl FusedLoop {
             source_of: HashMap::new(),
             view_slots: HashMap::new(),
             vregs: 0,
+            ops: Vec::new(),
         };
         let mut vals: HashMap<NodeId, Val> = HashMap::new();
         for &id in members.iter().filter(|x| needed.contains(x)) {
@@ -284,7 +210,16 @@ impl FusedLoop {
             outs.push((o, node.dtype));
         }
         let nregs = b.allocate();
-        Some(FusedLoop { n, slots: b.slots, insts: b.insts, outputs: outs, sources: b.sources, owned: b.owned, nregs })
+        Some(FusedLoop {
+            n,
+            slots: b.slots,
+            insts: b.insts,
+            outputs: outs,
+            sources: b.sources,
+            owned: b.owned,
+            nregs,
+            ops: b.ops,
+        })
     }
 
     /// The materialized nodes this loop reads.
@@ -296,6 +231,25 @@ impl FusedLoop {
                 Source::Owned(_) => None,
             })
             .collect()
+    }
+
+    /// Its ops for a profile's kernel name: the first four, then how
+    /// many more (`mul_add_tanh`, `mul_add_exp_div_and_3`); `copy` for a
+    /// loop of views alone.
+    pub(crate) fn describe(&self) -> String {
+        let mut s = self.ops.iter().take(4).copied().collect::<Vec<_>>().join("_");
+        if self.ops.len() > 4 {
+            s += &format!("_and_{}", self.ops.len() - 4);
+        }
+        if s.is_empty() {
+            s = "copy".into();
+        }
+        s
+    }
+
+    /// FLOPs of one run: one per element per compute instruction.
+    pub(crate) fn flops(&self) -> u64 {
+        (self.n * self.ops.len()) as u64
     }
 
     /// The nodes this loop writes, in order.
@@ -355,13 +309,14 @@ impl FusedLoop {
         let bufs: Vec<&mut [u8]> = outs.iter_mut().map(bytes_mut).collect();
         let nblocks = self.n.div_ceil(BLOCK);
         let work = self.n * self.insts.len().max(1);
-        let threads = rayon::current_num_threads();
+        let threads = crate::threads::available();
         if work < PAR_WORK || nblocks < 2 || threads < 2 {
             let mut regs = self.registers();
             ctx.run_part(0, self.n, bufs, &mut regs);
             stream::fence();
             return Ok(outs);
         }
+        crate::threads::note(threads);
         let parts = nblocks.min(threads * 4);
         let per = nblocks.div_ceil(parts) * BLOCK;
         let mut jobs = Vec::with_capacity(parts);
@@ -571,6 +526,7 @@ impl Builder<'_> {
                 }
                 let dst = self.vreg(node.dtype.size_bytes());
                 self.insts.push(Inst::Compute { f: elementwise::build(&node.op, &dts), args, dst });
+                self.ops.push(node.op.label());
                 Val::Slot(dst)
             }
             // Everything else (a new op included) is left to the

@@ -1,6 +1,7 @@
 //! Index arithmetic shared by the kernels: broadcast strides, a strided
-//! walk over an output shape, and gathers through per-dimension offset
-//! tables (the engine of every view op).
+//! walk over an output shape, gathers through per-dimension offset
+//! tables (the engine of every view op), and [`View`], a strided view of
+//! a buffer that fused loops and products read in place.
 //!
 //! Loops run an odometer over the outer dimensions and a tight loop over
 //! the innermost one, so no per-element allocation or division happens.
@@ -8,6 +9,88 @@
 use crate::memory::Memory;
 use lazuli_executor::BackendError;
 use std::borrow::Cow;
+
+/// A strided view of a buffer, in elements.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct View {
+    /// Size of each dimension.
+    pub dims: Vec<usize>,
+    /// Step of each dimension in the buffer (0: broadcast).
+    pub strides: Vec<isize>,
+    /// Element where index zero lies.
+    pub offset: isize,
+}
+
+impl View {
+    pub(crate) fn contiguous(dims: &[usize]) -> View {
+        let mut strides = vec![0isize; dims.len()];
+        let mut acc = 1isize;
+        for d in (0..dims.len()).rev() {
+            strides[d] = acc;
+            acc *= dims[d] as isize;
+        }
+        View { dims: dims.to_vec(), strides, offset: 0 }
+    }
+
+    pub(crate) fn is_row_major(&self) -> bool {
+        let c = self.collapse();
+        c.dims.is_empty() || (c.dims.len() == 1 && c.strides[0] == 1)
+    }
+
+    pub(crate) fn reshape(&self, dims: &[usize]) -> Option<View> {
+        self.is_row_major().then(|| View { offset: self.offset, ..View::contiguous(dims) })
+    }
+
+    pub(crate) fn permute(&self, perm: &[usize]) -> View {
+        View {
+            dims: perm.iter().map(|&p| self.dims[p]).collect(),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            offset: self.offset,
+        }
+    }
+
+    /// Numpy broadcast to `out` (right-aligned; size-1 dims get stride 0).
+    pub(crate) fn expand(&self, out: &[usize]) -> View {
+        let off = out.len() - self.dims.len();
+        let strides = (0..out.len())
+            .map(|i| if i < off || self.dims[i - off] == 1 { 0 } else { self.strides[i - off] })
+            .collect();
+        View { dims: out.to_vec(), strides, offset: self.offset }
+    }
+
+    pub(crate) fn slice(&self, starts: &[i64], steps: &[i64], lens: &[usize]) -> View {
+        let mut offset = self.offset;
+        for d in 0..self.dims.len() {
+            if lens[d] > 0 {
+                offset += starts[d] as isize * self.strides[d];
+            }
+        }
+        let strides = (0..self.dims.len()).map(|d| self.strides[d] * steps[d] as isize).collect();
+        View { dims: lens.to_vec(), strides, offset }
+    }
+
+    /// Drops size-1 dims and merges adjacent dims that step uniformly.
+    pub(crate) fn collapse(&self) -> View {
+        let mut dims: Vec<usize> = Vec::new();
+        let mut strides: Vec<isize> = Vec::new();
+        for (&d, &s) in self.dims.iter().zip(&self.strides) {
+            if d == 1 {
+                continue;
+            }
+            match (dims.last_mut(), strides.last_mut()) {
+                (Some(ld), Some(ls)) if *ls == s * d as isize => {
+                    *ld *= d;
+                    *ls = s;
+                }
+                _ => {
+                    dims.push(d);
+                    strides.push(s);
+                }
+            }
+        }
+        View { dims, strides, offset: self.offset }
+    }
+}
 
 /// Offset-table entry meaning "no source element: use the fill value".
 pub(crate) const FILL: usize = usize::MAX;

@@ -10,7 +10,10 @@
 //! last use. Reductions, softmax and matmul have contiguous fast paths;
 //! attention is fused (blocks of queries against all keys through the
 //! `gemm` crate, every requested part of one problem in one pass). Storage is [`CpuStorage`]: typed
-//! vectors per dtype ([`CpuData`]).
+//! vectors per dtype ([`CpuData`]). A large execution runs on a worker
+//! pool that the `gemm` crate shares, a small one serially on the calling
+//! thread (`threads`, [`CpuOptions::threads`]); each step can be profiled
+//! (`Backend::set_profiling`) and traced (`LAZULI_TRACE`).
 //!
 //! Every allocation that grows with a tensor comes from the backend's
 //! `memory` (a budget, a count of the bytes in use, a pool of freed
@@ -33,17 +36,19 @@ mod layout;
 mod matmul;
 mod memory;
 mod movement;
+mod profile;
 mod reduce;
 mod source;
 mod storage;
 mod stream;
+mod threads;
 
 pub use exec::CpuExecutable;
 pub use matmul::sgemm;
 pub use storage::{CpuData, CpuStorage};
 
 use lazuli_executor::config::{self, Setting, Source};
-use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, Executable};
+use lazuli_executor::{Backend, BackendError, BackendKind, Buffer, Executable, LaunchSample};
 use lazuli_ir::{Node, ScalarValue, ValueType, VerifiedGraph};
 use std::sync::Arc;
 
@@ -55,16 +60,34 @@ pub struct CpuOptions {
     /// (a decimal byte count), else the host's physical memory plus swap.
     /// `Some(u64::MAX)`: no budget (the host allocator alone refuses).
     pub memory_budget: Option<u64>,
+    /// Most threads the kernels run on (at most the host's cores; 1: every
+    /// execution on the device's worker thread). `None`:
+    /// `LAZULI_CPU_THREADS`, else the host's cores. Backends asking for
+    /// the same count share one pool, which the GEMM uses too.
+    pub threads: Option<usize>,
+}
+
+/// Where each of [`CpuOptions`]' values came from.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSources {
+    /// Of [`CpuOptions::memory_budget`].
+    pub memory_budget: Source,
+    /// Of [`CpuOptions::threads`].
+    pub threads: Source,
 }
 
 impl CpuOptions {
     /// These options with the environment's fallbacks applied (the one
-    /// place this backend reads its variables), and where the budget came
+    /// place this backend reads its variables), and where each value came
     /// from; a malformed value is the error.
-    pub fn resolve(&self, lookup: config::Lookup<'_>) -> Result<(CpuOptions, Source), config::ConfigError> {
-        let env = config::bytes(lookup, "LAZULI_CPU_MEMORY_BYTES")?;
-        let source = Source::of(self.memory_budget.is_some(), env.is_some());
-        Ok((CpuOptions { memory_budget: self.memory_budget.or(env) }, source))
+    pub fn resolve(&self, lookup: config::Lookup<'_>) -> Result<(CpuOptions, CpuSources), config::ConfigError> {
+        let budget = config::bytes(lookup, "LAZULI_CPU_MEMORY_BYTES")?;
+        let threads = config::count(lookup, "LAZULI_CPU_THREADS")?;
+        let sources = CpuSources {
+            memory_budget: Source::of(self.memory_budget.is_some(), budget.is_some()),
+            threads: Source::of(self.threads.is_some(), threads.is_some()),
+        };
+        Ok((CpuOptions { memory_budget: self.memory_budget.or(budget), threads: self.threads.or(threads) }, sources))
     }
 }
 
@@ -74,8 +97,12 @@ pub struct CpuBackend {
     /// Budget, bytes in use, and large freed outputs reused by later
     /// executions.
     memory: Arc<memory::Memory>,
-    /// Where the memory budget came from.
-    budget_source: Source,
+    /// The worker pool and the threading policy.
+    threads: threads::Threads,
+    /// Launches collected while profiling.
+    profiler: Arc<profile::Profiler>,
+    /// Where the options came from.
+    sources: CpuSources,
 }
 
 impl Default for CpuBackend {
@@ -98,20 +125,35 @@ impl CpuBackend {
     pub fn with_options(options: CpuOptions) -> CpuBackend {
         CpuBackend::try_with_options(options.clone()).unwrap_or_else(|e| {
             tracing::error!("{e}");
-            CpuBackend::build(options, Source::Code)
+            CpuBackend::build(options, CpuSources { memory_budget: Source::Code, threads: Source::Code })
         })
     }
 
     /// A CPU backend with `options`, its fallbacks from the environment; a
     /// malformed value is `BackendError::Config` naming the variable.
     pub fn try_with_options(options: CpuOptions) -> Result<CpuBackend, BackendError> {
-        let (options, source) = options.resolve(&config::process)?;
-        Ok(CpuBackend::build(options, source))
+        let (options, sources) = options.resolve(&config::process)?;
+        Ok(CpuBackend::build(options, sources))
     }
 
-    fn build(options: CpuOptions, budget_source: Source) -> CpuBackend {
-        let source = if options.memory_budget.is_some() { budget_source } else { Source::Default };
-        CpuBackend { memory: Arc::new(memory::Memory::new(options.memory_budget)), budget_source: source }
+    fn build(options: CpuOptions, mut sources: CpuSources) -> CpuBackend {
+        if options.memory_budget.is_none() {
+            sources.memory_budget = Source::Default;
+        }
+        if options.threads.is_none() {
+            sources.threads = Source::Default;
+        }
+        CpuBackend {
+            memory: Arc::new(memory::Memory::new(options.memory_budget)),
+            threads: threads::Threads::new(options.threads),
+            profiler: Arc::default(),
+            sources,
+        }
+    }
+
+    /// Threads the kernels may run on.
+    pub fn threads(&self) -> usize {
+        self.threads.count()
     }
 
     /// The memory budget in bytes (`u64::MAX`: none).
@@ -149,12 +191,31 @@ impl Backend for CpuBackend {
     }
 
     fn settings(&self) -> Vec<Setting> {
-        let budget = match (self.memory.budget(), self.budget_source) {
+        let budget = match (self.memory.budget(), self.sources.memory_budget) {
             (u64::MAX, _) => "none".to_string(),
             (b, Source::Default) => format!("{b} (physical memory plus swap)"),
             (b, _) => b.to_string(),
         };
-        vec![Setting::new("LAZULI_CPU_MEMORY_BYTES", budget, self.budget_source)]
+        let threads = match self.sources.threads {
+            Source::Default => format!("{} (the host's cores)", self.threads.count()),
+            _ => self.threads.count().to_string(),
+        };
+        vec![
+            Setting::new("LAZULI_CPU_MEMORY_BYTES", budget, self.sources.memory_budget),
+            Setting::new("LAZULI_CPU_THREADS", threads, self.sources.threads),
+        ]
+    }
+
+    /// Every launch (each fused loop, product, reduction, attention and
+    /// interpreted node of an execution) is collected with its cost and
+    /// its wall time; always timed.
+    fn set_profiling(&self, on: bool) -> bool {
+        self.profiler.set(on);
+        true
+    }
+
+    fn take_profile(&self) -> Vec<LaunchSample> {
+        self.profiler.take()
     }
 
     /// Every op but the collectives ([`lazuli_ir::Op::AllReduce`]), which
@@ -202,7 +263,7 @@ impl Backend for CpuBackend {
         let exe = exe.as_any().downcast_ref::<CpuExecutable>().ok_or_else(|| {
             BackendError::Execution("execute: the executable was not compiled by the cpu backend".into())
         })?;
-        exe.run(inputs, scalars)
+        self.threads.run(exe.parallel(), || exe.run_profiled(inputs, scalars, &self.profiler))
     }
 
     fn pool_bytes(&self) -> u64 {

@@ -14,7 +14,7 @@
 //! split into row panels over rayon 22 ms.
 
 use crate::elem::Num;
-use crate::layout::{broadcast_strides, walk};
+use crate::layout::{broadcast_strides, walk, View};
 use crate::memory::Memory;
 use crate::storage::CpuData;
 use half::{bf16, f16};
@@ -65,6 +65,102 @@ pub(crate) fn matmul(
     })
 }
 
+/// Whether a product may read an operand through `view` in place: every
+/// stride non-negative, and the matrix dims (the last two) stepping
+/// through memory where they have more than one element (the `gemm` crate
+/// takes any such strides, so a transposed, sliced or broadcast operand
+/// needs no copy).
+pub(crate) fn readable_in_place(view: &View) -> bool {
+    let r = view.dims.len();
+    r >= 2
+        && view.offset >= 0
+        && view.strides.iter().all(|&s| s >= 0)
+        && (r - 2..r).all(|d| view.dims[d] <= 1 || view.strides[d] > 0)
+}
+
+/// `a @ b` into shape `out` (`[.., m, n]`, broadcast batch dims) for f32
+/// or f64 operands read in place through their views `va` (`[.., m, k]`)
+/// and `vb` (`[.., k, n]`) of the buffers `a` and `b` (see
+/// [`readable_in_place`]), each product one `gemm` call on strided
+/// operands.
+pub(crate) fn matmul_views(
+    mem: &Memory,
+    a: &CpuData,
+    va: &View,
+    b: &CpuData,
+    vb: &View,
+    out: &[usize],
+) -> Result<CpuData, BackendError> {
+    Ok(match (a, b) {
+        (CpuData::F32(x), CpuData::F32(y)) => {
+            let CpuData::F32(c) = mem.take(lazuli_ir::DType::F32, out.iter().product())? else {
+                unreachable!("the pool returns the dtype asked for")
+            };
+            CpuData::F32(strided_products(x, va, y, vb, out, c, 1.0))
+        }
+        (CpuData::F64(x), CpuData::F64(y)) => {
+            let CpuData::F64(c) = mem.take(lazuli_ir::DType::F64, out.iter().product())? else {
+                unreachable!("the pool returns the dtype asked for")
+            };
+            CpuData::F64(strided_products(x, va, y, vb, out, c, 1.0))
+        }
+        _ => unreachable!("strided products are planned for f32 and f64 only"),
+    })
+}
+
+/// [`matmul_views`] on typed data; `c` has the output's length and any
+/// contents.
+fn strided_products<T: Num + Copy + 'static>(
+    a: &[T],
+    va: &View,
+    b: &[T],
+    vb: &View,
+    out: &[usize],
+    mut c: Vec<T>,
+    one: T,
+) -> Vec<T> {
+    let r = out.len();
+    let (m, n) = (out[r - 2], out[r - 1]);
+    let k = va.dims[va.dims.len() - 1];
+    let d = Dims { m, k, n };
+    if m * n == 0 {
+        return c;
+    }
+    if k == 0 {
+        c.fill(T::ZERO);
+        return c;
+    }
+    let batch = &out[..r - 2];
+    let with = |v: &View, rows: usize, cols: usize| {
+        let mut dims = batch.to_vec();
+        dims.extend([rows, cols]);
+        v.expand(&dims)
+    };
+    let (va, vb) = (with(va, m, k), with(vb, k, n));
+    let batch_strides = |v: &View| v.strides[..r - 2].iter().map(|&s| s as usize).collect::<Vec<_>>();
+    let (sa, sb) = (batch_strides(&va), batch_strides(&vb));
+    let mut offsets = Vec::with_capacity(batch.iter().product());
+    walk(batch, [&sa, &sb], |[i, j]| offsets.push((va.offset as usize + i, vb.offset as usize + j)));
+    /// The matrix of view `v` (rank `r`) at element `off` of `data`.
+    fn matrix<'a, T>(v: &View, data: &'a [T], off: usize, r: usize) -> Strided<'a, T> {
+        Strided { data: &data[off..], rs: v.strides[r - 2] as usize, cs: v.strides[r - 1] as usize }
+    }
+    let one_product = |(cm, &(oa, ob)): (&mut [T], &(usize, usize)), threads: usize| {
+        gemm_strided(matrix(&va, a, oa, r), matrix(&vb, b, ob, r), cm, d, false, threads, one)
+    };
+    let threads = crate::threads::available();
+    let flops = offsets.len() * m * n * k;
+    if threads < 2 || flops < PAR_FLOPS {
+        c.chunks_exact_mut(m * n).zip(&offsets).for_each(|p| one_product(p, 1));
+    } else if offsets.len() >= threads {
+        crate::threads::note(threads);
+        c.par_chunks_exact_mut(m * n).zip(&offsets).for_each(|p| one_product(p, 1));
+    } else {
+        c.chunks_exact_mut(m * n).zip(&offsets).for_each(|p| one_product(p, threads));
+    }
+    c
+}
+
 /// Matrix sizes of one product: `[m, k] @ [k, n]`.
 #[derive(Clone, Copy)]
 pub(crate) struct Dims {
@@ -105,7 +201,7 @@ impl GemmFloat for f64 {
 /// `a` is `m x k`, `b` is `k x n`, `c` is `m x n`, all row-major; it runs
 /// on the rayon pool when the product is large.
 pub fn sgemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    let threads = if m * k * n >= PAR_FLOPS { rayon::current_num_threads() } else { 1 };
+    let threads = if m * k * n >= PAR_FLOPS { crate::threads::available() } else { 1 };
     gemm_f32(a, b, c, Dims { m, k, n }, threads)
 }
 
@@ -130,7 +226,7 @@ fn batched_into<T: Num>(a: &[T], b: &[T], pairs: &[(usize, usize)], d: Dims, gem
     if mn == 0 || d.k == 0 {
         return out;
     }
-    let threads = rayon::current_num_threads();
+    let threads = crate::threads::available();
     let flops = pairs.len() * mn * d.k;
     let one = |(c, &(ia, ib)): (&mut [T], &(usize, usize)), threads: usize| {
         gemm(&a[ia..ia + d.m * d.k], &b[ib..ib + d.k * d.n], c, d, threads)
@@ -138,6 +234,7 @@ fn batched_into<T: Num>(a: &[T], b: &[T], pairs: &[(usize, usize)], d: Dims, gem
     if threads < 2 || flops < PAR_FLOPS {
         out.chunks_exact_mut(mn).zip(pairs).for_each(|p| one(p, 1));
     } else if pairs.len() >= threads {
+        crate::threads::note(threads);
         out.par_chunks_exact_mut(mn).zip(pairs).for_each(|p| one(p, 1));
     } else {
         // Few large products: each one splits itself over the pool.
@@ -148,6 +245,7 @@ fn batched_into<T: Num>(a: &[T], b: &[T], pairs: &[(usize, usize)], d: Dims, gem
 
 fn gemm_loops<T: Num>(a: &[T], b: &[T], c: &mut [T], d: Dims, threads: usize) {
     if threads > 1 {
+        crate::threads::note(threads);
         // Row panels, a few per thread.
         let rows = d.m.div_ceil(threads * 2).max(1);
         return c.par_chunks_mut(rows * d.n).enumerate().for_each(|(p, c)| {
@@ -211,7 +309,12 @@ fn packed_strided<T: Copy + 'static>(
     assert!(reach(d.m, d.k, lda) <= a.len() && reach(b_rows, b_cols, ldb) <= b.len());
     // (column stride, row stride) of b as a k x n matrix.
     let (b_cs, b_rs) = if b_transposed { (ldb as isize, 1) } else { (1, ldb as isize) };
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if threads > 1 {
+        crate::threads::note(threads);
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
     // SAFETY: every index the strides reach is within the slices (the
     // asserts above); `c` is row-major and does not alias `a` or `b`.
     // With `read_dst` false, `c = beta * a @ b` (alpha is ignored).
@@ -285,7 +388,12 @@ pub(crate) fn gemm_strided<T: Copy + 'static>(
         // An empty sum: callers start `c` from zeros.
         return;
     }
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if threads > 1 {
+        crate::threads::note(threads);
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
     // SAFETY: every index the strides reach is within the slices (the
     // assert above); `c` is row-major with `m * n` elements and does not
     // alias `a` or `b` (it is a distinct `&mut`). With `read_dst`,

@@ -21,15 +21,19 @@
 //! succeeded, and kernels allocate scratch the probe would not know of.
 //!
 //! Storage made here ([`Memory::track`]) counts its bytes as in use until
-//! dropped ([`Memory::in_use`], the backend's `bytes_in_use` gauge); large
-//! vectors then go back to a small pool for reuse by outputs of the same
-//! dtype and length. Fixed-size scratch (a fused loop's block registers)
-//! is not counted and allocates normally.
+//! dropped ([`Memory::in_use`], the backend's `bytes_in_use` gauge);
+//! vectors of [`Memory::POOL_MIN_BYTES`] or more then go back to a pool,
+//! by dtype and length, for reuse by later outputs of the same dtype and
+//! length ([`Memory::take`]): a steady training step finds every output
+//! it writes whole there, and neither zeroes nor faults in fresh pages.
+//! Fixed-size scratch (a fused loop's block registers) is not counted and
+//! allocates normally.
 
 use crate::storage::{CpuData, CpuStorage};
 use half::{bf16, f16};
 use lazuli_executor::BackendError;
 use lazuli_ir::DType;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -45,7 +49,38 @@ pub(crate) struct Memory {
     peak: AtomicU64,
     /// Bytes in `free`, readable without its lock (every request reads it).
     pooled: AtomicU64,
-    free: Mutex<Vec<CpuData>>,
+    free: Mutex<Pool>,
+}
+
+/// Freed vectors by dtype and length.
+#[derive(Debug, Default)]
+struct Pool {
+    by_size: HashMap<(DType, usize), Vec<CpuData>>,
+}
+
+impl Pool {
+    fn take(&mut self, key: (DType, usize)) -> Option<CpuData> {
+        self.by_size.get_mut(&key)?.pop()
+    }
+
+    /// Drops vectors, the largest first, until at most `max` bytes remain
+    /// of `pooled`; returns what remains. (A steady loop's pool does not
+    /// grow: each step takes back what the step before released.)
+    fn shrink(&mut self, mut pooled: usize, max: usize) -> usize {
+        while pooled > max {
+            let largest =
+                self.by_size.iter().filter(|(_, b)| !b.is_empty()).max_by_key(|((dt, n), _)| n * dt.size_bytes());
+            let Some((&key, _)) = largest else { break };
+            if let Some(d) = self.by_size.get_mut(&key).and_then(Vec::pop) {
+                pooled -= byte_len(&d);
+            }
+        }
+        pooled
+    }
+
+    fn clear(&mut self) {
+        self.by_size.clear();
+    }
 }
 
 impl Default for Memory {
@@ -55,10 +90,15 @@ impl Default for Memory {
 }
 
 impl Memory {
-    /// Vectors smaller than this are not pooled.
-    const POOL_MIN_BYTES: usize = 1 << 20;
-    /// Most bytes kept in the pool.
+    /// Vectors smaller than this are not pooled (the allocator's own free
+    /// lists serve them as well).
+    const POOL_MIN_BYTES: usize = 4 << 10;
+    /// Most bytes kept in the pool: the most bytes ever in use at once
+    /// (what a steady loop can take back), at least `POOL_FLOOR_BYTES`,
+    /// at most this.
     const POOL_MAX_BYTES: usize = 512 << 20;
+    /// See `POOL_MAX_BYTES`.
+    const POOL_FLOOR_BYTES: usize = 16 << 20;
 
     /// Host memory with `budget` bytes for live storage; `None` takes the
     /// host's physical memory plus swap (unlimited where that is unknown).
@@ -140,10 +180,8 @@ impl Memory {
     /// fresh, a freed vector's values when reused): the caller overwrites
     /// every element.
     pub(crate) fn take(&self, dtype: DType, n: usize) -> Result<CpuData, BackendError> {
-        if n.saturating_mul(dtype.size_bytes()) >= Self::POOL_MIN_BYTES {
-            let mut free = self.lock_free();
-            if let Some(i) = free.iter().position(|d| d.dtype() == dtype && d.len() == n) {
-                let d = free.swap_remove(i);
+        if n.saturating_mul(dtype.size_bytes()) >= Self::POOL_MIN_BYTES && self.pooled() > 0 {
+            if let Some(d) = self.lock_free().take((dtype, n)) {
                 self.pooled.fetch_sub(byte_len(&d) as u64, Ordering::Relaxed);
                 return Ok(d);
             }
@@ -187,12 +225,12 @@ impl Memory {
             return;
         }
         let mut free = self.lock_free();
-        let mut pooled = self.pooled.load(Ordering::Relaxed) as usize + bytes;
-        free.push(data);
-        // Drop the oldest until the pool fits its budget.
-        while pooled > Self::POOL_MAX_BYTES {
-            pooled -= byte_len(&free.remove(0));
-        }
+        let pooled = self.pooled.load(Ordering::Relaxed) as usize + bytes;
+        let key = (data.dtype(), data.len());
+        free.by_size.entry(key).or_default().push(data);
+        // Drop vectors until the pool fits its budget.
+        let max = (self.peak() as usize).clamp(Self::POOL_FLOOR_BYTES, Self::POOL_MAX_BYTES);
+        let pooled = free.shrink(pooled, max);
         self.pooled.store(pooled as u64, Ordering::Relaxed);
     }
 
@@ -232,7 +270,7 @@ impl Memory {
     }
 
     /// The pool's lock; `pooled` changes only while it is held.
-    fn lock_free(&self) -> std::sync::MutexGuard<'_, Vec<CpuData>> {
+    fn lock_free(&self) -> std::sync::MutexGuard<'_, Pool> {
         self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

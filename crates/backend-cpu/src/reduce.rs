@@ -47,12 +47,23 @@ pub(crate) fn reduce(
         return Ok(CpuData::Bool(out));
     }
     if let (CpuData::F32(v), ReduceOp::Sum | ReduceOp::Mean) = (x, op) {
+        let mean = op == ReduceOp::Mean;
         if perm.iter().enumerate().all(|(i, &p)| i == p) && row > 0 {
-            let mean = op == ReduceOp::Mean;
             return Ok(CpuData::F32(par_rows(mem, v, outer, row, |r| {
                 let s = sum_f64(r);
                 (if mean { s / r.len() as f64 } else { s }) as f32
             })?));
+        }
+        // Reduced axes that form one block before kept ones (a bias
+        // gradient's sum over the batch): column sums in place, no
+        // transposed copy.
+        if let (Some(&lo), Some(&last)) = (axes.first(), axes.last()) {
+            let hi = last + 1;
+            let after: usize = dims[hi.min(dims.len())..].iter().product();
+            if row > 0 && after > 0 && hi - lo == axes.len() && hi < dims.len() {
+                let before: usize = dims[..lo].iter().product();
+                return Ok(CpuData::F32(column_sums(mem, v, [before, row, after], mean)?));
+            }
         }
     }
     Ok(match op {
@@ -91,17 +102,45 @@ fn par_rows<U: Send + bytemuck::Zeroable>(
     f: impl Fn(&[f32]) -> U + Sync,
 ) -> Result<Vec<U>, BackendError> {
     let mut out = mem.zeroed(outer)?;
-    if v.len() < PAR_ELEMS || rayon::current_num_threads() < 2 {
+    if v.len() < PAR_ELEMS || crate::threads::available() < 2 {
         for (o, r) in out.iter_mut().zip(v.chunks_exact(row)) {
             *o = f(r);
         }
     } else {
+        crate::threads::note(crate::threads::available());
         let per = (PAR_ELEMS / row).max(1);
         out.par_chunks_mut(per).zip(v.par_chunks(per * row)).for_each(|(o, x)| {
             for (o, r) in o.iter_mut().zip(x.chunks_exact(row)) {
                 *o = f(r);
             }
         });
+    }
+    Ok(out)
+}
+
+/// Sums of `v` (`[a, r, b]`, row-major) over its middle axis: `[a, b]`,
+/// each accumulated in `f64` in order of `r` (divided by `r` for a mean);
+/// the inner loop runs along `b`, contiguous, and vectorizes.
+fn column_sums(mem: &Memory, v: &[f32], [a, r, b]: [usize; 3], mean: bool) -> Result<Vec<f32>, BackendError> {
+    let mut out = mem.zeroed::<f32>(a * b)?;
+    // f64 accumulators for a strip of columns at a time (stays in L1).
+    const STRIP: usize = 512;
+    let mut acc = [0f64; STRIP];
+    for (i, o) in out.chunks_exact_mut(b).enumerate() {
+        let block = &v[i * r * b..(i + 1) * r * b];
+        for j0 in (0..b).step_by(STRIP) {
+            let w = STRIP.min(b - j0);
+            let acc = &mut acc[..w];
+            acc.fill(0.0);
+            for row in block.chunks_exact(b) {
+                for (s, &e) in acc.iter_mut().zip(&row[j0..j0 + w]) {
+                    *s += e as f64;
+                }
+            }
+            for (o, &s) in o[j0..j0 + w].iter_mut().zip(acc.iter()) {
+                *o = (if mean { s / r as f64 } else { s }) as f32;
+            }
+        }
     }
     Ok(out)
 }
@@ -282,9 +321,10 @@ fn softmax_rows_f32(
         }
         Ok(())
     };
-    if v.len() < PAR_ELEMS || rayon::current_num_threads() < 2 {
+    if v.len() < PAR_ELEMS || crate::threads::available() < 2 {
         rows(v, &mut out)?;
     } else {
+        crate::threads::note(crate::threads::available());
         let per = (PAR_ELEMS / len).max(1) * len;
         out.par_chunks_mut(per).zip(v.par_chunks(per)).try_for_each(|(o, x)| rows(x, o))?;
     }

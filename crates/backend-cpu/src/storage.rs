@@ -380,6 +380,12 @@ impl Drop for CpuStorage {
     }
 }
 
+/// The typed data of a value the CPU backend computed or bound (every
+/// such storage is a [`CpuStorage`]: inputs are checked when bound).
+pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
+    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
+}
+
 impl DeviceStorage for CpuStorage {
     fn as_any(&self) -> &dyn Any {
         self
@@ -388,12 +394,6 @@ impl DeviceStorage for CpuStorage {
     fn byte_size(&self) -> usize {
         self.data.len() * self.data.dtype().size_bytes()
     }
-}
-
-/// The elements of a buffer this backend made (a program's inputs are
-/// checked to be CPU buffers when they are bound).
-pub(crate) fn data(s: &Arc<dyn DeviceStorage>) -> &CpuData {
-    &s.as_any().downcast_ref::<CpuStorage>().expect("checked when inputs are bound").data
 }
 
 #[cfg(test)]

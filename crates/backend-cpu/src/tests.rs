@@ -261,7 +261,7 @@ fn float_ops_follow_the_reference() {
         .into_iter()
         .chain((-40..40).map(|k| k as f64 * 0.37))
         .collect();
-    let fast = [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid];
+    let fast = [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Erf, UnaryOp::Gelu];
     for &op in UnaryOp::ALL {
         let Some(FloatUnary::Map(f)) = float_unary(op) else { continue };
         let want: Vec<f64> = xs.iter().map(|&x| f(x)).collect();
@@ -496,6 +496,61 @@ fn matmul_all_kinds() {
     // Integer wrap-around.
     let r = eval(Op::MatMul, &[(CpuData::I8(vec![100, 100]), &[1, 2]), (CpuData::I8(vec![2, 1]), &[2, 1])]);
     assert_eq!(r, CpuData::I8(vec![44]));
+}
+
+/// Products whose operands are transposes, slices (reversed ones too)
+/// and broadcasts of inputs read them in place, with the results of the
+/// materialized operands; the transposes make no copy loop.
+#[test]
+fn products_read_views_of_their_operands_in_place() {
+    let vals =
+        |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + seed * 13) % 17) as f32 / 4.0 - 2.0).collect() };
+    let at = |v: &[f32], cols: usize, r: usize, c: usize| v[r * cols + c] as f64;
+    // a^T @ b^T: a [4, 3], b [5, 4] -> [3, 5].
+    let (a, b) = (vals(12, 1), vals(20, 2));
+    let mut t = T::new();
+    let (x, y) = (t.input(f32s(&a), &[4, 3]), t.input(f32s(&b), &[5, 4]));
+    let (xt, yt) = (t.op(Op::Permute(vec![1, 0]), &[x]), t.op(Op::Permute(vec![1, 0]), &[y]));
+    let o = t.op(Op::MatMul, &[xt, yt]);
+    t.g.outputs = vec![o];
+    let be = CpuBackend::new();
+    let exe = be.compile(&t.g.verify().unwrap()).unwrap();
+    assert_eq!(exe.as_any().downcast_ref::<CpuExecutable>().unwrap().fused_loops(), 0, "no copy of a transpose");
+    let r = be.execute(exe.as_ref(), t.inputs, &[]).unwrap();
+    let want: Vec<f64> = (0..15).map(|e| (0..4).map(|p| at(&a, 3, p, e / 5) * at(&b, 4, e % 5, p)).sum()).collect();
+    close(CpuBackend::data(&r[0]).unwrap(), &want, 1e-6);
+
+    // A broadcast batch and a strided slice: a [1, 3, 8] sliced to every
+    // other column from 1 ([1, 3, 4]) and broadcast to [2, 3, 4], times
+    // b [2, 4, 2].
+    let (a, b) = (vals(24, 3), vals(16, 4));
+    let mut t = T::new();
+    let (x, y) = (t.input(f32s(&a), &[1, 3, 8]), t.input(f32s(&b), &[2, 4, 2]));
+    let xs = t.op(Op::Slice { starts: vec![0, 0, 1], steps: vec![1, 1, 2], lens: vec![1, 3, 4] }, &[x]);
+    let xe = t.op(Op::Expand(Shape::new([2, 3, 4])), &[xs]);
+    let o = t.op(Op::MatMul, &[xe, y]);
+    let got = t.run1(o);
+    let mut want = vec![];
+    for bi in 0..2 {
+        for i in 0..3 {
+            for j in 0..2 {
+                want.push((0..4).map(|p| at(&a, 8, i, 1 + 2 * p) * b[bi * 8 + p * 2 + j] as f64).sum());
+            }
+        }
+    }
+    close(&got, &want, 1e-6);
+
+    // A reversed slice (negative strides) takes the copying path, same
+    // answer: a [3, 4] with its rows reversed, times b [4, 2], in f64.
+    let (a, b) = (vals(12, 5), vals(8, 6));
+    let mut t = T::new();
+    let f64s = |v: &[f32]| CpuData::F64(v.iter().map(|&x| x as f64).collect());
+    let (x, y) = (t.input(f64s(&a), &[3, 4]), t.input(f64s(&b), &[4, 2]));
+    let xr = t.op(Op::Slice { starts: vec![2, 0], steps: vec![-1, 1], lens: vec![3, 4] }, &[x]);
+    let o = t.op(Op::MatMul, &[xr, y]);
+    let got = t.run1(o);
+    let want: Vec<f64> = (0..6).map(|e| (0..4).map(|p| at(&a, 4, 2 - e / 2, p) * at(&b, 2, p, e % 2)).sum()).collect();
+    close(&got, &want, 1e-12);
 }
 
 #[test]
@@ -876,7 +931,7 @@ fn large_matmuls_match_naive() {
 #[test]
 fn every_kernel_allocates_within_the_memory_budget() {
     const BUDGET: u64 = 64 << 10;
-    let be = CpuBackend::with_options(CpuOptions { memory_budget: Some(BUDGET) });
+    let be = CpuBackend::with_options(CpuOptions { memory_budget: Some(BUDGET), ..CpuOptions::default() });
     assert_eq!(be.memory_budget(), BUDGET);
     // 2^15 f32 = 128 KiB: twice the budget. Inputs wrapped by
     // `CpuBackend::buffer` are counted nowhere, so only what the kernels
@@ -1023,4 +1078,52 @@ fn bf16_computes_in_f32_and_accumulates_wide() {
     // Exp rounds the f64 reference once.
     let r = un(UnaryOp::Exp, b(&[1.0]));
     close(&r, &[lazuli_ir::bf16_from_f64(std::f64::consts::E).to_f64()], 0.0);
+}
+
+/// `LAZULI_CPU_THREADS` sets the thread count unless code does; a
+/// malformed value is the error; the pool never has more threads than
+/// the host has cores.
+#[test]
+fn the_thread_count_comes_from_code_the_environment_or_the_cores() {
+    use lazuli_executor::config::Source;
+    let env = |v: &'static str| move |name: &str| (name == "LAZULI_CPU_THREADS").then(|| v.to_string());
+    let (o, s) = CpuOptions::default().resolve(&env("3")).unwrap();
+    assert_eq!((o.threads, s.threads), (Some(3), Source::Environment));
+    let (o, s) = CpuOptions { threads: Some(1), ..CpuOptions::default() }.resolve(&env("3")).unwrap();
+    assert_eq!((o.threads, s.threads), (Some(1), Source::Code));
+    let e = CpuOptions::default().resolve(&env("many")).unwrap_err();
+    assert_eq!(e.variable, "LAZULI_CPU_THREADS");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let one = CpuBackend::with_options(CpuOptions { threads: Some(1), ..CpuOptions::default() });
+    let many = CpuBackend::with_options(CpuOptions { threads: Some(cores + 5), ..CpuOptions::default() });
+    assert_eq!((one.threads(), many.threads()), (1, cores));
+}
+
+/// While profiling, every step of an execution is a launch with its name,
+/// FLOPs, bytes, wall time, CPU time and threads; the executable's
+/// `launch_costs` name the same steps; nothing is collected once off.
+#[test]
+fn profiling_collects_every_step_with_its_cost() {
+    let mut t = T::new();
+    let x = t.input(f32s(&[1.0; 12]), &[3, 4]);
+    let w = t.input(f32s(&[0.5; 8]), &[4, 2]);
+    let y = t.op(Op::MatMul, &[x, w]);
+    let z = t.op(Op::Unary(UnaryOp::Tanh), &[y]);
+    t.g.outputs = vec![z];
+    let be = CpuBackend::new();
+    let exe = be.compile(&t.g.verify().unwrap()).unwrap();
+    let names: Vec<String> = exe.launch_costs().into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["k0_matmul", "k1_fused_tanh"]);
+    assert!(be.set_profiling(true), "the CPU backend times every launch");
+    be.execute(exe.as_ref(), t.inputs.clone(), &[]).unwrap();
+    let samples = be.take_profile();
+    assert_eq!(samples.iter().map(|s| s.cost.name.as_str()).collect::<Vec<_>>(), names);
+    // [3, 4] @ [4, 2]: 2 * 3 * 2 * 4 FLOPs; 48 + 32 bytes read, 24 written.
+    assert_eq!((samples[0].cost.flops, samples[0].cost.bytes), (48, 104));
+    assert_eq!((samples[1].cost.flops, samples[1].cost.bytes), (6, 48));
+    assert!(samples.iter().all(|s| s.ms.is_some_and(|ms| ms >= 0.0) && s.threads == Some(1)));
+    assert!(samples.iter().all(|s| s.cpu_ms.is_some() == cfg!(unix)));
+    be.set_profiling(false);
+    be.execute(exe.as_ref(), t.inputs, &[]).unwrap();
+    assert!(be.take_profile().is_empty());
 }

@@ -11,18 +11,9 @@
 
 use crate::context::{device_err, Context};
 use lazuli_executor::platform::Instant;
+pub use lazuli_executor::LaunchSample;
 use lazuli_executor::{BackendError, LaunchCost};
 use std::sync::Mutex;
-
-/// One profiled kernel launch: its cost by the model (computed when the
-/// kernel compiled) and its GPU time.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LaunchSample {
-    /// The launch's name, FLOPs, bytes and workgroups.
-    pub cost: LaunchCost,
-    /// Its GPU time in ms; `None` where the adapter cannot time kernels.
-    pub ms: Option<f64>,
-}
 
 /// Collected launches, `None` while not profiling.
 #[derive(Default)]
@@ -59,6 +50,8 @@ impl Profiler {
             p.extend(costs.iter().enumerate().map(|(i, cost)| LaunchSample {
                 cost: (*cost).clone(),
                 ms: intervals.and_then(|t| t.get(i)).map(|(begin, end)| (end - begin) / 1e3),
+                threads: None,
+                cpu_ms: None,
             }));
         }
     }

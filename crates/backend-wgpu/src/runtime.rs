@@ -465,6 +465,14 @@ impl Backend for WgpuBackend {
         settings
     }
 
+    fn set_profiling(&self, on: bool) -> bool {
+        WgpuBackend::set_profiling(self, on)
+    }
+
+    fn take_profile(&self) -> Vec<LaunchSample> {
+        WgpuBackend::take_profile(self)
+    }
+
     fn supports(&self, node: &Node, inputs: &[&Node]) -> bool {
         self.inner.compiler.supports(&self.inner.ctx, node, inputs)
     }

@@ -111,6 +111,26 @@ pub struct LaunchCost {
     pub workgroups: u64,
 }
 
+/// One profiled kernel launch (see [`Backend::set_profiling`]): its cost
+/// by the backend's model (computed when the kernel compiled), its time
+/// and, on the CPU backend, the threads it ran on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchSample {
+    /// The launch's name, FLOPs, bytes and workgroups.
+    pub cost: LaunchCost,
+    /// Its time in ms (GPU time on a GPU, wall time on the CPU backend);
+    /// `None` where the device cannot time kernels.
+    pub ms: Option<f64>,
+    /// Threads the launch ran on (CPU backend); `None` where the backend
+    /// does not say (a GPU's parallelism is its workgroups).
+    pub threads: Option<u32>,
+    /// CPU time in ms of the thread that ran the launch (CPU backend, where
+    /// the platform tells): unlike wall time, not inflated where other
+    /// processes preempt it; a launch split over threads counts the
+    /// calling thread's share only.
+    pub cpu_ms: Option<f64>,
+}
+
 /// One kernel of an [`Executable`], as shadow validation sees it.
 #[derive(Clone, Debug)]
 pub struct KernelInfo {
@@ -362,6 +382,21 @@ pub trait Backend: Send + Sync + 'static {
     /// reads, with their sources (see [`crate::config::Report`]); none by
     /// default.
     fn settings(&self) -> Vec<crate::config::Setting> {
+        Vec::new()
+    }
+
+    /// Starts (or stops) collecting every kernel launch with its cost and,
+    /// where the backend can time kernels, its time ([`LaunchSample`]);
+    /// returns whether launches are timed. By default nothing is
+    /// collected and launches are untimed.
+    fn set_profiling(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+
+    /// The launches collected since the last call, in launch order (empty
+    /// by default).
+    fn take_profile(&self) -> Vec<LaunchSample> {
         Vec::new()
     }
 }

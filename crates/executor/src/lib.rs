@@ -42,7 +42,7 @@ pub use api::sort::{SORT_MAX_ROW, TOPK_SELECT_MAX_K};
 pub use api::tensor::{sync, sync_async, Tensor, TensorState};
 pub use backend::{
     Backend, BackendError, BackendKind, Buffer, CompileHints, DeviceStorage, Executable, IndexError, KernelInfo,
-    LaunchCost,
+    LaunchCost, LaunchSample,
 };
 pub use runtime::collective::{Collective, CollectiveError, PendingCollective};
 pub use runtime::compile_ahead::DEPTH as COMPILE_AHEAD_DEPTH;

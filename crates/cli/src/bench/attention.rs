@@ -100,7 +100,7 @@ pub(super) fn attention_rows(bd: &BenchDevice, cfg: &BenchConfig, sizes: AttnSiz
         [(false, sizes.forward_flops(), "forward"), (true, sizes.training_flops(), "forward+backward")]
     {
         for fused in [true, false] {
-            let (times, kernels) = time_iterations(cfg, || step.step(fused, backward))?;
+            let (times, kernels, _) = time_iterations(cfg, || step.step(fused, backward))?;
             let name = format!("A1 attention {what} {}", if fused { "fused" } else { "unfused" });
             let mut r = BenchResult::from_times(&name, bd.label, &times).with_flops(flops);
             r.kernels = Some(kernels);

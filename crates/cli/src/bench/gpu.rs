@@ -124,7 +124,8 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
         | Workload::H1
         | Workload::C1
         | Workload::A1
-        | Workload::O1 => w.name().to_string(),
+        | Workload::O1
+        | Workload::L1 => w.name().to_string(),
     }
 }
 
@@ -162,9 +163,10 @@ pub fn run_amp_workload(
             let n = sizes.matmul_g3;
             let a = on_device(uniform_input(&bd.device, [n, n], 12)?.cast(dtype)?)?;
             let b = on_device(uniform_input(&bd.device, [n, n], 13)?.cast(dtype)?)?;
-            let (times, kernels) = time_iterations(cfg, || w2_step(&a, &b))?;
+            let (times, kernels, cpu_ms) = time_iterations(cfg, || w2_step(&a, &b))?;
             let mut r = BenchResult::from_times(&name, bd.label, &times).with_flops(2.0 * (n as f64).powi(3));
             r.kernels = Some(kernels);
+            r.cpu_ms = cpu_ms;
             Ok(r)
         })(),
     };
@@ -239,7 +241,8 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
         | Workload::H1
         | Workload::C1
         | Workload::A1
-        | Workload::O1 => {
+        | Workload::O1
+        | Workload::L1 => {
             return Err(ExecError::Invalid {
                 op: "bench::prepare_gpu".into(),
                 detail: format!("{} is not a GPU-scale workload", w.name()),
@@ -260,9 +263,10 @@ pub fn run_gpu_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes:
         });
     }
     let measured = prepare_gpu(w, &bd.device, sizes).and_then(|mut run| {
-        let (times, kernels) = time_iterations(cfg, &mut run.step)?;
+        let (times, kernels, cpu_ms) = time_iterations(cfg, &mut run.step)?;
         let mut r = BenchResult::from_times(&run.name, bd.label, &times);
         r.kernels = Some(kernels);
+        r.cpu_ms = cpu_ms;
         if let Some(b) = run.bytes {
             r = r.with_bytes(b);
         }
@@ -290,7 +294,9 @@ fn run_g8(bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes, autocast: Optio
     }
     let before = metrics::counter("KernelLaunches");
     let n = cfg.iterations.max(1);
+    let cpu = super::process_cpu();
     let steps: Vec<StepTimes> = (0..n).map(|_| gpt.step().map(|(_, t)| t)).collect::<Result<_>>()?;
+    let cpu_ms = super::process_cpu().zip(cpu).map(|(e, s)| e.saturating_sub(s).as_secs_f64() * 1e3 / n as f64);
     let kernels = (metrics::counter("KernelLaunches") - before) as f64 / n as f64;
     let median = |f: &dyn Fn(&StepTimes) -> Duration| {
         let mut v: Vec<f64> = steps.iter().map(|s| f(s).as_secs_f64() * 1e3).collect();
@@ -306,6 +312,7 @@ fn run_g8(bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes, autocast: Optio
     r.kernels = Some(kernels);
     r.host_ms = Some(median(&|s| s.host()));
     r.device_ms = Some(median(&|s| s.device));
+    r.cpu_ms = cpu_ms;
     r.note = Some(format!(
         "host {:.3} ms (record {:.3} + sync {:.3}), device {:.3} ms; {} parameter tensors",
         median(&|s| s.host()),

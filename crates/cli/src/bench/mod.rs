@@ -39,6 +39,10 @@
 //! fused op beside the unfused composition on the same device, forward
 //! alone and forward + backward; the ratio lines give fused over unfused.
 //!
+//! L1 is not in `WORKLOADS.md`: the CNN demo's training step (`cnn`,
+//! [`CnnStep`]), LeNet-style on 8x8 images, the CPU engine's CNN target
+//! beside its JAX twin (`scripts/jax_twin.py`).
+//!
 //! One module per workload family: `small` (W1–W5 and the MLP step),
 //! `gpu` (G1–G8 and the G sizes), `host` (H1), `attention` (A1), `conv`
 //! (C1), `baseline` (the baselines), `handwritten` (the runner of
@@ -56,6 +60,7 @@ use std::time::Duration;
 
 mod attention;
 mod baseline;
+mod cnn;
 mod conv;
 mod gpu;
 pub mod handwritten;
@@ -67,6 +72,7 @@ mod small;
 use attention::attention_rows;
 pub use attention::{AttnSizes, AttnStep};
 pub use baseline::{conv_gemm_baseline, matmul_naive_baseline, memcpy, w1_vec4_baseline};
+pub use cnn::{CnnStep, CNN_BATCH};
 pub use conv::{ConvSizes, ConvStep};
 pub use gpu::{
     amp_row_name, gpu_row_name, prepare_gpu, run_amp_workload, run_gpu_workload, GpuRun, GpuSizes, AMP_DTYPES,
@@ -117,11 +123,14 @@ pub enum Workload {
     /// Whole ONNX models: the `light` CNNs and a transformer encoder
     /// (`models`), one row each.
     O1,
+    /// The CNN demo's training step (LeNet-style, batch 64 of 8x8 images,
+    /// SGD with Nesterov momentum): [`CnnStep`].
+    L1,
 }
 
 impl Workload {
     /// Every workload, in order.
-    pub const ALL: [Workload; 18] = [
+    pub const ALL: [Workload; 19] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -140,6 +149,7 @@ impl Workload {
         Workload::C1,
         Workload::A1,
         Workload::O1,
+        Workload::L1,
     ];
 
     /// The small set, W1–W6 and H1 (`--scale small`, the default).
@@ -158,12 +168,13 @@ impl Workload {
         Workload::G8,
     ];
 
-    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1", "O1" (case-insensitive).
+    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1", "O1", "L1"
+    /// (case-insensitive).
     pub fn parse(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
     }
 
-    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1", "O1".
+    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1", "O1", "L1".
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "W1",
@@ -184,6 +195,7 @@ impl Workload {
             Workload::C1 => "C1",
             Workload::A1 => "A1",
             Workload::O1 => "O1",
+            Workload::L1 => "L1",
         }
     }
 
@@ -234,6 +246,9 @@ pub struct BenchResult {
     /// Median time the device worker spent executing per iteration, ms,
     /// where the workload splits it (G8).
     pub device_ms: Option<f64>,
+    /// The process's CPU time per timed iteration (all threads), ms,
+    /// where measured ([`time_iterations`]).
+    pub cpu_ms: Option<f64>,
     /// A remark ("µs per op", "not supported" ...).
     pub note: Option<String>,
     /// Why the workload could not run on this device (its times are then
@@ -257,6 +272,7 @@ impl BenchResult {
             kernels: None,
             host_ms: None,
             device_ms: None,
+            cpu_ms: None,
             note: None,
             error: None,
         }
@@ -300,6 +316,9 @@ impl BenchResult {
         }
         if let Some(d) = self.device_ms {
             o.insert("device_ms".into(), d.into());
+        }
+        if let Some(c) = self.cpu_ms {
+            o.insert("cpu_ms".into(), c.into());
         }
         if let Some(n) = &self.note {
             o.insert("note".into(), n.clone().into());
@@ -362,21 +381,42 @@ pub fn uniform_data(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Times `iteration` (warm-up first); returns the durations and the
-/// kernels launched per timed iteration.
-pub fn time_iterations(cfg: &BenchConfig, mut iteration: impl FnMut() -> Result<()>) -> Result<(Vec<Duration>, f64)> {
+/// Times `iteration` (warm-up first); returns the durations, the kernels
+/// launched per timed iteration and the process's CPU time per timed
+/// iteration in ms (where the platform tells; see [`process_cpu`]).
+pub fn time_iterations(
+    cfg: &BenchConfig,
+    mut iteration: impl FnMut() -> Result<()>,
+) -> Result<(Vec<Duration>, f64, Option<f64>)> {
     for _ in 0..cfg.warmup {
         iteration()?;
     }
     let before = metrics::counter("KernelLaunches");
+    let cpu = process_cpu();
     let mut times = Vec::with_capacity(cfg.iterations);
     for _ in 0..cfg.iterations.max(1) {
         let t = Instant::now();
         iteration()?;
         times.push(t.elapsed());
     }
+    let n = cfg.iterations.max(1) as f64;
+    let cpu_ms = process_cpu().zip(cpu).map(|(end, start)| end.saturating_sub(start).as_secs_f64() * 1e3 / n);
     let launches = metrics::counter("KernelLaunches") - before;
-    Ok((times, launches as f64 / cfg.iterations.max(1) as f64))
+    Ok((times, launches as f64 / n, cpu_ms))
+}
+
+/// CPU time of the whole process so far (every thread, user and system),
+/// where the platform tells: the work an iteration costs, which a busy
+/// host's preemption does not inflate as it does wall time.
+pub fn process_cpu() -> Option<Duration> {
+    #[cfg(unix)]
+    {
+        cpu_time::ProcessTime::try_now().ok().map(|t| t.as_duration())
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
 }
 
 /// Uploads `x` to its device outside any timed loop (its first use
@@ -396,9 +436,10 @@ fn on_device(x: Tensor) -> Result<Tensor> {
 pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &GpuSizes) -> Result<Vec<BenchResult>> {
     let dev = &bd.device;
     let label = bd.label;
-    let row = |name: &str, (times, kernels): (Vec<Duration>, f64)| {
+    let row = |name: &str, (times, kernels, cpu_ms): (Vec<Duration>, f64, Option<f64>)| {
         let mut r = BenchResult::from_times(name, label, &times);
         r.kernels = Some(kernels);
+        r.cpu_ms = cpu_ms;
         r
     };
     Ok(match w {
@@ -465,5 +506,9 @@ pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &Gp
         }
         Workload::A1 => attention_rows(bd, cfg, sizes.attention)?,
         Workload::O1 => models::o1_rows(bd, cfg)?,
+        Workload::L1 => {
+            let mut cnn = CnnStep::new(dev)?;
+            vec![row("L1 CNN train step", time_iterations(cfg, || cnn.step())?)]
+        }
     })
 }

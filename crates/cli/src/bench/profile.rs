@@ -1,12 +1,15 @@
-//! A roofline of a workload on a wgpu device ([`profile`]): per kernel,
-//! the workgroups, FLOPs and bytes of a launch by the backend's cost
-//! model (computed when the kernel compiled) and, where the adapter has
-//! timestamp queries, its GPU time, achieved GB/s and TFLOP/s and share of
-//! the workload's GPU time: what `lazuli bench --profile` prints.
+//! A roofline of a workload on a device ([`profile`]): per kernel, the
+//! workgroups, FLOPs and bytes of a launch by the backend's cost model
+//! (computed when the kernel compiled) and its time where the device
+//! times kernels (on wgpu the GPU time, where the adapter has timestamp
+//! queries; on the CPU backend the wall time of each fused loop, product,
+//! reduction or interpreted node, with the threads it ran on), achieved
+//! GB/s and TFLOP/s and share of the workload's kernel time: what
+//! `lazuli bench --profile` prints.
 
 use super::{
     prepare_gpu, w1_input, w1_step, w2_inputs, w2_step, w3_input, w3_step, w5_input, w5_step, AttnStep, BenchConfig,
-    BenchDevice, ConvSizes, ConvStep, GpuSizes, Mlp, Workload,
+    BenchDevice, CnnStep, ConvSizes, ConvStep, GpuSizes, Mlp, Workload,
 };
 use lazuli::Result;
 
@@ -27,9 +30,15 @@ pub struct KernelProfile {
     pub flops: u64,
     /// Bytes one launch reads and writes.
     pub bytes: u64,
-    /// GPU time of all its launches in ms; `None` without timestamp
-    /// queries.
+    /// Time of all its launches in ms (GPU time on wgpu, wall time on the
+    /// CPU backend); `None` without timestamp queries.
     pub ms: Option<f64>,
+    /// The most threads a launch ran on (CPU backend); `None` where the
+    /// backend does not say.
+    pub threads: Option<u32>,
+    /// CPU time of all its launches in ms, of the thread that ran each
+    /// (CPU backend): what a busy host's preemption leaves out of `ms`.
+    pub cpu_ms: Option<f64>,
     /// Its share of the workload's GPU time (0 to 1); `None` untimed.
     pub share: Option<f64>,
 }
@@ -53,8 +62,8 @@ impl KernelProfile {
     }
 
     /// The kernel as a JSON object: `kernel`, `launches`, `workgroups`,
-    /// `flops`, `bytes` (per launch), and where timed `ms`, `share`,
-    /// `gbps` and `tflops` (else `null`).
+    /// `flops`, `bytes` (per launch), `threads` (or `null`), and where
+    /// timed `ms`, `share`, `gbps` and `tflops` (else `null`).
     pub fn to_json(&self) -> serde_json::Value {
         let opt = |v: Option<f64>| v.map_or(serde_json::Value::Null, Into::into);
         serde_json::json!({
@@ -63,6 +72,8 @@ impl KernelProfile {
             "workgroups": self.workgroups,
             "flops": self.flops,
             "bytes": self.bytes,
+            "threads": self.threads,
+            "cpu_ms": opt(self.cpu_ms),
             "ms": opt(self.ms),
             "share": opt(self.share),
             "gbps": opt(self.gbps()),
@@ -74,9 +85,12 @@ impl KernelProfile {
 /// A workload's kernels over the profiled iterations.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
+    /// The device's label ("cpu" or "wgpu").
+    pub device: String,
     /// Iterations profiled.
     pub iterations: usize,
-    /// Whether the adapter timed the launches (timestamp queries).
+    /// Whether the device timed the launches (on wgpu, timestamp
+    /// queries; always on the CPU backend).
     pub timed: bool,
     /// One entry per distinct kernel (name and cost), the most GPU time
     /// first where timed, else in launch order.
@@ -84,10 +98,11 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// The profile as a JSON object: `iterations`, `timed` and `kernels`
-    /// (see [`KernelProfile::to_json`]).
+    /// The profile as a JSON object: `device`, `iterations`, `timed` and
+    /// `kernels` (see [`KernelProfile::to_json`]).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
+            "device": self.device,
             "iterations": self.iterations,
             "timed": self.timed,
             "kernels": self.kernels.iter().map(KernelProfile::to_json).collect::<Vec<_>>(),
@@ -95,12 +110,13 @@ impl Profile {
     }
 }
 
-/// The kernels of `iterations` runs of workload `w` on a wgpu device
-/// (after one unprofiled warm-up run): each kernel's launches, the cost
-/// model's workgroups, FLOPs and bytes, and where the adapter has
-/// timestamp queries its GPU time; `None` on a device without wgpu.
+/// The kernels of `iterations` runs of workload `w` on a device (after
+/// one unprofiled warm-up run): each kernel's launches, the cost model's
+/// workgroups, FLOPs and bytes, and where the device times kernels its
+/// time (and on the CPU backend its threads); `None` where the device's
+/// backend collects no launches.
 pub fn profile(w: Workload, bd: &BenchDevice, sizes: &GpuSizes, iterations: usize) -> Result<Option<Profile>> {
-    let Some(backend) = &bd.wgpu else { return Ok(None) };
+    let backend = bd.device.backend().clone();
     let cfg = BenchConfig { warmup: 1, iterations: 0 };
     // Warm up (compile) without profiling, then profile.
     let dev = &bd.device;
@@ -137,6 +153,10 @@ pub fn profile(w: Workload, bd: &BenchDevice, sizes: &GpuSizes, iterations: usiz
             let mut conv = ConvStep::new(dev, ConvSizes::C1)?;
             Box::new(move || conv.step())
         }
+        Workload::L1 => {
+            let mut cnn = CnnStep::new(dev)?;
+            Box::new(move || cnn.step())
+        }
         Workload::A1 => {
             let mut attn = AttnStep::new(dev, sizes.attention)?;
             Box::new(move || attn.step(true, true))
@@ -152,13 +172,16 @@ pub fn profile(w: Workload, bd: &BenchDevice, sizes: &GpuSizes, iterations: usiz
     let samples = backend.take_profile();
     backend.set_profiling(false);
     ran?;
-    Ok(Some(Profile { iterations, timed, kernels: aggregate(samples) }))
+    if samples.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Profile { device: bd.label.to_string(), iterations, timed, kernels: aggregate(samples) }))
 }
 
 /// The launches `samples` summed per kernel (the same name and cost; a
 /// name repeats across the plans of a workload), with their shares of
 /// the GPU time where timed; the most time first, else in launch order.
-fn aggregate(samples: Vec<lazuli_wgpu::LaunchSample>) -> Vec<KernelProfile> {
+fn aggregate(samples: Vec<lazuli_executor::LaunchSample>) -> Vec<KernelProfile> {
     let mut kernels: Vec<KernelProfile> = Vec::new();
     for s in samples {
         let c = s.cost;
@@ -169,6 +192,8 @@ fn aggregate(samples: Vec<lazuli_wgpu::LaunchSample>) -> Vec<KernelProfile> {
             Some(k) => {
                 k.launches += 1;
                 k.ms = k.ms.zip(s.ms).map(|(a, b)| a + b);
+                k.threads = k.threads.max(s.threads);
+                k.cpu_ms = k.cpu_ms.zip(s.cpu_ms).map(|(a, b)| a + b);
             }
             None => kernels.push(KernelProfile {
                 name: c.name,
@@ -177,6 +202,8 @@ fn aggregate(samples: Vec<lazuli_wgpu::LaunchSample>) -> Vec<KernelProfile> {
                 flops: c.flops,
                 bytes: c.bytes,
                 ms: s.ms,
+                threads: s.threads,
+                cpu_ms: s.cpu_ms,
                 share: None,
             }),
         }
@@ -186,7 +213,10 @@ fn aggregate(samples: Vec<lazuli_wgpu::LaunchSample>) -> Vec<KernelProfile> {
         for k in &mut kernels {
             k.share = k.ms.map(|ms| if all > 0.0 { ms / all } else { 0.0 });
         }
-        kernels.sort_by(|a, b| b.ms.unwrap_or(0.0).total_cmp(&a.ms.unwrap_or(0.0)));
+        // CPU time where known (on a busy host wall time also counts
+        // the time other processes ran), else wall or GPU time.
+        let key = |k: &KernelProfile| k.cpu_ms.or(k.ms).unwrap_or(0.0);
+        kernels.sort_by(|a, b| key(b).total_cmp(&key(a)));
     }
     kernels
 }
@@ -195,10 +225,15 @@ fn aggregate(samples: Vec<lazuli_wgpu::LaunchSample>) -> Vec<KernelProfile> {
 mod tests {
     use super::*;
     use lazuli_executor::LaunchCost;
-    use lazuli_wgpu::LaunchSample;
+    use lazuli_executor::LaunchSample;
 
     fn sample(name: &str, flops: u64, ms: Option<f64>) -> LaunchSample {
-        LaunchSample { cost: LaunchCost { name: name.into(), flops, bytes: 4000, workgroups: 2 }, ms }
+        LaunchSample {
+            cost: LaunchCost { name: name.into(), flops, bytes: 4000, workgroups: 2 },
+            ms,
+            threads: None,
+            cpu_ms: None,
+        }
     }
 
     #[test]

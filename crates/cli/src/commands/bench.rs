@@ -3,7 +3,7 @@
 //! sets and the iteration defaults of large workloads on slow devices),
 //! the run over the chosen devices with a progress bar on stderr, and the
 //! output: a text [`table`] with the [`ratios`] the targets are stated in,
-//! or a JSON array, and with `--profile` a roofline per workload on wgpu
+//! or a JSON array, and with `--profile` a roofline per workload and device
 //! ([`profile_table`], or a `profile` object on the workload's first JSON
 //! row): each kernel's workgroups, FLOPs and bytes, and where the adapter
 //! has timestamp queries its GPU time, achieved GB/s and TFLOP/s.
@@ -225,7 +225,7 @@ pub fn run(args: Args) -> Result<(), String> {
                     rows.extend(run_amp_workload(w, d, &args.config(w, kind), &sizes, dtype));
                 }
             }
-            if args.profile && d.wgpu.is_some() && w != Workload::W6 {
+            if args.profile && w != Workload::W6 {
                 let p = if !w.is_gpu_scale() {
                     Ok(profile(w, d, &sizes, profile_iterations).map_err(|e| e.to_string())?)
                 } else if !ran {
@@ -264,13 +264,10 @@ pub fn run(args: Args) -> Result<(), String> {
     print!("{}", table(&rows));
     print!("{}", ratios(&rows));
     if args.profile {
-        if profiles.is_empty() && wgpu_dev.is_none() {
-            println!("profile: no wgpu device");
-        }
         for (w, _, p) in profiles {
             match p {
                 Err(e) => println!("profile {}: {e}", w.name()),
-                Ok(None) => println!("profile {}: no wgpu device", w.name()),
+                Ok(None) => println!("profile {}: the device collects no launches", w.name()),
                 Ok(Some(p)) => print!("{}", profile_table(w.name(), &p)),
             }
         }
@@ -278,31 +275,48 @@ pub fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// A workload's profile, `None` without a wgpu device, or why it has
-/// none.
+/// A workload's profile, `None` where the device collects no launches,
+/// or why it has none.
 type ProfileOutcome = Result<Option<Profile>, String>;
 
-/// Workload `name`'s profile as a text table: per kernel its GPU time and
-/// share of the workload's (where timed), launches, workgroups, GFLOP and
-/// MB of one launch, and achieved GB/s and TFLOP/s (where timed).
+/// Workload `name`'s profile as a text table: per kernel its time (GPU
+/// time on wgpu, wall time on the CPU backend) and share of the
+/// workload's (where timed), launches, workgroups (threads on the CPU
+/// backend), GFLOP and MB of one launch, and achieved GB/s and TFLOP/s
+/// (where timed).
 pub fn profile_table(name: &str, p: &Profile) -> String {
-    let mut s = if p.timed {
-        format!("profile {name} (GPU time over {} iterations):\n", p.iterations)
-    } else {
-        format!("profile {name} ({} iterations; no timestamp queries on this adapter, counts only):\n", p.iterations)
+    let cpu = p.device == "cpu";
+    let mut s = match (p.timed, cpu) {
+        (true, true) => format!("profile {name} (CPU wall time over {} iterations):\n", p.iterations),
+        (true, false) => format!("profile {name} (GPU time over {} iterations):\n", p.iterations),
+        (false, _) => {
+            format!(
+                "profile {name} ({} iterations; no timestamp queries on this adapter, counts only):\n",
+                p.iterations
+            )
+        }
     };
     s.push_str(&format!(
-        "  {:>10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>9} {:>8}  kernel\n",
-        "ms", "share", "launches", "workgroups", "GFLOP", "MB", "GB/s", "TFLOP/s"
+        "  {:>10} {:>8} {:>6} {:>8} {:>10} {:>10} {:>10} {:>9} {:>8}  kernel\n",
+        "ms",
+        if cpu { "cpu ms" } else { "" },
+        "share",
+        "launches",
+        if cpu { "threads" } else { "workgroups" },
+        "GFLOP",
+        "MB",
+        "GB/s",
+        "TFLOP/s"
     ));
     let opt = |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_default();
     for k in &p.kernels {
         s.push_str(&format!(
-            "  {:>10} {:>6} {:>8} {:>10} {:>10.3} {:>10.3} {:>9} {:>8}  {}\n",
+            "  {:>10} {:>8} {:>6} {:>8} {:>10} {:>10.3} {:>10.3} {:>9} {:>8}  {}\n",
             opt(k.ms, 3),
+            opt(k.cpu_ms, 3),
             k.share.map(|f| format!("{:.1}%", f * 100.0)).unwrap_or_default(),
             k.launches,
-            k.workgroups,
+            if cpu { k.threads.unwrap_or(1) as u64 } else { k.workgroups },
             k.flops as f64 / 1e9,
             k.bytes as f64 / 1e6,
             opt(k.gbps(), 2),
@@ -328,9 +342,15 @@ pub fn table(rows: &[BenchResult]) -> String {
             _ => String::new(),
         };
         let k = r.kernels.map(|k| format!("{k:.1}")).unwrap_or_default();
-        let note = match &r.error {
-            Some(e) => format!("error: {e}"),
-            None => r.note.clone().unwrap_or_default(),
+        let note = match (&r.error, r.cpu_ms) {
+            (Some(e), _) => format!("error: {e}"),
+            // The process's CPU time per iteration: the work, whatever
+            // share of the cores a busy host gave the process.
+            (None, Some(cpu)) => {
+                let rest = r.note.as_deref().map(|n| format!("; {n}")).unwrap_or_default();
+                format!("cpu {cpu:.3} ms{rest}")
+            }
+            (None, None) => r.note.clone().unwrap_or_default(),
         };
         s.push_str(&format!(
             "{:<width$} {:<6} {:>11.3} {:>11.3} {:>11.3} {:>16} {:>8}  {}\n",
@@ -550,18 +570,21 @@ mod tests {
             flops: 2_000_000_000,
             bytes: 12_000_000,
             ms: None,
+            threads: None,
+            cpu_ms: None,
             share: None,
         };
-        let untimed = Profile { iterations: 2, timed: false, kernels: vec![kernel.clone()] };
+        let untimed = Profile { device: "wgpu".into(), iterations: 2, timed: false, kernels: vec![kernel.clone()] };
         let text = profile_table("W2", &untimed);
         assert!(text.starts_with("profile W2 (2 iterations; no timestamp queries"), "{text}");
         let row = text.lines().nth(2).unwrap();
         assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["2", "256", "2.000", "12.000", "k0_MatMul_matmul"]);
         // Two launches of 12 MB and 2 GFLOP in 10 ms: 2.4 GB/s, 0.4 TFLOP/s.
         let timed = Profile {
+            device: "wgpu".into(),
             iterations: 2,
             timed: true,
-            kernels: vec![KernelProfile { ms: Some(10.0), share: Some(1.0), ..kernel }],
+            kernels: vec![KernelProfile { ms: Some(10.0), share: Some(1.0), ..kernel.clone() }],
         };
         let text = profile_table("W2", &timed);
         let row = text.lines().nth(2).unwrap();
@@ -569,5 +592,23 @@ mod tests {
             row.split_whitespace().collect::<Vec<_>>(),
             ["10.000", "100.0%", "2", "256", "2.000", "12.000", "2.40", "0.400", "k0_MatMul_matmul"]
         );
+        // On the CPU backend: wall time, and threads where wgpu has workgroups.
+        let cpu = Profile {
+            device: "cpu".into(),
+            iterations: 2,
+            timed: true,
+            kernels: vec![KernelProfile {
+                ms: Some(10.0),
+                cpu_ms: Some(9.0),
+                share: Some(1.0),
+                threads: Some(2),
+                ..kernel
+            }],
+        };
+        let text = profile_table("W2", &cpu);
+        assert!(text.starts_with("profile W2 (CPU wall time over 2 iterations)"), "{text}");
+        assert!(text.lines().nth(1).unwrap().contains("threads"), "{text}");
+        let row = text.lines().nth(2).unwrap();
+        assert_eq!(row.split_whitespace().take(4).collect::<Vec<_>>(), ["10.000", "9.000", "100.0%", "2"], "{text}");
     }
 }

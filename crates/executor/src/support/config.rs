@@ -231,6 +231,13 @@ pub const VARS: &[Var] = &[
         "lazuli-cpu (CpuOptions::memory_budget)",
     ),
     var(
+        "LAZULI_CPU_THREADS",
+        Kind::Count,
+        "the host's cores",
+        "most threads the CPU backend's kernels (fused loops, GEMM, reductions) run on",
+        "lazuli-cpu (CpuOptions::threads)",
+    ),
+    var(
         "LAZULI_MAX_GRAPH_NODES",
         Kind::Count,
         "4096",

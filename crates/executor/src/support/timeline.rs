@@ -26,7 +26,10 @@
 //!   is written: GPU intervals are exact relative to each other and
 //!   placed within the best-observed polling latency on the host clock.
 //!   Collecting them never makes an execution wait for itself, so the
-//!   timeline shows a steady loop as it runs without it.
+//!   timeline shows a steady loop as it runs without it;
+//! - the CPU backend's kernels ([`cpu_kernel`]): each fused loop, product,
+//!   reduction or interpreted node of an execution on a track of its own
+//!   (`CPU kernels`), with its FLOPs, bytes and threads as `args.what`.
 //!
 //! At most [`MAX_EVENTS`] events are kept; later ones are counted as
 //! `TimelineDropped` and the file says how many were dropped.
@@ -43,6 +46,9 @@ pub const MAX_EVENTS: usize = 4 << 20;
 
 /// The thread id of the GPU track in the trace.
 pub const GPU_TRACK: u64 = 1 << 20;
+
+/// The thread id of the CPU backend's kernel track in the trace.
+pub const CPU_TRACK: u64 = GPU_TRACK + 1;
 
 static ON: AtomicBool = AtomicBool::new(false);
 
@@ -197,6 +203,27 @@ pub fn span(name: &'static str) -> Option<Span> {
     enabled().then(|| Span { name, start: Instant::now() })
 }
 
+/// Records a kernel of the CPU backend on the CPU kernel track: `name`
+/// ran from `start` for `dur`, and `what` says what it did (FLOPs,
+/// bytes, threads).
+pub fn cpu_kernel(name: &str, start: Instant, dur: Duration, what: String) {
+    if !enabled() {
+        return;
+    }
+    let ts = micros(start);
+    let mut r = recorder().lock().unwrap_or_else(|e| e.into_inner());
+    let event = Event {
+        name: name.to_string(),
+        cat: "cpu",
+        ts,
+        dur: dur.as_secs_f64() * 1e6,
+        tid: CPU_TRACK,
+        clock: None,
+        what: Some(what),
+    };
+    push_locked(&mut r, event, false);
+}
+
 /// Records one execution's kernels on the GPU track: `names` ran over
 /// `intervals` (begin and end in µs of device clock `clock`, an id the
 /// backend gives each device), and the host knew the execution was done
@@ -265,6 +292,11 @@ fn write(r: &Recorder, path: &Path) -> std::io::Result<()> {
         events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": i + 1, "args": {"name": name}}));
     }
     events.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": GPU_TRACK, "args": {"name": "GPU"}}));
+    if r.events.iter().any(|e| e.tid == CPU_TRACK) {
+        events.push(
+            json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": CPU_TRACK, "args": {"name": "CPU kernels"}}),
+        );
+    }
     for e in &r.events {
         let ts = r.start_of(e);
         let mut event =

@@ -130,8 +130,9 @@ impl TraceSummary {
                 _ => {}
             }
         }
-        let gpu = crate::timeline::GPU_TRACK;
-        let is_host = |tid: u64| tid != gpu;
+        // Kernels: the GPU track, or on the CPU backend its kernel track.
+        let is_kernel = |tid: u64| tid == crate::timeline::GPU_TRACK || tid == crate::timeline::CPU_TRACK;
+        let is_host = |tid: u64| !is_kernel(tid);
         // The runs between compiles; the one with the most executions
         // (the later one of a tie).
         let mut compiles: Vec<(f64, f64)> =
@@ -153,7 +154,7 @@ impl TraceSummary {
         else {
             return Err("no execution in the trace".into());
         };
-        let mut kernels: Vec<_> = spans.iter().filter(|s| s.1 == gpu && s.2 >= first && s.2 <= last).collect();
+        let mut kernels: Vec<_> = spans.iter().filter(|s| is_kernel(s.1) && s.2 >= first && s.2 <= last).collect();
         let end = kernels.iter().map(|k| k.2 + k.3).fold(last, f64::max);
         kernels.sort_by(|a, b| a.2.total_cmp(&b.2));
         // The union of the kernels' intervals, and the stretches between.
