@@ -268,6 +268,9 @@ fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> onnx::proto:
 
 #[test]
 fn unsupported_nodes_are_listed_at_load() {
+    // Every test of this binary holds the lock: the size test counts
+    // process-wide compiles, which a model run beside it would add to.
+    let _lock = common::metrics_lock();
     let mut custom = node("FancyOp", "fancy", &["x"], &["a"]);
     custom.domain = Some("com.example".into());
     let looped = node("Loop", "loop", &["", "", "a"], &["b"]);
@@ -305,6 +308,9 @@ fn unsupported_nodes_are_listed_at_load() {
 
 #[test]
 fn malformed_graphs_are_errors_naming_what_is_wrong() {
+    // Every test of this binary holds the lock: the size test counts
+    // process-wide compiles, which a model run beside it would add to.
+    let _lock = common::metrics_lock();
     let check = |m: onnx::proto::ModelProto, want: &str| match Model::from_proto(&m, Default::default()) {
         Err(e) => assert!(e.to_string().contains(want), "want {want:?} in: {e}"),
         Ok(_) => panic!("loaded; want an error with {want:?}"),
@@ -383,6 +389,9 @@ proptest! {
 
 #[test]
 fn if_is_resolved_when_the_run_is_planned() {
+    // Every test of this binary holds the lock: the size test counts
+    // process-wide compiles, which a model run beside it would add to.
+    let _lock = common::metrics_lock();
     use onnx::proto::*;
     let branch = |op: &str, out: &str| GraphProto {
         node: vec![node(op, &format!("{op}_in_branch"), &["x"], &[out])],
@@ -461,6 +470,9 @@ fn if_is_resolved_when_the_run_is_planned() {
 
 #[test]
 fn batch_norms_fold_into_the_convolutions_before_them() {
+    // Every test of this binary holds the lock: the size test counts
+    // process-wide compiles, which a model run beside it would add to.
+    let _lock = common::metrics_lock();
     // (model, norms, norms right after a convolution nothing else reads)
     for (name, bns, after_conv) in [("resnet50", 53, 53), ("inception_v2", 69, 69), ("densenet121", 121, 59)] {
         let path = fixtures().join("light").join(name).join("model.onnx");

@@ -6,8 +6,8 @@
 
 mod common;
 
-use lazuli_cli::conformance as onnx;
 use lazuli::prelude::*;
+use lazuli_cli::conformance as onnx;
 
 #[test]
 fn onnx_conformance() {

@@ -44,4 +44,3 @@ fn lazuli_run_reports_saves_and_checks() {
     let text = String::from_utf8_lossy(&bad.stdout);
     assert!(text.contains("StringNormalizer") && text.contains("unsupported"), "{text}");
 }
-

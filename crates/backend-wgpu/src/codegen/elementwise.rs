@@ -176,7 +176,10 @@ impl Writer<'_> {
         let per_lane = |id: NodeId| full(id) && !prologue.contains(&id) && !reduced(id);
         for &id in &k.inline {
             if !per_lane(id) {
-                self.node_fn(id, None)?;
+                // Through `value_fn`: a node of no element (a concat over
+                // an empty axis that an inlined reduction reads) is a stub,
+                // never index math dividing by a literal 0u.
+                self.value_fn(id)?;
             }
         }
         let mut b = String::new();

@@ -8,8 +8,8 @@
 use super::uniform_data;
 use lazuli::nn::{self, Module, ModuleExt};
 use lazuli::optim::{Optimizer, Sgd};
-use lazuli_models::digits::LeNet;
 use lazuli::{Device, Result, Tensor};
+use lazuli_models::digits::LeNet;
 
 /// Images per step.
 pub const CNN_BATCH: usize = 64;

@@ -406,8 +406,9 @@ mod tests {
 
     #[test]
     fn parses_every_flag() {
-        let a = parse("run m.onnx --input ids=a.npy --dim batch=2 --dim seq=7 --device cpu --repeat 3 --save out --json")
-            .unwrap();
+        let a =
+            parse("run m.onnx --input ids=a.npy --dim batch=2 --dim seq=7 --device cpu --repeat 3 --save out --json")
+                .unwrap();
         assert_eq!(a.model, PathBuf::from("m.onnx"));
         assert_eq!(a.inputs, vec![("ids".to_string(), PathBuf::from("a.npy"))]);
         assert_eq!(a.dims, vec![("batch".to_string(), 2), ("seq".to_string(), 7)]);
