@@ -12,7 +12,7 @@ use crate::codegen;
 use crate::options::WgpuOptions;
 use crate::platform::{self, Deferred};
 use crate::pool::{self, Pool, PoolOptions, WgpuStorage};
-use crate::profile::{mapped_intervals, PendingTimes};
+use crate::timestamps::{mapped_intervals, PendingTimes};
 use crate::window::Windows;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{BackendError, BackendKind, Buffer};
@@ -360,7 +360,9 @@ impl Context {
         let mut pending = self.pending_times.lock().unwrap_or_else(|e| e.into_inner());
         pending.retain(|p| match p.mapping.try_recv() {
             Ok(mapped) => {
-                if let Ok((intervals, done)) = mapped_intervals(self, &p.read, p.names.len(), mapped) {
+                if let Ok((intervals, done)) =
+                    mapped_intervals((&self.name, &self.queue), &p.read, p.names.len(), mapped)
+                {
                     self.place_times(&p.names, &intervals, done);
                 }
                 false

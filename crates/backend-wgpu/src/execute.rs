@@ -16,11 +16,12 @@
 //! no extra round trip (see `codegen::index`).
 
 use crate::binds::{self, BindCache, Binding};
-use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
 use crate::context::{device_err, dispatch_size, Context, READBACK, STORAGE, UNIFORM};
+use crate::executable::{Bound, CompiledKernel, WgpuExecutable};
 use crate::platform::Scope;
 use crate::pool::WgpuStorage;
-use crate::profile::{map_intervals, mapped_intervals, PendingTimes, Profiler};
+use crate::profile::Profiler;
+use crate::timestamps::{map_intervals, mapped_intervals, PendingTimes};
 use crate::transfer::{early_copies, EarlyCopy, OutputOf};
 use crate::uniforms::Sections;
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
@@ -172,7 +173,7 @@ pub(crate) fn execute(
         (Some(q), Some(mapping)) => {
             let names: Vec<String> = work.iter().map(Launch::name).collect();
             let mapped = mapping.recv().map_err(|e| device_err(&ctx.name, e))?;
-            let (intervals, done) = mapped_intervals(ctx, &q.read, names.len(), mapped)?;
+            let (intervals, done) = mapped_intervals((&ctx.name, &ctx.queue), &q.read, names.len(), mapped)?;
             ctx.place_times(&names, &intervals, done);
             Some(intervals)
         }

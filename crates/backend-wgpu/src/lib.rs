@@ -95,8 +95,10 @@ pub mod compile;
 mod context;
 mod cost;
 pub mod diskcache;
+pub mod executable;
 mod execute;
 mod fault;
+mod front;
 pub mod generic;
 pub mod options;
 pub mod pipeline;
@@ -106,15 +108,17 @@ mod profile;
 pub mod runtime;
 mod threads;
 pub mod tier;
+mod timestamps;
 mod transfer;
 mod uniforms;
+mod upgrade;
 pub mod validate;
 mod wgsl_text;
 pub mod window;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use adapter::list_adapters;
-pub use compile::WgpuExecutable;
+pub use executable::WgpuExecutable;
 pub use execute::STREAM_FIRST_LAUNCHES;
 pub use options::{kernel_forms, WgpuOptions};
 #[cfg(target_arch = "wasm32")]

@@ -146,7 +146,7 @@ pub(crate) struct Pipelines {
     /// When the driver cache was last saved or loaded.
     last_save: Mutex<Instant>,
     /// The compile threads: they create the pipelines of one plan.
-    workers: crate::threads::Workers,
+    workers: Arc<crate::threads::Workers>,
     /// Whether kernels proven in bounds get unchecked (trusted) modules:
     /// the switch, and never on wasm32 (see the module doc).
     trusted: bool,
@@ -166,20 +166,16 @@ impl Pipelines {
 
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
-    /// Creates pipelines on up to `threads` threads (`None`: the machine's
-    /// cores, at most 8; one where there are no threads, see
-    /// `platform`).
+    /// Creates pipelines on `workers`, the backend's compile threads.
     /// Kernels proven in bounds get trusted modules where `trusted` (and
     /// [`platform::TRUSTED_SHADERS`]).
-    pub fn new(
+    pub(crate) fn new(
         device: &wgpu::Device,
         cap: usize,
         disk: Option<Arc<DiskCache>>,
-        threads: Option<usize>,
+        workers: Arc<crate::threads::Workers>,
         trusted: bool,
     ) -> Pipelines {
-        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
-        let threads = if platform::THREADS { threads.max(1) } else { 1 };
         let mut loaded = 0;
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
@@ -196,7 +192,7 @@ impl Pipelines {
             driver_saved: AtomicU64::new(loaded),
             unsaved_since: Mutex::new(None),
             last_save: Mutex::new(Instant::now()),
-            workers: crate::threads::Workers::new(threads),
+            workers,
             trusted: trusted && platform::TRUSTED_SHADERS,
         }
     }

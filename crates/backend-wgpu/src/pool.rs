@@ -446,20 +446,28 @@ pub struct WgpuStorage {
     id: u64,
     usage: wgpu::BufferUsages,
     pool: Arc<Pool>,
-    /// Set once when an execution produced this buffer as an output (see
-    /// [`crate::transfer::OutputOf`]).
-    output: std::sync::OnceLock<Box<crate::transfer::OutputOf>>,
+    /// Set once when an execution produced this buffer as an output: what
+    /// it records about it (`crate::transfer::OutputOf`: which output, and
+    /// a copy made early). Typed by its owner, not here: the allocator
+    /// knows nothing of transfers.
+    ///
+    /// Rejected alternative: the field typed as `transfer::OutputOf`, as
+    /// it was: the allocator then imported the transfers that import it
+    /// (an early copy is itself a pool buffer), an import circle for one
+    /// field.
+    output: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl WgpuStorage {
-    /// Which execution output this buffer holds, if an execution made it.
-    pub(crate) fn output(&self) -> Option<&crate::transfer::OutputOf> {
-        self.output.get().map(|o| &**o)
+    /// What an execution recorded about this buffer as its output, if an
+    /// execution made it and it is a `T`.
+    pub(crate) fn output<T: 'static>(&self) -> Option<&T> {
+        self.output.get().and_then(|o| o.downcast_ref())
     }
 
-    /// Notes that this buffer holds output `output` of its execution (at
-    /// most once: a pool buffer holds one value).
-    pub(crate) fn set_output(&self, output: crate::transfer::OutputOf) {
+    /// Records `output` about this buffer, an execution's output (at most
+    /// once: a pool buffer holds one value).
+    pub(crate) fn set_output<T: std::any::Any + Send + Sync>(&self, output: T) {
         let _ = self.output.set(Box::new(output));
     }
 

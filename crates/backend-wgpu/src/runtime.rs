@@ -5,14 +5,17 @@
 
 use crate::autotune::{self, Tuner};
 use crate::codegen::{KernelForms, LowerLimits, ReduceForm};
-use crate::compile::{Compiler, WgpuExecutable};
+use crate::compile::Compiler;
 use crate::context::Context;
 use crate::diskcache::DiskCache;
+use crate::executable::WgpuExecutable;
+use crate::front::Front;
 use crate::generic::{self, Families};
 use crate::options::{kernel_forms, WgpuOptions};
 use crate::pipeline::Pipelines;
 use crate::pool::{Pool, PoolStats};
 use crate::profile::{LaunchSample, Profiler};
+use crate::threads::Workers;
 use lazuli_executor::config::{self, Setting, Source};
 use lazuli_executor::platform::{Instant, LocalFuture};
 use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
@@ -148,20 +151,25 @@ impl WgpuBackend {
         let tune = crate::platform::CAN_BLOCK && autotune::enabled(options.autotune, software);
         let mut tuner = Tuner::new(tune, &adapter_id, disk.clone());
         tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
-        let compiler = Compiler::new(
-            fusion,
-            lower,
-            Pipelines::new(
+        let workers = Arc::new(Workers::for_compiles(options.compile_threads));
+        let compiler = Compiler {
+            front: Front {
+                backend: ctx.name.clone(),
+                fusion,
+                lower,
+                tuner,
+                families: Families::new(generic::enabled(options.generic_sizes), 4096),
+                workers: workers.clone(),
+                fault_kernel: options.fault_kernel.clone(),
+            },
+            pipelines: Pipelines::new(
                 &ctx.device,
                 options.pipeline_cache_size.unwrap_or(1024),
                 disk,
-                options.compile_threads,
+                workers,
                 options.trusted_shaders.unwrap_or(true),
             ),
-            tuner,
-            Families::new(generic::enabled(options.generic_sizes), 4096),
-            options.fault_kernel.clone(),
-        );
+        };
         // Static kernels compile on a thread of their own, so not where
         // there are none (the browser), nor by default on a software
         // adapter, whose kernels run on the cores that thread would take.
@@ -198,7 +206,8 @@ impl WgpuBackend {
         }
         let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
         self.in_background("lazuli-specialize", move |inner| {
-            job.finish(inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels, &inner.cancel));
+            let compiled = inner.compiler.compile_static(&inner.ctx, &job.input, &inner.cancel);
+            job.finish(compiled, "compiling static kernels for recurring sizes");
         });
     }
 
@@ -208,7 +217,8 @@ impl WgpuBackend {
     fn tune(&self, exe: &WgpuExecutable) {
         let Some(job) = self.inner.compiler.tune_at_boundary(&self.inner.ctx, exe) else { return };
         self.in_background("lazuli-autotune", move |inner| {
-            job.finish(inner.compiler.compile_candidates(&inner.ctx, &job, &inner.cancel));
+            let compiled = inner.compiler.compile_candidates(&inner.ctx, &job.input, &inner.cancel);
+            job.finish(compiled, "compiling autotune candidates");
         });
     }
 
@@ -256,7 +266,7 @@ impl WgpuBackend {
 
     /// The fusion limits this backend plans with.
     pub fn fusion_limits(&self) -> FusionLimits {
-        self.inner.compiler.fusion
+        self.inner.compiler.front.fusion
     }
 
     /// Idle bytes in the buffer pool.
@@ -330,7 +340,7 @@ fn effective_settings(
     let source = |name| sources.iter().find(|(n, _)| *n == name).map_or(Source::Default, |s| s.1);
     let on_off = |b: bool| if b { "on" } else { "off" };
     let adapter = if software { "software adapter" } else { "GPU" };
-    let forms = compiler.lower.forms;
+    let forms = compiler.front.lower.forms;
     let profile = if forms == KernelForms::gpu() {
         "gpu".to_string()
     } else if forms == KernelForms::software() {
@@ -357,10 +367,10 @@ fn effective_settings(
         Setting::new("LAZULI_KERNEL_FORMS", profile, forms_source),
         Setting::new(
             "LAZULI_AUTOTUNE",
-            by_default(on_off(compiler.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
+            by_default(on_off(compiler.front.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
             source("LAZULI_AUTOTUNE"),
         ),
-        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
+        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.front.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
         Setting::new(
             "LAZULI_CACHE_DIR",
             cache_dir.map_or("off".to_string(), |d| d.display().to_string()),
@@ -381,10 +391,10 @@ fn effective_settings(
             pool.memory_budget.map_or("none".to_string(), |b| b.to_string()),
             source("LAZULI_DEVICE_MEMORY_BYTES"),
         ),
-        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.front.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
         Setting::new(
             "LAZULI_INLINE_REDUCTIONS",
-            on_off(compiler.fusion.inline_reductions > 0),
+            on_off(compiler.front.fusion.inline_reductions > 0),
             source("LAZULI_INLINE_REDUCTIONS"),
         ),
         Setting::new("LAZULI_OVERLAP_SUBMIT", on_off(ctx.overlap), source("LAZULI_OVERLAP_SUBMIT")),
@@ -398,14 +408,14 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_SUBGROUPS",
-            match (compiler.lower.subgroups, ctx.subgroups) {
+            match (compiler.front.lower.subgroups, ctx.subgroups) {
                 (true, _) => "on".to_string(),
                 (false, true) => "off".to_string(),
                 (false, false) => "off (the adapter has none)".to_string(),
             },
             source("LAZULI_SUBGROUPS"),
         ),
-        Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
+        Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.front.families.enabled()), source("LAZULI_GENERIC_SIZES")),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new(
             "LAZULI_SPECIALIZE_AFTER",
@@ -424,7 +434,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_F16_PACKED",
-            match compiler.lower.f16 {
+            match compiler.front.lower.f16 {
                 crate::codegen::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
                 crate::codegen::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
                 crate::codegen::HalfStorage::Packed if ctx.shader_f16 => "on",
@@ -434,7 +444,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_COOPERATIVE_MATRIX",
-            match (compiler.lower.cooperative_matrix, ctx.cooperative_matrix) {
+            match (compiler.front.lower.cooperative_matrix, ctx.cooperative_matrix) {
                 (true, _) => "on",
                 (false, true) => "off",
                 (false, false) => "off (the adapter has no cooperative matrices as the tensor-core form needs)",
@@ -497,7 +507,7 @@ impl Backend for WgpuBackend {
 
     fn download_async<'a>(&'a self, buffer: &'a Buffer) -> LocalFuture<'a, Result<Vec<u8>, BackendError>> {
         #[cfg(target_arch = "wasm32")]
-        return Box::pin(crate::platform::download_async(&self.inner.ctx, buffer));
+        return Box::pin(crate::transfer::download_async(&self.inner.ctx, buffer));
         #[cfg(not(target_arch = "wasm32"))]
         Box::pin(std::future::ready(self.download(buffer)))
     }
@@ -519,7 +529,7 @@ impl Backend for WgpuBackend {
 
     fn finish_async(&self) -> LocalFuture<'_, Result<(), BackendError>> {
         #[cfg(target_arch = "wasm32")]
-        return Box::pin(crate::platform::finish_async(&self.inner.ctx));
+        return Box::pin(crate::transfer::finish_async(&self.inner.ctx));
         #[cfg(not(target_arch = "wasm32"))]
         Box::pin(std::future::ready(self.finish()))
     }

@@ -19,6 +19,14 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
+    /// A backend's compile threads: `threads` of them (`None`: the
+    /// machine's cores, at most 8; one where there are no threads, see
+    /// `platform`).
+    pub fn for_compiles(threads: Option<usize>) -> Workers {
+        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
+        Workers::new(if crate::platform::THREADS { threads.max(1) } else { 1 })
+    }
+
     /// `threads` compile threads (at least one).
     pub fn new(threads: usize) -> Workers {
         let threads = threads.max(1);

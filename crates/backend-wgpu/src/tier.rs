@@ -36,11 +36,9 @@
 //! its next kernel), so no compile outlives its device's drop nor runs
 //! into the process's exit.
 
-use crate::compile::{CompiledKernel, WgpuExecutable};
+use crate::executable::{Recompile, StaticKernels, WgpuExecutable};
+use crate::upgrade::{Adopted, Due, Job};
 use lazuli_executor::metrics;
-use lazuli_ir::fusion::Kernel;
-use lazuli_ir::VerifiedGraph;
-use std::sync::{Arc, Mutex};
 
 /// Executions of a plan with generic kernels after which they are
 /// compiled static (see the module documentation): a size that came
@@ -48,64 +46,10 @@ use std::sync::{Arc, Mutex};
 /// in the background are repaid by the steps that follow.
 pub const SPECIALIZE_AFTER: u64 = 32;
 
-/// What compiling a plan's static kernels gives: each by its index in
-/// the plan, and the indices of those waiting for the tuner (measured at
-/// the plan boundaries after the swap, as a first compile's would be).
-pub(crate) type Compiled = (Vec<(usize, CompiledKernel)>, Vec<usize>);
-
-/// Where a plan stands on its way to static kernels.
-#[derive(Default)]
-pub(crate) enum Tier {
-    /// Static already, specialized, or not to be (nothing to do).
-    #[default]
-    Settled,
-    /// Has generic kernels, not yet run often enough.
-    Generic,
-    /// Its static kernels are being compiled.
-    Compiling,
-    /// Its static kernels, by index, to swap in at the next execution,
-    /// and the indices of those the tuner is to measure.
-    Ready(Vec<(usize, CompiledKernel)>, Vec<usize>),
-}
-
-/// The kernels of a plan to compile static, handed to the compiling
-/// thread; [`Specialization::finish`] hands the result back to the plan
-/// (dropped unfinished, it leaves the plan generic).
-pub(crate) struct Specialization {
-    /// The plan's graph.
-    pub graph: VerifiedGraph,
-    /// Each generic kernel: its index in the plan, its kernel and name.
-    pub kernels: Vec<(usize, Kernel, String)>,
-    tier: Arc<Mutex<Tier>>,
-}
-
-impl Specialization {
-    /// Hands the compiled kernels to the plan (swapped in before its next
-    /// execution); a failure leaves the plan generic, with a warning.
-    /// `Ok(None)`: cancelled (the backend is going away).
-    pub fn finish(&self, compiled: Result<Option<Compiled>, lazuli_executor::BackendError>) {
-        let mut tier = self.tier.lock().unwrap_or_else(|e| e.into_inner());
-        *tier = match compiled {
-            Ok(Some((kernels, untuned))) => Tier::Ready(kernels, untuned),
-            Ok(None) => Tier::Settled,
-            Err(e) => {
-                tracing::warn!("compiling static kernels for recurring sizes failed, the plan stays generic: {e}");
-                Tier::Settled
-            }
-        };
-    }
-}
-
-impl Drop for Specialization {
-    /// A compile that never finished (its thread did not start, or
-    /// panicked) leaves the plan generic for good.
-    fn drop(&mut self) {
-        let mut tier = self.tier.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*tier, Tier::Compiling) {
-            *tier = Tier::Settled;
-        }
-    }
-}
+/// A compile of a plan's static kernels, off the steps' path (see
+/// [`crate::upgrade`]): its generic kernels, handed to the compiling
+/// thread; [`crate::upgrade::Job::finish`] hands the static kernels back.
+pub(crate) type Specialization = Job<StaticKernels, Recompile>;
 
 /// At a plan boundary, before an execution of `exe` (whose `runs`
 /// executions started before this one): swaps its static kernels in where
@@ -113,35 +57,28 @@ impl Drop for Specialization {
 /// generic ones and reached `after` executions (the caller starts the
 /// compile, off this thread). `after`: `None` never specializes.
 pub(crate) fn at_boundary(exe: &WgpuExecutable, runs: u64, after: Option<u64>) -> Option<Specialization> {
-    let mut tier = exe.tier.lock().unwrap_or_else(|e| e.into_inner());
-    match &mut *tier {
-        Tier::Ready(kernels, untuned) => {
-            let (kernels, untuned) = (std::mem::take(kernels), std::mem::take(untuned));
-            *tier = Tier::Settled;
-            drop(tier);
+    exe.tier.at_boundary(
+        |ready| {
+            let StaticKernels { kernels, untuned } = std::mem::replace(ready, StaticKernels::none());
             metrics::inc("SpecializedPlans", 1);
             metrics::inc("SpecializedKernels", kernels.len() as u64);
             for (ki, kernel) in kernels {
                 exe.replace_kernel(ki, kernel);
             }
             exe.await_tuning(&untuned);
-            None
-        }
-        Tier::Generic if after.is_some_and(|n| runs >= n) => {
-            let current = exe.current_kernels();
-            let kernels: Vec<(usize, Kernel, String)> = current
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.is_generic())
-                .map(|(i, c)| (i, exe.plan.kernels[i].clone(), c.name.clone()))
-                .collect();
-            if kernels.is_empty() {
-                *tier = Tier::Settled;
-                return None;
+            Adopted::All
+        },
+        || {
+            if after.is_none_or(|n| runs < n) {
+                return Due::NotYet;
             }
-            *tier = Tier::Compiling;
-            Some(Specialization { graph: exe.graph.clone(), kernels, tier: exe.tier.clone() })
-        }
-        _ => None,
-    }
+            let generic: Vec<usize> =
+                exe.current_kernels().iter().enumerate().filter(|(_, c)| c.is_generic()).map(|(i, _)| i).collect();
+            if generic.is_empty() {
+                Due::Never
+            } else {
+                Due::Start(exe.recompile(generic))
+            }
+        },
+    )
 }

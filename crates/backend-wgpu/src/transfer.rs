@@ -165,7 +165,7 @@ impl Context {
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
-        let early = st.output().and_then(|o| {
+        let early = st.output::<OutputOf>().and_then(|o| {
             if let Some(at) = o.read.read_at.get(o.index) {
                 at.fetch_max(o.run, Ordering::Relaxed);
             }
@@ -197,7 +197,7 @@ impl Context {
 
     /// Submits a copy of `len` bytes of `from`, from byte `offset`, to the
     /// start of `staging`: one chunk of a readback (native and in the
-    /// browser, `platform::download_async`).
+    /// browser, [`download_async`]).
     pub(crate) fn submit_chunk_copy(&self, from: &wgpu::Buffer, offset: u64, staging: &wgpu::Buffer, len: u64) {
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(from, offset, staging, 0, len);
@@ -274,6 +274,51 @@ pub(crate) fn decode(out: &mut Vec<u8>, view: &[u8], dtype: DType) {
     } else {
         out.extend_from_slice(view);
     }
+}
+
+/// Waits (without blocking) until the device has finished the work
+/// submitted so far; then the first deferred error, if any.
+#[cfg(target_arch = "wasm32")]
+pub(crate) async fn finish_async(ctx: &Context) -> Result<(), BackendError> {
+    let (send, recv) = crate::platform::oneshot();
+    ctx.queue.on_submitted_work_done(move || send(()));
+    recv.await;
+    ctx.deferred.settled().await
+}
+
+/// The value of `buffer` in the host format, read back after all
+/// submitted work without blocking (a chunk at a time, as
+/// `Context::download` does); a deferred device error found meanwhile is
+/// returned instead.
+#[cfg(target_arch = "wasm32")]
+pub(crate) async fn download_async(ctx: &Context, buffer: &lazuli_executor::Buffer) -> Result<Vec<u8>, BackendError> {
+    let n = buffer.ty.shape.numel();
+    let st = ctx.storage(buffer)?;
+    let bytes = crate::context::device_bytes(&buffer.ty);
+    let mut out = ctx.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
+    let chunk = bytes.clamp(4, TRANSFER_CHUNK);
+    let staging = ctx.pool.acquire(chunk, READBACK)?;
+    let mut offset = 0;
+    while offset < bytes {
+        let len = chunk.min(bytes - offset);
+        ctx.submit_chunk_copy(st.buffer(), offset, staging.buffer(), len);
+        crate::platform::map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
+        let viewed = staging
+            .buffer()
+            .get_mapped_range(0..len)
+            .map(|view| decode(&mut out, &view, buffer.ty.dtype))
+            .map_err(|e| device_err(&ctx.name, e));
+        // Unmapped before any return: the staging buffer goes back to the
+        // pool.
+        staging.buffer().unmap();
+        viewed?;
+        // An error found by an earlier execution's checks (their mappings
+        // settled before this one) is this read's answer.
+        ctx.deferred.settled().await?;
+        offset += len;
+    }
+    out.truncate(n * buffer.ty.dtype.size_bytes());
+    Ok(out)
 }
 
 #[cfg(test)]

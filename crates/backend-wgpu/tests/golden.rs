@@ -27,7 +27,7 @@ use lazuli_ir::{
 };
 use lazuli_wgpu::codegen::{lower, FixedSizes, LowerLimits, Wgsl};
 use lazuli_wgpu::generic::Families;
-use lazuli_wgpu::window::{KernelWindows, Windows};
+use lazuli_wgpu::window::Windows;
 use std::path::PathBuf;
 
 fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
@@ -642,7 +642,7 @@ fn render_windowed(g: Graph, window_bytes: u64, limits: &LowerLimits) -> String 
     let mut counts = Vec::new();
     let mut windowed = false;
     let text = render_with(g, &limits, &fl, |i, k, w| {
-        let kw = KernelWindows::of(k, &v, w, &windows);
+        let kw = w.windows(k, &v, &windows);
         assert!(kw.bindings() <= fl.max_storage_buffers, "kernel {i}: {kw:?}");
         windowed |= kw.is_windowed();
         counts.push(format!("// kernel {i} windows: main {:?}, first pass {:?}\n", kw.main, kw.pre));

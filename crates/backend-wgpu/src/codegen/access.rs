@@ -61,7 +61,9 @@
 //! checked at run time rather than by construction, and a new storage
 //! kind meant a third rewrite composed with the other two.
 
+use super::{LowerError, LowerLimits};
 use crate::window::Windows;
+use lazuli_ir::{NodeId, VerifiedGraph};
 use std::fmt::Write as _;
 
 /// How f16 tensors are stored on the device (bf16 is always packed).
@@ -146,6 +148,26 @@ impl Binding {
             Storage::Native
         };
         Some(Binding { name, scalar, vec4, writable, storage })
+    }
+
+    /// The binding of node `id` of `g` named `name`, stored as `scalar`
+    /// (see [`Binding::tensor`]) under `limits`' f16 storage and windows;
+    /// a half-precision tensor that would need windows is an unsupported
+    /// case (the planner keeps those on the CPU fallback).
+    pub(super) fn of_node(
+        g: &VerifiedGraph,
+        limits: &LowerLimits,
+        (name, scalar, id): (String, &'static str, NodeId),
+        vec4: bool,
+        writable: bool,
+    ) -> Result<Binding, LowerError> {
+        let n = g.node(id);
+        Binding::tensor(name, scalar, vec4, writable, n.shape.numel() as u64, (limits.f16, &limits.windows)).ok_or_else(
+            || LowerError::Unsupported {
+                op: format!("{} ({scalar} beyond one storage binding)", n.op.name()),
+                dtype: n.dtype,
+            },
+        )
     }
 
     /// A binding of 32-bit elements of `scalar` that is never windowed or

@@ -12,6 +12,7 @@
 //! [`trusted`] turns into a shader module without runtime checks.
 
 use super::common::*;
+use super::coop::{CoopTile, COOP_FRAGMENT};
 use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, Shape, VerifiedGraph};
@@ -186,10 +187,10 @@ impl MatmulProblem {
 pub(super) fn resolve_form(p: &MatmulProblem, limits: &LowerLimits) -> MatmulForm {
     // f16 products on tensor cores where the device runs them (by the
     // rule, or forced); forced elsewhere, the rule's f32-compute form.
-    if super::coop::eligible(p, limits) {
+    if coop_eligible(p, limits) {
         match limits.forms.matmul {
             MatmulForm::ByShape => {
-                return MatmulForm::Cooperative(super::coop::choose_tile(p, limits, MATMUL_MIN_TILES));
+                return MatmulForm::Cooperative(coop_tile(p, limits, MATMUL_MIN_TILES));
             }
             MatmulForm::Cooperative(t) if t.workgroup_bytes() <= limits.workgroup_storage as u64 => {
                 return MatmulForm::Cooperative(t);
@@ -288,6 +289,34 @@ impl MatmulPlan {
             rows_contiguous(k, g, p.b),
         ];
         (sizes, [p.dtype, p.a_dtype, p.b_dtype], layouts, k.outputs.len())
+    }
+}
+
+/// Whether the product `p` may take the cooperative form ([`super::coop`]) under
+/// `limits`: the device can run it, sizes are fixed (not a generic
+/// kernel), both operands are f16, and the output has at least one
+/// fragment's worth of rows and columns (narrower products keep the
+/// register-blocked form, as in f32).
+pub fn coop_eligible(p: &MatmulProblem, limits: &LowerLimits) -> bool {
+    limits.cooperative_matrix
+        && !limits.generic
+        && p.a_dtype == DType::F16
+        && p.b_dtype == DType::F16
+        && p.m >= COOP_FRAGMENT
+        && p.n >= COOP_FRAGMENT
+        && CoopTile::SMALL.workgroup_bytes() <= limits.workgroup_storage as u64
+}
+
+/// The tile for the product `p`: the large one where it gives at least
+/// `min_tiles` workgroups (about one wave) and fits the workgroup memory,
+/// else the small one.
+pub fn coop_tile(p: &MatmulProblem, limits: &LowerLimits, min_tiles: u64) -> CoopTile {
+    let t = CoopTile::LARGE;
+    let tiles = p.batches() * p.m.div_ceil(t.bm()) * p.n.div_ceil(t.bn());
+    if tiles >= min_tiles && t.workgroup_bytes() <= limits.workgroup_storage as u64 {
+        t
+    } else {
+        CoopTile::SMALL
     }
 }
 

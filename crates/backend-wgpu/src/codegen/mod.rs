@@ -60,7 +60,7 @@ pub mod reduce;
 pub mod rows;
 pub mod schedule;
 
-use crate::window::Windows;
+use crate::window::{KernelWindows, Windows};
 pub use access::{Binding, Bindings, HalfStorage, Storage};
 use common::*;
 pub use common::{is_half, LLVMPIPE_LOOP_BUDGET};
@@ -239,6 +239,14 @@ pub struct Wgsl {
     /// with other scalars is the same source (one pipeline); the
     /// execution binds it a uniform holding these (see `crate::execute`).
     pub scalars: Vec<usize>,
+}
+
+impl Wgsl {
+    /// The windows of its bindings (kernel `kernel` of `graph`, lowered as
+    /// this source under `windows`; see [`crate::window`]).
+    pub fn windows(&self, kernel: &Kernel, graph: &VerifiedGraph, windows: &Windows) -> KernelWindows {
+        KernelWindows::of(kernel, graph, (self.pre.is_some(), self.binds_inputs), windows)
+    }
 }
 
 /// Why a kernel cannot be lowered.
