@@ -202,8 +202,20 @@ impl Binding {
 
     /// A load of array element `index` (see [`Binding::load_into`]).
     pub fn load(&self, index: &str) -> String {
-        let mut s = String::new();
-        self.load_into(&mut s, format_args!("{index}"));
+        // Pieces pushed, not formatted: lowering makes one per access.
+        let mut s = String::with_capacity(self.name.len() + index.len() + 5);
+        if self.through_helpers() {
+            s.push_str("ld_");
+            s.push_str(&self.name);
+            s.push('(');
+            s.push_str(index);
+            s.push(')');
+        } else {
+            s.push_str(&self.name);
+            s.push('[');
+            s.push_str(index);
+            s.push(']');
+        }
         s
     }
 
@@ -226,8 +238,19 @@ impl Binding {
     /// The statement storing `value` to array element `index`:
     /// `NAME[index] = value;`, or `st_NAME(index, value);`.
     pub fn store(&self, index: &str, value: &str) -> String {
-        let mut s = String::new();
-        self.open_store(&mut s, format_args!("{index}"));
+        let mut s = String::with_capacity(self.name.len() + index.len() + value.len() + 8);
+        if self.through_helpers() {
+            s.push_str("st_");
+            s.push_str(&self.name);
+            s.push('(');
+            s.push_str(index);
+            s.push_str(", ");
+        } else {
+            s.push_str(&self.name);
+            s.push('[');
+            s.push_str(index);
+            s.push_str("] = ");
+        }
         s.push_str(value);
         self.close_store(&mut s);
         s
@@ -245,31 +268,35 @@ impl Binding {
     /// (one per window).
     fn declare(&self, out: &mut String, first: u32) {
         let access = if self.writable { "read_write" } else { "read" };
-        let ty = match self.storage {
-            Storage::Native | Storage::Windowed { .. } => format!("array<{}>", self.elem()),
-            Storage::Half { packed: false, .. } => {
-                if self.vec4 { "array<vec4<f16>>" } else { "array<f16>" }.to_string()
-            }
+        // The array type, as three pieces around the scalar.
+        let (open, scalar, close) = match self.storage {
+            Storage::Native | Storage::Windowed { .. } if self.vec4 => ("array<vec4<", self.scalar, ">>"),
+            Storage::Native | Storage::Windowed { .. } => ("array<", self.scalar, ">"),
+            Storage::Half { packed: false, .. } if self.vec4 => ("array<vec4<", "f16", ">>"),
+            Storage::Half { packed: false, .. } => ("array<", "f16", ">"),
             Storage::Half { packed: true, .. } => match (self.vec4, self.writable) {
-                (true, _) => "array<vec2<u32>>",
-                (false, true) => "array<atomic<u32>>",
-                (false, false) => "array<u32>",
-            }
-            .to_string(),
+                (true, _) => ("array<vec2<", "u32", ">>"),
+                (false, true) => ("array<atomic<", "u32", ">>"),
+                (false, false) => ("array<", "u32", ">"),
+            },
         };
         match self.storage {
             Storage::Windowed { windows, .. } => {
                 for k in 0..windows {
                     let _ = writeln!(
                         out,
-                        "@group(0) @binding({}) var<storage, {access}> {}_w{k}: {ty};",
+                        "@group(0) @binding({}) var<storage, {access}> {}_w{k}: {open}{scalar}{close};",
                         first + k,
                         self.name
                     );
                 }
             }
             Storage::Native | Storage::Half { .. } => {
-                let _ = writeln!(out, "@group(0) @binding({first}) var<storage, {access}> {}: {ty};", self.name);
+                let _ = writeln!(
+                    out,
+                    "@group(0) @binding({first}) var<storage, {access}> {}: {open}{scalar}{close};",
+                    self.name
+                );
             }
         }
     }
