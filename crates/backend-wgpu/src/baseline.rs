@@ -7,8 +7,8 @@
 //! This is measurement tooling, not part of the execution path: sources
 //! are validated by naga like generated ones, but nothing is cached.
 
+use crate::compile::validate::validate_wgsl;
 use crate::runtime::WgpuBackend;
-use crate::validate::validate_wgsl;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::BackendError;
 use std::time::Duration;

@@ -3,19 +3,19 @@
 //! (`execute`), transfers (`transfer`) and profiling
 //! (`profile`) together behind `lazuli_executor::Backend`.
 
-use crate::autotune::{self, Tuner};
 use crate::codegen::{KernelForms, LowerLimits, ReduceForm};
+use crate::compile::autotune::{self, Tuner};
+use crate::compile::diskcache::DiskCache;
+use crate::compile::executable::WgpuExecutable;
+use crate::compile::pipeline::Pipelines;
+use crate::compile::stages::Front;
+use crate::compile::threads::Workers;
 use crate::compile::Compiler;
-use crate::context::Context;
-use crate::diskcache::DiskCache;
-use crate::executable::WgpuExecutable;
-use crate::front::Front;
-use crate::generic::{self, Families};
+use crate::device::context::Context;
+use crate::device::pool::{Pool, PoolStats};
+use crate::device::profile::{LaunchSample, Profiler};
 use crate::options::{kernel_forms, WgpuOptions};
-use crate::pipeline::Pipelines;
-use crate::pool::{Pool, PoolStats};
-use crate::profile::{LaunchSample, Profiler};
-use crate::threads::Workers;
+use crate::rewrite::size_families::{self, Families};
 use lazuli_executor::config::{self, Setting, Source};
 use lazuli_executor::platform::{Instant, LocalFuture};
 use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
@@ -37,7 +37,7 @@ struct Inner {
     /// The effective values of this backend's configuration variables.
     settings: Vec<Setting>,
     /// Executions after which a plan's generic kernels are compiled
-    /// static (see [`crate::tier`]); `None`: never.
+    /// static (see [`crate::compile::specialize`]); `None`: never.
     specialize_after: Option<u64>,
     /// The threads compiling off the steps' path (static kernels, the
     /// tuner's candidates), not yet joined.
@@ -76,7 +76,7 @@ impl WgpuBackend {
     fn opened(
         options: WgpuOptions,
         sources: &[(&'static str, Source)],
-        opened: crate::context::Opened,
+        opened: crate::device::context::Opened,
         started: Instant,
     ) -> WgpuBackend {
         let (ctx, info, limits) = (opened.context, opened.info, opened.limits);
@@ -85,7 +85,7 @@ impl WgpuBackend {
         // Subgroup operations where the device has them, unless turned
         // off (`WgpuOptions::subgroups`); never in a browser
         // (`platform::SUBGROUPS`).
-        let subgroups = ctx.subgroups && crate::platform::SUBGROUPS && options.subgroups.unwrap_or(true);
+        let subgroups = ctx.subgroups && crate::device::platform::SUBGROUPS && options.subgroups.unwrap_or(true);
         // Tensor cores for f16 products where the device runs the
         // cooperative form (the device was opened with the feature only
         // where the option allowed it).
@@ -96,8 +96,11 @@ impl WgpuBackend {
             info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
         );
         // No file system in a browser tab: caches stay in memory there.
-        let cache_dir =
-            options.cache_dir.clone().unwrap_or_else(autotune::cache_dir).filter(|_| crate::platform::DISK_CACHE);
+        let cache_dir = options
+            .cache_dir
+            .clone()
+            .unwrap_or_else(autotune::cache_dir)
+            .filter(|_| crate::device::platform::DISK_CACHE);
         // Everything that changes lowering salts the disk cache's keys
         // besides the adapter and the build.
         let disk = DiskCache::open(
@@ -108,7 +111,7 @@ impl WgpuBackend {
         .map(Arc::new);
         let fusion = FusionLimits {
             // One storage buffer per kernel is kept for the sizes of
-            // generic kernels (see `crate::generic`).
+            // generic kernels (see `crate::rewrite::size_families`).
             max_storage_buffers: max_sb.saturating_sub(1).max(3),
             matmul_epilogue: true,
             inline_outputs: true,
@@ -148,7 +151,7 @@ impl WgpuBackend {
             ..LowerLimits::default()
         };
         // Tuning times candidates by reading results back synchronously.
-        let tune = crate::platform::CAN_BLOCK && autotune::enabled(options.autotune, software);
+        let tune = crate::device::platform::CAN_BLOCK && autotune::enabled(options.autotune, software);
         let mut tuner = Tuner::new(tune, &adapter_id, disk.clone());
         tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
         let workers = Arc::new(Workers::for_compiles(options.compile_threads));
@@ -158,7 +161,7 @@ impl WgpuBackend {
                 fusion,
                 lower,
                 tuner,
-                families: Families::new(generic::enabled(options.generic_sizes), 4096),
+                families: Families::new(size_families::enabled(options.generic_sizes), 4096),
                 workers: workers.clone(),
                 fault_kernel: options.fault_kernel.clone(),
             },
@@ -173,10 +176,10 @@ impl WgpuBackend {
         // Static kernels compile on a thread of their own, so not where
         // there are none (the browser), nor by default on a software
         // adapter, whose kernels run on the cores that thread would take.
-        let default_after = if software { 0 } else { crate::tier::SPECIALIZE_AFTER };
+        let default_after = if software { 0 } else { crate::compile::specialize::SPECIALIZE_AFTER };
         let specialize_after = match options.specialize_after.unwrap_or(default_after) {
             0 => None,
-            n => crate::platform::THREADS.then_some(n),
+            n => crate::device::platform::THREADS.then_some(n),
         };
         let settings =
             effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref(), specialize_after);
@@ -197,14 +200,16 @@ impl WgpuBackend {
     /// At a plan boundary before an execution of `exe`: swaps in its
     /// static kernels where they are ready, or starts compiling them on a
     /// thread of their own where its generic kernels are due (see
-    /// [`crate::tier`]).
+    /// [`crate::compile::specialize`]).
     fn specialize(&self, exe: &WgpuExecutable) {
         // Off (and so never where there are no threads): nothing to swap
         // in either, so no lock on the step's path.
         if self.inner.specialize_after.is_none() {
             return;
         }
-        let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
+        let Some(job) = crate::compile::specialize::at_boundary(exe, exe.runs(), self.inner.specialize_after) else {
+            return;
+        };
         self.in_background("lazuli-specialize", move |inner| {
             let compiled = inner.compiler.compile_static(&inner.ctx, &job.input, &inner.cancel);
             job.finish(compiled, "compiling static kernels for recurring sizes");
@@ -213,7 +218,7 @@ impl WgpuBackend {
 
     /// At a plan boundary before an execution of `exe`: times the tuner's
     /// candidates for its kernels where they are compiled, or starts
-    /// compiling them on a thread of their own (see [`crate::autotune`]).
+    /// compiling them on a thread of their own (see [`crate::compile::autotune`]).
     fn tune(&self, exe: &WgpuExecutable) {
         let Some(job) = self.inner.compiler.tune_at_boundary(&self.inner.ctx, exe) else { return };
         self.in_background("lazuli-autotune", move |inner| {
@@ -239,8 +244,8 @@ impl WgpuBackend {
     }
 
     /// Waits for the compiles running off the steps' path to finish: a
-    /// plan's static kernels for recurring sizes ([`crate::tier`]) and
-    /// the tuner's candidates ([`crate::autotune`]). What they made takes
+    /// plan's static kernels for recurring sizes ([`crate::compile::specialize`]) and
+    /// the tuner's candidates ([`crate::compile::autotune`]). What they made takes
     /// effect at each plan's next execution. For tests, and for
     /// benchmarks that want a settled engine before they time.
     pub fn await_background(&self) {
@@ -378,7 +383,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_CACHE_MAX_BYTES",
-            options.cache_max_bytes.unwrap_or(crate::diskcache::DEFAULT_MAX_BYTES),
+            options.cache_max_bytes.unwrap_or(crate::compile::diskcache::DEFAULT_MAX_BYTES),
             source("LAZULI_CACHE_MAX_BYTES"),
         ),
         Setting::new(
@@ -421,7 +426,7 @@ fn effective_settings(
             "LAZULI_SPECIALIZE_AFTER",
             match specialize_after {
                 Some(n) => n.to_string(),
-                None if !crate::platform::THREADS => "never (no threads here)".to_string(),
+                None if !crate::device::platform::THREADS => "never (no threads here)".to_string(),
                 None if software && options.specialize_after.is_none() => "never (software adapter)".to_string(),
                 None => "never".to_string(),
             },
@@ -482,7 +487,7 @@ impl Backend for WgpuBackend {
     /// On a GPU: its kernels leave the host's cores idle. Not on a
     /// software adapter, whose kernels run on those cores.
     fn compiles_ahead(&self) -> bool {
-        crate::platform::THREADS && !self.is_software()
+        crate::device::platform::THREADS && !self.is_software()
     }
 
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
@@ -493,7 +498,7 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
-        if !crate::platform::CAN_BLOCK {
+        if !crate::device::platform::CAN_BLOCK {
             return Err(BackendError::WouldBlock {
                 op: "reading a tensor".into(),
                 device: self.name(),
@@ -507,13 +512,13 @@ impl Backend for WgpuBackend {
 
     fn download_async<'a>(&'a self, buffer: &'a Buffer) -> LocalFuture<'a, Result<Vec<u8>, BackendError>> {
         #[cfg(target_arch = "wasm32")]
-        return Box::pin(crate::transfer::download_async(&self.inner.ctx, buffer));
+        return Box::pin(crate::device::transfer::download_async(&self.inner.ctx, buffer));
         #[cfg(not(target_arch = "wasm32"))]
         Box::pin(std::future::ready(self.download(buffer)))
     }
 
     fn finish(&self) -> Result<(), BackendError> {
-        if !crate::platform::CAN_BLOCK {
+        if !crate::device::platform::CAN_BLOCK {
             return Err(BackendError::WouldBlock {
                 op: "Device::wait".into(),
                 device: self.name(),
@@ -529,7 +534,7 @@ impl Backend for WgpuBackend {
 
     fn finish_async(&self) -> LocalFuture<'_, Result<(), BackendError>> {
         #[cfg(target_arch = "wasm32")]
-        return Box::pin(crate::transfer::finish_async(&self.inner.ctx));
+        return Box::pin(crate::device::transfer::finish_async(&self.inner.ctx));
         #[cfg(not(target_arch = "wasm32"))]
         Box::pin(std::future::ready(self.finish()))
     }
@@ -541,7 +546,7 @@ impl Backend for WgpuBackend {
     /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
     /// kernels whose sizes differ from the earlier executable are lowered
     /// in forms independent of those sizes and compiled generic over all
-    /// their sizes at once (see [`crate::generic`], `Compiler::compile`).
+    /// their sizes at once (see [`crate::rewrite::size_families`], `Compiler::compile`).
     fn compile_with(
         &self,
         graph: &VerifiedGraph,
@@ -561,16 +566,16 @@ impl Backend for WgpuBackend {
             .downcast_ref::<WgpuExecutable>()
             .ok_or_else(|| BackendError::Execution("executable of another backend".into()))?;
         // A plan boundary: a kernel waiting for the tuner may be replaced
-        // before this execution (see `crate::autotune`), and generic
-        // kernels by static ones (see `crate::tier`).
+        // before this execution (see `crate::compile::autotune`), and generic
+        // kernels by static ones (see `crate::compile::specialize`).
         self.specialize(exe);
         self.tune(exe);
-        crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
+        crate::device::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
     }
 
     fn persist_caches(&self) {
         // A device on this backend is being dropped: no compile of its
-        // outlives it (see `crate::tier`).
+        // outlives it (see `crate::compile::specialize`).
         self.stop_background();
         self.inner.compiler.pipelines.flush();
     }

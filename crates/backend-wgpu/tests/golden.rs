@@ -25,9 +25,9 @@ use lazuli_ir::{
     ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, Graph, NodeId, Op,
     PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
+use lazuli_wgpu::codegen::window::Windows;
 use lazuli_wgpu::codegen::{lower, FixedSizes, LowerLimits, Wgsl};
-use lazuli_wgpu::generic::Families;
-use lazuli_wgpu::window::Windows;
+use lazuli_wgpu::rewrite::size_families::Families;
 use std::path::PathBuf;
 
 fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
@@ -366,7 +366,7 @@ fn graphs() -> Vec<(&'static str, Graph)> {
 /// A small MLP step in `dtype` (f16 or bf16): a matmul with bias and
 /// relu epilogue, a log-softmax over rows, a sum over rows and a cast to
 /// f32 and back: each family wgpu runs these dtypes in, through the
-/// storage rewrite (`lazuli_wgpu::halves`).
+/// access layer's half-precision storage (`lazuli_wgpu::codegen::access`).
 fn half_graph(dtype: DType) -> Graph {
     let mut g = Graph::new();
     let x = g.param(ValueType::new(vec![64, 32], dtype));

@@ -37,7 +37,7 @@
 //!   value of the dtype). The CPU backend rounds after every op, so the two
 //!   agree within a rounding per fused op.
 //! - [`Storage::Windowed`]: a tensor beyond one storage binding (see
-//!   [`crate::window`]), bound as consecutive windows `NAME_w0`,
+//!   [`crate::codegen::window`]), bound as consecutive windows `NAME_w0`,
 //!   `NAME_w1`, ... (the later bindings renumbered), reached through
 //!   `ld_NAME(i)` and `st_NAME(i, v);`, which pick the window by dividing
 //!   the index by a constant (a shift where the window is a power of two,
@@ -49,7 +49,7 @@
 //! layer existed, and the others exactly as the text rewrites that came
 //! before it (`halves`, `window`) wrote them: the helpers follow the last
 //! storage declaration. `enable` lines are derived from what was emitted
-//! ([`Bindings::enables`]), as naga's and CubeCL's writers do. The next
+//! (the assembler's `enables`), as naga's and CubeCL's writers do. The next
 //! storage kind (quantized weight blocks read and dequantized inside the
 //! matmul kernels) is one more [`Storage`] variant with its declaration
 //! and its load helper here; no family changes.
@@ -62,7 +62,7 @@
 //! kind meant a third rewrite composed with the other two.
 
 use super::{LowerError, LowerLimits};
-use crate::window::Windows;
+use crate::codegen::window::Windows;
 use lazuli_ir::{NodeId, VerifiedGraph};
 use std::fmt::Write as _;
 
@@ -120,7 +120,7 @@ pub struct Binding {
 
 impl Binding {
     /// The binding named `name` of a tensor stored as `scalar` (a
-    /// [`super::common::storage_ty`]: `f32`, `i32`, `u32`, `f16`, `bf16`)
+    /// `codegen::common::storage_ty`: `f32`, `i32`, `u32`, `f16`, `bf16`)
     /// with `elements` 32-bit elements (as the planner counts them), bound
     /// as `vec4` where asked, f16 stored as `f16` says and windowed as
     /// `windows` says. A half-precision tensor is never windowed (the
@@ -443,7 +443,7 @@ impl Bindings {
     }
 
     /// Windows per array binding, in binding order (see
-    /// [`crate::window::KernelWindows`]).
+    /// [`crate::codegen::window::KernelWindows`]).
     pub fn window_counts(&self) -> Vec<u32> {
         self.arrays().map(Binding::count).collect()
     }
@@ -563,7 +563,7 @@ mod tests {
         assert!(s.contains("@group(0) @binding(1) var<storage, read> in0: array<vec4<f32>>;"), "{s}");
         assert!(s.contains("let x = in0[t >> 2u][t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("out0[t] = x * in0[min(t, 3u)].y;\n    out1[t] = out0[t] * 2.0;"), "{s}");
-        crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 
     /// f16 and bf16 bindings go through conversion helpers, in both f16
@@ -583,12 +583,12 @@ mod tests {
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
         assert!(s.contains("out1[t] = ld_out0(t) * 2.0;"), "{s}");
-        crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
         let p = source(&bindings(kinds, HalfStorage::Packed, &Windows::UNBOUNDED), false);
         assert!(!p.contains("enable f16"), "{p}");
         assert!(p.contains("var<storage, read> in0: array<vec2<u32>>;"), "{p}");
         assert!(p.contains("unpack2x16float((w.x & 0xffffu)).x"), "{p}");
-        crate::validate::validate_wgsl(&p).unwrap_or_else(|e| panic!("{e}\n{p}"));
+        crate::compile::validate::validate_wgsl(&p).unwrap_or_else(|e| panic!("{e}\n{p}"));
         // vec4 outputs of both dtypes, both storages.
         for (scalar, f16) in [("f16", HalfStorage::Native), ("f16", HalfStorage::Packed), ("bf16", HalfStorage::Packed)]
         {
@@ -601,7 +601,7 @@ mod tests {
             s.push_str(&format!("fn f(t: u32) {{\n    {}\n}}\n", b.outputs[0].store("t", "vec4<f32>(1.0)")));
             s.push_str(ROUND_BF16);
             s.push_str(ROUND_F16);
-            crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{scalar} {f16:?}: {e}\n{s}"));
+            crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{scalar} {f16:?}: {e}\n{s}"));
         }
         assert_eq!(
             Binding::tensor(
@@ -645,6 +645,6 @@ mod tests {
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
         assert!(s.contains("out1[t] = ld_out0(t) * 2.0;"), "{s}");
-        crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 }

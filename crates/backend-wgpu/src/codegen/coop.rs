@@ -5,7 +5,7 @@
 //! matmul forms.
 //!
 //! Chosen by a rule, never by default on an adapter without it
-//! ([`LowerLimits::cooperative_matrix`] is true only where the device was
+//! ([`super::LowerLimits::cooperative_matrix`] is true only where the device was
 //! opened with the feature, `SHADER_F16` and `SUBGROUP`, advertises a
 //! 16 x 16 x 16 configuration of f16 A/B and f32 C/R, and runs subgroups of
 //! exactly [`COOP_SUBGROUP`] lanes — NVIDIA's warps): f16 x f16 products at
@@ -308,7 +308,8 @@ mod tests {
                                 let what =
                                     format!("{batch:?} {mkn:?} ta={ta} tb={tb} epi={epi} {out} {storage:?} {tile:?}");
                                 let w = lower(&k, &v, &limits).unwrap_or_else(|e| panic!("{what}: {e}"));
-                                crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{what}: {e}"));
+                                crate::compile::validate::validate_wgsl(&w.source)
+                                    .unwrap_or_else(|e| panic!("{what}: {e}"));
                                 assert!(w.source.starts_with("enable f16;"), "{what}");
                                 assert!(w.source.contains("coopMultiplyAdd"), "{what}");
                                 assert!(w.source.contains("@builtin(subgroup_id) sid"), "{what}");

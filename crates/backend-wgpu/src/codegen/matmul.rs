@@ -236,7 +236,7 @@ pub(super) fn resolve_form(p: &MatmulProblem, limits: &LowerLimits) -> MatmulFor
 pub struct MatmulPlan {
     /// The product.
     pub problem: MatmulProblem,
-    /// The concrete form ([`resolve_form`]: never `ByShape`).
+    /// The concrete form (`resolve_form`'s: never `ByShape`).
     pub form: MatmulForm,
     /// The layout; `None` in the cooperative form, which reads its
     /// operands element by element.
@@ -378,7 +378,7 @@ pub fn choose_generic_form(p: &MatmulProblem) -> MatmulForm {
 /// The forms autotuning times for the product `p` (the static choice
 /// first). A split-K choice is no candidate: the tuner times one pass,
 /// and kernels the rule splits are not tuned (see
-/// [`super::Schedule::tunable_matmul`]).
+/// `crate::compile::autotune`).
 pub fn candidates(p: &MatmulProblem) -> Vec<MatmulForm> {
     let mut v: Vec<MatmulForm> =
         Some(choose_form(p)).filter(|f| !matches!(f, MatmulForm::SplitK { .. })).into_iter().collect();
@@ -431,7 +431,7 @@ fn rows_contiguous(k: &Kernel, g: &VerifiedGraph, x: NodeId) -> bool {
 /// `select` (both sides in bounds), guards every store, indexes its
 /// workgroup arrays with constants plus lane ids below the tile, and
 /// bounds every loop by a constant. `form` is the product's concrete
-/// form (see [`resolve_form`]).
+/// form (see `resolve_form`).
 pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits, form: MatmulForm) -> bool {
     let Some(p) = MatmulProblem::of(k, g) else { return false };
     let sizes_ok = g.node(p.node).shape.numel() > 0 && p.k > 0;
@@ -528,7 +528,7 @@ pub(super) fn matmul_shape(
     // all (or most) columns and lanes split rows too. The layout follows
     // M and N rounded up to powers of two (blocks past the edge clamp
     // their loads and skip their stores), so that sizes in one bucket
-    // share a generic kernel (see `crate::generic`).
+    // share a generic kernel (see `crate::rewrite::size_families`).
     // Generic kernels take the layout of the largest small bucket along
     // the sizes that vary (at least 64 rows or columns), and follow the
     // sizes that stay fixed.
@@ -1459,7 +1459,7 @@ pub(super) mod tests {
                         let w = lower(&k, &v, &limits).unwrap();
                         let what = format!("{batch:?} {mkn:?} {la:?} tb={tb} epi={epi} {form:?}");
                         for src in std::iter::once(&w.source).chain(w.pre.as_ref().map(|p| &p.source)) {
-                            crate::validate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
+                            crate::compile::validate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
                             assert!(local_arrays(src).is_empty(), "{what}: {:?}", local_arrays(src));
                         }
                         let split = w.pre.is_some();
@@ -1486,7 +1486,7 @@ pub(super) mod tests {
         let shape_of = |mkn, la, limits: &LowerLimits| {
             let (v, k) = product(&[], mkn, la, false, true);
             let w = lower(&k, &v, limits).unwrap();
-            crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
+            crate::compile::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
             let p = MatmulPlan::new(&k, &v, limits).layout().clone();
             (p.rows, p.lanes, p.a_t.is_some(), w.invocations, w.source.matches("fma(").count())
         };

@@ -34,7 +34,7 @@ use super::{
     check_lowerable, multi, straight_line_width, Binding, Bindings, KernelForms, LowerError, LowerLimits, MatmulForm,
     ScatterForm, WORKGROUP_SIZE,
 };
-use crate::window::KernelWindows;
+use crate::codegen::window::KernelWindows;
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{NodeId, Op, VerifiedGraph};
 
@@ -493,7 +493,7 @@ impl Schedule {
     }
 
     /// The windows of the bindings of kernel `k` of `g` scheduled so (see
-    /// [`crate::window`]): what its lowering binds.
+    /// [`crate::codegen::window`]): what its lowering binds.
     pub fn windows(&self, k: &Kernel, g: &VerifiedGraph) -> KernelWindows {
         KernelWindows::of(k, g, (self.passes.two(), self.passes.binds_inputs()), &self.limits.windows)
     }
@@ -507,7 +507,7 @@ impl Schedule {
     }
 
     /// What the autotuner keys matmul kernel `k` of `g` on (see
-    /// `crate::autotune::Tuner::key`): the problem (sizes, batch dims,
+    /// `crate::compile::autotune::Tuner::key`): the problem (sizes, batch dims,
     /// dtypes), how its operands and outputs are laid out, its outputs'
     /// count and the limits it was scheduled under (the profile,
     /// workgroup memory, f16 storage); `None` for other kernels. Two

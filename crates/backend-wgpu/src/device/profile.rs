@@ -2,13 +2,13 @@
 //! collects into while profiling is on (every kernel then runs in a
 //! compute pass of its own with begin and end timestamps, as it does
 //! while the timeline records; each launch is collected with its cost by
-//! the model of [`crate::cost`], and without a time where the adapter
+//! the model of [`crate::compile::cost`], and without a time where the adapter
 //! has no timestamp queries), and the blocking read of resolved timestamp
 //! pairs that the profiler and the autotuner share (over
-//! [`crate::timestamps`]).
+//! [`crate::device::timestamps`]).
 
-use crate::context::{device_err, Context};
-use crate::timestamps::{map_intervals, mapped_intervals};
+use crate::device::context::{device_err, Context};
+use crate::device::timestamps::{map_intervals, mapped_intervals};
 use lazuli_executor::{BackendError, LaunchCost};
 use std::sync::Mutex;
 

@@ -1,35 +1,46 @@
 //! Compilation: from a verified graph to a [`WgpuExecutable`], as named
 //! stages, and the background upgrades of a compiled plan.
 //!
-//! [`Compiler::compile`] runs the stages in order: the plan (the fusion
+//! `Compiler::compile` runs the stages in order: the plan (the fusion
 //! planner cuts the graph into kernels), each kernel's mode (kept from
 //! the structure's earlier compile at other sizes, static, or generic
 //! over the sizes that vary), its schedule (the tuner's known winner,
 //! looked up by the schedule's problem; the split-K binding check), its
 //! text, the finishing touches (windows' binding check, test fault
-//! injection, costs) and its size family ([`crate::generic`]): the
-//! device-free stages of [`crate::front`]; then the build, the pipelines
-//! ([`crate::pipeline`]). Each phase is timed (`CompileFusion`,
+//! injection, costs) and its size family ([`crate::rewrite::size_families`]): the
+//! device-free stages of `crate::compile::stages`; then the build, the pipelines
+//! ([`crate::compile::pipeline`]). Each phase is timed (`CompileFusion`,
 //! `CompileLower`, `CompileGeneric`, `CompileBuild`).
 //!
 //! After a plan compiled, two upgrades replace some of its kernels between
-//! executions, both through the one mechanism of [`crate::upgrade`]: the
-//! tuner's candidates ([`Compiler::tune_at_boundary`],
-//! [`Compiler::compile_candidates`], see [`crate::autotune`]) and the
-//! second tier's static kernels ([`Compiler::compile_static`], see
-//! [`crate::tier`]). The compile-side caches (pipelines, the autotuner's
+//! executions, both through the one mechanism of `crate::compile::upgrade`: the
+//! tuner's candidates (`Compiler::tune_at_boundary`,
+//! `Compiler::compile_candidates`, see [`crate::compile::autotune`]) and the
+//! second tier's static kernels (`Compiler::compile_static`, see
+//! [`crate::compile::specialize`]). The compile-side caches (pipelines, the autotuner's
 //! winners, size families) live here, apart from the device context;
 //! which graph was compiled before at other sizes is the executor's to
 //! remember (`CompileHints::earlier`).
 
-use crate::autotune::{self, TuneJob};
+pub mod autotune;
+pub(crate) mod cost;
+pub mod diskcache;
+pub mod executable;
+pub mod pipeline;
+pub mod specialize;
+pub(crate) mod stages;
+pub(crate) mod threads;
+pub(crate) mod upgrade;
+pub mod validate;
+
 use crate::codegen;
-use crate::context::Context;
-use crate::executable::{Candidates, CompiledKernel, Recompile, StaticKernels, WgpuExecutable};
-use crate::front::{kernel_name, Front, Lowered, Mode, Variant};
-use crate::generic::Member;
-use crate::pipeline::{Pipelines, Prepared};
-use crate::upgrade::{Adopted, Due};
+use crate::compile::executable::{Candidates, CompiledKernel, Recompile, StaticKernels, WgpuExecutable};
+use crate::compile::pipeline::{Pipelines, Prepared};
+use crate::compile::stages::{kernel_name, Front, Lowered, Mode, Variant};
+use crate::compile::upgrade::{Adopted, Due};
+use crate::device::context::Context;
+use crate::rewrite::size_families::Member;
+use autotune::TuneJob;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints};
 use lazuli_ir::{Node, Op, VerifiedGraph};
@@ -51,7 +62,7 @@ impl Compiler {
     /// every kernel with a size that differs from the executable compiled
     /// last at other sizes (`hints.earlier`) is lowered in forms that do
     /// not depend on the sizes that differ and compiled generic over all
-    /// its sizes at once (see [`crate::generic`]); the others compile as
+    /// its sizes at once (see [`crate::rewrite::size_families`]); the others compile as
     /// static kernels, as the earlier executable did. That executable,
     /// when it compiled static, has its kernels observed by their
     /// families first.
@@ -172,7 +183,7 @@ impl Compiler {
     }
 
     /// At a plan boundary, before an execution of `exe`, for its kernels
-    /// waiting for the tuner (see [`crate::autotune`]): from its second
+    /// waiting for the tuner (see [`crate::compile::autotune`]): from its second
     /// execution on (a plan that repeats), returns the job compiling
     /// their candidates, which the caller runs off this thread; once
     /// compiled, times them here, keys within
@@ -325,7 +336,7 @@ impl Compiler {
     /// at these sizes makes them (the tuner's known winner, else the
     /// rule's form; no size family), their pipelines created on the
     /// calling thread: the second tier of a plan generic over sizes (see
-    /// [`crate::tier`]). Returns them by index, and the indices of those
+    /// [`crate::compile::specialize`]). Returns them by index, and the indices of those
     /// waiting for the tuner; `None` where `cancelled` turned true before
     /// the last one (checked before each kernel).
     pub fn compile_static(

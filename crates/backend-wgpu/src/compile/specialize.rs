@@ -2,7 +2,7 @@
 //! compiled generic over sizes.
 //!
 //! A size variant compiles at once and creates no pipeline because its
-//! kernels are generic over sizes ([`crate::generic`]): they read their
+//! kernels are generic over sizes ([`crate::rewrite::size_families`]): they read their
 //! sizes from a buffer, in forms that hold at every size (no vec4 path
 //! along a size that varies, the register-blocked product rather than
 //! tiles, split-K or tensor cores, divisions by sizes rather than by
@@ -22,7 +22,7 @@
 //! (an execution in flight keeps the kernels it started with, see
 //! `WgpuExecutable::current_kernels`); a static product the tuner times
 //! and has no winner for is then measured at a later boundary, as a
-//! first compile's would be ([`crate::autotune`]). Counted as
+//! first compile's would be ([`crate::compile::autotune`]). Counted as
 //! `SpecializedPlans` and `SpecializedKernels`; a compile that fails is a
 //! warning and the plan keeps its generic kernels.
 //!
@@ -36,8 +36,8 @@
 //! its next kernel), so no compile outlives its device's drop nor runs
 //! into the process's exit.
 
-use crate::executable::{Recompile, StaticKernels, WgpuExecutable};
-use crate::upgrade::{Adopted, Due, Job};
+use crate::compile::executable::{Recompile, StaticKernels, WgpuExecutable};
+use crate::compile::upgrade::{Adopted, Due, Job};
 use lazuli_executor::metrics;
 
 /// Executions of a plan with generic kernels after which they are
@@ -47,8 +47,8 @@ use lazuli_executor::metrics;
 pub const SPECIALIZE_AFTER: u64 = 32;
 
 /// A compile of a plan's static kernels, off the steps' path (see
-/// [`crate::upgrade`]): its generic kernels, handed to the compiling
-/// thread; [`crate::upgrade::Job::finish`] hands the static kernels back.
+/// [`crate::compile::upgrade`]): its generic kernels, handed to the compiling
+/// thread; [`crate::compile::upgrade::Job::finish`] hands the static kernels back.
 pub(crate) type Specialization = Job<StaticKernels, Recompile>;
 
 /// At a plan boundary, before an execution of `exe` (whose `runs`

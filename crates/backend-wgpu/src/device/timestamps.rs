@@ -3,7 +3,7 @@
 //! [`mapped_intervals`]), each mapping noting when the device was seen
 //! done (the timeline's anchor), and the timestamps of an overlapped
 //! execution kept until a later wait collects them ([`PendingTimes`]).
-//! The profiler ([`crate::profile`]), the timeline (`Context::collect_times`)
+//! The profiler ([`crate::device::profile`]), the timeline (`Context::collect_times`)
 //! and the autotuner share it. Below the device context: it reads the
 //! device's queue and name, nothing of the context.
 
@@ -16,7 +16,7 @@ fn device_err(name: &str, message: impl ToString) -> BackendError {
 }
 
 /// The timestamps of an execution collected after it returned (see
-/// [`crate::context::Context::collect_times`]): its launches' names and
+/// [`crate::device::context::Context::collect_times`]): its launches' names and
 /// the buffers its queries resolve into, kept until their mapping
 /// settles.
 pub(crate) struct PendingTimes {
@@ -52,7 +52,7 @@ pub(crate) type Mapped = (Result<(), wgpu::BufferAsyncError>, Instant);
 
 /// The intervals [`map_intervals`] asked for once `mapped` arrived, and
 /// when it did; `read` is unmapped again (`name` and `queue`: the
-/// device's, see `crate::context::Context`).
+/// device's, see `crate::device::context::Context`).
 pub(crate) fn mapped_intervals(
     (name, queue): (&str, &wgpu::Queue),
     read: &wgpu::Buffer,

@@ -4,20 +4,20 @@
 //! [`WgpuExecutable`] holds the verified graph, its fusion plan, the
 //! compiled kernels (swapped whole between executions: an execution holds
 //! on to the kernels it started with), the buffers an execution binds,
-//! and two background upgrades ([`crate::upgrade`]): the tuner's
-//! candidates ([`Candidates`], timed and swapped in by
-//! [`crate::autotune`]) and the second tier's static kernels
-//! ([`StaticKernels`], see [`crate::tier`]). A leaf of the compile side:
+//! and two background upgrades (`crate::compile::upgrade`): the tuner's
+//! candidates (`Candidates`, timed and swapped in by
+//! [`crate::compile::autotune`]) and the second tier's static kernels
+//! (`StaticKernels`, see [`crate::compile::specialize`]). A leaf of the compile side:
 //! it knows nothing of the compiler, the tuner or the tier, which all
 //! read and upgrade it.
 
-use crate::binds::BindCache;
+use crate::codegen::window::KernelWindows;
 use crate::codegen::{MatmulForm, Wgsl};
-use crate::generic::Member;
-use crate::pipeline::PipelineEntry;
-use crate::uniforms::Sections;
-use crate::upgrade::Upgrade;
-use crate::window::KernelWindows;
+use crate::compile::pipeline::PipelineEntry;
+use crate::compile::upgrade::Upgrade;
+use crate::device::binds::BindCache;
+use crate::device::uniforms::Sections;
+use crate::rewrite::size_families::Member;
 use lazuli_executor::{Executable, KernelInfo, LaunchCost};
 use lazuli_ir::fusion::{FusionPlan, Kernel};
 use lazuli_ir::{NodeId, Op, VerifiedGraph};
@@ -37,11 +37,11 @@ pub struct WgpuExecutable {
     /// ([`WgpuExecutable::replace_kernel`]).
     kernels: RwLock<(Arc<[CompiledKernel]>, Arc<Sections>)>,
     /// The adapter's `min_uniform_buffer_offset_alignment` (see
-    /// [`crate::uniforms`]).
+    /// [`crate::device::uniforms`]).
     uniform_align: u64,
     /// Kernels still waiting for the tuner (indices into `kernels`).
     untuned: Mutex<Vec<usize>>,
-    /// Where their candidates stand (see [`crate::autotune`]).
+    /// Where their candidates stand (see [`crate::compile::autotune`]).
     pub(crate) tuning: Upgrade<VecDeque<Candidates>>,
     /// Executions started.
     runs: AtomicU64,
@@ -55,11 +55,11 @@ pub struct WgpuExecutable {
     /// Compiled generic over sizes (a size variant's kernels).
     pub(crate) generic: bool,
     /// Where its generic kernels stand on their way to static ones (see
-    /// [`crate::tier`]).
+    /// [`crate::compile::specialize`]).
     pub(crate) tier: Upgrade<StaticKernels>,
     /// Which outputs were read, and by which execution: the executions
-    /// after copy them early (see [`crate::transfer::early_copies`]).
-    pub(crate) outputs_read: Arc<crate::transfer::OutputsRead>,
+    /// after copy them early (see [`crate::device::transfer::early_copies`]).
+    pub(crate) outputs_read: Arc<crate::device::transfer::OutputsRead>,
 }
 
 /// `kernels` with the sections of the uniform their launches bind, at
@@ -89,10 +89,10 @@ pub(crate) struct CompiledKernel {
     /// The pipeline of `wgsl.pre`, the first pass, if any, and its sizes.
     pub pre: Option<(Arc<PipelineEntry>, Option<wgpu::BindGroup>)>,
     /// Windows of each storage buffer of both passes (see
-    /// [`crate::window`]).
+    /// [`crate::codegen::window`]).
     pub windows: KernelWindows,
     /// The cost of one launch of the first pass, if any (see
-    /// [`crate::cost`]), computed at compile time.
+    /// [`crate::compile::cost`]), computed at compile time.
     pub pre_cost: Option<LaunchCost>,
     /// The cost of one launch of the kernel proper.
     pub cost: LaunchCost,
@@ -160,7 +160,7 @@ impl WgpuExecutable {
             binds,
             generic,
             tier,
-            outputs_read: Arc::new(crate::transfer::OutputsRead::new(graph.outputs.len())),
+            outputs_read: Arc::new(crate::device::transfer::OutputsRead::new(graph.outputs.len())),
         }
     }
 
@@ -206,7 +206,7 @@ impl WgpuExecutable {
     }
 
     /// Queues kernels `indices` for the tuner (measured at the plan
-    /// boundaries that follow, see [`crate::autotune`]).
+    /// boundaries that follow, see [`crate::compile::autotune`]).
     pub(crate) fn await_tuning(&self, indices: &[usize]) {
         self.untuned().extend_from_slice(indices);
     }
@@ -236,7 +236,7 @@ impl WgpuExecutable {
     }
 
     /// Replaces kernel `ki` (a tuned form, or a static kernel for a
-    /// generic one, see [`crate::tier`]), dropping the bind groups made
+    /// generic one, see [`crate::compile::specialize`]), dropping the bind groups made
     /// for the old one's layout.
     pub(crate) fn replace_kernel(&self, ki: usize, kernel: CompiledKernel) {
         let mut guard = self.kernels.write().unwrap_or_else(|e| e.into_inner());
@@ -306,9 +306,9 @@ pub(crate) struct Recompile {
 }
 
 /// One tuning key's candidates in one executable, compiled (what the
-/// tuner's upgrade holds ready, see [`crate::autotune`]).
+/// tuner's upgrade holds ready, see [`crate::compile::autotune`]).
 pub(crate) struct Candidates {
-    /// The key (see `crate::autotune::Tuner::key`).
+    /// The key (see `crate::compile::autotune::Tuner::key`).
     pub key: u64,
     /// The form the rule gives the key's kernels (the one they run until
     /// a winner replaces it).
@@ -326,7 +326,7 @@ pub(crate) struct Candidates {
 }
 
 /// A plan's static kernels for its generic ones (what the second tier's
-/// upgrade holds ready, see [`crate::tier`]): each by its index in the
+/// upgrade holds ready, see [`crate::compile::specialize`]): each by its index in the
 /// plan, and the indices of those the tuner is to measure (as a first
 /// compile's would be).
 pub(crate) struct StaticKernels {

@@ -12,8 +12,8 @@
 //! and N + 2 are on the queue neither waits for them nor takes the queue
 //! from the thread encoding them.
 
-use crate::context::{device_err, Context, READBACK};
-use crate::pool::WgpuStorage;
+use crate::device::context::{device_err, Context, READBACK};
+use crate::device::pool::WgpuStorage;
 use lazuli_executor::{timeline, BackendError, Buffer};
 use lazuli_ir::{DType, ValueType};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -161,7 +161,7 @@ impl Context {
         }
         let st = self.storage(buffer)?;
         // Whole words (f16 and bf16 are 2 bytes each, padded to a word).
-        let bytes = crate::context::device_bytes(&buffer.ty);
+        let bytes = crate::device::context::device_bytes(&buffer.ty);
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
@@ -174,7 +174,8 @@ impl Context {
         let dtype = buffer.ty.dtype;
         if let Some(EarlyCopy { staging, len, submission }) = early.filter(|c| c.len == bytes) {
             // Its execution's copy: wait for that execution only.
-            let wait = || crate::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e));
+            let wait =
+                || crate::device::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e));
             self.read_mapped(staging.buffer(), len, wait, &mut out, dtype)?;
             lazuli_executor::metrics::inc("EarlyReadbacks", 1);
         } else {
@@ -246,8 +247,8 @@ pub(crate) fn early_copies(
     let mut copies = Vec::with_capacity(outputs.len());
     for (i, out) in outputs.iter().enumerate() {
         let copy = match out {
-            Some(b) if crate::platform::CAN_BLOCK => {
-                let len = crate::context::device_bytes(&b.ty);
+            Some(b) if crate::device::platform::CAN_BLOCK => {
+                let len = crate::device::context::device_bytes(&b.ty);
                 if read.wanted(run, i, len) && len > 0 && len <= budget.min(TRANSFER_CHUNK) {
                     budget -= len;
                     let staging = ctx.pool.acquire(len, READBACK)?;
@@ -280,7 +281,7 @@ pub(crate) fn decode(out: &mut Vec<u8>, view: &[u8], dtype: DType) {
 /// submitted so far; then the first deferred error, if any.
 #[cfg(target_arch = "wasm32")]
 pub(crate) async fn finish_async(ctx: &Context) -> Result<(), BackendError> {
-    let (send, recv) = crate::platform::oneshot();
+    let (send, recv) = crate::device::platform::oneshot();
     ctx.queue.on_submitted_work_done(move || send(()));
     recv.await;
     ctx.deferred.settled().await
@@ -294,7 +295,7 @@ pub(crate) async fn finish_async(ctx: &Context) -> Result<(), BackendError> {
 pub(crate) async fn download_async(ctx: &Context, buffer: &lazuli_executor::Buffer) -> Result<Vec<u8>, BackendError> {
     let n = buffer.ty.shape.numel();
     let st = ctx.storage(buffer)?;
-    let bytes = crate::context::device_bytes(&buffer.ty);
+    let bytes = crate::device::context::device_bytes(&buffer.ty);
     let mut out = ctx.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
     let chunk = bytes.clamp(4, TRANSFER_CHUNK);
     let staging = ctx.pool.acquire(chunk, READBACK)?;
@@ -302,7 +303,7 @@ pub(crate) async fn download_async(ctx: &Context, buffer: &lazuli_executor::Buff
     while offset < bytes {
         let len = chunk.min(bytes - offset);
         ctx.submit_chunk_copy(st.buffer(), offset, staging.buffer(), len);
-        crate::platform::map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
+        crate::device::platform::map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
         let viewed = staging
             .buffer()
             .get_mapped_range(0..len)

@@ -27,7 +27,7 @@
 //!   into wgpu.
 //! - *Storage beyond one binding*: storage requests may be as large as
 //!   `max_buffer_size`; those over `max_storage_buffer_binding_size` are
-//!   bound in windows (see [`crate::window`]). A request that fits one
+//!   bound in windows (see [`crate::codegen::window`]). A request that fits one
 //!   binding always gets a buffer that does too (rounded and reused
 //!   buffers stay within the binding limit), so it is bound whole.
 //! - *Identity*: every buffer the pool creates gets an id no other buffer
@@ -43,7 +43,7 @@
 //! (idle buffers released for a budget or after a failed allocation).
 //! [`Pool::stats`] gives the bytes in use and idle.
 
-use crate::platform::Scope;
+use crate::device::platform::Scope;
 use lazuli_executor::{metrics, BackendError, DeviceStorage};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -447,7 +447,7 @@ pub struct WgpuStorage {
     usage: wgpu::BufferUsages,
     pool: Arc<Pool>,
     /// Set once when an execution produced this buffer as an output: what
-    /// it records about it (`crate::transfer::OutputOf`: which output, and
+    /// it records about it (`crate::device::transfer::OutputOf`: which output, and
     /// a copy made early). Typed by its owner, not here: the allocator
     /// knows nothing of transfers.
     ///

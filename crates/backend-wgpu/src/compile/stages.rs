@@ -15,7 +15,7 @@
 //! graph seen at other sizes that does not align node for node with the
 //! earlier one finds its family's forms by its source's skeleton
 //! ([`Front::modes`]). A family is defined by its skeleton (the source with
-//! its size literals blanked, see [`crate::generic`]), so the key is that
+//! its size literals blanked, see [`crate::rewrite::size_families`]), so the key is that
 //! text.
 //!
 //! Rejected alternative: keying a size family's remembered forms by the
@@ -25,13 +25,13 @@
 //! structure to one, so the lookup would no longer find exactly the
 //! family the kernel joins.
 
-use crate::autotune::{self, Tuner, Tuning};
+use crate::codegen::window::KernelWindows;
 use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Schedule, Wgsl};
-use crate::executable::{CompiledKernel, WgpuExecutable};
-use crate::generic::{Families, Member, SizeChanges};
-use crate::pipeline::Prepared;
-use crate::threads::Workers;
-use crate::window::KernelWindows;
+use crate::compile::autotune::{self, Tuner, Tuning};
+use crate::compile::executable::{CompiledKernel, WgpuExecutable};
+use crate::compile::pipeline::Prepared;
+use crate::compile::threads::Workers;
+use crate::rewrite::size_families::{Families, Member, SizeChanges};
 use lazuli_executor::{metrics, BackendError, LaunchCost};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
 use lazuli_ir::VerifiedGraph;
@@ -118,9 +118,9 @@ pub(crate) struct Lowered {
     pub name: String,
     /// Its source(s).
     pub wgsl: Wgsl,
-    /// The windows of its bindings (see [`crate::window`]).
+    /// The windows of its bindings (see [`crate::codegen::window`]).
     pub windows: KernelWindows,
-    /// The cost of the first pass, if any (see [`crate::cost`]).
+    /// The cost of the first pass, if any (see [`crate::compile::cost`]).
     pub pre_cost: Option<LaunchCost>,
     /// The cost of the kernel proper.
     pub cost: LaunchCost,
@@ -335,7 +335,7 @@ impl Front {
     /// Stage 5, kernel `k` (named `name`) lowered as `wgsl`, finished for
     /// pipeline creation: its windows counted against what a kernel may
     /// bind, fault-injected where a test asks for it, and with its
-    /// launches' costs (see [`crate::cost`]).
+    /// launches' costs (see [`crate::compile::cost`]).
     pub fn finish(
         &self,
         k: &Kernel,
@@ -346,7 +346,7 @@ impl Front {
         let windows = self.windows(k, graph, &name, &wgsl)?;
         let faulty = self.fault_kernel.as_deref().is_some_and(|f| name.contains(f));
         if faulty {
-            wgsl.source = crate::fault::perturb(&wgsl.source);
+            wgsl.source = crate::rewrite::fault::perturb(&wgsl.source);
             // Trust was proven for the source as lowered: a changed one
             // keeps its runtime checks (windowed sources never had trust,
             // see `codegen::Schedule::trusted`).
@@ -355,12 +355,12 @@ impl Front {
                 p.trusted = false;
             }
         }
-        let (pre_cost, cost) = crate::cost::launches(k, graph, &name, &wgsl);
+        let (pre_cost, cost) = crate::compile::cost::launches(k, graph, &name, &wgsl);
         Ok(Lowered { name, wgsl, windows, pre_cost, cost })
     }
 
     /// The windows of kernel `k` (named `name`), lowered as `wgsl`, for
-    /// its tensors beyond one binding (see [`crate::window`]; lowering
+    /// its tensors beyond one binding (see [`crate::codegen::window`]; lowering
     /// wrote their accesses, see [`codegen::access`]). A kernel needing
     /// more storage bindings than the adapter allows is
     /// `BackendError::TooLarge` naming its op, its bytes and the limit.
@@ -482,7 +482,7 @@ impl Front {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::Windows;
+    use crate::codegen::window::Windows;
     use lazuli_ir::{BinaryOp, DType, Graph, Op, ReduceOp, UnaryOp, ValueType};
 
     /// A front with the GPU profile's limits, tuning off, size families on.

@@ -39,11 +39,11 @@
 //! adapters (`LAZULI_AUTOTUNE=1` or `WgpuOptions::autotune` turns it on
 //! anywhere; `LAZULI_AUTOTUNE=0` turns it off).
 //!
-//! Winners persist in the compile cache ([`crate::diskcache`]), entries
+//! Winners persist in the compile cache ([`crate::compile::diskcache`]), entries
 //! of kind `autotune` holding the form's name ([`form_name`]): one
 //! format, one directory, one size bound and eviction with the other
 //! compile-cache entries. Keys cover the adapter (name, vendor, device,
-//! driver), the Lazuli version, the key format ([`KEY_FORMAT`]: keys of
+//! driver), the Lazuli version, the key format (`KEY_FORMAT`: keys of
 //! an earlier format never match) and the product's problem, and the disk
 //! cache salts them again with the adapter, limits, forms and build, so a
 //! stale entry can never apply to another kernel or adapter; an entry
@@ -51,12 +51,12 @@
 //! (`AutotuneCacheBad`).
 
 use crate::codegen::{LowerLimits, MatmulForm, MatmulTile, Schedule, Wgsl};
-use crate::context::{dispatch_size, Context, READBACK, STORAGE};
-use crate::diskcache::DiskCache;
-use crate::executable::{Candidates, Recompile};
-use crate::pipeline::PipelineEntry;
-use crate::profile::read_timestamps;
-use crate::upgrade::Job;
+use crate::compile::diskcache::DiskCache;
+use crate::compile::executable::{Candidates, Recompile};
+use crate::compile::pipeline::PipelineEntry;
+use crate::compile::upgrade::Job;
+use crate::device::context::{dispatch_size, Context, READBACK, STORAGE};
+use crate::device::profile::read_timestamps;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use lazuli_ir::fusion::{Kernel, KernelKind};
@@ -236,8 +236,8 @@ pub(crate) fn lookup(tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule:
 }
 
 /// A compile of an executable's candidates, off the steps' path (see
-/// [`crate::upgrade`]): the kernels waiting for the tuner, handed to the
-/// compiling thread; [`crate::upgrade::Job::finish`] hands their
+/// [`crate::compile::upgrade`]): the kernels waiting for the tuner, handed to the
+/// compiling thread; [`crate::compile::upgrade::Job::finish`] hands their
 /// candidates back, grouped by key.
 pub(crate) type TuneJob = Job<VecDeque<Candidates>, Recompile>;
 
@@ -340,9 +340,9 @@ fn tunable(tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule
 }
 
 /// Floating-point operations of the product a matmul kernel computes,
-/// by the cost model (`2 * M * N * K`, see [`crate::cost`]).
+/// by the cost model (`2 * M * N * K`, see [`crate::compile::cost`]).
 fn matmul_flops(k: &Kernel, graph: &VerifiedGraph) -> u64 {
-    k.matmul_node(graph).map_or(0, |id| crate::cost::node_flops(graph, id))
+    k.matmul_node(graph).map_or(0, |id| crate::compile::cost::node_flops(graph, id))
 }
 
 /// The GPU time in ms of one run of kernel `k` lowered as `wgsl`, on

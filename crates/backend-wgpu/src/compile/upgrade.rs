@@ -3,9 +3,9 @@
 //!
 //! Two things replace a plan's kernels after it compiled, and both follow
 //! the same four states: the autotuner (its candidate forms compiled, then
-//! timed and the winners swapped in, see [`crate::autotune`]) and the
+//! timed and the winners swapped in, see [`crate::compile::autotune`]) and the
 //! second tier (static kernels for a plan generic over sizes whose sizes
-//! recur, see [`crate::tier`]). An [`Upgrade`] is that state machine,
+//! recur, see [`crate::compile::specialize`]). An [`Upgrade`] is that state machine,
 //! written once: [`Stage::Idle`] (nothing in flight), [`Stage::Compiling`]
 //! (a [`Job`] is out on a background thread), [`Stage::Ready`] (what the
 //! job made, waiting for the next plan boundary), [`Stage::Closed`]
@@ -18,7 +18,7 @@
 //! keeps what it has, never waits for a compile that will not come.
 //!
 //! The upgrade is parked on the executable it upgrades (see
-//! [`crate::executable`]); the executions in flight keep the kernels they
+//! [`crate::compile::executable`]); the executions in flight keep the kernels they
 //! started with, and adopting changes which pipelines the next execution
 //! binds, never a buffer.
 //!
