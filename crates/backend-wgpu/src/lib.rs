@@ -95,6 +95,7 @@ pub mod baseline;
 pub mod codegen;
 pub mod compile;
 pub mod device;
+mod execute;
 pub mod options;
 pub mod rewrite;
 pub mod runtime;
@@ -104,9 +105,9 @@ pub use compile::executable::WgpuExecutable;
 pub use compile::validate::validate_wgsl;
 #[cfg(not(target_arch = "wasm32"))]
 pub use device::adapter::list_adapters;
-pub use device::execute::STREAM_FIRST_LAUNCHES;
 #[cfg(target_arch = "wasm32")]
 pub use device::platform::list_adapters;
 pub use device::profile::LaunchSample;
+pub use execute::STREAM_FIRST_LAUNCHES;
 pub use options::{kernel_forms, WgpuOptions};
 pub use runtime::WgpuBackend;

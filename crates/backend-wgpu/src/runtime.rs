@@ -570,7 +570,7 @@ impl Backend for WgpuBackend {
         // kernels by static ones (see `crate::compile::specialize`).
         self.specialize(exe);
         self.tune(exe);
-        crate::device::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
+        crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
     }
 
     fn persist_caches(&self) {

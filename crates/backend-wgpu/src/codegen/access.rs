@@ -563,7 +563,7 @@ mod tests {
         assert!(s.contains("@group(0) @binding(1) var<storage, read> in0: array<vec4<f32>>;"), "{s}");
         assert!(s.contains("let x = in0[t >> 2u][t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("out0[t] = x * in0[min(t, 3u)].y;\n    out1[t] = out0[t] * 2.0;"), "{s}");
-        crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 
     /// f16 and bf16 bindings go through conversion helpers, in both f16
@@ -583,12 +583,12 @@ mod tests {
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
         assert!(s.contains("out1[t] = ld_out0(t) * 2.0;"), "{s}");
-        crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
         let p = source(&bindings(kinds, HalfStorage::Packed, &Windows::UNBOUNDED), false);
         assert!(!p.contains("enable f16"), "{p}");
         assert!(p.contains("var<storage, read> in0: array<vec2<u32>>;"), "{p}");
         assert!(p.contains("unpack2x16float((w.x & 0xffffu)).x"), "{p}");
-        crate::compile::validate::validate_wgsl(&p).unwrap_or_else(|e| panic!("{e}\n{p}"));
+        crate::validate_wgsl(&p).unwrap_or_else(|e| panic!("{e}\n{p}"));
         // vec4 outputs of both dtypes, both storages.
         for (scalar, f16) in [("f16", HalfStorage::Native), ("f16", HalfStorage::Packed), ("bf16", HalfStorage::Packed)]
         {
@@ -601,7 +601,7 @@ mod tests {
             s.push_str(&format!("fn f(t: u32) {{\n    {}\n}}\n", b.outputs[0].store("t", "vec4<f32>(1.0)")));
             s.push_str(ROUND_BF16);
             s.push_str(ROUND_F16);
-            crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{scalar} {f16:?}: {e}\n{s}"));
+            crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{scalar} {f16:?}: {e}\n{s}"));
         }
         assert_eq!(
             Binding::tensor(
@@ -645,6 +645,6 @@ mod tests {
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
         assert!(s.contains("out1[t] = ld_out0(t) * 2.0;"), "{s}");
-        crate::compile::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 }

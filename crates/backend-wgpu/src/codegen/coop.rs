@@ -308,8 +308,7 @@ mod tests {
                                 let what =
                                     format!("{batch:?} {mkn:?} ta={ta} tb={tb} epi={epi} {out} {storage:?} {tile:?}");
                                 let w = lower(&k, &v, &limits).unwrap_or_else(|e| panic!("{what}: {e}"));
-                                crate::compile::validate::validate_wgsl(&w.source)
-                                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                                crate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{what}: {e}"));
                                 assert!(w.source.starts_with("enable f16;"), "{what}");
                                 assert!(w.source.contains("coopMultiplyAdd"), "{what}");
                                 assert!(w.source.contains("@builtin(subgroup_id) sid"), "{what}");

@@ -1459,7 +1459,7 @@ pub(super) mod tests {
                         let w = lower(&k, &v, &limits).unwrap();
                         let what = format!("{batch:?} {mkn:?} {la:?} tb={tb} epi={epi} {form:?}");
                         for src in std::iter::once(&w.source).chain(w.pre.as_ref().map(|p| &p.source)) {
-                            crate::compile::validate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
+                            crate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
                             assert!(local_arrays(src).is_empty(), "{what}: {:?}", local_arrays(src));
                         }
                         let split = w.pre.is_some();
@@ -1486,7 +1486,7 @@ pub(super) mod tests {
         let shape_of = |mkn, la, limits: &LowerLimits| {
             let (v, k) = product(&[], mkn, la, false, true);
             let w = lower(&k, &v, limits).unwrap();
-            crate::compile::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
+            crate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
             let p = MatmulPlan::new(&k, &v, limits).layout().clone();
             (p.rows, p.lanes, p.a_t.is_some(), w.invocations, w.source.matches("fma(").count())
         };

@@ -238,7 +238,7 @@ pub struct Wgsl {
     /// the order of its `Params` members (`P.s0`, `P.s1`, ...): a kernel
     /// declares only its own scalars, so the same kernel in two plans
     /// with other scalars is the same source (one pipeline); the
-    /// execution binds it a uniform holding these (see `crate::device::execute`).
+    /// execution binds it a uniform holding these (see `crate::execute`).
     pub scalars: Vec<usize>,
 }
 

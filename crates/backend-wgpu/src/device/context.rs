@@ -79,7 +79,7 @@ pub(crate) struct Context {
     pub overlap: bool,
     /// Launches the first submission of a streamed execution holds (0:
     /// executions are submitted in one piece; see
-    /// [`crate::device::execute`] and `WgpuOptions::stream_submit`).
+    /// [`crate::execute`] and `WgpuOptions::stream_submit`).
     pub stream_first: u64,
     /// What each uniform buffer (by id) was last written with (see
     /// [`Context::write_uniform`]).
