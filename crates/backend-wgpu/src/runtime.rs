@@ -8,7 +8,7 @@ use crate::compile::autotune::{self, Tuner};
 use crate::compile::diskcache::DiskCache;
 use crate::compile::executable::WgpuExecutable;
 use crate::compile::pipeline::Pipelines;
-use crate::compile::stages::Front;
+use crate::compile::stages::Stages;
 use crate::compile::threads::Workers;
 use crate::compile::Compiler;
 use crate::device::context::Context;
@@ -156,7 +156,7 @@ impl WgpuBackend {
         tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
         let workers = Arc::new(Workers::for_compiles(options.compile_threads));
         let compiler = Compiler {
-            front: Front {
+            stages: Stages {
                 backend: ctx.name.clone(),
                 fusion,
                 lower,
@@ -271,7 +271,7 @@ impl WgpuBackend {
 
     /// The fusion limits this backend plans with.
     pub fn fusion_limits(&self) -> FusionLimits {
-        self.inner.compiler.front.fusion
+        self.inner.compiler.stages.fusion
     }
 
     /// Idle bytes in the buffer pool.
@@ -345,7 +345,7 @@ fn effective_settings(
     let source = |name| sources.iter().find(|(n, _)| *n == name).map_or(Source::Default, |s| s.1);
     let on_off = |b: bool| if b { "on" } else { "off" };
     let adapter = if software { "software adapter" } else { "GPU" };
-    let forms = compiler.front.lower.forms;
+    let forms = compiler.stages.lower.forms;
     let profile = if forms == KernelForms::gpu() {
         "gpu".to_string()
     } else if forms == KernelForms::software() {
@@ -372,10 +372,10 @@ fn effective_settings(
         Setting::new("LAZULI_KERNEL_FORMS", profile, forms_source),
         Setting::new(
             "LAZULI_AUTOTUNE",
-            by_default(on_off(compiler.front.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
+            by_default(on_off(compiler.stages.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
             source("LAZULI_AUTOTUNE"),
         ),
-        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.front.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
+        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.stages.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
         Setting::new(
             "LAZULI_CACHE_DIR",
             cache_dir.map_or("off".to_string(), |d| d.display().to_string()),
@@ -396,10 +396,10 @@ fn effective_settings(
             pool.memory_budget.map_or("none".to_string(), |b| b.to_string()),
             source("LAZULI_DEVICE_MEMORY_BYTES"),
         ),
-        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.front.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.stages.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
         Setting::new(
             "LAZULI_INLINE_REDUCTIONS",
-            on_off(compiler.front.fusion.inline_reductions > 0),
+            on_off(compiler.stages.fusion.inline_reductions > 0),
             source("LAZULI_INLINE_REDUCTIONS"),
         ),
         Setting::new("LAZULI_OVERLAP_SUBMIT", on_off(ctx.overlap), source("LAZULI_OVERLAP_SUBMIT")),
@@ -413,14 +413,18 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_SUBGROUPS",
-            match (compiler.front.lower.subgroups, ctx.subgroups) {
+            match (compiler.stages.lower.subgroups, ctx.subgroups) {
                 (true, _) => "on".to_string(),
                 (false, true) => "off".to_string(),
                 (false, false) => "off (the adapter has none)".to_string(),
             },
             source("LAZULI_SUBGROUPS"),
         ),
-        Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.front.families.enabled()), source("LAZULI_GENERIC_SIZES")),
+        Setting::new(
+            "LAZULI_GENERIC_SIZES",
+            on_off(compiler.stages.families.enabled()),
+            source("LAZULI_GENERIC_SIZES"),
+        ),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new(
             "LAZULI_SPECIALIZE_AFTER",
@@ -439,7 +443,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_F16_PACKED",
-            match compiler.front.lower.f16 {
+            match compiler.stages.lower.f16 {
                 crate::codegen::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
                 crate::codegen::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
                 crate::codegen::HalfStorage::Packed if ctx.shader_f16 => "on",
@@ -449,7 +453,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_COOPERATIVE_MATRIX",
-            match (compiler.front.lower.cooperative_matrix, ctx.cooperative_matrix) {
+            match (compiler.stages.lower.cooperative_matrix, ctx.cooperative_matrix) {
                 (true, _) => "on",
                 (false, true) => "off",
                 (false, false) => "off (the adapter has no cooperative matrices as the tensor-core form needs)",

@@ -36,7 +36,7 @@ pub mod validate;
 use crate::codegen;
 use crate::compile::executable::{Candidates, CompiledKernel, Recompile, StaticKernels, WgpuExecutable};
 use crate::compile::pipeline::{Pipelines, Prepared};
-use crate::compile::stages::{kernel_name, Front, Lowered, Mode, Variant};
+use crate::compile::stages::{kernel_name, Lowered, Mode, Stages, Variant};
 use crate::compile::upgrade::{Adopted, Due};
 use crate::device::context::Context;
 use crate::rewrite::size_families::Member;
@@ -49,10 +49,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The compile side of a backend: the device-free stages with their
-/// limits and caches ([`Front`]), and the pipelines.
+/// limits and caches ([`Stages`]), and the pipelines.
 pub(crate) struct Compiler {
     /// The stages that need no device.
-    pub front: Front,
+    pub stages: Stages,
     /// Pipeline creation and its caches.
     pub pipelines: Pipelines,
 }
@@ -76,16 +76,16 @@ impl Compiler {
             // The executor runs collectives in segments of their own.
             return Err(BackendError::Unsupported { backend: "wgpu".into(), op: n.op.name(), dtype: n.dtype });
         }
-        let front = &self.front;
+        let stages = &self.stages;
         let earlier = hints.earlier.and_then(|e| e.as_any().downcast_ref::<WgpuExecutable>());
-        let variant = Variant::of(graph, hints.sizes_vary, front.families.enabled(), earlier);
+        let variant = Variant::of(graph, hints.sizes_vary, stages.families.enabled(), earlier);
         // Plan.
         let planning = Instant::now();
-        let plan = front.plan(graph, &variant);
+        let plan = stages.plan(graph, &variant);
         metrics::record_time("CompileFusion", planning.elapsed());
         let lowering = Instant::now();
         if let (true, Some(earlier), Some(changes)) = (variant.first, earlier, &variant.changes) {
-            front.observe_sizes(&earlier.graph, &earlier.plan, changes);
+            stages.observe_sizes(&earlier.graph, &earlier.plan, changes);
         }
         // Each kernel's mode: kernels over nodes exactly as the earlier
         // executable had them keep its compiled kernels.
@@ -96,9 +96,9 @@ impl Compiler {
             }
             _ => Vec::new(),
         };
-        let mut modes = front.modes(graph, &plan, &variant, kept)?;
+        let mut modes = stages.modes(graph, &plan, &variant, kept)?;
         // Schedule and lower.
-        let texts = front.lower_kernels(graph, &plan, &mut modes, &variant)?;
+        let texts = stages.lower_kernels(graph, &plan, &mut modes, &variant)?;
         let mut kept: Vec<Option<CompiledKernel>> =
             modes.into_iter().map(|m| if let Mode::Kept(k) = m { Some(*k) } else { None }).collect();
         // Finish: windows, fault injection, costs.
@@ -111,7 +111,7 @@ impl Compiler {
             if pending {
                 untuned.push(i);
             }
-            lowered.push(front.finish(k, graph, kernel_name(i, k, graph), wgsl)?);
+            lowered.push(stages.finish(k, graph, kernel_name(i, k, graph), wgsl)?);
             lowered_at.push(i);
         }
         metrics::record_time("CompileLower", lowering.elapsed());
@@ -122,7 +122,7 @@ impl Compiler {
             _ => Vec::new(),
         };
         let specializing = Instant::now();
-        let (prepared, members) = front.prepare(&lowered, &like);
+        let (prepared, members) = stages.prepare(&lowered, &like);
         metrics::record_time("CompileGeneric", specializing.elapsed());
         // Build.
         let building = Instant::now();
@@ -138,7 +138,7 @@ impl Compiler {
     }
 
     /// Compiled kernels for finished sources, after
-    /// [`Front::prepare`]: the pipelines of `prepared` (created where
+    /// [`Stages::prepare`]: the pipelines of `prepared` (created where
     /// missing, on the compile threads where `parallel`) and the size bind
     /// groups of its generic kernels, joined with `lowered` and `members`
     /// into kernels.
@@ -200,7 +200,7 @@ impl Compiler {
                 if untuned.is_empty() {
                     return Due::NotYet;
                 }
-                if !self.front.tuner.budget_left() {
+                if !self.stages.tuner.budget_left() {
                     exe.untuned().clear();
                     return Due::Never;
                 }
@@ -220,7 +220,7 @@ impl Compiler {
         job: &Recompile,
         cancelled: &AtomicBool,
     ) -> Result<Option<VecDeque<Candidates>>, BackendError> {
-        let front = &self.front;
+        let stages = &self.stages;
         let start = Instant::now();
         let graph = &job.graph;
         let mut keys: Vec<Candidates> = Vec::new();
@@ -233,13 +233,13 @@ impl Compiler {
             }
             // The rule's schedule keys the kernel and lists its
             // alternatives: nothing is lowered to learn either.
-            let base = front.schedule_as_is(k, graph, &front.lower)?;
+            let base = stages.schedule_as_is(k, graph, &stages.lower)?;
             let Some(problem) = base.tuning_key(k, graph) else { continue };
-            let key = front.tuner.key(problem);
+            let key = stages.tuner.key(problem);
             let entry = match keys.iter().position(|c| c.key == key) {
                 Some(e) => e,
                 None => {
-                    let (forms, known) = match front.tuner.known(key) {
+                    let (forms, known) = match stages.tuner.known(key) {
                         Some(form) => (vec![form], true),
                         None => (autotune::candidate_forms(k, graph, &base), false),
                     };
@@ -252,8 +252,8 @@ impl Compiler {
             keys[entry].kernels.push(*i);
             for f in 0..keys[entry].forms.len() {
                 let form = keys[entry].forms[f].0;
-                let wgsl = front.lower_kernel(k, graph, &autotune::with_form(front.lower, form))?;
-                lowered.push(front.finish(k, graph, name.clone(), wgsl)?);
+                let wgsl = stages.lower_kernel(k, graph, &autotune::with_form(stages.lower, form))?;
+                lowered.push(stages.finish(k, graph, name.clone(), wgsl)?);
                 places.push((entry, f));
             }
         }
@@ -264,7 +264,7 @@ impl Compiler {
             .iter()
             .flat_map(|l| l.passes().map(|(name, w, _)| Prepared::fixed(name, w)).collect::<Vec<_>>())
             .collect();
-        let threads = (front.workers.threads() / 2).max(1);
+        let threads = (stages.workers.threads() / 2).max(1);
         std::thread::scope(|scope| {
             let parts: Vec<_> = prepared
                 .chunks(prepared.len().div_ceil(threads).max(1))
@@ -280,7 +280,7 @@ impl Compiler {
         }
         let spent = start.elapsed();
         metrics::record_time("AutotuneCompile", spent);
-        front.tuner.spend(spent);
+        stages.tuner.spend(spent);
         Ok(Some(keys.into()))
     }
 
@@ -311,7 +311,7 @@ impl Compiler {
                     settled = true;
                 }
                 let name = exe.current_kernels()[ki].name.clone();
-                autotune::time_candidates(ctx, &self.front.tuner, (k, graph, &name), c)
+                autotune::time_candidates(ctx, &self.stages.tuner, (k, graph, &name), c)
             };
             let c = ready.pop_front().expect("a front key");
             exe.untuned().retain(|i| !c.kernels.contains(i));
@@ -346,17 +346,17 @@ impl Compiler {
         cancelled: &AtomicBool,
     ) -> Result<Option<StaticKernels>, BackendError> {
         let _span = lazuli_executor::timeline::span("CompileStatic");
-        let front = &self.front;
+        let stages = &self.stages;
         let mut compiled = StaticKernels::none();
         for (i, k, name) in &job.kernels {
             if cancelled.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            let (wgsl, pending) = front.lower_static(k, &job.graph)?;
+            let (wgsl, pending) = stages.lower_static(k, &job.graph)?;
             if pending {
                 compiled.untuned.push(*i);
             }
-            let lowered = front.finish(k, &job.graph, name.clone(), wgsl)?;
+            let lowered = stages.finish(k, &job.graph, name.clone(), wgsl)?;
             let prepared: Vec<Prepared> = lowered.passes().map(|(name, w, _)| Prepared::fixed(name, w)).collect();
             let members = vec![None; prepared.len()].into_iter();
             let built = self.assemble(ctx, vec![lowered], prepared, members, false)?;
@@ -374,13 +374,13 @@ impl Compiler {
         // split, so it runs on the fallback. Counted without windows: a
         // tensor's size never sends a node elsewhere, and a part whose
         // windows exceed the limit is `BackendError::TooLarge` at compile
-        // time like any kernel's (see `Front::finish`).
+        // time like any kernel's (see `Stages::finish`).
         let fits = !matches!(node.op, Op::Attention { .. })
             || inputs
                 .iter()
                 .filter(|n| !matches!(n.op, Op::Constant(..) | Op::ScalarParam(_) | Op::Iota { .. }))
                 .count()
-                < self.front.fusion.max_storage_buffers;
+                < self.stages.fusion.max_storage_buffers;
         // f16 and bf16 operands only for the ops proven on them, and only
         // within one storage binding (windows address 32-bit elements).
         let halves_ok = || {
@@ -401,7 +401,7 @@ impl Compiler {
     /// lines longer than the cap: such nodes run on the CPU fallback.
     fn within_loop_budget(&self, ctx: &Context, node: &Node, inputs: &[&Node]) -> bool {
         let Some(budget) = ctx.loop_budget else { return true };
-        let forms = &self.front.lower.forms;
+        let forms = &self.stages.lower.forms;
         let along = |axis: usize| inputs.first().map_or(0, |x| x.shape.dims()[axis] as u64);
         match &node.op {
             Op::ArgReduce { axis, .. } | Op::CumSum { axis, .. } | Op::Softmax { axis, .. } => along(*axis) <= budget,

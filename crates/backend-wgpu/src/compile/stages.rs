@@ -8,13 +8,13 @@
 //! device; the tuner's candidates and the second tier's static kernels
 //! reuse the schedule, lower and finish stages.
 //!
-//! Each stage is a method of [`Front`] over values (the graph, the plan,
+//! Each stage is a method of [`Stages`] over values (the graph, the plan,
 //! the modes, the schedules), unit-tested without an adapter.
 //!
 //! The one lowering that does not follow a schedule stage: a kernel of a
 //! graph seen at other sizes that does not align node for node with the
 //! earlier one finds its family's forms by its source's skeleton
-//! ([`Front::modes`]). A family is defined by its skeleton (the source with
+//! ([`Stages::modes`]). A family is defined by its skeleton (the source with
 //! its size literals blanked, see [`crate::rewrite::size_families`]), so the key is that
 //! text.
 //!
@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 /// The device-free compile stages and what they read: limits, the tuner's
 /// winners, the size families.
-pub(crate) struct Front {
+pub(crate) struct Stages {
     /// The backend's name, for typed errors.
     pub backend: String,
     /// What the fusion planner may do on this adapter.
@@ -141,7 +141,7 @@ pub(crate) fn kernel_name(i: usize, k: &Kernel, graph: &VerifiedGraph) -> String
     format!("k{i}_{:?}_{}", k.kind, graph.node(k.root()).op.name())
 }
 
-impl Front {
+impl Stages {
     /// Stage 1, the plan: `graph` cut into kernels. Kernels that merge
     /// only because their shapes are equal at these sizes stay apart in a
     /// size variant (see `fusion::plan_sized_like`).
@@ -255,7 +255,7 @@ impl Front {
         })
     }
 
-    /// Stages 3 and 4 for a static kernel: [`Front::schedule_static`],
+    /// Stages 3 and 4 for a static kernel: [`Stages::schedule_static`],
     /// then its text, lowered once, in the form it runs.
     pub fn lower_static(&self, k: &Kernel, graph: &VerifiedGraph) -> Result<(Wgsl, bool), BackendError> {
         let (schedule, pending) = self.schedule_static(k, graph)?;
@@ -264,7 +264,7 @@ impl Front {
 
     /// Stage 3: the schedule of kernel `k` of `graph` under `limits` (see
     /// [`codegen::schedule`]), fitted to the adapter's bindings (see
-    /// [`Front::fit_bindings`]).
+    /// [`Stages::fit_bindings`]).
     pub fn schedule(&self, k: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Schedule, BackendError> {
         let schedule = self.schedule_as_is(k, graph, limits)?;
         self.fit_bindings(k, graph, schedule)
@@ -485,9 +485,9 @@ mod tests {
     use crate::codegen::window::Windows;
     use lazuli_ir::{BinaryOp, DType, Graph, Op, ReduceOp, UnaryOp, ValueType};
 
-    /// A front with the GPU profile's limits, tuning off, size families on.
-    fn front(lower: LowerLimits, max_storage_buffers: usize) -> Front {
-        Front {
+    /// Stages with the given limits, tuning off, size families on.
+    fn stages(lower: LowerLimits, max_storage_buffers: usize) -> Stages {
+        Stages {
             backend: "test".into(),
             fusion: FusionLimits { max_storage_buffers, matmul_epilogue: true, ..FusionLimits::default() },
             lower,
@@ -517,7 +517,7 @@ mod tests {
     /// by its stages alone is the same source.
     #[test]
     fn a_first_compile_runs_every_stage_in_order() {
-        let f = front(LowerLimits::gpu(), 8);
+        let f = stages(LowerLimits::gpu(), 8);
         let g = graph(128);
         let variant = Variant::first_compile(false);
         let plan = f.plan(&g, &variant);
@@ -543,7 +543,7 @@ mod tests {
     /// columns and depth) and lowers its generic kernels on the workers.
     #[test]
     fn size_variants_take_generic_modes() {
-        let f = front(LowerLimits::gpu(), 8);
+        let f = stages(LowerLimits::gpu(), 8);
         let g = graph(100);
         let variant = Variant::first_compile(true);
         let plan = f.plan(&g, &variant);
@@ -583,17 +583,17 @@ mod tests {
         let w = g.push(Op::MatMul, &[xt, dy]).unwrap();
         g.outputs.push(w);
         let g = g.verify().unwrap();
-        let roomy = front(LowerLimits::gpu(), 8);
+        let roomy = stages(LowerLimits::gpu(), 8);
         let k = &roomy.plan(&g, &Variant::first_compile(false)).kernels[0];
         let split = roomy.schedule(k, &g, &roomy.lower).unwrap();
         assert!(matches!(split.matmul_form(), Some(MatmulForm::SplitK { .. })), "{:?}", split.matmul_form());
         // Two inputs, the scratch and the output: four bindings.
-        let tight = front(LowerLimits::gpu(), 3);
+        let tight = stages(LowerLimits::gpu(), 3);
         let one = tight.schedule(k, &g, &tight.lower).unwrap();
         assert!(matches!(one.matmul_form(), Some(MatmulForm::Tiled(_))), "{:?}", one.matmul_form());
         // 1 KiB windows: x alone needs 2048 bindings.
         let small = LowerLimits { windows: Windows::new(1 << 20, 16, Some(1024)), ..LowerLimits::gpu() };
-        let windowed = front(small, 8);
+        let windowed = stages(small, 8);
         let wgsl = windowed.lower_kernel(k, &g, &windowed.lower).unwrap();
         let err = windowed.finish(k, &g, "k0_MatMul_matmul".into(), wgsl).err().expect("too many bindings");
         assert!(matches!(err, BackendError::TooLarge { .. }), "{err}");
@@ -603,7 +603,7 @@ mod tests {
     /// another size, and leaves a first member static.
     #[test]
     fn the_size_family_stage_widens_observed_families() {
-        let f = front(LowerLimits::gpu(), 8);
+        let f = stages(LowerLimits::gpu(), 8);
         let limits = LowerLimits { generic: true, ..f.lower };
         let lowered = |rows: usize| {
             let g = graph(rows);
