@@ -167,12 +167,12 @@ fn hardware_adapter() -> Option<String> {
 /// is a GPU (discrete, integrated or virtual), not a software rasterizer.
 #[cfg(not(target_arch = "wasm32"))]
 fn hardware_adapter() -> Option<String> {
-    let adapter = lazuli_wgpu::adapter::select(&lazuli_wgpu::adapter::instance(), None, None)?;
+    let adapter = lazuli_wgpu::device::adapter::select(&lazuli_wgpu::device::adapter::instance(), None, None)?;
     let hardware = matches!(
         adapter.get_info().device_type,
         wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu
     );
-    hardware.then(|| lazuli_wgpu::adapter::describe(&adapter))
+    hardware.then(|| lazuli_wgpu::device::adapter::describe(&adapter))
 }
 
 /// Every wgpu adapter visible to this process, described in one line each.

@@ -2,7 +2,7 @@
 //! pool buffers of materialized nodes, the uniform of lifted scalars,
 //! scratch of two-pass kernels, error slots of index-checking kernels),
 //! its bind groups (cached per plan while its buffers recur, see
-//! [`crate::binds`]), the encoding of every launch into one compute pass
+//! [`crate::device::binds`]), the encoding of every launch into one compute pass
 //! (one pass per launch with timestamps while profiling), one submission
 //! (or, for a long execution started with the GPU idle, one per piece of
 //! 8, 16, 32, ... launches as they are encoded: [`stream_pieces`]) and
@@ -15,14 +15,15 @@
 //! readback buffer at its end, mapped by the same wait: a bad index costs
 //! no extra round trip (see `codegen::index`).
 
-use crate::binds::{self, BindCache, Binding};
-use crate::compile::{Bound, CompiledKernel, WgpuExecutable};
-use crate::context::{device_err, dispatch_size, Context, READBACK, STORAGE, UNIFORM};
-use crate::platform::Scope;
-use crate::pool::WgpuStorage;
-use crate::profile::{map_intervals, mapped_intervals, PendingTimes, Profiler};
-use crate::transfer::{early_copies, EarlyCopy, OutputOf};
-use crate::uniforms::Sections;
+use crate::compile::executable::{Bound, CompiledKernel, WgpuExecutable};
+use crate::device::binds::{self, BindCache, Binding};
+use crate::device::context::{device_err, dispatch_size, Context, READBACK, STORAGE, UNIFORM};
+use crate::device::platform::Scope;
+use crate::device::pool::WgpuStorage;
+use crate::device::profile::Profiler;
+use crate::device::timestamps::{map_intervals, mapped_intervals, PendingTimes};
+use crate::device::transfer::{early_copies, EarlyCopy, OutputOf};
+use crate::device::uniforms::Sections;
 use lazuli_executor::{metrics, timeline, BackendError, Buffer, IndexError, LaunchCost};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, ScalarValue, VerifiedGraph};
@@ -172,7 +173,7 @@ pub(crate) fn execute(
         (Some(q), Some(mapping)) => {
             let names: Vec<String> = work.iter().map(Launch::name).collect();
             let mapped = mapping.recv().map_err(|e| device_err(&ctx.name, e))?;
-            let (intervals, done) = mapped_intervals(ctx, &q.read, names.len(), mapped)?;
+            let (intervals, done) = mapped_intervals((&ctx.name, &ctx.queue), &q.read, names.len(), mapped)?;
             ctx.place_times(&names, &intervals, done);
             Some(intervals)
         }
@@ -315,7 +316,7 @@ impl ErrorSlots {
 
     /// On the web: moves the readback buffer into a task that reads the
     /// slots once their mapping settles and reports the first claimed
-    /// one as the device's deferred error (see [`crate::platform`]).
+    /// one as the device's deferred error (see [`crate::device::platform`]).
     #[cfg(target_arch = "wasm32")]
     fn check_later(mut self, ctx: &Context, g: &VerifiedGraph, kernels: &[Kernel]) -> ErrorSlots {
         let Some((_, read)) = self.buffers.take() else { return self };
@@ -323,8 +324,8 @@ impl ErrorSlots {
             self.checking.iter().map(|&k| index_error_template(g, &kernels[k])).collect();
         let (bytes, step, deferred) = (self.bytes(), (self.stride / 4) as usize, ctx.deferred.clone());
         deferred.begin();
-        crate::platform::spawn(async move {
-            let claimed = match crate::platform::map_read(read.buffer(), bytes).await {
+        crate::device::platform::spawn(async move {
+            let claimed = match crate::device::platform::map_read(read.buffer(), bytes).await {
                 Ok(()) => {
                     let claimed = read.buffer().get_mapped_range(0..bytes).ok().and_then(|view| {
                         let words: &[u32] = bytemuck::cast_slice(&view);

@@ -1,24 +1,32 @@
 //! `lazuli-wgpu`: the wgpu backend of Lazuli.
 //!
+//! The crate is three rooms and the backend that ties them together:
+//! [`codegen`] (a kernel to WGSL, pure: no device), [`compile`] (a graph
+//! to a compiled plan: its stages, pipelines, caches, the tuner and the
+//! second tier), [`device`] (the device a backend opened and executing on
+//! it) and [`rewrite`] (the two passes that edit generated text);
+//! [`runtime`] is the `Backend` implementation, [`options`] its options.
+//!
 //! Pipeline: [`lazuli_ir::fusion::plan`] cuts a verified graph into kernels;
-//! [`codegen::schedule`] decides how each is written and
+//! [`codegen::schedule()`] decides how each is written and
 //! [`codegen::lower_scheduled`] writes it as WGSL (deterministically,
-//! shapes baked in, lifted scalars in a uniform buffer); [`generic`] lets kernels of
-//! graphs that differ only in sizes share one pipeline, reading the sizes
-//! that vary from a small buffer, and a plan whose sizes recur gets
-//! static kernels again, compiled in the background ([`tier`]);
-//! [`validate::validate_wgsl`]
-//! checks it with naga before a pipeline is created; pipelines are cached
-//! by the hash of their source ([`pipeline`]); buffers come from a caching
-//! allocator sized to the device ([`pool`]); one execution encodes all
-//! kernels into one compute pass, submits and waits ([`runtime`]), with
-//! the bind groups and uniform buffer of each compiled plan made once and
-//! reused while its buffers recur ([`binds`]). Independent elementwise
-//! kernels of any shapes share one multi-tensor dispatch
-//! ([`codegen::multi`]). A tensor larger than one storage binding is one
-//! buffer bound as several windows ([`window`]), which kernels reach
-//! through the one buffer-access layer every family loads and stores
-//! through ([`codegen::access`]).
+//! shapes baked in, lifted scalars in a uniform buffer);
+//! [`rewrite::size_families`] lets kernels of graphs that differ only in
+//! sizes share one pipeline, reading the sizes that vary from a small
+//! buffer, and a plan whose sizes recur gets static kernels again,
+//! compiled in the background ([`compile::specialize`]);
+//! [`validate_wgsl`] checks it with naga before a pipeline is created;
+//! pipelines are cached by the hash of their source
+//! ([`compile::pipeline`]); buffers come from a caching allocator sized to
+//! the device ([`device::pool`]); one execution encodes all kernels into
+//! one compute pass, submits and waits ([`runtime`]), with the bind groups
+//! and uniform buffer of each compiled plan made once and reused while its
+//! buffers recur ([`device::binds`]). Independent elementwise kernels of
+//! any shapes share one multi-tensor dispatch ([`codegen::multi`]). A
+//! tensor larger than one storage binding is one buffer bound as several
+//! windows ([`codegen::window`]), which kernels reach through the one
+//! buffer-access layer every family loads and stores through
+//! ([`codegen::access`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
 //! on the device; upload and download convert to one-byte bools), and `f16`
@@ -53,7 +61,7 @@
 //! row-wise consumers); matmul in 64/128-wide tiles double-buffered
 //! in workgroup memory with 4x4 to 8x8 register blocks per invocation and
 //! vec4 operand loads (straight or transposed), the tile chosen by shape or
-//! by bounded autotuning ([`autotune`]). Software forms suit llvmpipe, which
+//! by bounded autotuning ([`compile::autotune`]). Software forms suit llvmpipe, which
 //! runs each invocation as a CPU loop and splits every barrier into
 //! coroutine steps: several consecutive vec4s per invocation, one
 //! invocation per output or row, a barrier-free register-blocked matmul.
@@ -82,41 +90,23 @@
 //! Architecture invariant: this crate never sees a lazy tensor; it gets
 //! verified graphs and buffers through `lazuli_executor::Backend`.
 
-// Native adapter enumeration (the web has one adapter, asked for
-// asynchronously: see `platform`).
-#[cfg(not(target_arch = "wasm32"))]
-pub mod adapter;
-pub mod autotune;
-pub mod binds;
+
 pub mod codegen;
 pub mod compile;
-mod context;
-mod cost;
-pub mod diskcache;
+pub mod device;
 mod execute;
-mod fault;
-pub mod generic;
 pub mod options;
-pub mod pipeline;
-mod platform;
-pub mod pool;
-mod profile;
+pub mod rewrite;
 pub mod runtime;
-mod threads;
-pub mod tier;
-mod transfer;
-mod uniforms;
-pub mod validate;
-mod wgsl_text;
-pub mod window;
 
+pub use codegen::forms;
+pub use compile::executable::WgpuExecutable;
+pub use compile::validate::validate_wgsl;
 #[cfg(not(target_arch = "wasm32"))]
-pub use adapter::list_adapters;
-pub use compile::WgpuExecutable;
+pub use device::adapter::list_adapters;
+#[cfg(target_arch = "wasm32")]
+pub use device::platform::list_adapters;
+pub use device::profile::LaunchSample;
 pub use execute::STREAM_FIRST_LAUNCHES;
 pub use options::{kernel_forms, WgpuOptions};
-#[cfg(target_arch = "wasm32")]
-pub use platform::list_adapters;
-pub use profile::LaunchSample;
 pub use runtime::WgpuBackend;
-pub use validate::validate_wgsl;

@@ -15,7 +15,7 @@ pub struct WgpuOptions {
     pub max_storage_buffers: Option<u32>,
     /// Clamp of the bytes one storage binding covers (tests): tensors
     /// larger than this are bound in windows of at most this many bytes
-    /// (see [`crate::window`]), as tensors beyond the adapter's binding
+    /// (see [`crate::codegen::window`]), as tensors beyond the adapter's binding
     /// limit always are. Lets tests prove windowed kernels on small
     /// tensors.
     pub binding_window: Option<u64>,
@@ -30,7 +30,7 @@ pub struct WgpuOptions {
     /// Most bytes of freed buffers the buffer pool keeps for reuse. Else
     /// `LAZULI_POOL_BYTES` (a decimal byte count; a malformed value fails
     /// [`crate::WgpuBackend::new`]), else derived from the adapter by
-    /// [`crate::pool::default_max_idle_bytes`]: 256 MiB on a software adapter,
+    /// [`crate::device::pool::default_max_idle_bytes`]: 256 MiB on a software adapter,
     /// `4 x max_buffer_size` clamped to 8..128 GiB on a GPU, where the
     /// cache is released when an allocation fails instead.
     pub pool_max_free_bytes: Option<u64>,
@@ -61,33 +61,33 @@ pub struct WgpuOptions {
     /// Whether to time candidate kernel forms on the adapter (compiled
     /// off the steps' path from the second execution of a plan with a
     /// large enough matmul, timed at a later plan boundary, see
-    /// [`crate::autotune`]); default: on for GPUs, off for software
+    /// [`crate::compile::autotune`]); default: on for GPUs, off for software
     /// adapters, `LAZULI_AUTOTUNE` (a flag: `1`, `0`, `true`, `false`,
     /// `on`, `off`) overrides.
     pub autotune: Option<bool>,
     /// Least work (floating-point operations, `2 * M * N * K`) of a
-    /// matmul worth tuning (default [`crate::autotune::MIN_FLOPS`], else
+    /// matmul worth tuning (default [`crate::compile::autotune::MIN_FLOPS`], else
     /// `LAZULI_AUTOTUNE_MIN_FLOPS`; tests lower it to tune small
     /// products).
     pub autotune_min_flops: Option<u64>,
     /// Where the autotuning results persist (else `LAZULI_CACHE_DIR`, empty
-    /// meaning nowhere, else [`crate::autotune::cache_dir`]; `Some(None)`:
+    /// meaning nowhere, else [`crate::compile::autotune::cache_dir`]; `Some(None)`:
     /// nowhere).
     /// Also where the persistent compile cache lives (see
-    /// [`crate::diskcache`]).
+    /// [`crate::compile::diskcache`]).
     pub cache_dir: Option<Option<std::path::PathBuf>>,
     /// Bound of the persistent compile cache in bytes on disk, each
     /// entry counted in whole blocks (else `LAZULI_CACHE_MAX_BYTES`, a
-    /// decimal byte count, else [`crate::diskcache::DEFAULT_MAX_BYTES`]).
+    /// decimal byte count, else [`crate::compile::diskcache::DEFAULT_MAX_BYTES`]).
     pub cache_max_bytes: Option<u64>,
     /// Whether kernels of graphs that differ only in sizes share generic
-    /// pipelines (see [`crate::generic`]); default on, the flag
+    /// pipelines (see [`crate::rewrite::size_families`]); default on, the flag
     /// `LAZULI_GENERIC_SIZES` overrides.
     pub generic_sizes: Option<bool>,
     /// Executions of a plan with kernels generic over sizes after which
     /// they are compiled static in the background and swapped in (see
-    /// [`crate::tier`]); else `LAZULI_SPECIALIZE_AFTER` (a positive
-    /// integer), else [`crate::tier::SPECIALIZE_AFTER`] on GPUs and never
+    /// [`crate::compile::specialize`]); else `LAZULI_SPECIALIZE_AFTER` (a positive
+    /// integer), else [`crate::compile::specialize::SPECIALIZE_AFTER`] on GPUs and never
     /// on software adapters (whose kernels run on the cores the compile
     /// would take). `Some(0)`: never.
     pub specialize_after: Option<u64>,
@@ -115,7 +115,7 @@ pub struct WgpuOptions {
     /// Whether kernels whose generator proves every index in bounds (the
     /// tiled matmul) get shader modules without wgpu's runtime checks
     /// (bounds clamps, loop bounding, division guards; see
-    /// `crate::pipeline`). Default on (never on wasm32); the flag
+    /// `crate::compile::pipeline`). Default on (never on wasm32); the flag
     /// `LAZULI_TRUSTED_SHADERS` overrides: `0` keeps every module checked.
     pub trusted_shaders: Option<bool>,
     /// Whether an execution returns once its commands are submitted and

@@ -3,16 +3,19 @@
 //! (`execute`), transfers (`transfer`) and profiling
 //! (`profile`) together behind `lazuli_executor::Backend`.
 
-use crate::autotune::{self, Tuner};
 use crate::codegen::{KernelForms, LowerLimits, ReduceForm};
-use crate::compile::{Compiler, WgpuExecutable};
-use crate::context::Context;
-use crate::diskcache::DiskCache;
-use crate::generic::{self, Families};
+use crate::compile::autotune::{self, Tuner};
+use crate::compile::diskcache::DiskCache;
+use crate::compile::executable::WgpuExecutable;
+use crate::compile::pipeline::Pipelines;
+use crate::compile::stages::Stages;
+use crate::compile::threads::Workers;
+use crate::compile::Compiler;
+use crate::device::context::Context;
+use crate::device::pool::{Pool, PoolStats};
+use crate::device::profile::{LaunchSample, Profiler};
 use crate::options::{kernel_forms, WgpuOptions};
-use crate::pipeline::Pipelines;
-use crate::pool::{Pool, PoolStats};
-use crate::profile::{LaunchSample, Profiler};
+use crate::rewrite::size_families::{self, Families};
 use lazuli_executor::config::{self, Setting, Source};
 use lazuli_executor::platform::{Instant, LocalFuture};
 use lazuli_executor::{metrics, Backend, BackendError, BackendKind, Buffer, CompileHints, Executable};
@@ -34,7 +37,7 @@ struct Inner {
     /// The effective values of this backend's configuration variables.
     settings: Vec<Setting>,
     /// Executions after which a plan's generic kernels are compiled
-    /// static (see [`crate::tier`]); `None`: never.
+    /// static (see [`crate::compile::specialize`]); `None`: never.
     specialize_after: Option<u64>,
     /// The threads compiling off the steps' path (static kernels, the
     /// tuner's candidates), not yet joined.
@@ -73,7 +76,7 @@ impl WgpuBackend {
     fn opened(
         options: WgpuOptions,
         sources: &[(&'static str, Source)],
-        opened: crate::context::Opened,
+        opened: crate::device::context::Opened,
         started: Instant,
     ) -> WgpuBackend {
         let (ctx, info, limits) = (opened.context, opened.info, opened.limits);
@@ -82,7 +85,7 @@ impl WgpuBackend {
         // Subgroup operations where the device has them, unless turned
         // off (`WgpuOptions::subgroups`); never in a browser
         // (`platform::SUBGROUPS`).
-        let subgroups = ctx.subgroups && crate::platform::SUBGROUPS && options.subgroups.unwrap_or(true);
+        let subgroups = ctx.subgroups && crate::device::platform::SUBGROUPS && options.subgroups.unwrap_or(true);
         // Tensor cores for f16 products where the device runs the
         // cooperative form (the device was opened with the feature only
         // where the option allowed it).
@@ -93,8 +96,11 @@ impl WgpuBackend {
             info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
         );
         // No file system in a browser tab: caches stay in memory there.
-        let cache_dir =
-            options.cache_dir.clone().unwrap_or_else(autotune::cache_dir).filter(|_| crate::platform::DISK_CACHE);
+        let cache_dir = options
+            .cache_dir
+            .clone()
+            .unwrap_or_else(autotune::cache_dir)
+            .filter(|_| crate::device::platform::DISK_CACHE);
         // Everything that changes lowering salts the disk cache's keys
         // besides the adapter and the build.
         let disk = DiskCache::open(
@@ -105,7 +111,7 @@ impl WgpuBackend {
         .map(Arc::new);
         let fusion = FusionLimits {
             // One storage buffer per kernel is kept for the sizes of
-            // generic kernels (see `crate::generic`).
+            // generic kernels (see `crate::rewrite::size_families`).
             max_storage_buffers: max_sb.saturating_sub(1).max(3),
             matmul_epilogue: true,
             inline_outputs: true,
@@ -145,30 +151,35 @@ impl WgpuBackend {
             ..LowerLimits::default()
         };
         // Tuning times candidates by reading results back synchronously.
-        let tune = crate::platform::CAN_BLOCK && autotune::enabled(options.autotune, software);
+        let tune = crate::device::platform::CAN_BLOCK && autotune::enabled(options.autotune, software);
         let mut tuner = Tuner::new(tune, &adapter_id, disk.clone());
         tuner.min_flops = options.autotune_min_flops.unwrap_or(autotune::MIN_FLOPS);
-        let compiler = Compiler::new(
-            fusion,
-            lower,
-            Pipelines::new(
+        let workers = Arc::new(Workers::for_compiles(options.compile_threads));
+        let compiler = Compiler {
+            stages: Stages {
+                backend: ctx.name.clone(),
+                fusion,
+                lower,
+                tuner,
+                families: Families::new(size_families::enabled(options.generic_sizes), 4096),
+                workers: workers.clone(),
+                fault_kernel: options.fault_kernel.clone(),
+            },
+            pipelines: Pipelines::new(
                 &ctx.device,
                 options.pipeline_cache_size.unwrap_or(1024),
                 disk,
-                options.compile_threads,
+                workers,
                 options.trusted_shaders.unwrap_or(true),
             ),
-            tuner,
-            Families::new(generic::enabled(options.generic_sizes), 4096),
-            options.fault_kernel.clone(),
-        );
+        };
         // Static kernels compile on a thread of their own, so not where
         // there are none (the browser), nor by default on a software
         // adapter, whose kernels run on the cores that thread would take.
-        let default_after = if software { 0 } else { crate::tier::SPECIALIZE_AFTER };
+        let default_after = if software { 0 } else { crate::compile::specialize::SPECIALIZE_AFTER };
         let specialize_after = match options.specialize_after.unwrap_or(default_after) {
             0 => None,
-            n => crate::platform::THREADS.then_some(n),
+            n => crate::device::platform::THREADS.then_some(n),
         };
         let settings =
             effective_settings(&options, sources, &ctx, &compiler, software, cache_dir.as_deref(), specialize_after);
@@ -189,26 +200,30 @@ impl WgpuBackend {
     /// At a plan boundary before an execution of `exe`: swaps in its
     /// static kernels where they are ready, or starts compiling them on a
     /// thread of their own where its generic kernels are due (see
-    /// [`crate::tier`]).
+    /// [`crate::compile::specialize`]).
     fn specialize(&self, exe: &WgpuExecutable) {
         // Off (and so never where there are no threads): nothing to swap
         // in either, so no lock on the step's path.
         if self.inner.specialize_after.is_none() {
             return;
         }
-        let Some(job) = crate::tier::at_boundary(exe, exe.runs(), self.inner.specialize_after) else { return };
+        let Some(job) = crate::compile::specialize::at_boundary(exe, exe.runs(), self.inner.specialize_after) else {
+            return;
+        };
         self.in_background("lazuli-specialize", move |inner| {
-            job.finish(inner.compiler.compile_static(&inner.ctx, &job.graph, &job.kernels, &inner.cancel));
+            let compiled = inner.compiler.compile_static(&inner.ctx, &job.input, &inner.cancel);
+            job.finish(compiled, "compiling static kernels for recurring sizes");
         });
     }
 
     /// At a plan boundary before an execution of `exe`: times the tuner's
     /// candidates for its kernels where they are compiled, or starts
-    /// compiling them on a thread of their own (see [`crate::autotune`]).
+    /// compiling them on a thread of their own (see [`crate::compile::autotune`]).
     fn tune(&self, exe: &WgpuExecutable) {
         let Some(job) = self.inner.compiler.tune_at_boundary(&self.inner.ctx, exe) else { return };
         self.in_background("lazuli-autotune", move |inner| {
-            job.finish(inner.compiler.compile_candidates(&inner.ctx, &job, &inner.cancel));
+            let compiled = inner.compiler.compile_candidates(&inner.ctx, &job.input, &inner.cancel);
+            job.finish(compiled, "compiling autotune candidates");
         });
     }
 
@@ -229,8 +244,8 @@ impl WgpuBackend {
     }
 
     /// Waits for the compiles running off the steps' path to finish: a
-    /// plan's static kernels for recurring sizes ([`crate::tier`]) and
-    /// the tuner's candidates ([`crate::autotune`]). What they made takes
+    /// plan's static kernels for recurring sizes ([`crate::compile::specialize`]) and
+    /// the tuner's candidates ([`crate::compile::autotune`]). What they made takes
     /// effect at each plan's next execution. For tests, and for
     /// benchmarks that want a settled engine before they time.
     pub fn await_background(&self) {
@@ -256,7 +271,7 @@ impl WgpuBackend {
 
     /// The fusion limits this backend plans with.
     pub fn fusion_limits(&self) -> FusionLimits {
-        self.inner.compiler.fusion
+        self.inner.compiler.stages.fusion
     }
 
     /// Idle bytes in the buffer pool.
@@ -330,7 +345,7 @@ fn effective_settings(
     let source = |name| sources.iter().find(|(n, _)| *n == name).map_or(Source::Default, |s| s.1);
     let on_off = |b: bool| if b { "on" } else { "off" };
     let adapter = if software { "software adapter" } else { "GPU" };
-    let forms = compiler.lower.forms;
+    let forms = compiler.stages.lower.forms;
     let profile = if forms == KernelForms::gpu() {
         "gpu".to_string()
     } else if forms == KernelForms::software() {
@@ -357,10 +372,10 @@ fn effective_settings(
         Setting::new("LAZULI_KERNEL_FORMS", profile, forms_source),
         Setting::new(
             "LAZULI_AUTOTUNE",
-            by_default(on_off(compiler.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
+            by_default(on_off(compiler.stages.tuner.enabled()).to_string(), "LAZULI_AUTOTUNE"),
             source("LAZULI_AUTOTUNE"),
         ),
-        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
+        Setting::new("LAZULI_AUTOTUNE_MIN_FLOPS", compiler.stages.tuner.min_flops, source("LAZULI_AUTOTUNE_MIN_FLOPS")),
         Setting::new(
             "LAZULI_CACHE_DIR",
             cache_dir.map_or("off".to_string(), |d| d.display().to_string()),
@@ -368,7 +383,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_CACHE_MAX_BYTES",
-            options.cache_max_bytes.unwrap_or(crate::diskcache::DEFAULT_MAX_BYTES),
+            options.cache_max_bytes.unwrap_or(crate::compile::diskcache::DEFAULT_MAX_BYTES),
             source("LAZULI_CACHE_MAX_BYTES"),
         ),
         Setting::new(
@@ -381,10 +396,10 @@ fn effective_settings(
             pool.memory_budget.map_or("none".to_string(), |b| b.to_string()),
             source("LAZULI_DEVICE_MEMORY_BYTES"),
         ),
-        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
+        Setting::new("LAZULI_MULTI_TENSOR", on_off(compiler.stages.fusion.multi_tensor), source("LAZULI_MULTI_TENSOR")),
         Setting::new(
             "LAZULI_INLINE_REDUCTIONS",
-            on_off(compiler.fusion.inline_reductions > 0),
+            on_off(compiler.stages.fusion.inline_reductions > 0),
             source("LAZULI_INLINE_REDUCTIONS"),
         ),
         Setting::new("LAZULI_OVERLAP_SUBMIT", on_off(ctx.overlap), source("LAZULI_OVERLAP_SUBMIT")),
@@ -398,20 +413,24 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_SUBGROUPS",
-            match (compiler.lower.subgroups, ctx.subgroups) {
+            match (compiler.stages.lower.subgroups, ctx.subgroups) {
                 (true, _) => "on".to_string(),
                 (false, true) => "off".to_string(),
                 (false, false) => "off (the adapter has none)".to_string(),
             },
             source("LAZULI_SUBGROUPS"),
         ),
-        Setting::new("LAZULI_GENERIC_SIZES", on_off(compiler.families.enabled()), source("LAZULI_GENERIC_SIZES")),
+        Setting::new(
+            "LAZULI_GENERIC_SIZES",
+            on_off(compiler.stages.families.enabled()),
+            source("LAZULI_GENERIC_SIZES"),
+        ),
         Setting::new("LAZULI_TRUSTED_SHADERS", on_off(compiler.pipelines.trusted()), source("LAZULI_TRUSTED_SHADERS")),
         Setting::new(
             "LAZULI_SPECIALIZE_AFTER",
             match specialize_after {
                 Some(n) => n.to_string(),
-                None if !crate::platform::THREADS => "never (no threads here)".to_string(),
+                None if !crate::device::platform::THREADS => "never (no threads here)".to_string(),
                 None if software && options.specialize_after.is_none() => "never (software adapter)".to_string(),
                 None => "never".to_string(),
             },
@@ -424,7 +443,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_F16_PACKED",
-            match compiler.lower.f16 {
+            match compiler.stages.lower.f16 {
                 crate::codegen::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
                 crate::codegen::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
                 crate::codegen::HalfStorage::Packed if ctx.shader_f16 => "on",
@@ -434,7 +453,7 @@ fn effective_settings(
         ),
         Setting::new(
             "LAZULI_COOPERATIVE_MATRIX",
-            match (compiler.lower.cooperative_matrix, ctx.cooperative_matrix) {
+            match (compiler.stages.lower.cooperative_matrix, ctx.cooperative_matrix) {
                 (true, _) => "on",
                 (false, true) => "off",
                 (false, false) => "off (the adapter has no cooperative matrices as the tensor-core form needs)",
@@ -480,7 +499,7 @@ impl Backend for WgpuBackend {
     /// On a GPU: its kernels leave the host's cores idle. Not on a
     /// software adapter, whose kernels run on those cores.
     fn compiles_ahead(&self) -> bool {
-        crate::platform::THREADS && !self.is_software()
+        crate::device::platform::THREADS && !self.is_software()
     }
 
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
@@ -491,7 +510,7 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, buffer: &Buffer) -> Result<Vec<u8>, BackendError> {
-        if !crate::platform::CAN_BLOCK {
+        if !crate::device::platform::CAN_BLOCK {
             return Err(BackendError::WouldBlock {
                 op: "reading a tensor".into(),
                 device: self.name(),
@@ -505,13 +524,13 @@ impl Backend for WgpuBackend {
 
     fn download_async<'a>(&'a self, buffer: &'a Buffer) -> LocalFuture<'a, Result<Vec<u8>, BackendError>> {
         #[cfg(target_arch = "wasm32")]
-        return Box::pin(crate::platform::download_async(&self.inner.ctx, buffer));
+        return Box::pin(crate::device::transfer::download_async(&self.inner.ctx, buffer));
         #[cfg(not(target_arch = "wasm32"))]
         Box::pin(std::future::ready(self.download(buffer)))
     }
 
     fn finish(&self) -> Result<(), BackendError> {
-        if !crate::platform::CAN_BLOCK {
+        if !crate::device::platform::CAN_BLOCK {
             return Err(BackendError::WouldBlock {
                 op: "Device::wait".into(),
                 device: self.name(),
@@ -527,7 +546,7 @@ impl Backend for WgpuBackend {
 
     fn finish_async(&self) -> LocalFuture<'_, Result<(), BackendError>> {
         #[cfg(target_arch = "wasm32")]
-        return Box::pin(crate::platform::finish_async(&self.inner.ctx));
+        return Box::pin(crate::device::transfer::finish_async(&self.inner.ctx));
         #[cfg(not(target_arch = "wasm32"))]
         Box::pin(std::future::ready(self.finish()))
     }
@@ -539,7 +558,7 @@ impl Backend for WgpuBackend {
     /// Compiles `graph`; with `hints.sizes_vary` (and generic sizes on),
     /// kernels whose sizes differ from the earlier executable are lowered
     /// in forms independent of those sizes and compiled generic over all
-    /// their sizes at once (see [`crate::generic`], `Compiler::compile`).
+    /// their sizes at once (see [`crate::rewrite::size_families`], `Compiler::compile`).
     fn compile_with(
         &self,
         graph: &VerifiedGraph,
@@ -559,8 +578,8 @@ impl Backend for WgpuBackend {
             .downcast_ref::<WgpuExecutable>()
             .ok_or_else(|| BackendError::Execution("executable of another backend".into()))?;
         // A plan boundary: a kernel waiting for the tuner may be replaced
-        // before this execution (see `crate::autotune`), and generic
-        // kernels by static ones (see `crate::tier`).
+        // before this execution (see `crate::compile::autotune`), and generic
+        // kernels by static ones (see `crate::compile::specialize`).
         self.specialize(exe);
         self.tune(exe);
         crate::execute::execute(&self.inner.ctx, &self.inner.profiler, exe, inputs, scalars)
@@ -568,7 +587,7 @@ impl Backend for WgpuBackend {
 
     fn persist_caches(&self) {
         // A device on this backend is being dropped: no compile of its
-        // outlives it (see `crate::tier`).
+        // outlives it (see `crate::compile::specialize`).
         self.stop_background();
         self.inner.compiler.pipelines.flush();
     }

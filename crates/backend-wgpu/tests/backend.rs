@@ -1166,7 +1166,7 @@ fn row_kernels_write_values_later_kernels_read() {
 
 /// The GPU gather kernel (which the executor does not select yet: it
 /// cannot report an out-of-range index) reads an embedding table bound in
-/// windows (`WgpuOptions::binding_window`, see `lazuli_wgpu::window`), as
+/// windows (`WgpuOptions::binding_window`, see `lazuli_wgpu::codegen::window`), as
 /// a table beyond the adapter's binding limit always is; the rows it
 /// gathers lie in different windows.
 #[test]

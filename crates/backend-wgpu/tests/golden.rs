@@ -25,9 +25,9 @@ use lazuli_ir::{
     ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, ConvAttrs, DType, Graph, NodeId, Op,
     PoolAttrs, PoolKind, RandomDist, ReduceOp, ScalarValue, Shape, UnaryOp, ValueType,
 };
+use lazuli_wgpu::codegen::window::Windows;
 use lazuli_wgpu::codegen::{lower, FixedSizes, LowerLimits, Wgsl};
-use lazuli_wgpu::generic::Families;
-use lazuli_wgpu::window::{KernelWindows, Windows};
+use lazuli_wgpu::rewrite::size_families::Families;
 use std::path::PathBuf;
 
 fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
@@ -366,7 +366,7 @@ fn graphs() -> Vec<(&'static str, Graph)> {
 /// A small MLP step in `dtype` (f16 or bf16): a matmul with bias and
 /// relu epilogue, a log-softmax over rows, a sum over rows and a cast to
 /// f32 and back: each family wgpu runs these dtypes in, through the
-/// storage rewrite (`lazuli_wgpu::halves`).
+/// access layer's half-precision storage (`lazuli_wgpu::codegen::access`).
 fn half_graph(dtype: DType) -> Graph {
     let mut g = Graph::new();
     let x = g.param(ValueType::new(vec![64, 32], dtype));
@@ -642,7 +642,7 @@ fn render_windowed(g: Graph, window_bytes: u64, limits: &LowerLimits) -> String 
     let mut counts = Vec::new();
     let mut windowed = false;
     let text = render_with(g, &limits, &fl, |i, k, w| {
-        let kw = KernelWindows::of(k, &v, w, &windows);
+        let kw = w.windows(k, &v, &windows);
         assert!(kw.bindings() <= fl.max_storage_buffers, "kernel {i}: {kw:?}");
         windowed |= kw.is_windowed();
         counts.push(format!("// kernel {i} windows: main {:?}, first pass {:?}\n", kw.main, kw.pre));

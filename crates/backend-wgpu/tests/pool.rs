@@ -6,7 +6,7 @@
 
 use lazuli_executor::{metrics, Backend, BackendError};
 use lazuli_ir::{BinaryOp, DType, Graph, NodeId, Op, ScalarValue, ValueType};
-use lazuli_wgpu::pool::{Pool, PoolOptions};
+use lazuli_wgpu::device::pool::{Pool, PoolOptions};
 use lazuli_wgpu::{WgpuBackend, WgpuOptions};
 use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::BufferUsages;
@@ -137,7 +137,7 @@ fn idle_bytes_stay_within_the_idle_budget() {
     drop(bufs);
     assert_eq!(pool.stats().idle_bytes, 4 * MIB, "the third 2 MiB buffer is freed, not kept");
     assert_eq!(pool.release_idle(), 4 * MIB);
-    assert_eq!(pool.stats(), lazuli_wgpu::pool::PoolStats { peak_in_use_bytes: 6 * MIB, ..Default::default() });
+    assert_eq!(pool.stats(), lazuli_wgpu::device::pool::PoolStats { peak_in_use_bytes: 6 * MIB, ..Default::default() });
 }
 
 #[test]
@@ -262,7 +262,7 @@ fn buffers_over_the_device_limits_are_typed_errors() {
     assert_eq!(run_scale_add(&b, &[1.0, 2.0], 1.0).unwrap(), vec![2.0, 4.0]);
 }
 
-/// Storage beyond one binding (bound in windows, see `lazuli_wgpu::window`):
+/// Storage beyond one binding (bound in windows, see `lazuli_wgpu::codegen::window`):
 /// requests up to `max_buffer_size` are served, and a request that fits one
 /// binding never gets a buffer that does not, even when a larger idle one
 /// would otherwise be reused.

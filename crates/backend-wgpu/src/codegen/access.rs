@@ -37,7 +37,7 @@
 //!   value of the dtype). The CPU backend rounds after every op, so the two
 //!   agree within a rounding per fused op.
 //! - [`Storage::Windowed`]: a tensor beyond one storage binding (see
-//!   [`crate::window`]), bound as consecutive windows `NAME_w0`,
+//!   [`crate::codegen::window`]), bound as consecutive windows `NAME_w0`,
 //!   `NAME_w1`, ... (the later bindings renumbered), reached through
 //!   `ld_NAME(i)` and `st_NAME(i, v);`, which pick the window by dividing
 //!   the index by a constant (a shift where the window is a power of two,
@@ -49,7 +49,7 @@
 //! layer existed, and the others exactly as the text rewrites that came
 //! before it (`halves`, `window`) wrote them: the helpers follow the last
 //! storage declaration. `enable` lines are derived from what was emitted
-//! ([`Bindings::enables`]), as naga's and CubeCL's writers do. The next
+//! (the assembler's `enables`), as naga's and CubeCL's writers do. The next
 //! storage kind (quantized weight blocks read and dequantized inside the
 //! matmul kernels) is one more [`Storage`] variant with its declaration
 //! and its load helper here; no family changes.
@@ -61,7 +61,9 @@
 //! checked at run time rather than by construction, and a new storage
 //! kind meant a third rewrite composed with the other two.
 
-use crate::window::Windows;
+use super::{LowerError, LowerLimits};
+use crate::codegen::window::Windows;
+use lazuli_ir::{NodeId, VerifiedGraph};
 use std::fmt::Write as _;
 
 /// How f16 tensors are stored on the device (bf16 is always packed).
@@ -118,7 +120,7 @@ pub struct Binding {
 
 impl Binding {
     /// The binding named `name` of a tensor stored as `scalar` (a
-    /// [`super::common::storage_ty`]: `f32`, `i32`, `u32`, `f16`, `bf16`)
+    /// `codegen::common::storage_ty`: `f32`, `i32`, `u32`, `f16`, `bf16`)
     /// with `elements` 32-bit elements (as the planner counts them), bound
     /// as `vec4` where asked, f16 stored as `f16` says and windowed as
     /// `windows` says. A half-precision tensor is never windowed (the
@@ -146,6 +148,26 @@ impl Binding {
             Storage::Native
         };
         Some(Binding { name, scalar, vec4, writable, storage })
+    }
+
+    /// The binding of node `id` of `g` named `name`, stored as `scalar`
+    /// (see [`Binding::tensor`]) under `limits`' f16 storage and windows;
+    /// a half-precision tensor that would need windows is an unsupported
+    /// case (the planner keeps those on the CPU fallback).
+    pub(super) fn of_node(
+        g: &VerifiedGraph,
+        limits: &LowerLimits,
+        (name, scalar, id): (String, &'static str, NodeId),
+        vec4: bool,
+        writable: bool,
+    ) -> Result<Binding, LowerError> {
+        let n = g.node(id);
+        Binding::tensor(name, scalar, vec4, writable, n.shape.numel() as u64, (limits.f16, &limits.windows)).ok_or_else(
+            || LowerError::Unsupported {
+                op: format!("{} ({scalar} beyond one storage binding)", n.op.name()),
+                dtype: n.dtype,
+            },
+        )
     }
 
     /// A binding of 32-bit elements of `scalar` that is never windowed or
@@ -180,8 +202,20 @@ impl Binding {
 
     /// A load of array element `index` (see [`Binding::load_into`]).
     pub fn load(&self, index: &str) -> String {
-        let mut s = String::new();
-        self.load_into(&mut s, format_args!("{index}"));
+        // Pieces pushed, not formatted: lowering makes one per access.
+        let mut s = String::with_capacity(self.name.len() + index.len() + 5);
+        if self.through_helpers() {
+            s.push_str("ld_");
+            s.push_str(&self.name);
+            s.push('(');
+            s.push_str(index);
+            s.push(')');
+        } else {
+            s.push_str(&self.name);
+            s.push('[');
+            s.push_str(index);
+            s.push(']');
+        }
         s
     }
 
@@ -204,8 +238,19 @@ impl Binding {
     /// The statement storing `value` to array element `index`:
     /// `NAME[index] = value;`, or `st_NAME(index, value);`.
     pub fn store(&self, index: &str, value: &str) -> String {
-        let mut s = String::new();
-        self.open_store(&mut s, format_args!("{index}"));
+        let mut s = String::with_capacity(self.name.len() + index.len() + value.len() + 8);
+        if self.through_helpers() {
+            s.push_str("st_");
+            s.push_str(&self.name);
+            s.push('(');
+            s.push_str(index);
+            s.push_str(", ");
+        } else {
+            s.push_str(&self.name);
+            s.push('[');
+            s.push_str(index);
+            s.push_str("] = ");
+        }
         s.push_str(value);
         self.close_store(&mut s);
         s
@@ -223,31 +268,35 @@ impl Binding {
     /// (one per window).
     fn declare(&self, out: &mut String, first: u32) {
         let access = if self.writable { "read_write" } else { "read" };
-        let ty = match self.storage {
-            Storage::Native | Storage::Windowed { .. } => format!("array<{}>", self.elem()),
-            Storage::Half { packed: false, .. } => {
-                if self.vec4 { "array<vec4<f16>>" } else { "array<f16>" }.to_string()
-            }
+        // The array type, as three pieces around the scalar.
+        let (open, scalar, close) = match self.storage {
+            Storage::Native | Storage::Windowed { .. } if self.vec4 => ("array<vec4<", self.scalar, ">>"),
+            Storage::Native | Storage::Windowed { .. } => ("array<", self.scalar, ">"),
+            Storage::Half { packed: false, .. } if self.vec4 => ("array<vec4<", "f16", ">>"),
+            Storage::Half { packed: false, .. } => ("array<", "f16", ">"),
             Storage::Half { packed: true, .. } => match (self.vec4, self.writable) {
-                (true, _) => "array<vec2<u32>>",
-                (false, true) => "array<atomic<u32>>",
-                (false, false) => "array<u32>",
-            }
-            .to_string(),
+                (true, _) => ("array<vec2<", "u32", ">>"),
+                (false, true) => ("array<atomic<", "u32", ">>"),
+                (false, false) => ("array<", "u32", ">"),
+            },
         };
         match self.storage {
             Storage::Windowed { windows, .. } => {
                 for k in 0..windows {
                     let _ = writeln!(
                         out,
-                        "@group(0) @binding({}) var<storage, {access}> {}_w{k}: {ty};",
+                        "@group(0) @binding({}) var<storage, {access}> {}_w{k}: {open}{scalar}{close};",
                         first + k,
                         self.name
                     );
                 }
             }
             Storage::Native | Storage::Half { .. } => {
-                let _ = writeln!(out, "@group(0) @binding({first}) var<storage, {access}> {}: {ty};", self.name);
+                let _ = writeln!(
+                    out,
+                    "@group(0) @binding({first}) var<storage, {access}> {}: {open}{scalar}{close};",
+                    self.name
+                );
             }
         }
     }
@@ -394,7 +443,7 @@ impl Bindings {
     }
 
     /// Windows per array binding, in binding order (see
-    /// [`crate::window::KernelWindows`]).
+    /// [`crate::codegen::window::KernelWindows`]).
     pub fn window_counts(&self) -> Vec<u32> {
         self.arrays().map(Binding::count).collect()
     }
@@ -514,7 +563,7 @@ mod tests {
         assert!(s.contains("@group(0) @binding(1) var<storage, read> in0: array<vec4<f32>>;"), "{s}");
         assert!(s.contains("let x = in0[t >> 2u][t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("out0[t] = x * in0[min(t, 3u)].y;\n    out1[t] = out0[t] * 2.0;"), "{s}");
-        crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 
     /// f16 and bf16 bindings go through conversion helpers, in both f16
@@ -534,12 +583,12 @@ mod tests {
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
         assert!(s.contains("out1[t] = ld_out0(t) * 2.0;"), "{s}");
-        crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
         let p = source(&bindings(kinds, HalfStorage::Packed, &Windows::UNBOUNDED), false);
         assert!(!p.contains("enable f16"), "{p}");
         assert!(p.contains("var<storage, read> in0: array<vec2<u32>>;"), "{p}");
         assert!(p.contains("unpack2x16float((w.x & 0xffffu)).x"), "{p}");
-        crate::validate::validate_wgsl(&p).unwrap_or_else(|e| panic!("{e}\n{p}"));
+        crate::validate_wgsl(&p).unwrap_or_else(|e| panic!("{e}\n{p}"));
         // vec4 outputs of both dtypes, both storages.
         for (scalar, f16) in [("f16", HalfStorage::Native), ("f16", HalfStorage::Packed), ("bf16", HalfStorage::Packed)]
         {
@@ -552,7 +601,7 @@ mod tests {
             s.push_str(&format!("fn f(t: u32) {{\n    {}\n}}\n", b.outputs[0].store("t", "vec4<f32>(1.0)")));
             s.push_str(ROUND_BF16);
             s.push_str(ROUND_F16);
-            crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{scalar} {f16:?}: {e}\n{s}"));
+            crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{scalar} {f16:?}: {e}\n{s}"));
         }
         assert_eq!(
             Binding::tensor(
@@ -596,6 +645,6 @@ mod tests {
         assert!(s.contains("let x = ld_in0(t >> 2u)[t & 3u] + n3(t);"), "{s}");
         assert!(s.contains("st_out0(t, x * ld_in0(min(t, 3u)).y);"), "{s}");
         assert!(s.contains("out1[t] = ld_out0(t) * 2.0;"), "{s}");
-        crate::validate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 }

@@ -5,11 +5,12 @@
 //! matmul forms.
 //!
 //! Chosen by a rule, never by default on an adapter without it
-//! ([`LowerLimits::cooperative_matrix`] is true only where the device was
+//! ([`super::LowerLimits::cooperative_matrix`] is true only where the device was
 //! opened with the feature, `SHADER_F16` and `SUBGROUP`, advertises a
 //! 16 x 16 x 16 configuration of f16 A/B and f32 C/R, and runs subgroups of
 //! exactly [`COOP_SUBGROUP`] lanes — NVIDIA's warps): f16 x f16 products at
-//! fixed sizes (see [`eligible`]). Every other product, and every product
+//! fixed sizes (see [`super::matmul::coop_eligible`], with the other form
+//! rules). Every other product, and every product
 //! on adapters without the feature (lavapipe among them), keeps the f32
 //! forms of [`super::matmul`].
 //!
@@ -34,10 +35,8 @@
 //! that runs wherever an adapter has the feature (`tests/half_dtypes.rs`
 //! says so when it does not).
 
-use super::matmul::MatmulProblem;
-use super::{LowerLimits, Writer};
+use super::Writer;
 use lazuli_ir::fusion::Kernel;
-use lazuli_ir::DType;
 use std::fmt::Write as _;
 
 /// Lanes of the subgroups the form is written for (NVIDIA's warp); the
@@ -100,34 +99,6 @@ impl CoopTile {
         let b = COOP_BK * (self.bn() + PAD) * 2;
         let staging = self.sr as u64 * self.sc as u64 * COOP_FRAGMENT * COOP_FRAGMENT * 4;
         a + b + staging
-    }
-}
-
-/// Whether the product `p` may take the cooperative form under
-/// `limits`: the device can run it, sizes are fixed (not a generic
-/// kernel), both operands are f16, and the output has at least one
-/// fragment's worth of rows and columns (narrower products keep the
-/// register-blocked form, as in f32).
-pub fn eligible(p: &MatmulProblem, limits: &LowerLimits) -> bool {
-    limits.cooperative_matrix
-        && !limits.generic
-        && p.a_dtype == DType::F16
-        && p.b_dtype == DType::F16
-        && p.m >= COOP_FRAGMENT
-        && p.n >= COOP_FRAGMENT
-        && CoopTile::SMALL.workgroup_bytes() <= limits.workgroup_storage as u64
-}
-
-/// The tile for the product `p`: the large one where it gives at least
-/// `min_tiles` workgroups (about one wave) and fits the workgroup memory,
-/// else the small one.
-pub fn choose_tile(p: &MatmulProblem, limits: &LowerLimits, min_tiles: u64) -> CoopTile {
-    let t = CoopTile::LARGE;
-    let tiles = p.batches() * p.m.div_ceil(t.bm()) * p.n.div_ceil(t.bn());
-    if tiles >= min_tiles && t.workgroup_bytes() <= limits.workgroup_storage as u64 {
-        t
-    } else {
-        CoopTile::SMALL
     }
 }
 
@@ -238,9 +209,10 @@ impl Writer<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::matmul::MatmulProblem;
     use super::super::{lower, matmul, schedule, KernelForms, LowerLimits, MatmulForm};
     use super::*;
-    use lazuli_ir::VerifiedGraph;
+    use lazuli_ir::{DType, VerifiedGraph};
 
     /// The form the schedule decides for kernel `k` of `v` under `limits`.
     fn form(k: &Kernel, v: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
@@ -326,7 +298,7 @@ mod tests {
                         let (v, k) = product(batch, mkn, (ta, tb), epi, out);
                         for storage in [HalfStorage::Native, HalfStorage::Packed] {
                             let by_rule = coop_limits(storage);
-                            let rule_tile = choose_tile(&problem(&k, &v), &by_rule, matmul::MATMUL_MIN_TILES);
+                            let rule_tile = matmul::coop_tile(&problem(&k, &v), &by_rule, matmul::MATMUL_MIN_TILES);
                             assert_eq!(form(&k, &v, &by_rule), MatmulForm::Cooperative(rule_tile));
                             for tile in CoopTile::ALL {
                                 let limits = LowerLimits {
@@ -336,7 +308,7 @@ mod tests {
                                 let what =
                                     format!("{batch:?} {mkn:?} ta={ta} tb={tb} epi={epi} {out} {storage:?} {tile:?}");
                                 let w = lower(&k, &v, &limits).unwrap_or_else(|e| panic!("{what}: {e}"));
-                                crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{what}: {e}"));
+                                crate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{what}: {e}"));
                                 assert!(w.source.starts_with("enable f16;"), "{what}");
                                 assert!(w.source.contains("coopMultiplyAdd"), "{what}");
                                 assert!(w.source.contains("@builtin(subgroup_id) sid"), "{what}");
@@ -378,9 +350,9 @@ mod tests {
         assert!(!coop(&LowerLimits { workgroup_storage: 8192, ..coop_limits(HalfStorage::Native) }));
         // The large tile only where it makes a wave of workgroups.
         let small = coop_limits(HalfStorage::Native);
-        assert_eq!(choose_tile(&problem(&k, &v), &small, matmul::MATMUL_MIN_TILES), CoopTile::SMALL);
+        assert_eq!(matmul::coop_tile(&problem(&k, &v), &small, matmul::MATMUL_MIN_TILES), CoopTile::SMALL);
         let (v2, k2) = product(&[], (2048, 64, 2048), (false, false), false, DType::F16);
-        assert_eq!(choose_tile(&problem(&k2, &v2), &small, matmul::MATMUL_MIN_TILES), CoopTile::LARGE);
+        assert_eq!(matmul::coop_tile(&problem(&k2, &v2), &small, matmul::MATMUL_MIN_TILES), CoopTile::LARGE);
         // f32 products and outputs narrower than a fragment.
         let f32_product = {
             let mut g = Graph::new();
@@ -392,9 +364,9 @@ mod tests {
             let mut plan = fusion::plan(&v, &FusionLimits::default());
             (v, plan.kernels.remove(0))
         };
-        assert!(!eligible(&problem(&f32_product.1, &f32_product.0), &coop_limits(HalfStorage::Native)));
+        assert!(!matmul::coop_eligible(&problem(&f32_product.1, &f32_product.0), &coop_limits(HalfStorage::Native)));
         let (v3, k3) = product(&[], (256, 64, 8), (false, false), false, DType::F16);
-        assert!(!eligible(&problem(&k3, &v3), &coop_limits(HalfStorage::Native)));
+        assert!(!matmul::coop_eligible(&problem(&k3, &v3), &coop_limits(HalfStorage::Native)));
         assert!(CoopTile::ALL.iter().all(|t| t.workgroup_bytes() <= 32768), "both tiles fit 32 KiB");
     }
 }

@@ -21,7 +21,7 @@ pub const STRAIGHT_LINE_STEPS: u64 = 16;
 
 /// Workgroups a dispatch may have in each dimension: WebGPU's default
 /// `maxComputeWorkgroupsPerDimension`, which every adapter meets and
-/// `crate::context::dispatch_size` spreads workgroups over (x up to it,
+/// `crate::device::context::dispatch_size` spreads workgroups over (x up to it,
 /// then rows of y).
 pub const MAX_GROUPS_PER_DIMENSION: u64 = 65535;
 

@@ -189,7 +189,7 @@ pub enum MatmulForm {
     /// the rule's f32-compute form. No autotuning candidate.
     Cooperative(super::coop::CoopTile),
     /// Chosen from the shape by [`super::matmul::choose_form`] (and
-    /// [`super::coop::eligible`] products by the cooperative form).
+    /// [`super::matmul::coop_eligible`] products by the cooperative form).
     ByShape,
 }
 

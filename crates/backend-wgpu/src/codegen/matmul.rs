@@ -12,6 +12,7 @@
 //! [`trusted`] turns into a shader module without runtime checks.
 
 use super::common::*;
+use super::coop::{CoopTile, COOP_FRAGMENT};
 use super::{ceil_div, LowerLimits, MatmulForm, MatmulTile, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{DType, NodeId, Op, Shape, VerifiedGraph};
@@ -186,10 +187,10 @@ impl MatmulProblem {
 pub(super) fn resolve_form(p: &MatmulProblem, limits: &LowerLimits) -> MatmulForm {
     // f16 products on tensor cores where the device runs them (by the
     // rule, or forced); forced elsewhere, the rule's f32-compute form.
-    if super::coop::eligible(p, limits) {
+    if coop_eligible(p, limits) {
         match limits.forms.matmul {
             MatmulForm::ByShape => {
-                return MatmulForm::Cooperative(super::coop::choose_tile(p, limits, MATMUL_MIN_TILES));
+                return MatmulForm::Cooperative(coop_tile(p, limits, MATMUL_MIN_TILES));
             }
             MatmulForm::Cooperative(t) if t.workgroup_bytes() <= limits.workgroup_storage as u64 => {
                 return MatmulForm::Cooperative(t);
@@ -235,7 +236,7 @@ pub(super) fn resolve_form(p: &MatmulProblem, limits: &LowerLimits) -> MatmulFor
 pub struct MatmulPlan {
     /// The product.
     pub problem: MatmulProblem,
-    /// The concrete form ([`resolve_form`]: never `ByShape`).
+    /// The concrete form (`resolve_form`'s: never `ByShape`).
     pub form: MatmulForm,
     /// The layout; `None` in the cooperative form, which reads its
     /// operands element by element.
@@ -288,6 +289,34 @@ impl MatmulPlan {
             rows_contiguous(k, g, p.b),
         ];
         (sizes, [p.dtype, p.a_dtype, p.b_dtype], layouts, k.outputs.len())
+    }
+}
+
+/// Whether the product `p` may take the cooperative form ([`super::coop`]) under
+/// `limits`: the device can run it, sizes are fixed (not a generic
+/// kernel), both operands are f16, and the output has at least one
+/// fragment's worth of rows and columns (narrower products keep the
+/// register-blocked form, as in f32).
+pub fn coop_eligible(p: &MatmulProblem, limits: &LowerLimits) -> bool {
+    limits.cooperative_matrix
+        && !limits.generic
+        && p.a_dtype == DType::F16
+        && p.b_dtype == DType::F16
+        && p.m >= COOP_FRAGMENT
+        && p.n >= COOP_FRAGMENT
+        && CoopTile::SMALL.workgroup_bytes() <= limits.workgroup_storage as u64
+}
+
+/// The tile for the product `p`: the large one where it gives at least
+/// `min_tiles` workgroups (about one wave) and fits the workgroup memory,
+/// else the small one.
+pub fn coop_tile(p: &MatmulProblem, limits: &LowerLimits, min_tiles: u64) -> CoopTile {
+    let t = CoopTile::LARGE;
+    let tiles = p.batches() * p.m.div_ceil(t.bm()) * p.n.div_ceil(t.bn());
+    if tiles >= min_tiles && t.workgroup_bytes() <= limits.workgroup_storage as u64 {
+        t
+    } else {
+        CoopTile::SMALL
     }
 }
 
@@ -349,7 +378,7 @@ pub fn choose_generic_form(p: &MatmulProblem) -> MatmulForm {
 /// The forms autotuning times for the product `p` (the static choice
 /// first). A split-K choice is no candidate: the tuner times one pass,
 /// and kernels the rule splits are not tuned (see
-/// [`super::Schedule::tunable_matmul`]).
+/// `crate::compile::autotune`).
 pub fn candidates(p: &MatmulProblem) -> Vec<MatmulForm> {
     let mut v: Vec<MatmulForm> =
         Some(choose_form(p)).filter(|f| !matches!(f, MatmulForm::SplitK { .. })).into_iter().collect();
@@ -402,7 +431,7 @@ fn rows_contiguous(k: &Kernel, g: &VerifiedGraph, x: NodeId) -> bool {
 /// `select` (both sides in bounds), guards every store, indexes its
 /// workgroup arrays with constants plus lane ids below the tile, and
 /// bounds every loop by a constant. `form` is the product's concrete
-/// form (see [`resolve_form`]).
+/// form (see `resolve_form`).
 pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits, form: MatmulForm) -> bool {
     let Some(p) = MatmulProblem::of(k, g) else { return false };
     let sizes_ok = g.node(p.node).shape.numel() > 0 && p.k > 0;
@@ -499,7 +528,7 @@ pub(super) fn matmul_shape(
     // all (or most) columns and lanes split rows too. The layout follows
     // M and N rounded up to powers of two (blocks past the edge clamp
     // their loads and skip their stores), so that sizes in one bucket
-    // share a generic kernel (see `crate::generic`).
+    // share a generic kernel (see `crate::rewrite::size_families`).
     // Generic kernels take the layout of the largest small bucket along
     // the sizes that vary (at least 64 rows or columns), and follow the
     // sizes that stay fixed.
@@ -1430,7 +1459,7 @@ pub(super) mod tests {
                         let w = lower(&k, &v, &limits).unwrap();
                         let what = format!("{batch:?} {mkn:?} {la:?} tb={tb} epi={epi} {form:?}");
                         for src in std::iter::once(&w.source).chain(w.pre.as_ref().map(|p| &p.source)) {
-                            crate::validate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
+                            crate::validate_wgsl(src).unwrap_or_else(|e| panic!("{what}: {e}"));
                             assert!(local_arrays(src).is_empty(), "{what}: {:?}", local_arrays(src));
                         }
                         let split = w.pre.is_some();
@@ -1457,7 +1486,7 @@ pub(super) mod tests {
         let shape_of = |mkn, la, limits: &LowerLimits| {
             let (v, k) = product(&[], mkn, la, false, true);
             let w = lower(&k, &v, limits).unwrap();
-            crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
+            crate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
             let p = MatmulPlan::new(&k, &v, limits).layout().clone();
             (p.rows, p.lanes, p.a_t.is_some(), w.invocations, w.source.matches("fma(").count())
         };

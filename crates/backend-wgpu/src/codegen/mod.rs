@@ -1,6 +1,6 @@
 //! Lowering of one planned kernel ([`Kernel`]) to WGSL: a pure,
 //! deterministic function of the kernel, the verified graph and the limits,
-//! in two stages. [`schedule`] decides everything first, as a value (the
+//! in two stages. [`schedule()`] decides everything first, as a value (the
 //! family's plan: a matmul's product, form and operand layouts, a
 //! reduction's passes, a row kernel's lanes; which bindings are vec4; how
 //! `main` is entered; the passes and their scratch; whether the source is
@@ -37,7 +37,7 @@
 //! forms; `common` holds the type, literal and index helpers and the WGSL
 //! helper functions they share (a typed `Helper` each). [`forms`] holds
 //! the kernel forms each family can be written in ([`KernelForms`]);
-//! [`schedule`] the decisions of one kernel ([`Schedule`]).
+//! [`mod@schedule`] the decisions of one kernel ([`Schedule`]).
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{BinaryOp, DType, NodeId, Op, PadMode, RandomDist, UnaryOp, VerifiedGraph};
@@ -59,8 +59,9 @@ pub mod pool;
 pub mod reduce;
 pub mod rows;
 pub mod schedule;
+pub mod window;
 
-use crate::window::Windows;
+use crate::codegen::window::{KernelWindows, Windows};
 pub use access::{Binding, Bindings, HalfStorage, Storage};
 use common::*;
 pub use common::{is_half, LLVMPIPE_LOOP_BUDGET};
@@ -90,7 +91,7 @@ pub struct LowerLimits {
     pub workgroup_storage: u32,
     /// Sizes vary from call to call (`CompileHints::sizes_vary`): choose
     /// forms that do not depend on them, so that the sources of every size
-    /// share one generic kernel (see `crate::generic`): no vec4 paths that
+    /// share one generic kernel (see `crate::rewrite::size_families`): no vec4 paths that
     /// need a size divisible by 4, and matmul layouts from coarse
     /// power-of-two buckets, except along the sizes `fixed` names.
     pub generic: bool,
@@ -101,7 +102,7 @@ pub struct LowerLimits {
     /// narrow-output layouts). Set per kernel by the compiler; ignored
     /// where `generic` is false. Sound whatever it says: a size that
     /// later changes changes the source's skeleton, which starts a family
-    /// of its own (see `crate::generic`).
+    /// of its own (see `crate::rewrite::size_families`).
     pub fixed: FixedSizes,
     /// The device has subgroup operations and they are on
     /// (`WgpuOptions::subgroups`): row kernels combine the lanes of a row
@@ -117,7 +118,7 @@ pub struct LowerLimits {
     /// `SHADER_F16`, else packed in `u32` (see [`access`]).
     pub f16: HalfStorage,
     /// How tensors beyond one storage binding are bound: the adapter's
-    /// windows (see [`crate::window`] and [`access`]);
+    /// windows (see [`crate::codegen::window`] and [`access`]);
     /// [`Windows::UNBOUNDED`] binds every tensor whole.
     pub windows: Windows,
     /// The device runs cooperative matrices the way [`coop`] writes them
@@ -226,7 +227,7 @@ pub struct Wgsl {
     /// loads, guarded stores, workgroup arrays indexed by constants plus
     /// lane ids, divisions by nonzero constants, loops bounded by
     /// constants), so its module may be created without runtime checks
-    /// (see [`matmul::trusted`] and `crate::pipeline`). Only the tiled
+    /// (see [`matmul::trusted`] and `crate::compile::pipeline`). Only the tiled
     /// matmul at fixed sizes (and split-K's first pass) sets it; a later
     /// rewrite (windows, size families, fault injection) clears it.
     pub trusted: bool,
@@ -239,6 +240,14 @@ pub struct Wgsl {
     /// with other scalars is the same source (one pipeline); the
     /// execution binds it a uniform holding these (see `crate::execute`).
     pub scalars: Vec<usize>,
+}
+
+impl Wgsl {
+    /// The windows of its bindings (kernel `kernel` of `graph`, lowered as
+    /// this source under `windows`; see [`crate::codegen::window`]).
+    pub fn windows(&self, kernel: &Kernel, graph: &VerifiedGraph, windows: &Windows) -> KernelWindows {
+        KernelWindows::of(kernel, graph, (self.pre.is_some(), self.binds_inputs), windows)
+    }
 }
 
 /// Why a kernel cannot be lowered.
@@ -326,13 +335,13 @@ fn check_lowerable(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits)
 }
 
 /// Lowers `kernel` of `graph` to WGSL under `limits`: its schedule
-/// ([`schedule`]), then the text written from it ([`lower_scheduled`]).
+/// ([`schedule()`]), then the text written from it ([`lower_scheduled`]).
 pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
     lower_scheduled(kernel, graph, &schedule(kernel, graph, limits)?)
 }
 
 /// Writes `kernel` of `graph` as WGSL from its schedule `s` (decided by
-/// [`schedule`] for this kernel): every storage binding accessed as its
+/// [`schedule()`] for this kernel): every storage binding accessed as its
 /// storage says (native, f16 or bf16, windowed: see [`access`]).
 pub fn lower_scheduled(kernel: &Kernel, graph: &VerifiedGraph, s: &Schedule) -> Result<Wgsl, LowerError> {
     let mut wgsl = write(kernel, graph, s)?;
@@ -637,7 +646,7 @@ impl Writer<'_> {
 
 /// `n.div_ceil(d)` as a WGSL `u32` expression. A kernel generic over
 /// sizes spells it out from `n` (`((13u + 15u) / 16u)`), so the literal
-/// that varies is the size itself, which `crate::generic` turns dynamic at
+/// that varies is the size itself, which `crate::rewrite::size_families` turns dynamic at
 /// the first size that differs; a baked quotient would stay equal across
 /// nearby sizes (1 for 12 and 13 rows of 16) and compile the kernel again
 /// at the first size where it moves.
@@ -655,7 +664,7 @@ pub(super) fn ceil_div(n: u64, d: u64, generic: bool) -> String {
 fn params_header(graph: &VerifiedGraph, scalars: &[usize]) -> String {
     let mut s = String::from("struct Params {\n    z: u32,\n");
     for (k, &index) in scalars.iter().enumerate() {
-        // Lifted f16 and bf16 scalars are f32 words (see `crate::uniforms::scalar_word`).
+        // Lifted f16 and bf16 scalars are f32 words (see `crate::device::uniforms::scalar_word`).
         let _ = writeln!(s, "    s{k}: {},", storage_reg_ty(graph.scalars[index]));
     }
     s.push_str("}\n\n@group(0) @binding(0) var<uniform> P: Params;\n");

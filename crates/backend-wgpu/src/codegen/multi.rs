@@ -121,7 +121,7 @@ impl MultiPlan {
         limits: &LowerLimits,
     ) -> Result<Bindings, LowerError> {
         let tensor = |name: String, id: NodeId, vec4: bool, writable: bool| {
-            super::schedule::tensor_binding(g, limits, (name, storage_ty(g.node(id).dtype), id), vec4, writable)
+            super::Binding::of_node(g, limits, (name, storage_ty(g.node(id).dtype), id), vec4, writable)
         };
         let inputs = kernel
             .inputs

@@ -92,7 +92,7 @@ pub const ROW_GENERIC_MIN_UNITS: u64 = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SoftmaxPlan {
     /// One invocation per row in vec4 (the per-row form, see
-    /// [`vector_rows`]).
+    /// `vector_rows`).
     Vec4Rows,
     /// One invocation per row, three passes.
     PerRow,

@@ -34,6 +34,7 @@ use super::{
     check_lowerable, multi, straight_line_width, Binding, Bindings, KernelForms, LowerError, LowerLimits, MatmulForm,
     ScatterForm, WORKGROUP_SIZE,
 };
+use crate::codegen::window::KernelWindows;
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{NodeId, Op, VerifiedGraph};
 
@@ -356,26 +357,6 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
     })
 }
 
-/// The binding of node `id` of `g` named `name`, stored as `scalar`
-/// (see [`Binding::tensor`]); a half-precision tensor that would need
-/// windows is an unsupported case (the planner keeps those on the CPU
-/// fallback).
-pub(super) fn tensor_binding(
-    g: &VerifiedGraph,
-    limits: &LowerLimits,
-    (name, scalar, id): (String, &'static str, NodeId),
-    vec4: bool,
-    writable: bool,
-) -> Result<Binding, LowerError> {
-    let n = g.node(id);
-    Binding::tensor(name, scalar, vec4, writable, n.shape.numel() as u64, (limits.f16, &limits.windows)).ok_or_else(
-        || LowerError::Unsupported {
-            op: format!("{} ({scalar} beyond one storage binding)", n.op.name()),
-            dtype: n.dtype,
-        },
-    )
-}
-
 /// The storage bindings of the pass `kernel`'s body writes first and, in
 /// two passes, of the kernel proper: inputs (vec4 as `vector_inputs`
 /// says), outputs (vec4 where `vector_outputs`), a first pass's scratch
@@ -389,7 +370,7 @@ fn bindings(
     error_slot: bool,
 ) -> Result<(Bindings, Option<Bindings>), LowerError> {
     let tensor = |name: String, id: NodeId, vec4: bool, writable: bool| {
-        tensor_binding(g, limits, (name, storage_ty(g.node(id).dtype), id), vec4, writable)
+        Binding::of_node(g, limits, (name, storage_ty(g.node(id).dtype), id), vec4, writable)
     };
     let inputs = kernel
         .inputs
@@ -420,7 +401,7 @@ fn bindings(
                     Binding::native(format!("out{j}"), scalar, vector_outputs, true)
                 })
                 .collect();
-            let output = tensor_binding(g, limits, ("out0".into(), out, kernel.outputs[0]), false, true)?;
+            let output = Binding::of_node(g, limits, ("out0".into(), out, kernel.outputs[0]), false, true)?;
             (
                 Bindings { inputs, scratch: None, outputs: partials, error_slot: false },
                 Some(Bindings {
@@ -511,6 +492,12 @@ impl Schedule {
         matches!(self.entry, Entry::Cooperative { subgroups: true, .. })
     }
 
+    /// The windows of the bindings of kernel `k` of `g` scheduled so (see
+    /// [`crate::codegen::window`]): what its lowering binds.
+    pub fn windows(&self, k: &Kernel, g: &VerifiedGraph) -> KernelWindows {
+        KernelWindows::of(k, g, (self.passes.two(), self.passes.binds_inputs()), &self.limits.windows)
+    }
+
     /// The concrete matmul form, for a matmul kernel.
     pub fn matmul_form(&self) -> Option<MatmulForm> {
         match &self.family {
@@ -520,7 +507,7 @@ impl Schedule {
     }
 
     /// What the autotuner keys matmul kernel `k` of `g` on (see
-    /// `crate::autotune::Tuner::key`): the problem (sizes, batch dims,
+    /// `crate::compile::autotune::Tuner::key`): the problem (sizes, batch dims,
     /// dtypes), how its operands and outputs are laid out, its outputs'
     /// count and the limits it was scheduled under (the profile,
     /// workgroup memory, f16 storage); `None` for other kernels. Two

@@ -258,55 +258,6 @@ pub(crate) fn spawn(fut: impl std::future::Future<Output = ()> + 'static) {
     wasm_bindgen_futures::spawn_local(fut);
 }
 
-/// Waits (without blocking) until the device has finished the work
-/// submitted so far; then the first deferred error, if any.
-#[cfg(target_arch = "wasm32")]
-pub(crate) async fn finish_async(ctx: &crate::context::Context) -> Result<(), BackendError> {
-    let (send, recv) = oneshot();
-    ctx.queue.on_submitted_work_done(move || send(()));
-    recv.await;
-    ctx.deferred.settled().await
-}
-
-/// The value of `buffer` in the host format, read back after all
-/// submitted work without blocking (a chunk at a time, as
-/// `Context::download` does); a deferred device error found meanwhile is
-/// returned instead.
-#[cfg(target_arch = "wasm32")]
-pub(crate) async fn download_async(
-    ctx: &crate::context::Context,
-    buffer: &lazuli_executor::Buffer,
-) -> Result<Vec<u8>, BackendError> {
-    use crate::context::{device_err, READBACK};
-    let n = buffer.ty.shape.numel();
-    let st = ctx.storage(buffer)?;
-    let bytes = crate::context::device_bytes(&buffer.ty);
-    let mut out = ctx.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
-    let chunk = bytes.clamp(4, crate::transfer::TRANSFER_CHUNK);
-    let staging = ctx.pool.acquire(chunk, READBACK)?;
-    let mut offset = 0;
-    while offset < bytes {
-        let len = chunk.min(bytes - offset);
-        ctx.submit_chunk_copy(st.buffer(), offset, staging.buffer(), len);
-        map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
-        let viewed = staging
-            .buffer()
-            .get_mapped_range(0..len)
-            .map(|view| crate::transfer::decode(&mut out, &view, buffer.ty.dtype))
-            .map_err(|e| device_err(&ctx.name, e));
-        // Unmapped before any return: the staging buffer goes back to the
-        // pool.
-        staging.buffer().unmap();
-        viewed?;
-        // An error found by an earlier execution's checks (their mappings
-        // settled before this one) is this read's answer.
-        ctx.deferred.settled().await?;
-        offset += len;
-    }
-    out.truncate(n * buffer.ty.dtype.size_bytes());
-    Ok(out)
-}
-
 /// The adapters this process can list without blocking: none in a browser
 /// tab, whose one adapter is asked for asynchronously (its name is in the
 /// device's name once opened).

@@ -6,7 +6,7 @@
 //! module), then the kernel's inputs and outputs (or a
 //! two-pass kernel's scratch), each whole or, for a tensor beyond one
 //! storage binding, as several windows at their offsets (see
-//! [`crate::window`]), then the error slot of a kernel that checks indices
+//! [`crate::codegen::window`]), then the error slot of a kernel that checks indices
 //! (8 bytes at the kernel's offset into the execution's slots buffer).
 //! Making one per launch per execution costs host time on every
 //! step of a training loop, where the same plan runs over and over on the
@@ -46,8 +46,8 @@
 //! Counters: `WgpuBindGroupsCreated`, `WgpuBindGroupsReused`.
 
 #[cfg(doc)]
-use crate::pool::Pool;
-use crate::pool::WgpuStorage;
+use crate::device::pool::Pool;
+use crate::device::pool::WgpuStorage;
 use lazuli_executor::metrics;
 
 /// Bind groups kept per launch of a plan (the most recently used ones).

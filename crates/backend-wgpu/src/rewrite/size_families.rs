@@ -60,7 +60,7 @@
 //! family: the forms stay what the sizes ask for.
 
 use crate::codegen::FixedSizes;
-use crate::wgsl_text::{self, Kind, Lexer};
+use crate::rewrite::wgsl_text::{self, Kind, Lexer};
 use lazuli_executor::metrics;
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{Graph, NodeId, Op, StableHasher};
@@ -725,7 +725,7 @@ mod tests {
         let fourth = fam.specialize(&d, "main", None);
         assert_eq!((fourth.outcome, fourth.dims.as_slice()), (Outcome::Widened, &[60, 15, 4][..]));
         assert!(fourth.source.contains("(-bitcast<i32>(LZD[2u]))"));
-        crate::validate::validate_wgsl(&fourth.source).unwrap();
+        crate::validate_wgsl(&fourth.source).unwrap();
     }
 
     #[test]
@@ -771,7 +771,7 @@ mod tests {
         assert!(sa.canonical.contains("fn n0(i: u32)") && sa.canonical.contains("fn e0(i: u32, mm: f32)"));
         assert!(sa.canonical.contains("let x0 = n0(i);") && sa.canonical.contains("exp2(1.0)"));
         assert_eq!(sa.family_key("main"), sb.family_key("main"));
-        crate::validate::validate_wgsl(&sa.canonical.replace("in0[i]", "f32(i)")).unwrap();
+        crate::validate_wgsl(&sa.canonical.replace("in0[i]", "f32(i)")).unwrap();
         // A renumbered member at other sizes reuses the generic source.
         let fam = Families::new(true, 16);
         let first = fam.specialize(a, "main", None);

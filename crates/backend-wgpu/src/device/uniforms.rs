@@ -12,7 +12,7 @@
 //! kernel's section. The first section, `[0]`, serves every kernel that
 //! reads no scalar. The layout is a function of the kernels alone, so a
 //! steady loop binds the same ranges every step and its bind groups are
-//! reused (see [`crate::binds`]).
+//! reused (see [`crate::device::binds`]).
 
 use crate::codegen::Wgsl;
 use lazuli_ir::{DType, ScalarValue};

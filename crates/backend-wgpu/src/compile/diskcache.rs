@@ -1,6 +1,6 @@
 //! The persistent compile cache: what lets a second process skip work the
 //! first one did. It lives in the cache directory
-//! ([`crate::autotune::cache_dir`]: `LAZULI_CACHE_DIR`, empty turns it
+//! ([`crate::compile::autotune::cache_dir`]: `LAZULI_CACHE_DIR`, empty turns it
 //! off) as one file per entry, `<kind>-<key hex>.lzc`, and holds
 //!
 //! - `naga`: per kernel source (WGSL and entry point), its naga module

@@ -1,5 +1,5 @@
 //! Independent compile work spread over the compile threads
-//! (`LAZULI_COMPILE_THREADS`): pipeline creation ([`crate::pipeline`]) and
+//! (`LAZULI_COMPILE_THREADS`): pipeline creation ([`crate::compile::pipeline`]) and
 //! the lowering of a size variant's generic kernels ([`crate::compile`]).
 //! The threads are a pool made once per backend ([`Workers`], rayon's):
 //! a size variant lowers its kernels on them every step of a growing
@@ -19,6 +19,14 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
+    /// A backend's compile threads: `threads` of them (`None`: the
+    /// machine's cores, at most 8; one where there are no threads, see
+    /// `platform`).
+    pub fn for_compiles(threads: Option<usize>) -> Workers {
+        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
+        Workers::new(if crate::device::platform::THREADS { threads.max(1) } else { 1 })
+    }
+
     /// `threads` compile threads (at least one).
     pub fn new(threads: usize) -> Workers {
         let threads = threads.max(1);

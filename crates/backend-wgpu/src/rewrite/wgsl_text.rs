@@ -1,10 +1,10 @@
 //! The one tokenizer of generated WGSL: what the passes that edit a
 //! kernel's text after lowering know about WGSL's text.
 //!
-//! Two passes edit generated text: size families ([`crate::generic`]:
+//! Two passes edit generated text: size families ([`crate::rewrite::size_families`]:
 //! node-derived names renumbered, integer literals read from a sizes
 //! buffer; inherently a comparison of two generated sources) and fault
-//! injection in tests ([`crate::fault`]: a wrong store appended to the
+//! injection in tests ([`crate::rewrite::fault`]: a wrong store appended to the
 //! entry point). They share this module's [`Lexer`] (comments,
 //! identifiers, numbers, whitespace, any other character alone), its
 //! bracket matching ([`group_end`]) and its parser of storage

@@ -3,9 +3,9 @@
 //! store (element 0 of their first output is perturbed), so a test can
 //! prove that `LAZULI_VALIDATE=cpu` catches a wrong kernel and names it.
 //! Never set outside tests. The output's declaration is found by the
-//! shared parser of generated WGSL ([`crate::wgsl_text`]).
+//! shared parser of generated WGSL ([`crate::rewrite::wgsl_text`]).
 
-use crate::wgsl_text;
+use crate::rewrite::wgsl_text;
 
 /// Appends a perturbation of `out0[0]` to the end of the entry point (the
 /// last function of a generated source). A source whose first output is

@@ -13,7 +13,7 @@ pub fn validate_wgsl(source: &str) -> Result<(), String> {
 }
 
 /// [`validate_wgsl`], returning the parsed module: what a pipeline is
-/// created from (see `crate::pipeline`), so the source is parsed once.
+/// created from (see `crate::compile::pipeline`), so the source is parsed once.
 pub fn parse_and_validate(source: &str) -> Result<naga::Module, String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
     // Subgroup operations only where the device has them (row kernels);

@@ -54,8 +54,6 @@
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::VerifiedGraph;
 
-use crate::codegen::{Passes, Wgsl};
-
 /// The smallest window: also the smallest size class of the pool, so
 /// window offsets are multiples of every offset alignment wgpu allows.
 pub const MIN_WINDOW_BYTES: u64 = 256;
@@ -131,31 +129,15 @@ pub struct KernelWindows {
 }
 
 impl KernelWindows {
-    /// The windows of `kernel` of `graph`, lowered as `wgsl`. A two-pass
-    /// kernel's first pass binds the inputs and the scratch partials, its
-    /// second the scratch and the outputs (the inputs, then the scratch,
-    /// then the outputs where `Wgsl::binds_inputs`); scratch holds at most
-    /// a few partials per output and is never windowed.
-    pub fn of(kernel: &Kernel, graph: &VerifiedGraph, wgsl: &Wgsl, windows: &Windows) -> KernelWindows {
-        KernelWindows::counted(kernel, graph, wgsl.pre.is_some(), wgsl.binds_inputs, windows)
-    }
-
-    /// The windows of `kernel` of `graph` scheduled in `passes` (see
-    /// [`crate::codegen::Schedule`]), before it is lowered: what
-    /// [`KernelWindows::of`] finds in its lowering.
-    pub fn scheduled(kernel: &Kernel, graph: &VerifiedGraph, passes: Passes, windows: &Windows) -> KernelWindows {
-        KernelWindows::counted(kernel, graph, passes.two(), passes.binds_inputs(), windows)
-    }
-
-    /// The windows of `kernel` of `graph`, in two passes where `two`, its
-    /// second binding the inputs too where `binds_inputs`.
-    fn counted(
-        kernel: &Kernel,
-        graph: &VerifiedGraph,
-        two: bool,
-        binds_inputs: bool,
-        windows: &Windows,
-    ) -> KernelWindows {
+    /// The windows of `kernel` of `graph`, in two passes where `two`
+    /// (the second binding the kernel's inputs too where `binds_inputs`).
+    /// A two-pass kernel's first pass binds the inputs and the scratch
+    /// partials, its second the scratch and the outputs (the inputs, then
+    /// the scratch, then the outputs where it binds the inputs); scratch
+    /// holds at most a few partials per output and is never windowed.
+    /// Lowering counts them the same way (`codegen::Wgsl::windows`,
+    /// `codegen::Schedule::windows`).
+    pub fn of(kernel: &Kernel, graph: &VerifiedGraph, (two, binds_inputs): (bool, bool), windows: &Windows) -> Self {
         let count = |id: &lazuli_ir::NodeId| windows.count(graph.node(*id).shape.numel() as u64);
         let inputs = kernel.inputs.iter().map(count);
         let outputs = kernel.outputs.iter().map(count);

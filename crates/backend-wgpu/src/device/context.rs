@@ -7,13 +7,13 @@
 //! Nothing here compiles or caches kernels (see [`crate::compile`]); the
 //! context is what both compiling and executing stand on.
 
-use crate::binds::{self, Binding};
 use crate::codegen;
+use crate::codegen::window::Windows;
+use crate::device::binds::{self, Binding};
+use crate::device::platform::{self, Deferred};
+use crate::device::pool::{self, Pool, PoolOptions, WgpuStorage};
+use crate::device::timestamps::{mapped_intervals, PendingTimes};
 use crate::options::WgpuOptions;
-use crate::platform::{self, Deferred};
-use crate::pool::{self, Pool, PoolOptions, WgpuStorage};
-use crate::profile::{mapped_intervals, PendingTimes};
-use crate::window::Windows;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{BackendError, BackendKind, Buffer};
 use lazuli_ir::{DType, ScalarValue, ValueType};
@@ -49,7 +49,7 @@ pub(crate) struct Context {
     pub slot_stride: u64,
     /// Bytes between the sections of an execution's uniform (the
     /// adapter's `min_uniform_buffer_offset_alignment`; see
-    /// [`crate::uniforms`]).
+    /// [`crate::device::uniforms`]).
     pub uniform_align: u64,
     /// How tensors beyond one binding are bound.
     pub windows: Windows,
@@ -60,7 +60,7 @@ pub(crate) struct Context {
     pub loop_budget: Option<u64>,
     /// The device has `TIMESTAMP_QUERY` (per-kernel GPU times) and the
     /// platform can read them back (not on the web: see
-    /// [`crate::platform`]).
+    /// [`crate::device::platform`]).
     pub timestamps: bool,
     /// The device was opened with `wgpu::Features::SUBGROUP` (the adapter
     /// has it): kernels may `enable subgroups;`.
@@ -189,8 +189,8 @@ impl Context {
     pub fn open(options: &WgpuOptions) -> Result<Opened, BackendError> {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let inst = crate::adapter::instance();
-            let a = crate::adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
+            let inst = crate::device::adapter::instance();
+            let a = crate::device::adapter::select(&inst, options.adapter_name.as_deref(), options.adapter_index)
                 .ok_or_else(|| device_err("wgpu", "no adapter found"))?;
             let (device, queue) =
                 platform::request_device(&a, &device_descriptor(&a, options.cooperative_matrix.unwrap_or(true)))
@@ -305,7 +305,7 @@ impl Context {
     }
 
     /// Waits until the device has finished all submitted work (on the web
-    /// returns at once: see [`crate::platform`]).
+    /// returns at once: see [`crate::device::platform`]).
     pub fn wait(&self) -> Result<(), BackendError> {
         platform::wait(&self.device).map_err(|e| device_err(&self.name, e))
     }
@@ -360,7 +360,9 @@ impl Context {
         let mut pending = self.pending_times.lock().unwrap_or_else(|e| e.into_inner());
         pending.retain(|p| match p.mapping.try_recv() {
             Ok(mapped) => {
-                if let Ok((intervals, done)) = mapped_intervals(self, &p.read, p.names.len(), mapped) {
+                if let Ok((intervals, done)) =
+                    mapped_intervals((&self.name, &self.queue), &p.read, p.names.len(), mapped)
+                {
                     self.place_times(&p.names, &intervals, done);
                 }
                 false
@@ -446,8 +448,11 @@ impl Context {
     /// one 32-bit word each (`values`, or zeros when `None`), padded to 16
     /// bytes.
     pub fn uniform(&self, dtypes: &[DType], values: Option<&[ScalarValue]>) -> Result<WgpuStorage, BackendError> {
-        let words = crate::uniforms::section(
-            dtypes.iter().enumerate().map(|(k, &d)| values.map_or(0, |vs| crate::uniforms::scalar_word(d, &vs[k]))),
+        let words = crate::device::uniforms::section(
+            dtypes
+                .iter()
+                .enumerate()
+                .map(|(k, &d)| values.map_or(0, |vs| crate::device::uniforms::scalar_word(d, &vs[k]))),
         );
         let uniform = self.pool.acquire(words.len() as u64 * 4, UNIFORM)?;
         self.write_uniform(&uniform, &words);
@@ -486,7 +491,7 @@ impl Context {
 
     /// The bindings of bind group 0 of a launch: the uniform, then each
     /// storage buffer of `storage` whole or, where `windows` says so, as
-    /// that many windows (see [`crate::window`]), then the error slot at
+    /// that many windows (see [`crate::codegen::window`]), then the error slot at
     /// byte `offset` of a buffer, if any.
     pub fn bindings<'b>(
         &self,

@@ -12,8 +12,8 @@
 //! and N + 2 are on the queue neither waits for them nor takes the queue
 //! from the thread encoding them.
 
-use crate::context::{device_err, Context, READBACK};
-use crate::pool::WgpuStorage;
+use crate::device::context::{device_err, Context, READBACK};
+use crate::device::pool::WgpuStorage;
 use lazuli_executor::{timeline, BackendError, Buffer};
 use lazuli_ir::{DType, ValueType};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -161,11 +161,11 @@ impl Context {
         }
         let st = self.storage(buffer)?;
         // Whole words (f16 and bf16 are 2 bytes each, padded to a word).
-        let bytes = crate::context::device_bytes(&buffer.ty);
+        let bytes = crate::device::context::device_bytes(&buffer.ty);
         // The host copy first: if the host cannot hold it, no device work
         // is wasted.
         let mut out = self.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
-        let early = st.output().and_then(|o| {
+        let early = st.output::<OutputOf>().and_then(|o| {
             if let Some(at) = o.read.read_at.get(o.index) {
                 at.fetch_max(o.run, Ordering::Relaxed);
             }
@@ -174,7 +174,8 @@ impl Context {
         let dtype = buffer.ty.dtype;
         if let Some(EarlyCopy { staging, len, submission }) = early.filter(|c| c.len == bytes) {
             // Its execution's copy: wait for that execution only.
-            let wait = || crate::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e));
+            let wait =
+                || crate::device::platform::wait_for(&self.device, submission).map_err(|e| device_err(&self.name, e));
             self.read_mapped(staging.buffer(), len, wait, &mut out, dtype)?;
             lazuli_executor::metrics::inc("EarlyReadbacks", 1);
         } else {
@@ -197,7 +198,7 @@ impl Context {
 
     /// Submits a copy of `len` bytes of `from`, from byte `offset`, to the
     /// start of `staging`: one chunk of a readback (native and in the
-    /// browser, `platform::download_async`).
+    /// browser, [`download_async`]).
     pub(crate) fn submit_chunk_copy(&self, from: &wgpu::Buffer, offset: u64, staging: &wgpu::Buffer, len: u64) {
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(from, offset, staging, 0, len);
@@ -246,8 +247,8 @@ pub(crate) fn early_copies(
     let mut copies = Vec::with_capacity(outputs.len());
     for (i, out) in outputs.iter().enumerate() {
         let copy = match out {
-            Some(b) if crate::platform::CAN_BLOCK => {
-                let len = crate::context::device_bytes(&b.ty);
+            Some(b) if crate::device::platform::CAN_BLOCK => {
+                let len = crate::device::context::device_bytes(&b.ty);
                 if read.wanted(run, i, len) && len > 0 && len <= budget.min(TRANSFER_CHUNK) {
                     budget -= len;
                     let staging = ctx.pool.acquire(len, READBACK)?;
@@ -274,6 +275,51 @@ pub(crate) fn decode(out: &mut Vec<u8>, view: &[u8], dtype: DType) {
     } else {
         out.extend_from_slice(view);
     }
+}
+
+/// Waits (without blocking) until the device has finished the work
+/// submitted so far; then the first deferred error, if any.
+#[cfg(target_arch = "wasm32")]
+pub(crate) async fn finish_async(ctx: &Context) -> Result<(), BackendError> {
+    let (send, recv) = crate::device::platform::oneshot();
+    ctx.queue.on_submitted_work_done(move || send(()));
+    recv.await;
+    ctx.deferred.settled().await
+}
+
+/// The value of `buffer` in the host format, read back after all
+/// submitted work without blocking (a chunk at a time, as
+/// `Context::download` does); a deferred device error found meanwhile is
+/// returned instead.
+#[cfg(target_arch = "wasm32")]
+pub(crate) async fn download_async(ctx: &Context, buffer: &lazuli_executor::Buffer) -> Result<Vec<u8>, BackendError> {
+    let n = buffer.ty.shape.numel();
+    let st = ctx.storage(buffer)?;
+    let bytes = crate::device::context::device_bytes(&buffer.ty);
+    let mut out = ctx.host_vec::<u8>(n * buffer.ty.dtype.size_bytes(), "readback")?;
+    let chunk = bytes.clamp(4, TRANSFER_CHUNK);
+    let staging = ctx.pool.acquire(chunk, READBACK)?;
+    let mut offset = 0;
+    while offset < bytes {
+        let len = chunk.min(bytes - offset);
+        ctx.submit_chunk_copy(st.buffer(), offset, staging.buffer(), len);
+        crate::device::platform::map_read(staging.buffer(), len).await.map_err(|e| device_err(&ctx.name, e))?;
+        let viewed = staging
+            .buffer()
+            .get_mapped_range(0..len)
+            .map(|view| decode(&mut out, &view, buffer.ty.dtype))
+            .map_err(|e| device_err(&ctx.name, e));
+        // Unmapped before any return: the staging buffer goes back to the
+        // pool.
+        staging.buffer().unmap();
+        viewed?;
+        // An error found by an earlier execution's checks (their mappings
+        // settled before this one) is this read's answer.
+        ctx.deferred.settled().await?;
+        offset += len;
+    }
+    out.truncate(n * buffer.ty.dtype.size_bytes());
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@
 //!   into wgpu.
 //! - *Storage beyond one binding*: storage requests may be as large as
 //!   `max_buffer_size`; those over `max_storage_buffer_binding_size` are
-//!   bound in windows (see [`crate::window`]). A request that fits one
+//!   bound in windows (see [`crate::codegen::window`]). A request that fits one
 //!   binding always gets a buffer that does too (rounded and reused
 //!   buffers stay within the binding limit), so it is bound whole.
 //! - *Identity*: every buffer the pool creates gets an id no other buffer
@@ -43,7 +43,7 @@
 //! (idle buffers released for a budget or after a failed allocation).
 //! [`Pool::stats`] gives the bytes in use and idle.
 
-use crate::platform::Scope;
+use crate::device::platform::Scope;
 use lazuli_executor::{metrics, BackendError, DeviceStorage};
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -446,20 +446,28 @@ pub struct WgpuStorage {
     id: u64,
     usage: wgpu::BufferUsages,
     pool: Arc<Pool>,
-    /// Set once when an execution produced this buffer as an output (see
-    /// [`crate::transfer::OutputOf`]).
-    output: std::sync::OnceLock<Box<crate::transfer::OutputOf>>,
+    /// Set once when an execution produced this buffer as an output: what
+    /// it records about it (`crate::device::transfer::OutputOf`: which output, and
+    /// a copy made early). Typed by its owner, not here: the allocator
+    /// knows nothing of transfers.
+    ///
+    /// Rejected alternative: the field typed as `transfer::OutputOf`, as
+    /// it was: the allocator then imported the transfers that import it
+    /// (an early copy is itself a pool buffer), an import circle for one
+    /// field.
+    output: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl WgpuStorage {
-    /// Which execution output this buffer holds, if an execution made it.
-    pub(crate) fn output(&self) -> Option<&crate::transfer::OutputOf> {
-        self.output.get().map(|o| &**o)
+    /// What an execution recorded about this buffer as its output, if an
+    /// execution made it and it is a `T`.
+    pub(crate) fn output<T: 'static>(&self) -> Option<&T> {
+        self.output.get().and_then(|o| o.downcast_ref())
     }
 
-    /// Notes that this buffer holds output `output` of its execution (at
-    /// most once: a pool buffer holds one value).
-    pub(crate) fn set_output(&self, output: crate::transfer::OutputOf) {
+    /// Records `output` about this buffer, an execution's output (at most
+    /// once: a pool buffer holds one value).
+    pub(crate) fn set_output<T: std::any::Any + Send + Sync>(&self, output: T) {
         let _ = self.output.set(Box::new(output));
     }
 

@@ -27,7 +27,7 @@
 //! of a 2-D grid included.
 
 use crate::codegen::Wgsl;
-use crate::context::dispatch_size;
+use crate::device::context::dispatch_size;
 use lazuli_executor::LaunchCost;
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{AttentionPart, NodeId, Op, VerifiedGraph};
@@ -233,7 +233,7 @@ mod tests {
             // scalar is in the uniform buffer).
             // What the launch dispatches: beyond 65535 workgroups a 2-D
             // grid, its last row padded.
-            let (gx, gy) = crate::context::dispatch_size(wgsl.invocations, wgsl.workgroup_size);
+            let (gx, gy) = crate::device::context::dispatch_size(wgsl.invocations, wgsl.workgroup_size);
             let groups = gx as u64 * gy as u64;
             assert_eq!(launches[..], [cost("k0", 3 * n, 2 * 4 * n, groups)]);
             // Every form covers at least a vec4 per invocation.

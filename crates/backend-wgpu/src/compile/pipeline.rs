@@ -4,7 +4,7 @@
 //! pipeline cache keyed by the hash of the whole WGSL source and entry
 //! point (the bind group layout follows from the source, bounded LRU),
 //! and the persistent side of both: each source's naga module and the
-//! driver cache blob in the disk cache ([`crate::diskcache`]), so a later
+//! driver cache blob in the disk cache ([`crate::compile::diskcache`]), so a later
 //! process neither parses nor validates a kernel it has seen.
 //!
 //! The missing pipelines of a plan are created on several threads at
@@ -22,10 +22,10 @@
 //! keeps a checked module. The pipeline key includes whether the module
 //! is trusted.
 
-use crate::context::Context;
-use crate::diskcache::{self, DiskCache};
-use crate::platform::{self, Scope};
-use crate::validate::parse_and_validate;
+use crate::compile::diskcache::{self, DiskCache};
+use crate::compile::validate::parse_and_validate;
+use crate::device::context::Context;
+use crate::device::platform::{self, Scope};
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ pub struct PipelineEntry {
     /// Layout of bind group 0.
     pub layout: wgpu::BindGroupLayout,
     /// Layout of bind group 1, the dynamic sizes of a kernel generic over
-    /// sizes (see [`crate::generic`]); `None` for a static kernel.
+    /// sizes (see [`crate::rewrite::size_families`]); `None` for a static kernel.
     pub dims_layout: Option<wgpu::BindGroupLayout>,
 }
 
@@ -132,7 +132,7 @@ const DRIVER_CACHE: &str = "pipelines";
 /// compile cache with the driver's pipeline cache it loads and saves.
 pub(crate) struct Pipelines {
     cache: PipelineCache,
-    /// The persistent compile cache (see [`crate::diskcache`]).
+    /// The persistent compile cache (see [`crate::compile::diskcache`]).
     disk: Option<Arc<DiskCache>>,
     /// The driver's pipeline cache, loaded from and saved to `disk`.
     driver_cache: Option<wgpu::PipelineCache>,
@@ -146,7 +146,7 @@ pub(crate) struct Pipelines {
     /// When the driver cache was last saved or loaded.
     last_save: Mutex<Instant>,
     /// The compile threads: they create the pipelines of one plan.
-    workers: crate::threads::Workers,
+    workers: Arc<crate::compile::threads::Workers>,
     /// Whether kernels proven in bounds get unchecked (trusted) modules:
     /// the switch, and never on wasm32 (see the module doc).
     trusted: bool,
@@ -166,20 +166,16 @@ impl Pipelines {
 
     /// Pipelines of `device`, at most `cap` cached in memory, the driver
     /// cache loaded from `disk` where the device has `PIPELINE_CACHE`.
-    /// Creates pipelines on up to `threads` threads (`None`: the machine's
-    /// cores, at most 8; one where there are no threads, see
-    /// `platform`).
+    /// Creates pipelines on `workers`, the backend's compile threads.
     /// Kernels proven in bounds get trusted modules where `trusted` (and
     /// [`platform::TRUSTED_SHADERS`]).
-    pub fn new(
+    pub(crate) fn new(
         device: &wgpu::Device,
         cap: usize,
         disk: Option<Arc<DiskCache>>,
-        threads: Option<usize>,
+        workers: Arc<crate::compile::threads::Workers>,
         trusted: bool,
     ) -> Pipelines {
-        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
-        let threads = if platform::THREADS { threads.max(1) } else { 1 };
         let mut loaded = 0;
         let driver_cache = match &disk {
             Some(d) if device.features().contains(wgpu::Features::PIPELINE_CACHE) => {
@@ -196,14 +192,14 @@ impl Pipelines {
             driver_saved: AtomicU64::new(loaded),
             unsaved_since: Mutex::new(None),
             last_save: Mutex::new(Instant::now()),
-            workers: crate::threads::Workers::new(threads),
+            workers,
             trusted: trusted && platform::TRUSTED_SHADERS,
         }
     }
 
     /// The compile threads: they create the pipelines of one plan (and
     /// lower a size variant's kernels, see `Compiler::compile`).
-    pub(crate) fn workers(&self) -> &crate::threads::Workers {
+    pub(crate) fn workers(&self) -> &crate::compile::threads::Workers {
         &self.workers
     }
 
@@ -305,7 +301,7 @@ impl Pipelines {
     fn create(&self, ctx: &Context, k: &Prepared, key: u64) -> Result<PipelineEntry, BackendError> {
         let name = k.name.as_str();
         tracing::debug!(kernel = name, generic = !k.dims.is_empty(), "creating a pipeline");
-        crate::validate::log_source(&k.source);
+        crate::compile::validate::log_source(&k.source);
         let started = Instant::now();
         let module = stored_or_parsed(self.disk.as_deref(), k, key)?;
         metrics::record_time_of("CompileNaga", Some(name), started.elapsed());

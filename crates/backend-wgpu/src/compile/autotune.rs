@@ -39,11 +39,11 @@
 //! adapters (`LAZULI_AUTOTUNE=1` or `WgpuOptions::autotune` turns it on
 //! anywhere; `LAZULI_AUTOTUNE=0` turns it off).
 //!
-//! Winners persist in the compile cache ([`crate::diskcache`]), entries
+//! Winners persist in the compile cache ([`crate::compile::diskcache`]), entries
 //! of kind `autotune` holding the form's name ([`form_name`]): one
 //! format, one directory, one size bound and eviction with the other
 //! compile-cache entries. Keys cover the adapter (name, vendor, device,
-//! driver), the Lazuli version, the key format ([`KEY_FORMAT`]: keys of
+//! driver), the Lazuli version, the key format (`KEY_FORMAT`: keys of
 //! an earlier format never match) and the product's problem, and the disk
 //! cache salts them again with the adapter, limits, forms and build, so a
 //! stale entry can never apply to another kernel or adapter; an entry
@@ -51,11 +51,12 @@
 //! (`AutotuneCacheBad`).
 
 use crate::codegen::{LowerLimits, MatmulForm, MatmulTile, Schedule, Wgsl};
-use crate::compile::CompiledKernel;
-use crate::context::{dispatch_size, Context, READBACK, STORAGE};
-use crate::diskcache::DiskCache;
-use crate::pipeline::PipelineEntry;
-use crate::profile::read_timestamps;
+use crate::compile::diskcache::DiskCache;
+use crate::compile::executable::{Candidates, Recompile};
+use crate::compile::pipeline::PipelineEntry;
+use crate::compile::upgrade::Job;
+use crate::device::context::{dispatch_size, Context, READBACK, STORAGE};
+use crate::device::profile::read_timestamps;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError};
 use lazuli_ir::fusion::{Kernel, KernelKind};
@@ -224,8 +225,8 @@ pub(crate) enum Tuning {
 /// the compiler's own limits, is tuned: the key comes from the schedule's
 /// problem, so nothing is lowered and nothing is timed here (a compile
 /// never waits for measurements).
-pub(crate) fn lookup(ctx: &Context, tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule) -> Tuning {
-    if !tunable(ctx, tuner, k, graph, schedule) {
+pub(crate) fn lookup(tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule) -> Tuning {
+    if !tunable(tuner, k, graph, schedule) {
         return Tuning::Untuned;
     }
     match schedule.tuning_key(k, graph).and_then(|problem| tuner.known(tuner.key(problem))) {
@@ -234,90 +235,11 @@ pub(crate) fn lookup(ctx: &Context, tuner: &Tuner, k: &Kernel, graph: &VerifiedG
     }
 }
 
-/// Where the kernels of an executable that wait for the tuner stand
-/// (see [`crate::compile::Compiler::tune_at_boundary`]).
-#[derive(Default)]
-pub(crate) enum Waiting {
-    /// No candidates compiled or compiling.
-    #[default]
-    Idle,
-    /// Their candidates are being compiled, off the steps' path.
-    Compiling,
-    /// Compiled, to be timed at the plan boundaries that follow.
-    Ready(VecDeque<KeyCandidates>),
-    /// Tuning was given up for this executable (the process budget is
-    /// spent, or its candidates could not be compiled): its kernels keep
-    /// the rule's forms.
-    Abandoned,
-}
-
-/// One tuning key's candidates in one executable, compiled.
-pub(crate) struct KeyCandidates {
-    /// The key (see [`Tuner::key`]).
-    pub key: u64,
-    /// The form the rule gives the key's kernels (the one they run until
-    /// a winner replaces it).
-    pub rule: MatmulForm,
-    /// The executable's kernels (indices) with this key: the same static
-    /// source, so one measurement decides them all.
-    pub kernels: Vec<usize>,
-    /// Each candidate form with its compiled kernel for each of
-    /// `kernels`, the rule's choice first; where the winner was known
-    /// by the time the candidates were compiled (another executable or
-    /// process tuned the key), that form alone.
-    pub forms: Vec<(MatmulForm, Vec<CompiledKernel>)>,
-    /// Whether `forms` is a known winner (nothing to time).
-    pub known: bool,
-}
-
-/// The kernels of an executable whose candidates are to be compiled,
-/// handed to the compiling thread; [`TuneJob::finish`] hands them back
-/// (dropped unfinished, it gives tuning up for the executable).
-pub(crate) struct TuneJob {
-    /// The executable's graph.
-    pub graph: VerifiedGraph,
-    /// Each waiting kernel: its index in the plan, its kernel and name.
-    pub kernels: Vec<(usize, Kernel, String)>,
-    waiting: Arc<Mutex<Waiting>>,
-}
-
-impl TuneJob {
-    /// The job for `kernels` of `graph`, whose executable's state is
-    /// `waiting` (set to [`Waiting::Compiling`] here).
-    pub fn new(graph: VerifiedGraph, kernels: Vec<(usize, Kernel, String)>, waiting: Arc<Mutex<Waiting>>) -> TuneJob {
-        *lock(&waiting) = Waiting::Compiling;
-        TuneJob { graph, kernels, waiting }
-    }
-
-    /// Hands the compiled candidates to the executable (timed at its next
-    /// boundaries); a failure gives tuning up for it, with a warning.
-    /// `Ok(None)`: cancelled (the backend is going away).
-    pub fn finish(&self, compiled: Result<Option<VecDeque<KeyCandidates>>, BackendError>) {
-        *lock(&self.waiting) = match compiled {
-            Ok(Some(ready)) => Waiting::Ready(ready),
-            Ok(None) => Waiting::Abandoned,
-            Err(e) => {
-                tracing::warn!("compiling autotune candidates failed, the kernels keep their forms: {e}");
-                Waiting::Abandoned
-            }
-        };
-    }
-}
-
-impl Drop for TuneJob {
-    /// A compile that never finished (its thread did not start, or
-    /// panicked) gives tuning up for the executable.
-    fn drop(&mut self) {
-        let mut waiting = lock(&self.waiting);
-        if matches!(*waiting, Waiting::Compiling) {
-            *waiting = Waiting::Abandoned;
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// A compile of an executable's candidates, off the steps' path (see
+/// [`crate::compile::upgrade`]): the kernels waiting for the tuner, handed to the
+/// compiling thread; [`crate::compile::upgrade::Job::finish`] hands their
+/// candidates back, grouped by key.
+pub(crate) type TuneJob = Job<VecDeque<Candidates>, Recompile>;
 
 /// The candidate forms of matmul kernel `k` of `graph` the adapter can
 /// run, the rule's choice first: the alternatives of its schedule
@@ -339,7 +261,7 @@ pub(crate) fn time_candidates(
     ctx: &Context,
     tuner: &Tuner,
     (k, graph, name): (&Kernel, &VerifiedGraph, &str),
-    c: &KeyCandidates,
+    c: &Candidates,
 ) -> Option<usize> {
     let start = Instant::now();
     let mut best: Option<(f64, usize)> = None;
@@ -408,19 +330,19 @@ pub(crate) fn with_form(base: LowerLimits, form: MatmulForm) -> LowerLimits {
 /// keeps its split: the tuner times one pass, and a split kernel has two;
 /// a tensor-core kernel (`MatmulForm::Cooperative`) has no f32-compute
 /// rival worth timing.
-fn tunable(ctx: &Context, tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule) -> bool {
+fn tunable(tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule) -> bool {
     k.kind == KernelKind::MatMul
         && tuner.enabled()
         && schedule.limits.forms.matmul == MatmulForm::ByShape
         && !matches!(schedule.matmul_form(), Some(MatmulForm::SplitK { .. } | MatmulForm::Cooperative(_)))
         && matmul_flops(k, graph) >= tuner.min_flops
-        && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
+        && !schedule.main.windowed()
 }
 
 /// Floating-point operations of the product a matmul kernel computes,
-/// by the cost model (`2 * M * N * K`, see [`crate::cost`]).
+/// by the cost model (`2 * M * N * K`, see [`crate::compile::cost`]).
 fn matmul_flops(k: &Kernel, graph: &VerifiedGraph) -> u64 {
-    k.matmul_node(graph).map_or(0, |id| crate::cost::node_flops(graph, id))
+    k.matmul_node(graph).map_or(0, |id| crate::compile::cost::node_flops(graph, id))
 }
 
 /// The GPU time in ms of one run of kernel `k` lowered as `wgsl`, on
