@@ -26,6 +26,7 @@ mod device;
 #[cfg(feature = "mpi")]
 pub mod distributed;
 pub mod generate;
+pub mod llm;
 pub mod nn;
 pub mod onnx;
 pub mod optim;

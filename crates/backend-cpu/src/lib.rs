@@ -23,6 +23,7 @@
 //! contract (an unverified graph) may panic.
 
 mod attention;
+mod cache;
 mod conv;
 mod elem;
 mod elementwise;
@@ -33,6 +34,7 @@ mod layout;
 mod matmul;
 mod memory;
 mod movement;
+mod quant;
 mod reduce;
 mod source;
 mod storage;

@@ -8,6 +8,9 @@ use lazuli::metrics;
 /// `lazuli generate`: greedy generation with a growing and/or a fixed
 /// window, side by side, with compile counters.
 pub fn run(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--model") {
+        return crate::generate_model::run(args);
+    }
     let mut cfg = GenConfig::default();
     let mut windows = vec![Window::Growing, Window::Fixed];
     let mut device_args = Vec::new();

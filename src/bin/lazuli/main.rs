@@ -20,6 +20,7 @@ mod conformance;
 mod demo;
 mod dump;
 mod generate;
+mod generate_model;
 mod info;
 mod trace;
 
@@ -71,6 +72,10 @@ commands:
                             autocast f16 with a grad scaler: 'G8 GPT train step autocast
                             f16'), named as torch_twin.py --engines amp names its rows
   generate [--device cpu|wgpu] [--window growing|fixed|both] [--tokens N] [--json]
+           the small GPT demo; with --model FILE (GGUF or a Hugging Face folder) a language model:
+           --model FILE [--prompt TEXT | --prompt-ids 1,2,3] [--max-tokens N]
+           [--greedy | --temperature T --top-k K --top-p P] [--repeat-penalty R] [--seed S]
+           [--context N] [--chunk N] [--device cpu|wgpu] [--json]
                             greedy generation with a small GPT (context up to 64, 12-token
                             prompt): the growing context is a new size every step; prints
                             time, plans compiled and pipelines created per window
