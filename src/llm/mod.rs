@@ -169,8 +169,8 @@ pub struct Generation {
     pub weights_bytes: usize,
     /// Bytes of the KV cache.
     pub kv_bytes: usize,
-    /// Plans compiled while decoding after the first generated token
-    /// (0 is the promise).
+    /// Plans compiled by the decoding steps after the first one (which
+    /// compiles the decoding plan): 0 is the promise.
     pub decode_compiles: u64,
 }
 
@@ -462,6 +462,10 @@ impl Model {
             if step == 0 {
                 prompt_seconds = started.elapsed().as_secs_f64();
                 decode_started = crate::platform::Instant::now();
+            }
+            // The first decoding step compiles the decoding plan; every
+            // later one must find it.
+            if step <= 1 {
                 compiles_at_first = dev.compile_counts().0;
             }
             for r in 0..b {

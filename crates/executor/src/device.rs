@@ -580,7 +580,18 @@ impl Device {
     /// the others are submitted.
     pub(crate) fn sync_tensors(&self, tensors: &[&crate::Tensor], trigger: &str) -> Result<()> {
         let pairs: Vec<(crate::Tensor, Arc<LazyNode>)> = tensors.iter().map(|t| ((*t).clone(), t.node())).collect();
-        self.sync_nodes(&pairs, trigger)
+        crate::timeline::between_syncs();
+        let _span = crate::timeline::span("Sync");
+        let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inline = None;
+        let synced = self.sync_locked(&pairs, trigger, &mut inline);
+        // The traced nodes go before an inline job runs: an input only
+        // they held (a value just replaced by `assign`, like a KV cache)
+        // is then held by the job alone, and donated.
+        drop(pairs);
+        self.run_inline(inline);
+        crate::timeline::sync_ended();
+        synced
     }
 
     /// Syncs the given (tensor, node) pairs: each node is the value of its
@@ -591,13 +602,31 @@ impl Device {
         crate::timeline::between_syncs();
         let _span = crate::timeline::span("Sync");
         let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let synced = self.sync_locked(pairs, trigger);
+        let mut inline = None;
+        let synced = self.sync_locked(pairs, trigger, &mut inline);
+        self.run_inline(inline);
         crate::timeline::sync_ended();
         synced
     }
 
-    /// [`Device::sync_nodes`] under the sync lock.
-    fn sync_locked(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
+    /// Runs the job a sync chose to run on its own thread (under the sync
+    /// lock: nothing is queued), exactly as the worker would, results and
+    /// failures going to the cells and the device the same way.
+    fn run_inline(&self, job: Option<Job>) {
+        if let Some(job) = job {
+            metrics::inc("InlineExecutions", 1);
+            execute_job(job, self.0.main.as_ref(), self.0.cpu.as_ref(), &self.0.shared);
+        }
+    }
+
+    /// [`Device::sync_nodes`] under the sync lock; a job to run on this
+    /// thread is left in `inline` for the caller (see [`Device::run_inline`]).
+    fn sync_locked(
+        &self,
+        pairs: &[(crate::Tensor, Arc<LazyNode>)],
+        trigger: &str,
+        inline: &mut Option<Job>,
+    ) -> Result<()> {
         let started = Instant::now();
         // Collect pending roots, deduplicated by node identity.
         let mut roots: Vec<Arc<LazyNode>> = Vec::new();
@@ -644,7 +673,7 @@ impl Device {
             }
         }
         if !failed.is_empty() {
-            return self.sync_around_failures(pairs, &failed, trigger);
+            return self.sync_around_failures(pairs, &failed, trigger, inline);
         }
         let looked_up = Instant::now();
         let plan = match replayed {
@@ -692,10 +721,8 @@ impl Device {
         let job = Job { id, plan, inputs, scalars, outputs, context, locations, ran: Default::default() };
         if !platform::WORKER_THREAD || (idle && self.inline(&job.plan)) {
             // Nothing queued (the sync lock keeps it so): this thread runs
-            // the job exactly as the worker would, results and failures
-            // going to the cells and the device the same way.
-            metrics::inc("InlineExecutions", 1);
-            execute_job(job, self.0.main.as_ref(), self.0.cpu.as_ref(), &self.0.shared);
+            // the job once the caller has let go of the traced nodes.
+            *inline = Some(job);
         } else {
             self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
                 ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
@@ -728,6 +755,7 @@ impl Device {
         pairs: &[(crate::Tensor, Arc<LazyNode>)],
         failed: &HashMap<u64, (ExecError, Option<u64>)>,
         trigger: &str,
+        inline: &mut Option<Job>,
     ) -> Result<()> {
         let mut memo: HashMap<*const LazyNode, Option<u64>> = HashMap::new();
         // Roots given a failed cell here (a node may be the value of
@@ -756,7 +784,7 @@ impl Device {
             };
             t.replace_node_if(node, Arc::new(LazyNode::data(cell, node.location)));
         }
-        self.sync_locked(&healthy, trigger)?;
+        self.sync_locked(&healthy, trigger, inline)?;
         first.map_or(Ok(()), Err)
     }
 

@@ -345,6 +345,35 @@ mod tests {
     }
 
     #[test]
+    fn llm_ops_check_their_operands() {
+        use crate::{DType, Op, ValueType};
+        let t = |d: &[usize], dt| ValueType::new(d.to_vec(), dt);
+        let (f, u, i) = (DType::F32, DType::U8, DType::I32);
+        let w = t(&[8, 36], u);
+        let mm = |x: ValueType, w: ValueType| Op::QuantMatMul(QuantFormat::Q4_0).infer(&[x, w], &[], &[]);
+        assert_eq!(mm(t(&[2, 3, 64], f), w.clone()).unwrap(), t(&[2, 3, 8], f));
+        assert!(mm(t(&[2, 63], f), w.clone()).is_err());
+        assert!(mm(t(&[2, 64], f), t(&[8, 64], f)).is_err());
+        let e = mm(t(&[2, 64], f), t(&[8, 35], u)).unwrap_err();
+        assert!(e.to_string().contains("whole q4_0 blocks"), "{e}");
+        assert_eq!(Op::Dequantize(QuantFormat::Q4_0).infer(&[w], &[], &[]).unwrap(), t(&[8, 64], f));
+        let write = |b: &[usize], up: &[usize], pos: &[usize]| {
+            Op::WriteAt { axis: 2 }.infer(&[t(b, f), t(up, f), t(pos, i)], &[], &[])
+        };
+        assert_eq!(write(&[1, 2, 8, 4], &[1, 2, 3, 4], &[]).unwrap(), t(&[1, 2, 8, 4], f));
+        assert!(write(&[2, 2, 8, 4], &[2, 2, 1, 4], &[2]).is_ok());
+        assert!(write(&[1, 2, 8, 4], &[1, 2, 3, 4], &[2]).is_err());
+        assert!(write(&[1, 2, 8, 4], &[1, 2, 9, 4], &[]).is_err());
+        assert!(write(&[1, 2, 8, 4], &[1, 3, 1, 4], &[]).is_err());
+        let attend = |q: &[usize], k: &[usize]| {
+            Op::PrefixAttention.infer(&[t(q, f), t(k, f), t(k, f), t(&[], f), t(&[], i)], &[], &[])
+        };
+        assert_eq!(attend(&[1, 4, 3, 8], &[1, 2, 16, 8]).unwrap(), t(&[1, 4, 3, 8], f));
+        assert!(attend(&[1, 3, 3, 8], &[1, 2, 16, 8]).is_err());
+        assert!(attend(&[1, 4, 3, 4], &[1, 2, 16, 8]).is_err());
+    }
+
+    #[test]
     fn q4_k_scale_min_unpacking() {
         // Sub-blocks 4..8 take their high bits from the first 8 bytes.
         let mut s = [0u8; 12];

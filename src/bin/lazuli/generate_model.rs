@@ -7,7 +7,7 @@ use lazuli::llm::{GenerateOptions, Model, Sampling};
 use std::io::Write;
 
 /// What the command line asked for.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Args {
     /// The checkpoint.
     pub model: String,
