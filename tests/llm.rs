@@ -79,6 +79,7 @@ fn check_model(r: &Reference, dev: &Device) {
 
 #[test]
 fn gguf_models_match_the_reference_on_the_cpu() {
+    let _serial = common::metrics_lock();
     for name in GGUF {
         check_model(&reference(name), &Device::cpu());
     }
@@ -86,6 +87,7 @@ fn gguf_models_match_the_reference_on_the_cpu() {
 
 #[test]
 fn gguf_models_match_the_reference_on_wgpu() {
+    let _serial = common::metrics_lock();
     let Some(dev) = common::wgpu() else { return };
     for name in ["llama-q4_0", "llama-q4_k_m", "qwen2-q8_0", "gpt2-q8_0"] {
         check_model(&reference(name), &dev);
@@ -94,6 +96,7 @@ fn gguf_models_match_the_reference_on_wgpu() {
 
 #[test]
 fn cached_generation_equals_a_full_recompute() {
+    let _serial = common::metrics_lock();
     let r = reference("llama-q8_0");
     let m = load(&r.name, &Device::cpu());
     // Chunked prefill (3 tokens a chunk, the last padded) then decoding.
@@ -111,17 +114,27 @@ fn cached_generation_equals_a_full_recompute() {
 
 #[test]
 fn decoding_runs_one_plan_whatever_the_position() {
+    let _serial = common::metrics_lock();
     let r = reference("llama-q4_0");
     let dev = Device::cpu();
     let m = load(&r.name, &dev);
     let opts = GenerateOptions { context: Some(64), ..greedy(40) };
+    let counter = lazuli::metrics::counter;
+    let (copied, in_place) = (counter("CpuWriteAtCopied"), counter("CpuWriteAtInPlace"));
     let g = m.generate(&r.prompt, &opts, |_| true).unwrap();
     assert_eq!(g.generated_ids.len(), 40);
     assert_eq!(g.decode_compiles, 0, "a plan compiled after the first decoding step");
+    // The cache writes of the decoding steps land in place (the cache is
+    // donated), never into a copy of the whole cache; one step's writes
+    // (the first execution of a new plan) may still copy.
+    let layers = m.config().layers as u64;
+    assert!(counter("CpuWriteAtCopied") - copied <= 2 * layers);
+    assert!(counter("CpuWriteAtInPlace") - in_place >= 2 * layers * 38);
 }
 
 #[test]
 fn weights_stay_at_their_quantized_size() {
+    let _serial = common::metrics_lock();
     let dev = Device::cpu();
     let f32_bytes = load("llama-f32", &dev).weights_bytes();
     for (name, ratio) in [("llama-q8_0", 3.5), ("llama-q4_0", 6.0), ("llama-f16", 1.9)] {
@@ -133,6 +146,7 @@ fn weights_stay_at_their_quantized_size() {
 
 #[test]
 fn dequantization_is_bit_exact_against_the_gguf_package() {
+    let _serial = common::metrics_lock();
     for name in GGUF {
         let r = reference(name);
         let f = GgufFile::open(fixtures().join(format!("{name}.gguf"))).unwrap();
@@ -153,6 +167,7 @@ fn dequantization_is_bit_exact_against_the_gguf_package() {
 
 #[test]
 fn a_q4_k_m_file_mixes_the_types_llama_cpp_chose() {
+    let _serial = common::metrics_lock();
     let r = reference("llama-q4_k_m");
     let types: Vec<&str> = r.json["types"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     for t in ["Q4_K", "Q6_K"] {
@@ -162,6 +177,7 @@ fn a_q4_k_m_file_mixes_the_types_llama_cpp_chose() {
 
 #[test]
 fn a_hugging_face_folder_equals_its_gguf_conversion() {
+    let _serial = common::metrics_lock();
     let dev = Device::cpu();
     let r = reference("llama-f16");
     let hf = Model::load_on(fixtures().join("hf-llama"), &dev).unwrap();
@@ -176,6 +192,7 @@ fn a_hugging_face_folder_equals_its_gguf_conversion() {
 
 #[test]
 fn gguf_vocabularies_tokenize_as_llama_cpp() {
+    let _serial = common::metrics_lock();
     for name in ["llama-q8_0", "qwen2-q8_0", "gpt2-q8_0"] {
         let r = reference(name);
         let m = load(name, &Device::cpu());
@@ -192,6 +209,7 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
 
 #[test]
 fn seeded_sampling_is_reproducible_and_identical_on_every_device() {
+    let _serial = common::metrics_lock();
     let r = reference("llama-q4_0");
     let sampling = Sampling { greedy: false, temperature: 0.8, top_k: 40, top_p: 0.9, repetition_penalty: 1.1 };
     let opts = GenerateOptions { sampling, seed: 42, ..greedy(10) };
@@ -213,6 +231,7 @@ fn seeded_sampling_is_reproducible_and_identical_on_every_device() {
 
 #[test]
 fn a_batch_generates_what_each_sequence_would_alone() {
+    let _serial = common::metrics_lock();
     let r = reference("llama-q8_0");
     let m = load(&r.name, &Device::cpu());
     let short = r.prompt[..4].to_vec();
@@ -226,6 +245,7 @@ fn a_batch_generates_what_each_sequence_would_alone() {
 
 #[test]
 fn a_prompt_beyond_the_context_is_an_error() {
+    let _serial = common::metrics_lock();
     let r = reference("llama-q8_0");
     let m = load(&r.name, &Device::cpu());
     let long = vec![3u32; 65];
@@ -237,6 +257,7 @@ fn a_prompt_beyond_the_context_is_an_error() {
 
 #[test]
 fn quantize_keeps_blocks_and_its_product_matches_the_dequantized_one() {
+    let _serial = common::metrics_lock();
     let dev = Device::cpu();
     let w: Vec<f32> = (0..16 * 64).map(|i| ((i * 7919 % 257) as f32 - 128.0) / 64.0).collect();
     let x: Vec<f32> = (0..3 * 64).map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0).collect();
@@ -262,6 +283,7 @@ fn quantize_keeps_blocks_and_its_product_matches_the_dequantized_one() {
 
 #[test]
 fn quantized_bytes_admit_only_their_ops() {
+    let _serial = common::metrics_lock();
     let dev = Device::cpu();
     let q = lazuli::llm::quantize(&Tensor::ones([4, 32], DType::F32, &dev).unwrap(), QuantFormat::Q4_0).unwrap();
     // A product whose columns do not match the rows' values.
@@ -277,6 +299,7 @@ fn quantized_bytes_admit_only_their_ops() {
 /// panics, and nothing allocated at a declared size before it is checked.
 #[test]
 fn bad_files_are_errors() {
+    let _serial = common::metrics_lock();
     let good = std::fs::read(fixtures().join("llama-q4_0.gguf")).unwrap();
     let end = GgufFile::from_bytes(good.clone()).unwrap().tensors.iter().map(|t| t.start + t.bytes).max().unwrap();
     for cut in [0, 3, 8, 23, 100, good.len() / 2, end - 1] {

@@ -105,13 +105,11 @@ impl KvCache {
     /// A zeroed cache for `batch` sequences of up to `context` positions.
     pub fn new(config: &Config, batch: usize, context: usize, device: &Device) -> Result<KvCache> {
         let dims = [batch, config.kv_heads, context, config.head_dim];
-        let make = || -> Result<Tensor> {
-            let t = Tensor::zeros(dims, DType::F32, device)?;
-            // Materialized now: the cache is device data from the start,
-            // so every step's graph reads it as a parameter.
-            t.sync()?;
-            Ok(t)
-        };
+        let numel: usize = dims.iter().product();
+        // Data from the start (zeroed bytes, uploaded where first read), so
+        // every step's graph reads the cache as a parameter and the first
+        // write already lands in place.
+        let make = || Tensor::from_bytes(vec![0u8; numel * 4], crate::ir::ValueType::new(dims.to_vec(), DType::F32), device);
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for _ in 0..config.layers {
             k.push(make()?);
