@@ -94,6 +94,38 @@ fn gguf_models_match_the_reference_on_wgpu() {
     }
 }
 
+/// The command line: `lazuli generate --model tiny-q4_0.gguf
+/// --prompt-ids ...` gives the reference continuation on both devices.
+#[test]
+fn the_command_line_generates_the_reference_continuation() {
+    let _serial = common::metrics_lock();
+    let r = reference("llama-q4_0");
+    let ids: Vec<String> = r.prompt.iter().map(u32::to_string).collect();
+    let mut devices = vec!["cpu"];
+    if common::wgpu().is_some() {
+        devices.push("wgpu");
+    }
+    for dev in devices {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazuli"))
+            .args(["generate", "--model"])
+            .arg(fixtures().join("llama-q4_0.gguf"))
+            .args(["--prompt-ids", &ids.join(","), "--max-tokens", &r.greedy.len().to_string(), "--greedy"])
+            .args(["--device", dev, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{dev}: {}", String::from_utf8_lossy(&out.stderr));
+        let line = String::from_utf8(out.stdout).unwrap();
+        let j: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap()).unwrap();
+        let got: Vec<u32> = j["generated_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        // The vocabulary's end token may stop it early: a prefix then.
+        assert!(!got.is_empty() && r.greedy.starts_with(&got), "{dev}: {got:?} vs {:?}", r.greedy);
+        for key in ["prompt_tps", "decode_tps", "weights_bytes", "kv_bytes"] {
+            assert!(j[key].as_f64().is_some_and(|v| v > 0.0), "{dev}: {key} in {j}");
+        }
+        assert_eq!(j["decode_compiles"].as_u64(), Some(0), "{dev}");
+    }
+}
+
 #[test]
 fn cached_generation_equals_a_full_recompute() {
     let _serial = common::metrics_lock();
