@@ -121,7 +121,8 @@ impl Config {
             Some(_) => f.usize(&key("attention.key_length"))?,
             None => dim / heads,
         };
-        let eps_key = if arch == Arch::Gpt2 { "attention.layer_norm_epsilon" } else { "attention.layer_norm_rms_epsilon" };
+        let eps_key =
+            if arch == Arch::Gpt2 { "attention.layer_norm_epsilon" } else { "attention.layer_norm_rms_epsilon" };
         let rope_scaling = match f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear(f.f64_or(&key("rope.scaling.factor"), 1.0)?),
@@ -136,7 +137,11 @@ impl Config {
         let vocab = match f.tensor("token_embd.weight") {
             Some(t) if t.ggml_dims.len() == 2 => t.ggml_dims[1],
             _ => {
-                return Err(GgufError::Tensor { tensor: "token_embd.weight".into(), detail: "missing or not 2-d".into() }.into())
+                return Err(GgufError::Tensor {
+                    tensor: "token_embd.weight".into(),
+                    detail: "missing or not 2-d".into(),
+                }
+                .into())
             }
         };
         let config = Config {

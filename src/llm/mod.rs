@@ -312,7 +312,11 @@ impl Model {
     }
 
     fn rope(&self, positions: usize) -> Result<Option<model::Rope>, LlmError> {
-        Ok(if self.config.arch == Arch::Gpt2 { None } else { Some(model::Rope::new(&self.config, positions, &self.device)?) })
+        Ok(if self.config.arch == Arch::Gpt2 {
+            None
+        } else {
+            Some(model::Rope::new(&self.config, positions, &self.device)?)
+        })
     }
 
     fn check_prompt(&self, prompt: usize, context: usize) -> Result<(), LlmError> {
@@ -377,7 +381,10 @@ impl Model {
         self.check_prompt(longest, context)?;
         for p in prompts {
             if let Some(&bad) = p.iter().find(|&&t| t as usize >= self.config.vocab) {
-                return Err(LlmError::Request(format!("token id {bad} is outside the vocabulary of {}", self.config.vocab)));
+                return Err(LlmError::Request(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    self.config.vocab
+                )));
             }
         }
         let dev = &self.device;
@@ -431,10 +438,8 @@ impl Model {
             first = Some(match first {
                 None => logits,
                 Some(prev) => {
-                    let here: Vec<f32> = prompts
-                        .iter()
-                        .map(|p| if p.len() > at && p.len() <= at + len { 1.0 } else { 0.0 })
-                        .collect();
+                    let here: Vec<f32> =
+                        prompts.iter().map(|p| if p.len() > at && p.len() <= at + len { 1.0 } else { 0.0 }).collect();
                     let m = Tensor::from_slice(&here, [b, 1], dev)?;
                     Tensor::where_(&m.gt_scalar(0.0f32)?, &logits, &prev)?
                 }
@@ -570,7 +575,10 @@ impl GgufSource<'_> {
     fn floats(&self, name: &str, dims: &[usize]) -> Result<Vec<f32>, LlmError> {
         let t = self.0.tensor(name).ok_or_else(|| LlmError::Shape { name: name.into(), detail: "missing".into() })?;
         if t.dims() != dims {
-            return Err(LlmError::Shape { name: name.into(), detail: format!("dims {:?}, expected {dims:?}", t.dims()) });
+            return Err(LlmError::Shape {
+                name: name.into(),
+                detail: format!("dims {:?}, expected {dims:?}", t.dims()),
+            });
         }
         let data = self.0.data(t);
         match t.ty.id {
@@ -591,11 +599,16 @@ impl Source for GgufSource<'_> {
     fn matrix(&self, name: &str, dims: [usize; 2], device: &Device) -> Result<Weight, LlmError> {
         let t = self.0.tensor(name).ok_or_else(|| LlmError::Shape { name: name.into(), detail: "missing".into() })?;
         if t.dims() != dims {
-            return Err(LlmError::Shape { name: name.into(), detail: format!("dims {:?}, expected {dims:?}", t.dims()) });
+            return Err(LlmError::Shape {
+                name: name.into(),
+                detail: format!("dims {:?}, expected {dims:?}", t.dims()),
+            });
         }
         let format = match t.ty.id {
             0 => None,
-            _ => Some(t.ty.quant_format().ok_or_else(|| LlmError::TensorType { name: name.into(), ty: t.ty.name.into() })?),
+            _ => Some(
+                t.ty.quant_format().ok_or_else(|| LlmError::TensorType { name: name.into(), ty: t.ty.name.into() })?,
+            ),
         };
         model::matrix_from(name, format, self.0.data(t), dims, device)
     }
@@ -640,7 +653,8 @@ impl Source for HfSource<'_> {
                     t[o * dims[1] + i] = v[i * dims[0] + o];
                 }
             }
-            return Weight::dense(&t, dims[0], dims[1], device).map_err(|e| LlmError::Tensor { name: name.into(), source: e });
+            return Weight::dense(&t, dims[0], dims[1], device)
+                .map_err(|e| LlmError::Tensor { name: name.into(), source: e });
         }
         let format = match dtype {
             DType::F32 => None,

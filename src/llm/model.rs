@@ -109,7 +109,8 @@ impl KvCache {
         // Data from the start (zeroed bytes, uploaded where first read), so
         // every step's graph reads the cache as a parameter and the first
         // write already lands in place.
-        let make = || Tensor::from_bytes(vec![0u8; numel * 4], crate::ir::ValueType::new(dims.to_vec(), DType::F32), device);
+        let make =
+            || Tensor::from_bytes(vec![0u8; numel * 4], crate::ir::ValueType::new(dims.to_vec(), DType::F32), device);
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for _ in 0..config.layers {
             k.push(make()?);
@@ -310,7 +311,12 @@ pub(crate) struct Names {
 }
 
 /// Builds the weights of `config`'s architecture from `src`.
-pub(crate) fn build(config: &Config, src: &dyn Source, names: &Names, device: &Device) -> std::result::Result<Weights, LlmError> {
+pub(crate) fn build(
+    config: &Config,
+    src: &dyn Source,
+    names: &Names,
+    device: &Device,
+) -> std::result::Result<Weights, LlmError> {
     let (d, h, g, hd, f) = (config.dim, config.heads, config.kv_heads, config.head_dim, config.ffn_dim);
     let bias = |name: String, n: usize| -> std::result::Result<Option<Tensor>, LlmError> {
         if src.has(&name) {
@@ -384,7 +390,8 @@ pub(crate) fn matrix_from(
 ) -> std::result::Result<Weight, LlmError> {
     Ok(match format {
         None => {
-            let values: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let values: Vec<f32> =
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             Weight::dense(&values, out, inp, device).map_err(|e| LlmError::Tensor { name: name.into(), source: e })?
         }
         Some(f) => Weight::Quant(

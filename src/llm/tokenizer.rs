@@ -69,7 +69,8 @@ impl Tokenizer {
             .iter()
             .map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad("a token that is not a string".into())))
             .collect::<Result<_, _>>()?;
-        let id = |key: &str| f.get(key).and_then(Value::as_u64).map(|v| v as u32).filter(|&v| (v as usize) < tokens.len());
+        let id =
+            |key: &str| f.get(key).and_then(Value::as_u64).map(|v| v as u32).filter(|&v| (v as usize) < tokens.len());
         let bos = id("tokenizer.ggml.bos_token_id");
         let eos = id("tokenizer.ggml.eos_token_id");
         let flag = |key: &str, default: bool| match f.get(key) {
@@ -88,8 +89,14 @@ impl Tokenizer {
                 for (b, slot) in bytes.iter_mut().enumerate() {
                     *slot = ids.get(&format!("<0x{b:02X}>")).copied();
                 }
-                let spm = Spm { tokens, scores, ids, bytes, add_space_prefix: flag("tokenizer.ggml.add_space_prefix", true) };
-                Ok(Some(Tokenizer { kind: Kind::Spm(spm), bos, eos, add_bos: flag("tokenizer.ggml.add_bos_token", true) }))
+                let spm =
+                    Spm { tokens, scores, ids, bytes, add_space_prefix: flag("tokenizer.ggml.add_space_prefix", true) };
+                Ok(Some(Tokenizer {
+                    kind: Kind::Spm(spm),
+                    bos,
+                    eos,
+                    add_bos: flag("tokenizer.ggml.add_bos_token", true),
+                }))
             }
             "gpt2" => {
                 let merges: Vec<(String, String)> = f
@@ -103,7 +110,8 @@ impl Tokenizer {
                         Ok((a.to_string(), b.to_string()))
                     })
                     .collect::<Result<_, LlmError>>()?;
-                let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+                let vocab: tokenizers::models::bpe::Vocab =
+                    tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
                 let bpe = tokenizers::models::bpe::BPE::builder()
                     .vocab_and_merges(vocab, merges)
                     .build()

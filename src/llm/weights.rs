@@ -29,7 +29,13 @@ fn invalid(op: &str, detail: String) -> ExecError {
 impl QTensor {
     /// A `[rows, cols]` matrix from its blocks as GGUF stores them (rows
     /// of `cols / block_len` blocks, row-major).
-    pub fn from_blocks(bytes: Vec<u8>, format: QuantFormat, rows: usize, cols: usize, device: &Device) -> Result<QTensor> {
+    pub fn from_blocks(
+        bytes: Vec<u8>,
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        device: &Device,
+    ) -> Result<QTensor> {
         let row_bytes = format.row_bytes(cols).ok_or_else(|| {
             invalid(
                 "QTensor::from_blocks",

@@ -356,7 +356,8 @@ fn write_at(
     let pos = cache::positions(data(vals[p.index()].as_ref().expect("operands precede users")));
     let dims = |x: NodeId| graph.node(x).shape.dims();
     let last_read = uses[b.index()] == 1 && b != u && b != p;
-    let mut base = if last_read { vals[b.index()].take() } else { vals[b.index()].clone() }.expect("operands precede users");
+    let mut base =
+        if last_read { vals[b.index()].take() } else { vals[b.index()].clone() }.expect("operands precede users");
     let update = vals[u.index()].as_ref().expect("operands precede users");
     let in_place = Arc::get_mut(&mut base).and_then(|s| s.as_any_mut()).and_then(|a| a.downcast_mut::<CpuStorage>());
     if let Some(storage) = in_place {

@@ -36,7 +36,12 @@ const VECTOR_ROWS: usize = 4;
 const PAR_WORK: usize = 1 << 16;
 
 /// Decodes every row of `w` (`u8 [.., row_bytes]`) to f32 `[.., cols]`.
-pub(crate) fn dequantize(mem: &Memory, format: QuantFormat, w: &CpuData, dims: &[usize]) -> Result<CpuData, BackendError> {
+pub(crate) fn dequantize(
+    mem: &Memory,
+    format: QuantFormat,
+    w: &CpuData,
+    dims: &[usize],
+) -> Result<CpuData, BackendError> {
     let CpuData::U8(bytes) = w else { unreachable!("a verified dequantize reads u8") };
     let row_bytes = *dims.last().expect("rank >= 1 in a verified graph");
     let cols = format.row_len(row_bytes).expect("whole blocks in a verified graph");
@@ -139,11 +144,8 @@ fn panels(format: QuantFormat, x: &[f32], w: &[u8], out: &mut [f32], s: Shape, t
         gemm_strided(a, b, &mut c, Dims { m: s.rows, k: s.k, n: width }, false, 1, 1.0);
         c
     };
-    let results: Vec<Vec<f32>> = if threads > 1 {
-        (0..npanels).into_par_iter().map(one).collect()
-    } else {
-        (0..npanels).map(one).collect()
-    };
+    let results: Vec<Vec<f32>> =
+        if threads > 1 { (0..npanels).into_par_iter().map(one).collect() } else { (0..npanels).map(one).collect() };
     for (p, c) in results.iter().enumerate() {
         let width = PANEL.min(s.n - p * PANEL);
         for r in 0..s.rows {

@@ -1419,7 +1419,10 @@ impl Op {
                 if q.shape.rank() != 4 || k.shape.rank() != 4 || v.shape.rank() != 4 || scale.shape.rank() != 0 {
                     return Err(IrError::shape(
                         op,
-                        format!("expected q [b, h, t, d], k [b, g, s, d], v [b, g, s, dv], a rank-0 scale; got {}", shapes()),
+                        format!(
+                            "expected q [b, h, t, d], k [b, g, s, d], v [b, g, s, dv], a rank-0 scale; got {}",
+                            shapes()
+                        ),
                     ));
                 }
                 let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());

@@ -48,7 +48,8 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             "--prompt" => out.prompt = Some(value("--prompt")?),
             "--prompt-ids" => {
                 let v = value("--prompt-ids")?;
-                let ids = v.split(',').map(|s| num::<u32>("--prompt-ids", s.trim().to_string())).collect::<Result<_, _>>()?;
+                let ids =
+                    v.split(',').map(|s| num::<u32>("--prompt-ids", s.trim().to_string())).collect::<Result<_, _>>()?;
                 out.prompt_ids = Some(ids);
             }
             "--max-tokens" => out.opts.max_tokens = num("--max-tokens", value("--max-tokens")?)?,
@@ -65,7 +66,9 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
                 out.opts.sampling.top_p = num("--top-p", value("--top-p")?)?;
                 sampled = true;
             }
-            "--repeat-penalty" => out.opts.sampling.repetition_penalty = num("--repeat-penalty", value("--repeat-penalty")?)?,
+            "--repeat-penalty" => {
+                out.opts.sampling.repetition_penalty = num("--repeat-penalty", value("--repeat-penalty")?)?
+            }
             "--seed" => out.opts.seed = num("--seed", value("--seed")?)?,
             "--context" => out.opts.context = Some(num("--context", value("--context")?)?),
             "--chunk" => out.opts.chunk = num("--chunk", value("--chunk")?)?,
@@ -164,7 +167,10 @@ mod tests {
 
     #[test]
     fn parses_the_issue_s_command_line() {
-        let a = parse(&args("--model m.gguf --prompt-ids 1,2,3 --max-tokens 5 --temperature 0.7 --top-k 40 --top-p 0.9 --seed 9 --json")).unwrap();
+        let a = parse(&args(
+            "--model m.gguf --prompt-ids 1,2,3 --max-tokens 5 --temperature 0.7 --top-k 40 --top-p 0.9 --seed 9 --json",
+        ))
+        .unwrap();
         assert_eq!(a.prompt_ids, Some(vec![1, 2, 3]));
         assert_eq!(a.opts.max_tokens, 5);
         assert!(!a.opts.sampling.greedy);
