@@ -445,14 +445,8 @@ impl Archive {
     /// The stored tensor `name` on `device` in its stored dtype (an error
     /// for a dtype Lazuli lacks).
     pub(crate) fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, SerializeError> {
-        let view = self.view(name)?;
-        let dtype = from_st(view.dtype).ok_or_else(|| SerializeError::UnsupportedDType {
-            path: self.file_of(name),
-            name: name.to_string(),
-            dtype: format!("{:?}", view.dtype),
-        })?;
-        let ty = crate::ir::ValueType::new(view.shape.to_vec(), dtype);
-        Ok(Tensor::from_bytes(view.data.to_vec(), ty, device)?)
+        let (dtype, shape, data) = self.raw(name)?;
+        Ok(Tensor::from_bytes(data.to_vec(), crate::ir::ValueType::new(shape, dtype), device)?)
     }
 
     /// The tensors whose names start with `prefix`, by the rest of their

@@ -35,7 +35,7 @@ LLAMA_CHILD = r"""
 import json, sys, time, llama_cpp, numpy as np
 path, threads, prompt, n = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 m = llama_cpp.Llama(model_path=path, n_ctx=len(prompt) + n + 8, n_threads=threads, n_threads_batch=threads,
-                    n_batch=512, verbose=False, use_mmap=True)
+                    n_batch=512, verbose=False, use_mmap=True, logits_all=True)
 t0 = time.perf_counter()
 m.eval(prompt)
 t1 = time.perf_counter()
@@ -50,9 +50,11 @@ print(json.dumps({"prompt_tps": len(prompt) / (t1 - t0), "decode_tps": (n - 1) /
 """
 
 
-def measured(cmd):
-    """stdout and peak RSS (bytes) of a child, through /usr/bin/time-free wait4."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+def measured(cmd, threads):
+    """stdout and peak RSS (bytes) of a child (`wait4`), with `threads`
+    worker threads (rayon's pool for Lazuli)."""
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
     out = p.stdout.read()
     err = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
@@ -92,10 +94,10 @@ def main():
         for rep in range(a.repeats):
             lz_out, lz_rss = measured([a.lazuli, "generate", "--model", path, "--device", "cpu", "--prompt-ids",
                                        ",".join(map(str, prompt)), "--max-tokens", str(a.tokens), "--greedy",
-                                       "--chunk", "64", "--json"])
+                                       "--chunk", "64", "--json"], a.threads)
             lz = json.loads(lz_out.strip().splitlines()[-1])
             ll_out, ll_rss = measured([sys.executable, "-c", LLAMA_CHILD, path, str(a.threads), json.dumps(prompt),
-                                       str(a.tokens)])
+                                       str(a.tokens)], a.threads)
             ll = json.loads(ll_out.strip().splitlines()[-1])
             same = sum(x == y for x, y in zip(lz["generated_ids"], ll["generated_ids"]))
             rows.append(dict(model=name, rep=rep, file_mb=size / 1e6, kv_mb=kv / 1e6,

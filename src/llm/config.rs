@@ -110,7 +110,7 @@ impl Config {
             Some(_) => f.usize(&key("attention.head_count_kv"))?,
             None => heads,
         };
-        if heads == 0 || kv_heads == 0 || dim % heads != 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !dim.is_multiple_of(heads) || !heads.is_multiple_of(kv_heads) {
             return Err(GgufError::Metadata {
                 key: key("attention.head_count"),
                 detail: format!("{heads} heads, {kv_heads} kv heads and width {dim} do not divide"),
@@ -187,7 +187,7 @@ impl Config {
         if arch == Arch::Gpt2 {
             let dim = num("n_embd")?;
             let heads = num("n_head")?;
-            if heads == 0 || dim % heads != 0 {
+            if heads == 0 || !dim.is_multiple_of(heads) {
                 return Err(bad("n_head", "does not divide n_embd"));
             }
             let config = Config {
@@ -212,7 +212,7 @@ impl Config {
         let dim = num("hidden_size")?;
         let heads = num("num_attention_heads")?;
         let kv_heads = if json.get("num_key_value_heads").is_some() { num("num_key_value_heads")? } else { heads };
-        if heads == 0 || kv_heads == 0 || dim % heads != 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !dim.is_multiple_of(heads) || !heads.is_multiple_of(kv_heads) {
             return Err(bad("num_attention_heads", "heads, kv heads and hidden size do not divide"));
         }
         let head_dim = if json.get("head_dim").is_some_and(|v| !v.is_null()) { num("head_dim")? } else { dim / heads };
@@ -261,7 +261,9 @@ impl Config {
         if self.vocab == 0 || self.dim == 0 || self.layers == 0 || self.head_dim == 0 || self.max_context == 0 {
             return fail(format!("empty model: {self:?}"));
         }
-        if self.arch != Arch::Gpt2 && (self.rope_dim == 0 || self.rope_dim % 2 != 0 || self.rope_dim > self.head_dim) {
+        if self.arch != Arch::Gpt2
+            && (self.rope_dim == 0 || !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim)
+        {
             return fail(format!("rope dimension {} for heads of {}", self.rope_dim, self.head_dim));
         }
         // Bounds that keep every size below in usize on any host.

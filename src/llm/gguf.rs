@@ -265,6 +265,9 @@ impl TensorInfo {
 /// checked; tensor bytes borrowed from the map.
 pub struct GgufFile {
     map: Contents,
+    /// The file, for reading tensors without touching the map (see
+    /// [`GgufFile::read`]); `None` for bytes held in memory.
+    file: Option<File>,
     /// The GGUF version (2 or 3).
     pub version: u32,
     /// Metadata by key.
@@ -289,7 +292,9 @@ impl GgufFile {
         let path = path.as_ref();
         let io = |source| GgufError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io)?;
-        GgufFile::parse(map(&file).map_err(io)?)
+        let mut f = GgufFile::parse(map(&file).map_err(io)?)?;
+        f.file = Some(file);
+        Ok(f)
     }
 
     /// Parses a file's bytes held in memory (tests, fuzzing, files
@@ -312,7 +317,7 @@ impl GgufFile {
                     "version {version:#x} (a big-endian file, or not GGUF); this reader reads little-endian v2 and v3"
                 )));
             }
-            if version < 2 || version > 3 {
+            if !(2..=3).contains(&version) {
                 return Err(GgufError::Header(format!("version {version}; this reader reads v2 and v3")));
             }
             let n_tensors = r.u64("tensor count")?;
@@ -365,13 +370,13 @@ impl GgufFile {
                     .try_fold(1usize, |a, &d| a.checked_mul(d))
                     .ok_or_else(|| bad(format!("dims {ggml_dims:?} overflow")))?;
                 let row = ggml_dims.first().copied().unwrap_or(1);
-                if row % ty.block_len != 0 {
+                if !row.is_multiple_of(ty.block_len) {
                     return Err(bad(format!("rows of {row} values are not whole {ty} blocks of {}", ty.block_len)));
                 }
                 let bytes = (numel / ty.block_len)
                     .checked_mul(ty.block_bytes)
                     .ok_or_else(|| bad(format!("{numel} {ty} values overflow")))?;
-                if offset % alignment as u64 != 0 {
+                if !offset.is_multiple_of(alignment as u64) {
                     return Err(bad(format!("offset {offset} is not a multiple of the alignment {alignment}")));
                 }
                 let start = usize::try_from(offset)
@@ -407,7 +412,7 @@ impl GgufFile {
             }
             (version, metadata, tensors)
         };
-        Ok(GgufFile { map, version, metadata, tensors })
+        Ok(GgufFile { map, file: None, version, metadata, tensors })
     }
 
     /// The tensor named `name`.
@@ -418,6 +423,19 @@ impl GgufFile {
     /// The bytes of `info` (checked in range when the file was parsed).
     pub fn data(&self, info: &TensorInfo) -> &[u8] {
         &self.map[info.start..info.start + info.bytes]
+    }
+
+    /// A copy of the bytes of `info`, read from the file with positional
+    /// reads rather than through the map: the loader copies every weight
+    /// once, and pages touched through the map would stay counted in the
+    /// process's resident memory until the map goes (doubling the peak).
+    pub fn read(&self, info: &TensorInfo) -> std::io::Result<Vec<u8>> {
+        let Some(file) = &self.file else { return Ok(self.data(info).to_vec()) };
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(info.bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e))?;
+        buf.resize(info.bytes, 0);
+        read_at(file, &mut buf, info.start as u64)?;
+        Ok(buf)
     }
 
     /// The size of the mapped file in bytes.
@@ -482,6 +500,20 @@ fn map(file: &File) -> std::io::Result<Contents> {
     }
     // SAFETY: a read-only map of a file we opened; see the comment above.
     Ok(Contents::Mapped(unsafe { Mmap::map(file) }?))
+}
+
+/// Fills `buf` from `file` at `offset`.
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Fills `buf` from `file` at `offset`.
+#[cfg(not(unix))]
+fn read_at(mut file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(buf)
 }
 
 fn missing(key: &str, what: &str) -> GgufError {

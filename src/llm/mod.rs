@@ -55,7 +55,7 @@ pub enum LlmError {
     Gguf(#[from] GgufError),
     /// A safetensors checkpoint could not be read.
     #[error(transparent)]
-    Safetensors(#[from] crate::serialize::SerializeError),
+    Safetensors(Box<crate::serialize::SerializeError>),
     /// An architecture the loader does not build.
     #[error("unsupported architecture {0:?} (llama, mistral, qwen2 and gpt2 are supported)")]
     Architecture(String),
@@ -82,7 +82,7 @@ pub enum LlmError {
         name: String,
         /// The cause.
         #[source]
-        source: ExecError,
+        source: Box<ExecError>,
     },
     /// Bad hyperparameters.
     #[error("model configuration: {0}")]
@@ -95,7 +95,7 @@ pub enum LlmError {
     Request(String),
     /// The engine failed while running the model.
     #[error(transparent)]
-    Exec(#[from] ExecError),
+    Exec(Box<ExecError>),
     /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
@@ -105,6 +105,18 @@ pub enum LlmError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<ExecError> for LlmError {
+    fn from(e: ExecError) -> LlmError {
+        LlmError::Exec(Box::new(e))
+    }
+}
+
+impl From<crate::serialize::SerializeError> for LlmError {
+    fn from(e: crate::serialize::SerializeError) -> LlmError {
+        LlmError::Safetensors(Box::new(e))
+    }
 }
 
 /// A language model on a device.
@@ -230,7 +242,13 @@ impl Model {
         let weights_path = if index.exists() { index } else { dir.join("model.safetensors") };
         let archive = crate::serialize::Archive::open(&weights_path)?;
         let tk_path = dir.join("tokenizer.json");
+        #[cfg(not(target_arch = "wasm32"))]
         let tokenizer = if tk_path.exists() { Some(Tokenizer::from_json_file(&tk_path)?) } else { None };
+        #[cfg(target_arch = "wasm32")]
+        let tokenizer: Option<Tokenizer> = {
+            let _ = tk_path;
+            None
+        };
         if let Some(t) = &tokenizer {
             if t.vocab_size() > config.vocab {
                 return Err(LlmError::Tokenizer(format!(
@@ -610,12 +628,14 @@ impl Source for GgufSource<'_> {
                 t.ty.quant_format().ok_or_else(|| LlmError::TensorType { name: name.into(), ty: t.ty.name.into() })?,
             ),
         };
-        model::matrix_from(name, format, self.0.data(t), dims, device)
+        let bytes = self.0.read(t).map_err(|source| LlmError::Io { path: name.into(), source })?;
+        model::matrix_from(name, format, bytes, dims, device)
     }
 
     fn vector(&self, name: &str, dims: &[usize], device: &Device) -> Result<Tensor, LlmError> {
         let v = self.floats(name, dims)?;
-        Tensor::from_slice(&v, dims.to_vec(), device).map_err(|e| LlmError::Tensor { name: name.into(), source: e })
+        Tensor::from_slice(&v, dims.to_vec(), device)
+            .map_err(|e| LlmError::Tensor { name: name.into(), source: Box::new(e) })
     }
 
     fn has(&self, name: &str) -> bool {
@@ -654,7 +674,7 @@ impl Source for HfSource<'_> {
                 }
             }
             return Weight::dense(&t, dims[0], dims[1], device)
-                .map_err(|e| LlmError::Tensor { name: name.into(), source: e });
+                .map_err(|e| LlmError::Tensor { name: name.into(), source: Box::new(e) });
         }
         let format = match dtype {
             DType::F32 => None,
@@ -662,7 +682,7 @@ impl Source for HfSource<'_> {
             DType::BF16 => Some(QuantFormat::BF16),
             other => return Err(LlmError::TensorType { name: name.into(), ty: other.name().into() }),
         };
-        model::matrix_from(name, format, data, dims, device)
+        model::matrix_from(name, format, data.to_vec(), dims, device)
     }
 
     fn vector(&self, name: &str, dims: &[usize], device: &Device) -> Result<Tensor, LlmError> {
@@ -671,7 +691,8 @@ impl Source for HfSource<'_> {
             return Err(LlmError::Shape { name: name.into(), detail: format!("shape {shape:?}, expected {dims:?}") });
         }
         let v = to_f32(name, dtype, data)?;
-        Tensor::from_slice(&v, dims.to_vec(), device).map_err(|e| LlmError::Tensor { name: name.into(), source: e })
+        Tensor::from_slice(&v, dims.to_vec(), device)
+            .map_err(|e| LlmError::Tensor { name: name.into(), source: Box::new(e) })
     }
 
     fn has(&self, name: &str) -> bool {

@@ -384,7 +384,7 @@ pub(crate) fn build(
 pub(crate) fn matrix_from(
     name: &str,
     format: Option<QuantFormat>,
-    bytes: &[u8],
+    bytes: Vec<u8>,
     [out, inp]: [usize; 2],
     device: &Device,
 ) -> std::result::Result<Weight, LlmError> {
@@ -392,11 +392,12 @@ pub(crate) fn matrix_from(
         None => {
             let values: Vec<f32> =
                 bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            Weight::dense(&values, out, inp, device).map_err(|e| LlmError::Tensor { name: name.into(), source: e })?
+            Weight::dense(&values, out, inp, device)
+                .map_err(|e| LlmError::Tensor { name: name.into(), source: Box::new(e) })?
         }
         Some(f) => Weight::Quant(
-            QTensor::from_blocks(bytes.to_vec(), f, out, inp, device)
-                .map_err(|e| LlmError::Tensor { name: name.into(), source: e })?,
+            QTensor::from_blocks(bytes, f, out, inp, device)
+                .map_err(|e| LlmError::Tensor { name: name.into(), source: Box::new(e) })?,
         ),
     })
 }

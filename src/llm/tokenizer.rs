@@ -25,6 +25,7 @@ pub struct Tokenizer {
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
+            #[cfg(not(target_arch = "wasm32"))]
             Kind::Hf(_) => "tokenizers",
             Kind::Spm(_) => "sentencepiece (gguf)",
         };
@@ -33,8 +34,9 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 enum Kind {
+    #[cfg(not(target_arch = "wasm32"))]
     Hf(Box<tokenizers::Tokenizer>),
-    Spm(Spm),
+    Spm(Box<Spm>),
 }
 
 /// llama.cpp's SentencePiece tokenizer over a GGUF vocabulary.
@@ -48,7 +50,8 @@ struct Spm {
 }
 
 impl Tokenizer {
-    /// A `tokenizer.json`.
+    /// A `tokenizer.json` (not in the browser build).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn from_json_file(path: &std::path::Path) -> Result<Tokenizer, LlmError> {
         let tk = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| LlmError::Tokenizer(format!("{}: {e}", path.display())))?;
@@ -92,12 +95,15 @@ impl Tokenizer {
                 let spm =
                     Spm { tokens, scores, ids, bytes, add_space_prefix: flag("tokenizer.ggml.add_space_prefix", true) };
                 Ok(Some(Tokenizer {
-                    kind: Kind::Spm(spm),
+                    kind: Kind::Spm(Box::new(spm)),
                     bos,
                     eos,
                     add_bos: flag("tokenizer.ggml.add_bos_token", true),
                 }))
             }
+            #[cfg(target_arch = "wasm32")]
+            "gpt2" => Err(bad("byte-level BPE needs the `tokenizers` crate, absent from the browser build".into())),
+            #[cfg(not(target_arch = "wasm32"))]
             "gpt2" => {
                 let merges: Vec<(String, String)> = f
                     .get("tokenizer.ggml.merges")
@@ -133,6 +139,7 @@ impl Tokenizer {
     /// Tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
         match &self.kind {
+            #[cfg(not(target_arch = "wasm32"))]
             Kind::Hf(t) => t.get_vocab_size(true),
             Kind::Spm(s) => s.tokens.len(),
         }
@@ -145,6 +152,7 @@ impl Tokenizer {
             ids.extend(self.bos);
         }
         match &self.kind {
+            #[cfg(not(target_arch = "wasm32"))]
             Kind::Hf(t) => ids.extend(
                 t.encode(text, false).map_err(|e| LlmError::Tokenizer(e.to_string()))?.get_ids().iter().copied(),
             ),
@@ -156,6 +164,7 @@ impl Tokenizer {
     /// The text of `ids` (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String, LlmError> {
         match &self.kind {
+            #[cfg(not(target_arch = "wasm32"))]
             Kind::Hf(t) => t.decode(ids, true).map_err(|e| LlmError::Tokenizer(e.to_string())),
             Kind::Spm(s) => Ok(s.decode(ids, self.bos, self.eos)),
         }

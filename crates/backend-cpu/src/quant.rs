@@ -18,7 +18,6 @@
 //! quantized (llama.cpp quantizes activations to 8 bits; we keep f32, so
 //! results match a float64 reference more closely than llama.cpp's).
 
-use crate::elementwise::wide;
 use crate::matmul::{gemm_strided, Dims, Strided};
 use crate::memory::Memory;
 use crate::storage::CpuData;
@@ -45,7 +44,7 @@ pub(crate) fn dequantize(
     let CpuData::U8(bytes) = w else { unreachable!("a verified dequantize reads u8") };
     let row_bytes = *dims.last().expect("rank >= 1 in a verified graph");
     let cols = format.row_len(row_bytes).expect("whole blocks in a verified graph");
-    let rows = if row_bytes == 0 { 0 } else { bytes.len() / row_bytes };
+    let rows = bytes.len().checked_div(row_bytes).unwrap_or(0);
     let CpuData::F32(mut out) = mem.take(lazuli_ir::DType::F32, rows * cols)? else { unreachable!("f32 asked") };
     if cols > 0 {
         let each = |(o, r): (&mut [f32], &[u8])| format.dequantize_row(r, o);
@@ -70,7 +69,7 @@ pub(crate) fn matmul(
     let (CpuData::F32(x), CpuData::U8(w)) = (x, w) else { unreachable!("a verified quant_matmul reads f32 and u8") };
     let k = *sx.last().expect("rank >= 2 in a verified graph");
     let (n, row_bytes) = (sw[0], sw[1]);
-    let rows = if k == 0 { sx[..sx.len() - 1].iter().product() } else { x.len() / k };
+    let rows = x.len().checked_div(k).unwrap_or_else(|| sx[..sx.len() - 1].iter().product());
     let CpuData::F32(mut out) = mem.zeros(lazuli_ir::DType::F32, rows * n)? else { unreachable!("f32 asked") };
     if rows == 0 || n == 0 || k == 0 {
         return Ok(CpuData::F32(out));
@@ -101,18 +100,7 @@ fn matvec(format: QuantFormat, x: &[f32], w: &[u8], out: &mut [f32], s: Shape, t
     // worth a task, a multiple of nothing in particular.
     let per_task = if threads > 1 { s.n.div_ceil(threads * 8).max(8) } else { s.n };
     let mut cols: Vec<f32> = vec![0.0; s.n * s.rows];
-    let task = |(t, dst): (usize, &mut [f32])| {
-        let mut scratch = vec![0f32; s.k];
-        wide(|| {
-            for (j, d) in dst.chunks_mut(s.rows).enumerate() {
-                let c = t * per_task + j;
-                format.dequantize_row(&w[c * s.row_bytes..(c + 1) * s.row_bytes], &mut scratch);
-                for (r, o) in d.iter_mut().enumerate() {
-                    *o = dot(&scratch, &x[r * s.k..(r + 1) * s.k]);
-                }
-            }
-        })
-    };
+    let task = |(t, dst): (usize, &mut [f32])| kernel(format, dst, t * per_task, w, x, s);
     if threads > 1 {
         cols.par_chunks_mut(per_task * s.rows).enumerate().for_each(task);
     } else {
@@ -152,6 +140,111 @@ fn panels(format: QuantFormat, x: &[f32], w: &[u8], out: &mut [f32], s: Shape, t
             out[r * s.n + p * PANEL..r * s.n + p * PANEL + width].copy_from_slice(&c[r * width..(r + 1) * width]);
         }
     }
+}
+
+/// Output columns `first..` of `dst` through `format`'s kernel: the fused
+/// dot products of Q8_0 and Q4_0, a decoded row and a dot product for the
+/// others. Compiled for AVX2 where the CPU has it: the whole loop nest is
+/// inlined into a function built with the feature (a closure handed to
+/// `elementwise::wide` is too large to be inlined into it, and stays
+/// SSE2).
+fn kernel(format: QuantFormat, dst: &mut [f32], first: usize, w: &[u8], x: &[f32], s: Shape) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[target_feature(enable = "avx2")]
+        fn avx2(format: QuantFormat, dst: &mut [f32], first: usize, w: &[u8], x: &[f32], s: Shape) {
+            dispatch(format, dst, first, w, x, s)
+        }
+        // SAFETY: the CPU supports AVX2 (checked just above), the only
+        // precondition of a `target_feature` function.
+        #[allow(unsafe_code)]
+        return unsafe { avx2(format, dst, first, w, x, s) };
+    }
+    dispatch(format, dst, first, w, x, s)
+}
+
+/// The body of [`kernel`], inlined into each of its builds: output
+/// columns `first..` of `dst` (`rows` values each), weight row `c` against
+/// every row of `x`. The dot products are direct calls of
+/// `#[inline(always)]` functions (a callable passed in would be called
+/// through a shim built without the feature).
+#[inline(always)]
+fn dispatch(format: QuantFormat, dst: &mut [f32], first: usize, w: &[u8], x: &[f32], s: Shape) {
+    macro_rules! columns {
+        (|$row:ident, $xr:ident| $dot:expr) => {
+            for (j, d) in dst.chunks_mut(s.rows).enumerate() {
+                let c = first + j;
+                let $row = &w[c * s.row_bytes..(c + 1) * s.row_bytes];
+                for (r, o) in d.iter_mut().enumerate() {
+                    let $xr = &x[r * s.k..(r + 1) * s.k];
+                    *o = $dot;
+                }
+            }
+        };
+    }
+    match format {
+        QuantFormat::Q8_0 => columns!(|row, xr| dot_q8_0(row, xr)),
+        QuantFormat::Q4_0 => columns!(|row, xr| dot_q4_0(row, xr)),
+        _ => {
+            let mut scratch = vec![0f32; s.k];
+            columns!(|row, xr| {
+                format.dequantize_row(row, &mut scratch);
+                dot(&scratch, xr)
+            })
+        }
+    }
+}
+
+/// Sums eight lanes pairwise.
+#[inline(always)]
+fn lanes_sum(l: [f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// A Q8_0 row (blocks of an f16 scale and 32 `i8`) dotted with `x`,
+/// fused: the block's values are never written out, its scale multiplies
+/// the block's partial sums (a reassociation of the reference's
+/// `(d * q) * x`).
+#[inline(always)]
+fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, xs) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
+        let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let q = &b[2..34];
+        let mut s = [0f32; 8];
+        for j in 0..4 {
+            for l in 0..8 {
+                s[l] += f32::from(q[8 * j + l] as i8) * xs[8 * j + l];
+            }
+        }
+        for l in 0..8 {
+            acc[l] += d * s[l];
+        }
+    }
+    lanes_sum(acc)
+}
+
+/// A Q4_0 row (blocks of an f16 scale and 32 nibbles, value `q - 8`;
+/// nibble `j` low is value `j`, high is value `j + 16`) dotted with `x`.
+#[inline(always)]
+fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, xs) in row.chunks_exact(18).zip(x.chunks_exact(32)) {
+        let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let q = &b[2..18];
+        let mut s = [0f32; 8];
+        for j in 0..2 {
+            for l in 0..8 {
+                let v = q[8 * j + l];
+                s[l] += f32::from((v & 0x0F) as i8 - 8) * xs[8 * j + l];
+                s[l] += f32::from((v >> 4) as i8 - 8) * xs[16 + 8 * j + l];
+            }
+        }
+        for l in 0..8 {
+            acc[l] += d * s[l];
+        }
+    }
+    lanes_sum(acc)
 }
 
 /// A dot product in eight independent lanes (so it vectorizes).

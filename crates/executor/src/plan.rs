@@ -500,16 +500,10 @@ impl Segment {
         main: &dyn Backend,
         cpu: &dyn Backend,
     ) -> Result<Vec<Buffer>, BackendError> {
-        self.inputs
-            .iter()
-            .map(|r| {
-                let buf = match r {
-                    ValueRef::Param(p) => inputs[*p].clone(),
-                    ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
-                };
-                transfer(buf, backend, main, cpu)
-            })
-            .collect()
+        // Every input stays held: readers are never counted down to zero.
+        let mut held: Vec<Option<Buffer>> = inputs.iter().cloned().map(Some).collect();
+        let mut reads = vec![usize::MAX; inputs.len()];
+        self.arguments_from(&mut held, &mut reads, values, backend, main, cpu)
     }
 }
 

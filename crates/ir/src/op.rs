@@ -1426,7 +1426,7 @@ impl Op {
                     ));
                 }
                 let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
-                let grouped = kd[1] > 0 && qd[1] % kd[1] == 0;
+                let grouped = kd[1] > 0 && qd[1].is_multiple_of(kd[1]);
                 if qd[0] != kd[0] || kd[0] != vd[0] || kd[1] != vd[1] || kd[2] != vd[2] || qd[3] != kd[3] || !grouped {
                     return Err(IrError::shape(
                         op,

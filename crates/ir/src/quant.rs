@@ -103,7 +103,7 @@ impl QuantFormat {
     /// Bytes of a row of `cols` values, or `None` when `cols` is not a
     /// whole number of blocks (or the size overflows).
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if cols % self.block_len() != 0 {
+        if !cols.is_multiple_of(self.block_len()) {
             return None;
         }
         (cols / self.block_len()).checked_mul(self.block_bytes())
@@ -112,7 +112,7 @@ impl QuantFormat {
     /// Values in a row of `row_bytes` bytes, or `None` when it is not a
     /// whole number of blocks.
     pub fn row_len(self, row_bytes: usize) -> Option<usize> {
-        if row_bytes % self.block_bytes() != 0 {
+        if !row_bytes.is_multiple_of(self.block_bytes()) {
             return None;
         }
         (row_bytes / self.block_bytes()).checked_mul(self.block_len())
