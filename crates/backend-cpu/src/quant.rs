@@ -291,7 +291,7 @@ mod tests {
                 }
                 QuantFormat::Q6K => fix(block, 208),
                 QuantFormat::F16 => fix(block, 0),
-                QuantFormat::BF16 => block[1] = 0x3f & block[1],
+                QuantFormat::BF16 => block[1] &= 0x3f,
             }
         }
         w
