@@ -342,6 +342,8 @@ fn input_bytes(ty: &ValueType) -> Vec<u8> {
         DType::F32 => (0..n).flat_map(|k| (0.25 + 0.125 * (k % 5) as f32).to_le_bytes()).collect(),
         DType::I32 => vec![0; 4 * n],
         DType::Bool => (0..n).flat_map(|k| [(k % 2) as u8]).collect(),
+        // Quantized blocks: small bytes (f16 scales of 2^-14 scale, finite).
+        DType::U8 => (0..n).map(|k| (k % 7) as u8).collect(),
         other => panic!("no example input of {other}"),
     }
 }
