@@ -1,6 +1,9 @@
 //! Device construction: wires the CPU and wgpu backends to executor
-//! devices. `Device::default()` picks a wgpu adapter if there is one, else
-//! the CPU backend, and says which.
+//! devices. `Device::default()` picks the fastest real device: a hardware
+//! GPU adapter if there is one, else the CPU backend (a software adapter
+//! such as lavapipe runs the same kernels on the host's cores, 10-16x
+//! slower than the CPU backend for small models, so it is used only when
+//! asked for: `LAZULI_DEVICE=wgpu`, or `Device::wgpu()`).
 
 use lazuli_cpu::{CpuBackend, CpuOptions};
 use lazuli_executor::{config, Backend, BackendError, Device};
@@ -26,12 +29,29 @@ fn default_wgpu() -> Result<Arc<dyn Backend>, BackendError> {
     WGPU.get_or_init(|| WgpuBackend::new(WgpuOptions::default()).map(Arc::new)).clone().map(|b| b as Arc<dyn Backend>)
 }
 
+/// What [`DeviceExt::default`] chose, and why, in words (what `lazuli
+/// info` and the first line of `lazuli demo` print).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DefaultChoice {
+    /// The backend chosen.
+    pub kind: DeviceKind,
+    /// Why, e.g. "a hardware GPU adapter: NVIDIA ... (Vulkan, DiscreteGpu)"
+    /// or "no hardware GPU adapter ...".
+    pub reason: String,
+}
+
 /// Device constructors, as an extension trait of [`Device`] (in the
 /// prelude): `Device::default()`, `Device::cpu()`, `Device::wgpu()`.
 pub trait DeviceExt: Sized {
-    /// A wgpu device if an adapter exists, else the CPU backend. Set
-    /// `LAZULI_DEVICE=cpu|wgpu` to choose. The choice is logged, and printed
-    /// to stderr when falling back to the CPU.
+    /// The fastest real device: a wgpu device on a hardware GPU adapter
+    /// (discrete, integrated or virtual; the one wgpu's conventions pick:
+    /// `WGPU_BACKEND`, `WGPU_POWER_PREF`) if there is one, else the CPU
+    /// backend, also where the only adapter is a software one (lavapipe,
+    /// llvmpipe, SwiftShader), which is slower than the CPU backend.
+    /// `LAZULI_DEVICE=cpu|wgpu` chooses instead (`wgpu`: the default
+    /// adapter, software ones included). The choice and its reason are
+    /// logged at info level ([`DeviceExt::default_choice`] gives them);
+    /// asking for wgpu where none opens warns and gives the CPU backend.
     ///
     /// A malformed configuration variable (`LAZULI_DEVICE=gpu`, or one the
     /// wgpu backend reads) is printed to stderr and gives a CPU device
@@ -42,6 +62,8 @@ pub trait DeviceExt: Sized {
     /// [`DeviceExt::default`], failing with `BackendError::Config` on a
     /// malformed configuration variable instead of deferring the error.
     fn try_default() -> Result<Self, BackendError>;
+    /// [`DeviceExt::try_default`] with what it chose and why.
+    fn default_choice() -> Result<(Self, DefaultChoice), BackendError>;
     /// A device on the CPU reference backend (shared by all such devices,
     /// and the fallback of wgpu devices).
     fn cpu() -> Self;
@@ -65,26 +87,37 @@ impl DeviceExt for Device {
     }
 
     fn try_default() -> Result<Device, BackendError> {
+        Device::default_choice().map(|(d, _)| d)
+    }
+
+    fn default_choice() -> Result<(Device, DefaultChoice), BackendError> {
         config::check(&config::process)?;
-        match config::choice(&config::process, "LAZULI_DEVICE")? {
-            Some("cpu") => return Ok(Device::cpu()),
-            Some(_) => {
-                if let Ok(d) = Device::wgpu() {
-                    return Ok(d);
+        let cpu = |reason: String| (Device::cpu(), DefaultChoice { kind: DeviceKind::Cpu, reason });
+        let wgpu = |d: Device, reason: String| (d, DefaultChoice { kind: DeviceKind::Wgpu, reason });
+        let (device, choice) = match config::choice(&config::process, "LAZULI_DEVICE")? {
+            Some("cpu") => cpu("LAZULI_DEVICE=cpu".into()),
+            Some(_) => match Device::wgpu() {
+                Ok(d) => wgpu(d, "LAZULI_DEVICE=wgpu".into()),
+                Err(e) => {
+                    lazuli_executor::warn::once(
+                        "LAZULI_DEVICE=wgpu without an adapter",
+                        &format!("LAZULI_DEVICE=wgpu, but no wgpu adapter opened ({e}); using the CPU backend"),
+                    );
+                    cpu(format!("LAZULI_DEVICE=wgpu, but no wgpu adapter opened ({e})"))
                 }
-            }
-            None => {}
-        }
-        match Device::wgpu() {
-            Ok(d) => {
-                tracing::info!(device = %d.name(), "using the wgpu backend");
-                Ok(d)
-            }
-            Err(e) => {
-                eprintln!("lazuli: no usable wgpu adapter ({e}); using the CPU backend");
-                Ok(Device::cpu())
-            }
-        }
+            },
+            None => match hardware_adapter() {
+                Some(adapter) => match Device::wgpu() {
+                    Ok(d) => wgpu(d, format!("a hardware GPU adapter: {adapter}")),
+                    Err(e) => cpu(format!("the hardware GPU adapter {adapter} did not open ({e})")),
+                },
+                None => cpu("no hardware GPU adapter (a software adapter such as lavapipe is slower than the CPU \
+                     backend; LAZULI_DEVICE=wgpu uses it)"
+                    .into()),
+            },
+        };
+        tracing::info!(device = %device.name(), reason = %choice.reason, "Device::default()");
+        Ok((device, choice))
     }
 
     fn cpu() -> Device {
@@ -119,6 +152,27 @@ impl DeviceExt for Device {
 /// same as `wgpu_with`.
 pub async fn wgpu_async(options: WgpuOptions) -> Result<Device, BackendError> {
     Ok(Device::new(Arc::new(WgpuBackend::new_async(options).await?), cpu_backend()))
+}
+
+/// The adapter the wgpu backend would open by default, described, when it
+/// is a GPU (discrete, integrated or virtual), not a software rasterizer.
+/// (In a browser tab there is none to open without waiting: see
+/// [`wgpu_async`].)
+#[cfg(target_arch = "wasm32")]
+fn hardware_adapter() -> Option<String> {
+    None
+}
+
+/// The adapter the wgpu backend would open by default, described, when it
+/// is a GPU (discrete, integrated or virtual), not a software rasterizer.
+#[cfg(not(target_arch = "wasm32"))]
+fn hardware_adapter() -> Option<String> {
+    let adapter = lazuli_wgpu::adapter::select(&lazuli_wgpu::adapter::instance(), None, None)?;
+    let hardware = matches!(
+        adapter.get_info().device_type,
+        wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu
+    );
+    hardware.then(|| lazuli_wgpu::adapter::describe(&adapter))
 }
 
 /// Every wgpu adapter visible to this process, described in one line each.

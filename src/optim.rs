@@ -1,5 +1,5 @@
 //! Optimizers: [`Sgd`] (momentum, Nesterov, weight decay), [`Adam`] and
-//! AdamW ([`Adam::adamw`]), each over parameter groups with their own
+//! AdamW ([`AdamW::new`], [`Adam::adamw`]), each over parameter groups with their own
 //! weight decay and learning rate ([`ParamGroup`]; [`decay_groups`] exempts
 //! biases, norms and embeddings as GPT-style training does), and
 //! learning-rate schedulers with PyTorch's names ([`lr_scheduler`]).
@@ -20,6 +20,24 @@
 //! zero; SGD's `buf = mu * 0 + g` is its `buf = g`), except for SGD with
 //! dampening, whose first step keeps its own graph.
 //!
+//! **A step marks itself.** PyTorch has no `mark_step`, so a training loop
+//! written from its habits calls none, and without a sync point the
+//! pending graph would grow across iterations until the graph size limit
+//! cut it, compiling a new graph at every cut (hundreds of times slower).
+//! So `step()` ([`Sgd`], [`Adam`]) ends the training step itself, with
+//! [`Device::auto_mark_step`] on each of its parameters' devices, where
+//! the program does not: from its second step on, when the program called
+//! no [`Device::mark_step`] on that device since the optimizer's previous
+//! step. A program that marks its own steps is never marked for (its
+//! graphs, compiles and RNG streams are exactly what they were; the first
+//! step, where the optimizer cannot know yet, is never marked), and a
+//! program that does not gets one sync per step, whose graph is the
+//! whole iteration (forward, backward, update) from the third step on
+//! (the second holds the first's update too). `auto_mark_step(false)`
+//! ([`Sgd::auto_mark_step`], [`Adam::auto_mark_step`]) turns it off.
+//! Work recorded after `step()` (an EMA of the weights, a read of the
+//! loss) joins the next step's graph, or is synced by its own read.
+//!
 //! Each optimizer's state (SGD's momentum buffers, Adam's moments and step
 //! count) saves to and loads from safetensors by PyTorch's names with the
 //! parameter's index (`state_dict`, `save_state_dict`, `load_state_dict`),
@@ -30,6 +48,7 @@ use crate::nn::{Module, ModuleExt};
 use crate::serialize::{self, SerializeError};
 use crate::{no_grad, DType, Device, DeviceExt, ExecError, Result, ScalarValue, Tensor};
 use std::collections::HashMap;
+use std::panic::Location;
 use std::path::Path;
 
 pub mod lr_scheduler;
@@ -171,7 +190,10 @@ fn set_group_lr(op: &str, group_lr: &mut [Option<f64>], group: usize, lr: f64) -
 
 /// What every optimizer offers.
 pub trait Optimizer {
-    /// Records one update of every parameter that has a gradient.
+    /// Records one update of every parameter that has a gradient. [`Sgd`]
+    /// and [`Adam`] then mark the step on the parameters' devices unless
+    /// the program marks steps itself (see the module documentation).
+    #[track_caller]
     fn step(&mut self) -> Result<()>;
 
     /// Drops the gradients of all parameters.
@@ -220,6 +242,7 @@ pub trait Optimizer {
     /// not device data and still advance (Adam's step count, so the bias
     /// correction of the steps after a skipped one differs from
     /// PyTorch's, whose `GradScaler` reads the flag on the host).
+    #[track_caller]
     fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
         let old = kept_params(self.parameters());
         self.step()?;
@@ -307,6 +330,7 @@ pub struct Sgd {
     group: Vec<usize>,
     group_wd: Vec<Option<f64>>,
     group_lr: Vec<Option<f64>>,
+    marks: StepMarks,
 }
 
 impl Sgd {
@@ -332,7 +356,17 @@ impl Sgd {
             group,
             group_wd,
             group_lr,
+            marks: StepMarks::default(),
         }
+    }
+
+    /// Whether [`Optimizer::step`] marks the step when the program does
+    /// not (on by default; see the module documentation). Off, a program
+    /// that never calls `Device::mark_step` grows one graph across its
+    /// steps, and the engine warns.
+    pub fn auto_mark_step(mut self, on: bool) -> Sgd {
+        self.marks.on = on;
+        self
     }
 
     /// Sets the momentum factor.
@@ -399,6 +433,57 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
+        let _site = crate::CallSite::enter(Location::caller());
+        self.record_step()?;
+        self.marks.after_step(&self.params, "Sgd::step")
+    }
+
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn group_lrs(&self) -> Vec<f64> {
+        effective_lrs(&self.group_lr, self.lr)
+    }
+
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        set_group_lr("Sgd::set_group_lr", &mut self.group_lr, group, lr)
+    }
+
+    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        let _site = crate::CallSite::enter(Location::caller());
+        // The zeros first, so that a skipped first step keeps them and
+        // its graph is every later step's.
+        self.fresh_state()?;
+        let (old, bufs) = (kept_params(&self.params), self.bufs.clone());
+        self.record_step()?;
+        keep_params_if(skip, &old)?;
+        keep_state_if(skip, &bufs, &mut self.bufs)?;
+        self.marks.after_step(&self.params, "Sgd::step_unless")
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.state_dict())
+    }
+
+    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
+        let (mut bufs, _) = load_state(source, state, &self.params, &["momentum_buffer"], &[])?;
+        self.bufs = bufs.remove(0);
+        Ok(())
+    }
+}
+
+impl Sgd {
+    /// One update of every parameter that has a gradient, recorded.
+    fn record_step(&mut self) -> Result<()> {
         let _guard = crate::NoGradGuard::new();
         self.fresh_state()?;
         let mut sc = Scalars::default();
@@ -429,46 +514,6 @@ impl Optimizer for Sgd {
         }
         Ok(())
     }
-
-    fn parameters(&self) -> &[Tensor] {
-        &self.params
-    }
-
-    fn lr(&self) -> f64 {
-        self.lr
-    }
-
-    fn set_lr(&mut self, lr: f64) {
-        self.lr = lr;
-    }
-
-    fn group_lrs(&self) -> Vec<f64> {
-        effective_lrs(&self.group_lr, self.lr)
-    }
-
-    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
-        set_group_lr("Sgd::set_group_lr", &mut self.group_lr, group, lr)
-    }
-
-    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
-        // The zeros first, so that a skipped first step keeps them and
-        // its graph is every later step's.
-        self.fresh_state()?;
-        let (old, bufs) = (kept_params(&self.params), self.bufs.clone());
-        self.step()?;
-        keep_params_if(skip, &old)?;
-        keep_state_if(skip, &bufs, &mut self.bufs)
-    }
-
-    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self.state_dict())
-    }
-
-    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
-        let (mut bufs, _) = load_state(source, state, &self.params, &["momentum_buffer"], &[])?;
-        self.bufs = bufs.remove(0);
-        Ok(())
-    }
 }
 
 /// Adam (Kingma & Ba), and AdamW with decoupled weight decay (Loshchilov &
@@ -493,6 +538,7 @@ pub struct Adam {
     group: Vec<usize>,
     group_wd: Vec<Option<f64>>,
     group_lr: Vec<Option<f64>>,
+    marks: StepMarks,
 }
 
 impl Adam {
@@ -520,7 +566,15 @@ impl Adam {
             group,
             group_wd,
             group_lr,
+            marks: StepMarks::default(),
         }
+    }
+
+    /// Whether [`Optimizer::step`] marks the step when the program does
+    /// not (on by default), as [`Sgd::auto_mark_step`].
+    pub fn auto_mark_step(mut self, on: bool) -> Adam {
+        self.marks.on = on;
+        self
     }
 
     /// AdamW with betas (0.9, 0.999), eps 1e-8 and decoupled weight decay.
@@ -614,6 +668,55 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
+        let _site = crate::CallSite::enter(Location::caller());
+        self.record_step()?;
+        self.marks.after_step(&self.params, if self.decoupled { "AdamW::step" } else { "Adam::step" })
+    }
+
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn group_lrs(&self) -> Vec<f64> {
+        effective_lrs(&self.group_lr, self.lr)
+    }
+
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        set_group_lr("Adam::set_group_lr", &mut self.group_lr, group, lr)
+    }
+
+    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
+        let _site = crate::CallSite::enter(Location::caller());
+        // The zeros first (see `Sgd::step_unless`).
+        fresh_state(&self.params, &mut [&mut self.m, &mut self.v])?;
+        let (old, m, v) = (kept_params(&self.params), self.m.clone(), self.v.clone());
+        self.record_step()?;
+        keep_params_if(skip, &old)?;
+        keep_state_if(skip, &m, &mut self.m)?;
+        keep_state_if(skip, &v, &mut self.v)?;
+        self.marks.after_step(&self.params, if self.decoupled { "AdamW::step_unless" } else { "Adam::step_unless" })
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.state_dict()
+    }
+
+    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
+        self.load_adam_state(state, source)
+    }
+}
+
+impl Adam {
+    /// One update of every parameter that has a gradient, recorded.
+    fn record_step(&mut self) -> Result<()> {
         let _guard = crate::NoGradGuard::new();
         fresh_state(&self.params, &mut [&mut self.m, &mut self.v])?;
         let mut sc = Scalars::default();
@@ -654,43 +757,68 @@ impl Optimizer for Adam {
         }
         Ok(())
     }
+}
 
-    fn parameters(&self) -> &[Tensor] {
-        &self.params
+/// AdamW under its own name (PyTorch's `torch.optim.AdamW`, and what
+/// rustdoc's search finds): constructors of an [`Adam`] with decoupled
+/// weight decay. `AdamW::new(params, 1e-3)` has PyTorch's default weight
+/// decay, 0.01.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamW;
+
+impl AdamW {
+    /// PyTorch's default weight decay of AdamW.
+    pub const DEFAULT_WEIGHT_DECAY: f64 = 0.01;
+
+    /// AdamW over `params` with learning rate `lr`, betas (0.9, 0.999),
+    /// eps 1e-8 and weight decay 0.01 (PyTorch's defaults); the builder
+    /// methods of [`Adam`] change them.
+    #[allow(clippy::new_ret_no_self)] // A constructor namespace: AdamW is an `Adam`.
+    pub fn new(params: Vec<Tensor>, lr: f64) -> Adam {
+        Adam::adamw(params, lr, AdamW::DEFAULT_WEIGHT_DECAY)
     }
 
-    fn lr(&self) -> f64 {
-        self.lr
+    /// AdamW over parameter groups, each with its own decoupled weight
+    /// decay ([`Adam::adamw_groups`]).
+    pub fn with_groups(groups: Vec<ParamGroup>, lr: f64) -> Adam {
+        Adam::adamw_groups(groups, lr)
     }
+}
 
-    fn set_lr(&mut self, lr: f64) {
-        self.lr = lr;
+/// Marks the step at the end of an optimizer's `step()` where the program
+/// marks none itself (see the module documentation): from the second
+/// step on, on each device of the parameters whose program marks did not
+/// change since the previous step.
+#[derive(Clone, Debug)]
+struct StepMarks {
+    on: bool,
+    /// Each device's [`Device::program_marks`] at the previous step.
+    last: Option<Vec<(Device, u64)>>,
+}
+
+impl Default for StepMarks {
+    fn default() -> StepMarks {
+        StepMarks { on: true, last: None }
     }
+}
 
-    fn group_lrs(&self) -> Vec<f64> {
-        effective_lrs(&self.group_lr, self.lr)
-    }
-
-    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
-        set_group_lr("Adam::set_group_lr", &mut self.group_lr, group, lr)
-    }
-
-    fn step_unless(&mut self, skip: &Tensor) -> Result<()> {
-        // The zeros first (see `Sgd::step_unless`).
-        fresh_state(&self.params, &mut [&mut self.m, &mut self.v])?;
-        let (old, m, v) = (kept_params(&self.params), self.m.clone(), self.v.clone());
-        self.step()?;
-        keep_params_if(skip, &old)?;
-        keep_state_if(skip, &m, &mut self.m)?;
-        keep_state_if(skip, &v, &mut self.v)
-    }
-
-    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
-        self.state_dict()
-    }
-
-    fn load_state_tensors(&mut self, state: HashMap<String, Tensor>, source: &Path) -> Result<()> {
-        self.load_adam_state(state, source)
+impl StepMarks {
+    #[track_caller]
+    fn after_step(&mut self, params: &[Tensor], what: &str) -> Result<()> {
+        let mut now: Vec<(Device, u64)> = Vec::new();
+        for p in params {
+            if !now.iter().any(|(d, _)| d.same(p.device())) {
+                now.push((p.device().clone(), p.device().program_marks()));
+            }
+        }
+        let previous = self.last.replace(now);
+        let (Some(previous), true) = (previous, self.on) else { return Ok(()) };
+        for (device, marks) in self.last.iter().flatten() {
+            if previous.iter().any(|(d, m)| d.same(device) && m == marks) {
+                device.auto_mark_step(what)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// An error while saving or loading tensors.
-#[derive(Debug, Error)]
+#[derive(Error)]
 pub enum SerializeError {
     /// Reading or writing the file failed.
     #[error("{path}: {source}")]
@@ -63,6 +63,23 @@ pub enum SerializeError {
         /// What differs.
         detail: String,
     },
+    /// A strict load found keys that do not match: every target the file
+    /// lacks and every key of the file (after renaming) that names no
+    /// target, each list sorted.
+    #[error(
+        "{path}: the tensors do not match the model's state dict: {}; LoadOptions::non_strict() (with \
+         ModuleExt::load_state_dict_with) loads what matches and reports the rest, LoadOptions::rename maps the \
+         file's names to the model's",
+        key_lists(.missing, .unexpected)
+    )]
+    Keys {
+        /// The file (or the in-memory state dict).
+        path: String,
+        /// Targets the file does not have.
+        missing: Vec<String>,
+        /// Keys of the file that name no target.
+        unexpected: Vec<String>,
+    },
     /// A `*.safetensors.index.json` that is not a valid shard index.
     #[error("{path}: not a safetensors shard index: {detail}")]
     Index {
@@ -74,6 +91,30 @@ pub enum SerializeError {
     /// Reading or creating a tensor failed.
     #[error(transparent)]
     Exec(#[from] ExecError),
+}
+
+/// `Debug` prints the message and its causes (what `?` out of `main`
+/// shows); an engine error prints as it does on its own.
+impl std::fmt::Debug for SerializeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SerializeError::Exec(e) => std::fmt::Debug::fmt(e, f),
+            other => lazuli_executor::error::write_chain(f, other),
+        }
+    }
+}
+
+/// The key lists of [`SerializeError::Keys`] in words.
+fn key_lists(missing: &[String], unexpected: &[String]) -> String {
+    let list = |keys: &[String]| keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ");
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("{} missing (in the model, not in the file): {}", missing.len(), list(missing)));
+    }
+    if !unexpected.is_empty() {
+        parts.push(format!("{} unexpected (in the file, not in the model): {}", unexpected.len(), list(unexpected)));
+    }
+    parts.join("; ")
 }
 
 /// `?` on a serialize call inside a function returning [`crate::Result`]:
@@ -129,8 +170,18 @@ fn from_st(d: Dtype) -> Option<DType> {
 pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<(), SerializeError> {
     let path = path.as_ref();
     let p = path.display().to_string();
+    let data = encode(&p, tensors)?;
+    std::fs::write(path, data).map_err(|source| SerializeError::Io { path: p, source })
+}
+
+/// `tensors` as the bytes of one safetensors file (reading every tensor:
+/// a barrier), a name listed twice (tied weights) once; `p` names the
+/// destination in errors.
+fn encode(p: &str, tensors: &[(String, Tensor)]) -> Result<Vec<u8>, SerializeError> {
+    let mut seen = std::collections::HashSet::new();
     let bytes: Vec<(String, DType, Vec<usize>, Vec<u8>)> = tensors
         .iter()
+        .filter(|(n, _)| seen.insert(n.as_str()))
         .map(|(n, t)| Ok((n.clone(), t.dtype(), t.dims().to_vec(), t.to_bytes()?)))
         .collect::<Result<_, ExecError>>()?;
     let views: Vec<(String, TensorView<'_>)> = bytes
@@ -138,12 +189,27 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<(), 
         .map(|(n, d, s, b)| {
             TensorView::new(to_st(*d), s.clone(), b)
                 .map(|v| (n.clone(), v))
-                .map_err(|source| SerializeError::Format { path: p.clone(), source })
+                .map_err(|source| SerializeError::Format { path: p.to_string(), source })
         })
         .collect::<Result<_, _>>()?;
-    let data =
-        safetensors::serialize(views, None).map_err(|source| SerializeError::Format { path: p.clone(), source })?;
-    std::fs::write(path, data).map_err(|source| SerializeError::Io { path: p, source })
+    safetensors::serialize(views, None).map_err(|source| SerializeError::Format { path: p.to_string(), source })
+}
+
+/// [`load_into_with`] from tensors in memory instead of a file (another
+/// model's [`ModuleExt::state_dict`](crate::nn::ModuleExt::state_dict),
+/// on any device): each source tensor is read (a barrier) and assigned to
+/// its target as a file's would be, converted to the target's dtype and
+/// placed on the target's device. What
+/// [`ModuleExt::load_state_dict_from`](crate::nn::ModuleExt::load_state_dict_from)
+/// does.
+pub fn load_tensors_into_with(
+    source: &[(String, Tensor)],
+    targets: &[(String, Tensor)],
+    options: &LoadOptions<'_>,
+) -> Result<LoadReport, SerializeError> {
+    const LABEL: &str = "the state dict in memory";
+    let archive = Archive::from_bytes(LABEL, encode(LABEL, source)?)?;
+    load_archive(&archive, targets, options)
 }
 
 /// Reads every tensor of the safetensors file at `path` (or of every
@@ -296,8 +362,10 @@ struct Shard {
 
 impl Shard {
     fn open(path: &Path) -> Result<Shard, SerializeError> {
-        let p = path.display().to_string();
-        let contents = map_file(path)?;
+        Shard::of(path.display().to_string(), map_file(path)?)
+    }
+
+    fn of(p: String, contents: Contents) -> Result<Shard, SerializeError> {
         let (n, metadata) = SafeTensors::read_metadata(&contents)
             .map_err(|source| SerializeError::Format { path: p.clone(), source })?;
         Ok(Shard { path: p, contents, data_start: 8 + n, metadata })
@@ -360,6 +428,13 @@ impl Archive {
         let shard = Shard::open(path)?;
         let tensors = shard.metadata.tensors().into_keys().map(|n| (n, 0)).collect();
         Ok(Archive { path: p, files: vec![shard], tensors })
+    }
+
+    /// The bytes of one safetensors file held in memory, named `label`.
+    fn from_bytes(label: &str, bytes: Vec<u8>) -> Result<Archive, SerializeError> {
+        let shard = Shard::of(label.to_string(), Contents::Read(bytes))?;
+        let tensors = shard.metadata.tensors().into_keys().map(|n| (n, 0)).collect();
+        Ok(Archive { path: label.to_string(), files: vec![shard], tensors })
     }
 
     fn open_index(path: &Path) -> Result<Archive, SerializeError> {
@@ -507,9 +582,6 @@ fn load_checked(
         // `get`, not `remove`: a state dict may list one tensor under two
         // names (tied weights), and each name loads.
         let Some(key) = by_target.get(name).cloned() else {
-            if !accept.missing {
-                return Err(mismatch(archive.path().to_string(), name, "not in the file".into()));
-            }
             report.missing_keys.push(name.clone());
             continue;
         };
@@ -535,12 +607,18 @@ fn load_checked(
     }
     let mut extra: Vec<String> = by_target.into_keys().filter(|k| !used.contains(k.as_str())).collect();
     extra.sort();
-    if !extra.is_empty() && !accept.unexpected {
-        let detail = format!("in the file but not in the model ({} such tensor(s): {extra:?})", extra.len());
-        return Err(mismatch(archive.path().to_string(), &extra[0], detail));
+    report.missing_keys.sort();
+    report.missing_keys.dedup();
+    let refused_missing = if accept.missing { Vec::new() } else { report.missing_keys.clone() };
+    let refused_extra = if accept.unexpected { Vec::new() } else { extra.clone() };
+    if !refused_missing.is_empty() || !refused_extra.is_empty() {
+        return Err(SerializeError::Keys {
+            path: archive.path().to_string(),
+            missing: refused_missing,
+            unexpected: refused_extra,
+        });
     }
     report.unexpected_keys = extra;
-    report.missing_keys.sort();
     let stored = found
         .into_iter()
         .map(|(t, bytes)| Ok((t, Tensor::from_bytes(bytes, t.ty().clone(), t.device())?)))

@@ -37,7 +37,7 @@ pub const DIGITS_CLASSES: usize = 10;
 pub const DIGITS_TRAIN_ROWS: usize = 1437;
 
 /// An error of the training demo.
-#[derive(Debug, Error)]
+#[derive(Error)]
 pub enum TrainError {
     /// The dataset could not be read or is malformed.
     #[error("digits dataset at {path}: {detail}")]
@@ -53,6 +53,17 @@ pub enum TrainError {
     /// Distributed training failed (on this rank or another).
     #[error(transparent)]
     Dist(#[from] DistError),
+}
+
+/// `Debug` prints the message and its causes (what `?` out of `main`
+/// shows); an engine error prints as it does on its own.
+impl std::fmt::Debug for TrainError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrainError::Exec(e) => std::fmt::Debug::fmt(e, f),
+            other => lazuli_executor::error::write_chain(f, other),
+        }
+    }
 }
 
 /// The digits dataset: `images` row-major `[n, 64]` in `[0, 1]`, `labels` 0..9.

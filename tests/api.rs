@@ -113,3 +113,39 @@ fn conv_and_pool_attributes_have_defaults() {
         .with_padding(&[1, 1]);
     assert_eq!(x.pool(a).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 16]);
 }
+
+#[test]
+#[allow(clippy::needless_borrows_for_generic_args)] // The point: `&[2, 2]` is what a PyTorch user writes.
+fn pytorch_habits_compile_and_do_what_they_say() {
+    for dev in common::devices() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 6.0], &[2, 2], &dev).unwrap(); // a slice as a shape
+        assert_eq!(x.sum_all().unwrap().item::<f32>().unwrap(), 12.0);
+        assert_eq!(x.mean_all().unwrap().item::<f32>().unwrap(), 3.0);
+        assert_eq!(x.zeros_like().unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4]);
+        assert_eq!(x.ones_like().unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4]);
+        let f = x.full_like(0.5).unwrap();
+        assert_eq!((f.dims(), f.dtype(), f.to_vec::<f32>().unwrap()), (&[2usize, 2][..], DType::F32, vec![0.5; 4]));
+        assert!(Tensor::zeros(&[3, 1], DType::F32, &dev).unwrap().dims() == [3, 1]);
+        // argmax gives i32; argmax_as gives the index dtype asked for.
+        let i = x.argmax(-1, false).unwrap();
+        assert_eq!((i.dtype(), i.to_vec::<i32>().unwrap()), (DType::I32, vec![1, 1]));
+        let l = x.argmax_as(-1, false, DType::I64).unwrap();
+        assert_eq!((l.dtype(), l.to_vec::<i64>().unwrap()), (DType::I64, vec![1, 1]));
+        assert_eq!(x.argmin_as(0, false, DType::I32).unwrap().to_vec::<i32>().unwrap(), vec![0, 0]);
+        assert!(x.argmax_as(0, false, DType::F32).is_err(), "an index dtype is an integer");
+        // Reading argmax's i32 as i64 says what to do.
+        let e = i.to_vec::<i64>().unwrap_err().to_string();
+        assert!(e.contains("to_vec::<i32>()") && e.contains(".cast(DType::I64)"), "{e}");
+        if dev.kind() != lazuli::BackendKind::Cpu {
+            assert!(
+                lazuli::warn::given().iter().any(|w| w.contains("argmax_as") && w.contains("CPU fallback")),
+                "an i64 index on wgpu is a fallback, and says so"
+            );
+        }
+    }
+    // AdamW under its own name, with PyTorch's default weight decay.
+    let dev = Device::cpu();
+    let p = Tensor::ones([2], DType::F32, &dev).unwrap().requires_grad_(true).unwrap();
+    let opt = lazuli::optim::AdamW::new(vec![p], 1e-3);
+    assert!(opt.decoupled && opt.weight_decay == 0.01);
+}

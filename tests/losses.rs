@@ -143,13 +143,16 @@ fn binary_cross_entropy_with_logits_matches_pytorch() {
     }
 }
 
-/// Shapes of (input, target) for the regression losses, broadcasting as
-/// PyTorch allows it.
+/// Shapes of (input, target) for the regression losses: the same shape,
+/// and targets that broadcast to the input, which the losses refuse
+/// (PyTorch warns and broadcasts) unless the caller expands the target.
 fn regression_shapes() -> Vec<(Vec<usize>, Vec<usize>)> {
     vec![(vec![7], vec![7]), (vec![3, 4], vec![3, 4]), (vec![3, 4], vec![4]), (vec![2, 3, 5], vec![2, 1, 5])]
 }
 
-/// Checks a regression loss whose per-element value is `per(input - target)`.
+/// Checks a regression loss whose per-element value is `per(input - target)`:
+/// PyTorch's values where the shapes agree or the target is expanded on
+/// purpose, and an error naming both shapes where they differ.
 fn check_regression(name: &str, per: impl Fn(f64) -> f64, f: impl Fn(&Tensor, &Tensor, Reduction) -> Result<Tensor>) {
     for (xd, yd) in regression_shapes() {
         let x = vals(numel(&xd), 11, -3.0, 3.0);
@@ -159,8 +162,15 @@ fn check_regression(name: &str, per: impl Fn(f64) -> f64, f: impl Fn(&Tensor, &T
         for r in REDUCTIONS {
             let want = reduce(v.clone(), &xd, r);
             expect(&format!("{name} {xd:?} vs {yd:?} {r:?}"), &want, |dev| {
-                f(&t32(&x, &xd, dev), &t32(&y, &yd, dev), r)
+                f(&t32(&x, &xd, dev), &t32(&y, &yd, dev).expand(xd.clone())?, r)
             });
+            if xd != yd {
+                let dev = Device::cpu();
+                let e = f(&t32(&x, &xd, &dev), &t32(&y, &yd, &dev), r).expect_err("shapes differ").to_string();
+                let (xs, ys) = (format!("{:?}", xd), format!("{:?}", yd));
+                let op = name.split(' ').next().unwrap();
+                assert!(e.contains(op) && e.contains(&xs) && e.contains(&ys), "{name}: {e}");
+            }
         }
     }
 }
@@ -385,20 +395,21 @@ fn grad_binary_cross_entropy_with_logits() {
 #[test]
 fn grad_regression_losses() {
     // Differences well away from 0 and from the thresholds 0.5 and 1 (the
-    // kinks), with a broadcast target.
+    // kinks), with a target broadcast on purpose (its gradient sums over
+    // the broadcast rows).
     let x = inp(vec![-2.7, -1.3, -0.8, -0.3, -0.1, 0.2, 0.35, 0.7, 1.2, 1.6, 2.2, 3.1], &[3, 4]);
     let y = inp(vec![0.02, -0.04, 0.03, 0.0], &[4]);
     for r in REDUCTIONS {
         let both = [x.clone(), y.clone()];
-        check_grad(&format!("l1_loss {r:?}"), &both, &[0, 1], |_, t| nn::l1_loss(&t[0], &t[1], r));
+        check_grad(&format!("l1_loss {r:?}"), &both, &[0, 1], |_, t| nn::l1_loss(&t[0], &t[1].expand([3, 4])?, r));
         for beta in [0.0, 0.5, 1.0] {
             check_grad(&format!("smooth_l1_loss {beta} {r:?}"), &both, &[0, 1], |_, t| {
-                nn::smooth_l1_loss(&t[0], &t[1], beta, r)
+                nn::smooth_l1_loss(&t[0], &t[1].expand([3, 4])?, beta, r)
             });
         }
         for delta in [0.5, 1.0] {
             check_grad(&format!("huber_loss {delta} {r:?}"), &both, &[0, 1], |_, t| {
-                nn::huber_loss(&t[0], &t[1], delta, r)
+                nn::huber_loss(&t[0], &t[1].expand([3, 4])?, delta, r)
             });
         }
     }
@@ -553,4 +564,29 @@ fn wgpu_gradients_match_the_cpu_with_no_fallback() {
         common::assert_close(&[loss], &[want_loss], 1e-5, 1e-6, &format!("loss {which}"));
         common::assert_close(&grad, &want_grad, 1e-5, 1e-6, &format!("loss {which}: gradient"));
     }
+}
+
+/// The classic regression bug: a `[n, 1]` prediction against an `[n]`
+/// target, which PyTorch warns about and broadcasts to `[n, n]`.
+#[test]
+fn regression_losses_refuse_mismatched_shapes() {
+    let dev = Device::cpu();
+    let pred = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4, 1], &dev).unwrap();
+    let target = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [4], &dev).unwrap();
+    let line = line!() + 1;
+    let e = nn::mse(&pred, &target).unwrap_err().to_string();
+    for part in ["mse", "[4, 1]", "[4]", "[4, 4]", "target.reshape([4, 1])"] {
+        assert!(e.contains(part), "{e:?} should mention {part:?}");
+    }
+    assert!(e.contains(&format!("{}:{line}", file!())), "{e}");
+    for r in [Reduction::Mean, Reduction::Sum] {
+        assert!(nn::l1_loss(&pred, &target, r).is_err());
+        assert!(nn::smooth_l1_loss(&pred, &target, 1.0, r).is_err());
+        assert!(nn::huber_loss(&pred, &target, 1.0, r).is_err());
+    }
+    let opts = BceWithLogitsOptions::default();
+    assert!(nn::binary_cross_entropy_with_logits(&pred, &target, &opts).is_err());
+    // Reshaped, the loss is what it should be: zero.
+    let fixed = nn::mse(&pred, &target.reshape([4, 1]).unwrap()).unwrap();
+    assert_eq!(fixed.item::<f32>().unwrap(), 0.0);
 }

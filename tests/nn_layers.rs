@@ -414,3 +414,50 @@ fn bench_gpt_walks_agree_on_its_tree() {
     let state: Vec<String> = model.state_dict().into_iter().map(|(n, _)| n).collect();
     assert_eq!(state, names, "no buffers");
 }
+
+/// Parameters are data: the first sync on a device computes a model's
+/// initialization once, so an inference loop runs the model's ops only,
+/// never an initializer again.
+#[test]
+fn inference_runs_no_initializer_after_the_first_sync() {
+    for dev in common::devices() {
+        let model = nn::Sequential::new()
+            .add(nn::Linear::new(4, 8, &dev).unwrap())
+            .add(nn::Activation::Relu)
+            .add(nn::LayerNorm::new(&[8], &dev).unwrap())
+            .add(nn::Linear::new(8, 3, &dev).unwrap());
+        model.eval();
+        let x = Tensor::from_slice(&[0.5f32; 8], [2, 4], &dev).unwrap();
+        let first = lazuli::no_grad(|| model.forward(&x)).unwrap().to_vec::<f32>().unwrap();
+        for (name, p) in model.state_dict() {
+            assert_eq!(p.state(), TensorState::DeviceData, "{}: {name} was materialized", dev.name());
+        }
+        // The model again from host data: the kernels a forward needs.
+        let same = nn::Sequential::new()
+            .add(nn::Linear::new(4, 8, &dev).unwrap())
+            .add(nn::Activation::Relu)
+            .add(nn::LayerNorm::new(&[8], &dev).unwrap())
+            .add(nn::Linear::new(8, 3, &dev).unwrap());
+        same.load_state_dict_from(&model.state_dict()).unwrap();
+        same.materialize().unwrap();
+        // Each forward: no initializer in its graph, and the kernels of the
+        // model's ops only (the same plan as the data-built model's).
+        let kernels = |m: &nn::Sequential| {
+            let y = lazuli::no_grad(|| m.forward(&x)).unwrap();
+            let ir = lazuli::debug::ir_text(&[&y]);
+            assert!(!ir.contains("rand"), "{}: no initializer in an inference forward:\n{ir}", dev.name());
+            let kernels: Vec<String> =
+                lazuli::debug::backend_code(&[&y]).unwrap().into_iter().map(|(name, _)| name).collect();
+            let hash = lazuli::debug::graph_hash(&[&y]);
+            (y.to_vec::<f32>().unwrap(), hash, kernels)
+        };
+        for _ in 0..3 {
+            let (v, hash, names) = kernels(&model);
+            let (w, same_hash, same_names) = kernels(&same);
+            assert_eq!(v, first, "{}", dev.name());
+            assert_eq!(w, first, "{}", dev.name());
+            assert_eq!((hash, &names), (same_hash, &same_names), "{}: the model's kernels only", dev.name());
+            assert!(names.iter().all(|k| !k.contains("Random")), "{}: {names:?}", dev.name());
+        }
+    }
+}

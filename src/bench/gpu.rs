@@ -122,7 +122,8 @@ pub fn gpu_row_name(w: Workload, sizes: &GpuSizes) -> String {
         | Workload::W6
         | Workload::H1
         | Workload::C1
-        | Workload::A1 => w.name().to_string(),
+        | Workload::A1
+        | Workload::O1 => w.name().to_string(),
     }
 }
 
@@ -236,7 +237,8 @@ pub fn prepare_gpu(w: Workload, dev: &Device, sizes: &GpuSizes) -> Result<GpuRun
         | Workload::W6
         | Workload::H1
         | Workload::C1
-        | Workload::A1 => {
+        | Workload::A1
+        | Workload::O1 => {
             return Err(ExecError::Invalid {
                 op: "bench::prepare_gpu".into(),
                 detail: format!("{} is not a GPU-scale workload", w.name()),

@@ -58,6 +58,7 @@ mod conv;
 mod gpt;
 mod gpu;
 mod host;
+pub mod models;
 mod profile;
 mod small;
 
@@ -112,11 +113,14 @@ pub enum Workload {
     /// Causal attention, fused and unfused, forward and forward + backward
     /// ([`AttnSizes`]).
     A1,
+    /// Whole ONNX models: the `light` CNNs and a transformer encoder
+    /// (`models`), one row each.
+    O1,
 }
 
 impl Workload {
     /// Every workload, in order.
-    pub const ALL: [Workload; 17] = [
+    pub const ALL: [Workload; 18] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -134,6 +138,7 @@ impl Workload {
         Workload::H1,
         Workload::C1,
         Workload::A1,
+        Workload::O1,
     ];
 
     /// The small set, W1–W6 and H1 (`--scale small`, the default).
@@ -152,12 +157,12 @@ impl Workload {
         Workload::G8,
     ];
 
-    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1" (case-insensitive).
+    /// Parses "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1", "O1" (case-insensitive).
     pub fn parse(s: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s))
     }
 
-    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1".
+    /// "W1" .. "W6", "G1" .. "G8", "H1", "C1", "A1", "O1".
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "W1",
@@ -177,6 +182,7 @@ impl Workload {
             Workload::H1 => "H1",
             Workload::C1 => "C1",
             Workload::A1 => "A1",
+            Workload::O1 => "O1",
         }
     }
 
@@ -457,5 +463,6 @@ pub fn run_workload(w: Workload, bd: &BenchDevice, cfg: &BenchConfig, sizes: &Gp
             vec![BenchResult { note: Some(ConvSizes::C1.describe()), ..r }]
         }
         Workload::A1 => attention_rows(bd, cfg, sizes.attention)?,
+        Workload::O1 => models::o1_rows(bd, cfg)?,
     })
 }

@@ -141,6 +141,7 @@ pub fn profile(w: Workload, bd: &BenchDevice, sizes: &GpuSizes, iterations: usiz
             let mut attn = AttnStep::new(dev, sizes.attention)?;
             Box::new(move || attn.step(true, true))
         }
+        Workload::O1 => super::models::encoder_step(dev)?,
     };
     for _ in 0..cfg.warmup {
         body()?;

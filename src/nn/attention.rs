@@ -12,6 +12,7 @@ use crate::{DType, Device, Result, Tensor};
 /// attend to key `j` (`j <= i`, aligned at the top left as PyTorch's
 /// `is_causal`), `-inf` elsewhere. Add it to attention scores, or pass it
 /// as [`AttentionOptions::mask`].
+#[track_caller]
 pub fn causal_mask(t_q: usize, t_k: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     if !dtype.is_float() {
         return Err(invalid("causal_mask", format!("an additive mask needs a float dtype, got {dtype}")));
@@ -75,6 +76,7 @@ impl AttentionOptions {
 /// results the fused op matches up to rounding): a mask that needs a
 /// gradient (the fused op has none for it), and a mask whose last two
 /// dims would grow the scores beyond `[t_q, t_k]`.
+#[track_caller]
 pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<Tensor> {
     let scale = check_attention(q, k, v, opts)?;
     let (tq, tk) = (q.dims()[q.rank() - 2], k.dims()[k.rank() - 2]);
@@ -95,6 +97,7 @@ pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &A
 /// [`scaled_dot_product_attention`] is tested against (same arguments,
 /// same results up to rounding), and its path for masks that need a
 /// gradient.
+#[track_caller]
 pub fn scaled_dot_product_attention_unfused(
     q: &Tensor,
     k: &Tensor,
@@ -238,6 +241,7 @@ impl MultiheadAttention {
 
 impl Module for MultiheadAttention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let opts = AttentionOptions { causal: self.is_causal, ..AttentionOptions::default() };
         self.attend(x, x, x, &opts)
     }
@@ -250,5 +254,15 @@ impl Module for MultiheadAttention {
 
     fn children(&self) -> Vec<(String, &dyn Module)> {
         vec![("out_proj".into(), &self.out_proj as &dyn Module)]
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.in_proj_weight];
+        v.extend(self.in_proj_bias.as_mut());
+        v
+    }
+
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![&mut self.out_proj]
     }
 }

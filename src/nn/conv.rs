@@ -178,6 +178,7 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         batched("Conv2d", x, |x| {
             let y = x.conv2d(&self.weight, self.attrs.clone())?;
             match &self.bias {
@@ -191,6 +192,12 @@ impl Module for Conv2d {
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.weight];
+        v.extend(self.bias.as_mut());
         v
     }
 }
@@ -296,6 +303,7 @@ impl Conv1d {
 
 impl Module for Conv1d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         conv1d(x, &self.weight, self.bias.as_ref(), self.stride, self.padding, self.dilation, self.groups)
     }
 
@@ -304,12 +312,19 @@ impl Module for Conv1d {
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
         v
     }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.weight];
+        v.extend(self.bias.as_mut());
+        v
+    }
 }
 
 /// 1-d convolution (cross-correlation) of `x` (`[N, C, L]` or `[C, L]`)
 /// with `weight` (`[out, C / groups, k]`) and an optional `bias` (`[out]`),
 /// PyTorch's `F.conv1d` with integer `padding` (no `"same"`): a 2-d
 /// convolution over a height of 1.
+#[track_caller]
 pub fn conv1d(
     x: &Tensor,
     weight: &Tensor,

@@ -16,7 +16,7 @@
 
 use super::conv::{batched, Size2};
 use super::init::{parameter, Init};
-use super::{invalid, Module};
+use super::{invalid_at, Module};
 use crate::ir::{ConvAttrs, Op};
 use crate::{Device, Result, Tensor};
 use std::panic::Location;
@@ -130,13 +130,14 @@ impl ConvTranspose2dBuilder {
         let at = Location::caller();
         let (cin, cout, g, [kh, kw]) = (self.in_channels, self.out_channels, self.attrs.groups, self.kernel);
         if g == 0 || !cin.is_multiple_of(g) || !cout.is_multiple_of(g) || kh * kw == 0 {
-            return Err(invalid(
+            return Err(invalid_at(
                 "ConvTranspose2d",
                 format!(
                     "{cin} -> {cout} channels, kernel {:?}, {g} groups: channels must be multiples of the groups \
-                     and the kernel non-empty (at {at})",
+                     and the kernel non-empty",
                     self.kernel
                 ),
+                at,
             ));
         }
         check_settings(&self.attrs, at)?;
@@ -179,6 +180,7 @@ impl ConvTranspose2d {
 impl Module for ConvTranspose2d {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let at = Location::caller();
         batched("ConvTranspose2d", x, |x| conv_transpose2d_at(x, &self.weight, self.bias.as_ref(), &self.attrs, at))
     }
@@ -186,6 +188,12 @@ impl Module for ConvTranspose2d {
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.weight];
+        v.extend(self.bias.as_mut());
         v
     }
 }
@@ -206,18 +214,20 @@ fn check_settings(s: &ConvTranspose2dAttrs, at: &Location<'_>) -> Result<()> {
     let (stride, dilation, output_padding) = (s.stride, s.dilation, s.output_padding);
     for i in 0..2 {
         if stride[i] == 0 || dilation[i] == 0 {
-            return Err(invalid(
+            return Err(invalid_at(
                 "conv_transpose2d",
-                format!("stride {stride:?} and dilation {dilation:?} must be positive (at {at})"),
+                format!("stride {stride:?} and dilation {dilation:?} must be positive"),
+                at,
             ));
         }
         if output_padding[i] >= stride[i].max(dilation[i]) {
-            return Err(invalid(
+            return Err(invalid_at(
                 "conv_transpose2d",
                 format!(
                     "output_padding {output_padding:?} must be smaller than the stride {stride:?} or the \
-                     dilation {dilation:?} (at {at})"
+                     dilation {dilation:?}"
                 ),
+                at,
             ));
         }
     }
@@ -236,20 +246,21 @@ fn conv_transpose2d_at(
     let g = s.groups;
     let shapes = || format!("input {}, weight {}", x.shape(), w.shape());
     if x.rank() != 4 || w.rank() != 4 || g == 0 || x.dims()[1] != w.dims()[0] || !w.dims()[0].is_multiple_of(g) {
-        return Err(invalid(
+        return Err(invalid_at(
             op,
             format!(
                 "expected an [N, C_in, H, W] input and a [C_in, C_out / {g}, kh, kw] weight with C_in a multiple \
-                 of the groups, got {} (at {at})",
+                 of the groups, got {}",
                 shapes()
             ),
+            at,
         ));
     }
     let (cin, cog, kh, kw) = (w.dims()[0], w.dims()[1], w.dims()[2], w.dims()[3]);
     let cout = cog * g;
     if let Some(b) = bias {
         if b.dims() != [cout] {
-            return Err(invalid(op, format!("bias {} is not [{cout}] for {} (at {at})", b.shape(), shapes())));
+            return Err(invalid_at(op, format!("bias {} is not [{cout}] for {}", b.shape(), shapes()), at));
         }
     }
     let k = [kh, kw];
@@ -258,7 +269,7 @@ fn conv_transpose2d_at(
         let n = x.dims()[2 + i];
         let full = (n.max(1) - 1) * s.stride[i] + s.dilation[i] * (k[i] - 1) + s.output_padding[i] + 1;
         if n == 0 || full <= 2 * s.padding[i] {
-            return Err(invalid(op, format!("padding {:?} leaves no output for {} (at {at})", s.padding, shapes())));
+            return Err(invalid_at(op, format!("padding {:?} leaves no output for {}", s.padding, shapes()), at));
         }
         out_size[i] = full - 2 * s.padding[i];
     }
@@ -419,12 +430,19 @@ impl ConvTranspose1d {
 impl Module for ConvTranspose1d {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         conv_transpose1d(x, &self.weight, self.bias.as_ref(), &self.attrs)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.weight];
+        v.extend(self.bias.as_mut());
         v
     }
 }
@@ -441,14 +459,15 @@ pub fn conv_transpose1d(
 ) -> Result<Tensor> {
     let at = Location::caller();
     if !(x.rank() == 2 || x.rank() == 3) || weight.rank() != 3 {
-        return Err(invalid(
+        return Err(invalid_at(
             "conv_transpose1d",
             format!(
                 "expected an [N, C_in, L] or [C_in, L] input and a [C_in, C_out / groups, k] weight, got {} and {} \
-                 (at {at})",
+                ",
                 x.shape(),
                 weight.shape()
             ),
+            at,
         ));
     }
     let line = ConvTranspose2dAttrs {

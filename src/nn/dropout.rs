@@ -5,6 +5,7 @@ use super::{Mode, Module};
 use crate::{Result, Tensor};
 
 /// Inverted dropout with the device RNG (see [`Tensor::dropout`]).
+#[track_caller]
 pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     x.dropout(p, training)
 }

@@ -21,8 +21,22 @@ impl Embedding {
 }
 
 impl Module for Embedding {
+    /// The rows of `weight` for `ids` ([`Tensor::embedding`]): an id
+    /// outside `0..num_embeddings` is an error at the barrier that names
+    /// the line of this call as an embedding lookup.
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.weight.gather(0, ids)
+        if !ids.dtype().is_int() {
+            let [num, dim] = [self.weight.dims()[0], self.weight.dims()[1]];
+            return Err(invalid(
+                &format!("Embedding({num}, {dim})"),
+                format!("ids must be integers, got {}{}", ids.dtype(), ids.shape()),
+            ));
+        }
+        self.weight.embedding(ids)
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.weight]
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
@@ -36,6 +50,7 @@ impl Module for Embedding {
 
 /// One-hot encoding of integer `labels` (any shape `[..]`) as `dtype`,
 /// shape `[.., classes]`; a label outside `0..classes` gives a row of zeros.
+#[track_caller]
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
     if !labels.dtype().is_int() {
         return Err(invalid(

@@ -12,6 +12,7 @@ use crate::{Device, Result, Tensor};
 /// The gated linear unit, PyTorch's `F.glu`: `x` split in halves `a`, `b`
 /// along `dim` (negative counts from the end), `a * sigmoid(b)`. The size
 /// of `dim` must be even.
+#[track_caller]
 pub fn glu(x: &Tensor, dim: isize) -> Result<Tensor> {
     let rank = x.rank() as isize;
     let axis = if dim < 0 { dim + rank } else { dim };
@@ -55,6 +56,7 @@ impl Default for Glu {
 
 impl Module for Glu {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         glu(x, self.dim)
     }
 }
@@ -87,6 +89,7 @@ impl SwiGlu {
 
 impl Module for SwiGlu {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let d = self.w1.in_features();
         if x.rank() == 0 || x.dims()[x.rank() - 1] != d {
             return Err(invalid("SwiGLU", format!("expected an input of shape [..., {d}], got {}", x.shape())));
@@ -97,5 +100,9 @@ impl Module for SwiGlu {
 
     fn children(&self) -> Vec<(String, &dyn Module)> {
         vec![("w1".into(), &self.w1), ("w2".into(), &self.w2), ("w3".into(), &self.w3)]
+    }
+
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![&mut self.w1, &mut self.w2, &mut self.w3]
     }
 }

@@ -2,7 +2,7 @@
 //! dim, with PyTorch's weight layout and default initialization.
 
 use super::init::{parameter, Init};
-use super::Module;
+use super::{invalid, Module};
 use crate::{Device, Result, Tensor};
 
 /// `y = x W^T + b` over the last dim of `x`; `weight` is `[out, in]`
@@ -50,8 +50,32 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// The layer as PyTorch prints it, for errors.
+    fn describe(&self) -> String {
+        format!(
+            "Linear(in_features={}, out_features={}, bias={})",
+            self.in_features(),
+            self.out_features(),
+            self.bias.is_some()
+        )
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let features = x.dims().last().copied();
+        if features != Some(self.in_features()) {
+            return Err(invalid(
+                &self.describe(),
+                format!(
+                    "input of shape {} has {} features in its last dim, expected in_features = {}",
+                    x.shape(),
+                    features.map_or_else(|| "no".to_string(), |f| f.to_string()),
+                    self.in_features()
+                ),
+            ));
+        }
         let y = x.matmul(&self.weight.t()?)?;
         match &self.bias {
             // Under autocast in the product's dtype (PyTorch's `addmm`).
@@ -63,6 +87,12 @@ impl Module for Linear {
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.weight];
+        v.extend(self.bias.as_mut());
         v
     }
 }

@@ -9,7 +9,7 @@
 //! naming the loss, the shapes and the caller's location.
 
 use super::embedding::one_hot;
-use super::invalid;
+use super::{invalid, invalid_at};
 use crate::{BackendKind, DType, ExecError, Result, Tensor, TensorState};
 use std::panic::Location;
 
@@ -170,11 +170,17 @@ fn narrow_labels(labels: &Tensor, ignore: Option<i64>) -> Result<Tensor> {
     Tensor::from_slice(&values, labels.shape().clone(), dev)
 }
 
-/// Mean squared error over all elements (`target` broadcasts to `pred`).
+/// Mean squared error over all elements (PyTorch's `mse_loss`). `pred`
+/// and `target` must have the same shape and float dtype: PyTorch warns
+/// where they differ and broadcasts (a `[4, 1]` prediction against a `[4]`
+/// target compares every prediction with every target), Lazuli refuses,
+/// naming both shapes; broadcast on purpose with [`Tensor::expand`].
+#[track_caller]
 pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
     let pred = &crate::amp::float32(pred)?;
     let target = &crate::amp::float32(target)?;
+    check_pair("mse", pred, target, true, Location::caller())?;
     let d = pred.sub(target)?;
     d.mul(&d)?.mean(&[], false)
 }
@@ -182,7 +188,7 @@ pub fn mse(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// The error of a loss given [`Reduction::BatchMean`], which only
 /// [`kl_div`] takes.
 fn batch_mean_error(op: &str, at: &Location<'_>) -> ExecError {
-    invalid(op, format!("reduction BatchMean is for kl_div only; use Mean, Sum or None (at {at})"))
+    invalid_at(op, "reduction BatchMean is for kl_div only; use Mean, Sum or None".into(), at)
 }
 
 /// Checks that `input` is float and that `target` has its dtype and
@@ -190,24 +196,44 @@ fn batch_mean_error(op: &str, at: &Location<'_>) -> ExecError {
 /// PyTorch demands of some losses).
 fn check_pair(op: &str, input: &Tensor, target: &Tensor, same_shape: bool, at: &Location<'_>) -> Result<()> {
     if !input.dtype().is_float() || target.dtype() != input.dtype() {
-        return Err(invalid(
+        return Err(invalid_at(
             op,
             format!(
-                "expected a float input and a target of its dtype, got {}{} and {}{} (at {at})",
+                "expected a float input and a target of its dtype, got {}{} and {}{}",
                 input.dtype(),
                 input.shape(),
                 target.dtype(),
                 target.shape()
             ),
+            at,
         ));
     }
-    let fits =
-        if same_shape { input.shape() == target.shape() } else { input.shape().broadcast(target.shape()).is_some() };
-    if !fits {
-        let want = if same_shape { "the same shape" } else { "shapes that broadcast" };
-        return Err(invalid(
+    if same_shape && input.shape() != target.shape() {
+        let broadcast = match input.shape().broadcast(target.shape()) {
+            Some(s) if s == *input.shape() => {
+                format!("the target would be repeated over the input's {s} (PyTorch warns here); ")
+            }
+            Some(s) => {
+                format!("broadcasting them gives a {s} result, every input against every target, a classic bug; ")
+            }
+            None => String::new(),
+        };
+        let fix = if input.numel() == target.numel() {
+            format!("reshape one to the other's shape (target.reshape({})?)", input.shape())
+        } else {
+            format!("give the target the input's shape (target.expand({})? broadcasts it on purpose)", input.shape())
+        };
+        return Err(invalid_at(
             op,
-            format!("expected input and target of {want}, got {} and {} (at {at})", input.shape(), target.shape()),
+            format!("input {} and target {} differ in shape: {broadcast}{fix}", input.shape(), target.shape()),
+            at,
+        ));
+    }
+    if !same_shape && input.shape().broadcast(target.shape()).is_none() {
+        return Err(invalid_at(
+            op,
+            format!("expected input and target of shapes that broadcast, got {} and {}", input.shape(), target.shape()),
+            at,
         ));
     }
     Ok(())
@@ -262,15 +288,16 @@ pub fn binary_cross_entropy_with_logits(
         if let Some(w) = w {
             let fits = w.shape().broadcast(input.shape()).is_some_and(|s| s == *input.shape());
             if w.dtype() != input.dtype() || !fits {
-                return Err(invalid(
+                return Err(invalid_at(
                     op,
                     format!(
-                        "{name} must have the input's dtype and broadcast to its shape, got {}{} for input {}{} (at {at})",
+                        "{name} must have the input's dtype and broadcast to its shape, got {}{} for input {}{}",
                         w.dtype(),
                         w.shape(),
                         input.dtype(),
                         input.shape()
                     ),
+                    at,
                 ));
             }
         }
@@ -291,15 +318,15 @@ pub fn binary_cross_entropy_with_logits(
     reduce(op, loss, opts.reduction, at)
 }
 
-/// Mean absolute error `|input - target|` (PyTorch's `l1_loss`; `target`
-/// and `input` broadcast).
+/// Mean absolute error `|input - target|` (PyTorch's `l1_loss`): `input`
+/// and `target` must have the same shape, as [`mse`] says.
 #[track_caller]
 pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
     // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
     let input = &crate::amp::float32(input)?;
     let target = &crate::amp::float32(target)?;
     let (op, at) = ("l1_loss", Location::caller());
-    check_pair(op, input, target, false, at)?;
+    check_pair(op, input, target, true, at)?;
     if reduction == Reduction::BatchMean {
         return Err(batch_mean_error(op, at));
     }
@@ -322,7 +349,7 @@ fn quadratic_then_linear(
     // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
     let input = &crate::amp::float32(input)?;
     let target = &crate::amp::float32(target)?;
-    check_pair(op, input, target, false, at)?;
+    check_pair(op, input, target, true, at)?;
     if reduction == Reduction::BatchMean {
         return Err(batch_mean_error(op, at));
     }
@@ -341,12 +368,13 @@ fn quadratic_then_linear(
 /// Smooth L1 loss (PyTorch's `smooth_l1_loss`, default `beta` 1.0): with
 /// `d = input - target`, `0.5 d^2 / beta` where `|d| < beta` and
 /// `|d| - 0.5 beta` elsewhere; `beta` 0 is the L1 loss. `beta` must be
-/// finite and non-negative.
+/// finite and non-negative; `input` and `target` must have the same
+/// shape, as [`mse`] says.
 #[track_caller]
 pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
     let (op, at) = ("smooth_l1_loss", Location::caller());
     if !(beta.is_finite() && beta >= 0.0) {
-        return Err(invalid(op, format!("beta must be finite and non-negative, got {beta} (at {at})")));
+        return Err(invalid_at(op, format!("beta must be finite and non-negative, got {beta}"), at));
     }
     quadratic_then_linear(op, input, target, beta, 1.0, reduction, at)
 }
@@ -354,12 +382,13 @@ pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Red
 /// Huber loss (PyTorch's `huber_loss`, default `delta` 1.0): with `d =
 /// input - target`, `0.5 d^2` where `|d| < delta` and `delta * (|d| - 0.5
 /// delta)` elsewhere; it is `delta` times [`smooth_l1_loss`] with `beta =
-/// delta`. `delta` must be finite and positive.
+/// delta`. `delta` must be finite and positive; `input` and `target`
+/// must have the same shape, as [`mse`] says.
 #[track_caller]
 pub fn huber_loss(input: &Tensor, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
     let (op, at) = ("huber_loss", Location::caller());
     if !(delta.is_finite() && delta > 0.0) {
-        return Err(invalid(op, format!("delta must be finite and positive, got {delta} (at {at})")));
+        return Err(invalid_at(op, format!("delta must be finite and positive, got {delta}"), at));
     }
     quadratic_then_linear(op, input, target, delta, delta, reduction, at)
 }
@@ -402,38 +431,37 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Resul
     let input = &crate::amp::float32(input)?;
     let (op, at) = ("nll_loss", Location::caller());
     if input.rank() == 0 || target.dims() != &input.dims()[..input.rank() - 1] {
-        return Err(invalid(
+        return Err(invalid_at(
             op,
             format!(
-                "expected input [.., classes] and target of its leading dims [..], got {} and {} (at {at})",
+                "expected input [.., classes] and target of its leading dims [..], got {} and {}",
                 input.shape(),
                 target.shape()
             ),
+            at,
         ));
     }
     if !input.dtype().is_float() || !target.dtype().is_int() {
-        return Err(invalid(
+        return Err(invalid_at(
             op,
-            format!(
-                "expected a float input and an integer target, got {} and {} (at {at})",
-                input.dtype(),
-                target.dtype()
-            ),
+            format!("expected a float input and an integer target, got {} and {}", input.dtype(), target.dtype()),
+            at,
         ));
     }
     let (dt, dev) = (input.dtype(), input.device());
     let c = input.dims()[input.rank() - 1];
     if let Some(w) = &opts.weight {
         if w.dims() != [c] || w.dtype() != dt {
-            return Err(invalid(
+            return Err(invalid_at(
                 op,
                 format!(
-                    "weight must be [classes] of the input's dtype, got {}{} for input {}{} (at {at})",
+                    "weight must be [classes] of the input's dtype, got {}{} for input {}{}",
                     w.dtype(),
                     w.shape(),
                     dt,
                     input.shape()
                 ),
+                at,
             ));
         }
     }

@@ -85,7 +85,7 @@ pub use sequential::{Flatten, Sequential};
 pub use transformer::TransformerBlock;
 
 use crate::serialize::{LoadOptions, LoadReport};
-use crate::{ExecError, Result, Tensor};
+use crate::{no_grad, Device, ExecError, Result, Tensor};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -146,7 +146,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// }
 /// ```
 pub trait Module {
-    /// Applies the module to `x`.
+    /// Applies the module to `x`. `#[track_caller]` (for every
+    /// implementation): a shape error names the line that called
+    /// `forward`.
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
     /// This module's own trainable tensors with short names ("weight"),
@@ -163,6 +166,20 @@ pub trait Module {
 
     /// The direct sub-modules with their names. None by default.
     fn children(&self) -> Vec<(String, &dyn Module)> {
+        Vec::new()
+    }
+
+    /// This module's own parameters and buffers, mutably, in any order:
+    /// what [`ModuleExt::to_device`] replaces. None by default; a module
+    /// with tensors of its own implements it (`#[derive(Module)]` and
+    /// every layer of this module do), or `to_device` refuses to move it.
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        Vec::new()
+    }
+
+    /// The direct sub-modules, mutably, in any order (see
+    /// [`Module::own_tensors_mut`]). None by default.
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
         Vec::new()
     }
 
@@ -266,6 +283,102 @@ pub trait ModuleExt: Module {
         v
     }
 
+    /// Computes every parameter and buffer that is still pending (a
+    /// layer's random initialization) in one sync per device, returning
+    /// without waiting. Optional: the first sync on a device materializes
+    /// them anyway ([`Tensor::persist`]); this does it at a moment of the
+    /// program's choosing, e.g. before timing a loop.
+    #[track_caller]
+    fn materialize(&self) -> Result<()> {
+        let state = self.state_dict();
+        let mut by_device: Vec<Vec<&Tensor>> = Vec::new();
+        for (_, t) in &state {
+            match by_device.iter_mut().find(|g| g[0].device().same(t.device())) {
+                Some(group) => group.push(t),
+                None => by_device.push(vec![t]),
+            }
+        }
+        for group in by_device {
+            crate::sync(&group)?;
+        }
+        Ok(())
+    }
+
+    /// Moves every parameter and buffer to `device` in place (PyTorch's
+    /// `model.to(device)`): each tensor field is replaced by its copy on
+    /// `device` (a parameter stays a leaf that requires grad; its
+    /// gradient, if any, moves with it; a tensor listed twice, a tied
+    /// weight, stays one tensor). Pending values are computed first, one
+    /// sync per device. Move a model before making its optimizer: an
+    /// optimizer holds the tensors it was given, as PyTorch's does.
+    ///
+    /// Every tensor of [`ModuleExt::state_dict`] must be reachable through
+    /// [`Module::own_tensors_mut`] and [`Module::children_mut`]
+    /// (`#[derive(Module)]` and the layers of this module implement them);
+    /// otherwise nothing moves and the error names the tensors that could
+    /// not.
+    #[track_caller]
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        let at = std::panic::Location::caller();
+        let op = format!("ModuleExt::to_device at {}:{}", at.file(), at.line());
+        let state = self.state_dict();
+        let mut reachable = std::collections::HashSet::new();
+        walk_tensors_mut(self, &mut |t| {
+            reachable.insert(t.id());
+            Ok(())
+        })?;
+        let stuck: Vec<&str> =
+            state.iter().filter(|(_, t)| !reachable.contains(&t.id())).map(|(n, _)| n.as_str()).collect();
+        if !stuck.is_empty() {
+            return Err(ExecError::Invalid {
+                op,
+                detail: format!(
+                    "the module lists tensors it does not give mutably: {}; implement Module::own_tensors_mut \
+                     and Module::children_mut for the modules that hold them (#[derive(Module)] does)",
+                    stuck.join(", ")
+                ),
+            });
+        }
+        self.materialize()?;
+        let mut moved: std::collections::HashMap<u64, Tensor> = std::collections::HashMap::new();
+        walk_tensors_mut(self, &mut |t| {
+            if t.device().same(device) {
+                return Ok(());
+            }
+            let new = match moved.get(&t.id()) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = no_grad(|| t.detach().to_device(device))?;
+                    if t.requires_grad() {
+                        m.requires_grad_(true)?;
+                    }
+                    if let Some(g) = t.grad() {
+                        m.set_grad(Some(no_grad(|| g.to_device(device))?))?;
+                    }
+                    moved.insert(t.id(), m.clone());
+                    m
+                }
+            };
+            *t = new;
+            Ok(())
+        })
+    }
+
+    /// [`ModuleExt::load_state_dict`] from tensors in memory instead of a
+    /// file: another model's [`ModuleExt::state_dict`] (on any device) or
+    /// any named tensors. The same checks (every entry present with its
+    /// shape, nothing extra; float dtypes convert); each value is copied
+    /// into this module's tensor on its device, which keeps its identity.
+    fn load_state_dict_from(&self, state: &[(String, Tensor)]) -> Result<()> {
+        Ok(crate::serialize::load_tensors_into_with(state, &self.state_dict(), &LoadOptions::strict()).map(|_| ())?)
+    }
+
+    /// [`ModuleExt::load_state_dict_from`] with options (non-strict keys,
+    /// renaming), as [`ModuleExt::load_state_dict_with`].
+    fn load_state_dict_from_with(&self, state: &[(String, Tensor)], options: &LoadOptions<'_>) -> Result<LoadReport> {
+        Ok(crate::serialize::load_tensors_into_with(state, &self.state_dict(), options)?)
+    }
+
     /// Writes [`ModuleExt::state_dict`] to `path` as safetensors (a barrier).
     fn save_state_dict(&self, path: impl AsRef<Path>) -> Result<()>
     where
@@ -317,6 +430,17 @@ pub trait ModuleExt: Module {
 // one, which is what keeps the walks from being overridden.
 impl<M: Module + ?Sized> ModuleExt for M {}
 
+/// Calls `f` on every tensor of the tree, mutably, own tensors first.
+fn walk_tensors_mut<M: Module + ?Sized>(m: &mut M, f: &mut dyn FnMut(&mut Tensor) -> Result<()>) -> Result<()> {
+    for t in m.own_tensors_mut() {
+        f(t)?;
+    }
+    for child in m.children_mut() {
+        walk_tensors_mut(child, f)?;
+    }
+    Ok(())
+}
+
 /// A train/eval flag that modules flip through `&self` (modules are
 /// shared, e.g. inside a [`Sequential`], and their mode changes rarely).
 #[derive(Debug)]
@@ -342,6 +466,20 @@ impl Clone for Mode {
     }
 }
 
+/// A misuse of a layer or loss, named `op`, at the caller's line (the
+/// public functions and `Module::forward` are `#[track_caller]`, so it is
+/// the program's).
+#[track_caller]
 fn invalid(op: &str, detail: String) -> ExecError {
-    ExecError::Invalid { op: op.into(), detail }
+    invalid_at(op, detail, std::panic::Location::caller())
+}
+
+/// [`invalid`] at a location the caller took (or at the entered
+/// [`CallSite`](crate::CallSite), the program's call into the layer).
+fn invalid_at(op: &str, detail: String, at: &std::panic::Location<'_>) -> ExecError {
+    let (file, line) = match crate::CallSite::current() {
+        Some(site) => (site.file(), site.line()),
+        None => (at.file(), at.line()),
+    };
+    ExecError::Invalid { op: format!("{op} at {file}:{line}"), detail }
 }

@@ -10,6 +10,7 @@ use crate::{DType, Device, ExecError, Result, Tensor};
 
 /// Layer normalization over the last `normalized_dims` dims of `x`, with
 /// optional elementwise affine `weight` and `bias` (shape of those dims).
+#[track_caller]
 pub fn layer_norm(
     x: &Tensor,
     normalized_dims: usize,
@@ -64,11 +65,16 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         layer_norm(x, self.weight.rank(), Some(&self.weight), Some(&self.bias), self.eps)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.weight, &mut self.bias]
     }
 
     fn own_no_weight_decay(&self) -> Vec<String> {
@@ -81,6 +87,7 @@ impl Module for LayerNorm {
 /// sqrt(mean(x^2) + eps) * weight`, with an optional elementwise `weight`
 /// of `normalized_shape`. `eps` of `None` is PyTorch's default, the
 /// machine epsilon of `x`'s dtype.
+#[track_caller]
 pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
     // Autocast: all of its arithmetic in f32 (PyTorch's f32 list).
     let x = &crate::amp::float32(x)?;
@@ -171,11 +178,16 @@ impl RmsNorm {
 
 impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         self.weight.iter().map(|w| ("weight".to_string(), w.clone())).collect()
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        self.weight.iter_mut().collect()
     }
 
     fn own_no_weight_decay(&self) -> Vec<String> {
@@ -246,6 +258,7 @@ impl BatchNorm2d {
 
 impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let c = self.weight.numel();
         if x.rank() != 4 || x.dims()[1] != c {
             return Err(invalid("BatchNorm2d", format!("expected an [N, {c}, H, W] input, got {}", x.shape())));
@@ -262,6 +275,16 @@ impl Module for BatchNorm2d {
             ("running_mean".into(), self.running_mean.clone()),
             ("running_var".into(), self.running_var.clone()),
             ("num_batches_tracked".into(), self.num_batches_tracked.clone()),
+        ]
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![
+            &mut self.weight,
+            &mut self.bias,
+            &mut self.running_mean,
+            &mut self.running_var,
+            &mut self.num_batches_tracked,
         ]
     }
 
@@ -322,6 +345,7 @@ impl BatchNorm1d {
 
 impl Module for BatchNorm1d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let c = self.weight.numel();
         if !(x.rank() == 2 || x.rank() == 3) || x.dims()[1] != c {
             return Err(invalid(
@@ -344,6 +368,16 @@ impl Module for BatchNorm1d {
         ]
     }
 
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![
+            &mut self.weight,
+            &mut self.bias,
+            &mut self.running_mean,
+            &mut self.running_var,
+            &mut self.num_batches_tracked,
+        ]
+    }
+
     fn set_own_training(&self, training: bool) {
         self.training.set(training)
     }
@@ -355,8 +389,8 @@ fn batch_norm_state(channels: usize, device: &Device) -> Result<(Tensor, Tensor,
     Ok((
         parameter(Init::Constant(1.0), &[channels], channels, channels, device)?,
         parameter(Init::Constant(0.0), &[channels], channels, channels, device)?,
-        Tensor::zeros([channels], DType::F32, device)?,
-        Tensor::ones([channels], DType::F32, device)?,
+        Tensor::zeros([channels], DType::F32, device)?.persist().clone(),
+        Tensor::ones([channels], DType::F32, device)?.persist().clone(),
     ))
 }
 
@@ -433,6 +467,7 @@ fn batch_norm_layer(
 // PyTorch's `F.batch_norm` takes these eight arguments; keeping its
 // signature argument for argument keeps call sites translatable.
 #[allow(clippy::too_many_arguments)]
+#[track_caller]
 pub fn batch_norm(
     x: &Tensor,
     running_mean: Option<&Tensor>,
@@ -570,6 +605,7 @@ impl GroupNorm {
 
 /// Group normalization of `x` (`[N, C, ...]`) with optional per-channel
 /// `weight` and `bias` (`[C]`); see [`GroupNorm`].
+#[track_caller]
 pub fn group_norm(
     x: &Tensor,
     groups: usize,
@@ -600,6 +636,7 @@ pub fn group_norm(
 
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let c = self.weight.numel();
         if x.rank() < 2 || x.dims()[1] != c {
             return Err(invalid("GroupNorm", format!("expected an [N, {c}, ...] input, got {}", x.shape())));
@@ -609,5 +646,9 @@ impl Module for GroupNorm {
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         vec![("weight".into(), self.weight.clone()), ("bias".into(), self.bias.clone())]
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.weight, &mut self.bias]
     }
 }

@@ -133,12 +133,14 @@ impl AdaptiveMaxPool2d {
 
 impl Module for AdaptiveAvgPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         adaptive_pool2d("AdaptiveAvgPool2d", x, self.output_size, false)
     }
 }
 
 impl Module for AdaptiveMaxPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         adaptive_pool2d("AdaptiveMaxPool2d", x, self.output_size, true)
     }
 }
@@ -150,12 +152,14 @@ impl Module for AdaptiveMaxPool2d {
 /// pooling of `n / m` (one pooling op); otherwise each dim is reduced
 /// window by window (the windows are rectangles, so the average and the
 /// maximum separate by dim).
+#[track_caller]
 pub fn adaptive_avg_pool2d(x: &Tensor, output_size: impl Into<Size2>) -> Result<Tensor> {
     adaptive_pool2d("adaptive_avg_pool2d", x, output_size.into().0, false)
 }
 
 /// Maximum of `x` over adaptive windows, PyTorch's `F.adaptive_max_pool2d`
 /// (without `return_indices`); the windows as in [`adaptive_avg_pool2d`].
+#[track_caller]
 pub fn adaptive_max_pool2d(x: &Tensor, output_size: impl Into<Size2>) -> Result<Tensor> {
     adaptive_pool2d("adaptive_max_pool2d", x, output_size.into().0, true)
 }

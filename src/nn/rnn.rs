@@ -18,7 +18,7 @@
 //! absent options): `proj_size`, packed sequences.
 
 use super::init::{parameter, Init};
-use super::{invalid, Mode, Module};
+use super::{invalid_at, Mode, Module};
 use crate::{Device, Result, Tensor};
 use std::panic::Location;
 
@@ -85,13 +85,14 @@ impl Stack {
         at: &Location<'_>,
     ) -> Result<Stack> {
         if input_size == 0 || hidden_size == 0 || options.num_layers == 0 || !(0.0..1.0).contains(&options.dropout) {
-            return Err(invalid(
+            return Err(invalid_at(
                 op,
                 format!(
                     "input_size {input_size}, hidden_size {hidden_size} and num_layers {} must be positive and \
-                     dropout {} in [0, 1) (at {at})",
+                     dropout {} in [0, 1)",
                     options.num_layers, options.dropout
                 ),
+                at,
             ));
         }
         let b = 1.0 / (hidden_size as f64).sqrt();
@@ -127,21 +128,34 @@ impl Stack {
         v
     }
 
+    /// Every parameter, mutably.
+    fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = Vec::new();
+        for c in &mut self.cells {
+            v.push(&mut c.weight_ih);
+            v.push(&mut c.weight_hh);
+            v.extend(c.bias_ih.as_mut());
+            v.extend(c.bias_hh.as_mut());
+        }
+        v
+    }
+
     /// Checks `x` and gives it as `[t, batch, input]`, with whether it was
     /// unbatched.
     fn time_major(&self, x: &Tensor, at: &Location<'_>) -> Result<(Tensor, bool)> {
         let ok = (x.rank() == 3 || x.rank() == 2) && x.dims()[x.rank() - 1] == self.input_size && x.dtype().is_float();
         let t = if x.rank() == 3 && self.options.batch_first { x.dims().get(1) } else { x.dims().first() };
         if !ok || t == Some(&0) {
-            return Err(invalid(
+            return Err(invalid_at(
                 self.op,
                 format!(
                     "expected a float [t, batch, {i}] ([batch, t, {i}] with batch_first) or [t, {i}] input with \
-                     t > 0, got {} {} (at {at})",
+                     t > 0, got {} {}",
                     x.dtype(),
                     x.shape(),
                     i = self.input_size
                 ),
+                at,
             ));
         }
         match (x.rank(), self.options.batch_first) {
@@ -159,9 +173,10 @@ impl Stack {
         let Some(s) = s else { return Tensor::zeros([l, n, h], x.dtype(), x.device()) };
         let want: Vec<usize> = if unbatched { vec![l, h] } else { vec![l, n, h] };
         if s.dims() != want || s.dtype() != x.dtype() {
-            return Err(invalid(
+            return Err(invalid_at(
                 self.op,
-                format!("{what} must be {} {want:?}, got {} {} (at {at})", x.dtype(), s.dtype(), s.shape()),
+                format!("{what} must be {} {want:?}, got {} {}", x.dtype(), s.dtype(), s.shape()),
+                at,
             ));
         }
         if unbatched {
@@ -327,11 +342,16 @@ impl Lstm {
 impl Module for Lstm {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         Ok(self.forward_with(x, None)?.0)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         self.stack.parameters()
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        self.stack.tensors_mut()
     }
 
     fn set_own_training(&self, training: bool) {
@@ -402,11 +422,16 @@ impl Gru {
 impl Module for Gru {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         Ok(self.forward_with(x, None)?.0)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         self.stack.parameters()
+    }
+
+    fn own_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        self.stack.tensors_mut()
     }
 
     fn set_own_training(&self, training: bool) {

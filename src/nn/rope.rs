@@ -17,7 +17,7 @@
 //! a new offset compiles nothing, except that 0 and 1, special constants,
 //! have a plan each), the inverse frequencies in f64 rounded once to f32.
 
-use super::{invalid, Module};
+use super::{invalid_at, Module};
 use crate::{DType, Result, Tensor};
 use std::panic::Location;
 
@@ -41,9 +41,10 @@ impl RotaryEmbedding {
     pub fn new(dim: usize, base: f64) -> Result<RotaryEmbedding> {
         let at = Location::caller();
         if dim == 0 || !dim.is_multiple_of(2) || !(base.is_finite() && base > 0.0) {
-            return Err(invalid(
+            return Err(invalid_at(
                 "RotaryEmbedding",
-                format!("dim {dim} must be even and non-zero and base {base} positive (at {at})"),
+                format!("dim {dim} must be even and non-zero and base {base} positive"),
+                at,
             ));
         }
         Ok(RotaryEmbedding { dim, base, interleaved: false })
@@ -62,21 +63,23 @@ impl RotaryEmbedding {
         let at = Location::caller();
         let r = x.rank();
         if r < 2 || x.dims()[r - 1] < self.dim || !x.dtype().is_float() {
-            return Err(invalid(
+            return Err(invalid_at(
                 "RotaryEmbedding",
                 format!(
-                    "expected a float [.., t, features] input with at least {} features, got {} {} (at {at})",
+                    "expected a float [.., t, features] input with at least {} features, got {} {}",
                     self.dim,
                     x.dtype(),
                     x.shape()
                 ),
+                at,
             ));
         }
         let (t, features) = (x.dims()[r - 2], x.dims()[r - 1]);
         if offset + t > 1 << 24 {
-            return Err(invalid(
+            return Err(invalid_at(
                 "RotaryEmbedding",
-                format!("positions up to {} are beyond f32's exact integers (at {at})", offset + t),
+                format!("positions up to {} are beyond f32's exact integers", offset + t),
+                at,
             ));
         }
         let (dev, dt) = (x.device(), x.dtype());
@@ -117,6 +120,7 @@ impl Module for RotaryEmbedding {
     /// [`RotaryEmbedding::apply`] from position 0.
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         self.apply(x, 0)
     }
 }

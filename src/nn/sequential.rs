@@ -37,6 +37,7 @@ impl Sequential {
 
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         let mut h = x.clone();
         for l in &self.layers {
             h = l.forward(&h)?;
@@ -47,6 +48,10 @@ impl Module for Sequential {
     fn children(&self) -> Vec<(String, &dyn Module)> {
         self.layers.iter().enumerate().map(|(i, l)| (i.to_string(), l.as_ref() as &dyn Module)).collect()
     }
+
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        self.layers.iter_mut().map(|l| l.as_mut() as &mut dyn Module).collect()
+    }
 }
 
 /// Flattens `[N, ...]` to `[N, rest]` (PyTorch's `nn.Flatten`), as a module
@@ -56,6 +61,7 @@ pub struct Flatten;
 
 impl Module for Flatten {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         if x.rank() < 2 {
             return Ok(x.clone());
         }

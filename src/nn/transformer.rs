@@ -16,7 +16,7 @@ use super::attention::{AttentionOptions, MultiheadAttention};
 use super::dropout::Dropout;
 use super::linear::Linear;
 use super::norm::LayerNorm;
-use super::{invalid, Module};
+use super::{invalid_at, Module};
 use crate::{Device, Result, Tensor};
 use std::panic::Location;
 
@@ -52,12 +52,13 @@ impl TransformerBlock {
     pub fn new(d_model: usize, nhead: usize, dim_feedforward: usize, device: &Device) -> Result<TransformerBlock> {
         let at = Location::caller();
         if d_model == 0 || dim_feedforward == 0 || nhead == 0 || !d_model.is_multiple_of(nhead) {
-            return Err(invalid(
+            return Err(invalid_at(
                 "TransformerBlock",
                 format!(
                     "d_model {d_model} must be a positive multiple of nhead {nhead} and dim_feedforward \
-                     {dim_feedforward} positive (at {at})"
+                     {dim_feedforward} positive"
                 ),
+                at,
             ));
         }
         Ok(TransformerBlock {
@@ -107,9 +108,10 @@ impl TransformerBlock {
         let at = Location::caller();
         let e = self.self_attn.embed_dim();
         if x.rank() != 3 || x.dims()[2] != e {
-            return Err(invalid(
+            return Err(invalid_at(
                 "TransformerBlock",
-                format!("expected a [batch, t, {e}] input, got {} (at {at})", x.shape()),
+                format!("expected a [batch, t, {e}] input, got {}", x.shape()),
+                at,
             ));
         }
         let opts = AttentionOptions { causal: opts.causal || self.self_attn.is_causal, ..opts.clone() };
@@ -125,6 +127,7 @@ impl TransformerBlock {
 impl Module for TransformerBlock {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         self.forward_with(x, &AttentionOptions::default())
     }
 
@@ -138,6 +141,19 @@ impl Module for TransformerBlock {
             ("norm2".into(), &self.norm2),
             ("dropout1".into(), &self.dropout1),
             ("dropout2".into(), &self.dropout2),
+        ]
+    }
+
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![
+            &mut self.self_attn,
+            &mut self.linear1,
+            &mut self.dropout,
+            &mut self.linear2,
+            &mut self.norm1,
+            &mut self.norm2,
+            &mut self.dropout1,
+            &mut self.dropout2,
         ]
     }
 }

@@ -2,11 +2,19 @@
 //! (one file per ONNX operator, one case per single-node ONNX test) parsed
 //! into [`OpFile`], [`Case`], [`TensorData`] and [`Attr`].
 //!
+//! [`Case::to_model`] turns a case into a one-node model, so that the
+//! suite runs through [`super::Model`] like any model: inputs the
+//! operator reads on the host (shapes, axes, bounds: [`super::host_slots`])
+//! become initializers, as exporters write them, the others graph inputs.
+//!
 //! Values are kept exactly: floats as `f64` (an `f32` or `f16` value is
 //! exact in `f64`, and `serde_json`'s `float_roundtrip` feature makes the
 //! `f64` data exact too), integers as `i64` / `u64`, booleans as `bool`;
 //! the strings `"nan"`, `"inf"` and `"-inf"` become the special floats.
 
+use super::data::{encode_attr, encode_tensor, Attr, HostTensor};
+use super::map::host_slots;
+use super::proto;
 use lazuli_executor::scalar_bytes;
 use lazuli_ir::{DType, ScalarValue, Shape, ValueType};
 use serde_json::Value;
@@ -54,25 +62,6 @@ pub struct TensorData {
     pub data: Vec<ScalarValue>,
 }
 
-/// An attribute value, by ONNX attribute type.
-#[derive(Clone, Debug)]
-pub enum Attr {
-    /// INT.
-    Int(i64),
-    /// FLOAT.
-    Float(f64),
-    /// STRING.
-    String(String),
-    /// INTS.
-    Ints(Vec<i64>),
-    /// FLOATS.
-    Floats(Vec<f64>),
-    /// STRINGS.
-    Strings(Vec<String>),
-    /// TENSOR.
-    Tensor(TensorData),
-}
-
 /// A conformance file that cannot be read or does not follow the format.
 #[derive(Debug, Error)]
 pub enum CaseError {
@@ -104,6 +93,79 @@ pub enum CaseError {
     },
 }
 
+impl Case {
+    /// The case as a one-node model of operator `op`: `x{i}` inputs, `y{i}`
+    /// outputs (one per checked output; slots past them unnamed).
+    pub fn to_model(&self, op: &str) -> proto::ModelProto {
+        let hosted = host_slots(op, self.opset);
+        let mut graph = proto::GraphProto { name: Some(self.name.clone()), ..Default::default() };
+        let mut inputs = vec![];
+        for (i, d) in self.inputs.iter().enumerate() {
+            let Some(d) = d else {
+                inputs.push(String::new());
+                continue;
+            };
+            let name = format!("x{i}");
+            if hosted.contains(&i) {
+                graph.initializer.push(encode_tensor(&name, &d.to_host()));
+            } else {
+                graph.input.push(value_info(&name, d));
+            }
+            inputs.push(name);
+        }
+        while inputs.last().is_some_and(String::is_empty) {
+            inputs.pop();
+        }
+        let outputs: Vec<String> = (0..self.outputs.len()).map(|i| format!("y{i}")).collect();
+        for (i, d) in self.outputs.iter().enumerate() {
+            if let Some(d) = d {
+                graph.output.push(value_info(&format!("y{i}"), d));
+            }
+        }
+        graph.node.push(proto::NodeProto {
+            name: Some(self.name.clone()),
+            op_type: Some(op.to_string()),
+            input: inputs,
+            output: outputs,
+            attribute: self.attrs.iter().map(|(k, a)| encode_attr(k, a)).collect(),
+            ..Default::default()
+        });
+        proto::ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(self.opset) }],
+            graph: Some(graph),
+            ..Default::default()
+        }
+    }
+
+    /// The graph inputs of [`Case::to_model`]'s model with their values.
+    pub fn model_inputs(&self, op: &str) -> Vec<(String, &TensorData)> {
+        let hosted = host_slots(op, self.opset);
+        self.inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.as_ref().filter(|_| !hosted.contains(&i)).map(|d| (format!("x{i}"), d)))
+            .collect()
+    }
+}
+
+fn value_info(name: &str, d: &TensorData) -> proto::ValueInfoProto {
+    use proto::tensor_shape_proto::{dimension, Dimension};
+    let dims =
+        d.shape.iter().map(|&n| Dimension { value: Some(dimension::Value::DimValue(n as i64)), ..Default::default() });
+    proto::ValueInfoProto {
+        name: Some(name.to_string()),
+        r#type: Some(proto::TypeProto {
+            value: Some(proto::type_proto::Value::TensorType(proto::type_proto::Tensor {
+                elem_type: Some(super::data::code_of_dtype(d.dtype)),
+                shape: Some(proto::TensorShapeProto { dim: dims.collect() }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 impl TensorData {
     /// Shape and dtype as an IR value type.
     pub fn ty(&self) -> ValueType {
@@ -125,24 +187,14 @@ impl TensorData {
         self.data.iter().map(|v| v.as_i64()).collect()
     }
 
+    /// The same tensor as a [`HostTensor`].
+    pub fn to_host(&self) -> HostTensor {
+        HostTensor { dtype: self.dtype, dims: self.shape.clone(), bytes: self.to_bytes().into() }
+    }
+
     /// The elements as `f64`.
     pub fn to_f64s(&self) -> Vec<f64> {
         self.data.iter().map(|v| v.as_f64()).collect()
-    }
-}
-
-impl Attr {
-    /// A short description of the kind, for error messages.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Attr::Int(_) => "INT",
-            Attr::Float(_) => "FLOAT",
-            Attr::String(_) => "STRING",
-            Attr::Ints(_) => "INTS",
-            Attr::Floats(_) => "FLOATS",
-            Attr::Strings(_) => "STRINGS",
-            Attr::Tensor(_) => "TENSOR",
-        }
     }
 }
 
@@ -248,7 +300,7 @@ fn parse_attr(v: &Value) -> Result<Attr, ParseError> {
                 )
             }
         }
-        Value::Object(_) => Attr::Tensor(parse_tensor(v)?),
+        Value::Object(_) => Attr::Tensor(parse_tensor(v)?.to_host()),
         other => return Err(fmt_err(format!("unexpected attribute value {other}"))),
     })
 }
@@ -312,7 +364,7 @@ mod tests {
         assert!(matches!(c.attrs["alpha"], Attr::Float(a) if a == 0.5));
         assert!(matches!(c.attrs["axis"], Attr::Int(-1)));
         assert!(matches!(&c.attrs["perm"], Attr::Ints(p) if p == &[1, 0]));
-        assert!(matches!(&c.attrs["value"], Attr::Tensor(t) if t.dtype == DType::I32));
+        assert!(matches!(&c.attrs["value"], Attr::Tensor(t) if t.dtype == DType::I32 && t.to_i64s() == [7]));
         let x = c.inputs[0].as_ref().unwrap().to_f64s();
         assert!(x[0].is_nan() && x[1] == f64::NEG_INFINITY && x[2].is_sign_negative());
         assert!(c.inputs[1].is_none());

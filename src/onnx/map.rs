@@ -1,23 +1,30 @@
 //! Maps one ONNX node (operator type, attributes, opset, inputs) onto
-//! Lazuli ops through the public [`Tensor`] API: [`lower`].
+//! Lazuli ops through the public [`Tensor`] API: [`lower`]. This is the
+//! one mapping from ONNX to Lazuli: models ([`super::Model`]) and the
+//! conformance suite both run through it.
 //!
-//! Most ONNX operators are one Lazuli op; the rest are composites (Elu,
-//! Selu, Softplus, Gemm, Einsum, Tile, Trilu, LayerNormalization, ...).
-//! Results get the dtype ONNX specifies (e.g. `ArgMax` is `i64` in ONNX and
-//! `i32` in Lazuli, so it is cast). Inputs that determine a shape (`axes`,
-//! `pads`, `shape`, `repeats`, Slice bounds, Range bounds, ...) are read on
-//! the host from the case, as a graph compiler constant-folds them: a lazy
-//! engine must know every shape when it records an op.
+//! Most ONNX operators are one Lazuli op; the rest are compositions of
+//! public ops (Elu, Selu, Gemm, Einsum, Tile, LayerNormalization, LRN,
+//! Resize, LSTM, GRU...). Results get the dtype ONNX specifies (e.g.
+//! `ArgMax` is `i64` in ONNX and `i32` in Lazuli, so it is cast), except
+//! that on a device without 64-bit integers ([`NodeCtx::narrow`]) ONNX's
+//! `int64` is computed as `i32`. Inputs that determine a shape (`axes`,
+//! `pads`, `shape`, `repeats`, Slice bounds, Range bounds...: the
+//! [`host_slots`]) are read on the host: a lazy engine must know every
+//! shape when it records an op, and the model folds them there. `Shape`
+//! and `Size` answer on the host without touching the device.
 //!
 //! What Lazuli cannot express is a typed [`MapError::Unsupported`] with the
 //! reason; a node that breaks the ONNX rules (a missing required input, an
 //! axis out of range) is [`MapError::Invalid`]. Neither panics.
 
-use super::case::{Attr, Case, TensorData};
+use super::data::{dtype_of_code, Attr, HostTensor};
 use crate::{Device, ExecError, Tensor};
 use lazuli_ir::{
     ArgReduceOp, BinaryOp, ConvAttrs, DType, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, ScalarValue, Shape, UnaryOp,
 };
+use std::cell::OnceCell;
+use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// Why a node could not be lowered.
@@ -44,6 +51,77 @@ fn invalid<T>(why: impl Into<String>) -> R<T> {
     Err(MapError::Invalid(why.into()))
 }
 
+/// A node's input: known on the host (a constant, a folded shape), a
+/// tensor, or both; a host value is uploaded when first read as a tensor.
+#[derive(Default)]
+pub struct Slot {
+    /// The value on the host, when known there.
+    pub host: Option<HostTensor>,
+    /// The value as a tensor of the node's device, once made.
+    pub tensor: OnceCell<Tensor>,
+}
+
+impl Slot {
+    /// A host value.
+    pub fn host(t: HostTensor) -> Slot {
+        Slot { host: Some(t), tensor: OnceCell::new() }
+    }
+
+    /// A tensor.
+    pub fn tensor(t: Tensor) -> Slot {
+        let cell = OnceCell::new();
+        let _ = cell.set(t);
+        Slot { host: None, tensor: cell }
+    }
+
+    /// The value's dims.
+    pub fn dims(&self) -> &[usize] {
+        match (&self.host, self.tensor.get()) {
+            (Some(h), _) => &h.dims,
+            (None, Some(t)) => t.dims(),
+            (None, None) => &[],
+        }
+    }
+
+    /// The value's dtype as stored (a narrowed upload may differ).
+    pub fn dtype(&self) -> DType {
+        match (self.tensor.get(), &self.host) {
+            (Some(t), _) => t.dtype(),
+            (None, Some(h)) => h.dtype,
+            (None, None) => DType::F32,
+        }
+    }
+}
+
+/// A lowered output: a host value (`Shape`, `Size`) or a lazy tensor.
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// Known on the host.
+    Host(HostTensor),
+    /// Recorded on the device.
+    Tensor(Tensor),
+}
+
+/// Everything [`lower`] needs of one node.
+pub struct NodeCtx<'a> {
+    /// The operator type.
+    pub op: &'a str,
+    /// The default domain's opset the model imports.
+    pub opset: i64,
+    /// Attributes by name (absent ones take their default).
+    pub attrs: &'a BTreeMap<String, Attr>,
+    /// Inputs in slot order; `None` where an optional input is omitted.
+    pub inputs: &'a [Option<&'a Slot>],
+    /// How many outputs the node declares.
+    pub n_out: usize,
+    /// The device the node's ops are recorded on.
+    pub dev: &'a Device,
+    /// The device has no 64-bit integers: ONNX `int64` is computed as
+    /// `i32` (host values are narrowed when uploaded, a value out of the
+    /// `i32` range is an error).
+    pub narrow: bool,
+}
+
 /// The ONNX operators [`lower`] knows, in alphabetical order.
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
@@ -55,12 +133,15 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "BatchNormalization",
     "Cast",
     "Ceil",
+    "Celu",
     "Clip",
     "Concat",
     "ConstantOfShape",
     "Conv",
+    "ConvTranspose",
     "Cos",
     "CumSum",
+    "DepthToSpace",
     "Div",
     "Dropout",
     "Einsum",
@@ -71,15 +152,23 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Expand",
     "Flatten",
     "Floor",
+    "GRU",
     "Gather",
+    "GatherElements",
     "Gelu",
     "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
     "HardSigmoid",
+    "HardSwish",
     "Identity",
+    "InstanceNormalization",
     "IsInf",
     "IsNaN",
+    "LRN",
+    "LSTM",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
@@ -91,13 +180,16 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MaxPool",
     "Mean",
     "Min",
+    "Mish",
     "Mod",
     "Mul",
     "Neg",
     "Not",
     "Or",
+    "PRelu",
     "Pad",
     "Pow",
+    "RNN",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -111,9 +203,12 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Resize",
     "Round",
+    "ScatterND",
     "Selu",
     "Shape",
+    "Shrink",
     "Sigmoid",
     "Sign",
     "Sin",
@@ -122,63 +217,152 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Softmax",
     "Softplus",
     "Softsign",
+    "SpaceToDepth",
+    "Split",
     "Sqrt",
     "Squeeze",
     "Sub",
     "Sum",
+    "Tan",
     "Tanh",
+    "ThresholdedRelu",
     "Tile",
+    "TopK",
     "Transpose",
     "Trilu",
     "Unsqueeze",
+    "Upsample",
     "Where",
     "Xor",
 ];
 
-/// Records the ONNX node `op` of `case` on `device` and returns its outputs
-/// in ONNX slot order (at least as many as the case lists). Nothing is
-/// synced here.
-pub fn lower(op: &str, case: &Case, device: &Device) -> Result<Vec<Tensor>, MapError> {
-    let node = Node { op, case, dev: device };
-    let outs = node.lower()?;
-    if outs.len() < case.outputs.len() {
-        return unsupported(format!(
-            "{op} produces {} output(s) here, the case checks {}",
-            outs.len(),
-            case.outputs.len()
-        ));
+/// The newest default-domain opset Lazuli knows. The versions after 22
+/// changed the supported operators only by admitting new dtypes (float8,
+/// 4-bit and 2-bit types), which [`dtype_from_onnx`] refuses by name.
+pub const MAX_OPSET: i64 = 27;
+
+/// Why a node (operator, opset, attributes) cannot run, checked at load
+/// before anything is recorded; `None` when it can.
+pub fn check(op: &str, opset: i64, attrs: &BTreeMap<String, Attr>, n_in: usize, n_out: usize) -> Option<String> {
+    let _ = (n_in, n_out);
+    if matches!(op, "Loop" | "Scan") {
+        return Some(format!("{op} is not supported (control flow repeated over tensor data)"));
+    }
+    if op == "If" {
+        return None;
+    }
+    if !SUPPORTED_OPS.contains(&op) {
+        return Some(format!("no mapping for the operator {op}"));
+    }
+    if opset > MAX_OPSET {
+        return Some(format!("opset {opset} is newer than the newest Lazuli knows ({MAX_OPSET})"));
+    }
+    let s = |name: &str| match attrs.get(name) {
+        Some(Attr::String(v)) => Some(v.as_str()),
+        _ => None,
+    };
+    let i = |name: &str| match attrs.get(name) {
+        Some(Attr::Int(v)) => Some(*v),
+        _ => None,
+    };
+    match op {
+        "BatchNormalization" if i("training_mode") == Some(1) || n_out > 1 => {
+            Some("BatchNormalization in training mode (only inference is in scope)".into())
+        }
+        "BatchNormalization" if i("spatial") == Some(0) => Some("BatchNormalization with spatial = 0".into()),
+        "Cast" if i("to") == Some(8) => Some("Cast to string".into()),
+        "Pad" if !matches!(s("mode"), None | Some("constant" | "reflect" | "edge" | "wrap")) => {
+            Some(format!("Pad mode {:?}", s("mode")))
+        }
+        "Resize" if i("antialias").is_some_and(|a| a != 0) => Some("Resize with antialias = 1".into()),
+        "Resize" | "Upsample" if !matches!(s("mode"), None | Some("nearest" | "linear" | "cubic")) => {
+            Some(format!("{op} mode {:?}", s("mode")))
+        }
+        "Upsample" if s("mode") == Some("cubic") => Some("Upsample mode \"cubic\"".into()),
+        "LSTM" | "GRU" | "RNN" => {
+            let defaults: &[&str] = match op {
+                "LSTM" => &["Sigmoid", "Tanh", "Tanh"],
+                "GRU" => &["Sigmoid", "Tanh"],
+                _ => &["Tanh"],
+            };
+            match attrs.get("activations") {
+                Some(Attr::Strings(a))
+                    if a.chunks(defaults.len()).any(|c| c.iter().map(String::as_str).ne(defaults.iter().copied())) =>
+                {
+                    Some(format!("{op} activations {a:?} (only the defaults {defaults:?} are supported)"))
+                }
+                _ if i("input_forget").is_some_and(|f| f != 0) => Some("LSTM with input_forget = 1".into()),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Records the node on `ctx.dev` and returns its outputs in ONNX slot
+/// order (at least `ctx.n_out`). Nothing is synced here.
+pub fn lower(ctx: &NodeCtx<'_>) -> Result<Vec<Value>, MapError> {
+    let node = Node { op: ctx.op, ctx };
+    let outs = match ctx.op {
+        "Shape" => vec![Value::Host(node.shape_op()?)],
+        "Size" => {
+            let n = node.slot(0)?.dims().iter().product::<usize>() as i64;
+            vec![Value::Host(HostTensor::from_i64s(&[n], vec![]))]
+        }
+        _ => node.lower()?.into_iter().map(Value::Tensor).collect(),
+    };
+    if outs.len() < ctx.n_out {
+        return unsupported(format!("{} produces {} output(s) here, the node has {}", ctx.op, outs.len(), ctx.n_out));
     }
     Ok(outs)
 }
 
-/// The ONNX `TensorProto.DataType` code of a dtype Lazuli has, if any.
+/// The input slots of `op` whose values must be known on the host when
+/// the node is recorded (shapes, axes, bounds, pads...).
+pub fn host_slots(op: &str, opset: i64) -> &'static [usize] {
+    match op {
+        "Reshape" if opset >= 5 => &[1],
+        "Expand" | "Tile" | "Trilu" | "CumSum" | "TopK" | "OneHot" | "Upsample" => &[1],
+        "ConstantOfShape" => &[0],
+        "Range" => &[0, 1, 2],
+        "Slice" if opset >= 10 => &[1, 2, 3, 4],
+        "Pad" if opset >= 11 => &[1, 2, 3],
+        "Squeeze" | "Unsqueeze" if opset >= 13 => &[1],
+        "ReduceSum" if opset >= 13 => &[1],
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
+        | "ReduceLogSumExp"
+            if opset >= 18 =>
+        {
+            &[1]
+        }
+        "Split" if opset >= 13 => &[1],
+        "Resize" => &[1, 2, 3],
+        "Dropout" if opset >= 12 => &[1, 2],
+        "If" => &[0],
+        _ => &[],
+    }
+}
+
+/// Operators whose results are random (never folded).
+pub fn is_random(op: &str) -> bool {
+    matches!(
+        op,
+        "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike" | "Bernoulli" | "Multinomial"
+    )
+}
+
+/// The Lazuli dtype of an ONNX `TensorProto.DataType` code, if Lazuli has it.
 pub fn dtype_from_onnx(code: i64) -> Result<DType, MapError> {
-    Ok(match code {
-        1 => DType::F32,
-        2 => DType::U8,
-        3 => DType::I8,
-        4 => DType::U16,
-        5 => DType::I16,
-        6 => DType::I32,
-        7 => DType::I64,
-        9 => DType::Bool,
-        10 => DType::F16,
-        11 => DType::F64,
-        12 => DType::U32,
-        13 => DType::U64,
-        8 => return unsupported("string tensors are outside a numeric tensor engine"),
-        14 | 15 => return unsupported("complex dtypes are not Lazuli dtypes"),
-        16 => DType::BF16,
-        17..=20 | 23 => return unsupported("float8 / float4 dtypes are not Lazuli dtypes"),
-        21 | 22 | 25..=27 => return unsupported("4-bit and 2-bit integer dtypes are not Lazuli dtypes"),
-        other => return invalid(format!("unknown ONNX dtype code {other}")),
-    })
+    match dtype_of_code(code as i32) {
+        Ok(d) => Ok(d),
+        Err(why) if why.starts_with("unknown") => invalid(why),
+        Err(why) => unsupported(why),
+    }
 }
 
 struct Node<'a> {
     op: &'a str,
-    case: &'a Case,
-    dev: &'a Device,
+    ctx: &'a NodeCtx<'a>,
 }
 
 fn one(t: Tensor) -> R<Vec<Tensor>> {
@@ -192,37 +376,99 @@ fn isz(v: &[i64]) -> Vec<isize> {
 impl<'a> Node<'a> {
     // ---- inputs and attributes -------------------------------------------
 
-    fn data(&self, i: usize) -> Option<&'a TensorData> {
-        self.case.inputs.get(i).and_then(Option::as_ref)
+    fn opset(&self) -> i64 {
+        self.ctx.opset
     }
 
-    fn upload(&self, d: &TensorData) -> R<Tensor> {
-        Ok(Tensor::from_bytes(d.to_bytes(), d.ty(), self.dev)?)
+    fn dev(&self) -> &'a Device {
+        self.ctx.dev
     }
 
-    fn input(&self, i: usize) -> R<Tensor> {
-        match self.data(i) {
-            Some(d) => self.upload(d),
+    fn present(&self, i: usize) -> Option<&'a Slot> {
+        self.ctx.inputs.get(i).copied().flatten()
+    }
+
+    fn slot(&self, i: usize) -> R<&'a Slot> {
+        match self.present(i) {
+            Some(s) => Ok(s),
             None => invalid(format!("{} needs input {i}", self.op)),
         }
     }
 
+    fn upload(&self, s: &Slot) -> R<Tensor> {
+        if let Some(t) = s.tensor.get() {
+            return Ok(t.clone());
+        }
+        let Some(h) = &s.host else { return invalid("an input without a value") };
+        let h = if self.ctx.narrow {
+            h.narrowed().ok_or_else(|| {
+                MapError::Unsupported(format!(
+                    "an {} input holds values outside the 32-bit range this device computes 64-bit integers in",
+                    h.dtype
+                ))
+            })?
+        } else {
+            h.clone()
+        };
+        let t = Tensor::from_bytes(h.bytes.to_vec(), h.ty(), self.dev())?;
+        let _ = s.tensor.set(t.clone());
+        Ok(t)
+    }
+
+    fn input(&self, i: usize) -> R<Tensor> {
+        self.upload(self.slot(i)?)
+    }
+
     fn opt_input(&self, i: usize) -> R<Option<Tensor>> {
-        self.data(i).map(|d| self.upload(d)).transpose()
+        self.present(i).map(|s| self.upload(s)).transpose()
     }
 
     /// Every present input (for variadic ops).
     fn all_inputs(&self) -> R<Vec<Tensor>> {
-        self.case.inputs.iter().flatten().map(|d| self.upload(d)).collect()
+        self.ctx.inputs.iter().flatten().map(|s| self.upload(s)).collect()
+    }
+
+    /// A present input's host value; an error when it is only a tensor.
+    fn host(&self, i: usize) -> R<Option<&'a HostTensor>> {
+        match self.present(i) {
+            None => Ok(None),
+            Some(Slot { host: Some(h), .. }) => Ok(Some(h)),
+            Some(_) => unsupported(format!(
+                "input {i} of {} is computed from tensor data, but Lazuli needs its value when it records the node",
+                self.op
+            )),
+        }
     }
 
     /// A shape-like input read on the host.
-    fn host_ints(&self, i: usize) -> Option<Vec<i64>> {
-        self.data(i).map(TensorData::to_i64s)
+    fn host_ints(&self, i: usize) -> R<Option<Vec<i64>>> {
+        Ok(self.host(i)?.map(HostTensor::to_i64s))
+    }
+
+    /// The dtype ONNX's `int64` results have on this device.
+    fn index_dtype(&self) -> DType {
+        if self.ctx.narrow {
+            DType::I32
+        } else {
+            DType::I64
+        }
+    }
+
+    /// [`dtype_from_onnx`] with 64-bit integers narrowed where the device needs it.
+    fn onnx_dtype(&self, code: i64) -> R<DType> {
+        Ok(self.narrowed(dtype_from_onnx(code)?))
+    }
+
+    fn narrowed(&self, d: DType) -> DType {
+        match d {
+            DType::I64 if self.ctx.narrow => DType::I32,
+            DType::U64 if self.ctx.narrow => DType::U32,
+            d => d,
+        }
     }
 
     fn attr(&self, name: &str) -> Option<&'a Attr> {
-        self.case.attrs.get(name)
+        self.ctx.attrs.get(name)
     }
 
     fn int(&self, name: &str, default: i64) -> R<i64> {
@@ -261,15 +507,15 @@ impl<'a> Node<'a> {
 
     /// `axes` as input `i` from opset `since` on, else as an attribute.
     fn axes(&self, i: usize, since: i64) -> R<Option<Vec<i64>>> {
-        if self.case.opset >= since {
-            Ok(self.host_ints(i))
+        if self.opset() >= since {
+            self.host_ints(i)
         } else {
             self.ints("axes")
         }
     }
 
     fn scalar(&self, v: impl Into<ScalarValue>, dtype: DType) -> Tensor {
-        Tensor::scalar(v, dtype, self.dev)
+        Tensor::scalar(v, dtype, self.dev())
     }
 
     fn norm_axis(&self, axis: i64, rank: usize) -> R<usize> {
@@ -326,7 +572,7 @@ impl<'a> Node<'a> {
             "Mod" => self.modulo(),
             "Pow" => self.pow(),
             "Where" => one(self.input(0)?.where_(&self.input(1)?, &self.input(2)?)?),
-            "Cast" => one(self.input(0)?.cast(dtype_from_onnx(self.int("to", 1)?)?)?),
+            "Cast" => one(self.input(0)?.cast(self.onnx_dtype(self.int("to", 1)?)?)?),
             "Identity" => one(self.input(0)?),
             "Dropout" => self.dropout(),
             "LeakyRelu" => self.leaky_relu(),
@@ -373,16 +619,30 @@ impl<'a> Node<'a> {
             "Trilu" => self.trilu(),
             "Range" => self.range(),
             "ConstantOfShape" => self.constant_of_shape(),
-            "Shape" => self.shape_op(),
-            "Size" => {
-                let d = self.data(0).ok_or_else(|| MapError::Invalid("Size needs input 0".into()))?;
-                let n = d.shape.iter().product::<usize>() as i64;
-                one(Tensor::from_slice(&[n], Shape::scalar(), self.dev)?)
-            }
             "LayerNormalization" => self.layer_norm(),
             "BatchNormalization" => self.batch_norm(),
             "Conv" => self.conv(),
             "MaxPool" => self.pool(true),
+            "GlobalAveragePool" => self.global_pool(ReduceOp::Mean),
+            "GlobalMaxPool" => self.global_pool(ReduceOp::Max),
+            "PRelu" => self.prelu(),
+            "HardSwish" => self.hard_swish(),
+            "Shrink" => self.shrink(),
+            "Celu" => self.celu(),
+            "ThresholdedRelu" => self.thresholded_relu(),
+            "Mish" => self.mish(),
+            "LRN" => self.lrn(),
+            "InstanceNormalization" => self.instance_norm(),
+            "Split" => self.split(),
+            "DepthToSpace" => self.depth_to_space(true),
+            "SpaceToDepth" => self.depth_to_space(false),
+            "GatherElements" => self.gather_elements(),
+            "ScatterND" => self.scatter_nd(),
+            "TopK" => self.top_k(),
+            "ConvTranspose" => self.conv_transpose(),
+            "Resize" | "Upsample" => self.resize(),
+            "LSTM" | "GRU" | "RNN" => self.recurrent(),
+            "Tan" => self.unary_fn(|x| Ok(x.sin()?.div(&x.cos()?)?)),
             "AveragePool" => self.pool(false),
             other => unsupported(format!("no mapping for ONNX operator {other}")),
         }
@@ -395,7 +655,13 @@ impl<'a> Node<'a> {
     }
 
     fn binary(&self, b: BinaryOp) -> R<Vec<Tensor>> {
-        one(Tensor::record(Op::Binary(b), &[&self.input(0)?, &self.input(1)?])?)
+        let a = self.input(0)?;
+        let rhs = self.legacy_broadcast(&a, self.input(1)?)?;
+        one(Tensor::record(Op::Binary(b), &[&a, &rhs])?)
+    }
+
+    fn unary_fn(&self, f: impl Fn(&Tensor) -> R<Tensor>) -> R<Vec<Tensor>> {
+        one(f(&self.input(0)?)?)
     }
 
     fn variadic(&self, b: BinaryOp) -> R<Vec<Tensor>> {
@@ -409,7 +675,7 @@ impl<'a> Node<'a> {
     }
 
     fn mean(&self) -> R<Vec<Tensor>> {
-        let n = self.case.inputs.iter().flatten().count();
+        let n = self.ctx.inputs.iter().flatten().count();
         let sum = self.variadic(BinaryOp::Add)?.remove(0);
         let d = sum.dtype();
         one(sum.div(&self.scalar(n as f64, d))?)
@@ -423,7 +689,7 @@ impl<'a> Node<'a> {
             (true, true) => x.isinf()?,
             (true, false) => x.eq(&self.scalar(f64::INFINITY, d))?,
             (false, true) => x.eq(&self.scalar(f64::NEG_INFINITY, d))?,
-            (false, false) => Tensor::full(x.shape().clone(), false, DType::Bool, self.dev)?,
+            (false, false) => Tensor::full(x.shape().clone(), false, DType::Bool, self.dev())?,
         };
         one(out)
     }
@@ -452,15 +718,15 @@ impl<'a> Node<'a> {
 
     fn dropout(&self) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
-        let training = if self.case.opset >= 12 {
-            self.data(2).map(|d| d.data.first().is_some_and(|v| v.as_bool())).unwrap_or(false)
+        let training = if self.opset() >= 12 {
+            self.host(2)?.map(|d| d.numel() > 0 && d.scalar(0).as_bool()).unwrap_or(false)
         } else {
-            self.case.opset < 7 && self.int("is_test", 0)? == 0
+            self.opset() < 7 && self.int("is_test", 0)? == 0
         };
         if training {
             return unsupported("Dropout in training mode draws a random mask the ONNX data cannot check");
         }
-        let mask = Tensor::full(x.shape().clone(), true, DType::Bool, self.dev)?;
+        let mask = Tensor::full(x.shape().clone(), true, DType::Bool, self.dev())?;
         Ok(vec![x, mask])
     }
 
@@ -521,7 +787,7 @@ impl<'a> Node<'a> {
     fn clip(&self) -> R<Vec<Tensor>> {
         let mut x = self.input(0)?;
         let d = x.dtype();
-        let (lo, hi) = if self.case.opset >= 11 {
+        let (lo, hi) = if self.opset() >= 11 {
             (self.opt_input(1)?, self.opt_input(2)?)
         } else {
             let lo = self.attr("min").map(|_| self.float("min", 0.0)).transpose()?;
@@ -620,13 +886,13 @@ impl<'a> Node<'a> {
         let axis = self.int("axis", 0)? as isize;
         let keep = self.int("keepdims", 1)? != 0;
         let last = self.int("select_last_index", 0)? != 0;
-        one(x.arg_reduce(op, axis, keep, last)?.cast(DType::I64)?)
+        one(x.arg_reduce(op, axis, keep, last)?.cast(self.index_dtype())?)
     }
 
     fn softmax(&self, log: bool) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
         let f = |t: &Tensor, axis: isize| if log { t.log_softmax(axis) } else { t.softmax(axis) };
-        if self.case.opset >= 13 {
+        if self.opset() >= 13 {
             return one(f(&x, self.int("axis", -1)? as isize)?);
         }
         // Before opset 13 the input is coerced to 2-D at `axis` (default 1).
@@ -638,7 +904,7 @@ impl<'a> Node<'a> {
 
     fn cumsum(&self) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
-        let axis = self.host_ints(1).and_then(|v| v.first().copied()).unwrap_or(0);
+        let axis = self.host_ints(1)?.and_then(|v| v.first().copied()).unwrap_or(0);
         let exclusive = self.int("exclusive", 0)? != 0;
         let reverse = self.int("reverse", 0)? != 0;
         one(x.cumsum(axis as isize, exclusive, reverse)?)
@@ -657,7 +923,7 @@ impl<'a> Node<'a> {
 
     fn reshape(&self) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
-        let shape = if self.case.opset >= 5 { self.host_ints(1) } else { self.ints("shape")? };
+        let shape = if self.opset() >= 5 { self.host_ints(1)? } else { self.ints("shape")? };
         let Some(shape) = shape else { return invalid("Reshape needs a shape") };
         let allowzero = self.int("allowzero", 0)? != 0;
         let mut dims = Vec::with_capacity(shape.len());
@@ -710,7 +976,7 @@ impl<'a> Node<'a> {
 
     fn expand(&self) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
-        let Some(shape) = self.host_ints(1) else { return invalid("Expand needs a shape") };
+        let Some(shape) = self.host_ints(1)? else { return invalid("Expand needs a shape") };
         let target = Shape::new(shape.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>());
         let Some(out) = x.shape().broadcast(&target) else {
             return invalid(format!("Expand: {} does not broadcast with {target}", x.shape()));
@@ -720,8 +986,8 @@ impl<'a> Node<'a> {
 
     fn slice(&self) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
-        let (starts, ends, axes, steps) = if self.case.opset >= 10 {
-            (self.host_ints(1), self.host_ints(2), self.host_ints(3), self.host_ints(4))
+        let (starts, ends, axes, steps) = if self.opset() >= 10 {
+            (self.host_ints(1)?, self.host_ints(2)?, self.host_ints(3)?, self.host_ints(4)?)
         } else {
             (self.ints("starts")?, self.ints("ends")?, self.ints("axes")?, None)
         };
@@ -762,7 +1028,7 @@ impl<'a> Node<'a> {
 
     fn tile(&self) -> R<Vec<Tensor>> {
         let x = self.input(0)?;
-        let Some(reps) = self.host_ints(1) else { return invalid("Tile needs repeats") };
+        let Some(reps) = self.host_ints(1)? else { return invalid("Tile needs repeats") };
         if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
             return invalid(format!("Tile: repeats {reps:?} for {}", x.shape()));
         }
@@ -781,9 +1047,9 @@ impl<'a> Node<'a> {
     fn pad(&self) -> R<Vec<Tensor>> {
         let mut x = self.input(0)?;
         let r = x.rank();
-        let (pads, value, axes) = if self.case.opset >= 11 {
-            let v = self.data(2).and_then(|d| d.data.first().copied());
-            (self.host_ints(1), v, if self.case.opset >= 18 { self.host_ints(3) } else { None })
+        let (pads, value, axes) = if self.opset() >= 11 {
+            let v = self.host(2)?.filter(|d| d.numel() > 0).map(|d| d.scalar(0));
+            (self.host_ints(1)?, v, if self.opset() >= 18 { self.host_ints(3)? } else { None })
         } else {
             let pads = self.ints("pads")?.or(self.ints("paddings")?);
             (pads, Some(ScalarValue::Float(self.float("value", 0.0)?)), None)
@@ -819,7 +1085,7 @@ impl<'a> Node<'a> {
         let mode = self.string("mode", "constant")?;
         let out = match mode.as_str() {
             "constant" => {
-                let v = Tensor::scalar(value.unwrap_or(ScalarValue::Int(0)), x.dtype(), self.dev);
+                let v = Tensor::scalar(value.unwrap_or(ScalarValue::Int(0)), x.dtype(), self.dev());
                 Tensor::record(Op::Pad { before: pb, after: pa, mode: PadMode::Constant }, &[&x, &v])?
             }
             "reflect" => x.pad_mode(&pairs, PadMode::Reflect)?,
@@ -852,9 +1118,9 @@ impl<'a> Node<'a> {
         let upper = self.int("upper", 1)? != 0;
         let (n, m) = (x.dims()[x.rank() - 2], x.dims()[x.rank() - 1]);
         let bound = (n + m) as i64;
-        let k = self.host_ints(1).and_then(|v| v.first().copied()).unwrap_or(0).clamp(-bound, bound);
-        let rows = Tensor::iota([n, m], 0, DType::I32, self.dev)?;
-        let cols = Tensor::iota([n, m], 1, DType::I32, self.dev)?;
+        let k = self.host_ints(1)?.and_then(|v| v.first().copied()).unwrap_or(0).clamp(-bound, bound);
+        let rows = Tensor::iota([n, m], 0, DType::I32, self.dev())?;
+        let cols = Tensor::iota([n, m], 1, DType::I32, self.dev())?;
         let diff = cols.sub(&rows)?;
         let k = self.scalar(k, DType::I32);
         let keep = if upper { diff.ge(&k)? } else { diff.le(&k)? };
@@ -863,8 +1129,10 @@ impl<'a> Node<'a> {
     }
 
     fn range(&self) -> R<Vec<Tensor>> {
-        let get = |i: usize| self.data(i).and_then(|d| d.data.first().copied().map(|v| (v, d.dtype)));
-        let (Some((start, dt)), Some((limit, _)), Some((delta, _))) = (get(0), get(1), get(2)) else {
+        let get = |i: usize| -> R<Option<(ScalarValue, DType)>> {
+            Ok(self.host(i)?.filter(|d| d.numel() > 0).map(|d| (d.scalar(0), d.dtype)))
+        };
+        let (Some((start, dt)), Some((limit, _)), Some((delta, _))) = (get(0)?, get(1)?, get(2)?) else {
             return invalid("Range needs start, limit and delta");
         };
         let n = if dt.is_float() {
@@ -882,33 +1150,31 @@ impl<'a> Node<'a> {
             let q = span / d + i128::from(span % d != 0 && (span < 0) == (d < 0));
             q.max(0) as usize
         };
-        let idx = Tensor::iota([n], 0, dt, self.dev)?;
+        let idx = Tensor::iota([n], 0, dt, self.dev())?;
         one(idx.mul(&self.scalar(delta, dt))?.add(&self.scalar(start, dt))?)
     }
 
     fn constant_of_shape(&self) -> R<Vec<Tensor>> {
-        let Some(shape) = self.host_ints(0) else { return invalid("ConstantOfShape needs a shape") };
+        let Some(shape) = self.host_ints(0)? else { return invalid("ConstantOfShape needs a shape") };
         let (v, dt) = match self.attr("value") {
-            Some(Attr::Tensor(t)) => match t.data.first() {
-                Some(&v) => (v, t.dtype),
-                None => return invalid("ConstantOfShape value has no element"),
-            },
+            Some(Attr::Tensor(t)) if t.numel() > 0 => (t.scalar(0), self.narrowed(t.dtype)),
+            Some(Attr::Tensor(_)) => return invalid("ConstantOfShape value has no element"),
             Some(a) => return invalid(format!("ConstantOfShape value is {}", a.kind())),
             None => (ScalarValue::Float(0.0), DType::F32),
         };
         let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
-        one(Tensor::full(dims, v, dt, self.dev)?)
+        one(Tensor::full(dims, v, dt, self.dev())?)
     }
 
-    fn shape_op(&self) -> R<Vec<Tensor>> {
-        let Some(d) = self.data(0) else { return invalid("Shape needs input 0") };
-        let r = d.shape.len() as i64;
+    fn shape_op(&self) -> R<HostTensor> {
+        let shape = self.slot(0)?.dims();
+        let r = shape.len() as i64;
         let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
         let start = clampi(self.int("start", 0)?);
         let end = clampi(self.int("end", r)?);
-        let dims: Vec<i64> = if start < end { d.shape[start..end].iter().map(|&v| v as i64).collect() } else { vec![] };
+        let dims: Vec<i64> = if start < end { shape[start..end].iter().map(|&v| v as i64).collect() } else { vec![] };
         let n = dims.len();
-        one(Tensor::from_slice(&dims, [n], self.dev)?)
+        Ok(HostTensor::from_i64s(&dims, vec![n]))
     }
 
     // ---- normalization -----------------------------------------------------
@@ -937,7 +1203,7 @@ impl<'a> Node<'a> {
     }
 
     fn batch_norm(&self) -> R<Vec<Tensor>> {
-        if self.int("training_mode", 0)? != 0 || self.case.outputs.len() > 1 {
+        if self.int("training_mode", 0)? != 0 || self.ctx.n_out > 1 {
             return unsupported("BatchNormalization in training mode (only inference is in scope)");
         }
         let x = self.input(0)?;
@@ -954,6 +1220,784 @@ impl<'a> Node<'a> {
         let inv = var.add(&self.scalar(eps, d))?.rsqrt()?.mul(&scale)?;
         let y = x.sub(&col(&mean)?)?.mul(&col(&inv)?)?.add(&col(&bias)?)?;
         one(y)
+    }
+
+    // ---- operators of real models ------------------------------------------
+
+    /// Binary ops before opset 7 may say `broadcast = 1` with an `axis`
+    /// where the second operand's dims start.
+    fn legacy_broadcast(&self, a: &Tensor, b: Tensor) -> R<Tensor> {
+        if self.opset() >= 7 || self.int("broadcast", 0)? == 0 {
+            return Ok(b);
+        }
+        let Some(Attr::Int(axis)) = self.attr("axis") else { return Ok(b) };
+        let axis = self.norm_axis(*axis, a.rank())?;
+        let mut dims = vec![1; a.rank()];
+        for (i, &d) in b.dims().iter().enumerate() {
+            match dims.get_mut(axis + i) {
+                Some(x) => *x = d,
+                None => return invalid(format!("broadcast of {} at axis {axis} into {}", b.shape(), a.shape())),
+            }
+        }
+        Ok(b.reshape_to(dims)?)
+    }
+
+    fn global_pool(&self, r: ReduceOp) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        if x.rank() < 3 {
+            return invalid(format!("{} needs an [N, C, spatial...] input, got {}", self.op, x.shape()));
+        }
+        let axes: Vec<isize> = (2..x.rank() as isize).collect();
+        one(x.reduce_axes(r, &axes, true)?)
+    }
+
+    fn prelu(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let mut slope = self.input(1)?;
+        // Per-channel slopes given as [C] (older exporters) broadcast over
+        // the channel axis, not the last one.
+        if slope.rank() == 1 && x.rank() > 2 && slope.numel() == x.dims()[1] && slope.numel() > 1 {
+            let mut dims = vec![slope.numel()];
+            dims.extend(std::iter::repeat_n(1, x.rank() - 2));
+            slope = slope.reshape_to(dims)?;
+        }
+        let zero = self.scalar(0, x.dtype());
+        one(x.lt(&zero)?.where_(&x.mul(&slope)?, &x)?)
+    }
+
+    fn hard_swish(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let d = x.dtype();
+        let hs = x.mul(&self.scalar(1.0 / 6.0, d))?.add(&self.scalar(0.5, d))?.clamp(Some(0.0), Some(1.0))?;
+        one(x.mul(&hs)?)
+    }
+
+    fn shrink(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let d = x.dtype();
+        let (lambd, bias) = (self.float("lambd", 0.5)?, self.float("bias", 0.0)?);
+        let lo = x.lt(&self.scalar(-lambd, d))?;
+        let hi = x.gt(&self.scalar(lambd, d))?;
+        let zero = self.scalar(0, d);
+        let up = x.add(&self.scalar(bias, d))?;
+        let down = x.sub(&self.scalar(bias, d))?;
+        one(lo.where_(&up, &hi.where_(&down, &zero)?)?)
+    }
+
+    fn celu(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let d = x.dtype();
+        let alpha = self.float("alpha", 1.0)?;
+        let neg = x.div(&self.scalar(alpha, d))?.exp()?.sub(&self.scalar(1, d))?.mul(&self.scalar(alpha, d))?;
+        let zero = self.scalar(0, d);
+        one(x.maximum(&zero)?.add(&neg.minimum(&zero)?)?)
+    }
+
+    fn thresholded_relu(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let d = x.dtype();
+        let alpha = self.float("alpha", 1.0)?;
+        one(x.gt(&self.scalar(alpha, d))?.where_(&x, &self.scalar(0, d))?)
+    }
+
+    fn mish(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let sp = x.softplus(1.0, 20.0)?;
+        one(x.mul(&sp.tanh()?)?)
+    }
+
+    /// Local response normalization across channels: `x / (bias + alpha /
+    /// size * sum of x^2 over the channel window)^beta`, the window sum an
+    /// average pool (padding counted) times its size.
+    fn lrn(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        if x.rank() < 3 {
+            return invalid(format!("LRN needs an [N, C, ...] input, got {}", x.shape()));
+        }
+        let size = self.int("size", 0)?;
+        if size <= 0 {
+            return invalid(format!("LRN size {size}"));
+        }
+        let size = size as usize;
+        let d = x.dtype();
+        let (alpha, beta, bias) = (self.float("alpha", 1e-4)?, self.float("beta", 0.75)?, self.float("bias", 1.0)?);
+        let (n, c) = (x.dims()[0], x.dims()[1]);
+        let rest: usize = x.dims()[2..].iter().product();
+        let sq = x.mul(&x)?.reshape_to([n, 1, c, rest])?;
+        let before = (size - 1) / 2;
+        let after = size - 1 - before;
+        let attrs = PoolAttrs {
+            kind: PoolKind::Avg { count_include_pad: true },
+            kernel: vec![size, 1],
+            strides: vec![1, 1],
+            pads_begin: vec![before, 0],
+            pads_end: vec![after, 0],
+            dilations: vec![1, 1],
+            ceil_mode: false,
+        };
+        let sum = sq.pool(attrs)?.reshape_to(x.shape().clone())?;
+        let denom = sum.mul(&self.scalar(alpha, d))?.add(&self.scalar(bias, d))?.pow(&self.scalar(beta, d))?;
+        one(x.div(&denom)?)
+    }
+
+    fn instance_norm(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let (scale, bias) = (self.input(1)?, self.input(2)?);
+        if x.rank() < 3 {
+            return invalid(format!("InstanceNormalization needs an [N, C, ...] input, got {}", x.shape()));
+        }
+        let eps = self.float("epsilon", 1e-5)?;
+        let axes: Vec<isize> = (2..x.rank() as isize).collect();
+        let mean = x.mean(&axes, true)?;
+        let centered = x.sub(&mean)?;
+        let var = centered.mul(&centered)?.mean(&axes, true)?;
+        let inv = var.add(&self.scalar(eps, x.dtype()))?.rsqrt()?;
+        let mut col = vec![x.dims()[1]];
+        col.extend(std::iter::repeat_n(1, x.rank() - 2));
+        let y = centered.mul(&inv)?.mul(&scale.reshape_to(col.clone())?)?.add(&bias.reshape_to(col)?)?;
+        one(y)
+    }
+
+    fn split(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let axis = self.norm_axis(self.int("axis", 0)?, x.rank())?;
+        let n = x.dims()[axis];
+        let sizes = if self.opset() >= 13 { self.host_ints(1)? } else { self.ints("split")? };
+        let sizes: Vec<usize> = match sizes {
+            Some(s) if !s.is_empty() => {
+                if s.iter().any(|&v| v < 0) || s.iter().sum::<i64>() != n as i64 {
+                    return invalid(format!("Split sizes {s:?} for a dim of {n}"));
+                }
+                s.iter().map(|&v| v as usize).collect()
+            }
+            _ => {
+                let parts = match self.attr("num_outputs") {
+                    Some(Attr::Int(k)) if *k > 0 => *k as usize,
+                    _ => self.ctx.n_out.max(1),
+                };
+                // Equal parts; the last one smaller when `n` does not divide (opset 18).
+                let each = n.div_ceil(parts);
+                (0..parts).map(|i| each.min(n.saturating_sub(i * each))).collect()
+            }
+        };
+        let mut out = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for s in sizes {
+            out.push(x.narrow(axis as isize, start, s)?);
+            start += s;
+        }
+        Ok(out)
+    }
+
+    fn depth_to_space(&self, to_space: bool) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let b = self.int("blocksize", 0)?;
+        if x.rank() != 4 || b <= 0 {
+            return invalid(format!("{} of {} with blocksize {b}", self.op, x.shape()));
+        }
+        let b = b as usize;
+        let (n, c, h, w) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
+        if to_space {
+            if c % (b * b) != 0 {
+                return invalid(format!("DepthToSpace: {c} channels for blocksize {b}"));
+            }
+            let c2 = c / (b * b);
+            let y = if self.string("mode", "DCR")? == "CRD" {
+                x.reshape_to([n, c2, b, b, h, w])?.permute(&[0, 1, 4, 2, 5, 3])?
+            } else {
+                x.reshape_to([n, b, b, c2, h, w])?.permute(&[0, 3, 4, 1, 5, 2])?
+            };
+            one(y.reshape_to([n, c2, h * b, w * b])?)
+        } else {
+            if h % b != 0 || w % b != 0 {
+                return invalid(format!("SpaceToDepth: {h}x{w} for blocksize {b}"));
+            }
+            let y = x.reshape_to([n, c, h / b, b, w / b, b])?.permute(&[0, 3, 5, 1, 2, 4])?;
+            one(y.reshape_to([n, c * b * b, h / b, w / b])?)
+        }
+    }
+
+    /// Negative indices count from the end of a dim of `n`.
+    fn wrap_indices(&self, idx: &Tensor, n: usize) -> R<Tensor> {
+        let d = idx.dtype();
+        let zero = self.scalar(0, d);
+        Ok(idx.lt(&zero)?.where_(&idx.add(&self.scalar(n as i64, d))?, idx)?)
+    }
+
+    fn gather_elements(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let idx = self.input(1)?;
+        let axis = self.norm_axis(self.int("axis", 0)?, x.rank())?;
+        let idx = self.wrap_indices(&idx, x.dims()[axis])?;
+        one(x.gather_torch(axis as isize, &idx)?)
+    }
+
+    /// ScatterND: the rows of `data` named by `indices` replaced by (or,
+    /// with `reduction = add`, increased by) `updates`, through an index
+    /// add over the flattened leading dims.
+    fn scatter_nd(&self) -> R<Vec<Tensor>> {
+        let data = self.input(0)?;
+        let idx = self.input(1)?;
+        let upd = self.input(2)?;
+        let reduction = self.string("reduction", "none")?;
+        let k = *idx.dims().last().unwrap_or(&0);
+        if idx.rank() == 0 || k == 0 || k > data.rank() {
+            return invalid(format!("ScatterND indices {} for data {}", idx.shape(), data.shape()));
+        }
+        let lead: usize = data.dims()[..k].iter().product();
+        let tail: Vec<usize> = data.dims()[k..].to_vec();
+        let rows: usize = idx.dims()[..idx.rank() - 1].iter().product();
+        // Linear row index: sum of idx[.., j] * stride_j (negative wrapped).
+        let id = idx.dtype();
+        let mut lin: Option<Tensor> = None;
+        let mut stride = 1usize;
+        let idx2 = idx.reshape_to([rows, k])?;
+        for j in (0..k).rev() {
+            let col = self.wrap_indices(&idx2.narrow(1, j, 1)?.reshape_to([rows])?, data.dims()[j])?;
+            let term = col.mul(&self.scalar(stride as i64, id))?;
+            lin = Some(match lin {
+                None => term,
+                Some(l) => l.add(&term)?,
+            });
+            stride *= data.dims()[j];
+        }
+        let Some(lin) = lin else { return invalid("ScatterND without index columns") };
+        let mut flat_dims = vec![lead];
+        flat_dims.extend(&tail);
+        let mut upd_dims = vec![rows];
+        upd_dims.extend(&tail);
+        let flat = data.reshape_to(flat_dims.clone())?;
+        let upd = upd.reshape_to(upd_dims)?;
+        let zeros = Tensor::zeros(flat_dims, data.dtype(), self.dev())?;
+        let added = zeros.scatter_add(0, &lin, &upd)?;
+        let out = match reduction.as_str() {
+            "add" => flat.add(&added)?,
+            "none" => {
+                let ones = Tensor::ones(vec![rows], data.dtype(), self.dev())?;
+                let hit = Tensor::zeros(vec![lead], data.dtype(), self.dev())?.scatter_add(0, &lin, &ones)?;
+                let mut col = vec![lead];
+                col.extend(std::iter::repeat_n(1, tail.len()));
+                let hit = hit.reshape_to(col)?.gt(&self.scalar(0, data.dtype()))?;
+                hit.where_(&added, &flat)?
+            }
+            other => return unsupported(format!("ScatterND reduction {other:?}")),
+        };
+        one(out.reshape_to(data.shape().clone())?)
+    }
+
+    fn top_k(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let k = if self.opset() >= 10 {
+            self.host_ints(1)?.and_then(|v| v.first().copied())
+        } else {
+            Some(self.int("k", -1)?)
+        };
+        let Some(k) = k.filter(|&k| k >= 0) else { return invalid("TopK needs a k >= 0") };
+        let axis = self.norm_axis(self.int("axis", -1)?, x.rank())?;
+        let largest = self.int("largest", 1)? != 0;
+        let (v, i) = x.topk(k as usize, axis as isize, largest)?;
+        Ok(vec![v, i.cast(self.index_dtype())?])
+    }
+
+    /// Convolution over 3 spatial dims as a sum over the depth taps of
+    /// 2-d convolutions with the output depths folded into the batch.
+    #[allow(clippy::too_many_arguments)] // The attributes of one convolution, as ONNX spells them.
+    fn conv3d(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        strides: &[usize],
+        dil: &[usize],
+        pb: &[usize],
+        pe: &[usize],
+        groups: usize,
+    ) -> R<Tensor> {
+        let (n, c, dpt) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let (o, kd) = (w.dims()[0], w.dims()[2]);
+        let xp = if pb[0] > 0 || pe[0] > 0 {
+            let zero = self.scalar(0, x.dtype());
+            let mut before = vec![0; 5];
+            let mut after = vec![0; 5];
+            before[2] = pb[0];
+            after[2] = pe[0];
+            Tensor::record(Op::Pad { before, after, mode: PadMode::Constant }, &[x, &zero])?
+        } else {
+            x.clone()
+        };
+        let dp = dpt + pb[0] + pe[0];
+        let eff = dil[0] * (kd - 1) + 1;
+        if dp < eff {
+            return invalid(format!("Conv: depth {dpt} padded to {dp} is smaller than the kernel's {eff}"));
+        }
+        let od = (dp - eff) / strides[0] + 1;
+        let attrs = ConvAttrs {
+            strides: [strides[1], strides[2]],
+            pads: [pb[1], pb[2], pe[1], pe[2]],
+            dilations: [dil[1], dil[2]],
+            groups,
+        };
+        let (h, wd) = (x.dims()[3], x.dims()[4]);
+        let mut acc: Option<Tensor> = None;
+        for t in 0..kd {
+            let start = (t * dil[0]) as i64;
+            let mut starts = vec![0i64; 5];
+            let mut steps = vec![1i64; 5];
+            let mut lens = xp.dims().to_vec();
+            starts[2] = start;
+            steps[2] = strides[0] as i64;
+            lens[2] = od;
+            let xs = Tensor::record(Op::Slice { starts, steps, lens }, &[&xp])?;
+            // [N, C, od, H, W] -> [N * od, C, H, W].
+            let xs = xs.permute(&[0, 2, 1, 3, 4])?.reshape_to([n * od, c, h, wd])?;
+            let wt = w.narrow(2, t, 1)?.squeeze(&[2])?;
+            let y = xs.conv2d(&wt, attrs.clone())?;
+            acc = Some(match acc {
+                None => y,
+                Some(a) => a.add(&y)?,
+            });
+        }
+        let Some(y) = acc else { return invalid("Conv with an empty kernel") };
+        let (oh, ow) = (y.dims()[2], y.dims()[3]);
+        Ok(y.reshape_to([n, od, o, oh, ow])?.permute(&[0, 2, 1, 3, 4])?)
+    }
+
+    fn conv_transpose(&self) -> R<Vec<Tensor>> {
+        let (mut x, mut w) = (self.input(0)?, self.input(1)?);
+        let bias = self.opt_input(2)?;
+        let nsp = x.rank().saturating_sub(2);
+        if !(1..=2).contains(&nsp) || w.rank() != x.rank() {
+            return unsupported(format!("ConvTranspose over {nsp} spatial dims (1-D and 2-D are supported)"));
+        }
+        let kernel: Vec<usize> = w.dims()[2..].to_vec();
+        let strides = self.spatial_attr("strides", nsp, 1)?;
+        let dil = self.spatial_attr("dilations", nsp, 1)?;
+        let groups = self.int("group", 1)?.max(1) as usize;
+        let out_pad: Vec<usize> = match self.ints("output_padding")? {
+            Some(v) if v.len() == nsp && v.iter().all(|&p| p >= 0) => v.iter().map(|&p| p as usize).collect(),
+            Some(v) => return invalid(format!("output_padding {v:?}")),
+            None => vec![0; nsp],
+        };
+        let input: Vec<usize> = x.dims()[2..].to_vec();
+        let full: Vec<usize> =
+            (0..nsp).map(|i| strides[i] * (input[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1).collect();
+        let auto = self.string("auto_pad", "NOTSET")?;
+        let (mut pb, mut pe) = (vec![0usize; nsp], vec![0usize; nsp]);
+        if let Some(shape) = self.ints("output_shape")? {
+            let shape: Vec<usize> = shape.iter().rev().take(nsp).rev().map(|&s| s.max(0) as usize).collect();
+            for i in 0..nsp {
+                let total = full[i].checked_sub(shape[i]).ok_or_else(|| {
+                    MapError::Invalid(format!("ConvTranspose output_shape {shape:?} larger than {full:?}"))
+                })?;
+                (pb[i], pe[i]) =
+                    if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+            }
+        } else if auto == "SAME_UPPER" || auto == "SAME_LOWER" {
+            for i in 0..nsp {
+                let total = full[i].saturating_sub(input[i] * strides[i]);
+                (pb[i], pe[i]) =
+                    if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+            }
+        } else if auto == "NOTSET" {
+            let pads = self.ints("pads")?.unwrap_or_else(|| vec![0; 2 * nsp]);
+            if pads.len() != 2 * nsp || pads.iter().any(|&p| p < 0) {
+                return invalid(format!("pads {pads:?}"));
+            }
+            for i in 0..nsp {
+                (pb[i], pe[i]) = (pads[i] as usize, pads[nsp + i] as usize);
+            }
+        }
+        // The full transposed convolution (no padding), then the window
+        // `[pb, pb + out)` of it, zeros past its end for output padding.
+        if nsp == 1 {
+            x = x.unsqueeze(2)?;
+            w = w.unsqueeze(2)?;
+        }
+        let two = |v: &[usize], fill: usize| if nsp == 2 { [v[0], v[1]] } else { [fill, v[0]] };
+        let attrs = crate::nn::ConvTranspose2dAttrs {
+            stride: two(&strides, 1),
+            padding: [0, 0],
+            output_padding: [0, 0],
+            dilation: two(&dil, 1),
+            groups,
+        };
+        let mut y = crate::nn::conv_transpose2d(&x, &w, None, &attrs)?;
+        let mut y_dims_sp: Vec<usize> = y.dims()[2..].to_vec();
+        if nsp == 1 {
+            y_dims_sp.remove(0);
+            y = y.squeeze(&[2])?;
+        }
+        for i in 0..nsp {
+            let out_len = full[i] - pb[i] - pe[i];
+            let start = pb[i];
+            let have = y_dims_sp[i].saturating_sub(start);
+            let ax = 2 + i;
+            let take = out_len.min(have);
+            y = y.narrow(ax as isize, start, take)?;
+            if take < out_len {
+                let mut before = vec![0; y.rank()];
+                let mut after = vec![0; y.rank()];
+                before[ax] = 0;
+                after[ax] = out_len - take;
+                let zero = self.scalar(0, y.dtype());
+                y = Tensor::record(Op::Pad { before, after, mode: PadMode::Constant }, &[&y, &zero])?;
+            }
+        }
+        if let Some(b) = bias {
+            let mut dims = vec![1, b.numel()];
+            dims.extend(std::iter::repeat_n(1, nsp));
+            y = y.add(&b.reshape_to(dims)?)?;
+        }
+        one(y)
+    }
+
+    // ---- resizing ----------------------------------------------------------
+
+    /// `Resize` (and `Upsample`, its older form): separable per axis; each
+    /// output position reads a few taps of its axis (nearest: one, linear:
+    /// two, cubic: four) through a gather of host-computed indices, weighted
+    /// by host-computed coefficients.
+    fn resize(&self) -> R<Vec<Tensor>> {
+        let x = self.input(0)?;
+        let r = x.rank();
+        let upsample = self.op == "Upsample";
+        let mode = self.string("mode", "nearest")?;
+        let (ctm, nearest_mode) = if upsample || self.opset() < 11 {
+            ("asymmetric".to_string(), if upsample { "floor" } else { "round_prefer_floor" }.to_string())
+        } else {
+            (
+                self.string("coordinate_transformation_mode", "half_pixel")?,
+                self.string("nearest_mode", "round_prefer_floor")?,
+            )
+        };
+        if self.int("antialias", 0)? != 0 {
+            return unsupported("Resize with antialias = 1");
+        }
+        let axes: Vec<usize> = match self.ints("axes")? {
+            Some(a) => a.iter().map(|&a| self.norm_axis(a, r)).collect::<R<_>>()?,
+            None => (0..r).collect(),
+        };
+        let (scales, sizes, roi) = if upsample {
+            let s = if self.opset() >= 9 {
+                self.host(1)?.map(HostTensor::to_f64s)
+            } else {
+                match self.attr("scales") {
+                    Some(Attr::Floats(v)) => Some(v.clone()),
+                    _ => None,
+                }
+            };
+            (s, None, None)
+        } else if self.opset() < 11 {
+            (self.host(1)?.map(HostTensor::to_f64s), None, None)
+        } else {
+            fn nonempty(h: Option<&HostTensor>) -> Option<&HostTensor> {
+                h.filter(|t| t.numel() > 0)
+            }
+            (
+                nonempty(self.host(2)?).map(HostTensor::to_f64s),
+                nonempty(self.host(3)?).map(HostTensor::to_i64s),
+                nonempty(self.host(1)?).map(HostTensor::to_f64s),
+            )
+        };
+        let dims = x.dims().to_vec();
+        // Per resized axis: (input length, output length, scale).
+        let mut plan: Vec<(usize, usize, f64)> = dims.iter().map(|&n| (n, n, 1.0)).collect();
+        match (&scales, &sizes) {
+            (Some(s), None) => {
+                if s.len() != axes.len() {
+                    return invalid(format!("Resize: {} scales for {} axes", s.len(), axes.len()));
+                }
+                for (&a, &sc) in axes.iter().zip(s) {
+                    if !(sc > 0.0 && sc.is_finite()) {
+                        return invalid(format!("Resize scale {sc}"));
+                    }
+                    let m = (dims[a] as f64 * sc).floor();
+                    plan[a] = (dims[a], m as usize, sc);
+                }
+            }
+            (None, Some(sz)) => {
+                if sz.len() != axes.len() || sz.iter().any(|&v| v < 0) {
+                    return invalid(format!("Resize: sizes {sz:?} for {} axes", axes.len()));
+                }
+                let policy = self.string("keep_aspect_ratio_policy", "stretch")?;
+                let ratios: Vec<f64> = axes.iter().zip(sz).map(|(&a, &m)| m as f64 / dims[a].max(1) as f64).collect();
+                let fit = match policy.as_str() {
+                    "stretch" => None,
+                    "not_larger" => ratios.iter().copied().reduce(f64::min),
+                    "not_smaller" => ratios.iter().copied().reduce(f64::max),
+                    other => return invalid(format!("keep_aspect_ratio_policy {other:?}")),
+                };
+                for (k, &a) in axes.iter().enumerate() {
+                    plan[a] = match fit {
+                        None => (dims[a], sz[k] as usize, ratios[k]),
+                        Some(sc) => (dims[a], (sc * dims[a] as f64 + 0.5).floor() as usize, sc),
+                    };
+                }
+            }
+            (Some(_), Some(_)) => return invalid("Resize with both scales and sizes"),
+            (None, None) => return invalid("Resize needs scales or sizes"),
+        }
+        let cubic_a = self.float("cubic_coeff_a", -0.75)?;
+        let exclude = self.int("exclude_outside", 0)? != 0;
+        let extrapolation = self.float("extrapolation_value", 0.0)?;
+        if mode != "nearest" && !x.dtype().is_float() {
+            return unsupported(format!("Resize mode {mode} of {} values", x.dtype()));
+        }
+        let mut y = x.clone();
+        for (a, &(n, m, scale)) in plan.iter().enumerate() {
+            let roi_ab = roi.as_ref().and_then(|roi| {
+                let k = axes.iter().position(|&x| x == a)?;
+                Some((roi.get(k).copied()?, roi.get(k + axes.len()).copied()?))
+            });
+            let taps = resize_taps(n, m, scale, &ctm, &mode, &nearest_mode, cubic_a, exclude, roi_ab)
+                .map_err(MapError::Invalid)?;
+            if m == n
+                && taps.iter().all(|t| t.len() == 1 && t[0].1 == 1.0)
+                && taps.iter().enumerate().all(|(i, t)| t[0].0 == i as i64)
+            {
+                continue;
+            }
+            y = self.apply_taps(&y, a, &taps, extrapolation)?;
+        }
+        one(y)
+    }
+
+    /// `sum over t of gather(x, axis, idx_t) * w_t`; a position whose tap
+    /// list is empty (outside a crop) takes `extrapolation`.
+    fn apply_taps(&self, x: &Tensor, axis: usize, taps: &[Vec<(i64, f64)>], extrapolation: f64) -> R<Tensor> {
+        let m = taps.len();
+        let width = taps.iter().map(Vec::len).max().unwrap_or(0);
+        let mut bcast = vec![1usize; x.rank()];
+        bcast[axis] = m;
+        let d = x.dtype();
+        let outside: Vec<bool> = taps.iter().map(Vec::is_empty).collect();
+        let mut acc: Option<Tensor> = None;
+        for t in 0..width {
+            let idx: Vec<i32> = taps.iter().map(|v| v.get(t).map(|p| p.0 as i32).unwrap_or(0)).collect();
+            let w: Vec<f32> = taps.iter().map(|v| v.get(t).map(|p| p.1 as f32).unwrap_or(0.0)).collect();
+            let g = x.gather(axis as isize, &Tensor::from_slice(&idx, [m], self.dev())?)?;
+            let term = if width == 1 && w.iter().all(|&v| v == 1.0) {
+                g
+            } else {
+                g.mul(&Tensor::from_slice(&w, bcast.clone(), self.dev())?.cast(d)?)?
+            };
+            acc = Some(match acc {
+                None => term,
+                Some(a) => a.add(&term)?,
+            });
+        }
+        let Some(mut y) = acc else { return invalid("Resize to an empty axis of taps") };
+        if outside.iter().any(|&o| o) {
+            let mask = Tensor::from_slice(&outside, bcast, self.dev())?;
+            y = mask.where_(&self.scalar(extrapolation, d), &y)?;
+        }
+        Ok(y)
+    }
+
+    // ---- recurrent layers --------------------------------------------------
+
+    /// `LSTM`, `GRU` and `RNN` with ONNX's gate layouts (LSTM `iofc`, GRU
+    /// `zrh`), directions, initial states, peepholes, `clip`, sequence
+    /// lengths (steps past a sequence's length keep its state and output
+    /// zeros) and both layouts. The input projection of every step is one
+    /// product; the steps are unrolled (the sequence length is known when
+    /// the node is recorded).
+    fn recurrent(&self) -> R<Vec<Tensor>> {
+        let kind = self.op;
+        let gates = match kind {
+            "LSTM" => 4,
+            "GRU" => 3,
+            _ => 1,
+        };
+        let mut x = self.input(0)?;
+        let (w, r) = (self.input(1)?, self.input(2)?);
+        let b = self.opt_input(3)?;
+        let lens = self.opt_input(4)?;
+        let mut h0 = self.opt_input(5)?;
+        let mut c0 = if kind == "LSTM" { self.opt_input(6)? } else { None };
+        let p = if kind == "LSTM" { self.opt_input(7)? } else { None };
+        let batch_major = self.int("layout", 0)? != 0;
+        if x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
+            return invalid(format!("{kind}: X {}, W {}, R {}", x.shape(), w.shape(), r.shape()));
+        }
+        if batch_major {
+            x = x.permute(&[1, 0, 2])?;
+            h0 = h0.map(|t| t.permute(&[1, 0, 2])).transpose()?;
+            c0 = c0.map(|t| t.permute(&[1, 0, 2])).transpose()?;
+        }
+        let (seq, batch) = (x.dims()[0], x.dims()[1]);
+        let dirs = w.dims()[0];
+        let hidden = r.dims()[2];
+        if w.dims()[1] != gates * hidden || r.dims()[1] != gates * hidden {
+            return invalid(format!("{kind}: W {} and R {} for hidden size {hidden}", w.shape(), r.shape()));
+        }
+        let direction = self.string("direction", "forward")?;
+        let order: Vec<bool> = match (direction.as_str(), dirs) {
+            ("forward", 1) => vec![false],
+            ("reverse", 1) => vec![true],
+            ("bidirectional", 2) => vec![false, true],
+            (d, n) => return invalid(format!("{kind}: direction {d:?} with {n} weight sets")),
+        };
+        let clip = match self.attr("clip") {
+            Some(Attr::Float(c)) => Some(*c),
+            _ => None,
+        };
+        let linear_before_reset = self.int("linear_before_reset", 0)? != 0;
+        let d = x.dtype();
+        let zeros = || Tensor::zeros([batch, hidden], d, self.dev());
+        // mask[t]: [batch, 1], true where step t is inside the sequence.
+        let masks: Option<Vec<Tensor>> = match &lens {
+            Some(l) => {
+                let l = l.cast(DType::I32)?.reshape_to([batch, 1])?;
+                Some((0..seq).map(|t| l.gt(&self.scalar(t as i64, DType::I32))).collect::<Result<_, _>>()?)
+            }
+            None => None,
+        };
+        let mut ys = Vec::with_capacity(dirs);
+        let mut hs = Vec::with_capacity(dirs);
+        let mut cs = Vec::with_capacity(dirs);
+        for (di, &reverse) in order.iter().enumerate() {
+            let wd = w.narrow(0, di, 1)?.reshape_to([gates * hidden, w.dims()[2]])?;
+            let rd = r.narrow(0, di, 1)?.reshape_to([gates * hidden, hidden])?;
+            let (wb, rb) = match &b {
+                Some(b) => {
+                    let bd = b.narrow(0, di, 1)?.reshape_to([2 * gates * hidden])?;
+                    (Some(bd.narrow(0, 0, gates * hidden)?), Some(bd.narrow(0, gates * hidden, gates * hidden)?))
+                }
+                None => (None, None),
+            };
+            // Every step's input projection at once: [seq, batch, gates * H].
+            let mut xw = x.matmul(&wd.t()?)?;
+            if let Some(wb) = &wb {
+                xw = xw.add(wb)?;
+            }
+            let rt = rd.t()?;
+            let gate = |t: &Tensor, k: usize| t.narrow(1, k * hidden, hidden);
+            let clipped = |t: Tensor| -> R<Tensor> {
+                Ok(match clip {
+                    Some(c) => t.clamp(Some(-c), Some(c))?,
+                    None => t,
+                })
+            };
+            let mut h = match &h0 {
+                Some(h0) => h0.narrow(0, di, 1)?.reshape_to([batch, hidden])?,
+                None => zeros()?,
+            };
+            let mut c = match &c0 {
+                Some(c0) => c0.narrow(0, di, 1)?.reshape_to([batch, hidden])?,
+                None => zeros()?,
+            };
+            let peep = match &p {
+                Some(p) => {
+                    let pd = p.narrow(0, di, 1)?.reshape_to([3 * hidden])?;
+                    Some((pd.narrow(0, 0, hidden)?, pd.narrow(0, hidden, hidden)?, pd.narrow(0, 2 * hidden, hidden)?))
+                }
+                None => None,
+            };
+            let mut y_steps: Vec<Option<Tensor>> = vec![None; seq];
+            let steps: Vec<usize> = if reverse { (0..seq).rev().collect() } else { (0..seq).collect() };
+            for t in steps {
+                let xt = xw.narrow(0, t, 1)?.reshape_to([batch, gates * hidden])?;
+                let (h_new, c_new) = match kind {
+                    "LSTM" => {
+                        let mut g = xt.add(&h.matmul(&rt)?)?;
+                        if let Some(rb) = &rb {
+                            g = g.add(rb)?;
+                        }
+                        let (mut gi, mut go, mut gf, gc) = (gate(&g, 0)?, gate(&g, 1)?, gate(&g, 2)?, gate(&g, 3)?);
+                        if let Some((pi, _, pf)) = &peep {
+                            gi = gi.add(&c.mul(pi)?)?;
+                            gf = gf.add(&c.mul(pf)?)?;
+                        }
+                        let i = clipped(gi)?.sigmoid()?;
+                        let f = clipped(gf)?.sigmoid()?;
+                        let cand = clipped(gc)?.tanh()?;
+                        let c_new = f.mul(&c)?.add(&i.mul(&cand)?)?;
+                        if let Some((_, po, _)) = &peep {
+                            go = go.add(&c_new.mul(po)?)?;
+                        }
+                        let o = clipped(go)?.sigmoid()?;
+                        (o.mul(&c_new.tanh()?)?, Some(c_new))
+                    }
+                    "GRU" => {
+                        let rz = rt.narrow(1, 0, 2 * hidden)?;
+                        let rh = rt.narrow(1, 2 * hidden, hidden)?;
+                        let mut hr = h.matmul(&rz)?;
+                        if let Some(rb) = &rb {
+                            hr = hr.add(&rb.narrow(0, 0, 2 * hidden)?)?;
+                        }
+                        let z = clipped(gate(&xt, 0)?.add(&gate(&hr, 0)?)?)?.sigmoid()?;
+                        let rr = clipped(gate(&xt, 1)?.add(&gate(&hr, 1)?)?)?.sigmoid()?;
+                        let rbh = match &rb {
+                            Some(rb) => Some(rb.narrow(0, 2 * hidden, hidden)?),
+                            None => None,
+                        };
+                        let recur = if linear_before_reset {
+                            let mut hh = h.matmul(&rh)?;
+                            if let Some(rbh) = &rbh {
+                                hh = hh.add(rbh)?;
+                            }
+                            rr.mul(&hh)?
+                        } else {
+                            let mut hh = rr.mul(&h)?.matmul(&rh)?;
+                            if let Some(rbh) = &rbh {
+                                hh = hh.add(rbh)?;
+                            }
+                            hh
+                        };
+                        let cand = clipped(gate(&xt, 2)?.add(&recur)?)?.tanh()?;
+                        let one_minus = self.scalar(1, d).sub(&z)?;
+                        (one_minus.mul(&cand)?.add(&z.mul(&h)?)?, None)
+                    }
+                    _ => {
+                        let mut g = xt.add(&h.matmul(&rt)?)?;
+                        if let Some(rb) = &rb {
+                            g = g.add(rb)?;
+                        }
+                        (clipped(g)?.tanh()?, None)
+                    }
+                };
+                match &masks {
+                    Some(ms) => {
+                        let keep = &ms[t];
+                        y_steps[t] = Some(keep.where_(&h_new, &self.scalar(0, d))?);
+                        h = keep.where_(&h_new, &h)?;
+                        if let Some(cn) = c_new {
+                            c = keep.where_(&cn, &c)?;
+                        }
+                    }
+                    None => {
+                        y_steps[t] = Some(h_new.clone());
+                        h = h_new;
+                        if let Some(cn) = c_new {
+                            c = cn;
+                        }
+                    }
+                }
+            }
+            let ys_d: Vec<Tensor> = y_steps.into_iter().flatten().collect();
+            let refs: Vec<&Tensor> = ys_d.iter().collect();
+            ys.push(if refs.is_empty() {
+                Tensor::zeros([0, batch, hidden], d, self.dev())?
+            } else {
+                Tensor::stack(&refs, 0)?
+            });
+            hs.push(h);
+            cs.push(c);
+        }
+        let stack = |v: &[Tensor], axis: isize| -> R<Tensor> {
+            let refs: Vec<&Tensor> = v.iter().collect();
+            Ok(Tensor::stack(&refs, axis)?)
+        };
+        // Y: [seq, dirs, batch, H]; Y_h, Y_c: [dirs, batch, H].
+        let mut y = stack(&ys, 1)?;
+        let mut yh = stack(&hs, 0)?;
+        let mut yc = stack(&cs, 0)?;
+        if batch_major {
+            y = y.permute(&[2, 0, 1, 3])?;
+            yh = yh.permute(&[1, 0, 2])?;
+            yc = yc.permute(&[1, 0, 2])?;
+        }
+        Ok(if kind == "LSTM" { vec![y, yh, yc] } else { vec![y, yh] })
     }
 
     // ---- convolution and pooling -------------------------------------------
@@ -1003,10 +2047,8 @@ impl<'a> Node<'a> {
         let (mut x, mut w) = (self.input(0)?, self.input(1)?);
         let bias = self.opt_input(2)?;
         let nsp = x.rank().saturating_sub(2);
-        if !(1..=2).contains(&nsp) || w.rank() != x.rank() {
-            return unsupported(format!(
-                "Conv over {nsp} spatial dims (Lazuli's Conv2d covers 1-D and 2-D convolutions)"
-            ));
+        if !(1..=3).contains(&nsp) || w.rank() != x.rank() {
+            return unsupported(format!("Conv over {nsp} spatial dims (1-D, 2-D and 3-D are supported)"));
         }
         let kernel: Vec<usize> = w.dims()[2..].to_vec();
         if let Some(k) = self.ints("kernel_shape")? {
@@ -1018,6 +2060,13 @@ impl<'a> Node<'a> {
         let dil = self.spatial_attr("dilations", nsp, 1)?;
         let (pb, pe) = self.spatial_pads(&x.dims()[2..], &kernel, &strides, &dil)?;
         let groups = self.int("group", 1)?.max(1) as usize;
+        if nsp == 3 {
+            let mut y = self.conv3d(&x, &w, &strides, &dil, &pb, &pe, groups)?;
+            if let Some(b) = bias {
+                y = y.add(&b.reshape_to([1, b.numel(), 1, 1, 1])?)?;
+            }
+            return one(y);
+        }
         let attrs = if nsp == 2 {
             ConvAttrs {
                 strides: [strides[0], strides[1]],
@@ -1072,7 +2121,7 @@ impl<'a> Node<'a> {
             ceil_mode: self.int("ceil_mode", 0)? != 0,
         };
         let y = x.pool(attrs.clone())?;
-        if max && self.case.outputs.len() > 1 {
+        if max && self.ctx.n_out > 1 {
             let idx = self.max_pool_indices(&x, &attrs, y.dims())?;
             return Ok(vec![y, idx]);
         }
@@ -1087,6 +2136,7 @@ impl<'a> Node<'a> {
         let nsp = p.kernel.len();
         let dims = x.dims().to_vec();
         let col_major = self.int("storage_order", 0)? != 0;
+        let idt = self.index_dtype();
         // Flat index of every input element.
         let mut strides = vec![0usize; dims.len()];
         let mut acc = 1;
@@ -1107,13 +2157,13 @@ impl<'a> Node<'a> {
         }
         let mut flat: Option<Tensor> = None;
         for (d, &s) in strides.iter().enumerate() {
-            let t = Tensor::iota(dims.clone(), d, DType::I64, self.dev)?.mul(&self.scalar(s as i64, DType::I64))?;
+            let t = Tensor::iota(dims.clone(), d, idt, self.dev())?.mul(&self.scalar(s as i64, idt))?;
             flat = Some(match flat {
                 None => t,
                 Some(f) => f.add(&t)?,
             });
         }
-        let flat = flat.unwrap_or(Tensor::zeros(Shape::scalar(), DType::I64, self.dev)?);
+        let flat = flat.unwrap_or(Tensor::zeros(Shape::scalar(), idt, self.dev())?);
         // Pad values with the lowest value so padding never wins; pad the
         // end further where ceil mode lets the last window hang over.
         let mut before = vec![0; dims.len()];
@@ -1132,12 +2182,12 @@ impl<'a> Node<'a> {
         } else {
             ScalarValue::Int(i64::MIN)
         };
-        let lowt = Tensor::scalar(low, x.dtype(), self.dev);
+        let lowt = Tensor::scalar(low, x.dtype(), self.dev());
         let xp = Tensor::record(
             Op::Pad { before: before.clone(), after: after.clone(), mode: PadMode::Constant },
             &[x, &lowt],
         )?;
-        let neg = self.scalar(-1, DType::I64);
+        let neg = self.scalar(-1, idt);
         let ip = Tensor::record(Op::Pad { before, after, mode: PadMode::Constant }, &[&flat, &neg])?;
         let total: usize = p.kernel.iter().product();
         let mut best: Option<(Tensor, Tensor)> = None;
@@ -1168,6 +2218,133 @@ impl<'a> Node<'a> {
             None => invalid("empty pooling window"),
         }
     }
+}
+
+/// The taps `(source index, weight)` of each of `m` output positions of an
+/// axis of `n` resized by `scale` (ONNX Resize: the coordinate transform,
+/// then nearest / linear / cubic). An empty list: outside a
+/// `tf_crop_and_resize` box (the extrapolation value).
+#[allow(clippy::too_many_arguments)] // Resize's attributes, as ONNX spells them.
+fn resize_taps(
+    n: usize,
+    m: usize,
+    scale: f64,
+    ctm: &str,
+    mode: &str,
+    nearest_mode: &str,
+    cubic_a: f64,
+    exclude_outside: bool,
+    roi: Option<(f64, f64)>,
+) -> Result<Vec<Vec<(i64, f64)>>, String> {
+    let (nf, mf) = (n as f64, m as f64);
+    let last = n as i64 - 1;
+    let mut out = Vec::with_capacity(m);
+    for i in 0..m {
+        let fi = i as f64;
+        let x = match ctm {
+            "half_pixel" => (fi + 0.5) / scale - 0.5,
+            "half_pixel_symmetric" => {
+                let adj = mf / (scale * nf);
+                let center = nf / 2.0;
+                center * (1.0 - adj) + (fi + 0.5) / scale - 0.5
+            }
+            "pytorch_half_pixel" => {
+                if m > 1 {
+                    (fi + 0.5) / scale - 0.5
+                } else {
+                    0.0
+                }
+            }
+            "align_corners" => {
+                if m == 1 {
+                    0.0
+                } else {
+                    fi * (nf - 1.0) / (mf - 1.0)
+                }
+            }
+            "asymmetric" => fi / scale,
+            "tf_half_pixel_for_nn" => (fi + 0.5) / scale,
+            "tf_crop_and_resize" => {
+                let (s, e) = roi.unwrap_or((0.0, 1.0));
+                if m > 1 {
+                    s * (nf - 1.0) + fi * (e - s) * (nf - 1.0) / (mf - 1.0)
+                } else {
+                    0.5 * (s + e) * (nf - 1.0)
+                }
+            }
+            other => return Err(format!("coordinate_transformation_mode {other:?}")),
+        };
+        if ctm == "tf_crop_and_resize" && (x < 0.0 || x > nf - 1.0) {
+            out.push(vec![]);
+            continue;
+        }
+        let clampi = |v: i64| v.clamp(0, last.max(0));
+        let taps = match mode {
+            "nearest" => {
+                let frac = x - x.floor();
+                let v = match nearest_mode {
+                    "round_prefer_floor" => {
+                        if frac == 0.5 {
+                            x.floor()
+                        } else {
+                            x.round()
+                        }
+                    }
+                    "round_prefer_ceil" => {
+                        if frac == 0.5 {
+                            x.ceil()
+                        } else {
+                            x.round()
+                        }
+                    }
+                    "floor" => x.floor(),
+                    "ceil" => x.ceil(),
+                    other => return Err(format!("nearest_mode {other:?}")),
+                };
+                vec![(clampi(v as i64), 1.0)]
+            }
+            "linear" => {
+                let xc = x.clamp(0.0, (nf - 1.0).max(0.0));
+                let x0 = xc.floor();
+                let w1 = xc - x0;
+                let i0 = x0 as i64;
+                if w1 == 0.0 {
+                    vec![(clampi(i0), 1.0)]
+                } else {
+                    vec![(clampi(i0), 1.0 - w1), (clampi(i0 + 1), w1)]
+                }
+            }
+            "cubic" => {
+                let x0 = x.floor();
+                let t = x - x0;
+                let a = cubic_a;
+                let c = |d: f64| {
+                    let d = d.abs();
+                    if d <= 1.0 {
+                        ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+                    } else if d < 2.0 {
+                        ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+                    } else {
+                        0.0
+                    }
+                };
+                let mut taps: Vec<(i64, f64)> = (-1..=2).map(|k| (x0 as i64 + k, c(t - k as f64))).collect();
+                if exclude_outside {
+                    taps.retain(|&(j, _)| (0..=last).contains(&j));
+                    let sum: f64 = taps.iter().map(|p| p.1).sum();
+                    if sum != 0.0 {
+                        taps.iter_mut().for_each(|p| p.1 /= sum);
+                    }
+                } else {
+                    taps.iter_mut().for_each(|p| p.0 = clampi(p.0));
+                }
+                taps
+            }
+            other => return Err(format!("Resize mode {other:?}")),
+        };
+        out.push(taps);
+    }
+    Ok(out)
 }
 
 /// The elementwise prologue / epilogue of a composite reduction.
@@ -1370,8 +2547,8 @@ mod tests {
         Tensor::from_slice(data, shape.to_vec(), dev).unwrap()
     }
 
-    fn td(dtype: DType, shape: &[usize], data: &[f64]) -> TensorData {
-        let data = data
+    fn td(dtype: DType, shape: &[usize], data: &[f64]) -> HostTensor {
+        let data: Vec<ScalarValue> = data
             .iter()
             .map(|&v| match dtype {
                 d if d.is_float() => ScalarValue::Float(v),
@@ -1380,12 +2557,33 @@ mod tests {
                 _ => ScalarValue::Int(v as i64),
             })
             .collect();
-        TensorData { name: None, dtype, shape: shape.to_vec(), data }
+        HostTensor::from_scalars(&data, dtype, shape.to_vec())
     }
 
-    fn case(opset: i64, attrs: &[(&str, Attr)], inputs: Vec<Option<TensorData>>, n_out: usize) -> Case {
+    struct Case {
+        opset: i64,
+        attrs: BTreeMap<String, Attr>,
+        inputs: Vec<Option<HostTensor>>,
+        n_out: usize,
+    }
+
+    fn case(opset: i64, attrs: &[(&str, Attr)], inputs: Vec<Option<HostTensor>>, n_out: usize) -> Case {
         let attrs: BTreeMap<String, Attr> = attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-        Case { name: "t".into(), opset, attrs, inputs, outputs: vec![None; n_out] }
+        Case { opset, attrs, inputs, n_out }
+    }
+
+    /// Lowers `op` with host inputs (uploaded as the node reads them).
+    fn lower(op: &str, c: &Case, dev: &Device) -> R<Vec<Tensor>> {
+        let slots: Vec<Option<Slot>> = c.inputs.iter().map(|h| h.clone().map(Slot::host)).collect();
+        let refs: Vec<Option<&Slot>> = slots.iter().map(Option::as_ref).collect();
+        let ctx = NodeCtx { op, opset: c.opset, attrs: &c.attrs, inputs: &refs, n_out: c.n_out, dev, narrow: false };
+        super::lower(&ctx)?
+            .into_iter()
+            .map(|v| match v {
+                Value::Tensor(t) => Ok(t),
+                Value::Host(h) => Ok(Tensor::from_bytes(h.bytes.to_vec(), h.ty(), dev)?),
+            })
+            .collect()
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Runs conformance cases on devices and reports: [`run_dir`] /
-//! [`run_files`] lower every case with [`super::lower`], read the outputs
+//! [`run_files`] run every case as a one-node [`super::Model`]
+//! ([`super::Case::to_model`]), read the outputs
 //! and compare them with the expected tensors under the README's
 //! tolerances ([`tolerance`]); [`Report`] prints the per-op table
 //! (passed / failed / unsupported per backend), the reasons, and the final
@@ -11,7 +12,8 @@
 //! inside a case is caught and reported as a failure of that case.
 
 use super::case::{load_dir, Case, CaseError, OpFile, TensorData};
-use super::map::{lower, MapError};
+use super::error::OnnxError;
+use super::model::{Int64Mode, Model, ModelOptions};
 use crate::{Device, Tensor};
 use lazuli_ir::{DType, ScalarValue};
 use std::collections::BTreeMap;
@@ -157,13 +159,37 @@ pub fn run_case(op: &str, case: &Case, device: &Device) -> Outcome {
 }
 
 fn run_case_inner(op: &str, case: &Case, device: &Device) -> Outcome {
-    let outs = match lower(op, case, device) {
+    // int64 stays int64 (on wgpu through the CPU fallback): the suite
+    // checks ONNX's exact semantics, values beyond the 32-bit range included.
+    let options = ModelOptions { int64: Int64Mode::Keep };
+    let model = match Model::from_proto(&case.to_model(op), options) {
+        Ok(m) => m,
+        Err(OnnxError::Unsupported(list)) => {
+            return Outcome::Unsupported(list.iter().map(|u| u.reason.clone()).collect::<Vec<_>>().join("; "))
+        }
+        Err(e) => return Outcome::Failed(format!("loading: {e}")),
+    };
+    let mut tensors = vec![];
+    for (name, d) in case.model_inputs(op) {
+        match Tensor::from_bytes(d.to_bytes(), d.ty(), device) {
+            Ok(t) => tensors.push((name, t)),
+            Err(e) => return Outcome::Failed(format!("input {name}: {e}")),
+        }
+    }
+    let inputs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let outs = match model.run_on(device, &inputs) {
         Ok(o) => o,
-        Err(MapError::Unsupported(why)) => return Outcome::Unsupported(why),
+        Err(OnnxError::Node { detail, .. }) if detail.starts_with("unsupported: ") => {
+            return Outcome::Unsupported(detail["unsupported: ".len()..].to_string())
+        }
         Err(e) => return Outcome::Failed(format!("recording: {e}")),
     };
-    let checked: Vec<(usize, &TensorData, &Tensor)> =
-        case.outputs.iter().enumerate().filter_map(|(i, w)| w.as_ref().map(|w| (i, w, &outs[i]))).collect();
+    let checked: Vec<(usize, &TensorData, &Tensor)> = case
+        .outputs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| w.as_ref().and_then(|w| outs.get(&format!("y{i}")).map(|t| (i, w, t))))
+        .collect();
     let refs: Vec<&Tensor> = checked.iter().map(|c| c.2).collect();
     if let Err(e) = crate::sync(&refs) {
         return Outcome::Failed(format!("sync: {e}"));

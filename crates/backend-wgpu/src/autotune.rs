@@ -23,8 +23,13 @@
 //!   boundaries), and each winner replaces its kernels there. So a step
 //!   waits for timed runs only (a few milliseconds for the products of
 //!   a GPT step), never for a pipeline;
-//! - kernels with the same source up to node numbering (a model's
-//!   identical layers) are one key: compiled and timed once.
+//! - kernels of the same problem (a model's identical layers, whatever
+//!   their epilogues) are one key: compiled and timed once. The key is
+//!   the schedule's ([`Schedule::tuning_key`]: sizes, batch dims, dtypes,
+//!   operand layouts and the profile, as Burn's and CubeCL's tune keys
+//!   hold the problem), so a compile looks a winner up without lowering
+//!   the kernel to learn its key, and the candidates are the schedule's
+//!   alternatives ([`Schedule::candidate_forms`]).
 //!
 //! Bounds: each kernel key gets at most [`KEY_BUDGET`] of timed runs (the
 //! static choice is timed first, so a budget that runs out leaves a
@@ -38,13 +43,14 @@
 //! of kind `autotune` holding the form's name ([`form_name`]): one
 //! format, one directory, one size bound and eviction with the other
 //! compile-cache entries. Keys cover the adapter (name, vendor, device,
-//! driver), the Lazuli version and the kernel's source, and the disk
+//! driver), the Lazuli version, the key format ([`KEY_FORMAT`]: keys of
+//! an earlier format never match) and the product's problem, and the disk
 //! cache salts them again with the adapter, limits, forms and build, so a
 //! stale entry can never apply to another kernel or adapter; an entry
 //! whose payload does not parse is ignored with a warning
 //! (`AutotuneCacheBad`).
 
-use crate::codegen::{self, LowerLimits, MatmulForm, MatmulTile, Wgsl};
+use crate::codegen::{LowerLimits, MatmulForm, MatmulTile, Schedule, Wgsl};
 use crate::compile::CompiledKernel;
 use crate::context::{dispatch_size, Context, READBACK, STORAGE};
 use crate::diskcache::DiskCache;
@@ -94,6 +100,12 @@ pub struct Tuner {
 /// Kind of the autotuning entries in the disk cache.
 const DISK_KIND: &str = "autotune";
 
+/// The format of the tuner's keys, hashed into every key: keys of an
+/// earlier format (which hashed a kernel's canonical source) never match
+/// one of this format, so winners stored under them are ignored, never
+/// applied to another product.
+const KEY_FORMAT: &str = "matmul problem v2";
+
 #[derive(Debug, Default)]
 struct State {
     known: HashMap<u64, MatmulForm>,
@@ -130,12 +142,14 @@ impl Tuner {
         self.enabled
     }
 
-    /// The key of a kernel whose static-form source is `source`, in its
-    /// canonical form (node names renumbered, see [`crate::generic`]): the
-    /// same product in every layer of a model is one key, tuned once.
-    pub fn key(&self, family: &str, source: &str) -> u64 {
-        let canonical = crate::generic::scan(source);
-        lazuli_ir::stable_hash(&(self.salt.as_str(), family, canonical.canonical()))
+    /// The key of a kernel whose schedule keys it as `problem` (see
+    /// [`Schedule::tuning_key`]: the product's sizes, dtypes and operand
+    /// layouts and the limits, as Burn's and CubeCL's tune keys hold the
+    /// problem rather than the code), salted with the adapter and
+    /// version: the same product in every layer of a model is one key,
+    /// tuned once, whatever its epilogue.
+    pub fn key(&self, problem: u64) -> u64 {
+        lazuli_ir::stable_hash(&(self.salt.as_str(), KEY_FORMAT, problem))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -206,26 +220,18 @@ pub(crate) enum Tuning {
     Pending,
 }
 
-/// Whether and how kernel `k` of `graph` is tuned, for a compile with
-/// `base` limits: `lower` lowers it with given limits (for the key, the
-/// static form's source). Nothing is timed here: a compile never waits
-/// for measurements.
-pub(crate) fn lookup(
-    ctx: &Context,
-    tuner: &Tuner,
-    base: &LowerLimits,
-    (k, graph): (&Kernel, &VerifiedGraph),
-    lower: impl Fn(&LowerLimits) -> Result<Wgsl, BackendError>,
-) -> Result<(Tuning, Option<Wgsl>), BackendError> {
-    if !tunable(ctx, tuner, base, k, graph) {
-        return Ok((Tuning::Untuned, None));
+/// Whether and how kernel `k` of `graph`, scheduled as `schedule` under
+/// the compiler's own limits, is tuned: the key comes from the schedule's
+/// problem, so nothing is lowered and nothing is timed here (a compile
+/// never waits for measurements).
+pub(crate) fn lookup(ctx: &Context, tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule) -> Tuning {
+    if !tunable(ctx, tuner, k, graph, schedule) {
+        return Tuning::Untuned;
     }
-    let static_wgsl = lower(base)?;
-    let key = tuner.key("matmul", &static_wgsl.source);
-    Ok(match tuner.known(key) {
-        Some(form) => (Tuning::Known(form), None),
-        None => (Tuning::Pending, Some(static_wgsl)),
-    })
+    match schedule.tuning_key(k, graph).and_then(|problem| tuner.known(tuner.key(problem))) {
+        Some(form) => Tuning::Known(form),
+        None => Tuning::Pending,
+    }
 }
 
 /// Where the kernels of an executable that wait for the tuner stand
@@ -249,6 +255,9 @@ pub(crate) enum Waiting {
 pub(crate) struct KeyCandidates {
     /// The key (see [`Tuner::key`]).
     pub key: u64,
+    /// The form the rule gives the key's kernels (the one they run until
+    /// a winner replaces it).
+    pub rule: MatmulForm,
     /// The executable's kernels (indices) with this key: the same static
     /// source, so one measurement decides them all.
     pub kernels: Vec<usize>,
@@ -310,14 +319,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The candidate forms of kernel `k` of `graph` the adapter can run, the
-/// rule's choice first (the limits `base`).
-pub(crate) fn candidate_forms(k: &Kernel, graph: &VerifiedGraph, base: LowerLimits) -> Vec<MatmulForm> {
-    codegen::matmul::candidates(k, graph)
-        .into_iter()
-        // Not available on this adapter (workgroup memory).
-        .filter(|&form| codegen::matmul::resolve_form(k, graph, &with_form(base, form)) == form)
-        .collect()
+/// The candidate forms of matmul kernel `k` of `graph` the adapter can
+/// run, the rule's choice first: the alternatives of its schedule
+/// `base` (each form the schedule keeps as it is when forced; one that
+/// needs more workgroup memory than the adapter has is no candidate).
+pub(crate) fn candidate_forms(k: &Kernel, graph: &VerifiedGraph, base: &Schedule) -> Vec<MatmulForm> {
+    base.candidate_forms(k, graph)
 }
 
 /// Times `c`'s candidate forms of kernel `k` of `graph` (named `name`)
@@ -392,22 +399,20 @@ pub(crate) fn with_form(base: LowerLimits, form: MatmulForm) -> LowerLimits {
     l
 }
 
-/// Whether kernel `k` is one the tuner times: a matmul whose form the
-/// profile leaves to the shape, tuning on, at least the tuner's minimum
-/// work ([`Tuner::min_flops`]: a product that takes microseconds is never
-/// worth tuning), and every tensor on whole-buffer bindings (candidates
-/// are timed so; a kernel with windowed tensors keeps the form its shape
-/// asks for). A kernel the rule splits over K keeps its split: the tuner
-/// times one pass, and a split kernel has two; a tensor-core kernel
-/// (`MatmulForm::Cooperative`) has no f32-compute rival worth timing.
-fn tunable(ctx: &Context, tuner: &Tuner, base: &LowerLimits, k: &Kernel, graph: &VerifiedGraph) -> bool {
+/// Whether kernel `k`, scheduled as `schedule`, is one the tuner times: a
+/// matmul whose form the profile leaves to the shape, tuning on, at least
+/// the tuner's minimum work ([`Tuner::min_flops`]: a product that takes
+/// microseconds is never worth tuning), and every tensor on whole-buffer
+/// bindings (candidates are timed so; a kernel with windowed tensors
+/// keeps the form its shape asks for). A kernel the rule splits over K
+/// keeps its split: the tuner times one pass, and a split kernel has two;
+/// a tensor-core kernel (`MatmulForm::Cooperative`) has no f32-compute
+/// rival worth timing.
+fn tunable(ctx: &Context, tuner: &Tuner, k: &Kernel, graph: &VerifiedGraph, schedule: &Schedule) -> bool {
     k.kind == KernelKind::MatMul
         && tuner.enabled()
-        && base.forms.matmul == MatmulForm::ByShape
-        && !matches!(
-            codegen::matmul::resolve_form(k, graph, base),
-            MatmulForm::SplitK { .. } | MatmulForm::Cooperative(_)
-        )
+        && schedule.limits.forms.matmul == MatmulForm::ByShape
+        && !matches!(schedule.matmul_form(), Some(MatmulForm::SplitK { .. } | MatmulForm::Cooperative(_)))
         && matmul_flops(k, graph) >= tuner.min_flops
         && k.inputs.iter().chain(&k.outputs).all(|id| ctx.windows.count(graph.node(*id).shape.numel() as u64) <= 1)
 }
@@ -544,7 +549,8 @@ mod tests {
         assert_eq!(t2.known(0xff), None);
         assert_eq!(metrics::counter("AutotuneCacheBad"), bad + 1);
         assert_eq!(Tuner::new(true, "adapter", None).known(7), None, "no disk: nothing remembered");
-        assert_ne!(t2.key("matmul", "src"), Tuner::new(true, "other adapter", None).key("matmul", "src"));
+        assert_ne!(t2.key(1), Tuner::new(true, "other adapter", None).key(1));
+        assert_ne!(t2.key(1), t2.key(2));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,13 +17,13 @@
 
 use crate::autotune::{self, KeyCandidates, TuneJob, Tuner, Tuning, Waiting};
 use crate::binds::BindCache;
-use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Wgsl};
+use crate::codegen::{self, FixedSizes, LowerError, LowerLimits, MatmulForm, Schedule, Wgsl};
 use crate::context::Context;
 use crate::generic::{Families, Member, SizeChanges};
 use crate::pipeline::{PipelineEntry, Pipelines, Prepared};
 use crate::tier::Tier;
 use crate::uniforms::Sections;
-use crate::window::{self, KernelWindows};
+use crate::window::KernelWindows;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints, Executable, KernelInfo, LaunchCost};
 use lazuli_ir::fusion::{self, FusionLimits, FusionPlan, Kernel};
@@ -256,16 +256,21 @@ impl Compiler {
                 return Ok(None);
             }
             let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
-            let key = self.tuner.key("matmul", &lower(&self.lower)?.source);
+            // The rule's schedule keys the kernel and lists its
+            // alternatives: nothing is lowered to learn either.
+            let base = self.schedule_as_is(ctx, k, graph, &self.lower)?;
+            let Some(problem) = base.tuning_key(k, graph) else { continue };
+            let key = self.tuner.key(problem);
             let entry = match keys.iter().position(|c| c.key == key) {
                 Some(e) => e,
                 None => {
                     let (forms, known) = match self.tuner.known(key) {
                         Some(form) => (vec![form], true),
-                        None => (autotune::candidate_forms(k, graph, self.lower), false),
+                        None => (autotune::candidate_forms(k, graph, &base), false),
                     };
                     let forms = forms.into_iter().map(|f| (f, Vec::new())).collect();
-                    keys.push(KeyCandidates { key, kernels: Vec::new(), forms, known });
+                    let rule = base.matmul_form().expect("a matmul schedule");
+                    keys.push(KeyCandidates { key, rule, kernels: Vec::new(), forms, known });
                     keys.len() - 1
                 }
             };
@@ -336,7 +341,7 @@ impl Compiler {
             exe.untuned.lock().unwrap_or_else(|e| e.into_inner()).retain(|i| !c.kernels.contains(i));
             let Some(w) = won else { continue };
             let (form, kernels) = c.forms.into_iter().nth(w).expect("the winner is a candidate");
-            if form == codegen::matmul::resolve_form(k, graph, &self.lower) {
+            if form == c.rule {
                 continue;
             }
             for (&ki, kernel) in c.kernels.iter().zip(kernels) {
@@ -384,14 +389,16 @@ impl Compiler {
     /// Kernel `k` of `graph` lowered as a static kernel: in the tuner's
     /// known winner where it has one, else in the rule's form, and
     /// whether it waits for the tuner (a tunable kernel without a
-    /// winner; nothing is timed here).
+    /// winner; nothing is timed here). The tuner's key is the schedule's
+    /// problem: the kernel is lowered once, in the form it runs.
     fn lower_static(&self, ctx: &Context, k: &Kernel, graph: &VerifiedGraph) -> Result<(Wgsl, bool), BackendError> {
-        let lower = |limits: &LowerLimits| self.lower_kernel(ctx, k, graph, limits);
-        Ok(match autotune::lookup(ctx, &self.tuner, &self.lower, (k, graph), lower)? {
-            (Tuning::Known(form), _) => (lower(&autotune::with_form(self.lower, form))?, false),
-            (Tuning::Pending, Some(wgsl)) => (wgsl, true),
-            (Tuning::Pending | Tuning::Untuned, _) => (lower(&self.lower)?, false),
-        })
+        let base = self.schedule_as_is(ctx, k, graph, &self.lower)?;
+        let (schedule, pending) = match autotune::lookup(ctx, &self.tuner, k, graph, &base) {
+            Tuning::Known(form) => (self.schedule(ctx, k, graph, &autotune::with_form(self.lower, form))?, false),
+            Tuning::Pending => (self.fit_bindings(ctx, k, graph, base)?, true),
+            Tuning::Untuned => (self.fit_bindings(ctx, k, graph, base)?, false),
+        };
+        Ok((self.lower_scheduled(ctx, k, graph, &schedule)?, pending))
     }
 
     /// Kernel `k` lowered as `wgsl`, finished for pipeline creation:
@@ -406,14 +413,13 @@ impl Compiler {
         name: String,
         mut wgsl: Wgsl,
     ) -> Result<Lowered, BackendError> {
-        let windows = self.window(ctx, k, graph, &name, &mut wgsl)?;
+        let windows = self.window(ctx, k, graph, &name, &wgsl)?;
         let faulty = self.fault_kernel.as_deref().is_some_and(|f| name.contains(f));
         if faulty {
             wgsl.source = crate::fault::perturb(&wgsl.source);
-        }
-        // Trust was proven for the source as lowered: a rewritten one
-        // (windows, fault injection) keeps its runtime checks.
-        if faulty || windows.is_windowed() {
+            // Trust was proven for the source as lowered: a rewritten one
+            // keeps its runtime checks (windowed sources never had trust,
+            // see `codegen::Schedule::trusted`).
             wgsl.trusted = false;
             if let Some(p) = wgsl.pre.as_deref_mut() {
                 p.trusted = false;
@@ -523,8 +529,9 @@ impl Compiler {
         (prepared, members.into_iter())
     }
 
-    /// Kernel `k` of `graph` as WGSL with `limits`; lowering errors become
-    /// the backend's typed errors.
+    /// Kernel `k` of `graph` as WGSL with `limits` (its schedule, see
+    /// [`Compiler::schedule`], then the text); lowering errors become the
+    /// backend's typed errors.
     fn lower_kernel(
         &self,
         ctx: &Context,
@@ -532,36 +539,74 @@ impl Compiler {
         graph: &VerifiedGraph,
         limits: &LowerLimits,
     ) -> Result<Wgsl, BackendError> {
-        let wgsl = self.lower_once(ctx, k, graph, limits)?;
-        // A split-K matmul's second pass binds the scratch besides the
-        // kernel's inputs and outputs: where that (windowed) is more than
-        // a kernel may bind, the product runs in one pass.
-        if wgsl.binds_inputs
-            && KernelWindows::of(k, graph, &wgsl, &ctx.windows).bindings() > self.fusion.max_storage_buffers
-        {
-            if let MatmulForm::SplitK { tile, .. } = codegen::matmul::resolve_form(k, graph, limits) {
-                return self.lower_once(ctx, k, graph, &autotune::with_form(*limits, MatmulForm::Tiled(tile)));
-            }
-        }
-        Ok(wgsl)
+        let schedule = self.schedule(ctx, k, graph, limits)?;
+        self.lower_scheduled(ctx, k, graph, &schedule)
     }
 
-    fn lower_once(
+    /// The schedule of kernel `k` of `graph` under `limits` (see
+    /// [`codegen::schedule`]), fitted to the adapter's bindings (see
+    /// [`Compiler::fit_bindings`]).
+    fn schedule(
         &self,
         ctx: &Context,
         k: &Kernel,
         graph: &VerifiedGraph,
         limits: &LowerLimits,
+    ) -> Result<Schedule, BackendError> {
+        let schedule = self.schedule_as_is(ctx, k, graph, limits)?;
+        self.fit_bindings(ctx, k, graph, schedule)
+    }
+
+    /// The schedule of kernel `k` of `graph` under `limits`, as the
+    /// limits give it.
+    fn schedule_as_is(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        limits: &LowerLimits,
+    ) -> Result<Schedule, BackendError> {
+        codegen::schedule(k, graph, limits).map_err(|e| lower_error(ctx, limits, e))
+    }
+
+    /// `schedule` of kernel `k`, or, where it is a split-K product whose
+    /// second pass binds the scratch besides the kernel's inputs and
+    /// outputs and that (windowed) is more than a kernel may bind, the
+    /// product in one pass: decided from the schedule's bindings, before
+    /// anything is lowered.
+    fn fit_bindings(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        schedule: Schedule,
+    ) -> Result<Schedule, BackendError> {
+        if schedule.passes.binds_inputs()
+            && KernelWindows::scheduled(k, graph, schedule.passes, &ctx.windows).bindings()
+                > self.fusion.max_storage_buffers
+        {
+            if let Some(MatmulForm::SplitK { tile, .. }) = schedule.matmul_form() {
+                return self.schedule_as_is(
+                    ctx,
+                    k,
+                    graph,
+                    &autotune::with_form(schedule.limits, MatmulForm::Tiled(tile)),
+                );
+            }
+        }
+        Ok(schedule)
+    }
+
+    /// Kernel `k` of `graph` written from its schedule; lowering errors
+    /// become the backend's typed errors.
+    fn lower_scheduled(
+        &self,
+        ctx: &Context,
+        k: &Kernel,
+        graph: &VerifiedGraph,
+        schedule: &Schedule,
     ) -> Result<Wgsl, BackendError> {
-        codegen::lower(k, graph, limits).map_err(|e| match e {
-            LowerError::Unsupported { op, dtype } => BackendError::Unsupported { backend: ctx.name.clone(), op, dtype },
-            LowerError::TooLarge { op, elements } => BackendError::TooLarge {
-                op,
-                bytes: elements.saturating_mul(4),
-                limit: limits.max_elements * 4,
-                limit_name: "what kernels index with u32 element indices".into(),
-            },
-        })
+        codegen::lower_scheduled(k, graph, schedule).map_err(|e| lower_error(ctx, &schedule.limits, e))
     }
 
     /// Lowers the kernels of `earlier` (the executable of the structure
@@ -580,10 +625,11 @@ impl Compiler {
             // Kernels whose sizes stay compile static, as they did.
             let Some(fixed) = changes.kernel(k, graph) else { continue };
             let limits = LowerLimits { generic: true, fixed, ..self.lower };
-            let Ok(wgsl) = self.lower_kernel(ctx, k, graph, &limits) else { continue };
-            if KernelWindows::of(k, graph, &wgsl, &ctx.windows).is_windowed() {
+            let Ok(schedule) = self.schedule(ctx, k, graph, &limits) else { continue };
+            if KernelWindows::scheduled(k, graph, schedule.passes, &ctx.windows).is_windowed() {
                 continue; // its source would be rewritten; leave it static
             }
+            let Ok(wgsl) = self.lower_scheduled(ctx, k, graph, &schedule) else { continue };
             self.families.observe(&wgsl.source, wgsl.entry);
             if let Some(pre) = &wgsl.pre {
                 self.families.observe(&pre.source, pre.entry);
@@ -591,19 +637,18 @@ impl Compiler {
         }
     }
 
-    /// Windows kernel `k` (named `name`), lowered as `wgsl`, for its
-    /// tensors beyond one binding (see [`crate::window`]): rewrites the
-    /// source and binding counts where needed. A kernel needing more
-    /// storage bindings than the adapter allows, or whose source cannot
-    /// be windowed, is `BackendError::TooLarge` naming its op, its bytes
-    /// and the limit.
+    /// The windows of kernel `k` (named `name`), lowered as `wgsl`, for
+    /// its tensors beyond one binding (see [`crate::window`]; lowering
+    /// wrote their accesses, see [`codegen::access`]). A kernel needing
+    /// more storage bindings than the adapter allows is
+    /// `BackendError::TooLarge` naming its op, its bytes and the limit.
     fn window(
         &self,
         ctx: &Context,
         k: &Kernel,
         graph: &VerifiedGraph,
         name: &str,
-        wgsl: &mut Wgsl,
+        wgsl: &Wgsl,
     ) -> Result<KernelWindows, BackendError> {
         let w = ctx.windows;
         let kw = KernelWindows::of(k, graph, wgsl, &w);
@@ -625,12 +670,6 @@ impl Compiler {
                 limit_name: format!("what one kernel can bind ({max} storage bindings)"),
             });
         }
-        window::apply(wgsl, &kw, &w).map_err(|e| BackendError::TooLarge {
-            op: format!("{op}: this kernel cannot be windowed ({e})"),
-            bytes,
-            limit: w.bytes(),
-            limit_name: "one storage binding".into(),
-        })?;
         metrics::inc("WindowedKernels", 1);
         Ok(kw)
     }
@@ -689,6 +728,20 @@ impl Compiler {
             Op::Attention { .. } => codegen::attention::within_loop_budget(node, inputs, forms.attention, budget),
             _ => true,
         }
+    }
+}
+
+/// A lowering error as the backend's typed error (`limits`: those the
+/// kernel was lowered under).
+fn lower_error(ctx: &Context, limits: &LowerLimits, e: LowerError) -> BackendError {
+    match e {
+        LowerError::Unsupported { op, dtype } => BackendError::Unsupported { backend: ctx.name.clone(), op, dtype },
+        LowerError::TooLarge { op, elements } => BackendError::TooLarge {
+            op,
+            bytes: elements.saturating_mul(4),
+            limit: limits.max_elements * 4,
+            limit_name: "what kernels index with u32 element indices".into(),
+        },
     }
 }
 

@@ -66,7 +66,7 @@ pub(crate) struct Context {
     /// has it): kernels may `enable subgroups;`.
     pub subgroups: bool,
     /// The device has `SHADER_F16` (requested wherever the adapter offers
-    /// it): f16 tensors may be stored as `array<f16>` ([`crate::halves`]).
+    /// it): f16 tensors may be stored as `array<f16>` ([`crate::codegen::access`]).
     pub shader_f16: bool,
     /// The device runs the cooperative-matrix matmul as
     /// [`codegen::coop`] writes it: see [`cooperative_matrix_ok`].
@@ -559,7 +559,7 @@ impl Context {
 
 /// Bytes of the device buffer of a value of type `ty`: 4 per element,
 /// except f16 and bf16 (2, the total rounded up to whole `u32` words; see
-/// `crate::halves`); at least 4.
+/// `crate::codegen::access`); at least 4.
 pub(crate) fn device_bytes(ty: &ValueType) -> u64 {
     let n = ty.shape.numel() as u64;
     let bytes = if matches!(ty.dtype, DType::F16 | DType::BF16) {

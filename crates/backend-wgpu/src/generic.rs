@@ -308,7 +308,7 @@ impl Scanned {
     /// [`Family::generic`]).
     fn generic_source(&self, slots: &[Option<usize>]) -> String {
         let source = &self.canonical;
-        // A directive (`enable f16;`, see `crate::halves`) must stay first.
+        // A directive (`enable f16;`, see `crate::codegen::access`) must stay first.
         let directive = if source.starts_with(ENABLE_F16) { ENABLE_F16 } else { "" };
         let mut out = String::with_capacity(source.len() + 64 + 8 * slots.len());
         out.push_str(directive);

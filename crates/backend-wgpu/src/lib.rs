@@ -1,8 +1,9 @@
 //! `lazuli-wgpu`: the wgpu backend of Lazuli.
 //!
 //! Pipeline: [`lazuli_ir::fusion::plan`] cuts a verified graph into kernels;
-//! [`codegen::lower`] writes each as WGSL (deterministically, shapes baked
-//! in, lifted scalars in a uniform buffer); [`generic`] lets kernels of
+//! [`codegen::schedule`] decides how each is written and
+//! [`codegen::lower_scheduled`] writes it as WGSL (deterministically,
+//! shapes baked in, lifted scalars in a uniform buffer); [`generic`] lets kernels of
 //! graphs that differ only in sizes share one pipeline, reading the sizes
 //! that vary from a small buffer, and a plan whose sizes recur gets
 //! static kernels again, compiled in the background ([`tier`]);
@@ -15,12 +16,14 @@
 //! reused while its buffers recur ([`binds`]). Independent elementwise
 //! kernels of any shapes share one multi-tensor dispatch
 //! ([`codegen::multi`]). A tensor larger than one storage binding is one
-//! buffer bound as several windows, which kernels reach through a rewrite
-//! of their source ([`window`]).
+//! buffer bound as several windows ([`window`]), which kernels reach
+//! through the one buffer-access layer every family loads and stores
+//! through ([`codegen::access`]).
 //!
 //! Supported dtypes: `f32`, `i32`, `u32` and `bool` (one `u32` per element
 //! on the device; upload and download convert to one-byte bools), and `f16`
-//! and `bf16` (2 bytes per element, computed in f32 registers: [`halves`])
+//! and `bf16` (2 bytes per element, computed in f32 registers:
+//! [`codegen::access`])
 //! for elementwise ops, views, reductions, softmax and matmul. Nodes of any
 //! other dtype (`f64`, `i64`, the narrow integers), and the other ops of
 //! f16/bf16, are reported unsupported and run on the CPU fallback.
@@ -95,7 +98,6 @@ pub mod diskcache;
 mod execute;
 mod fault;
 pub mod generic;
-pub mod halves;
 pub mod options;
 pub mod pipeline;
 mod platform;

@@ -141,7 +141,7 @@ pub struct WgpuOptions {
     /// `array<f16>` where the adapter has `SHADER_F16` (false); else
     /// `LAZULI_F16_PACKED`, else native on GPUs with the feature and packed
     /// on software adapters, where llvmpipe runs native f16 slower (see
-    /// `crate::halves`). Tests force both forms on lavapipe.
+    /// `crate::codegen::access`). Tests force both forms on lavapipe.
     pub f16_packed: Option<bool>,
     /// Whether f16 products run on tensor cores through cooperative
     /// matrices where the adapter runs them as `codegen::coop` needs

@@ -131,9 +131,9 @@ impl WgpuBackend {
         // packed in u32 elsewhere: llvmpipe runs native f16 slower than
         // packed (BENCHMARKS.md, "f16 and bf16"); the option forces either.
         let f16 = if ctx.shader_f16 && !options.f16_packed.unwrap_or(software) {
-            crate::halves::HalfStorage::Native
+            crate::codegen::HalfStorage::Native
         } else {
-            crate::halves::HalfStorage::Packed
+            crate::codegen::HalfStorage::Packed
         };
         let lower = LowerLimits {
             f16,
@@ -141,6 +141,7 @@ impl WgpuBackend {
             forms,
             workgroup_storage: limits.max_compute_workgroup_storage_size,
             subgroups,
+            windows: ctx.windows,
             ..LowerLimits::default()
         };
         // Tuning times candidates by reading results back synchronously.
@@ -424,10 +425,10 @@ fn effective_settings(
         Setting::new(
             "LAZULI_F16_PACKED",
             match compiler.lower.f16 {
-                crate::halves::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
-                crate::halves::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
-                crate::halves::HalfStorage::Packed if ctx.shader_f16 => "on",
-                crate::halves::HalfStorage::Packed => "on (the adapter lacks SHADER_F16)",
+                crate::codegen::HalfStorage::Native => "off (native f16: the adapter has SHADER_F16)",
+                crate::codegen::HalfStorage::Packed if ctx.shader_f16 && software => "on (software adapter)",
+                crate::codegen::HalfStorage::Packed if ctx.shader_f16 => "on",
+                crate::codegen::HalfStorage::Packed => "on (the adapter lacks SHADER_F16)",
             },
             source("LAZULI_F16_PACKED"),
         ),

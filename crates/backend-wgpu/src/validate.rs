@@ -19,7 +19,7 @@ pub fn parse_and_validate(source: &str) -> Result<naga::Module, String> {
     // Subgroup operations only where the device has them (row kernels);
     // f16 is emitted only for adapters with `SHADER_F16`; `pack2x16float`
     // needs `DownlevelFlags::SHADER_F16_IN_F32` (every Vulkan, Metal, D3D12
-    // and WebGPU device): see `crate::halves`; cooperative matrices only
+    // and WebGPU device): see `crate::codegen::access`; cooperative matrices only
     // where the device runs them (`codegen::coop`).
     Validator::new(
         ValidationFlags::all(),

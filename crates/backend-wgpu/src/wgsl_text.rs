@@ -1,33 +1,28 @@
-//! The one tokenizer of generated WGSL: what the rewrites applied after
-//! lowering know about WGSL's text.
+//! The one tokenizer of generated WGSL: what the passes that edit a
+//! kernel's text after lowering know about WGSL's text.
 //!
-//! Three passes edit a kernel's source after codegen wrote it: windows
-//! ([`crate::window`]: storage declarations become one per window, array
-//! accesses calls of window helpers), size families ([`crate::generic`]:
+//! Two passes edit generated text: size families ([`crate::generic`]:
 //! node-derived names renumbered, integer literals read from a sizes
-//! buffer) and fault injection in tests ([`crate::fault`]: a wrong store
-//! appended to the entry point). They share this module's [`Lexer`]
-//! (comments, identifiers, numbers, whitespace, any other character
-//! alone), its bracket matching ([`group_end`], [`statement_end`]) and
-//! its parser of storage declarations ([`StorageDecl`]), so the lexical
-//! rules are written once: a comment hides what it contains from every
-//! pass, a number such as `1e-5` or `0x1fu` is one token in every pass,
-//! and a declaration has one syntax.
+//! buffer; inherently a comparison of two generated sources) and fault
+//! injection in tests ([`crate::fault`]: a wrong store appended to the
+//! entry point). They share this module's [`Lexer`] (comments,
+//! identifiers, numbers, whitespace, any other character alone), its
+//! bracket matching ([`group_end`]) and its parser of storage
+//! declarations ([`StorageDecl`]), so the lexical rules are written once:
+//! a comment hides what it contains from every pass, a number such as
+//! `1e-5` or `0x1fu` is one token in every pass, and a declaration has one
+//! syntax.
 //!
 //! The input is always codegen's own output, never user text: the lexer
 //! knows the subset of WGSL codegen writes (ASCII code, `//` comments
 //! only); anything else is lexed character by character and copied
 //! unchanged.
 //!
-//! Rejected alternative: emitting the windowed and fault-injected forms
-//! from codegen directly (every array access through an accessor that
-//! knows its windows) would remove the rewrites, but every kernel family
-//! writes its accesses with its own format strings, so each family would
-//! carry the window logic. The rewrite keeps codegen unaware of windows;
-//! the size-family widening compares two generated sources, which is a
-//! text operation whatever codegen does.
+//! Windows and f16/bf16 storage are no text pass: lowering writes their
+//! accesses through the buffer-access layer (`codegen::access`), which
+//! replaced the rewrites that turned `NAME[i]` into helper calls after the
+//! fact.
 
-use std::fmt::Write as _;
 use std::ops::Range;
 
 /// What a [`Token`] is.
@@ -155,42 +150,6 @@ pub(crate) fn through(b: &[u8], from: usize, stop: u8) -> usize {
     b[from..].iter().position(|&c| c == stop).map_or(b.len(), |p| from + p + 1)
 }
 
-/// Index of the `;` ending the statement whose remaining text starts at
-/// `from`, outside brackets; `None` without one.
-pub(crate) fn statement_end(b: &[u8], from: usize) -> Option<usize> {
-    let mut depth = 0i32;
-    for (k, &c) in b.iter().enumerate().skip(from) {
-        match c {
-            b'[' | b'(' => depth += 1,
-            b']' | b')' => depth -= 1,
-            b';' if depth == 0 => return Some(k),
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Where `b[at..]`, after spaces, is an assignment `=` (not `==`): the
-/// index of the `=`.
-pub(crate) fn assignment_at(b: &[u8], mut at: usize) -> Option<usize> {
-    while at < b.len() && b[at] == b' ' {
-        at += 1;
-    }
-    (b.get(at) == Some(&b'=') && b.get(at + 1) != Some(&b'=')).then_some(at)
-}
-
-/// Whether `b[at..]`, after spaces, starts a compound assignment or an
-/// increment (`+=`, `<<=`, `++`, ...).
-pub(crate) fn compound_assignment_at(b: &[u8], mut at: usize) -> bool {
-    while at < b.len() && b[at] == b' ' {
-        at += 1;
-    }
-    let rest = &b[at..];
-    [&b"+="[..], b"-=", b"*=", b"/=", b"%=", b"&=", b"|=", b"^=", b"<<=", b">>=", b"++", b"--"]
-        .iter()
-        .any(|p| rest.starts_with(p))
-}
-
 /// The text around `range` of `text` (up to `before` bytes before it and
 /// `after` after it, widened to whole characters), for messages.
 pub(crate) fn excerpt(text: &str, range: Range<usize>, before: usize, after: usize) -> &str {
@@ -203,61 +162,6 @@ pub(crate) fn excerpt(text: &str, range: Range<usize>, before: usize, after: usi
         end += 1;
     }
     &text[start..end]
-}
-
-/// Rewrites every access of the bindings `is_target` names in `text` (code
-/// between declarations; comments are copied as they are): a store
-/// `NAME[i] = v;` becomes `st_NAME(i', v')` and a load `NAME[i]` becomes
-/// `ld_NAME(i')`, where `i'` and `v'` are rewritten the same way. Any other
-/// use of such a binding (bare, or a load followed by an assignment, as in
-/// `NAME[i].x = v` or `NAME[i] += v`) is `access(name, context)`'s error,
-/// `context` being the source around the use. The window and half-precision
-/// rewrites share this contract.
-pub(crate) fn rewrite_indexed<E>(
-    text: &str,
-    is_target: &dyn Fn(&str) -> bool,
-    access: &dyn Fn(&str, &str) -> E,
-) -> Result<String, E> {
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    let mut lexer = Lexer::new(text);
-    while let Some(tok) = lexer.next() {
-        let (i, j) = (tok.start, tok.end);
-        let name = &text[i..j];
-        if tok.kind != Kind::Ident || !is_target(name) {
-            continue;
-        }
-        let err = || access(name, excerpt(text, i..j, 40, 40));
-        if b.get(j) != Some(&b'[') {
-            return Err(err());
-        }
-        let close = group_end(b, j).ok_or_else(err)?;
-        let index = rewrite_indexed(&text[j + 1..close - 1], is_target, access)?;
-        out.push_str(&text[copied..i]);
-        let resume = if let Some(eq) = assignment_at(b, close) {
-            // A store: `NAME[index] = value;`.
-            let semi = statement_end(b, eq + 1).ok_or_else(err)?;
-            let value = rewrite_indexed(text[eq + 1..semi].trim(), is_target, access)?;
-            let _ = write!(out, "st_{name}({index}, {value})");
-            semi
-        } else {
-            // A load; what follows must not make it an assignment target.
-            let mut k = close;
-            while k < b.len() && (b[k] == b'.' || b[k] == b'[' || is_ident(b[k])) {
-                k = if b[k] == b'[' { group_end(b, k).ok_or_else(err)? } else { k + 1 };
-            }
-            if assignment_at(b, k).is_some() || compound_assignment_at(b, k) {
-                return Err(err());
-            }
-            let _ = write!(out, "ld_{name}({index})");
-            close
-        };
-        lexer.seek(resume);
-        copied = resume;
-    }
-    out.push_str(&text[copied..]);
-    Ok(out)
 }
 
 /// The prefix of every storage declaration codegen writes.
@@ -284,12 +188,6 @@ impl StorageDecl {
     /// type (the error slot's struct).
     pub fn elem(&self) -> Option<&str> {
         self.ty.strip_prefix("array<")?.strip_suffix('>')
-    }
-
-    /// The declaration's line, renumbered to `binding` and renamed to
-    /// `name`, newline included.
-    pub fn render(&self, binding: u32, name: &str) -> String {
-        format!("{STORAGE_PREFIX}{binding}) var<storage, {}> {name}: {};\n", self.access, self.ty)
     }
 }
 
@@ -391,14 +289,10 @@ mod tests {
     }
 
     #[test]
-    fn groups_statements_and_assignments() {
+    fn groups_and_statements() {
         let b = b"a[f(i)] = g(b[1], 2); c[(i]";
         assert_eq!(group_end(b, 1), Some(7));
         assert_eq!(group_end(b, 23), None);
-        assert_eq!(statement_end(b, 9), Some(20));
-        assert_eq!(assignment_at(b, 7), Some(8));
-        assert_eq!(assignment_at(b"x == 1", 1), None);
-        assert!(compound_assignment_at(b"x  <<= 1", 1) && !compound_assignment_at(b"x <= 1", 1));
         assert_eq!(through(b, 0, b';'), 21);
         assert_eq!(through(b, 21, b';'), b.len());
         assert_eq!(excerpt("abcdef", 2..3, 1, 2), "bcde");
@@ -413,8 +307,7 @@ mod tests {
         assert_eq!(decls.len(), 3);
         let d = decls[0].clone().unwrap();
         assert_eq!((d.binding, d.access.as_str(), d.name.as_str(), d.elem()), (1, "read", "in0", Some("vec4<f32>")));
-        assert_eq!(&src[d.line.clone()], d.render(1, "in0"));
-        assert_eq!(d.render(4, "in0_w2"), "@group(0) @binding(4) var<storage, read> in0_w2: array<vec4<f32>>;\n");
+        assert_eq!(&src[d.line.clone()], "@group(0) @binding(1) var<storage, read> in0: array<vec4<f32>>;\n");
         let e = decls[1].clone().unwrap();
         assert_eq!((e.name.as_str(), e.elem()), ("LZE", None));
         assert!(decls[2].is_err(), "not written as codegen writes declarations");

@@ -4,13 +4,15 @@
 //! `tests/golden/`. A change to code generation therefore shows up in
 //! review as a diff of these files, and a refactor that must not change
 //! generated code is proven not to. Besides the plain sources, the files
-//! pin the two rewrites applied after lowering: `windowed_*` kernels bind
-//! tensors as several windows (`window::apply`), `generic_*` kernels are
+//! pin windows and size families: `windowed_*` kernels bind tensors as
+//! several windows (lowered with `LowerLimits::windows`, see
+//! `codegen::access`), `generic_*` kernels are
 //! the members of a size family whose literals were read from the sizes
 //! buffer (`Families::specialize` after `Families::observe`); the row
 //! graphs are snapshotted a third time, `*.gpu_subgroups`, with the GPU
 //! profile on a device with subgroups (`LowerLimits::subgroups`);
-//! `half_*` kernels store f16 (native and packed) and bf16 (`halves`), and
+//! `half_*` kernels store f16 (native and packed) and bf16
+//! (`codegen::access`), and
 //! the f16 MLP once more with the tensor-core matmul,
 //! `*.gpu_cooperative_matrix` (`LowerLimits::cooperative_matrix`).
 //!
@@ -25,7 +27,7 @@ use lazuli_ir::{
 };
 use lazuli_wgpu::codegen::{lower, FixedSizes, LowerLimits, Wgsl};
 use lazuli_wgpu::generic::Families;
-use lazuli_wgpu::window::{self, KernelWindows, Windows};
+use lazuli_wgpu::window::{KernelWindows, Windows};
 use std::path::PathBuf;
 
 fn push(g: &mut Graph, op: Op, ins: &[NodeId]) -> NodeId {
@@ -630,18 +632,18 @@ fn render_with(
 }
 
 /// The windowed form of `g`: planned with windows of `window_bytes`
-/// counted, each kernel rewritten by `window::apply` as the runtime does,
-/// with its window counts in a header.
+/// counted and lowered with those windows, as the runtime does, with each
+/// kernel's window counts in a header.
 fn render_windowed(g: Graph, window_bytes: u64, limits: &LowerLimits) -> String {
     let windows = Windows::new(128 << 20, 16, Some(window_bytes));
-    let fl = FusionLimits { max_storage_buffers: 30, window_elements: windows.elements(), ..fusion_limits(limits) };
+    let limits = LowerLimits { windows, ..*limits };
+    let fl = FusionLimits { max_storage_buffers: 30, window_elements: windows.elements(), ..fusion_limits(&limits) };
     let v = g.clone().verify().expect("valid graph");
     let mut counts = Vec::new();
     let mut windowed = false;
-    let text = render_with(g, limits, &fl, |i, k, w| {
+    let text = render_with(g, &limits, &fl, |i, k, w| {
         let kw = KernelWindows::of(k, &v, w, &windows);
         assert!(kw.bindings() <= fl.max_storage_buffers, "kernel {i}: {kw:?}");
-        window::apply(w, &kw, &windows).unwrap_or_else(|e| panic!("kernel {i}: {e}"));
         windowed |= kw.is_windowed();
         counts.push(format!("// kernel {i} windows: main {:?}, first pass {:?}\n", kw.main, kw.pre));
     });
@@ -704,7 +706,7 @@ fn snapshots() -> Vec<(String, String)> {
         let fixed = FixedSizes { m: false, n: true, k: true, row: true };
         let kept = LowerLimits { generic: true, fixed, ..limits };
         out.push((format!("generic_linear_fixed_width.{pname}"), render_generic_with(earlier, later, &kept)));
-        let native = LowerLimits { f16: lazuli_wgpu::halves::HalfStorage::Native, ..limits };
+        let native = LowerLimits { f16: lazuli_wgpu::codegen::HalfStorage::Native, ..limits };
         out.push((format!("half_mlp_f16_native.{pname}"), render(half_graph(DType::F16), &native)));
         out.push((format!("half_mlp_f16_packed.{pname}"), render(half_graph(DType::F16), &limits)));
         out.push((format!("half_mlp_bf16.{pname}"), render(half_graph(DType::BF16), &limits)));
@@ -714,7 +716,7 @@ fn snapshots() -> Vec<(String, String)> {
     let coop = LowerLimits {
         cooperative_matrix: true,
         workgroup_storage: 49152,
-        f16: lazuli_wgpu::halves::HalfStorage::Native,
+        f16: lazuli_wgpu::codegen::HalfStorage::Native,
         ..LowerLimits::gpu()
     };
     out.push(("half_mlp_f16_native.gpu_cooperative_matrix".to_string(), render(half_graph(DType::F16), &coop)));

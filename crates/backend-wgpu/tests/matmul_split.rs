@@ -5,8 +5,13 @@
 
 use lazuli_ir::fusion::{self, FusionLimits, Kernel};
 use lazuli_ir::{DType, Graph, Op, ValueType, VerifiedGraph};
-use lazuli_wgpu::codegen::matmul::{resolve_form, tiled_workgroups, MATMUL_SPLIT_TARGET};
-use lazuli_wgpu::codegen::{lower, LowerLimits, MatmulForm, MatmulTile};
+use lazuli_wgpu::codegen::matmul::{tiled_workgroups, MATMUL_SPLIT_TARGET};
+use lazuli_wgpu::codegen::{lower, schedule, LowerLimits, MatmulForm, MatmulProblem, MatmulTile};
+
+/// The form the schedule decides for kernel `k` of `v` under `limits`.
+fn resolve_form(k: &Kernel, v: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
+    schedule(k, v, limits).unwrap().matmul_form().expect("a matmul kernel")
+}
 
 /// `x^T dy` as autograd records a weight gradient: x [tokens, m],
 /// dy [tokens, n], output [m, n]; its one kernel.
@@ -41,8 +46,9 @@ fn g8_weight_gradients_split_to_two_waves() {
         let (v, k) = weight_gradient(4096, m, n);
         let form = resolve_form(&k, &v, &gpu);
         let MatmulForm::SplitK { tile, parts } = form else { panic!("{m}x{n}: {form:?}") };
-        assert_eq!(tiled_workgroups(&k, &v, MatmulForm::Tiled(tile)), Some(before), "{m}x{n}");
-        let after = tiled_workgroups(&k, &v, form).unwrap();
+        let problem = MatmulProblem::of(&k, &v).unwrap();
+        assert_eq!(tiled_workgroups(&problem, MatmulForm::Tiled(tile)), Some(before), "{m}x{n}");
+        let after = tiled_workgroups(&problem, form).unwrap();
         assert!(after >= MATMUL_SPLIT_TARGET, "{m}x{n}: {after} workgroups");
         // Each part walks a decent depth of K.
         assert!(4096 / parts as u64 >= 128, "{m}x{n}: {parts} parts");

@@ -18,6 +18,9 @@
 //!   implement `Module`);
 //! - `#[module(skip)]` leaves any field out (a cache, a config struct).
 //!
+//! The same fields, mutably, give `own_tensors_mut` and `children_mut`
+//! (what `ModuleExt::to_device` walks).
+//!
 //! Tuple structs name their fields `0`, `1`, ... as PyTorch's
 //! `Sequential` does. Train/eval reaches children through
 //! `ModuleExt::set_training`, so a derived module needs no mode of its
@@ -195,18 +198,25 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         Fields::Unit => Vec::new(),
     };
     let (mut params, mut buffers, mut children, mut no_decay) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // The same fields, mutably (`to_device`): tensors, then sub-modules.
+    let (mut tensors_mut, mut children_mut) = (Vec::new(), Vec::new());
     for (access, name, field) in &fields {
         let f = flags(field)?;
         match role(field, &f)? {
             Role::Parameter { optional, no_decay: nd } => {
                 params.push(push_tensor(access, name, optional));
+                tensors_mut.push(push_tensor_mut(access, optional));
                 if nd {
                     no_decay.push(quote!(v.push(#name.to_string());));
                 }
             }
-            Role::Buffer { optional } => buffers.push(push_tensor(access, name, optional)),
+            Role::Buffer { optional } => {
+                buffers.push(push_tensor(access, name, optional));
+                tensors_mut.push(push_tensor_mut(access, optional));
+            }
             Role::ParameterList { no_decay: nd } => {
                 params.push(push_list(access, name));
+                tensors_mut.push(quote!(v.extend(self.#access.iter_mut());));
                 if nd {
                     no_decay.push(quote! {
                         for i in 0..self.#access.len() {
@@ -215,20 +225,38 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                     });
                 }
             }
-            Role::BufferList => buffers.push(push_list(access, name)),
-            Role::Child => {
-                children.push(quote!(v.push((#name.to_string(), &self.#access as &dyn ::lazuli::nn::Module));))
+            Role::BufferList => {
+                buffers.push(push_list(access, name));
+                tensors_mut.push(quote!(v.extend(self.#access.iter_mut());));
             }
-            Role::OptionalChild => children.push(quote! {
-                if let Some(m) = &self.#access {
-                    v.push((#name.to_string(), m as &dyn ::lazuli::nn::Module));
-                }
-            }),
-            Role::Children => children.push(quote! {
-                for (i, m) in self.#access.iter().enumerate() {
-                    v.push((format!("{}.{}", #name, i), m as &dyn ::lazuli::nn::Module));
-                }
-            }),
+            Role::Child => {
+                children.push(quote!(v.push((#name.to_string(), &self.#access as &dyn ::lazuli::nn::Module));));
+                children_mut.push(quote!(v.push(&mut self.#access as &mut dyn ::lazuli::nn::Module);));
+            }
+            Role::OptionalChild => {
+                children.push(quote! {
+                    if let Some(m) = &self.#access {
+                        v.push((#name.to_string(), m as &dyn ::lazuli::nn::Module));
+                    }
+                });
+                children_mut.push(quote! {
+                    if let Some(m) = &mut self.#access {
+                        v.push(m as &mut dyn ::lazuli::nn::Module);
+                    }
+                });
+            }
+            Role::Children => {
+                children.push(quote! {
+                    for (i, m) in self.#access.iter().enumerate() {
+                        v.push((format!("{}.{}", #name, i), m as &dyn ::lazuli::nn::Module));
+                    }
+                });
+                children_mut.push(quote! {
+                    for m in self.#access.iter_mut() {
+                        v.push(m as &mut dyn ::lazuli::nn::Module);
+                    }
+                });
+            }
             Role::Ignored => {}
         }
     }
@@ -295,6 +323,20 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 v
             }
 
+            fn own_tensors_mut(&mut self) -> ::std::vec::Vec<&mut ::lazuli::Tensor> {
+                #[allow(unused_mut)]
+                let mut v: ::std::vec::Vec<&mut ::lazuli::Tensor> = ::std::vec::Vec::new();
+                #(#tensors_mut)*
+                v
+            }
+
+            fn children_mut(&mut self) -> ::std::vec::Vec<&mut dyn ::lazuli::nn::Module> {
+                #[allow(unused_mut)]
+                let mut v: ::std::vec::Vec<&mut dyn ::lazuli::nn::Module> = ::std::vec::Vec::new();
+                #(#children_mut)*
+                v
+            }
+
             #no_decay_fn
         }
         };
@@ -311,6 +353,15 @@ fn push_tensor(access: &Tokens, name: &str, optional: bool) -> Tokens {
         }
     } else {
         quote!(v.push((#name.to_string(), self.#access.clone()));)
+    }
+}
+
+/// Pushes a tensor field, mutably (an optional one when `Some`).
+fn push_tensor_mut(access: &Tokens, optional: bool) -> Tokens {
+    if optional {
+        quote!(v.extend(self.#access.as_mut());)
+    } else {
+        quote!(v.push(&mut self.#access);)
     }
 }
 

@@ -6,7 +6,7 @@ use lazuli_executor::ExecError;
 use std::time::Duration;
 
 /// An error of distributed training.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum DistError {
     /// The ranks do not hold the same parameters (names, shapes, dtypes).
     /// Every rank reports it.
@@ -72,4 +72,15 @@ pub enum DistError {
     /// The engine failed on this rank.
     #[error(transparent)]
     Exec(#[from] ExecError),
+}
+
+/// `Debug` prints the message and its causes (what `?` out of `main`
+/// shows); an engine error prints as it does on its own.
+impl std::fmt::Debug for DistError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DistError::Exec(e) => std::fmt::Debug::fmt(e, f),
+            other => lazuli_executor::error::write_chain(f, other),
+        }
+    }
 }

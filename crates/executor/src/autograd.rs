@@ -184,7 +184,10 @@ impl Tensor {
 
     /// Marks this tensor as a leaf whose gradient [`Tensor::backward`]
     /// accumulates (or unmarks it). Only float tensors can require grad; the
-    /// flag survives [`Tensor::assign`]. Returns the handle for chaining.
+    /// flag survives [`Tensor::assign`]. A leaf marked so is persistent
+    /// state ([`Tensor::persist`]): a pending value (a random
+    /// initialization) is materialized by the next sync on its device.
+    /// Returns the handle for chaining.
     pub fn requires_grad_(&self, requires: bool) -> Result<Tensor> {
         if requires && !self.dtype().is_float() {
             return Err(ExecError::Invalid {
@@ -207,10 +210,17 @@ impl Tensor {
         } else {
             st.requires_grad = requires;
         }
+        let leaf = st.grad_fn.is_none();
         if requires {
             self.0.grad_tracked.store(true, Ordering::Relaxed);
         }
         drop(st);
+        if requires && leaf && self.0.live_slot.is_some() {
+            // A parameter is state: computed once (see `Tensor::persist`).
+            // (Not the executor's own unregistered views, such as the
+            // stand-ins `checkpoint` makes for a segment's inputs.)
+            self.persist();
+        }
         Ok(self.clone())
     }
 
@@ -307,6 +317,8 @@ impl Tensor {
             });
         };
         let _guard = NoGradGuard::new();
+        // The gradient's ops are the user's `backward()` line, not this file's.
+        let _site = crate::CallSite::enter(std::panic::Location::caller());
         // Each rule works in the dtypes its forward recorded.
         let _autocast = crate::autocast::AutocastGuard::disabled();
         match root {
@@ -433,6 +445,26 @@ where
     result.grad_state().grad_fn = Some(Arc::new(f));
     result.0.grad_tracked.store(true, Ordering::Relaxed);
     Ok(result)
+}
+
+/// Gives `result` a backward of its own, `vjp` (named `name`), from the
+/// gradients of `inputs`, when tracking is on and an input needs one.
+pub(crate) fn attach_custom(
+    result: &Tensor,
+    inputs: &[&Tensor],
+    name: &'static str,
+    vjp: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) {
+    if !is_grad_enabled() || !result.dtype().is_float() {
+        return;
+    }
+    let edges: Vec<Option<Edge>> = inputs.iter().map(|t| t.edge()).collect();
+    if edges.iter().all(Option::is_none) {
+        return;
+    }
+    let f = GradFn { output: result.node(), edges, custom: Some((name, Arc::new(vjp))) };
+    result.grad_state().grad_fn = Some(Arc::new(f));
+    result.0.grad_tracked.store(true, Ordering::Relaxed);
 }
 
 /// Sets gradient tracking on this thread until dropped (then restores the

@@ -132,7 +132,7 @@ pub struct KernelInfo {
 }
 
 /// Errors a backend reports: only what a caller cannot foresee.
-#[derive(Debug, Clone, Error)]
+#[derive(Clone, Error)]
 pub enum BackendError {
     /// A malformed `LAZULI_*` configuration value met while creating the
     /// backend (see [`crate::config`]).
@@ -232,7 +232,7 @@ pub enum BackendError {
 }
 
 /// The details of [`BackendError::IndexOutOfRange`].
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[error("{op}: index {index} is out of range for axis {axis} of size {size} (data shape {shape})")]
 pub struct IndexError {
     /// The op (`gather`, `scatter_add`).
@@ -369,5 +369,17 @@ pub trait Backend: Send + Sync + 'static {
     /// default.
     fn settings(&self) -> Vec<crate::config::Setting> {
         Vec::new()
+    }
+}
+
+impl std::fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::write_chain(f, self)
+    }
+}
+
+impl std::fmt::Debug for IndexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::write_chain(f, self)
     }
 }

@@ -45,7 +45,7 @@ pub trait PendingCollective: Send {
 }
 
 /// A collective failed: a peer failed or stalled, or the transport broke.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct CollectiveError {
     /// What happened, for the user (names the rank or the timeout).
@@ -56,5 +56,11 @@ impl CollectiveError {
     /// An error with this message.
     pub fn new(message: impl Into<String>) -> CollectiveError {
         CollectiveError { message: message.into() }
+    }
+}
+
+impl std::fmt::Debug for CollectiveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::write_chain(f, self)
     }
 }

@@ -1,20 +1,55 @@
 //! Tensor ops with PyTorch's names and semantics that compose existing
 //! public ops (no IR op of their own): `masked_fill`, `tril`/`triu`,
-//! `var`/`std`, `logsumexp`, `repeat`, `linspace` and `gather_torch`. Each
+//! `var`/`std`, `logsumexp`, `repeat`, `linspace`, `gather_torch`,
+//! `embedding`, `sum_all`/`mean_all`, `zeros_like`/`ones_like`/`full_like`
+//! and `argmax_as`/`argmin_as` (an index dtype of the caller's choice). Each
 //! checks its arguments when called and reports an error naming the op,
 //! the shapes and the dtypes; autograd differentiates them through the ops
 //! they record.
 
-use crate::{Device, ExecError, Result, Tensor};
-use lazuli_ir::{DType, IrError, ScalarValue, Shape};
+use crate::{BackendKind, Device, ExecError, Result, Tensor};
+use lazuli_ir::{ArgReduceOp, DType, IrError, ScalarValue, Shape};
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::RwLock;
 
-fn shape_error(op: &str, detail: String) -> ExecError {
-    ExecError::Ir(IrError::Shape { op: op.into(), detail })
+/// A source location as a key: file, line, column.
+type Site = (&'static str, u32, u32);
+
+/// What recorded an op at a source line, where a composition says so
+/// (`embedding` does): an index error names it beside the line.
+static RECORDED_BY: RwLock<Option<HashMap<Site, &'static str>>> = RwLock::new(None);
+
+/// The composition that recorded ops at `location`, if one said so.
+pub(crate) fn recorded_by(location: &'static Location<'static>) -> Option<&'static str> {
+    let key: Site = (location.file(), location.line(), location.column());
+    RECORDED_BY.read().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&key).copied()
 }
 
+/// Remembers that `what` records ops at `location` (bounded: a program has
+/// few such call sites; past 4096 the oldest are forgotten at once).
+fn note_recorded_by(location: &'static Location<'static>, what: &'static str) {
+    let key = (location.file(), location.line(), location.column());
+    if RECORDED_BY.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|m| m.get(&key) == Some(&what)) {
+        return;
+    }
+    let mut map = RECORDED_BY.write().unwrap_or_else(|e| e.into_inner());
+    let map = map.get_or_insert_with(HashMap::new);
+    if map.len() >= 4096 {
+        map.clear();
+    }
+    map.insert(key, what);
+}
+
+#[track_caller]
+fn shape_error(op: &str, detail: String) -> ExecError {
+    ExecError::from(IrError::Shape { op: op.into(), detail })
+}
+
+#[track_caller]
 fn dtype_error(op: &str, detail: &str, got: &[DType]) -> ExecError {
     let got = got.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
-    ExecError::Ir(IrError::DType { op: op.into(), detail: detail.into(), got })
+    ExecError::from(IrError::DType { op: op.into(), detail: detail.into(), got })
 }
 
 impl Tensor {
@@ -257,5 +292,97 @@ impl Tensor {
         };
         let data = self.reshape_to([self.numel()])?;
         data.gather(0, &linear.reshape_to([linear.numel()])?)?.reshape_to(index.shape().clone())
+    }
+
+    /// Rows of this table (`[num, dim]`) for integer `ids` of any shape,
+    /// giving `[..ids, dim]` (PyTorch's `F.embedding`): a gather along
+    /// dim 0, whose out-of-range id is an error at the barrier that names
+    /// this call's line as an embedding lookup.
+    #[track_caller]
+    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        let op = "embedding";
+        if self.rank() != 2 {
+            return Err(shape_error(op, format!("the table must be [num, dim], got shape {}", self.shape())));
+        }
+        if !ids.dtype().is_int() {
+            return Err(dtype_error(op, "ids must be integers", &[ids.dtype()]));
+        }
+        let location = crate::CallSite::current().unwrap_or(Location::caller());
+        note_recorded_by(location, "an embedding lookup: ids must lie in 0..num_embeddings");
+        self.gather(0, ids)
+    }
+
+    /// The sum of every element, rank 0 (PyTorch's `x.sum()`).
+    #[track_caller]
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.sum(&[], false)
+    }
+
+    /// The mean of every element, rank 0 (PyTorch's `x.mean()`).
+    #[track_caller]
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.mean(&[], false)
+    }
+
+    /// Zeros of this tensor's shape, dtype and device.
+    #[track_caller]
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.shape().clone(), self.dtype(), self.device())
+    }
+
+    /// Ones of this tensor's shape, dtype and device.
+    #[track_caller]
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.shape().clone(), self.dtype(), self.device())
+    }
+
+    /// `value` in this tensor's shape, dtype and device.
+    #[track_caller]
+    pub fn full_like(&self, value: impl Into<ScalarValue>) -> Result<Tensor> {
+        Tensor::full(self.shape().clone(), value, self.dtype(), self.device())
+    }
+
+    /// [`Tensor::argmax`] with indices of `dtype` (any integer dtype):
+    /// `DType::I64` gives PyTorch's index type. [`Tensor::argmax`]'s i32 is
+    /// what every backend computes natively; WGSL has no 64-bit integers,
+    /// so on a wgpu device an i64 result is a cast on the CPU fallback (a
+    /// host round trip at each sync), which this warns about once per
+    /// call site rather than doing silently. Read an i32 result with
+    /// `to_vec::<i32>()` to stay on the device.
+    #[track_caller]
+    pub fn argmax_as(&self, axis: isize, keepdim: bool, dtype: DType) -> Result<Tensor> {
+        self.arg_reduce_as(ArgReduceOp::ArgMax, "argmax_as", axis, keepdim, dtype)
+    }
+
+    /// [`Tensor::argmin`] with indices of `dtype`, as [`Tensor::argmax_as`].
+    #[track_caller]
+    pub fn argmin_as(&self, axis: isize, keepdim: bool, dtype: DType) -> Result<Tensor> {
+        self.arg_reduce_as(ArgReduceOp::ArgMin, "argmin_as", axis, keepdim, dtype)
+    }
+
+    #[track_caller]
+    fn arg_reduce_as(&self, op: ArgReduceOp, name: &str, axis: isize, keepdim: bool, dtype: DType) -> Result<Tensor> {
+        if !dtype.is_int() {
+            return Err(dtype_error(name, "the index dtype must be an integer dtype", &[dtype]));
+        }
+        let idx = self.arg_reduce(op, axis, keepdim, false)?;
+        if dtype == idx.dtype() {
+            return Ok(idx);
+        }
+        if dtype.size_bytes() == 8 && self.device().kind() != BackendKind::Cpu {
+            let at = Location::caller();
+            crate::warn::once(
+                &format!("{name} {dtype} {}:{}", at.file(), at.line()),
+                &format!(
+                    "{name}(.., DType::{dtype:?}) at {}:{} on {}: WGSL has no 64-bit integers, so the cast to \
+                     {dtype} runs on the CPU fallback at every sync; argmax's i32 (to_vec::<i32>()) stays on \
+                     the device",
+                    at.file(),
+                    at.line(),
+                    self.device().name()
+                ),
+            );
+        }
+        idx.cast(dtype)
     }
 }

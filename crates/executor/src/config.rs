@@ -238,6 +238,13 @@ pub const VARS: &[Var] = &[
         "lazuli-executor (tensor)",
     ),
     var(
+        "LAZULI_WARNINGS",
+        Kind::Flag,
+        "on",
+        "print the engine's warnings (a loop without mark_step ...) to stderr when no tracing subscriber is set",
+        "lazuli-executor (warn)",
+    ),
+    var(
         "LAZULI_FINITE_MATH",
         Kind::Flag,
         "off",
@@ -328,7 +335,7 @@ pub fn lookup_var(name: &str) -> Option<&'static Var> {
 }
 
 /// A malformed configuration value.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("configuration: {variable}={value:?} is not valid: expected {expected}")]
 pub struct ConfigError {
     /// The variable.
@@ -337,6 +344,12 @@ pub struct ConfigError {
     pub value: String,
     /// What it takes, in words.
     pub expected: String,
+}
+
+impl std::fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::write_chain(f, self)
+    }
 }
 
 impl ConfigError {

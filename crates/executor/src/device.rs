@@ -127,6 +127,19 @@ pub(crate) struct DeviceInner {
     cached: AtomicU64,
     /// Serializes syncs so plans reach the worker in trace order.
     sync_lock: Mutex<()>,
+    /// Syncs forced by the graph size limit (the warning that a loop does
+    /// not mark its step counts them).
+    limit_syncs: AtomicU64,
+    /// Calls of [`Device::mark_step`] by the program (not
+    /// [`Device::auto_mark_step`]'s): how an optimizer tells whether the
+    /// program marks its own steps.
+    program_marks: AtomicU64,
+    /// Persistent state ([`crate::Tensor::persist`]) still pending: the
+    /// next sync materializes it with whatever it syncs.
+    persist: Mutex<Vec<Weak<TensorInner>>>,
+    /// True while `persist` may be non-empty (read on every sync without
+    /// its lock).
+    persist_waiting: std::sync::atomic::AtomicBool,
     /// Where compiled graphs and plans are dumped (`LAZULI_DUMP_DIR`).
     dump_dir: Option<PathBuf>,
     /// The configuration lookup the device was created with.
@@ -248,6 +261,7 @@ impl Device {
     /// of the process environment (tests; the backends read their own
     /// variables when they are created).
     pub fn with_env(main: Arc<dyn Backend>, cpu: Arc<dyn Backend>, lookup: fn(&str) -> Option<String>) -> Device {
+        metrics::start();
         let (settings, config_error) = match config::check(&lookup).and_then(|()| DeviceSettings::from_env(&lookup)) {
             Ok(settings) => (settings, None),
             Err(e) => {
@@ -287,6 +301,10 @@ impl Device {
             uncached: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
+            limit_syncs: AtomicU64::new(0),
+            program_marks: AtomicU64::new(0),
+            persist: Mutex::new(Vec::new()),
+            persist_waiting: Default::default(),
             dump_dir: settings.dump_dir,
             lookup,
             config_error,
@@ -554,9 +572,37 @@ impl Device {
 
     /// Syncs every live tensor with pending IR in one graph and advances the
     /// step RNG (LTC's MarkStep). Returns without waiting for the device.
+    ///
+    /// Call it once per iteration of a loop that carries values from one
+    /// iteration to the next (a training loop's parameters): without a
+    /// sync point the pending graph grows across iterations until the
+    /// graph size limit cuts it, and each cut compiles a new graph (a
+    /// warning says so). An optimizer's `step()` marks the step itself
+    /// when the program does not (see `lazuli::optim`).
     #[track_caller]
     pub fn mark_step(&self) -> Result<()> {
-        let loc = std::panic::Location::caller();
+        self.0.program_marks.fetch_add(1, Ordering::Relaxed);
+        self.mark_step_at("mark_step", std::panic::Location::caller())
+    }
+
+    /// [`Device::mark_step`] on behalf of library code that ends a step
+    /// (an optimizer's `step()` where the program marks no step of its
+    /// own): the same sync, named in metrics and errors as by `what` at
+    /// the caller's line, and not counted in [`Device::program_marks`].
+    #[track_caller]
+    pub fn auto_mark_step(&self, what: &str) -> Result<()> {
+        self.mark_step_at(&format!("mark_step by {what}"), std::panic::Location::caller())
+    }
+
+    /// How many times the program called [`Device::mark_step`] on this
+    /// device (library code marking a step, [`Device::auto_mark_step`],
+    /// does not count): an optimizer compares it between two of its steps
+    /// to learn whether the program marks steps itself.
+    pub fn program_marks(&self) -> u64 {
+        self.0.program_marks.load(Ordering::Relaxed)
+    }
+
+    fn mark_step_at(&self, what: &str, loc: &'static std::panic::Location<'static>) -> Result<()> {
         let tensors: Vec<crate::Tensor> = {
             let live = self.0.live.lock().unwrap_or_else(|e| e.into_inner());
             let mut v: Vec<_> = live.handles().filter_map(|w| w.upgrade()).map(crate::Tensor).collect();
@@ -565,11 +611,59 @@ impl Device {
         };
         metrics::inc("MarkStep", 1);
         let refs: Vec<&crate::Tensor> = tensors.iter().collect();
-        let r = self.sync_tensors(&refs, &format!("mark_step at {}:{}", loc.file(), loc.line()));
+        let r = self.sync_tensors(&refs, &format!("{what} at {}:{}", loc.file(), loc.line()));
         let mut rng = self.0.rng.lock().unwrap_or_else(|e| e.into_inner());
         rng.step += 1;
         rng.offset = 0;
         r
+    }
+
+    /// Queues a pending tensor of persistent state (a parameter, a
+    /// buffer) to be materialized by the next sync on this device,
+    /// whatever that sync is for ([`crate::Tensor::persist`]).
+    pub(crate) fn persist_at_next_sync(&self, t: &crate::Tensor) {
+        self.0.persist.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&t.0));
+        self.0.persist_waiting.store(true, Ordering::Release);
+    }
+
+    /// `pairs` and the persistent state still pending on this device
+    /// (which this takes off the queue).
+    fn with_persisted(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)]) -> Option<Vec<(crate::Tensor, Arc<LazyNode>)>> {
+        // A load first: the common case (nothing queued) writes nothing.
+        if !self.0.persist_waiting.load(Ordering::Acquire) || !self.0.persist_waiting.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let queued = std::mem::take(&mut *self.0.persist.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut all = pairs.to_vec();
+        for t in queued.iter().filter_map(Weak::upgrade).map(crate::Tensor) {
+            let node = t.node();
+            if node.is_pending() {
+                all.push((t, node));
+            }
+        }
+        Some(all)
+    }
+
+    /// Counts a sync forced by the graph size limit at `location` (the
+    /// recording that crossed it) and, from the third, warns once that
+    /// the program seems to lack a step boundary.
+    pub(crate) fn graph_limit_hit(&self, limit: usize, location: &'static std::panic::Location<'static>) {
+        let hits = self.0.limit_syncs.fetch_add(1, Ordering::Relaxed) + 1;
+        if hits == 3 {
+            crate::warn::once(
+                &format!("graph-size-limit {}", self.0.id),
+                &format!(
+                    "the pending graph on {} reached the graph size limit ({limit} nodes) {hits} times, the last \
+                     at {}:{}: each time it was synced in the middle of recording and compiled as a new graph, \
+                     which makes a loop hundreds of times slower. Does the loop call Device::mark_step() once \
+                     per iteration (an optimizer's step() does it for a training loop)? One computation this \
+                     large may raise LAZULI_MAX_GRAPH_NODES instead.",
+                    self.name(),
+                    location.file(),
+                    location.line()
+                ),
+            );
+        }
     }
 
     /// Traces the pending IR of `tensors` into one graph, compiles it (or
@@ -580,18 +674,7 @@ impl Device {
     /// the others are submitted.
     pub(crate) fn sync_tensors(&self, tensors: &[&crate::Tensor], trigger: &str) -> Result<()> {
         let pairs: Vec<(crate::Tensor, Arc<LazyNode>)> = tensors.iter().map(|t| ((*t).clone(), t.node())).collect();
-        crate::timeline::between_syncs();
-        let _span = crate::timeline::span("Sync");
-        let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut inline = None;
-        let synced = self.sync_locked(&pairs, trigger, &mut inline);
-        // The traced nodes go before an inline job runs: an input only
-        // they held (a value just replaced by `assign`, like a KV cache)
-        // is then held by the job alone, and donated.
-        drop(pairs);
-        self.run_inline(inline);
-        crate::timeline::sync_ended();
-        synced
+        self.sync_owned(pairs, trigger)
     }
 
     /// Syncs the given (tensor, node) pairs: each node is the value of its
@@ -599,11 +682,30 @@ impl Device {
     /// materialized cell; a tensor whose value another thread replaced in
     /// the meantime keeps the newer value (compare-and-swap).
     pub(crate) fn sync_nodes(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
+        self.sync_owned(pairs.to_vec(), trigger)
+    }
+
+    /// [`Device::sync_nodes`] over pairs it owns, with the persistent
+    /// state still pending: the traced nodes are dropped before an inline
+    /// job runs, so an input only they held (a value just replaced by
+    /// `assign`, like a KV cache) is held by the job alone, and donated.
+    fn sync_owned(&self, pairs: Vec<(crate::Tensor, Arc<LazyNode>)>, trigger: &str) -> Result<()> {
+        let given = pairs.len();
+        let pairs = self.with_persisted(&pairs).unwrap_or(pairs);
         crate::timeline::between_syncs();
         let _span = crate::timeline::span("Sync");
         let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut inline = None;
-        let synced = self.sync_locked(pairs, trigger, &mut inline);
+        let synced = self.sync_locked(&pairs, trigger, &mut inline);
+        if synced.is_err() {
+            // What could not be materialized now waits for the next sync.
+            for (t, node) in pairs.iter().skip(given) {
+                if node.is_pending() {
+                    self.persist_at_next_sync(t);
+                }
+            }
+        }
+        drop(pairs);
         self.run_inline(inline);
         crate::timeline::sync_ended();
         synced
@@ -897,7 +999,10 @@ impl Device {
             Readable::Host(bytes) => return Ok(bytes),
             Readable::Device(owner, buf) => (owner, buf),
         };
-        self.downloaded(owner.download(&buf), op)
+        let started = Instant::now();
+        let bytes = owner.download(&buf);
+        metrics::record_time("Download", started.elapsed());
+        self.downloaded(bytes, op)
     }
 
     /// [`Device::read_cell`] without blocking the caller where the device
@@ -907,7 +1012,9 @@ impl Device {
             Readable::Host(bytes) => return Ok(bytes),
             Readable::Device(owner, buf) => (owner, buf),
         };
+        let started = Instant::now();
         let bytes = owner.download_async(&buf).await;
+        metrics::record_time("Download", started.elapsed());
         self.downloaded(bytes, op)
     }
 
@@ -1165,7 +1272,47 @@ fn run_job_with(
         let context = &job.context;
         return crate::validate::run_validated(plan, inputs, scalars, main, cpu, locations, context, collective);
     }
-    job.plan
-        .run(inputs, &job.scalars, main, cpu, collective)
-        .map_err(|source| ExecError::Backend { context: job.context.clone(), source })
+    job.plan.run(inputs, &job.scalars, main, cpu, collective).map_err(|source| {
+        let context = match &source {
+            BackendError::IndexOutOfRange(e) => {
+                format!("{}; {}", job.context, index_recorded_at(&job.plan.graph, &job.locations, e))
+            }
+            _ => job.context.clone(),
+        };
+        ExecError::Backend { context, source }
+    })
+}
+
+/// Where the op of an index error was recorded (its node is found by op,
+/// indexed axis and data shape; a graph may hold several such), and what
+/// recorded it where a layer said so ([`crate::compose`]'s `embedding`).
+fn index_recorded_at(
+    graph: &lazuli_ir::Graph,
+    locations: &[&'static std::panic::Location<'static>],
+    e: &crate::IndexError,
+) -> String {
+    let mut sites: Vec<String> = Vec::new();
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let axis = match node.op {
+            lazuli_ir::Op::Gather { axis } | lazuli_ir::Op::ScatterAdd { axis } => axis,
+            _ => continue,
+        };
+        let data = node.inputs.first().map(|d| &graph.nodes()[d.0 as usize].shape);
+        if node.op.name() != e.op || axis != e.axis || data != Some(&e.shape) {
+            continue;
+        }
+        let Some(loc) = locations.get(i) else { continue };
+        let mut site = format!("{}:{}", loc.file(), loc.line());
+        if let Some(what) = crate::compose::recorded_by(loc) {
+            site = format!("{site} ({what})");
+        }
+        if !sites.contains(&site) {
+            sites.push(site);
+        }
+    }
+    match sites.len() {
+        0 => format!("the failing {} is not in the graph as recorded", e.op),
+        1 => format!("the {} was recorded at {}", e.op, sites[0]),
+        _ => format!("the {} was recorded at one of {}", e.op, sites.join(", ")),
+    }
 }

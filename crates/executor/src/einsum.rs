@@ -40,13 +40,16 @@ pub fn einsum(spec: &str, operands: &[&Tensor]) -> Result<Tensor> {
     einsum_at(spec, operands, Location::caller())
 }
 
-fn einsum_at(spec: &str, operands: &[&Tensor], at: &Location<'_>) -> Result<Tensor> {
+fn einsum_at(spec: &str, operands: &[&Tensor], at: &'static Location<'static>) -> Result<Tensor> {
     let shapes = || operands.iter().map(|t| t.shape().to_string()).collect::<Vec<_>>().join(", ");
     let fail = |detail: String| {
-        ExecError::Ir(IrError::Shape {
-            op: "einsum".into(),
-            detail: format!("spec {spec:?} with operand shapes [{}]: {detail} (at {at})", shapes()),
-        })
+        ExecError::ir(
+            IrError::Shape {
+                op: "einsum".into(),
+                detail: format!("spec {spec:?} with operand shapes [{}]: {detail}", shapes()),
+            },
+            at,
+        )
     };
     let spec_clean: String = spec.chars().filter(|c| !c.is_whitespace()).collect();
     if spec_clean.contains("...") {

@@ -36,11 +36,28 @@ pub(crate) struct Seen {
 #[derive(Default)]
 pub(crate) struct Explainer {
     recent: VecDeque<Seen>,
-    per_trigger: HashMap<String, usize>,
+    per_trigger: HashMap<String, Misses>,
+}
+
+/// What one sync point's compiles looked like.
+#[derive(Default)]
+struct Misses {
+    /// Explained recompiles (a similar graph was compiled before).
+    explained: usize,
+    /// The node count of the last graph it compiled.
+    last_nodes: usize,
+    /// Compiles in a row each of a larger graph than the one before.
+    growing: usize,
 }
 
 const KEEP: usize = 16;
 const WARN_AFTER: usize = 3;
+/// Compiles in a row of an ever larger graph at one sync point after which
+/// the explainer warns that the graph grows across iterations.
+const GROWING_AFTER: usize = 4;
+/// Triggers remembered at most (a program whose sync points are all new
+/// forgets the oldest).
+const TRIGGERS: usize = 1024;
 
 static LOG: Mutex<Vec<CompileEntry>> = Mutex::new(Vec::new());
 
@@ -61,14 +78,38 @@ impl Explainer {
         let reason = self.best_match(graph).map(|seen| explain(seen, graph, locations, trigger));
         let hash = graph.structural_hash();
         let entry = CompileEntry { hash, nodes: graph.len(), trigger: trigger.to_string(), reason };
+        if self.per_trigger.len() >= TRIGGERS && !self.per_trigger.contains_key(trigger) {
+            self.per_trigger.clear();
+        }
+        let misses = self.per_trigger.entry(trigger.to_string()).or_default();
+        misses.growing = if graph.len() > misses.last_nodes && misses.last_nodes > 0 { misses.growing + 1 } else { 0 };
+        misses.last_nodes = graph.len();
+        if misses.growing == GROWING_AFTER {
+            crate::warn::once(
+                &format!("growing graph {trigger}"),
+                &format!(
+                    "the graph synced by {trigger} was larger at each of its last {} compiles (now {} nodes): \
+                     values carried from one iteration to the next keep their whole history pending, and \
+                     every sync compiles a new graph. Does the loop call Device::mark_step() once per \
+                     iteration (an optimizer's step() does it for a training loop)?",
+                    GROWING_AFTER + 1,
+                    graph.len()
+                ),
+            );
+        }
         if let Some(r) = &entry.reason {
             metrics::note(format!("recompiled graph {hash:016x} ({} nodes), {r}", graph.len()));
-            let n = self.per_trigger.entry(trigger.to_string()).or_default();
-            *n += 1;
-            // Warn at the 3rd explained recompile of one sync point, then at
-            // every power of two, so a long run does not flood the log.
-            if *n == WARN_AFTER || (*n > WARN_AFTER && n.is_power_of_two()) {
-                tracing::warn!(count = *n, trigger, "a steady loop keeps recompiling: {r}");
+            misses.explained += 1;
+            let n = misses.explained;
+            // Warn once (per sync point) at its 3rd explained recompile;
+            // the log then says it again at every power of two.
+            if n == WARN_AFTER {
+                crate::warn::once(
+                    &format!("recompiling {trigger}"),
+                    &format!("a steady loop keeps recompiling ({n} compiles of similar graphs by one sync point): {r}"),
+                );
+            } else if n > WARN_AFTER && n.is_power_of_two() {
+                tracing::warn!(target: "lazuli", count = n, trigger, "a steady loop keeps recompiling: {r}");
             }
         }
         self.recent.push_back(Seen {

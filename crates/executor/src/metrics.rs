@@ -1,19 +1,47 @@
 //! Process-wide metrics: counters, value metrics and timers, with a text
 //! report. A process-wide registry is the point here (like LTC's metrics),
 //! so this is one of the few globals, behind a small API.
+//!
+//! The report starts with where the wall time since the last [`reset`]
+//! (or since the first device was made) went on the threads that call
+//! the engine: syncs (tracing, cache
+//! lookup and compiling, submitting, and running a plan inline), waits for
+//! the device (barriers before reads, `Device::wait`), downloads, and the
+//! rest, which is the program's own work with the recording of its ops.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-#[derive(Default)]
 struct Registry {
     counters: BTreeMap<String, u64>,
     values: BTreeMap<String, Stat>,
     timers: BTreeMap<String, Stat>,
     notes: Vec<String>,
+    /// When the registry was made or last reset.
+    since: crate::platform::Instant,
 }
+
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry {
+            counters: BTreeMap::new(),
+            values: BTreeMap::new(),
+            timers: BTreeMap::new(),
+            notes: Vec::new(),
+            since: crate::platform::Instant::now(),
+        }
+    }
+}
+
+/// The timers of the calling threads' time inside the engine, grouped as
+/// the report's wall-time line names them (none nests in another).
+const WALL_PARTS: [(&str, &[&str]); 3] = [
+    ("syncs (trace, lookup and compile, submit)", &["Trace", "Lookup", "Submit"]),
+    ("waiting for the device", &["BarrierWait", "DeviceWait"]),
+    ("downloads", &["Download"]),
+];
 
 /// Running statistics of a sampled metric.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -129,6 +157,12 @@ pub fn note(text: String) {
     })
 }
 
+/// Starts the wall-time clock of the report if nothing started it yet
+/// (the first device does, so the report covers the program from then).
+pub fn start() {
+    with(|_| ());
+}
+
 /// Clears every metric.
 pub fn reset() {
     with(|r| *r = Registry::default())
@@ -137,7 +171,23 @@ pub fn reset() {
 /// A readable text report of every metric.
 pub fn report() -> String {
     with(|r| {
-        let mut s = String::from("== Lazuli metrics ==\nCounters:\n");
+        let mut s = String::from("== Lazuli metrics ==\n");
+        let wall = r.since.elapsed().as_secs_f64() * 1e3;
+        let mut inside = 0.0;
+        let mut parts = Vec::new();
+        for (name, timers) in WALL_PARTS {
+            let ms: f64 = timers.iter().filter_map(|t| r.timers.get(*t)).map(|t| t.sum).sum();
+            inside += ms;
+            parts.push(format!("{name} {ms:.1} ms"));
+        }
+        let _ = writeln!(
+            s,
+            "Wall time: {wall:.1} ms since the metrics were reset or the first device was made: {}; the rest, \
+             {:.1} ms, is the program's own work (recording ops included)",
+            parts.join(", "),
+            (wall - inside).max(0.0)
+        );
+        s.push_str("Counters:\n");
         for (k, v) in &r.counters {
             let _ = writeln!(s, "  {k:<32} {v}");
         }

@@ -301,19 +301,28 @@ impl Tensor {
         Ok(x)
     }
 
+    #[track_caller]
     pub(crate) fn axis(&self, op: &str, axis: isize) -> Result<usize> {
+        let location = std::panic::Location::caller();
         self.shape().axis(axis).ok_or_else(|| {
-            ExecError::Ir(IrError::Axis { op: op.into(), axis, shape: self.shape().clone(), rank: self.rank() })
+            ExecError::ir(
+                IrError::Axis { op: op.into(), axis, shape: self.shape().clone(), rank: self.rank() },
+                location,
+            )
         })
     }
 
+    #[track_caller]
     pub(crate) fn axes(&self, op: &str, axes: &[isize]) -> Result<Vec<usize>> {
-        let mut v = axes.iter().map(|&a| self.axis(op, a)).collect::<Result<Vec<_>>>()?;
+        let mut v = Vec::with_capacity(axes.len());
+        for &a in axes {
+            v.push(self.axis(op, a)?);
+        }
         v.sort_unstable();
         let before = v.len();
         v.dedup();
         if v.len() != before {
-            return Err(ExecError::Ir(IrError::Shape {
+            return Err(ExecError::from(IrError::Shape {
                 op: op.into(),
                 detail: format!("axes {axes:?} repeat an axis of {}", self.shape()),
             }));
@@ -372,14 +381,19 @@ impl Tensor {
         }
     }
 
-    /// Index (i32) of the maximum along `axis`.
+    /// Index of the maximum along `axis`, as i32 (the first on ties).
+    /// PyTorch gives int64; i32 is the widest integer WGSL has, so every
+    /// backend computes it natively: read it with `to_vec::<i32>()`, or
+    /// ask for int64 with [`Tensor::argmax_as`] (a cast on the CPU
+    /// fallback on wgpu devices).
     #[track_caller]
     pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let axis = self.axis("argmax", axis)?;
         Tensor::record(Op::ArgReduce { op: ArgReduceOp::ArgMax, axis, keepdim, select_last: false }, &[self])
     }
 
-    /// Index (i32) of the minimum along `axis`.
+    /// Index of the minimum along `axis`, as i32 (see [`Tensor::argmax`]
+    /// and [`Tensor::argmin_as`]).
     #[track_caller]
     pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let axis = self.axis("argmin", axis)?;
@@ -432,7 +446,7 @@ impl Tensor {
         let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
         let b = if other.rank() == 1 { other.unsqueeze(-1)? } else { other.clone() };
         if self.rank() == 0 || other.rank() == 0 {
-            return Err(ExecError::Ir(IrError::Shape {
+            return Err(ExecError::from(IrError::Shape {
                 op: "matmul".into(),
                 detail: format!("operands must have rank >= 1, got {} and {}", self.shape(), other.shape()),
             }));
@@ -453,12 +467,16 @@ impl Tensor {
     /// `Shape` ...).
     #[track_caller]
     pub fn reshape(&self, dims: impl ReshapeDims) -> Result<Tensor> {
+        let location = std::panic::Location::caller();
         let dims = dims.reshape_dims();
         let bad = || {
-            ExecError::Ir(IrError::Shape {
-                op: "reshape".into(),
-                detail: format!("cannot reshape {} ({} elements) to {dims:?}", self.shape(), self.numel()),
-            })
+            ExecError::ir(
+                IrError::Shape {
+                    op: "reshape".into(),
+                    detail: format!("cannot reshape {} ({} elements) to {dims:?}", self.shape(), self.numel()),
+                },
+                location,
+            )
         };
         if dims.iter().any(|&d| d > isize::MAX as i128) {
             return Err(bad());
@@ -467,10 +485,13 @@ impl Tensor {
         let known: usize = dims.iter().filter(|&&d| d >= 0).fold(1usize, |n, &d| n.saturating_mul(d as usize));
         let holes = dims.iter().filter(|&&d| d < 0).count();
         let bad = || {
-            ExecError::Ir(IrError::Shape {
-                op: "reshape".into(),
-                detail: format!("cannot reshape {} ({} elements) to {dims:?}", self.shape(), self.numel()),
-            })
+            ExecError::ir(
+                IrError::Shape {
+                    op: "reshape".into(),
+                    detail: format!("cannot reshape {} ({} elements) to {dims:?}", self.shape(), self.numel()),
+                },
+                location,
+            )
         };
         if holes > 1 || dims.iter().any(|&d| d < -1) {
             return Err(bad());
@@ -544,7 +565,7 @@ impl Tensor {
         let r = self.rank() as isize + 1;
         let a = if axis < 0 { axis + r } else { axis };
         if !(0..r).contains(&a) {
-            return Err(ExecError::Ir(IrError::Axis {
+            return Err(ExecError::from(IrError::Axis {
                 op: "unsqueeze".into(),
                 axis,
                 shape: self.shape().clone(),
@@ -562,7 +583,7 @@ impl Tensor {
         let axes = self.axes("squeeze", axes)?;
         for &a in &axes {
             if self.dims()[a] != 1 {
-                return Err(ExecError::Ir(IrError::Shape {
+                return Err(ExecError::from(IrError::Shape {
                     op: "squeeze".into(),
                     detail: format!("dim {a} of {} has size {}, not 1", self.shape(), self.dims()[a]),
                 }));
@@ -586,7 +607,7 @@ impl Tensor {
         }
         let (s, e) = (self.axis("flatten", start)?, self.axis("flatten", end)?);
         if s > e {
-            return Err(ExecError::Ir(IrError::Shape {
+            return Err(ExecError::from(IrError::Shape {
                 op: "flatten".into(),
                 detail: format!("start {start} after end {end} for {}", self.shape()),
             }));
@@ -614,7 +635,7 @@ impl Tensor {
         let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
         let (start, end, step) = (clamp(start.to_i128()), clamp(end.to_i128()), clamp(step.to_i128()));
         if step == 0 {
-            return Err(ExecError::Ir(IrError::Shape {
+            return Err(ExecError::from(IrError::Shape {
                 op: "slice".into(),
                 detail: format!("step 0 on axis {axis} of {}", self.shape()),
             }));
@@ -661,7 +682,7 @@ impl Tensor {
         if s < 0 || l < 0 || s + l > n || n > max_size {
             let limit =
                 if max_size < i128::MAX { format!(", at most {max_size} for run-time indices") } else { String::new() };
-            return Err(ExecError::Ir(IrError::Shape {
+            return Err(ExecError::from(IrError::Shape {
                 op: op.into(),
                 detail: format!(
                     "a slice of {l} elements from {} is out of range for axis {axis} (size {n}{limit}) of {}",

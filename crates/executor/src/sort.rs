@@ -88,13 +88,23 @@ impl Tensor {
 
     /// The indices of the first `k` positions of the stable order along
     /// `axis`, shaped as `self` with `k` along `axis`.
-    fn order(&self, op: &str, axis: usize, k: usize, descending: bool, at: &Location<'_>) -> Result<Tensor> {
+    fn order(
+        &self,
+        op: &str,
+        axis: usize,
+        k: usize,
+        descending: bool,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let n = self.dims()[axis];
         if k > n {
-            return Err(ExecError::Ir(IrError::Shape {
-                op: op.into(),
-                detail: format!("k = {k} exceeds the {n} elements of axis {axis} of shape {} (at {at})", self.shape()),
-            }));
+            return Err(ExecError::ir(
+                IrError::Shape {
+                    op: op.into(),
+                    detail: format!("k = {k} exceeds the {n} elements of axis {axis} of shape {}", self.shape()),
+                },
+                at,
+            ));
         }
         let select = n > SORT_MAX_ROW;
         if select && (op != "topk" || k > TOPK_SELECT_MAX_K) {

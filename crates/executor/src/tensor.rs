@@ -27,7 +27,7 @@ pub(crate) struct TensorInner {
     ty: ValueType,
     node: Mutex<Arc<LazyNode>>,
     /// The slot in the device's live-tensor registry, if registered.
-    live_slot: Option<u32>,
+    pub(crate) live_slot: Option<u32>,
     /// Serializes in-place updates (`assign`, `add_` ...) so that a
     /// read-modify-write from several threads loses no update.
     update: Mutex<()>,
@@ -181,8 +181,9 @@ impl Tensor {
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         if data.len() != shape.numel() {
+            let at = Location::caller();
             return Err(ExecError::DataLength {
-                op: "from_slice".into(),
+                op: format!("from_slice at {}:{}", at.file(), at.line()),
                 len: data.len(),
                 shape: shape.clone(),
                 numel: shape.numel(),
@@ -198,8 +199,9 @@ impl Tensor {
     pub fn from_bytes(bytes: Vec<u8>, ty: ValueType, device: &Device) -> Result<Tensor> {
         let want = ty.shape.numel().saturating_mul(ty.dtype.size_bytes());
         if bytes.len() != want {
+            let at = Location::caller();
             return Err(ExecError::DataLength {
-                op: "from_bytes".into(),
+                op: format!("from_bytes at {}:{}", at.file(), at.line()),
                 len: bytes.len() / ty.dtype.size_bytes().max(1),
                 shape: ty.shape.clone(),
                 numel: ty.shape.numel(),
@@ -298,11 +300,9 @@ impl Tensor {
     /// checking the result type now.
     #[track_caller]
     pub fn record(op: Op, operands: &[&Tensor]) -> Result<Tensor> {
-        let device = operands.first().map(|t| t.device().clone()).ok_or_else(|| IrError::Arity {
-            op: op.name(),
-            expected: "at least 1".into(),
-            got: 0,
-        })?;
+        let Some(device) = operands.first().map(|t| t.device().clone()) else {
+            return Err(ExecError::from(IrError::Arity { op: op.name(), expected: "at least 1".into(), got: 0 }));
+        };
         Tensor::record_on(&device, op, operands)
     }
 
@@ -324,9 +324,14 @@ impl Tensor {
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
         let _span = tracing::trace_span!("record", op = op.label()).entered();
+        let location = crate::site::CallSite::current().unwrap_or(location);
         for t in operands {
             if !t.device().same(device) {
-                return Err(ExecError::DeviceMismatch { op: op.name(), a: device.name(), b: t.device().name() });
+                return Err(ExecError::DeviceMismatch {
+                    op: format!("{} at {}:{}", op.name(), location.file(), location.line()),
+                    a: device.name(),
+                    b: t.device().name(),
+                });
             }
         }
         // Inside an autocast scope, operands may be cast first (explicit
@@ -349,17 +354,21 @@ impl Tensor {
         }
         let ty = match &nodes[..] {
             // The common arities without a vector of types.
-            [a] => op.infer(std::slice::from_ref(&a.ty), &[], &[])?,
-            [a, b] => op.infer(&[a.ty.clone(), b.ty.clone()], &[], &[])?,
-            _ => op.infer(&nodes.iter().map(|n| n.ty.clone()).collect::<SmallVec<[ValueType; 3]>>(), &[], &[])?,
-        };
+            [a] => op.infer(std::slice::from_ref(&a.ty), &[], &[]),
+            [a, b] => op.infer(&[a.ty.clone(), b.ty.clone()], &[], &[]),
+            _ => op.infer(&nodes.iter().map(|n| n.ty.clone()).collect::<SmallVec<[ValueType; 3]>>(), &[], &[]),
+        }
+        .map_err(|e| ExecError::ir(e, location))?;
         // No allocation can hold more than isize::MAX bytes: refuse such a
         // shape here rather than fail (or overflow) in a backend later.
         if ty.shape.numel().checked_mul(ty.dtype.size_bytes()).is_none_or(|b| b > isize::MAX as usize) {
-            return Err(ExecError::Ir(IrError::Shape {
-                op: op.name(),
-                detail: format!("result shape {} of {} has too many elements to exist", ty.shape, ty.dtype),
-            }));
+            return Err(ExecError::ir(
+                IrError::Shape {
+                    op: op.name(),
+                    detail: format!("result shape {} of {} has too many elements to exist", ty.shape, ty.dtype),
+                },
+                location,
+            ));
         }
         let mut node = LazyNode::op(op, nodes, ty, location);
         // The graph size limit, cheaply: the node's bound (operands' bounds
@@ -377,6 +386,7 @@ impl Tensor {
         crate::autograd::track(&t, operands);
         if over {
             metrics::inc("GraphSizeLimitHits", 1);
+            device.graph_limit_hit(limit, location);
             device.sync_tensors(
                 &[&t],
                 &format!("graph size limit ({limit} nodes) at {}:{}", location.file(), location.line()),
@@ -395,15 +405,8 @@ impl Tensor {
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         let loc = Location::caller();
-        if T::DTYPE != self.dtype() {
-            return Err(ExecError::ReadDType {
-                op: "to_vec".into(),
-                actual: self.dtype(),
-                expected: T::DTYPE,
-                shape: self.shape().clone(),
-            });
-        }
         let op = format!("to_vec at {}:{}", loc.file(), loc.line());
+        self.check_read::<T>(&op)?;
         let bytes = self.read_bytes_at(&op)?;
         let mut out = self.device().host_vec(self.numel(), &op)?;
         out.extend(bytes.chunks_exact(T::DTYPE.size_bytes()).map(T::read_bytes));
@@ -419,7 +422,7 @@ impl Tensor {
         let loc = Location::caller();
         async move {
             let op = format!("to_vec_async at {}:{}", loc.file(), loc.line());
-            self.check_read::<T>("to_vec_async")?;
+            self.check_read::<T>(&op)?;
             let bytes = self.read_bytes_async(&op).await?;
             let mut out = self.device().host_vec(self.numel(), &op)?;
             out.extend(bytes.chunks_exact(T::DTYPE.size_bytes()).map(T::read_bytes));
@@ -439,8 +442,9 @@ impl Tensor {
                     detail: format!("tensor of shape {} has {} elements, not 1", self.shape(), self.numel()),
                 });
             }
-            self.check_read::<T>("item_async")?;
-            let bytes = self.read_bytes_async(&format!("item_async at {}:{}", loc.file(), loc.line())).await?;
+            let op = format!("item_async at {}:{}", loc.file(), loc.line());
+            self.check_read::<T>(&op)?;
+            let bytes = self.read_bytes_async(&op).await?;
             Ok(T::read_bytes(&bytes))
         }
     }
@@ -462,21 +466,20 @@ impl Tensor {
     #[track_caller]
     pub fn item<T: Element>(&self) -> Result<T> {
         let loc = Location::caller();
+        let op = format!("item at {}:{}", loc.file(), loc.line());
         if self.numel() != 1 {
             return Err(ExecError::Invalid {
-                op: "item".into(),
-                detail: format!("tensor of shape {} has {} elements, not 1", self.shape(), self.numel()),
+                op,
+                detail: format!(
+                    "tensor of shape {} has {} elements, not 1; read them with to_vec, or reduce first \
+                     (sum_all, mean_all)",
+                    self.shape(),
+                    self.numel()
+                ),
             });
         }
-        if T::DTYPE != self.dtype() {
-            return Err(ExecError::ReadDType {
-                op: "item".into(),
-                actual: self.dtype(),
-                expected: T::DTYPE,
-                shape: self.shape().clone(),
-            });
-        }
-        let bytes = self.read_bytes_at(&format!("item at {}:{}", loc.file(), loc.line()))?;
+        self.check_read::<T>(&op)?;
+        let bytes = self.read_bytes_at(&op)?;
         Ok(T::read_bytes(&bytes))
     }
 
@@ -568,6 +571,55 @@ impl Tensor {
     #[track_caller]
     pub fn mul_(&self, other: &Tensor) -> Result<()> {
         self.update(|t| t.mul(other))
+    }
+
+    /// This tensor's value on `device` (PyTorch's `x.to(device)`): the
+    /// same handle when it is already there, else a new tensor of the
+    /// same type holding a copy. Host data not yet uploaded is shared, not
+    /// copied; a value on a device is read back first (a barrier: a
+    /// pending value is synced and waited for), and the copy is uploaded
+    /// to `device` at its first use there. The copy is differentiable: a
+    /// gradient reaching it moves back to this tensor's device. A
+    /// parameter should be moved as a leaf instead (`ModuleExt::to_device`
+    /// moves a whole model and keeps its parameters leaves).
+    #[track_caller]
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if self.device().same(device) {
+            return Ok(self.clone());
+        }
+        let loc = Location::caller();
+        let op = format!("to_device at {}:{}", loc.file(), loc.line());
+        let node = self.node();
+        let host = node.cell().and_then(|c| match &*c.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            CellState::Host(bytes) => Some(bytes.clone()),
+            _ => None,
+        });
+        let bytes = match host {
+            Some(bytes) => bytes,
+            None => Arc::new(self.read_bytes_at(&op)?),
+        };
+        let cell = DataCell::new(device.0.id, self.ty().clone(), CellState::Host(bytes));
+        let moved = Tensor::from_node(device, Arc::new(LazyNode::data(cell, loc)));
+        let home = self.device().clone();
+        crate::autograd::attach_custom(&moved, &[self], "to_device", move |g| Ok(vec![Some(g.to_device(&home)?)]));
+        Ok(moved)
+    }
+
+    /// Marks this tensor as persistent state (a parameter, a buffer, a
+    /// table computed once): if its value is still pending (a random
+    /// initialization, say), the next sync on its device materializes it,
+    /// whatever that sync is for, so the value is computed once and every
+    /// later graph reads it as data, instead of recomputing it in each
+    /// graph that uses it (an inference loop would otherwise re-run a
+    /// model's initialization at every forward). Costs nothing for data.
+    /// `requires_grad_(true)` persists its tensor, so every parameter of
+    /// `lazuli::nn` is persistent; a module's buffers are persisted by its
+    /// layer.
+    pub fn persist(&self) -> &Tensor {
+        if self.node().is_pending() {
+            self.device().persist_at_next_sync(self);
+        }
+        self
     }
 
     /// A new handle sharing this tensor's current value but no history:

@@ -5,7 +5,7 @@ use thiserror::Error;
 
 /// An error found while recording or verifying IR. Every variant names the
 /// op and the shapes or dtypes involved, so the message alone explains it.
-#[derive(Debug, Clone, Error, PartialEq)]
+#[derive(Clone, Error, PartialEq)]
 pub enum IrError {
     /// Operand shapes do not broadcast.
     #[error("{op}: shapes {lhs} and {rhs} do not broadcast")]
@@ -65,6 +65,14 @@ pub enum IrError {
         /// What is wrong.
         detail: String,
     },
+}
+
+/// `Debug` prints the message (what `?` out of `main` shows), not the
+/// fields: every variant's message names the op, shapes and dtypes.
+impl std::fmt::Debug for IrError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl IrError {

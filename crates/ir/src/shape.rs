@@ -159,6 +159,19 @@ impl<const N: usize> From<[usize; N]> for Shape {
     }
 }
 
+/// `&[2, 3]`, the shape PyTorch users write (`[2, 3]` works too).
+impl<const N: usize> From<&[usize; N]> for Shape {
+    fn from(v: &[usize; N]) -> Self {
+        Shape::new(v)
+    }
+}
+
+impl From<&Shape> for Shape {
+    fn from(s: &Shape) -> Self {
+        s.clone()
+    }
+}
+
 impl FromIterator<usize> for Shape {
     fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
         Shape(iter.into_iter().collect())

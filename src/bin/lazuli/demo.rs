@@ -14,7 +14,7 @@ use lazuli_distributed::ProcessGroup;
 pub fn run(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "--fused") {
         let rest: Vec<String> = args.iter().filter(|a| *a != "--fused").cloned().collect();
-        return crate::device_arg(&rest).and_then(|d| fused_demo(&d));
+        return crate::device_and_reason(&rest).and_then(|(d, why)| fused_demo(&d, &why));
     }
     // The model decides the defaults the other options override.
     let mut model = lazuli::train::DigitsModel::Mlp;
@@ -49,9 +49,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let group = if distributed { Some(process_group()?) } else { None };
     // Only rank 0 prints.
     let quiet = group.as_ref().is_some_and(|g| g.rank() != 0);
-    let dev = match &group {
-        Some(g) if device_args.is_empty() => rank_device(g)?,
-        _ => crate::device_arg(&device_args)?,
+    let (dev, why) = match &group {
+        Some(g) if device_args.is_empty() => (rank_device(g)?, "this rank's device".to_string()),
+        _ => crate::device_and_reason(&device_args)?,
     };
     let data = lazuli::train::Digits::load(&data_dir).map_err(|e| e.to_string())?;
     if let (Some(g), false) = (&group, json || quiet) {
@@ -63,7 +63,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         );
     }
     if !json && !quiet {
-        println!("device: {}", dev.name());
+        println!("device: {} ({why})", dev.name());
         let what = match cfg.model {
             lazuli::train::DigitsModel::Mlp => format!("an MLP 64 -> {} -> 10", cfg.hidden),
             lazuli::train::DigitsModel::Cnn => {
@@ -205,9 +205,9 @@ pub(crate) fn demo_graph(dev: &Device) -> lazuli::Result<(Tensor, Tensor)> {
 
 /// `lazuli demo --fused`: runs the demo graph once on `dev` (compile
 /// included) and prints its values, kernels, WGSL and counters.
-fn fused_demo(dev: &Device) -> Result<(), String> {
+fn fused_demo(dev: &Device, why: &str) -> Result<(), String> {
     let err = |e: lazuli::ExecError| e.to_string();
-    println!("device: {}", dev.name());
+    println!("device: {} ({why})", dev.name());
     metrics::reset();
     let started = std::time::Instant::now();
     let (y, row_sums) = demo_graph(dev).map_err(err)?;

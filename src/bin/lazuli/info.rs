@@ -1,5 +1,5 @@
 //! `lazuli info`: the wgpu adapters this machine offers, the device
-//! `Device::default()` picks and the effective configuration (each
+//! `Device::default()` picks and why, and the effective configuration (each
 //! `LAZULI_*` variable's value and where it came from).
 
 use lazuli::prelude::*;
@@ -12,8 +12,12 @@ pub fn run() -> Result<(), String> {
     for a in &adapters {
         println!("  {a}");
     }
-    let dev = Device::default();
-    println!("default device: {}", dev.name());
+    // A malformed variable still lists the configuration, then fails.
+    let (dev, why) = match Device::default_choice() {
+        Ok((dev, choice)) => (dev, choice.reason),
+        Err(e) => (Device::default(), e.to_string()),
+    };
+    println!("default device: {} ({why})", dev.name());
     let config = dev.configuration();
     println!("{config}");
     config.check().map_err(|e| e.to_string())

@@ -9,6 +9,7 @@
 //! - `generate`: greedy generation with a small GPT, a growing context
 //!   beside a fixed window;
 //! - `conformance`: the ONNX conformance cases and their per-op table;
+//! - `run`: an ONNX model on a device (`lazuli::onnx::cli` holds its logic);
 //! - `dump`: the IR, DOT and WGSL of the demo's graph;
 //! - `trace`: the steady state of a `LAZULI_TRACE` file in numbers.
 //!
@@ -22,6 +23,7 @@ mod dump;
 mod generate;
 mod generate_model;
 mod info;
+mod run;
 mod trace;
 
 use lazuli::prelude::*;
@@ -29,7 +31,7 @@ use lazuli::DeviceKind;
 use std::process::ExitCode;
 
 /// The commands `main` dispatches, in the order `USAGE` lists them.
-const COMMANDS: [&str; 7] = ["info", "demo", "dump", "conformance", "bench", "generate", "trace"];
+const COMMANDS: [&str; 8] = ["info", "demo", "dump", "conformance", "run", "bench", "generate", "trace"];
 
 /// What `lazuli help` prints.
 const USAGE: &str = "usage: lazuli <command> [options]
@@ -51,7 +53,16 @@ commands:
   conformance [DIR] [--device cpu|wgpu|all]
                             run the ONNX conformance cases (default: LAZULI_CONFORMANCE_DIR or
                             ../shared/conformance/onnx) and print the per-op table
-  bench [W1 ... G1 ... H1 C1 A1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
+  run MODEL.onnx [--input NAME=FILE.npy ...] [--dim NAME=SIZE ...] [--device cpu|wgpu] [--repeat N]
+      [--save DIR] [--json] [--check]
+                            run an ONNX model: inputs from .npy files or random with their
+                            declared shapes (symbolic dims from --dim); prints each output's
+                            shape, dtype and statistics, the first run's time (compile
+                            included), the median of --repeat runs (default 5), kernels per
+                            run and fallback ops; --save DIR writes DIR/NAME.npy per output
+                            (NAME with characters outside [A-Za-z0-9_.-] as _); --json prints
+                            one JSON object; --check lists every unsupported node (exit 1)
+  bench [W1 ... G1 ... H1 C1 A1 O1] [--scale small|gpu] [--size full|small] [--device cpu|wgpu|all]
         [--json] [--profile] [--amp] [--iterations N]
                             run the benchmark workloads and baselines; prints a table.
                             --scale small (default) runs W1-W6 and H1 (host cost per op, by
@@ -61,7 +72,9 @@ commands:
                             w [64,32,3,3], runs only when named, with the gemm crate on the
                             same three products as its baseline; A1, causal attention on
                             [4, 8, 1024, 64], the fused op beside the unfused composition,
-                            forward and forward + backward, with the unfused / fused ratios).
+                            forward and forward + backward, with the unfused / fused ratios;
+                            O1, whole ONNX models: the onnx wheel's light CNNs and a transformer
+                            encoder at batch 8, sequence 128, one row each).
                             --size small runs the G workloads and A1 at sizes for a small box.
                             Full-size G workloads time 10 iterations on a GPU, 3 on cpu and 1
                             on a software adapter unless --iterations is given; one that
@@ -107,6 +120,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(rest),
         Some("dump") => dump::run(rest),
         Some("conformance") => conformance::run(rest),
+        Some("run") => run::run(rest),
         Some("bench") => bench::run(rest),
         Some("generate") => generate::run(rest),
         Some("trace") => trace::run(rest),
@@ -134,6 +148,12 @@ fn init_tracing() {
 /// The device `--device cpu|wgpu` names, else `Device::default()`;
 /// any other option is an error.
 fn device_arg(args: &[String]) -> Result<Device, String> {
+    device_and_reason(args).map(|(d, _)| d)
+}
+
+/// [`device_arg`] with why that device: the option, or what
+/// `Device::default()` chose and why.
+fn device_and_reason(args: &[String]) -> Result<(Device, String), String> {
     let mut it = args.iter();
     let mut kind = None;
     while let Some(a) = it.next() {
@@ -149,8 +169,14 @@ fn device_arg(args: &[String]) -> Result<Device, String> {
         }
     }
     match kind {
-        None => Ok(Device::default()),
-        Some(k) => Device::of_kind(k).map_err(|e| e.to_string()),
+        None => match Device::default_choice() {
+            Ok((d, choice)) => Ok((d, format!("the default: {}", choice.reason))),
+            Err(e) => Err(e.to_string()),
+        },
+        Some(k) => {
+            let reason = format!("--device {}", if k == DeviceKind::Cpu { "cpu" } else { "wgpu" });
+            Device::of_kind(k).map(|d| (d, reason)).map_err(|e| e.to_string())
+        }
     }
 }
 

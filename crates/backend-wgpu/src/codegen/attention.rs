@@ -59,7 +59,7 @@
 //! through bit patterns, which no driver folds away.
 
 use super::common::*;
-use super::{AttentionForm, LowerLimits, Writer};
+use super::{AttentionForm, Binding, LowerLimits, Writer};
 use lazuli_ir::fusion::Kernel;
 use lazuli_ir::{AttentionMask, AttentionPart, DType, NodeId, Op, Shape, VerifiedGraph};
 use std::fmt::Write as _;
@@ -393,13 +393,9 @@ fn flash_plan(a: &Attn, limits: &LowerLimits) -> Option<FlashPlan> {
 /// The operands of attention kernel `k` that the flash forward reads as
 /// vec4s (bound as `array<vec4<f32>>`): q, k and v where they are f32
 /// kernel inputs whose rows are a multiple of 4 wide, in kernels that
-/// are not generic over sizes; none for other kernels and forms.
-pub fn flash_vec4_operands(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Vec<NodeId> {
-    if k.kind != lazuli_ir::fusion::KernelKind::Attention || limits.generic {
-        return Vec::new();
-    }
-    let a = Attn::new(k, g);
-    if flash_plan(&a, limits).is_none() {
+/// are not generic over sizes.
+fn flash_vec4_operands(a: &Attn, k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Vec<NodeId> {
+    if limits.generic {
         return Vec::new();
     }
     [(a.q, a.d), (a.k, a.d), (a.v, a.dv)]
@@ -407,6 +403,67 @@ pub fn flash_vec4_operands(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
         .filter(|&(id, w)| w > 0 && w.is_multiple_of(4) && k.inputs.contains(&id) && g.node(id).dtype == DType::F32)
         .map(|(id, _)| id)
         .collect()
+}
+
+/// How an attention kernel is written, decided by the schedule (see
+/// [`super::Schedule`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttnPlan {
+    /// The flash forward, reading `vecs` (kernel inputs) as vec4s.
+    Flash {
+        /// Its tile and memory plan.
+        plan: FlashPlan,
+        /// The operands read as vec4s.
+        vecs: Vec<NodeId>,
+    },
+    /// The slice-staged tiled form.
+    Tiled(AttnTile),
+    /// The per-row form, `lanes` rows per workgroup.
+    PerRow {
+        /// Rows per workgroup.
+        lanes: u64,
+    },
+}
+
+impl AttnPlan {
+    /// The plan of attention kernel `k` of `g` under `limits`.
+    pub(super) fn new(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> AttnPlan {
+        let a = Attn::new(k, g);
+        if let Some(plan) = flash_plan(&a, limits) {
+            return AttnPlan::Flash { plan, vecs: flash_vec4_operands(&a, k, g, limits) };
+        }
+        match (limits.forms.attention, choose_tile(limits)) {
+            (AttentionForm::Tiled, Some(tile)) => AttnPlan::Tiled(tile),
+            // Rows too wide for registers: the tiled kernel is also the
+            // faster one on llvmpipe (A1 at [2, 4, 256, 64], causal,
+            // alternating builds: forward 48-52 ms against 98-132 ms
+            // per-row, forward + backward 248-264 against 384-391 ms).
+            (AttentionForm::PerRow, Some(tile)) if !per_row_in_registers(a.d, a.dv) => AttnPlan::Tiled(tile),
+            (AttentionForm::Tiled, None) | (AttentionForm::PerRow, _) => {
+                // A workgroup takes `lanes` rows of one batch slice (see
+                // `Writer::attention_per_row`).
+                let (rows, _) = a.rows_and_walk();
+                AttnPlan::PerRow { lanes: rows.next_power_of_two().clamp(8, 64) }
+            }
+        }
+    }
+
+    /// Invocations per workgroup.
+    pub(super) fn lanes(&self) -> u64 {
+        match self {
+            AttnPlan::Flash { plan, .. } => plan.tile.lanes(),
+            AttnPlan::Tiled(tile) => tile.lanes(),
+            AttnPlan::PerRow { lanes } => *lanes,
+        }
+    }
+
+    /// The kernel inputs read as vec4s.
+    pub(super) fn vector_inputs(&self) -> &[NodeId] {
+        match self {
+            AttnPlan::Flash { vecs, .. } => vecs,
+            AttnPlan::Tiled(_) | AttnPlan::PerRow { .. } => &[],
+        }
+    }
 }
 
 /// Loop trips of the flash forward per workgroup, under llvmpipe's loop
@@ -451,10 +508,10 @@ impl Writer<'_> {
         let nch = if so.is_some() { vs / c4 } else { 0 };
         let nrb = tq.div_ceil(br);
         let groups = a.nb * nrb;
-        self.workgroup = Some(lanes as u32);
         self.use_helper(Helper::IsNegInfF);
         self.use_helper(Helper::IsNegInf4);
-        let vecs = flash_vec4_operands(k, self.g, &self.limits);
+        let sched = self.s;
+        let vecs = sched.attention().vector_inputs();
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).filter(|_| vecs.contains(&id));
         for (id, w) in [(a.q, d), (a.k, d), (a.v, dv)] {
             if slot(id).is_none() {
@@ -464,7 +521,7 @@ impl Writer<'_> {
         // vec4 chunk `p` of row `row` (in range) of operand `id`, `w` wide,
         // whose slice starts at `base`.
         let load = |id: NodeId, base: &str, row: &str, w: u64, p: &str| match slot(id) {
-            Some(s) => format!("in{s}[({base} + ({row}) * {w}u) / 4u + {p}]"),
+            Some(s) => sched.main.inputs[s].load(&format!("({base} + ({row}) * {w}u) / 4u + {p}")),
             None => format!("ld{}({base} + ({row}) * {w}u, {p})", id.0),
         };
         let kv_len = if v_in_k { (bc * qs).max(bc * vs) } else { bc * qs };
@@ -681,7 +738,11 @@ impl Writer<'_> {
             for (r, lane) in LANE.iter().enumerate() {
                 let _ = writeln!(
                     b,
-                    "{ind}if (tc == 0u && ri{r} < {tq}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
+                    "{ind}if (tc == 0u && ri{r} < {tq}u) {{\n{i2}{}\n{ind}}}",
+                    self.output(s).store(
+                        &format!("obase + ri{r}"),
+                        &format!("select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}))")
+                    )
                 );
             }
         }
@@ -693,7 +754,11 @@ impl Writer<'_> {
                         let col = format!("(tc + {}u) * 4u + {e}u", c * c4);
                         let _ = writeln!(
                             b,
-                            "{i2}if ({col} < {dv}u) {{\n{i3}out{s}[(obase + ri{r}) * {dv}u + {col}] = select(acc_o{r}_{c}.{comp} * rl.{lane}, nan_f(), dead.{lane});\n{i2}}}"
+                            "{i2}if ({col} < {dv}u) {{\n{i3}{}\n{i2}}}",
+                            self.output(s).store(
+                                &format!("(obase + ri{r}) * {dv}u + {col}"),
+                                &format!("select(acc_o{r}_{c}.{comp} * rl.{lane}, nan_f(), dead.{lane})")
+                            )
                         );
                     }
                     let _ = writeln!(b, "{ind}}}");
@@ -715,19 +780,11 @@ impl Writer<'_> {
         self.use_helper(Helper::InfF);
         self.use_helper(Helper::NanF);
         self.use_helper(Helper::MaxNan);
-        if let Some(plan) = flash_plan(&a, &self.limits) {
-            return self.attention_flash(&a, k, plan, b);
-        }
-        match (self.limits.forms.attention, choose_tile(&self.limits)) {
-            (AttentionForm::Tiled, Some(tile)) => self.attention_tiled(&a, tile, b),
-            // Rows too wide for registers: the tiled kernel is also the
-            // faster one on llvmpipe (A1 at [2, 4, 256, 64], causal,
-            // alternating builds: forward 48-52 ms against 98-132 ms
-            // per-row, forward + backward 248-264 against 384-391 ms).
-            (AttentionForm::PerRow, Some(tile)) if !per_row_in_registers(a.d, a.dv) => {
-                self.attention_tiled(&a, tile, b)
-            }
-            (AttentionForm::Tiled, None) | (AttentionForm::PerRow, _) => self.attention_per_row(&a, b),
+        let sched = self.s;
+        match sched.attention() {
+            AttnPlan::Flash { plan, .. } => self.attention_flash(&a, k, *plan, b),
+            AttnPlan::Tiled(tile) => self.attention_tiled(&a, *tile, b),
+            AttnPlan::PerRow { lanes } => self.attention_per_row(&a, *lanes, b),
         }
     }
 
@@ -740,7 +797,7 @@ impl Writer<'_> {
     /// compile. The walk is the only loop; it is uniform over the
     /// workgroup (rows of one slice; causally removed pairs masked per
     /// invocation), so the walked rows' loads are too.
-    fn attention_per_row(&mut self, a: &Attn, b: &mut String) -> u64 {
+    fn attention_per_row(&mut self, a: &Attn, lanes: u64, b: &mut String) -> u64 {
         let (tq, tk, d, dv) = (a.tq, a.tk, a.d, a.dv);
         let (rows, _) = a.rows_and_walk();
         let (dc, vc) = (d.div_ceil(4), dv.div_ceil(4));
@@ -751,10 +808,8 @@ impl Writer<'_> {
         // and the walked row are the same for all its invocations: loads of
         // the walked rows are uniform (llvmpipe loads them once for all
         // lanes, as the register-blocked matmul's rows of A).
-        let lanes = rows.next_power_of_two().clamp(8, 64);
         let gps = rows.div_ceil(lanes);
         let groups = a.nb * gps;
-        self.workgroup = Some(lanes as u32);
         let _ = writeln!(
             b,
             "{ind}let gi = wid.x + wid.y * nwg.x;\n{}{ind}let bi = gi / {gps}u;\n{ind}let r0 = (gi % {gps}u) * {lanes}u;\n{ind}let live = r0 + lid < {rows}u;\n{ind}let r = min(r0 + lid, {}u);\n{ind}let t = bi * {rows}u + r;",
@@ -806,12 +861,13 @@ impl Writer<'_> {
                     // keys at all (t_k = 0): output 0.
                     let dead = if tk == 0 { "false" } else { "isninf_f(m)" };
                     let _ = writeln!(b, "{ind}let dead = {dead};\n{ind}let rl = select(1.0 / l, 0.0, isninf_f(m));");
-                    b.push_str(&store(ind, s, "o", dv, &|x| format!("select({x} * rl, nan_f(), dead)")));
+                    b.push_str(&store(ind, self.output(s), "o", dv, &|x| format!("select({x} * rl, nan_f(), dead)")));
                 }
                 if let Some(s) = a.slot(AttentionPart::LogSumExp) {
                     let _ = writeln!(
                         b,
-                        "{ind}if (live) {{\n{i2}out{s}[t] = select(m + log(l), -inf_f(), isninf_f(m));\n{ind}}}"
+                        "{ind}if (live) {{\n{i2}{}\n{ind}}}",
+                        self.output(s).store("t", "select(m + log(l), -inf_f(), isninf_f(m))")
                     );
                 }
             }
@@ -836,7 +892,7 @@ impl Writer<'_> {
                 );
                 b.push_str(&each(i2, dc, &|c| format!("dq{c} = fma(ds, k{c}, dq{c});")));
                 let _ = writeln!(b, "{ind}}}");
-                b.push_str(&store(ind, s, "dq", d, &|x| x));
+                b.push_str(&store(ind, self.output(s), "dq", d, &|x| x));
             }
             Pass::GradKv => {
                 let (ngo, nl, nd) = (a.go.expect("grad").0, a.lse.expect("grad").0, a.delta.expect("grad").0);
@@ -881,10 +937,10 @@ impl Writer<'_> {
                 }
                 let _ = writeln!(b, "{ind}}}");
                 if let Some(s) = sk {
-                    b.push_str(&store(ind, s, "dk", d, &|x| x));
+                    b.push_str(&store(ind, self.output(s), "dk", d, &|x| x));
                 }
                 if let Some(s) = sv {
-                    b.push_str(&store(ind, s, "dv", dv, &|x| x));
+                    b.push_str(&store(ind, self.output(s), "dv", dv, &|x| x));
                 }
             }
         }
@@ -928,7 +984,6 @@ impl Writer<'_> {
         let (r4, c4) = (br / 4, bc / 4);
         let nrb = rows.div_ceil(br);
         let groups = a.nb * nrb;
-        self.workgroup = Some(lanes as u32);
         self.use_helper(Helper::IsNegInfF);
         self.use_helper(Helper::IsNegInf4);
         let _ = writeln!(
@@ -1036,7 +1091,11 @@ impl Writer<'_> {
                 for (r, lane) in LANE.iter().enumerate() {
                     let _ = writeln!(
                         b,
-                        "{ind}if (tc == 0u && ri{r} < {rows}u) {{\n{i2}out{s}[obase + ri{r}] = select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}));\n{ind}}}"
+                        "{ind}if (tc == 0u && ri{r} < {rows}u) {{\n{i2}{}\n{ind}}}",
+                        self.output(s).store(
+                            &format!("obase + ri{r}"),
+                            &format!("select(m.{lane} + log(lt.{lane}), -inf_f(), isninf_f(m.{lane}))")
+                        )
                     );
                 }
             }
@@ -1055,7 +1114,8 @@ impl Writer<'_> {
                         };
                         let _ = writeln!(
                             b,
-                            "{ind}if (ri{r} < {rows}u && {col} < {w}u) {{\n{i2}out{s}[(obase + ri{r}) * {w}u + {col}] = {v};\n{ind}}}"
+                            "{ind}if (ri{r} < {rows}u && {col} < {w}u) {{\n{i2}{}\n{ind}}}",
+                            self.output(s).store(&format!("(obase + ri{r}) * {w}u + {col}"), &v)
                         );
                     }
                 }
@@ -1382,14 +1442,18 @@ fn per_row_each(ind: &str, n: u64, f: &dyn Fn(u64) -> String) -> String {
 }
 
 /// The per-row form's stores of chunks `{name}{c}` (through `value`) to
-/// output `slot`, `w` wide, for a live row.
-fn per_row_store(ind: &str, slot: usize, name: &str, w: u64, value: &dyn Fn(String) -> String) -> String {
+/// output `out`, `w` wide, for a live row.
+fn per_row_store(ind: &str, out: &Binding, name: &str, w: u64, value: &dyn Fn(String) -> String) -> String {
     let mut s = format!("{ind}if (live) {{\n");
     for c in 0..w.div_ceil(4) {
         for (e, comp) in LANE.iter().enumerate() {
             let col = 4 * c + e as u64;
             if col < w {
-                let _ = writeln!(s, "{ind}out{slot}[t * {w}u + {col}u] = {};", value(format!("{name}{c}.{comp}")));
+                let _ = writeln!(
+                    s,
+                    "{ind}{}",
+                    out.store(&format!("t * {w}u + {col}u"), &value(format!("{name}{c}.{comp}")))
+                );
             }
         }
     }

@@ -6,7 +6,7 @@
 use lazuli_ir::{DType, ScalarValue, Shape};
 
 /// WGSL register type of a dtype (f16 and bf16 compute in f32: see
-/// [`crate::halves`]).
+/// [`super::access`]).
 pub(super) fn ty(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 | DType::BF16 => "f32",
@@ -17,8 +17,9 @@ pub(super) fn ty(d: DType) -> &'static str {
     }
 }
 
-/// WGSL buffer element type of a dtype, as declared by codegen: `f16`
-/// and the placeholder `bf16` are rewritten by [`crate::halves`].
+/// The scalar a binding of dtype `d` stores (see [`super::access::Binding`]):
+/// `f16` and `bf16` bindings are declared and accessed as their storage
+/// says ([`super::access::Storage::Half`]).
 pub(super) fn storage_ty(d: DType) -> &'static str {
     match d {
         DType::Bool => "u32",
@@ -29,7 +30,8 @@ pub(super) fn storage_ty(d: DType) -> &'static str {
 }
 
 /// The type of a value written to or read from a binding of dtype `d`
-/// in the kernel's own text (before [`crate::halves`] converts halves).
+/// in the kernel's text: f32 for f16 and bf16, which the access layer
+/// converts ([`super::access`]).
 pub(super) fn storage_reg_ty(d: DType) -> &'static str {
     match d {
         DType::Bool => "u32",

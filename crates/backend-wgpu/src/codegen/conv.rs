@@ -214,6 +214,28 @@ fn split_parts(form: ConvForm, geo: &Geometry) -> u64 {
     }
 }
 
+/// How a convolution kernel is written, decided by the schedule (see
+/// [`super::Schedule`]): the parts its reduction is split into (a second
+/// pass adds them where more than one) and its workgroup size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvPlan {
+    /// Parts of the reduction over taps (see `split_parts`).
+    pub parts: u64,
+    /// Invocations per workgroup.
+    pub lanes: u64,
+}
+
+/// The plan of convolution kernel `k` of `g` in `form`.
+pub(super) fn conv_plan(k: &Kernel, g: &lazuli_ir::VerifiedGraph, form: ConvForm) -> ConvPlan {
+    let rn = g.node(k.root());
+    let geo = Geometry::of(rn, g.node(rn.inputs[0]), g.node(rn.inputs[1]));
+    let lanes = match form {
+        ConvForm::Direct => DirectLayout::of(&geo).lanes,
+        ConvForm::Tiled => super::WORKGROUP_SIZE as u64,
+    };
+    ConvPlan { parts: split_parts(form, &geo), lanes }
+}
+
 impl Writer<'_> {
     /// A convolution kernel in the form the limits select. Appends the
     /// statements of `main` to `b`; returns the invocation count.
@@ -223,7 +245,7 @@ impl Writer<'_> {
         let geo = Geometry::of(rn, g.node(rn.inputs[0]), g.node(rn.inputs[1]));
         let (x, w) = (rn.inputs[0].0, rn.inputs[1].0);
         let form = self.limits.forms.conv;
-        let parts = split_parts(form, &geo);
+        let parts = self.s.conv().parts;
         let invocations = match form {
             ConvForm::Direct => self.conv_direct(&geo, x, w, parts, b),
             ConvForm::Tiled => self.conv_tiled(&geo, x, w, parts, b),
@@ -232,7 +254,7 @@ impl Writer<'_> {
             // This kernel wrote `parts` partial sums per output (output
             // index major); a second pass adds them up.
             let outputs = rn.shape.numel() as u64;
-            self.second = Some(self.second_pass(outputs, parts, "f32", "0.0", "acc + v", "acc", "f32"));
+            self.second = Some(self.second_pass(outputs, parts, "f32", "0.0", "acc + v", "acc"));
         }
         invocations
     }
@@ -265,7 +287,6 @@ impl Writer<'_> {
         let np = DIRECT_POSITIONS;
         let part_groups = layout.groups(geo);
         let groups = part_groups * parts;
-        self.workgroup = Some(lanes as u32);
         let (kh, kw, taps) = (geo.kh, geo.kw, geo.taps());
         let a = &geo.attrs;
         let cs = geo.cg.div_ceil(parts);
@@ -361,9 +382,9 @@ impl Writer<'_> {
             );
             for j in 0..ob {
                 let store = if parts > 1 {
-                    format!("out0[(ob + {}u) * {parts}u + part] = acc{p}_{j};", j * plane)
+                    self.output(0).store(&format!("(ob + {}u) * {parts}u + part", j * plane), &format!("acc{p}_{j}"))
                 } else {
-                    format!("out0[ob + {}u] = acc{p}_{j};", j * plane)
+                    self.output(0).store(&format!("ob + {}u", j * plane), &format!("acc{p}_{j}"))
                 };
                 if geo.og.is_multiple_of(ob) {
                     let _ = writeln!(b, "        {store}");
@@ -388,7 +409,6 @@ impl Writer<'_> {
         // Tap slices per part.
         let kchunk = taps.div_ceil(TILE_K).div_ceil(parts) * TILE_K;
         let lanes = super::WORKGROUP_SIZE as u64;
-        self.workgroup = Some(super::WORKGROUP_SIZE);
         let sb_row = TILE_K + 1;
         let _ = writeln!(
             self.shared,
@@ -455,18 +475,19 @@ impl Writer<'_> {
                 geo.o
             );
             for j in 0..tn {
+                let at = if parts > 1 {
+                    format!(
+                        "(base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u) * {parts}u + part",
+                        og = geo.og,
+                        oj = 16 * j
+                    )
+                } else {
+                    format!("base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u", og = geo.og, oj = 16 * j)
+                };
                 let _ = writeln!(
                     b,
-                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        out0[{}] = acc{i}_{j};\n    }}",
-                    if parts > 1 {
-                        format!(
-                            "(base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u) * {parts}u + part",
-                            og = geo.og,
-                            oj = 16 * j
-                        )
-                    } else {
-                        format!("base{i} + (gg * {og}u + o0 + ly + {oj}u) * {plane}u", og = geo.og, oj = 16 * j)
-                    },
+                    "    if (pm{i} < {m}u && o0 + ly + {oj}u < {og}u) {{\n        {}\n    }}",
+                    self.output(0).store(&at, &format!("acc{i}_{j}")),
                     oj = 16 * j,
                     og = geo.og
                 );

@@ -34,10 +34,10 @@
 //! that runs wherever an adapter has the feature (`tests/half_dtypes.rs`
 //! says so when it does not).
 
-use super::common::*;
+use super::matmul::MatmulProblem;
 use super::{LowerLimits, Writer};
 use lazuli_ir::fusion::Kernel;
-use lazuli_ir::{DType, Shape, VerifiedGraph};
+use lazuli_ir::DType;
 use std::fmt::Write as _;
 
 /// Lanes of the subgroups the form is written for (NVIDIA's warp); the
@@ -103,34 +103,27 @@ impl CoopTile {
     }
 }
 
-/// Whether matmul kernel `k` may take the cooperative form under
+/// Whether the product `p` may take the cooperative form under
 /// `limits`: the device can run it, sizes are fixed (not a generic
 /// kernel), both operands are f16, and the output has at least one
 /// fragment's worth of rows and columns (narrower products keep the
 /// register-blocked form, as in f32).
-pub fn eligible(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
-    let Some(mm) = k.matmul_node(g) else { return false };
-    let rn = g.node(mm);
-    let r = rn.shape.rank();
-    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
+pub fn eligible(p: &MatmulProblem, limits: &LowerLimits) -> bool {
     limits.cooperative_matrix
         && !limits.generic
-        && rn.inputs.iter().all(|&x| g.node(x).dtype == DType::F16)
-        && m >= COOP_FRAGMENT
-        && n >= COOP_FRAGMENT
+        && p.a_dtype == DType::F16
+        && p.b_dtype == DType::F16
+        && p.m >= COOP_FRAGMENT
+        && p.n >= COOP_FRAGMENT
         && CoopTile::SMALL.workgroup_bytes() <= limits.workgroup_storage as u64
 }
 
-/// The tile for matmul kernel `k`: the large one where it gives at least
+/// The tile for the product `p`: the large one where it gives at least
 /// `min_tiles` workgroups (about one wave) and fits the workgroup memory,
 /// else the small one.
-pub fn choose_tile(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits, min_tiles: u64) -> CoopTile {
-    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-    let r = rn.shape.rank();
-    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>() as u64;
+pub fn choose_tile(p: &MatmulProblem, limits: &LowerLimits, min_tiles: u64) -> CoopTile {
     let t = CoopTile::LARGE;
-    let tiles = batch * m.div_ceil(t.bm()) * n.div_ceil(t.bn());
+    let tiles = p.batches() * p.m.div_ceil(t.bm()) * p.n.div_ceil(t.bn());
     if tiles >= min_tiles && t.workgroup_bytes() <= limits.workgroup_storage as u64 {
         t
     } else {
@@ -143,26 +136,19 @@ impl Writer<'_> {
     /// module documentation); appends `main`'s statements to `b` and
     /// returns the invocation count.
     pub(super) fn matmul_coop(&mut self, k: &Kernel, tile: CoopTile, b: &mut String) -> u64 {
-        let g = self.g;
-        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
-        let (na, nb) = (rn.inputs[0].0, rn.inputs[1].0);
-        let r = rn.shape.rank();
-        let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-        let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
-        let batch = Shape::new(&rn.shape.dims()[..r - 2]);
-        let ai = bcast_index("bi", &batch, &Shape::new(&a.shape.dims()[..a.shape.rank() - 2]));
-        let bi = bcast_index("bi", &batch, &Shape::new(&bn_.shape.dims()[..bn_.shape.rank() - 2]));
+        let sched = self.s;
+        let pr = &sched.matmul().problem;
+        let (na, nb) = (pr.a.0, pr.b.0);
+        let (m, nn, kk) = (pr.m, pr.n, pr.k);
+        let (ai, bi) = (pr.a_entry(), pr.b_entry());
         let (bm, bnn, lanes) = (tile.bm(), tile.bn(), tile.lanes());
         let (fr, fc) = (tile.fr as u64, tile.fc as u64);
         let (sa_stride, sb_stride) = (COOP_BK + PAD, bnn + PAD);
         let (mbs, nbs) = (m.div_ceil(bm), nn.div_ceil(bnn));
         let per_batch = mbs * nbs;
-        let groups = batch.numel() as u64 * per_batch;
+        let groups = pr.batches() * per_batch;
         let nsub = tile.sr as u64 * tile.sc as u64;
         let frag = COOP_FRAGMENT * COOP_FRAGMENT;
-        self.workgroup = Some(lanes as u32);
-        self.cooperative_matrix = true;
         let _ = writeln!(
             self.shared,
             "var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;\nvar<workgroup> so: array<f32, {}>;\n",
@@ -237,7 +223,11 @@ impl Writer<'_> {
                     j * COOP_FRAGMENT
                 );
                 for (sl, &o) in k.outputs.iter().enumerate() {
-                    let _ = writeln!(b, "            out{sl}[idx] = {};", self.epilogue_store(o, "idx", "acc"));
+                    let _ = writeln!(
+                        b,
+                        "            {}",
+                        self.output(sl).store("idx", &self.epilogue_store(o, "idx", "acc"))
+                    );
                 }
                 let _ = writeln!(b, "        }}\n    }}\n    workgroupBarrier();");
             }
@@ -248,9 +238,20 @@ impl Writer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{lower, matmul, KernelForms, LowerLimits, MatmulForm};
+    use super::super::{lower, matmul, schedule, KernelForms, LowerLimits, MatmulForm};
     use super::*;
-    use crate::halves::HalfStorage;
+    use lazuli_ir::VerifiedGraph;
+
+    /// The form the schedule decides for kernel `k` of `v` under `limits`.
+    fn form(k: &Kernel, v: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
+        schedule(k, v, limits).unwrap().matmul().form
+    }
+
+    /// The product of matmul kernel `k` of `v`.
+    fn problem(k: &Kernel, v: &VerifiedGraph) -> MatmulProblem {
+        MatmulProblem::of(k, v).unwrap()
+    }
+    use super::super::HalfStorage;
     use lazuli_ir::fusion::{self, FusionLimits};
     use lazuli_ir::{BinaryOp, Graph, Op, UnaryOp, ValueType};
 
@@ -325,8 +326,8 @@ mod tests {
                         let (v, k) = product(batch, mkn, (ta, tb), epi, out);
                         for storage in [HalfStorage::Native, HalfStorage::Packed] {
                             let by_rule = coop_limits(storage);
-                            let rule_tile = choose_tile(&k, &v, &by_rule, matmul::MATMUL_MIN_TILES);
-                            assert_eq!(matmul::resolve_form(&k, &v, &by_rule), MatmulForm::Cooperative(rule_tile));
+                            let rule_tile = choose_tile(&problem(&k, &v), &by_rule, matmul::MATMUL_MIN_TILES);
+                            assert_eq!(form(&k, &v, &by_rule), MatmulForm::Cooperative(rule_tile));
                             for tile in CoopTile::ALL {
                                 let limits = LowerLimits {
                                     forms: KernelForms { matmul: MatmulForm::Cooperative(tile), ..KernelForms::gpu() },
@@ -365,7 +366,7 @@ mod tests {
             forms: KernelForms { matmul: MatmulForm::Cooperative(CoopTile::LARGE), ..KernelForms::gpu() },
             ..limits
         };
-        let coop = |limits: &LowerLimits| matches!(matmul::resolve_form(&k, &v, limits), MatmulForm::Cooperative(_));
+        let coop = |limits: &LowerLimits| matches!(form(&k, &v, limits), MatmulForm::Cooperative(_));
         assert!(coop(&coop_limits(HalfStorage::Native)));
         assert!(coop(&forced(coop_limits(HalfStorage::Native))));
         // lavapipe, or the option off: the f32-compute forms.
@@ -377,9 +378,9 @@ mod tests {
         assert!(!coop(&LowerLimits { workgroup_storage: 8192, ..coop_limits(HalfStorage::Native) }));
         // The large tile only where it makes a wave of workgroups.
         let small = coop_limits(HalfStorage::Native);
-        assert_eq!(choose_tile(&k, &v, &small, matmul::MATMUL_MIN_TILES), CoopTile::SMALL);
+        assert_eq!(choose_tile(&problem(&k, &v), &small, matmul::MATMUL_MIN_TILES), CoopTile::SMALL);
         let (v2, k2) = product(&[], (2048, 64, 2048), (false, false), false, DType::F16);
-        assert_eq!(choose_tile(&k2, &v2, &small, matmul::MATMUL_MIN_TILES), CoopTile::LARGE);
+        assert_eq!(choose_tile(&problem(&k2, &v2), &small, matmul::MATMUL_MIN_TILES), CoopTile::LARGE);
         // f32 products and outputs narrower than a fragment.
         let f32_product = {
             let mut g = Graph::new();
@@ -391,9 +392,9 @@ mod tests {
             let mut plan = fusion::plan(&v, &FusionLimits::default());
             (v, plan.kernels.remove(0))
         };
-        assert!(!eligible(&f32_product.1, &f32_product.0, &coop_limits(HalfStorage::Native)));
+        assert!(!eligible(&problem(&f32_product.1, &f32_product.0), &coop_limits(HalfStorage::Native)));
         let (v3, k3) = product(&[], (256, 64, 8), (false, false), false, DType::F16);
-        assert!(!eligible(&k3, &v3, &coop_limits(HalfStorage::Native)));
+        assert!(!eligible(&problem(&k3, &v3), &coop_limits(HalfStorage::Native)));
         assert!(CoopTile::ALL.iter().all(|t| t.workgroup_bytes() <= 32768), "both tiles fit 32 KiB");
     }
 }

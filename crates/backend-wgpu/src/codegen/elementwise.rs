@@ -200,7 +200,7 @@ impl Writer<'_> {
                 continue;
             }
             let d = g.node(id).dtype;
-            let _ = writeln!(b, "{ind}let x{} = {}[j];", id.0, self.input_name(slot));
+            let _ = writeln!(b, "{ind}let x{} = {};", id.0, self.input(slot).load("j"));
             let vals = (0..lanes)
                 .map(|c| {
                     let v = if width == 4 { format!("x{}.{}", id.0, LANES[c]) } else { format!("x{}", id.0) };
@@ -280,11 +280,15 @@ impl Writer<'_> {
         for (slot, &o) in k.outputs.iter().enumerate() {
             let d = g.node(o).dtype;
             let vals: Vec<String> = lane[&o].iter().map(|v| store(d, v)).collect();
-            let out = self.output_name(slot);
+            let out = self.output(slot);
             if width == 4 {
-                let _ = writeln!(b, "{ind}{out}[j] = vec4<{}>({});", storage_reg_ty(d), vals.join(", "));
+                let _ = writeln!(
+                    b,
+                    "{ind}{}",
+                    out.store("j", &format!("vec4<{}>({})", storage_reg_ty(d), vals.join(", ")))
+                );
             } else {
-                let _ = writeln!(b, "{ind}{out}[j] = {};", vals[0]);
+                let _ = writeln!(b, "{ind}{}", out.store("j", &vals[0]));
             }
         }
         if looped {

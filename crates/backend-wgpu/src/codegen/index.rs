@@ -42,11 +42,15 @@ use std::fmt::Write as _;
 /// only).
 pub const SCATTER_COLUMNS: u64 = 16;
 
-/// The declaration of the error slot at `binding` and the reporting
-/// function (see the module documentation).
-pub(super) fn error_slot_source(binding: usize) -> String {
-    format!(
-        "struct LzErr {{\n    claimed: atomic<u32>,\n    value: u32,\n}}\n\n@group(0) @binding({binding}) var<storage, read_write> LZE: LzErr;\n\nfn lz_report(v: u32) {{\n    if (atomicExchange(&LZE.claimed, 1u) == 0u) {{\n        LZE.value = v;\n    }}\n}}\n"
+/// The declaration of the error slot at `binding`, and the reporting
+/// function (see the module documentation), which follows the access
+/// helpers of the kernel's bindings (`super::access`).
+pub(super) fn error_slot_source(binding: u32) -> (String, &'static str) {
+    (
+        format!(
+            "struct LzErr {{\n    claimed: atomic<u32>,\n    value: u32,\n}}\n\n@group(0) @binding({binding}) var<storage, read_write> LZE: LzErr;\n"
+        ),
+        "\nfn lz_report(v: u32) {\n    if (atomicExchange(&LZE.claimed, 1u) == 0u) {\n        LZE.value = v;\n    }\n}\n",
     )
 }
 
@@ -76,7 +80,7 @@ impl Writer<'_> {
     /// counted from the end when negative, as u32; 0 when not ok),
     /// reporting an index out of range. Lines indented by `ind`.
     fn checked_index(&mut self, idx: NodeId, j: &str, dim: u64, ind: &str) -> String {
-        self.error_slot = true;
+        debug_assert!(self.s.error_slot, "a kernel that checks indices has an error slot");
         let d = self.g.node(idx).dtype;
         if d == DType::U32 {
             format!(
@@ -112,12 +116,12 @@ impl Writer<'_> {
         let check = self.checked_index(ix, "j", dim, "    ");
         let _ = write!(
             b,
-            "    let ii = t % {inner}u;\n    let j = (t / {inner}u) % {ni}u;\n    let o = t / {}u;\n{check}    var v = {};\n    if (ok) {{\n        v = n{}(o * {}u + row * {inner}u + ii);\n    }}\n    out0[t] = {};\n",
+            "    let ii = t % {inner}u;\n    let j = (t / {inner}u) % {ni}u;\n    let o = t / {}u;\n{check}    var v = {};\n    if (ok) {{\n        v = n{}(o * {}u + row * {inner}u + ii);\n    }}\n    {}\n",
             (inner * ni).max(1),
             zero(rn.dtype),
             rn.inputs[0].0,
             dim * inner,
-            store(rn.dtype, "v")
+            self.output(0).store("t", &store(rn.dtype, "v"))
         );
         rn.shape.numel() as u64
     }
@@ -146,7 +150,7 @@ impl Writer<'_> {
                 let rows = WORKGROUP_SIZE as u64 / lanes;
                 let blocks = n.div_ceil(rows);
                 let groups = outer * blocks;
-                self.workgroup = Some(WORKGROUP_SIZE);
+                let out0 = self.output(0);
                 self.shared.push_str(&format!(
                     "var<workgroup> lz_rows: array<u32, {WORKGROUP_SIZE}>;\nvar<workgroup> lz_any: array<atomic<u32>, 2>;\n\n"
                 ));
@@ -168,7 +172,7 @@ impl Writer<'_> {
     let dst = (o * {n}u + r) * {inner}u;
     if (live) {{
         for (var c = lane; c < {inner}u; c = c + {lanes}u) {{
-            out0[dst + c] = n{base}(dst + c);
+            {copy}
         }}
     }}
     if (lid == 0u) {{
@@ -200,15 +204,15 @@ impl Writer<'_> {
                 if (lz_rows[e] == r) {{
                     let at = (o * {m}u + s + e) * {inner}u;
                     for (var c = lane; c < {inner}u; c = c + {lanes}u) {{
-                        out0[dst + c] = out0[dst + c] + n{src}(at + c);
+                        {add}
                     }}
                 }}
             }}
         }}
     }}
 ",
-                    base = base.0,
-                    src = src.0
+                    copy = out0.store("dst + c", &format!("n{}(dst + c)", base.0)),
+                    add = out0.store("dst + c", &format!("{} + n{}(at + c)", out0.load("dst + c"), src.0)),
                 );
                 groups * WORKGROUP_SIZE as u64
             }
@@ -243,7 +247,7 @@ impl Writer<'_> {
                 }
                 b.push_str("        }\n    }\n");
                 for kk in 0..cols {
-                    b.push_str(&guarded(kk, "    ", format!("out0[dst + {kk}u] = a{kk};")));
+                    b.push_str(&guarded(kk, "    ", self.output(0).store(&format!("dst + {kk}u"), &format!("a{kk}"))));
                 }
                 outer * n * parts
             }

@@ -98,20 +98,98 @@ pub fn tiled_workgroup_bytes(tile: MatmulTile) -> u64 {
     2 * MATMUL_TILE_K * (tile.bm as u64 + tile.bn as u64) * 4
 }
 
-/// The concrete form of matmul kernel `k` under `limits`: `ByShape`
+/// The product a matmul kernel computes, read from its graph once: every
+/// form's writer, the form rules and the tuner's key read it from here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatmulProblem {
+    /// The product node.
+    pub node: NodeId,
+    /// Its operands, `A [.., M, K]` and `B [.., K, N]` (as the product
+    /// reads them: views included).
+    pub a: NodeId,
+    /// See [`MatmulProblem::a`].
+    pub b: NodeId,
+    /// Output rows.
+    pub m: u64,
+    /// Output columns.
+    pub n: u64,
+    /// Depth.
+    pub k: u64,
+    /// The output's batch dims.
+    pub batch: Shape,
+    /// A's and B's batch dims (broadcast against `batch`).
+    pub a_batch: Shape,
+    /// See [`MatmulProblem::a_batch`].
+    pub b_batch: Shape,
+    /// The product's dtype, and its operands'.
+    pub dtype: DType,
+    /// See [`MatmulProblem::dtype`].
+    pub a_dtype: DType,
+    /// See [`MatmulProblem::dtype`].
+    pub b_dtype: DType,
+}
+
+impl MatmulProblem {
+    /// The product of matmul kernel `k` of `g`; `None` for other kernels.
+    pub fn of(k: &Kernel, g: &VerifiedGraph) -> Option<MatmulProblem> {
+        let node = k.matmul_node(g)?;
+        let rn = g.node(node);
+        let (a, b) = (rn.inputs[0], rn.inputs[1]);
+        let (an, bn) = (g.node(a), g.node(b));
+        let r = rn.shape.rank();
+        let lead = |s: &Shape| Shape::new(&s.dims()[..s.rank() - 2]);
+        Some(MatmulProblem {
+            node,
+            a,
+            b,
+            m: rn.shape.dims()[r - 2] as u64,
+            n: rn.shape.dims()[r - 1] as u64,
+            k: an.shape.dims()[an.shape.rank() - 1] as u64,
+            batch: lead(&rn.shape),
+            a_batch: lead(&an.shape),
+            b_batch: lead(&bn.shape),
+            dtype: rn.dtype,
+            a_dtype: an.dtype,
+            b_dtype: bn.dtype,
+        })
+    }
+
+    /// Batch entries of the output (1 for a plain product).
+    pub fn batches(&self) -> u64 {
+        self.batch.numel() as u64
+    }
+
+    /// WGSL of A's batch entry for the output's batch index `bi`.
+    pub(super) fn a_entry(&self) -> String {
+        bcast_index("bi", &self.batch, &self.a_batch)
+    }
+
+    /// WGSL of B's batch entry for the output's batch index `bi`.
+    pub(super) fn b_entry(&self) -> String {
+        bcast_index("bi", &self.batch, &self.b_batch)
+    }
+
+    /// Workgroup tiles of `bm` x `bn` outputs over every batch entry.
+    fn tiles(&self, bm: u64, bn: u64) -> u64 {
+        self.batches() * self.m.div_ceil(bm) * self.n.div_ceil(bn)
+    }
+}
+
+/// The concrete form of the product `p` under `limits`: `ByShape`
 /// resolved by [`choose_form`] (by [`choose_generic_form`] in kernels
 /// generic over sizes, which never split K), a split-K form's parts
 /// recounted in whole k-slices (the tiled form where that leaves one
 /// part, or where the product is not f32 at fixed sizes), and a tile that
 /// needs more workgroup memory than the adapter has replaced by the
-/// 64 x 64 one.
-pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatmulForm {
+/// 64 x 64 one. Called by the schedule alone ([`super::schedule`]): one
+/// place decides a matmul's form, everything else reads it there.
+pub(super) fn resolve_form(p: &MatmulProblem, limits: &LowerLimits) -> MatmulForm {
     // f16 products on tensor cores where the device runs them (by the
     // rule, or forced); forced elsewhere, the rule's f32-compute form.
-    if super::coop::eligible(k, g, limits) {
+    if super::coop::eligible(p, limits) {
         match limits.forms.matmul {
             MatmulForm::ByShape => {
-                return MatmulForm::Cooperative(super::coop::choose_tile(k, g, limits, MATMUL_MIN_TILES));
+                return MatmulForm::Cooperative(super::coop::choose_tile(p, limits, MATMUL_MIN_TILES));
             }
             MatmulForm::Cooperative(t) if t.workgroup_bytes() <= limits.workgroup_storage as u64 => {
                 return MatmulForm::Cooperative(t);
@@ -120,8 +198,8 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
         }
     }
     let form = match limits.forms.matmul {
-        MatmulForm::ByShape | MatmulForm::Cooperative(_) if limits.generic => choose_generic_form(k, g),
-        MatmulForm::ByShape | MatmulForm::Cooperative(_) => choose_form(k, g),
+        MatmulForm::ByShape | MatmulForm::Cooperative(_) if limits.generic => choose_generic_form(p),
+        MatmulForm::ByShape | MatmulForm::Cooperative(_) => choose_form(p),
         f @ (MatmulForm::RegisterBlocked | MatmulForm::Tiled(_) | MatmulForm::SplitK { .. }) => f,
     };
     const SMALL: MatmulTile = MatmulTile { bm: 64, bn: 64 };
@@ -129,11 +207,9 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
     // ranges of whole k-slices that each hold some of K.
     let form = match form {
         MatmulForm::SplitK { tile, parts } => {
-            let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-            let a = g.node(rn.inputs[0]);
-            let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+            let kk = p.k;
             let parts = if kk == 0 { 1 } else { kk.div_ceil(split_chunk(kk, parts as u64)) };
-            if parts > 1 && rn.dtype == DType::F32 && !limits.generic {
+            if parts > 1 && p.dtype == DType::F32 && !limits.generic {
                 MatmulForm::SplitK { tile, parts: parts as u32 }
             } else {
                 MatmulForm::Tiled(tile)
@@ -151,6 +227,70 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
     }
 }
 
+/// How a matmul kernel is written, decided once by the schedule (see
+/// [`super::Schedule`]): its product, its concrete form, and, in the
+/// f32-compute forms, the layout of its operands and outputs (vec4 loads,
+/// transposed reads, the register block).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatmulPlan {
+    /// The product.
+    pub problem: MatmulProblem,
+    /// The concrete form ([`resolve_form`]: never `ByShape`).
+    pub form: MatmulForm,
+    /// The layout; `None` in the cooperative form, which reads its
+    /// operands element by element.
+    layout: Option<MatMulShape>,
+}
+
+impl MatmulPlan {
+    /// The plan of matmul kernel `k` of `g` under `limits`.
+    pub(super) fn new(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatmulPlan {
+        let problem = MatmulProblem::of(k, g).expect("matmul kernel");
+        let form = resolve_form(&problem, limits);
+        let layout = (!matches!(form, MatmulForm::Cooperative(_))).then(|| matmul_shape(k, g, limits, &problem, form));
+        MatmulPlan { problem, form, layout }
+    }
+
+    /// The layout of an f32-compute form.
+    pub(super) fn layout(&self) -> &MatMulShape {
+        self.layout.as_ref().expect("the layout of an f32-compute matmul form")
+    }
+
+    /// Whether kernel input `id` is bound as vec4 (an aligned operand,
+    /// straight or transposed).
+    pub(super) fn vector_input(&self, id: NodeId) -> bool {
+        self.layout.as_ref().is_some_and(|p| [p.a_vec, p.b_vec, p.a_t, p.b_t].contains(&Some(id)))
+    }
+
+    /// Whether the outputs are bound as vec4.
+    pub(super) fn vector_output(&self) -> bool {
+        self.layout.as_ref().is_some_and(|p| p.out_vec)
+    }
+
+    /// What the tuner keys this product on, besides its adapter and
+    /// profile: the problem's sizes and dtypes and how each operand and
+    /// the output are laid out (see [`super::Schedule::tuning_key`]).
+    pub(super) fn key_parts(&self, k: &Kernel, g: &VerifiedGraph) -> (Vec<u64>, [DType; 3], [bool; 7], usize) {
+        let p = &self.problem;
+        let mut sizes = vec![p.m, p.n, p.k];
+        for s in [&p.batch, &p.a_batch, &p.b_batch] {
+            sizes.push(s.rank() as u64);
+            sizes.extend(s.dims().iter().map(|&d| d as u64));
+        }
+        let l = self.layout.as_ref();
+        let layouts = [
+            l.is_some_and(|p| p.a_vec.is_some()),
+            l.is_some_and(|p| p.a_t.is_some()),
+            l.is_some_and(|p| p.b_vec.is_some()),
+            l.is_some_and(|p| p.b_t.is_some()),
+            l.is_some_and(|p| p.out_vec),
+            rows_contiguous(k, g, p.a),
+            rows_contiguous(k, g, p.b),
+        ];
+        (sizes, [p.dtype, p.a_dtype, p.b_dtype], layouts, k.outputs.len())
+    }
+}
+
 /// The static rule for GPUs: narrow outputs (M or N under 32) use the
 /// register-blocked form, where a 64-wide tile would mostly idle; others
 /// the largest tile (128, then 128 x 64 or 64 x 128, then 64) that still
@@ -160,24 +300,18 @@ pub fn resolve_form(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> Matm
 /// (a weight gradient `x^T dy` over thousands of tokens) splits K
 /// ([`split_parts`]). Autotuning, where enabled, measures the one-pass
 /// candidates instead ([`candidates`]).
-pub fn choose_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
-    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-    let r = rn.shape.rank();
-    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>() as u64;
+pub fn choose_form(p: &MatmulProblem) -> MatmulForm {
+    let (m, n) = (p.m, p.n);
     if m < 32 || n < 32 {
         return MatmulForm::RegisterBlocked;
     }
-    let tiles = |bm: u64, bn: u64| batch * m.div_ceil(bm) * n.div_ceil(bn);
     let tile = MatmulTile::ALL[..3]
         .iter()
         .copied()
-        .find(|t| tiles(t.bm as u64, t.bn as u64) >= MATMUL_MIN_TILES)
+        .find(|t| p.tiles(t.bm as u64, t.bn as u64) >= MATMUL_MIN_TILES)
         .unwrap_or(MatmulTile::ALL[3]);
-    let a = g.node(rn.inputs[0]);
-    let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
-    let parts = if rn.dtype == DType::F32 {
-        split_parts(tiles(tile.bm as u64, tile.bn as u64), rn.shape.numel() as u64, kk)
+    let parts = if p.dtype == DType::F32 {
+        split_parts(p.tiles(tile.bm as u64, tile.bn as u64), p.batches() * m * n, p.k)
     } else {
         1
     };
@@ -188,19 +322,14 @@ pub fn choose_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
     }
 }
 
-/// Workgroups the first (or only) pass of matmul kernel `k` launches in
+/// Workgroups the first (or only) pass of the product `p` launches in
 /// the tiled forms, and `None` in the register-blocked form; for
 /// plans and tests.
-pub fn tiled_workgroups(k: &Kernel, g: &VerifiedGraph, form: MatmulForm) -> Option<u64> {
-    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-    let r = rn.shape.rank();
-    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-    let batch = rn.shape.dims()[..r - 2].iter().product::<usize>() as u64;
-    let tiles = |t: MatmulTile| batch * m.div_ceil(t.bm as u64) * n.div_ceil(t.bn as u64);
+pub fn tiled_workgroups(p: &MatmulProblem, form: MatmulForm) -> Option<u64> {
     match form {
-        MatmulForm::Tiled(t) => Some(tiles(t)),
-        MatmulForm::SplitK { tile, parts } => Some(tiles(tile) * parts as u64),
-        MatmulForm::Cooperative(t) => Some(batch * m.div_ceil(t.bm()) * n.div_ceil(t.bn())),
+        MatmulForm::Tiled(t) => Some(p.tiles(t.bm as u64, t.bn as u64)),
+        MatmulForm::SplitK { tile, parts } => Some(p.tiles(tile.bm as u64, tile.bn as u64) * parts as u64),
+        MatmulForm::Cooperative(t) => Some(p.tiles(t.bm(), t.bn())),
         MatmulForm::RegisterBlocked | MatmulForm::ByShape => None,
     }
 }
@@ -209,23 +338,21 @@ pub fn tiled_workgroups(k: &Kernel, g: &VerifiedGraph, form: MatmulForm) -> Opti
 /// below 128 rows or columns (rounded up to powers of two), else the
 /// 64 x 64 tile, so that a varying size changes the form only at those
 /// coarse bounds.
-pub fn choose_generic_form(k: &Kernel, g: &VerifiedGraph) -> MatmulForm {
-    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-    let r = rn.shape.rank();
-    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-    if m.next_power_of_two() < 128 || n.next_power_of_two() < 128 {
+pub fn choose_generic_form(p: &MatmulProblem) -> MatmulForm {
+    if p.m.next_power_of_two() < 128 || p.n.next_power_of_two() < 128 {
         MatmulForm::RegisterBlocked
     } else {
         MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 })
     }
 }
 
-/// The forms autotuning times for matmul kernel `k` (the static choice
+/// The forms autotuning times for the product `p` (the static choice
 /// first). A split-K choice is no candidate: the tuner times one pass,
-/// and kernels the rule splits are not tuned (`autotune::tunable`).
-pub fn candidates(k: &Kernel, g: &VerifiedGraph) -> Vec<MatmulForm> {
+/// and kernels the rule splits are not tuned (see
+/// [`super::Schedule::tunable_matmul`]).
+pub fn candidates(p: &MatmulProblem) -> Vec<MatmulForm> {
     let mut v: Vec<MatmulForm> =
-        Some(choose_form(k, g)).filter(|f| !matches!(f, MatmulForm::SplitK { .. })).into_iter().collect();
+        Some(choose_form(p)).filter(|f| !matches!(f, MatmulForm::SplitK { .. })).into_iter().collect();
     for &f in MatmulForm::CANDIDATES {
         if !v.contains(&f) {
             v.push(f);
@@ -274,12 +401,11 @@ fn rows_contiguous(k: &Kernel, g: &VerifiedGraph, x: NodeId) -> bool {
 /// columns and k) into its operand and masks out-of-range k with a
 /// `select` (both sides in bounds), guards every store, indexes its
 /// workgroup arrays with constants plus lane ids below the tile, and
-/// bounds every loop by a constant.
-pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
-    let Some(mm) = k.matmul_node(g) else { return false };
-    let rn = g.node(mm);
-    let a = g.node(rn.inputs[0]);
-    let sizes_ok = rn.shape.numel() > 0 && a.shape.dims()[a.shape.rank() - 1] > 0;
+/// bounds every loop by a constant. `form` is the product's concrete
+/// form (see [`resolve_form`]).
+pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits, form: MatmulForm) -> bool {
+    let Some(p) = MatmulProblem::of(k, g) else { return false };
+    let sizes_ok = g.node(p.node).shape.numel() > 0 && p.k > 0;
     let f32_only = k.inputs.iter().chain(&k.inline).chain(&k.outputs).all(|&x| g.node(x).dtype == DType::F32);
     let ops_ok = k.inline.iter().chain(&k.outputs).all(|&x| {
         matches!(
@@ -298,7 +424,7 @@ pub fn trusted(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> bool {
         && sizes_ok
         && f32_only
         && ops_ok
-        && matches!(resolve_form(k, g, limits), MatmulForm::Tiled(_) | MatmulForm::SplitK { .. })
+        && matches!(form, MatmulForm::Tiled(_) | MatmulForm::SplitK { .. })
 }
 
 /// Most invocations per matmul workgroup.
@@ -347,19 +473,21 @@ pub(super) struct MatMulShape {
 /// `lanes * 4 * vecs` columns, so loads of A are uniform across the
 /// workgroup (one load broadcast to all lanes on llvmpipe) and loads of B
 /// are vec4 per lane where aligned.
-pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MatMulShape {
+pub(super) fn matmul_shape(
+    k: &Kernel,
+    g: &VerifiedGraph,
+    limits: &LowerLimits,
+    p: &MatmulProblem,
+    form: MatmulForm,
+) -> MatMulShape {
     let generic = limits.generic;
     let fixed = limits.fixed_sizes();
     // The tiled forms also read operands that are inlined reshapes of a
     // kernel input (flat order unchanged) as vectors; the register-blocked
     // form (llvmpipe's) keeps its layouts as they were.
-    let tiled = !generic && !matches!(resolve_form(k, g, limits), MatmulForm::RegisterBlocked);
+    let tiled = !generic && !matches!(form, MatmulForm::RegisterBlocked);
     let source = |x: NodeId| if tiled { reshape_source(k, g, x) } else { x };
-    let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-    let r = rn.shape.rank();
-    let (m, n) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-    let a = g.node(rn.inputs[0]);
-    let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
+    let (m, n, kk) = (p.m, p.n, p.k);
     // Vectors along a size only where it is fixed (a varying size is not
     // always a multiple of 4).
     let vec_ok = |id: NodeId, dim: u64, dim_fixed: bool| {
@@ -381,12 +509,11 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     // The GPU profile's rule choosing the register-blocked form (not a
     // form forced on it, as autotuning's candidates and the software
     // profile are; the tiled forms take their own tiles).
-    let gpu_rule =
-        limits.forms.matmul == MatmulForm::ByShape && matches!(resolve_form(k, g, limits), MatmulForm::RegisterBlocked);
+    let gpu_rule = limits.forms.matmul == MatmulForm::ByShape && matches!(form, MatmulForm::RegisterBlocked);
     let row_cap = if !generic && large { MATMUL_ROWS } else { MATMUL_SMALL_ROWS };
     // A generic kernel's layout does not follow the batch (which may
     // vary, as in a partial last batch): it spreads as for one entry.
-    let batch = if generic { 1 } else { rn.shape.dims()[..r - 2].iter().product::<usize>().max(1) as u64 };
+    let batch = if generic { 1 } else { p.batches().max(1) };
     // Under the GPU rule, rows per invocation halve (down to one) until
     // the product has [`MATMUL_NARROW_INVOCATIONS`] (see below).
     let spread = |mut rows: u64, col_lanes: u64| {
@@ -451,8 +578,8 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
     };
     // Four rows of A^T are one vec4 load; fewer rows read it by element
     // (adjacent lanes on adjacent rows: still coalesced).
-    let a_t = transposed(rn.inputs[0], m, fixed.m).filter(|_| rows.is_multiple_of(4));
-    let b_t = transposed(rn.inputs[1], kk, fixed.k);
+    let a_t = transposed(p.a, m, fixed.m).filter(|_| rows.is_multiple_of(4));
+    let b_t = transposed(p.b, kk, fixed.k);
     MatMulShape {
         rows,
         vecs,
@@ -460,8 +587,8 @@ pub(super) fn matmul_shape(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) 
         row_lanes,
         a_t,
         b_t,
-        a_vec: vec_src(rn.inputs[0], kk, fixed.k),
-        b_vec: vec_src(rn.inputs[1], n, fixed.n),
+        a_vec: vec_src(p.a, kk, fixed.k),
+        b_vec: vec_src(p.b, n, fixed.n),
         out_vec: fixed.n && n.is_multiple_of(4),
     }
 }
@@ -491,28 +618,23 @@ impl Writer<'_> {
     /// scratch laid out `[parts, batch, M, N]` (f32, as `out0`); the
     /// second pass ([`Writer::matmul_split_sum`]) sums them.
     pub(super) fn matmul_tiled(&mut self, k: &Kernel, tile: MatmulTile, parts: u64, b: &mut String) -> u64 {
-        let g = self.g;
-        let rn_id = k.matmul_node(g).expect("matmul kernel");
-        let rn = g.node(rn_id);
-        let p = matmul_shape(k, g, &self.limits);
-        let (a, bn_) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
-        let r = rn.shape.rank();
-        let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-        let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
-        let batch = Shape::new(&rn.shape.dims()[..r - 2]);
-        let ai = bcast_index("bi", &batch, &Shape::new(&a.shape.dims()[..a.shape.rank() - 2]));
-        let bi = bcast_index("bi", &batch, &Shape::new(&bn_.shape.dims()[..bn_.shape.rank() - 2]));
+        let sched = self.s;
+        let plan = sched.matmul();
+        let (pr, p) = (&plan.problem, plan.layout());
+        let rn_id = pr.node;
+        let (m, nn, kk) = (pr.m, pr.n, pr.k);
+        let (ai, bi) = (pr.a_entry(), pr.b_entry());
         let (bm, bnn, bk) = (tile.bm as u64, tile.bn as u64, MATMUL_TILE_K);
         let (rm, rnb) = (bm / 64, bnn / 64);
         let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, bm, bnn, &self.limits);
-        debug_assert!(parts == 1 || (!self.limits.generic && rn.dtype == DType::F32), "split-K: fixed sizes, f32");
+        debug_assert!(parts == 1 || (!self.limits.generic && pr.dtype == DType::F32), "split-K: fixed sizes, f32");
         let split = parts > 1;
-        let groups = parts * batch.numel() as u64 * mb * nb;
+        let groups = parts * pr.batches() * mb * nb;
         let lanes = WORKGROUP_SIZE as u64;
         // Split-K: the batch index wraps, the part is the slowest index.
         let (bi_expr, kbase) = if split {
             let chunk = split_chunk(kk, parts);
-            let nbatch = batch.numel() as u64;
+            let nbatch = pr.batches();
             (
                 format!("(gi / {per_batch}) % {nbatch}u"),
                 format!("    let kbase = (gi / {}u) * {chunk}u;\n    let ntiles = (min(kbase + {chunk}u, {kk}u) - kbase + {}u) / {bk}u;\n", (mb * nb).max(1) * nbatch, bk - 1),
@@ -520,11 +642,9 @@ impl Writer<'_> {
         } else {
             (format!("gi / {per_batch}"), String::new())
         };
-        self.workgroup = Some(WORKGROUP_SIZE);
-        self.trusted = trusted(k, g, &self.limits);
-        let t_ty = ty(rn.dtype);
+        let t_ty = ty(pr.dtype);
         let v_ty = format!("vec4<{t_ty}>");
-        let z = zero(rn.dtype);
+        let z = zero(pr.dtype);
         let zv = format!("{v_ty}({z})");
         let (sa_len, sb_len) = (2 * bk * bm / 4, 2 * bk * bnn / 4);
         let _ = writeln!(
@@ -541,7 +661,7 @@ impl Writer<'_> {
         );
         let (bm4, bn4) = (bm / 4, bnn / 4);
         let lay = TileLayout { m, nn, kk, bm, bnn, bk, t_ty, v_ty: v_ty.clone(), z, zv: zv.clone() };
-        let slice = self.tile_slices(k, &p, &lay);
+        let slice = self.tile_slices(k, pr, p, &lay);
         let SliceCode { decl, load, stores } = slice;
         b.push_str(&decl);
         for q in 0..rm {
@@ -555,7 +675,7 @@ impl Writer<'_> {
         let ntiles = if split { "ntiles".to_string() } else { ceil_div(kk, bk, k_varies) };
         let k_first = if split { "kbase" } else { "0u" };
         let k_next = if split { "kbase + " } else { "" };
-        let fma = reg(rn.dtype) == DType::F32;
+        let fma = reg(pr.dtype) == DType::F32;
         // Prologue: slice 0 into buffer 0.
         let _ = writeln!(b, "    {{\n        let k0 = {k_first};\n{load}    }}\n    {{\n        let nb0 = 0u;\n{stores}    }}\n    workgroupBarrier();");
         let _ = writeln!(b, "    for (var kt = 0u; kt < {ntiles}; kt = kt + 1u) {{\n        let cur = (kt % 2u) * {bk}u;\n        let more = kt + 1u < {ntiles};\n        if (more) {{\n            let k0 = {k_next}(kt + 1u) * {bk}u;\n{}        }}", indent(&load, 4));
@@ -604,9 +724,8 @@ impl Writer<'_> {
     /// `sa[(buf * BK + k) * bm/4 + m/4][m % 4]`, B as
     /// `sb[(buf * BK + k) * bn/4 + n/4][n % 4]`, each read as vectors where
     /// its layout allows (straight or transposed).
-    fn tile_slices(&self, k: &Kernel, p: &MatMulShape, lay: &TileLayout) -> SliceCode {
-        let rn = self.g.node(k.matmul_node(self.g).expect("matmul kernel"));
-        let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
+    fn tile_slices(&self, k: &Kernel, pr: &MatmulProblem, p: &MatMulShape, lay: &TileLayout) -> SliceCode {
+        let (na, nbid) = (pr.a.0, pr.b.0);
         let TileLayout { m, nn, kk, bm, bnn, bk, t_ty, ref v_ty, z, ref zv } = *lay;
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
         let mut slice = SliceCode::default();
@@ -630,7 +749,7 @@ impl Writer<'_> {
                 bm * bk / 4,
                 v_ty,
                 &format!("let am = l / {}u;\n                let ak = (l % {}u) * 4u;", bk / 4, bk / 4),
-                &kmask(zv, format!("in{src}[(abase + min(row0 + am, {}u) * {kk}u + {}) / 4u]", m - 1, kidx("k0 + ak", kk - 4)), "k0 + ak"),
+                &kmask(zv, self.input(src).load(&format!("(abase + min(row0 + am, {}u) * {kk}u + {}) / 4u", m - 1, kidx("k0 + ak", kk - 4))), "k0 + ak"),
                 &format!("let ai = (nb0 + ak) * {bm4}u + am / 4u;\n                sa[ai][am % 4u] = {{reg}}.x;\n                sa[ai + {bm4}u][am % 4u] = {{reg}}.y;\n                sa[ai + {}u][am % 4u] = {{reg}}.z;\n                sa[ai + {}u][am % 4u] = {{reg}}.w;", 2 * bm4, 3 * bm4),
             );
         } else if let Some(id) = p.a_t {
@@ -643,11 +762,11 @@ impl Writer<'_> {
                 &format!("let ak = l / {bm4}u;\n                let am = (l % {bm4}u) * 4u;"),
                 &kmask(
                     zv,
-                    format!(
-                        "in{src}[(abase + {} * {m}u + min(row0 + am, {}u)) / 4u]",
+                    self.input(src).load(&format!(
+                        "(abase + {} * {m}u + min(row0 + am, {}u)) / 4u",
                         kidx("k0 + ak", kk.max(1) - 1),
                         m - 4
-                    ),
+                    )),
                     "k0 + ak",
                 ),
                 &format!("sa[(nb0 + ak) * {bm4}u + am / 4u] = {{reg}};"),
@@ -655,7 +774,7 @@ impl Writer<'_> {
         } else {
             // Adjacent lanes along the operand's contiguous axis: k for
             // a row-major view, m for a transposed one.
-            let decode = if rows_contiguous(k, self.g, rn.inputs[0]) {
+            let decode = if rows_contiguous(k, self.g, pr.a) {
                 format!("let ak = l / {bm}u;\n                let am = l % {bm}u;")
             } else {
                 format!("let am = l / {bk}u;\n                let ak = l % {bk}u;")
@@ -683,11 +802,11 @@ impl Writer<'_> {
                 &format!("let bk = l / {bn4}u;\n                let bn = (l % {bn4}u) * 4u;"),
                 &kmask(
                     zv,
-                    format!(
-                        "in{src}[(bbase + {} * {nn}u + min(col0 + bn, {}u)) / 4u]",
+                    self.input(src).load(&format!(
+                        "(bbase + {} * {nn}u + min(col0 + bn, {}u)) / 4u",
                         kidx("k0 + bk", kk.max(1) - 1),
                         nn - 4
-                    ),
+                    )),
                     "k0 + bk",
                 ),
                 &format!("sb[(nb0 + bk) * {bn4}u + bn / 4u] = {{reg}};"),
@@ -700,12 +819,12 @@ impl Writer<'_> {
                 bnn * bk / 4,
                 v_ty,
                 &format!("let bn = l / {}u;\n                let bk = (l % {}u) * 4u;", bk / 4, bk / 4),
-                &kmask(zv, format!("in{src}[(bbase + min(col0 + bn, {}u) * {kk}u + {}) / 4u]", nn - 1, kidx("k0 + bk", kk - 4)), "k0 + bk"),
+                &kmask(zv, self.input(src).load(&format!("(bbase + min(col0 + bn, {}u) * {kk}u + {}) / 4u", nn - 1, kidx("k0 + bk", kk - 4))), "k0 + bk"),
                 &format!("let bi2 = (nb0 + bk) * {bn4}u + bn / 4u;\n                sb[bi2][bn % 4u] = {{reg}}.x;\n                sb[bi2 + {bn4}u][bn % 4u] = {{reg}}.y;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.z;\n                sb[bi2 + {}u][bn % 4u] = {{reg}}.w;", 2 * bn4, 3 * bn4),
             );
         } else {
             // Adjacent lanes along k where B is a transposed view.
-            let decode = if rows_contiguous(k, self.g, rn.inputs[1]) {
+            let decode = if rows_contiguous(k, self.g, pr.b) {
                 format!("let bn = l / {bk}u;\n                let bk = l % {bk}u;")
             } else {
                 format!("let bk = l / {bnn}u;\n                let bn = l % {bnn}u;")
@@ -753,11 +872,10 @@ impl Writer<'_> {
                     if out_vec {
                         let _ = writeln!(b, "    if ({row} < {m}u && {col} < {nn}u) {{");
                         for (sl, &o) in outputs.iter().enumerate() {
-                            let _ = write!(
-                                b,
-                                "        out{sl}[(obase + ({row}) * {nn}u + {col}) / 4u] = vec4<{}>(",
-                                storage_reg_ty(g.node(o).dtype)
-                            );
+                            let out = self.output(sl);
+                            b.push_str("        ");
+                            out.open_store(b, format_args!("(obase + ({row}) * {nn}u + {col}) / 4u"));
+                            let _ = write!(b, "vec4<{}>(", storage_reg_ty(g.node(o).dtype));
                             for (c, lane) in LANE.iter().enumerate() {
                                 if c > 0 {
                                     b.push_str(", ");
@@ -769,21 +887,26 @@ impl Writer<'_> {
                                     format_args!("c{q}_{i}_{pp}.{lane}"),
                                 );
                             }
-                            b.push_str(");\n");
+                            b.push(')');
+                            out.close_store(b);
+                            b.push('\n');
                         }
                         b.push_str("    }\n");
                     } else {
                         for (c, lane) in LANE.iter().enumerate() {
                             let _ = writeln!(b, "    if ({row} < {m}u && {col} + {c}u < {nn}u) {{");
                             for (sl, &o) in outputs.iter().enumerate() {
-                                let _ = write!(b, "        out{sl}[obase + ({row}) * {nn}u + {col} + {c}u] = ");
+                                let out = self.output(sl);
+                                b.push_str("        ");
+                                out.open_store(b, format_args!("obase + ({row}) * {nn}u + {col} + {c}u"));
                                 self.write_epilogue_store(
                                     b,
                                     o,
                                     format_args!("obase + ({row}) * {nn}u + {col} + {c}u"),
                                     format_args!("c{q}_{i}_{pp}.{lane}"),
                                 );
-                                b.push_str(";\n");
+                                out.close_store(b);
+                                b.push('\n');
                             }
                             b.push_str("    }\n");
                         }
@@ -802,30 +925,39 @@ impl Writer<'_> {
     pub(super) fn matmul_split_sum(&mut self, k: &Kernel, parts: u64) -> SplitSum {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
         let g = self.g;
-        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let p = matmul_shape(k, g, &self.limits);
-        let total = rn.shape.numel() as u64;
+        let sched = self.s;
+        let plan = sched.matmul();
+        let p = plan.layout();
+        let total = g.node(plan.problem.node).shape.numel() as u64;
         let value = |o: NodeId, idx: String, acc: String| self.epilogue_store(o, &idx, &acc);
         let mut b = String::new();
         let (invocations, acc0) = if p.out_vec { (total / 4, "vec4<f32>(0.0)") } else { (total, "0.0") };
+        let pass2 = self.pass2();
+        let scratch = pass2.scratch.as_ref().expect("split-K's second pass reads scratch");
         let _ = writeln!(
             b,
-            "    var acc = {acc0};\n    for (var s = 0u; s < {parts}u; s = s + 1u) {{\n        acc = acc + scr[s * {invocations}u + t];\n    }}"
+            "    var acc = {acc0};\n    for (var s = 0u; s < {parts}u; s = s + 1u) {{\n        acc = acc + {};\n    }}",
+            scratch.load(&format!("s * {invocations}u + t"))
         );
         for (sl, &o) in k.outputs.iter().enumerate() {
             let od = g.node(o).dtype;
+            let out = &pass2.outputs[sl];
             if p.out_vec {
                 let vals: Vec<String> = LANE
                     .iter()
                     .enumerate()
                     .map(|(c, lane)| value(o, format!("t * 4u + {c}u"), format!("acc.{lane}")))
                     .collect();
-                let _ = writeln!(b, "    out{sl}[t] = vec4<{}>({});", storage_reg_ty(od), vals.join(", "));
+                let _ = writeln!(
+                    b,
+                    "    {}",
+                    out.store("t", &format!("vec4<{}>({})", storage_reg_ty(od), vals.join(", ")))
+                );
             } else {
-                let _ = writeln!(b, "    out{sl}[t] = {};", value(o, "t".into(), "acc".into()));
+                let _ = writeln!(b, "    {}", out.store("t", &value(o, "t".into(), "acc".into())));
             }
         }
-        SplitSum { body: b, invocations, scratch: parts * total, vec: p.out_vec }
+        SplitSum { body: b, invocations, scratch: parts * total }
     }
 
     /// Matmul, written per workgroup (see [`matmul_shape`]): register
@@ -838,26 +970,20 @@ impl Writer<'_> {
     /// `main` to `b`; returns the invocation count.
     pub(super) fn matmul(&mut self, k: &Kernel, b: &mut String) -> u64 {
         const LANE: [&str; 4] = ["x", "y", "z", "w"];
-        let g = self.g;
-        let rn = g.node(k.matmul_node(g).expect("matmul kernel"));
-        let p = matmul_shape(k, g, &self.limits);
-        let (a, bn) = (g.node(rn.inputs[0]), g.node(rn.inputs[1]));
-        let r = rn.shape.rank();
-        let (m, nn) = (rn.shape.dims()[r - 2] as u64, rn.shape.dims()[r - 1] as u64);
-        let kk = a.shape.dims()[a.shape.rank() - 1] as u64;
-        let batch = Shape::new(&rn.shape.dims()[..r - 2]);
-        let ai = bcast_index("bi", &batch, &Shape::new(&a.shape.dims()[..a.shape.rank() - 2]));
-        let bi = bcast_index("bi", &batch, &Shape::new(&bn.shape.dims()[..bn.shape.rank() - 2]));
+        let sched = self.s;
+        let plan = sched.matmul();
+        let (pr, p) = (&plan.problem, plan.layout());
+        let (m, nn, kk) = (pr.m, pr.n, pr.k);
+        let (ai, bi) = (pr.a_entry(), pr.b_entry());
         let (rows, vecs, lanes, lr) = (p.rows, p.vecs, p.lanes, p.row_lanes);
         let lc = lanes / lr;
         let cols = 4 * vecs;
         let Grid { mb, nb, mbs, nbs, per_batch } = Grid::of(m, nn, rows * lr, lc * cols, &self.limits);
-        let groups = batch.numel() as u64 * mb * nb;
-        self.workgroup = Some(lanes as u32);
+        let groups = pr.batches() * mb * nb;
         let slot = |id: NodeId| k.inputs.iter().position(|&x| x == id).expect("vector operand is an input");
-        let (na, nbid) = (rn.inputs[0].0, rn.inputs[1].0);
-        let t_ty = ty(rn.dtype);
-        let fma = reg(rn.dtype) == DType::F32;
+        let (na, nbid) = (pr.a.0, pr.b.0);
+        let t_ty = ty(pr.dtype);
+        let fma = reg(pr.dtype) == DType::F32;
         let _ = writeln!(
             b,
             "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi * {lanes}u + lid;\n{}    let cb = gi % {nbs};\n    let rb = (gi / {nbs}) % {mbs};\n    let bi = gi / {per_batch};\n    let r0 = (rb * {lr}u + lid / {lc}u) * {rows}u;\n    let col0 = cb * {}u + (lid % {lc}u) * {cols}u;\n    let abase = ({ai}) * {}u;\n    let bbase = ({bi}) * {}u;",
@@ -887,7 +1013,7 @@ impl Writer<'_> {
         }
         for i in 0..rows {
             for v in 0..vecs {
-                let _ = writeln!(b, "    var c{i}_{v} = vec4<{t_ty}>({});", zero(rn.dtype));
+                let _ = writeln!(b, "    var c{i}_{v} = vec4<{t_ty}>({});", zero(pr.dtype));
             }
         }
         let ku = if kk.is_multiple_of(4) && self.limits.fixed_sizes().k { 4 } else { 1 };
@@ -901,9 +1027,9 @@ impl Writer<'_> {
                 for j in 0..rows / 4 {
                     let _ = writeln!(
                         b,
-                        "        let at{q}_{j} = in{}[(abase + (k + {q}u) * {m}u) / 4u + min(r0 / 4u + {j}u, {}u)];",
-                        slot(id),
-                        m / 4 - 1
+                        "        let at{q}_{j} = {};",
+                        self.input(slot(id))
+                            .load(&format!("(abase + (k + {q}u) * {m}u) / 4u + min(r0 / 4u + {j}u, {}u)", m / 4 - 1))
                     );
                 }
             }
@@ -912,7 +1038,8 @@ impl Writer<'_> {
             if p.a_t.is_some() {
                 av.push((0..ku).map(|q| format!("at{q}_{}.{}", i / 4, LANE[(i % 4) as usize])).collect());
             } else if let Some(id) = p.a_vec {
-                let _ = writeln!(b, "        let a{i} = in{}[ar{i} / 4u + k / 4u];", slot(id));
+                let _ =
+                    writeln!(b, "        let a{i} = {};", self.input(slot(id)).load(&format!("ar{i} / 4u + k / 4u")));
                 av.push((0..ku).map(|q| format!("a{i}.{}", LANE[q as usize])).collect());
             } else {
                 let mut row = Vec::new();
@@ -926,7 +1053,11 @@ impl Writer<'_> {
         if let Some(id) = p.b_t {
             // Column j of B at k..k+4 is consecutive in the source.
             for j in 0..cols {
-                let _ = writeln!(b, "        let bt{j} = in{}[(bbase + bc{j} * {kk}u + k) / 4u];", slot(id));
+                let _ = writeln!(
+                    b,
+                    "        let bt{j} = {};",
+                    self.input(slot(id)).load(&format!("(bbase + bc{j} * {kk}u + k) / 4u"))
+                );
             }
         }
         for q in 0..ku {
@@ -936,7 +1067,11 @@ impl Writer<'_> {
                     let l: Vec<String> = (0..4).map(|c| format!("bt{}.{}", 4 * v + c, LANE[q as usize])).collect();
                     let _ = writeln!(b, "            let b{v} = vec4<{t_ty}>({});", l.join(", "));
                 } else if let Some(id) = p.b_vec {
-                    let _ = writeln!(b, "            let b{v} = in{}[bc{v} + kb / 4u];", slot(id));
+                    let _ = writeln!(
+                        b,
+                        "            let b{v} = {};",
+                        self.input(slot(id)).load(&format!("bc{v} + kb / 4u"))
+                    );
                 } else {
                     let l: Vec<String> = (0..4).map(|c| format!("n{nbid}(bc{} + kb)", 4 * v + c)).collect();
                     let _ = writeln!(b, "            let b{v} = vec4<{t_ty}>({});", l.join(", "));
@@ -1010,11 +1145,10 @@ impl Writer<'_> {
                 if out_vec {
                     let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 / 4u + {v}u < {}u) {{", nn / 4);
                     for (slot, &o) in outputs.iter().enumerate() {
-                        let _ = write!(
-                            b,
-                            "        out{slot}[(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u] = vec4<{}>(",
-                            storage_reg_ty(g.node(o).dtype),
-                        );
+                        let out = self.output(slot);
+                        b.push_str("        ");
+                        out.open_store(b, format_args!("(obase + (r0 + {i}u) * {nn}u) / 4u + col0 / 4u + {v}u"));
+                        let _ = write!(b, "vec4<{}>(", storage_reg_ty(g.node(o).dtype));
                         for (c, lane) in LANE.iter().enumerate() {
                             if c > 0 {
                                 b.push_str(", ");
@@ -1027,7 +1161,9 @@ impl Writer<'_> {
                                 format_args!("c{i}_{v}.{lane}"),
                             );
                         }
-                        b.push_str(");\n");
+                        b.push(')');
+                        out.close_store(b);
+                        b.push('\n');
                     }
                     b.push_str("    }\n");
                 } else {
@@ -1035,14 +1171,17 @@ impl Writer<'_> {
                         let col = 4 * v + c as u64;
                         let _ = writeln!(b, "    if (r0 + {i}u < {m}u && col0 + {col}u < {nn}u) {{");
                         for (slot, &o) in outputs.iter().enumerate() {
-                            let _ = write!(b, "        out{slot}[obase + (r0 + {i}u) * {nn}u + col0 + {col}u] = ");
+                            let out = self.output(slot);
+                            b.push_str("        ");
+                            out.open_store(b, format_args!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u"));
                             self.write_epilogue_store(
                                 b,
                                 o,
                                 format_args!("obase + (r0 + {i}u) * {nn}u + col0 + {col}u"),
                                 format_args!("c{i}_{v}.{lane}"),
                             );
-                            b.push_str(";\n");
+                            out.close_store(b);
+                            b.push('\n');
                         }
                         b.push_str("    }\n");
                     }
@@ -1061,8 +1200,6 @@ pub(super) struct SplitSum {
     pub(super) invocations: u64,
     /// f32 partials the first pass writes: parts x outputs.
     pub(super) scratch: u64,
-    /// Scratch and outputs are read and written as vec4.
-    pub(super) vec: bool,
 }
 
 /// `s` with every line indented by `n` more spaces.
@@ -1254,6 +1391,12 @@ pub(super) mod tests {
         (v, k)
     }
 
+    /// Whether kernel `k` of `v` is trusted under `limits`, in the form
+    /// the schedule decides.
+    fn trusted_under(k: &Kernel, v: &VerifiedGraph, limits: &LowerLimits) -> bool {
+        trusted(k, v, limits, MatmulPlan::new(k, v, limits).form)
+    }
+
     fn forced(form: MatmulForm) -> LowerLimits {
         LowerLimits { forms: KernelForms { matmul: form, ..KernelForms::gpu() }, ..LowerLimits::gpu() }
     }
@@ -1315,7 +1458,7 @@ pub(super) mod tests {
             let (v, k) = product(&[], mkn, la, false, true);
             let w = lower(&k, &v, limits).unwrap();
             crate::validate::validate_wgsl(&w.source).unwrap_or_else(|e| panic!("{mkn:?} {la:?}: {e}"));
-            let p = matmul_shape(&k, &v, limits);
+            let p = MatmulPlan::new(&k, &v, limits).layout().clone();
             (p.rows, p.lanes, p.a_t.is_some(), w.invocations, w.source.matches("fma(").count())
         };
         let (gpu, software) = (LowerLimits::gpu(), LowerLimits::software());
@@ -1355,9 +1498,9 @@ pub(super) mod tests {
     fn only_proven_kernels_are_trusted() {
         let tile = forced(MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }));
         let (v, k) = product(&[], (64, 32, 64), Layout::Rows, false, false);
-        assert!(trusted(&k, &v, &tile));
-        assert!(!trusted(&k, &v, &LowerLimits { generic: true, ..tile }));
-        assert!(!trusted(&k, &v, &LowerLimits::software()));
+        assert!(trusted_under(&k, &v, &tile));
+        assert!(!trusted_under(&k, &v, &LowerLimits { generic: true, ..tile }));
+        assert!(!trusted_under(&k, &v, &LowerLimits::software()));
         let int = {
             let mut g = Graph::new();
             let a = g.param(ValueType::new([64, 32], DType::I32));
@@ -1366,7 +1509,7 @@ pub(super) mod tests {
             g.outputs.push(y);
             one_kernel(g)
         };
-        assert!(!trusted(&int.1, &int.0, &tile));
+        assert!(!trusted_under(&int.1, &int.0, &tile));
         assert!(!lower(&int.1, &int.0, &tile).unwrap().trusted);
         let empty_k = {
             let mut g = Graph::new();
@@ -1376,7 +1519,7 @@ pub(super) mod tests {
             g.outputs.push(y);
             one_kernel(g)
         };
-        assert!(!trusted(&empty_k.1, &empty_k.0, &tile));
+        assert!(!trusted_under(&empty_k.1, &empty_k.0, &tile));
         let padded = {
             let mut g = Graph::new();
             let a = g.param(ValueType::new([64, 30], DType::F32));
@@ -1388,7 +1531,7 @@ pub(super) mod tests {
             g.outputs.push(y);
             one_kernel(g)
         };
-        assert!(!trusted(&padded.1, &padded.0, &tile));
+        assert!(!trusted_under(&padded.1, &padded.0, &tile));
     }
 
     /// Global tile loads follow each operand's contiguous axis: a
@@ -1399,11 +1542,11 @@ pub(super) mod tests {
     fn transposed_operands_load_along_their_contiguous_axis() {
         let tile = forced(MatmulForm::Tiled(MatmulTile { bm: 64, bn: 64 }));
         let (v, k) = product(&[], (64, 40, 64), Layout::ReshapedTransposed, true, false);
-        let p = matmul_shape(&k, &v, &tile);
+        let p = MatmulPlan::new(&k, &v, &tile).layout().clone();
         assert_eq!(p.a_t, Some(k.inputs[0]), "A^T of a reshaped input read as vec4 along M");
         assert_eq!(p.b_t, Some(k.inputs[1]), "B^T read as vec4 along K");
         // The software profile keeps its layouts: no look-through there.
-        let soft = matmul_shape(&k, &v, &LowerLimits::software());
+        let soft = MatmulPlan::new(&k, &v, &LowerLimits::software()).layout().clone();
         assert_eq!(soft.a_t, None);
         // M = 63: element-wise, lanes along M (l % 64 is the row).
         let (v, k) = product(&[], (63, 40, 64), Layout::Transposed, false, false);

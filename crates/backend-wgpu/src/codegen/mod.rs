@@ -1,5 +1,11 @@
 //! Lowering of one planned kernel ([`Kernel`]) to WGSL: a pure,
-//! deterministic function of the kernel, the verified graph and the limits.
+//! deterministic function of the kernel, the verified graph and the limits,
+//! in two stages. [`schedule`] decides everything first, as a value (the
+//! family's plan: a matmul's product, form and operand layouts, a
+//! reduction's passes, a row kernel's lanes; which bindings are vec4; how
+//! `main` is entered; the passes and their scratch; whether the source is
+//! trusted); [`lower_scheduled`] then writes the text from that
+//! [`Schedule`] and decides nothing. [`lower`] is the two in a row.
 //!
 //! Every inlined node becomes a function `nK(i: u32) -> T` returning its
 //! value at row-major linear index `i` of its own shape; views are index
@@ -30,7 +36,8 @@
 //! gradient); [`multi`] writes multi-tensor kernels from the elementwise
 //! forms; `common` holds the type, literal and index helpers and the WGSL
 //! helper functions they share (a typed `Helper` each). [`forms`] holds
-//! the kernel forms each family can be written in ([`KernelForms`]).
+//! the kernel forms each family can be written in ([`KernelForms`]);
+//! [`schedule`] the decisions of one kernel ([`Schedule`]).
 
 use lazuli_ir::fusion::{Kernel, KernelKind};
 use lazuli_ir::{BinaryOp, DType, NodeId, Op, PadMode, RandomDist, UnaryOp, VerifiedGraph};
@@ -38,6 +45,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use thiserror::Error;
 
+pub mod access;
 pub mod attention;
 mod common;
 pub mod conv;
@@ -50,20 +58,22 @@ pub mod multi;
 pub mod pool;
 pub mod reduce;
 pub mod rows;
+pub mod schedule;
 
+use crate::window::Windows;
+pub use access::{Binding, Bindings, HalfStorage, Storage};
 use common::*;
 pub use common::{is_half, LLVMPIPE_LOOP_BUDGET};
 pub use elementwise::{straight_line_width, STRAIGHT_LINE_STEPS};
 pub use forms::{
     AttentionForm, ConvForm, ElementwiseForm, KernelForms, MatmulForm, MatmulTile, ReduceForm, RowsForm, ScatterForm,
 };
-use matmul::matmul_shape;
-pub use matmul::{MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
+pub use matmul::{MatmulPlan, MatmulProblem, MATMUL_LANES, MATMUL_ROWS, MATMUL_TILE, MATMUL_TILE_K};
 pub use reduce::{
     reduce_lanes, INLINE_REDUCTION_LEN, REDUCE_COOPERATIVE_LEN, REDUCE_COOPERATIVE_OUTPUTS, REDUCE_UNROLL,
 };
-use rows::vector_rows;
 pub use rows::{row_lanes, rows_layout, RowsLayout, ROWS_MAX_HELD, ROW_MAX_CACHED, ROW_MAX_LANES};
+pub use schedule::{schedule, Entry, Family, Passes, Schedule};
 
 /// Invocations per workgroup of every generated kernel.
 pub const WORKGROUP_SIZE: u32 = 256;
@@ -104,8 +114,12 @@ pub struct LowerLimits {
     /// `WgpuBackend`'s setup.)
     pub subgroups: bool,
     /// How f16 tensors are stored: natively where the adapter has
-    /// `SHADER_F16`, else packed in `u32` (see [`crate::halves`]).
-    pub f16: crate::halves::HalfStorage,
+    /// `SHADER_F16`, else packed in `u32` (see [`access`]).
+    pub f16: HalfStorage,
+    /// How tensors beyond one storage binding are bound: the adapter's
+    /// windows (see [`crate::window`] and [`access`]);
+    /// [`Windows::UNBOUNDED`] binds every tensor whole.
+    pub windows: Windows,
     /// The device runs cooperative matrices the way [`coop`] writes them
     /// (the feature, `SHADER_F16`, `SUBGROUP`, a 16 x 16 x 16 f16 -> f32
     /// configuration, subgroups of exactly [`coop::COOP_SUBGROUP`] lanes):
@@ -163,7 +177,8 @@ impl LowerLimits {
             generic: false,
             fixed: FixedSizes::NONE,
             subgroups: false,
-            f16: crate::halves::HalfStorage::Packed,
+            f16: HalfStorage::Packed,
+            windows: Windows::UNBOUNDED,
             cooperative_matrix: false,
         }
     }
@@ -248,7 +263,7 @@ pub enum LowerError {
 }
 
 /// True for the dtypes this generator handles: f32, i32, u32, bool, and
-/// f16 and bf16 (stored in 16 bits, computed in f32: [`crate::halves`]).
+/// f16 and bf16 (stored in 16 bits, computed in f32: [`access`]).
 pub fn dtype_supported(d: DType) -> bool {
     matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::Bool | DType::F16 | DType::BF16)
 }
@@ -318,152 +333,78 @@ fn check_lowerable(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits)
     Ok(())
 }
 
-/// Lowers `kernel` of `graph` to WGSL: f16 and bf16 bindings stored as
-/// `limits.f16` says (see [`crate::halves`]).
+/// Lowers `kernel` of `graph` to WGSL under `limits`: its schedule
+/// ([`schedule`]), then the text written from it ([`lower_scheduled`]).
 pub fn lower(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
-    let mut wgsl = lower_in_registers(kernel, graph, limits)?;
+    lower_scheduled(kernel, graph, &schedule(kernel, graph, limits)?)
+}
+
+/// Writes `kernel` of `graph` as WGSL from its schedule `s` (decided by
+/// [`schedule`] for this kernel): every storage binding accessed as its
+/// storage says (native, f16 or bf16, windowed: see [`access`]).
+pub fn lower_scheduled(kernel: &Kernel, graph: &VerifiedGraph, s: &Schedule) -> Result<Wgsl, LowerError> {
+    let mut wgsl = write(kernel, graph, s)?;
     let mut pass = Some(&mut wgsl);
     while let Some(w) = pass {
-        w.generic_form = limits.generic;
-        if crate::halves::uses_halves(&w.source) {
-            w.source = crate::halves::rewrite_source(&w.source, limits.f16).map_err(|e| LowerError::Unsupported {
-                op: format!("{} ({e})", graph.node(kernel.root()).op.name()),
-                dtype: graph.node(kernel.root()).dtype,
-            })?;
-        }
+        w.generic_form = s.limits.generic;
         pass = w.pre.as_deref_mut();
     }
     Ok(wgsl)
 }
 
-/// [`lower`] with f16 and bf16 bindings declared but not yet rewritten.
-fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<Wgsl, LowerError> {
+/// The passes of `kernel` of `graph` written from its schedule `sched`.
+fn write(kernel: &Kernel, graph: &VerifiedGraph, sched: &Schedule) -> Result<Wgsl, LowerError> {
     let mut w = Writer {
         g: graph,
+        s: sched,
         helpers: BTreeSet::new(),
         funcs: String::new(),
-        cooperative: None,
-        workgroup: None,
         shared: String::new(),
-        limits: *limits,
+        limits: sched.limits,
         second: None,
         decls: String::new(),
         slots: None,
         defined: BTreeSet::new(),
-        error_slot: false,
         split: None,
-        trusted: false,
-        subgroups: false,
-        cooperative_matrix: false,
         scalars: Vec::new(),
     };
-    check_lowerable(kernel, graph, limits)?;
     if kernel.kind == KernelKind::MultiTensor {
         return w.multi_tensor(kernel);
     }
     let root = kernel.root();
     let concat_part_root = matches!(kernel.kind, KernelKind::ConcatPart { .. }).then_some(root);
-    // Generic kernels keep the straight-line form but not vec4, which
-    // holds only for sizes divisible by 4.
-    let width = straight_line_width(kernel, graph).map(|w| if limits.generic { 1 } else { w });
-    // An attention kernel runs while any of its parts has elements (the
-    // log-sum-exp beside an empty output, say).
-    let root_numel = if kernel.kind == KernelKind::Attention {
-        kernel.outputs.iter().map(|&o| graph.node(o).shape.numel()).max().unwrap_or(0)
-    } else {
-        graph.node(root).shape.numel()
-    };
-    // Whether input `id` is read as one vector per invocation step.
-    let row_vec = vector_rows(kernel, graph, limits);
-    // Both matmul forms read aligned operands as vectors.
-    // The cooperative-matrix form reads its operands element by element.
-    let coop_form = kernel.kind == KernelKind::MatMul
-        && matches!(matmul::resolve_form(kernel, graph, limits), MatmulForm::Cooperative(_));
-    let mm = (kernel.kind == KernelKind::MatMul && !coop_form).then(|| matmul_shape(kernel, graph, limits));
-    let mm_vec = |id: NodeId| {
-        mm.as_ref()
-            .is_some_and(|p| p.a_vec == Some(id) || p.b_vec == Some(id) || p.a_t == Some(id) || p.b_t == Some(id))
-    };
-    // A held row kernel in the vec4 layout reads and writes everything of
-    // the row's size as vectors (see `rows::rows_layout`).
-    let rows_vec = kernel.kind == KernelKind::Rows && root_numel > 0 && rows::rows_layout(kernel, graph, limits).vec4;
-    // A row reduction reading its input as vec4 (see
-    // `reduce::vector_reduce`).
-    let reduce_vec = reduce::vector_reduce(kernel, graph, limits);
-    let rows_vec_input =
-        |id: NodeId| (rows_vec && graph.node(id).shape.numel() == root_numel) || (reduce_vec && kernel.inputs[0] == id);
-    // The flash attention forward reads aligned q, k, v as vectors.
-    let attn_vec = attention::flash_vec4_operands(kernel, graph, limits);
-    let mm_vec = |id: NodeId| mm_vec(id) || attn_vec.contains(&id);
-    let vector_input = |id: NodeId| {
-        (width == Some(4) && graph.node(id).shape.numel() == root_numel)
-            || (row_vec && kernel.inputs[0] == id)
-            || mm_vec(id)
-            || rows_vec_input(id)
-    };
-    let vector_output = width == Some(4) || row_vec || mm.as_ref().is_some_and(|p| p.out_vec) || rows_vec;
-    // Inputs read in `main` by the straight-line or vector-row path need
-    // no function.
-    let in_main = |id: NodeId| (width.is_some() && graph.node(id).shape.numel() == root_numel) || row_vec;
-    w.input_fns(kernel, &in_main, &|id| mm_vec(id) || rows_vec_input(id));
-    // A kernel that checks indices runs even when its output is empty:
-    // an index out of range is an error whether or not it moves anything.
-    let checks_only =
-        kernel.kind.checks_indices() && root_numel == 0 && graph.node(graph.node(root).inputs[1]).shape.numel() > 0;
-    let (body, invocations) = match width {
+    let in_main = |id: NodeId| kernel.inputs.iter().position(|&x| x == id).is_some_and(|k| sched.in_main[k]);
+    let vector_input = |id: NodeId| kernel.inputs.iter().position(|&x| x == id).is_some_and(|k| sched.vector_inputs[k]);
+    w.input_fns(kernel, &in_main, &vector_input);
+    let (body, invocations) = match &sched.family {
         // No output elements: never dispatched, and its index math would
         // divide by a zero dim, which naga rejects (reliability finding 1).
-        _ if root_numel == 0 && !checks_only => (String::new(), 0),
-        Some(width) => w.straight_line(kernel, width)?,
-        None if row_vec && limits.forms.rows.per_row() => w.softmax_rows_vec4(kernel),
-        None => {
+        _ if sched.empty => (String::new(), 0),
+        Family::Straight { width } => w.straight_line(kernel, *width)?,
+        Family::Softmax(rows::SoftmaxPlan::Vec4Rows) => w.softmax_rows_vec4(kernel),
+        _ => {
             w.value_fns(kernel, concat_part_root)?;
             w.main_body(kernel)?
         }
     };
     // Assemble.
-    let mut s = String::new();
-    if w.cooperative_matrix {
-        s.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
-    }
+    let main = &sched.main;
+    let mut s = String::from(enables(sched.entry, main));
     s.push_str("// generated by lazuli-wgpu\n");
     s.push_str(&params_header(graph, &w.scalars));
-    let mut input_decls = String::new();
-    for (k, &id) in kernel.inputs.iter().enumerate() {
-        let d = graph.node(id).dtype;
-        let elem = if vector_input(id) { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
-        let _ = writeln!(input_decls, "@group(0) @binding({}) var<storage, read> in{k}: array<{elem}>;", k + 1);
+    s.push_str(&main.declare_inputs());
+    s.push_str(&main.declare_rest());
+    if sched.error_slot {
+        let (head, tail) = index::error_slot_source(main.error_binding());
+        s.push_str(&head);
+        s.push_str(&main.helpers());
+        s.push_str(tail);
+    } else {
+        s.push_str(&main.helpers());
     }
-    s.push_str(&input_decls);
     let split = w.split.take();
-    // Split-K: the first pass writes f32 partials as its one output.
-    let scratch_elem = |vec: bool| if vec { "vec4<f32>" } else { "f32" };
-    if let Some(sp) = &split {
-        let _ = writeln!(
-            s,
-            "@group(0) @binding({}) var<storage, read_write> out0: array<{}>;",
-            kernel.inputs.len() + 1,
-            scratch_elem(sp.vec)
-        );
-    }
-    for (k, &id) in kernel.outputs.iter().enumerate().filter(|_| split.is_none()) {
-        let d = graph.node(id).dtype;
-        // A first pass of two writes f32 partials, whatever the output's
-        // dtype.
-        let sd = match &w.second {
-            Some(second) if is_half(d) => second.acc,
-            _ => storage_ty(d),
-        };
-        let elem = if vector_output { format!("vec4<{sd}>") } else { sd.to_string() };
-        let _ = writeln!(
-            s,
-            "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;",
-            kernel.inputs.len() + 1 + k
-        );
-    }
-    if w.error_slot {
-        s.push_str(&index::error_slot_source(kernel.inputs.len() + kernel.outputs.len() + 1));
-    }
+    debug_assert_eq!(split.is_some(), matches!(sched.passes, Passes::SplitK { .. }), "split-K as scheduled");
+    debug_assert_eq!(w.second.is_some(), matches!(sched.passes, Passes::Partials { .. }), "two passes as scheduled");
     s.push('\n');
     for h in &w.helpers {
         s.push_str(h.source());
@@ -472,46 +413,49 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
     s.push_str(&w.decls);
     s.push_str(&w.funcs);
     s.push_str(&w.main_entry(&body, invocations));
+    let (inputs, outputs) = main.counts();
     let first = Wgsl {
         source: s,
         entry: "main",
         invocations,
-        inputs: kernel.inputs.len(),
-        outputs: if split.is_some() { 1 } else { kernel.outputs.len() },
-        workgroup_size: w.workgroup.unwrap_or(WORKGROUP_SIZE),
+        inputs,
+        outputs,
+        workgroup_size: sched.entry.workgroup_size(),
         pre: None,
         scratch: 0,
-        error_slot: w.error_slot,
+        error_slot: sched.error_slot,
         binds_inputs: false,
-        trusted: w.trusted,
+        trusted: sched.trusted,
         generic_form: false,
         scalars: w.scalars.clone(),
     };
     if let Some(sp) = split {
-        return Ok(w.split_k_second_pass(kernel, sp, &input_decls, first));
+        return Ok(w.split_k_second_pass(sp, first));
     }
     let Some(second) = w.second.take() else { return Ok(first) };
+    let Passes::Partials { acc, .. } = sched.passes else { unreachable!("two passes as scheduled") };
+    let bindings = w.pass2();
     // Two passes: the kernel proper is the second; the first feeds it.
-    let mut s = String::new();
+    let mut s = String::from(enables(Entry::PerIndex, bindings));
     s.push_str("// generated by lazuli-wgpu (second pass)\n");
     // The second pass calls no value function: it reads no scalar.
     s.push_str(&params_header(graph, &[]));
-    let _ = writeln!(
-        s,
-        "@group(0) @binding(1) var<storage, read> in0: array<{}>;\n@group(0) @binding(2) var<storage, read_write> out0: array<{}>;\n",
-        second.acc, second.out
-    );
+    s.push_str(&bindings.declare_inputs());
+    s.push_str(&bindings.declare_rest());
+    s.push_str(&bindings.helpers());
+    s.push('\n');
     for h in &w.helpers {
         s.push_str(h.source());
         s.push('\n');
     }
-    s.push_str(&cooperative_main(second.acc, &second.body, false));
+    s.push_str(&cooperative_main(acc, &second.body, false));
+    let (inputs, outputs) = bindings.counts();
     Ok(Wgsl {
         source: s,
         entry: "main",
         invocations: second.invocations,
-        inputs: 1,
-        outputs: 1,
+        inputs,
+        outputs,
         workgroup_size: WORKGROUP_SIZE,
         pre: Some(Box::new(Wgsl { scratch: second.scratch, ..first })),
         scratch: 0,
@@ -521,6 +465,42 @@ fn lower_in_registers(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimi
         generic_form: false,
         scalars: Vec::new(),
     })
+}
+
+/// The `enable` directives a source needs, from what it binds and how its
+/// `main` is entered: f16 where a binding stores native f16 or the kernel
+/// multiplies f16 cooperative matrices, and the cooperative-matrix
+/// extension for the latter.
+fn enables(entry: Entry, bindings: &Bindings) -> &'static str {
+    match (entry, bindings.native_f16()) {
+        (Entry::Workgroup { cooperative_matrix: true, .. }, _) => "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        (_, true) => "enable f16;\n",
+        _ => "",
+    }
+}
+
+impl<'a> Writer<'a> {
+    /// Input binding `k` of the kernel being written (a segment's input
+    /// `k` in a multi-tensor kernel), in the pass its body writes first.
+    fn input(&self, k: usize) -> &'a Binding {
+        let s: &'a Schedule = self.s;
+        &s.main.inputs[self.slots.as_ref().map_or(k, |sl| sl.input(k))]
+    }
+
+    /// Output binding `j` of the kernel being written (of the segment in
+    /// a multi-tensor kernel), in the pass its body writes first.
+    fn output(&self, j: usize) -> &'a Binding {
+        let s: &'a Schedule = self.s;
+        &s.main.outputs[self.slots.as_ref().map_or(0, |sl| sl.out_base()) + j]
+    }
+
+    /// The bindings of the kernel proper of a kernel scheduled in two
+    /// passes (the first pass's are [`Writer::input`] and
+    /// [`Writer::output`]).
+    fn pass2(&self) -> &'a Bindings {
+        let s: &'a Schedule = self.s;
+        s.second.as_ref().expect("a kernel scheduled in two passes")
+    }
 }
 
 impl Writer<'_> {
@@ -543,7 +523,8 @@ impl Writer<'_> {
             let n = self.g.node(id);
             // Bound as vectors (the matmul loop, a row kernel's vec4
             // layout): views read lanes.
-            let raw = if vec4(id) { format!("in{k}[i >> 2u][i & 3u]") } else { format!("in{k}[i]") };
+            let input = self.input(k);
+            let raw = if vec4(id) { format!("{}[i & 3u]", input.load("i >> 2u")) } else { input.load("i") };
             // Bools are one `u32` per element in buffers.
             let load = if n.dtype == DType::Bool { format!("{raw} != 0u") } else { raw };
             let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(n.dtype));
@@ -594,10 +575,10 @@ impl Writer<'_> {
     /// return), or an invocation per index below `invocations`.
     fn main_entry(&self, body: &str, invocations: u64) -> String {
         let mut s = String::new();
-        if let Some(lanes) = self.workgroup {
+        if let Entry::Workgroup { lanes, cooperative_matrix } = self.s.entry {
             // Kernels written per workgroup (matmul): `main` derives `t`.
             s.push_str(&self.shared);
-            let sg = if self.cooperative_matrix {
+            let sg = if cooperative_matrix {
                 ", @builtin(subgroup_id) sid: u32, @builtin(subgroup_invocation_id) sii: u32"
             } else {
                 ""
@@ -606,10 +587,10 @@ impl Writer<'_> {
                 s,
                 "@compute @workgroup_size({lanes})\nfn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>{sg}) {{\n{body}}}\n"
             );
-        } else if let Some(shared) = self.cooperative {
+        } else if let Entry::Cooperative { red, subgroups } = self.s.entry {
             // Cooperative kernels: invocations work together through
             // workgroup memory and barriers, so none may return early.
-            s.push_str(&cooperative_main(shared, body, self.subgroups));
+            s.push_str(&cooperative_main(red, body, subgroups));
         } else {
             let _ = write!(
                 s,
@@ -621,23 +602,16 @@ impl Writer<'_> {
 
     /// The split-K matmul's second pass (the sum of partials, with the
     /// epilogue), with `first` as its first pass: it binds the inputs as
-    /// the first does (`input_decls`), then the scratch, then the outputs.
-    fn split_k_second_pass(&self, kernel: &Kernel, sp: matmul::SplitSum, input_decls: &str, first: Wgsl) -> Wgsl {
+    /// the first does, then the scratch, then the outputs.
+    fn split_k_second_pass(&self, sp: matmul::SplitSum, first: Wgsl) -> Wgsl {
         let graph = self.g;
-        let scratch_elem = |vec: bool| if vec { "vec4<f32>" } else { "f32" };
-        // Split-K: the sum of partials, with the epilogue, is the second
-        // pass; it binds the inputs as the first does, then the scratch.
-        let n = kernel.inputs.len();
-        let mut s = String::new();
+        let bindings = self.pass2();
+        let mut s = String::from(enables(Entry::PerIndex, bindings));
         s.push_str("// generated by lazuli-wgpu (second pass)\n");
         s.push_str(&params_header(graph, &self.scalars));
-        s.push_str(input_decls);
-        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> scr: array<{}>;", n + 1, scratch_elem(sp.vec));
-        for (k, &id) in kernel.outputs.iter().enumerate() {
-            let d = graph.node(id).dtype;
-            let elem = if sp.vec { format!("vec4<{}>", storage_ty(d)) } else { storage_ty(d).to_string() };
-            let _ = writeln!(s, "@group(0) @binding({}) var<storage, read_write> out{k}: array<{elem}>;", n + 2 + k);
-        }
+        s.push_str(&bindings.declare_inputs());
+        s.push_str(&bindings.declare_rest());
+        s.push_str(&bindings.helpers());
         s.push('\n');
         for h in &self.helpers {
             s.push_str(h.source());
@@ -650,12 +624,13 @@ impl Writer<'_> {
             "@compute @workgroup_size({WORKGROUP_SIZE})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {WORKGROUP_SIZE}u;\n    if (t >= {}u) {{\n        return;\n    }}\n{}}}\n",
             sp.invocations, sp.body
         );
+        let (inputs, outputs) = bindings.counts();
         Wgsl {
             source: s,
             entry: "main",
             invocations: sp.invocations,
-            inputs: n + 1,
-            outputs: kernel.outputs.len(),
+            inputs,
+            outputs,
             workgroup_size: WORKGROUP_SIZE,
             pre: Some(Box::new(Wgsl { scratch: sp.scratch, ..first })),
             scratch: 0,
@@ -711,24 +686,24 @@ fn cooperative_main(shared: &str, body: &str, subgroups: bool) -> String {
     )
 }
 
+/// The writer of one kernel's text, from its schedule (`s`): what it
+/// holds besides the schedule is text written so far.
 struct Writer<'a> {
     g: &'a VerifiedGraph,
+    /// The kernel's schedule: every decision the text follows.
+    s: &'a Schedule,
     /// The graph's scalars the kernel reads so far, in the order of its
     /// `Params` members (see [`Wgsl::scalars`]).
     scalars: Vec<usize>,
     helpers: BTreeSet<Helper>,
     funcs: String,
-    /// Set by cooperative kernels: the element type of the workgroup
-    /// array `red`; `main` then has no early return.
-    cooperative: Option<&'static str>,
-    /// Set by kernels written per workgroup (matmul): the workgroup size;
-    /// `main` gets `lid`, `wid`, `nwg` and the body defines `t`.
-    workgroup: Option<u32>,
     /// Workgroup-memory declarations of kernels written per workgroup.
     shared: String,
+    /// `s.limits`.
     limits: LowerLimits,
-    /// Set by a two-pass reduction: the main body, written above, is the
-    /// first pass; this is the second (see [`reduce`]).
+    /// The body of the second pass of a kernel scheduled in two passes
+    /// with partials ([`Passes::Partials`]): the main body is the first
+    /// pass (see [`reduce`]).
     second: Option<SecondPass>,
     /// Module-scope declarations (private and workgroup variables) of
     /// kernels that need them besides `red` (row kernels).
@@ -740,34 +715,20 @@ struct Writer<'a> {
     /// `n7`): segments of a multi-tensor kernel may share nodes, and each
     /// function is written once.
     defined: BTreeSet<(char, u32)>,
-    /// Set by kernels that check indices: the error slot is declared.
-    error_slot: bool,
-    /// Set by a split-K matmul: the main body, written above, is the
-    /// first pass, writing partials to scratch as `out0`; this is the
-    /// second, which also binds the kernel's inputs (see
+    /// The body of a split-K matmul's second pass ([`Passes::SplitK`]):
+    /// the main body is the first pass, writing partials to scratch as
+    /// `out0`; the second also binds the kernel's inputs (see
     /// [`Wgsl::binds_inputs`]).
     split: Option<matmul::SplitSum>,
-    /// Set by the tiled matmul where [`matmul::trusted`] holds: see
-    /// [`Wgsl::trusted`].
-    trusted: bool,
-    /// Set by row kernels that combine lanes with subgroup operations
-    /// (see [`rows`]): `main` takes the subgroup builtins.
-    subgroups: bool,
-    /// Set by the cooperative-matrix matmul ([`coop`]): the source enables
-    /// f16 and `wgpu_cooperative_matrix`, and `main` takes the subgroup id
-    /// and lane builtins (`sid`, `sii`).
-    cooperative_matrix: bool,
 }
 
 /// The second pass of a two-pass reduction: a kernel reading the
-/// `scratch` partials of element type `acc` (binding 1) and writing the
-/// outputs (binding 2).
+/// `scratch` partials (binding 1) and writing the outputs (binding 2);
+/// their element types are the schedule's ([`Passes::Partials`]).
 struct SecondPass {
     body: String,
     invocations: u64,
     scratch: u64,
-    acc: &'static str,
-    out: &'static str,
 }
 
 impl Writer<'_> {
@@ -1132,53 +1093,46 @@ impl Writer<'_> {
         })
     }
 
+    /// The expression casting `x` from `from` to `to`.
     fn cast(&mut self, from: DType, to: DType) -> String {
+        self.cast_of(from, to, "x")
+    }
+
+    /// The expression casting the value `x` (an expression) from `from`
+    /// to `to`.
+    fn cast_of(&mut self, from: DType, to: DType, x: &str) -> String {
         if from == to {
-            return "x".into();
+            return x.into();
         }
         // f16 and bf16 are f32 in registers: a cast to them rounds the
         // f32 value to their precision (the only rounding inside a fused
-        // chain besides the store, see `crate::halves`).
+        // chain besides the store, see `access`).
         // A cast from them rounds its operand to their precision first (a
         // fused chain carries unrounded f32 values), so the result is that
         // of a value of the dtype, as on the CPU.
         if is_half(from) {
             let round = self.round_fn(from);
-            let inner = self.cast(DType::F32, to);
-            let mut out = String::new();
-            let mut copied = 0;
-            for tok in crate::wgsl_text::Lexer::new(&inner) {
-                if tok.kind == crate::wgsl_text::Kind::Ident && &inner[tok.start..tok.end] == "x" {
-                    out.push_str(&inner[copied..tok.start]);
-                    out.push_str(&format!("{round}(x)"));
-                    copied = tok.end;
-                }
-            }
-            out.push_str(&inner[copied..]);
-            return out;
+            return self.cast_of(DType::F32, to, &format!("{round}({x})"));
         }
         if is_half(to) {
-            let x = self.cast(from, DType::F32);
+            let x = self.cast_of(from, DType::F32, x);
             let name = self.round_fn(to);
             return format!("{name}({x})");
         }
-        if from == to {
-            return "x".into();
-        }
         match (from, to) {
-            (DType::Bool, t) => format!("select({}, {}, x)", zero(t), one(t)),
-            (f, DType::Bool) => format!("x != {}", zero(f)),
+            (DType::Bool, t) => format!("select({}, {}, {x})", zero(t), one(t)),
+            (f, DType::Bool) => format!("{x} != {}", zero(f)),
             (DType::F32, DType::I32) => {
                 self.use_helper(Helper::CastF2I);
-                "cast_f2i(x)".into()
+                format!("cast_f2i({x})")
             }
             (DType::F32, DType::U32) => {
                 self.use_helper(Helper::CastF2U);
-                "cast_f2u(x)".into()
+                format!("cast_f2u({x})")
             }
-            (DType::I32, DType::U32) => "bitcast<u32>(x)".into(),
-            (DType::U32, DType::I32) => "bitcast<i32>(x)".into(),
-            (_, t) => format!("{}(x)", ty(t)),
+            (DType::I32, DType::U32) => format!("bitcast<u32>({x})"),
+            (DType::U32, DType::I32) => format!("bitcast<i32>({x})"),
+            (_, t) => format!("{}({x})", ty(t)),
         }
     }
 
@@ -1186,9 +1140,9 @@ impl Writer<'_> {
     /// (f16 or bf16), written into the kernel once.
     fn round_fn(&mut self, half: DType) -> &'static str {
         let (key, name, src) = if half == DType::BF16 {
-            (0, "round_bf16", crate::halves::ROUND_BF16)
+            (0, "round_bf16", access::ROUND_BF16)
         } else {
-            (1, "round_f16", crate::halves::ROUND_F16)
+            (1, "round_f16", access::ROUND_F16)
         };
         if self.defined.insert(('r', key)) {
             self.funcs.push_str(src);
@@ -1210,7 +1164,7 @@ impl Writer<'_> {
                 invocations = rn.shape.numel() as u64;
                 for (j, &o) in k.outputs.iter().enumerate() {
                     let d = g.node(o).dtype;
-                    let _ = writeln!(b, "    {}[t] = {};", self.output_name(j), store(d, &format!("n{}(t)", o.0)));
+                    let _ = writeln!(b, "    {}", self.output(j).store("t", &store(d, &format!("n{}(t)", o.0))));
                 }
             }
             KernelKind::ConcatPart { start, end } => {
@@ -1225,11 +1179,11 @@ impl Writer<'_> {
                 let sel = self.concat_body(root, axis, start, end, "t", "v =");
                 let _ = writeln!(
                     b,
-                    "    var v: {};\n    {sel}\n    let dst = (t / {}u) * {}u + (((t / {inner}u) % {dl}u) + {off}u) * {inner}u + t % {inner}u;\n    out0[dst] = {};",
+                    "    var v: {};\n    {sel}\n    let dst = (t / {}u) * {}u + (((t / {inner}u) % {dl}u) + {off}u) * {inner}u + t % {inner}u;\n    {}",
                     ty(rn.dtype),
                     (dl * inner).max(1),
                     total * inner,
-                    store(rn.dtype, "v")
+                    self.output(0).store("dst", &store(rn.dtype, "v"))
                 );
             }
             KernelKind::Reduce => invocations = self.reduce_kernel(k, &mut b),
@@ -1237,7 +1191,7 @@ impl Writer<'_> {
             KernelKind::Softmax => invocations = self.softmax_kernel(k, &mut b),
             KernelKind::CumSum => invocations = self.cumsum_kernel(k, &mut b),
             KernelKind::MatMul => {
-                invocations = match matmul::resolve_form(k, g, &self.limits) {
+                invocations = match self.s.matmul().form {
                     MatmulForm::Tiled(tile) => self.matmul_tiled(k, tile, 1, &mut b),
                     MatmulForm::SplitK { tile, parts } => {
                         let first = self.matmul_tiled(k, tile, parts as u64, &mut b);
@@ -1246,7 +1200,7 @@ impl Writer<'_> {
                     }
                     MatmulForm::RegisterBlocked => self.matmul(k, &mut b),
                     MatmulForm::Cooperative(tile) => self.matmul_coop(k, tile, &mut b),
-                    MatmulForm::ByShape => unreachable!("resolve_form returns a concrete form"),
+                    MatmulForm::ByShape => unreachable!("the schedule holds a concrete form"),
                 };
             }
             KernelKind::Gather => invocations = self.gather_kernel(k, &mut b),
@@ -1260,12 +1214,13 @@ impl Writer<'_> {
                 let key = format!("vec2<u32>(n{}(0u), n{}(0u))", rn.inputs[0].0, rn.inputs[1].0);
                 match dist {
                     RandomDist::Uniform => {
-                        let _ = writeln!(b, "    out0[t] = random_u({key}, t);");
+                        let _ = writeln!(b, "    {}", self.output(0).store("t", &format!("random_u({key}, t)")));
                     }
                     RandomDist::Normal => {
                         let _ = writeln!(
                             b,
-                            "    let key = {key};\n    let base = t & 0xfffffffeu;\n    let u1 = 1.0 - random_u(key, base);\n    let u2 = random_u(key, base + 1u);\n    let r = sqrt(-2.0 * log(u1));\n    let th = 6.2831855 * u2;\n    out0[t] = select(r * sin(th), r * cos(th), (t & 1u) == 0u);"
+                            "    let key = {key};\n    let base = t & 0xfffffffeu;\n    let u1 = 1.0 - random_u(key, base);\n    let u2 = random_u(key, base + 1u);\n    let r = sqrt(-2.0 * log(u1));\n    let th = 6.2831855 * u2;\n    {}",
+                            self.output(0).store("t", "select(r * sin(th), r * cos(th), (t & 1u) == 0u)")
                         );
                     }
                 }

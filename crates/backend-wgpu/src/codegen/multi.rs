@@ -21,9 +21,9 @@
 //! function.
 
 use super::common::*;
-use super::{straight_line_width, LowerError, Wgsl, Writer, WORKGROUP_SIZE};
+use super::{straight_line_width, Bindings, LowerError, LowerLimits, Wgsl, Writer, WORKGROUP_SIZE};
 use lazuli_ir::fusion::{Kernel, KernelKind};
-use lazuli_ir::{DType, NodeId};
+use lazuli_ir::{DType, NodeId, VerifiedGraph};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
@@ -41,8 +41,21 @@ pub(super) struct Slots {
     out_base: usize,
 }
 
+impl Slots {
+    /// The kernel's input binding of the segment's input `k`.
+    pub(super) fn input(&self, k: usize) -> usize {
+        self.inputs[k]
+    }
+
+    /// The kernel's output binding of the segment's first output.
+    pub(super) fn out_base(&self) -> usize {
+        self.out_base
+    }
+}
+
 /// A segment with its form.
-struct Part {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Part {
     kernel: Kernel,
     /// Straight-line vector width, `None` for the indexed form.
     width: Option<u32>,
@@ -50,24 +63,21 @@ struct Part {
     out_base: usize,
 }
 
-impl Writer<'_> {
-    /// The name of input binding `k` of the kernel being written.
-    pub(super) fn input_name(&self, k: usize) -> String {
-        match &self.slots {
-            Some(s) => format!("in{}", s.inputs[k]),
-            None => format!("in{k}"),
-        }
-    }
+/// How a multi-tensor kernel is written, decided by the schedule (see
+/// [`super::Schedule`]): its segments with their forms, the inputs some
+/// segment loads as whole vectors (bound as `vec4`) and the inputs some
+/// segment reads through a value function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultiPlan {
+    parts: Vec<Part>,
+    pub(super) vector_in: BTreeSet<NodeId>,
+    accessed: BTreeSet<NodeId>,
+}
 
-    /// The name of output binding `j` of the kernel being written.
-    pub(super) fn output_name(&self, j: usize) -> String {
-        format!("out{}", self.slots.as_ref().map_or(0, |s| s.out_base) + j)
-    }
-
-    /// Lowers a multi-tensor kernel (see the module doc).
-    pub(super) fn multi_tensor(mut self, kernel: &Kernel) -> Result<Wgsl, LowerError> {
-        let g = self.g;
-        let generic = self.limits.generic;
+impl MultiPlan {
+    /// The plan of multi-tensor kernel `kernel` of `g` under `limits`.
+    pub(super) fn new(kernel: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> MultiPlan {
+        let generic = limits.generic;
         let numel = |id: NodeId| g.node(id).shape.numel();
         let mut parts = Vec::new();
         let mut out_base = 0;
@@ -80,7 +90,6 @@ impl Writer<'_> {
             out_base += outputs;
         }
         debug_assert_eq!(out_base, kernel.outputs.len(), "segments hold every output once, in order");
-        let slot: HashMap<NodeId, usize> = kernel.inputs.iter().enumerate().map(|(k, &id)| (id, k)).collect();
         // Inputs some segment loads as whole vectors, and inputs some
         // segment reads through a value function.
         let mut vector_in = BTreeSet::new();
@@ -99,10 +108,51 @@ impl Writer<'_> {
                 }
             }
         }
-        for &id in &accessed {
+        MultiPlan { parts, vector_in, accessed }
+    }
+
+    /// The kernel's storage bindings: its inputs (vec4 where some segment
+    /// loads whole vectors), then its outputs segment by segment (vec4
+    /// where the segment is written in vec4).
+    pub(super) fn bindings(
+        &self,
+        kernel: &Kernel,
+        g: &VerifiedGraph,
+        limits: &LowerLimits,
+    ) -> Result<Bindings, LowerError> {
+        let tensor = |name: String, id: NodeId, vec4: bool, writable: bool| {
+            super::schedule::tensor_binding(g, limits, (name, storage_ty(g.node(id).dtype), id), vec4, writable)
+        };
+        let inputs = kernel
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(k, &id)| tensor(format!("in{k}"), id, self.vector_in.contains(&id), false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut outputs = Vec::new();
+        for p in &self.parts {
+            for (j, &id) in p.kernel.outputs.iter().enumerate() {
+                outputs.push(tensor(format!("out{}", p.out_base + j), id, p.width == Some(4) && p.numel > 0, true)?);
+            }
+        }
+        Ok(Bindings { inputs, scratch: None, outputs, error_slot: false })
+    }
+}
+
+impl Writer<'_> {
+    /// Lowers a multi-tensor kernel (see the module doc).
+    pub(super) fn multi_tensor(mut self, kernel: &Kernel) -> Result<Wgsl, LowerError> {
+        let g = self.g;
+        let generic = self.limits.generic;
+        let sched = self.s;
+        let MultiPlan { parts, vector_in, accessed } = sched.multi();
+        let slot: HashMap<NodeId, usize> = kernel.inputs.iter().enumerate().map(|(k, &id)| (id, k)).collect();
+        for &id in accessed {
             let k = slot[&id];
             let d = g.node(id).dtype;
-            let raw = if vector_in.contains(&id) { format!("in{k}[i >> 2u][i & 3u]") } else { format!("in{k}[i]") };
+            let input = &sched.main.inputs[k];
+            let raw =
+                if vector_in.contains(&id) { format!("{}[i & 3u]", input.load("i >> 2u")) } else { input.load("i") };
             let load = if d == DType::Bool { format!("{raw} != 0u") } else { raw };
             self.defined.insert(('n', id.0));
             let _ = writeln!(self.funcs, "fn n{}(i: u32) -> {} {{\n    return {load};\n}}\n", id.0, ty(d));
@@ -154,25 +204,13 @@ impl Writer<'_> {
             );
         }
         // Assemble.
-        let mut src = String::from("// generated by lazuli-wgpu (multi-tensor)\n");
+        let bindings = &sched.main;
+        let mut src = String::from(super::enables(super::Entry::PerIndex, bindings));
+        src.push_str("// generated by lazuli-wgpu (multi-tensor)\n");
         src.push_str(&super::params_header(g, &self.scalars));
-        for (k, &id) in kernel.inputs.iter().enumerate() {
-            let d = storage_ty(g.node(id).dtype);
-            let elem = if vector_in.contains(&id) { format!("vec4<{d}>") } else { d.to_string() };
-            let _ = writeln!(src, "@group(0) @binding({}) var<storage, read> in{k}: array<{elem}>;", k + 1);
-        }
-        for p in &parts {
-            for (j, &id) in p.kernel.outputs.iter().enumerate() {
-                let d = storage_ty(g.node(id).dtype);
-                let elem = if p.width == Some(4) && p.numel > 0 { format!("vec4<{d}>") } else { d.to_string() };
-                let _ = writeln!(
-                    src,
-                    "@group(0) @binding({}) var<storage, read_write> out{}: array<{elem}>;",
-                    kernel.inputs.len() + 1 + p.out_base + j,
-                    p.out_base + j
-                );
-            }
-        }
+        src.push_str(&bindings.declare_inputs());
+        src.push_str(&bindings.declare_rest());
+        src.push_str(&bindings.helpers());
         src.push('\n');
         for h in &self.helpers {
             src.push_str(h.source());
@@ -189,12 +227,13 @@ impl Writer<'_> {
             },
             dispatch_tree(&starts, 1)
         );
+        let (inputs, outputs) = bindings.counts();
         Ok(Wgsl {
             source: src,
             entry: "main",
             invocations: total,
-            inputs: kernel.inputs.len(),
-            outputs: kernel.outputs.len(),
+            inputs,
+            outputs,
             workgroup_size: WORKGROUP_SIZE,
             pre: None,
             scratch: 0,

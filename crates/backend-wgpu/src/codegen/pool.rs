@@ -134,11 +134,17 @@ impl Writer<'_> {
         }
         b.push_str("    }\n");
         match p.kind {
-            PoolKind::Max => b.push_str("    out0[t] = acc;\n"),
+            PoolKind::Max => {
+                let _ = writeln!(b, "    {}", self.output(0).store("t", "acc"));
+            }
             PoolKind::Avg { count_include_pad } => {
                 self.use_helper(Helper::NanF);
                 let div = if count_include_pad { "padded" } else { "count" };
-                let _ = writeln!(b, "    out0[t] = select(acc / f32({div}), nan_f(), {div} == 0u);");
+                let _ = writeln!(
+                    b,
+                    "    {}",
+                    self.output(0).store("t", &format!("select(acc / f32({div}), nan_f(), {div} == 0u)"))
+                );
             }
         }
         rn.shape.numel() as u64
@@ -242,7 +248,7 @@ impl Writer<'_> {
                 let _ = writeln!(b, "            acc = acc + gv / ({});", counts.join(" * "));
             }
         }
-        b.push_str("        }\n    }\n    out0[t] = acc;\n");
+        let _ = writeln!(b, "        }}\n    }}\n    {}", self.output(0).store("t", "acc"));
         rn.shape.numel() as u64
     }
 }

@@ -190,6 +190,80 @@ pub fn reduce_lanes(len: u64) -> u64 {
     len.div_ceil(2 * REDUCE_UNROLL).max(1).next_power_of_two().min(WORKGROUP_SIZE as u64)
 }
 
+/// How a reduction kernel is written, decided by the schedule (see
+/// [`super::Schedule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReducePlan {
+    /// Strided elements of many outputs (sums over leading axes): an
+    /// invocation per (output, part) of `parts`, then a second pass.
+    Columns {
+        /// Parts of each output's elements.
+        parts: u64,
+    },
+    /// Few long reductions: a workgroup per (output, part) of `parts`,
+    /// then a second pass.
+    TwoPass {
+        /// Parts of each output's elements.
+        parts: u64,
+    },
+    /// Contiguous rows on a GPU: `lanes` invocations per output, the row
+    /// read as vec4 where `vec` (see [`vector_reduce`]).
+    Rows {
+        /// The row is read as vec4.
+        vec: bool,
+        /// Invocations per output.
+        lanes: u64,
+    },
+    /// A workgroup per output.
+    Workgroup,
+    /// An invocation per output.
+    Serial,
+}
+
+/// The plan of reduction kernel `k` of `g` under `limits`.
+pub(super) fn reduce_plan(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> ReducePlan {
+    let rn = g.node(k.root());
+    let Op::Reduce { axes, .. } = &rn.op else { unreachable!("a reduction kernel") };
+    let x = g.node(rn.inputs[0]);
+    let len = axes.iter().map(|&d| x.shape.dims()[d] as u64).product::<u64>();
+    let outputs = rn.shape.numel() as u64;
+    let (trailing, _) = reduced_offset(&x.shape, axes);
+    let u = REDUCE_UNROLL;
+    let cooperative_form = limits.forms.reduce.cooperative();
+    let parts = two_pass_parts(outputs, len);
+    let column_parts = column_parts(outputs, len);
+    if cooperative_form && !trailing && column_parts > 1 {
+        ReducePlan::Columns { parts: column_parts }
+    } else if parts > 1 && (cooperative_form || beyond_one_workgroup(len)) {
+        ReducePlan::TwoPass { parts }
+    } else if cooperative_form && trailing && len > 1 {
+        let vec = vector_reduce(k, g, limits);
+        let units = if vec { len / 4 } else { len };
+        // An inlined reduction in the prologue (a loss's sum over
+        // classes under its mean over the batch) loops per element:
+        // lanes for the loads of both, at most one per element.
+        let lanes = reduce_lanes(units.saturating_mul(inlined_extent(k, g)))
+            .min(units.next_power_of_two().min(WORKGROUP_SIZE as u64));
+        ReducePlan::Rows { vec, lanes }
+    } else if (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
+        || len / u > LLVMPIPE_LOOP_BUDGET / 2
+    {
+        ReducePlan::Workgroup
+    } else {
+        ReducePlan::Serial
+    }
+}
+
+/// The accumulator type of a reduction of `d` values (see
+/// `Writer::reduce_parts`).
+pub(super) fn acc_ty(d: DType) -> &'static str {
+    if d == DType::Bool {
+        "u32"
+    } else {
+        ty(d)
+    }
+}
+
 impl Writer<'_> {
     /// A reduction (`Op::Reduce`).
     /// Appends the statements of `main` to `b`; returns the invocation
@@ -204,7 +278,7 @@ impl Writer<'_> {
         let rshape = Shape::new(axes.iter().map(|&d| x.shape.dims()[d]).collect::<Vec<_>>());
         let base_of = |var: &str| reduced_base(&x.shape, axes, var);
         let base = base_of("t");
-        let (trailing, off) = reduced_offset(&x.shape, axes);
+        let (_, off) = reduced_offset(&x.shape, axes);
         let d = x.dtype;
         let (acc_ty, init, combine, fin) = self.reduce_parts(*op, d, rshape.numel());
         let load = if d == DType::Bool {
@@ -219,121 +293,124 @@ impl Writer<'_> {
         // remainder: keeps trip counts far below the llvmpipe loop
         // budget (`LLVMPIPE_LOOP_BUDGET`).
         let step = |ind: &str, r0: &str, stride: u64| unrolled_steps(ind, r0, stride, &load, &combine);
-        let cooperative = (len >= REDUCE_COOPERATIVE_LEN && outputs <= REDUCE_COOPERATIVE_OUTPUTS)
-            || len / u > LLVMPIPE_LOOP_BUDGET / 2;
-        let parts = two_pass_parts(outputs, len);
-        let column_parts = column_parts(outputs, len);
-        if self.limits.forms.reduce.cooperative() && !trailing && column_parts > 1 {
-            // Many outputs over strided elements (sums over leading axes,
-            // such as bias gradients): one invocation per (output, part),
-            // adjacent lanes on adjacent outputs (coalesced), each summing
-            // one chunk of its output's elements, `REDUCE_UNROLL` loads
-            // per step (independent, so they are in flight together);
-            // pass 2 reduces the parts, in order (deterministic).
-            let parts = column_parts;
-            let chunk = len.div_ceil(parts);
-            invocations = outputs * parts;
-            let obase = base_of("o");
-            let _ = writeln!(
+        match self.s.reduce() {
+            ReducePlan::Columns { parts } => {
+                // Many outputs over strided elements (sums over leading axes,
+                // such as bias gradients): one invocation per (output, part),
+                // adjacent lanes on adjacent outputs (coalesced), each summing
+                // one chunk of its output's elements, `REDUCE_UNROLL` loads
+                // per step (independent, so they are in flight together);
+                // pass 2 reduces the parts, in order (deterministic).
+                let chunk = len.div_ceil(parts);
+                invocations = outputs * parts;
+                let obase = base_of("o");
+                let _ = writeln!(
                 b,
-                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    var r0 = p * {chunk}u;\n    while (r0 + {u}u <= hi) {{\n{}        r0 = r0 + {u}u;\n    }}\n    for (var r = r0; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    out0[o * {parts}u + p] = acc;",
-                step("        ", "r0", 1)
+                "    let o = t % {outputs}u;\n    let p = t / {outputs}u;\n    let base = {obase};\n    var acc: {acc_ty} = {init};\n    let hi = min(p * {chunk}u + {chunk}u, {len}u);\n    var r0 = p * {chunk}u;\n    while (r0 + {u}u <= hi) {{\n{}        r0 = r0 + {u}u;\n    }}\n    for (var r = r0; r < hi; r = r + 1u) {{\n        let v = {load};\n        acc = {combine};\n    }}\n    {}",
+                step("        ", "r0", 1),
+                self.output(0).store(&format!("o * {parts}u + p"), "acc")
             );
-            self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
-        } else if parts > 1 && (self.limits.forms.reduce.cooperative() || beyond_one_workgroup(len)) {
-            // Few long reductions on a GPU (or too long for one workgroup
-            // per output on llvmpipe): pass 1 gives every (output,
-            // part) pair a workgroup that reduces one chunk of the output's
-            // elements into a partial; pass 2 (a kernel of its own, see
-            // `SecondPass`) reduces each output's `parts` partials with a
-            // group of lanes and applies the final step (mean).
-            let wg = WORKGROUP_SIZE as u64;
-            let chunk = len.div_ceil(parts);
-            invocations = outputs * parts * wg;
-            self.cooperative = Some(acc_ty);
-            let _ = writeln!(
+                self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin));
+            }
+            ReducePlan::TwoPass { parts } => {
+                // Few long reductions on a GPU (or too long for one workgroup
+                // per output on llvmpipe): pass 1 gives every (output,
+                // part) pair a workgroup that reduces one chunk of the output's
+                // elements into a partial; pass 2 (a kernel of its own, see
+                // `SecondPass`) reduces each output's `parts` partials with a
+                // group of lanes and applies the final step (mean).
+                let wg = WORKGROUP_SIZE as u64;
+                let chunk = len.div_ceil(parts);
+                invocations = outputs * parts * wg;
+                let _ = writeln!(
                 b,
-                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && lid == 0u) {{\n        out0[gi] = red[0];\n    }}",
-                lane_tree("    ", wg / 2, "lid", &combine)
+                "    let gi = wid.x + wid.y * nwg.x;\n    let t = gi / {parts}u;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        let lo = (gi % {parts}u) * {chunk}u;\n        let hi = min(lo + {chunk}u, {len}u);\n        for (var r = lo + lid; r < hi; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && lid == 0u) {{\n        {}\n    }}",
+                lane_tree("    ", wg / 2, "lid", &combine),
+                self.output(0).store("gi", "red[0]")
             );
-            self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin, storage_ty(rn.dtype)));
-        } else if self.limits.forms.reduce.cooperative() && trailing && len > 1 {
-            // Contiguous rows on a GPU: `lanes` invocations per output
-            // stride over its row together (adjacent lanes, adjacent
-            // addresses), `256 / lanes` outputs per workgroup, then the
-            // row's lanes combine (`Writer::row_combine`: subgroup
-            // shuffles where the device has them, else a tree in
-            // workgroup memory). Each element is read once.
-            // Rows read straight from the input with a length divisible
-            // by 4 are read as vec4 (see `vector_reduce`).
-            let vec = vector_reduce(k, self.g, &self.limits);
-            let units = if vec { len / 4 } else { len };
-            // An inlined reduction in the prologue (a loss's sum over
-            // classes under its mean over the batch) loops per element:
-            // lanes for the loads of both, at most one per element.
-            let lanes = reduce_lanes(units.saturating_mul(inlined_extent(k, self.g)))
-                .min(units.next_power_of_two().min(WORKGROUP_SIZE as u64));
-            let per_group = WORKGROUP_SIZE as u64 / lanes;
-            invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
-            self.cooperative = Some(acc_ty);
-            let main = units / (lanes * u) * (lanes * u);
-            let head = self.row_prologue(lanes, outputs);
-            if vec {
-                // Unit `r` of the row: four elements, combined in order.
-                let unit = |ind: &str, r: &str| {
-                    let mut s = format!("{ind}{{\n{ind}    let x4 = in0[t * {units}u + {r}];\n");
-                    for c in ["x", "y", "z", "w"] {
-                        let _ = writeln!(
-                            s,
-                            "{ind}    {{\n{ind}        let v = x4.{c};\n{ind}        acc = {combine};\n{ind}    }}"
-                        );
-                    }
-                    s.push_str(&format!("{ind}}}\n"));
-                    s
-                };
-                let steps: String = (0..u).map(|q| unit("            ", &format!("r0 + {}u", q * lanes))).collect();
-                let _ = write!(
+                self.second = Some(self.second_pass(outputs, parts, acc_ty, &init, &combine, &fin));
+            }
+            ReducePlan::Rows { vec, lanes } => {
+                // Contiguous rows on a GPU: `lanes` invocations per output
+                // stride over its row together (adjacent lanes, adjacent
+                // addresses), `256 / lanes` outputs per workgroup, then the
+                // row's lanes combine (`Writer::row_combine`: subgroup
+                // shuffles where the device has them, else a tree in
+                // workgroup memory). Each element is read once.
+                // Rows read straight from the input with a length divisible
+                // by 4 are read as vec4 (see `vector_reduce`); the lanes
+                // cover an inlined reduction's loads too (see `reduce_plan`).
+                let units = if vec { len / 4 } else { len };
+                let per_group = WORKGROUP_SIZE as u64 / lanes;
+                invocations = outputs.div_ceil(per_group) * WORKGROUP_SIZE as u64;
+                let main = units / (lanes * u) * (lanes * u);
+                let head = self.row_prologue(lanes, outputs);
+                if vec {
+                    // Unit `r` of the row: four elements, combined in order.
+                    let in0 = self.input(0);
+                    let unit = |ind: &str, r: &str| {
+                        let mut s =
+                            format!("{ind}{{\n{ind}    let x4 = {};\n", in0.load(&format!("t * {units}u + {r}")));
+                        for c in ["x", "y", "z", "w"] {
+                            let _ = writeln!(
+                                s,
+                                "{ind}    {{\n{ind}        let v = x4.{c};\n{ind}        acc = {combine};\n{ind}    }}"
+                            );
+                        }
+                        s.push_str(&format!("{ind}}}\n"));
+                        s
+                    };
+                    let steps: String = (0..u).map(|q| unit("            ", &format!("r0 + {}u", q * lanes))).collect();
+                    let _ = write!(
                     b,
                     "{head}    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{steps}        }}\n        for (var r = {main}u + tid; r < {units}u; r = r + {lanes}u) {{\n{}        }}\n    }}\n",
                     lanes * u,
                     unit("            ", "r")
                 );
-                b.push_str(&self.row_combine("    ", lanes, &combine));
-                let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
-                return invocations;
-            }
-            let _ = write!(
+                    b.push_str(&self.row_combine("    ", lanes, &combine));
+                    let _ = writeln!(
+                        b,
+                        "    if (valid && tid == 0u) {{\n        {}\n    }}",
+                        self.output(0).store("t", &fin)
+                    );
+                    return invocations;
+                }
+                let _ = write!(
                 b,
                 "{head}    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = tid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + tid; r < {len}u; r = r + {lanes}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
                 lanes * u,
                 step("            ", "r0", lanes)
             );
-            b.push_str(&self.row_combine("    ", lanes, &combine));
-            let _ = writeln!(b, "    if (valid && tid == 0u) {{\n        out0[t] = {fin};\n    }}");
-        } else if cooperative {
-            // Few long reductions: one workgroup per output, its
-            // invocations striding over the reduced elements, then
-            // a tree in workgroup memory (8 barriers in all, so
-            // cheap on llvmpipe too, where a single invocation per
-            // output would use one SIMD lane of one core).
-            let wg = WORKGROUP_SIZE as u64;
-            invocations = outputs * wg;
-            self.cooperative = Some(acc_ty);
-            let main = len / (wg * u) * (wg * u);
-            let _ = write!(
+                b.push_str(&self.row_combine("    ", lanes, &combine));
+                let _ =
+                    writeln!(b, "    if (valid && tid == 0u) {{\n        {}\n    }}", self.output(0).store("t", &fin));
+            }
+            ReducePlan::Workgroup => {
+                // Few long reductions: one workgroup per output, its
+                // invocations striding over the reduced elements, then
+                // a tree in workgroup memory (8 barriers in all, so
+                // cheap on llvmpipe too, where a single invocation per
+                // output would use one SIMD lane of one core).
+                let wg = WORKGROUP_SIZE as u64;
+                invocations = outputs * wg;
+                let main = len / (wg * u) * (wg * u);
+                let _ = write!(
                 b,
                 "    let t = wid.x + wid.y * nwg.x;\n    let valid = t < {outputs}u;\n    let base = {base};\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r0 = lid; r0 < {main}u; r0 = r0 + {}u) {{\n{}        }}\n        for (var r = {main}u + lid; r < {len}u; r = r + {wg}u) {{\n            let v = {load};\n            acc = {combine};\n        }}\n    }}\n",
                 wg * u,
                 step("            ", "r0", wg)
             );
-            b.push_str(&lane_tree("    ", wg / 2, "lid", &combine));
-            let _ = writeln!(
-                b,
-                "    if (valid && lid == 0u) {{\n        let acc = red[0];\n        out0[t] = {fin};\n    }}"
-            );
-        } else {
-            b.push_str(&serial_reduce(&base, acc_ty, &init, &load, &combine, len, false));
-            let _ = writeln!(b, "    out0[t] = {fin};");
+                b.push_str(&lane_tree("    ", wg / 2, "lid", &combine));
+                let _ = writeln!(
+                    b,
+                    "    if (valid && lid == 0u) {{\n        let acc = red[0];\n        {}\n    }}",
+                    self.output(0).store("t", &fin)
+                );
+            }
+            ReducePlan::Serial => {
+                b.push_str(&serial_reduce(&base, acc_ty, &init, &load, &combine, len, false));
+                let _ = writeln!(b, "    {}", self.output(0).store("t", &fin));
+            }
         }
         invocations
     }
@@ -364,7 +441,6 @@ impl Writer<'_> {
     /// The second pass of a two-pass reduction: `lanes` invocations per
     /// output reduce its `parts` contiguous partials (binding `in0`) and
     /// apply the final step.
-    #[allow(clippy::too_many_arguments)] // the pieces of one reduction
     pub(super) fn second_pass(
         &self,
         outputs: u64,
@@ -373,16 +449,18 @@ impl Writer<'_> {
         init: &str,
         combine: &str,
         fin: &str,
-        out: &'static str,
     ) -> SecondPass {
         let wg = WORKGROUP_SIZE as u64;
         let lanes = reduce_lanes(parts);
         let per_group = wg / lanes;
+        let pass2 = self.pass2();
         let body = format!(
-            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = in0[t * {parts}u + r];\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        out0[t] = {fin};\n    }}\n",
-            lane_tree("    ", lanes / 2, "tid", combine)
+            "    let t = (wid.x + wid.y * nwg.x) * {per_group}u + lid / {lanes}u;\n    let tid = lid % {lanes}u;\n    let valid = t < {outputs}u;\n    var acc: {acc_ty} = {init};\n    if (valid) {{\n        for (var r = tid; r < {parts}u; r = r + {lanes}u) {{\n            let v = {};\n            acc = {combine};\n        }}\n    }}\n{}    if (valid && tid == 0u) {{\n        let acc = red[lid];\n        {}\n    }}\n",
+            pass2.inputs[0].load(&format!("t * {parts}u + r")),
+            lane_tree("    ", lanes / 2, "tid", combine),
+            pass2.outputs[0].store("t", fin)
         );
-        SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts, acc: acc_ty, out }
+        SecondPass { body, invocations: outputs.div_ceil(per_group) * wg, scratch: outputs * parts }
     }
 
     /// An arg-reduction: one invocation per output line.
@@ -413,7 +491,8 @@ impl Writer<'_> {
         let head = format!("for (var j = 1u; j < {len}u; j = j + 1u) {{");
         let _ = writeln!(
             b,
-            "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    {head}\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    out0[t] = i32(bi);",
+            "    let base = {base};\n    var best = {conv}n{x}(base));\n    var bi = 0u;\n    {head}\n        let v = {conv}n{x}(base + j * {stride}u));\n        if ({better}) {{\n            best = v;\n            bi = j;\n        }}\n    }}\n    {}",
+            self.output(0).store("t", "i32(bi)"),
             x = x_id(rn)
         );
         invocations
@@ -432,10 +511,11 @@ impl Writer<'_> {
         let (base, stride, _) = line(&x.shape, *axis);
         let jj = if *reverse { format!("({len}u - 1u - q)") } else { "q".into() };
         let head = format!("for (var q = 0u; q < {len}u; q = q + 1u) {{");
+        let store = self.output(0).store("idx", "acc");
         let (pre, post) = if *exclusive {
-            ("out0[idx] = acc;\n        acc = acc + v;", "")
+            (format!("{store}\n        acc = acc + v;"), "")
         } else {
-            ("acc = acc + v;\n        out0[idx] = acc;", "")
+            (format!("acc = acc + v;\n        {store}"), "")
         };
         let _ = writeln!(
             b,

@@ -87,6 +87,60 @@ pub fn layout_units(units: u64, fixed: bool) -> u64 {
 /// [`layout_units`]).
 pub const ROW_GENERIC_MIN_UNITS: u64 = 64;
 
+/// How a softmax kernel is written, decided by the schedule (see
+/// [`super::Schedule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftmaxPlan {
+    /// One invocation per row in vec4 (the per-row form, see
+    /// [`vector_rows`]).
+    Vec4Rows,
+    /// One invocation per row, three passes.
+    PerRow,
+    /// A group of `lanes` invocations per row, units of vec4 where `vec`;
+    /// rows held in registers where `cached` (see
+    /// `Writer::softmax_cooperative`).
+    Cooperative {
+        /// Units are vec4s.
+        vec: bool,
+        /// Invocations per row.
+        lanes: u64,
+        /// The row is held in registers.
+        cached: bool,
+    },
+}
+
+impl SoftmaxPlan {
+    /// The plan of softmax kernel `k` of `g` under `limits`.
+    pub(super) fn new(k: &Kernel, g: &VerifiedGraph, limits: &LowerLimits) -> SoftmaxPlan {
+        let vec = vector_rows(k, g, limits);
+        let per_row = limits.forms.rows.per_row();
+        if vec && per_row {
+            return SoftmaxPlan::Vec4Rows;
+        }
+        let rn = g.node(k.root());
+        let Op::Softmax { axis, .. } = rn.op else { unreachable!("softmax kernel") };
+        let len = g.node(rn.inputs[0]).shape.dims()[axis] as u64;
+        // One invocation per row runs three passes of `len` iterations;
+        // longer rows go cooperative even on llvmpipe (its loop budget,
+        // `LLVMPIPE_LOOP_BUDGET`).
+        if per_row && 3 * len <= LLVMPIPE_LOOP_BUDGET {
+            return SoftmaxPlan::PerRow;
+        }
+        let units = if vec { len / 4 } else { len };
+        // A row length that varies (a kernel generic over it) is laid out
+        // by its power-of-two bucket: every length of the bucket then has
+        // this source, the length itself read at run time.
+        let layout_units = layout_units(units, limits.fixed_sizes().row);
+        let lanes = row_lanes(layout_units);
+        SoftmaxPlan::Cooperative { vec, lanes, cached: layout_units.div_ceil(lanes) <= ROW_MAX_CACHED }
+    }
+
+    /// Whether the kernel's input and output are bound as vec4.
+    pub(super) fn vec4(self) -> bool {
+        matches!(self, SoftmaxPlan::Vec4Rows | SoftmaxPlan::Cooperative { vec: true, .. })
+    }
+}
+
 impl Writer<'_> {
     /// The start of a cooperative row kernel's `main` with `lanes` lanes
     /// per row and `256 / lanes` rows per workgroup, `rows` rows in all:
@@ -99,8 +153,8 @@ impl Writer<'_> {
     pub(super) fn row_prologue(&mut self, lanes: u64, rows: u64) -> String {
         let per_group = WORKGROUP_SIZE as u64 / lanes;
         let mut b = String::new();
-        if self.limits.subgroups && lanes > 1 {
-            self.subgroups = true;
+        if self.s.subgroups() {
+            debug_assert!(lanes > 1, "subgroups combine the lanes of a row");
             let _ = writeln!(self.decls, "var<workgroup> sgmode: u32;\n");
             let _ = writeln!(
                 b,
@@ -133,7 +187,7 @@ impl Writer<'_> {
             "{ind}red[f] = acc;\n{ind}workgroupBarrier();\n{ind}for (var h = {}u; h > 0u; h = h >> 1u) {{\n{ind}    if (tid < h) {{\n{ind}        let acc = red[f];\n{ind}        let v = red[f + h];\n{ind}        red[f] = {combine};\n{ind}    }}\n{ind}    workgroupBarrier();\n{ind}}}\n{ind}acc = red[f - tid];\n{ind}workgroupBarrier();\n",
             lanes / 2
         );
-        if !self.subgroups {
+        if !self.s.subgroups() {
             return tree;
         }
         let i2 = format!("{ind}    ");
@@ -161,8 +215,10 @@ impl Writer<'_> {
         // grows (online softmax); while the max is still -inf nothing is
         // added, so leading -inf values do not turn the sum into NaN.
         let head = format!("for (var j = 0u; j < {len4}u; j = j + 1u) {{");
+        let load = self.input(0).load("b + j");
         let b = format!(
-            "    let b = t * {len4}u;\n    var m = -inf_f();\n    var s = 0.0;\n    {head}\n        let v = in0[b + j];\n        let mn = max_nan(m, max_nan(max_nan(v.x, v.y), max_nan(v.z, v.w)));\n        if (mn > -inf_f()) {{\n            let e = exp(v - vec4<f32>(mn));\n            s = s * exp(m - mn) + ((e.x + e.y) + (e.z + e.w));\n        }}\n        m = mn;\n    }}\n    {fin}\n    {head}\n        let v = in0[b + j];\n        out0[b + j] = {out};\n    }}\n"
+            "    let b = t * {len4}u;\n    var m = -inf_f();\n    var s = 0.0;\n    {head}\n        let v = {load};\n        let mn = max_nan(m, max_nan(max_nan(v.x, v.y), max_nan(v.z, v.w)));\n        if (mn > -inf_f()) {{\n            let e = exp(v - vec4<f32>(mn));\n            s = s * exp(m - mn) + ((e.x + e.y) + (e.z + e.w));\n        }}\n        m = mn;\n    }}\n    {fin}\n    {head}\n        let v = {load};\n        {}\n    }}\n",
+            self.output(0).store("b + j", out)
         );
         (b, rows)
     }
@@ -177,10 +233,8 @@ impl Writer<'_> {
         let x = g.node(rn.inputs[0]);
         let len = x.shape.dims()[*axis] as u64;
         let rows = (x.shape.numel() as u64).checked_div(len).unwrap_or(0);
-        // One invocation per row runs three passes of `len`
-        // iterations; longer rows go cooperative even on llvmpipe
-        // (its loop budget, `LLVMPIPE_LOOP_BUDGET`).
-        if self.limits.forms.rows.per_row() && 3 * len <= LLVMPIPE_LOOP_BUDGET {
+        let plan = self.s.softmax();
+        if plan == SoftmaxPlan::PerRow {
             let invocations = rows;
             let (base, stride, _) = line(&x.shape, *axis);
             self.use_helper(Helper::MaxNan);
@@ -188,10 +242,14 @@ impl Writer<'_> {
             let xi = x_id(rn);
             // Softmax stores exp(v - m) in the second pass and
             // scales it in the third (one exp per element).
+            let out0 = self.output(0);
             let (second, third) = if *log {
-                ("", "let v = n{xi}(idx);\n        out0[idx] = v - m - ls;".replace("{xi}", &xi.to_string()))
+                (String::new(), format!("let v = n{xi}(idx);\n        {}", out0.store("idx", "v - m - ls")))
             } else {
-                ("\n        out0[idx] = e;", "out0[idx] = out0[idx] * r;".to_string())
+                (
+                    format!("\n        {}", out0.store("idx", "e")),
+                    out0.store("idx", &format!("{} * r", out0.load("idx"))),
+                )
             };
             let fin = if *log { "let ls = log(s);" } else { "let r = 1.0 / s;" };
             let head = format!("for (var j = 0u; j < {len}u; j = j + 1u) {{");
@@ -201,8 +259,8 @@ impl Writer<'_> {
             );
             return invocations;
         }
-        let vec = vector_rows(k, g, &self.limits);
-        self.softmax_cooperative(k, vec, b)
+        let SoftmaxPlan::Cooperative { vec, lanes, cached } = plan else { unreachable!("the cooperative softmax") };
+        self.softmax_cooperative(k, (vec, lanes, cached), b)
     }
 
     /// The cooperative softmax (see [`super::RowsForm::Cooperative`]): `P` lanes
@@ -215,7 +273,7 @@ impl Writer<'_> {
     /// and rescaled sum per lane (online softmax), combine the pairs
     /// ([`Writer::row_combine`]), and read the row a second time to write it. With `vec` a
     /// unit is a vec4 (see [`vector_rows`]). Returns the invocation count.
-    fn softmax_cooperative(&mut self, k: &Kernel, vec: bool, b: &mut String) -> u64 {
+    fn softmax_cooperative(&mut self, k: &Kernel, (vec, lanes, cached): (bool, u64, bool), b: &mut String) -> u64 {
         let g = self.g;
         let rn = g.node(k.root());
         let Op::Softmax { axis, log } = rn.op else { unreachable!("softmax kernel") };
@@ -228,11 +286,8 @@ impl Writer<'_> {
         // this source, the length itself read at run time.
         let fixed = self.limits.fixed_sizes().row;
         let layout_units = layout_units(units, fixed);
-        let lanes = row_lanes(layout_units);
         let rows_per_group = WORKGROUP_SIZE as u64 / lanes;
         let per_lane = layout_units.div_ceil(lanes);
-        let cached = per_lane <= ROW_MAX_CACHED;
-        self.cooperative = Some(if cached { "f32" } else { "vec2<f32>" });
         self.use_helper(Helper::MaxNan);
         self.use_helper(Helper::InfF);
         let xi = x_id(rn);
@@ -240,8 +295,14 @@ impl Writer<'_> {
         // Unit `j` of row `t`: its load, its max and exp-sum terms, and
         // its store of value expression `e` (over `v`, a unit).
         let ut = if vec { "vec4<f32>" } else { "f32" };
-        let load =
-            |j: &str| if vec { format!("in0[t * {units}u + {j}]") } else { format!("n{xi}(base + ({j}) * {stride}u)") };
+        let (in0, out0) = (self.input(0), self.output(0));
+        let load = |j: &str| {
+            if vec {
+                in0.load(&format!("t * {units}u + {j}"))
+            } else {
+                format!("n{xi}(base + ({j}) * {stride}u)")
+            }
+        };
         let umax = |v: &str| {
             if vec {
                 format!("max_nan(max_nan({v}.x, {v}.y), max_nan({v}.z, {v}.w))")
@@ -265,8 +326,14 @@ impl Writer<'_> {
                 format!("exp({v} - {m}) * rsm")
             }
         };
-        let dst =
-            |j: &str| if vec { format!("out0[t * {units}u + {j}]") } else { format!("out0[base + ({j}) * {stride}u]") };
+        // The statement storing value `v` to unit `j`.
+        let store = |j: &str, v: &str| {
+            if vec {
+                out0.store(&format!("t * {units}u + {j}"), v)
+            } else {
+                out0.store(&format!("base + ({j}) * {stride}u"), v)
+            }
+        };
         let head = self.row_prologue(lanes, rows);
         let _ = writeln!(b, "{head}    let base = {base};");
         let fin = if log { "let lsm = log(sm);" } else { "let rsm = 1.0 / sm;" };
@@ -311,9 +378,9 @@ impl Writer<'_> {
                 let value = if log { write(&format!("v{e}")) } else { format!("v{e} * rsm") };
                 let _ = writeln!(
                     b,
-                    "    if ({}) {{\n        {} = {value};\n    }}",
+                    "    if ({}) {{\n        {}\n    }}",
                     cond(e),
-                    dst(&format!("tid + {}u", e * lanes)),
+                    store(&format!("tid + {}u", e * lanes), &value),
                 );
             }
         } else {
@@ -331,10 +398,9 @@ impl Writer<'_> {
             b.push_str(&self.row_combine("    ", lanes, "vec2<f32>(max_nan(acc.x, v.x), select(0.0, acc.y * exp(acc.x - max_nan(acc.x, v.x)), acc.y > 0.0) + select(0.0, v.y * exp(v.x - max_nan(acc.x, v.x)), v.y > 0.0))"));
             let _ = write!(
                 b,
-                "    let mx = acc.x;\n    let sm = acc.y;\n    {fin}\n    if (valid) {{\n        {each}\n            let v = {};\n            {} = {};\n        }}\n    }}\n",
+                "    let mx = acc.x;\n    let sm = acc.y;\n    {fin}\n    if (valid) {{\n        {each}\n            let v = {};\n            {}\n        }}\n    }}\n",
                 load("j"),
-                dst("j"),
-                write("v")
+                store("j", &write("v"))
             );
         }
         rows.div_ceil(rows_per_group) * WORKGROUP_SIZE as u64
@@ -403,13 +469,12 @@ impl Writer<'_> {
         let len = shape.dims()[shape.rank() - 1] as u64;
         let n = shape.numel() as u64;
         let rows = n.checked_div(len).unwrap_or(0);
-        let RowsLayout { lanes, held, vec4 } = rows_layout(k, g, &self.limits);
+        let RowsLayout { lanes, held, vec4 } = self.s.rows_layout();
         let w = if vec4 { 4 } else { 1 };
         let units = len / w;
         let fixed = self.limits.fixed_sizes().row;
         let per_group = WORKGROUP_SIZE as u64 / lanes;
         let per_lane = layout_units(units, fixed).div_ceil(lanes);
-        self.cooperative = Some("f32");
         let head = self.row_prologue(lanes, rows);
         let _ = writeln!(b, "{head}    let base = t * {len}u;");
         // Unit `e` of this lane: whether it is in the row; element slot
@@ -434,7 +499,7 @@ impl Writer<'_> {
                     let (t, load) = if vec4 {
                         (
                             format!("vec4<{}>", storage_reg_ty(d.dtype)),
-                            format!("in{slot}[t * {units}u + tid + {}u]", e * lanes),
+                            self.input(slot).load(&format!("t * {units}u + tid + {}u", e * lanes)),
                         )
                     } else {
                         (ty(d.dtype).to_string(), format!("n{}(i{e})", id.0))
@@ -504,15 +569,17 @@ impl Writer<'_> {
                         let v = self.lane_value(&mut lanes_of, k, n, id, e * w + c, b)?;
                         vals.push(store(d, &v));
                     }
+                    let out = self.output(o);
                     stores.push(if vec4 {
                         format!(
-                            "        out{o}[t * {units}u + tid + {}u] = vec4<{}>({});\n",
-                            e * lanes,
-                            storage_reg_ty(d),
-                            vals.join(", ")
+                            "        {}\n",
+                            out.store(
+                                &format!("t * {units}u + tid + {}u", e * lanes),
+                                &format!("vec4<{}>({})", storage_reg_ty(d), vals.join(", "))
+                            )
                         )
                     } else {
-                        format!("        out{o}[i{e}] = {};\n", vals[0])
+                        format!("        {}\n", out.store(&format!("i{e}"), &vals[0]))
                     });
                 }
                 if !stores.is_empty() {
@@ -525,8 +592,8 @@ impl Writer<'_> {
             for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| !per_row(id)) {
                 let _ = writeln!(
                     b,
-                    "            out{o}[base + j] = {};",
-                    store(g.node(id).dtype, &format!("n{}(base + j)", id.0))
+                    "            {}",
+                    self.output(o).store("base + j", &store(g.node(id).dtype, &format!("n{}(base + j)", id.0)))
                 );
             }
             b.push_str("        }\n");
@@ -534,8 +601,8 @@ impl Writer<'_> {
         for (o, &id) in k.outputs.iter().enumerate().filter(|(_, id)| per_row(id)) {
             let _ = writeln!(
                 b,
-                "        if (tid == 0u) {{\n            out{o}[t] = {};\n        }}",
-                store(g.node(id).dtype, &format!("n{}(t)", id.0))
+                "        if (tid == 0u) {{\n            {}\n        }}",
+                self.output(o).store("t", &store(g.node(id).dtype, &format!("n{}(t)", id.0)))
             );
         }
         b.push_str("    }\n");
