@@ -140,6 +140,7 @@ pub mod data;
 mod device;
 #[cfg(feature = "mpi")]
 pub mod distributed;
+pub mod llm;
 pub mod nn;
 pub mod onnx;
 pub mod optim;

@@ -500,17 +500,28 @@ impl Archive {
         Ok(Stored { dtype: info.dtype, shape: &info.shape, data })
     }
 
-    /// The stored tensor `name` on `device` in its stored dtype (an error
-    /// for a dtype Lazuli lacks).
-    pub(crate) fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, SerializeError> {
+    /// The stored tensor `name` as its dtype, shape and bytes borrowed
+    /// from the file (an error for a dtype Lazuli lacks).
+    pub(crate) fn raw(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), SerializeError> {
         let view = self.view(name)?;
         let dtype = from_st(view.dtype).ok_or_else(|| SerializeError::UnsupportedDType {
             path: self.file_of(name),
             name: name.to_string(),
             dtype: format!("{:?}", view.dtype),
         })?;
-        let ty = crate::ir::ValueType::new(view.shape.to_vec(), dtype);
-        Ok(Tensor::from_bytes(view.data.to_vec(), ty, device)?)
+        Ok((dtype, view.shape.to_vec(), view.data))
+    }
+
+    /// Bytes of every file of the archive.
+    pub(crate) fn stored_bytes(&self) -> usize {
+        self.files.iter().map(|f| f.contents.len()).sum()
+    }
+
+    /// The stored tensor `name` on `device` in its stored dtype (an error
+    /// for a dtype Lazuli lacks).
+    pub(crate) fn tensor(&self, name: &str, device: &Device) -> Result<Tensor, SerializeError> {
+        let (dtype, shape, data) = self.raw(name)?;
+        Ok(Tensor::from_bytes(data.to_vec(), crate::ir::ValueType::new(shape, dtype), device)?)
     }
 
     /// The tensors whose names start with `prefix`, by the rest of their

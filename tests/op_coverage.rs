@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 /// Op kinds the wgpu backend never lowers: they always run on the CPU
 /// fallback. None today.
-const WGPU_FALLBACK: &[OpKind] = &[];
+const WGPU_FALLBACK: &[OpKind] = &[OpKind::Dequantize, OpKind::QuantMatMul, OpKind::WriteAt, OpKind::PrefixAttention];
 
 /// Collectives: no backend runs them (both refuse them in `supports` and
 /// in `compile`, never treating them as an identity); the executor runs
@@ -291,6 +291,37 @@ fn examples(kind: OpKind) -> Vec<Example> {
                 g.done(format!("attention {part:?}"), &[y])
             })
             .collect(),
+        OpKind::Dequantize => {
+            let mut g = G::new();
+            let w = g.param(&[3, 34], DType::U8);
+            let y = g.push(Op::Dequantize(lazuli::ir::QuantFormat::Q8_0), &[w]);
+            vec![g.done("dequantize", &[y])]
+        }
+        OpKind::QuantMatMul => {
+            let mut g = G::new();
+            let x = g.param(&[2, 32], f);
+            let w = g.param(&[3, 18], DType::U8);
+            let y = g.push(Op::QuantMatMul(lazuli::ir::QuantFormat::Q4_0), &[x, w]);
+            vec![g.done("quant_matmul", &[y])]
+        }
+        OpKind::WriteAt => {
+            let mut g = G::new();
+            let base = g.param(&[1, 2, 4, 2], f);
+            let update = g.param(&[1, 2, 1, 2], f);
+            let pos = g.scalar(ScalarValue::Int(2), DType::I32);
+            let y = g.push(Op::WriteAt { axis: 2 }, &[base, update, pos]);
+            vec![g.done("write_at", &[y])]
+        }
+        OpKind::PrefixAttention => {
+            let mut g = G::new();
+            let q = g.param(&[1, 2, 1, 4], f);
+            let k = g.param(&[1, 1, 4, 4], f);
+            let v = g.param(&[1, 1, 4, 4], f);
+            let scale = g.scalar(ScalarValue::Float(0.5), f);
+            let pos = g.scalar(ScalarValue::Int(2), DType::I32);
+            let y = g.push(Op::PrefixAttention, &[q, k, v, scale, pos]);
+            vec![g.done("prefix_attention", &[y])]
+        }
         OpKind::AllReduce => CollectiveOp::ALL
             .iter()
             .map(|&op| {
@@ -311,6 +342,8 @@ fn input_bytes(ty: &ValueType) -> Vec<u8> {
         DType::F32 => (0..n).flat_map(|k| (0.25 + 0.125 * (k % 5) as f32).to_le_bytes()).collect(),
         DType::I32 => vec![0; 4 * n],
         DType::Bool => (0..n).flat_map(|k| [(k % 2) as u8]).collect(),
+        // Quantized blocks: small bytes (f16 scales of 2^-14 scale, finite).
+        DType::U8 => (0..n).map(|k| (k % 7) as u8).collect(),
         other => panic!("no example input of {other}"),
     }
 }

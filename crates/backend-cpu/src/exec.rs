@@ -30,7 +30,7 @@ use crate::layout::View;
 use crate::memory::Memory;
 use crate::profile::{self, Profiler};
 use crate::storage::{data, CpuData, CpuStorage};
-use crate::{attention, conv, matmul, movement, reduce, source, threads};
+use crate::{attention, cache, conv, matmul, movement, quant, reduce, source, threads};
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{
     timeline, BackendError, BackendKind, Buffer, DeviceStorage, Executable, LaunchCost, LaunchSample,
@@ -253,9 +253,12 @@ impl Program {
         check_inputs(graph, &inputs, scalars)?;
         let mut uses = self.uses.clone();
         let mut vals: Vec<Option<Arc<dyn DeviceStorage>>> = vec![None; graph.len()];
+        // Moved, not cloned: a donated input stays uniquely held, so a
+        // write into it (`Op::WriteAt`) can happen in place.
+        let mut inputs: Vec<Option<Arc<dyn DeviceStorage>>> = inputs.into_iter().map(|b| Some(b.storage)).collect();
         for (id, node) in graph.nodes().iter().enumerate() {
             if let Op::Parameter(i) = node.op {
-                vals[id] = Some(inputs[i as usize].storage.clone());
+                vals[id] = inputs[i as usize].take();
             }
         }
         for step in &self.steps {
@@ -264,6 +267,10 @@ impl Program {
                 (Instant::now(), profile::thread_cpu_time())
             });
             match &step.kind {
+                StepKind::Node(id) if matches!(graph.node(*id).op, Op::WriteAt { .. }) => {
+                    let v = write_at(graph, *id, &mut vals, &uses, mem)?;
+                    vals[id.index()] = Some(v);
+                }
                 StepKind::Node(id) => {
                     let v = eval_node(graph, *id, &vals, scalars, mem)?;
                     vals[id.index()] = Some(v);
@@ -500,6 +507,45 @@ pub fn run(graph: &Graph, inputs: Vec<Buffer>, scalars: &[ScalarValue]) -> Resul
     Program::compile(graph, &mem).run(graph, inputs, scalars, &mem, None)
 }
 
+/// `Op::WriteAt` node `id`: into its base's own storage when this step
+/// reads the base last and nobody else holds it (a donated cache: counted
+/// `CpuWriteAtInPlace`), else into a copy (`CpuWriteAtCopied`).
+fn write_at(
+    graph: &Graph,
+    id: NodeId,
+    vals: &mut [Option<Arc<dyn DeviceStorage>>],
+    uses: &[usize],
+    mem: &Arc<Memory>,
+) -> Result<Arc<dyn DeviceStorage>, BackendError> {
+    let node = graph.node(id);
+    let Op::WriteAt { axis } = node.op else { unreachable!("a write_at step") };
+    let [b, u, p] = [node.inputs[0], node.inputs[1], node.inputs[2]];
+    let pos = cache::positions(data(vals[p.index()].as_ref().expect("operands precede users")));
+    let dims = |x: NodeId| graph.node(x).shape.dims();
+    let last_read = uses[b.index()] == 1 && b != u && b != p;
+    let mut base =
+        if last_read { vals[b.index()].take() } else { vals[b.index()].clone() }.expect("operands precede users");
+    let update = vals[u.index()].as_ref().expect("operands precede users");
+    let in_place = Arc::get_mut(&mut base).and_then(|s| s.as_any_mut()).and_then(|a| a.downcast_mut::<CpuStorage>());
+    if let Some(storage) = in_place {
+        cache::write_at(&mut storage.data, dims(b), data(update), dims(u), &pos, axis)?;
+        lazuli_executor::metrics::inc("CpuWriteAtInPlace", 1);
+        return Ok(base);
+    }
+    let mut copy = mem.take(node.dtype, node.shape.numel())?;
+    each_pair_copy(&mut copy, data(&base));
+    cache::write_at(&mut copy, dims(b), data(update), dims(u), &pos, axis)?;
+    lazuli_executor::metrics::inc("CpuWriteAtCopied", 1);
+    Ok(Arc::new(mem.track(copy)))
+}
+
+/// Copies `src` into `dst` (same dtype and length).
+fn each_pair_copy(dst: &mut CpuData, src: &CpuData) {
+    let to: &mut [u8] = crate::storage::each_all!(dst, v => bytemuck::cast_slice_mut(v.as_mut_slice()));
+    let from: &[u8] = crate::storage::each_all!(src, v => bytemuck::cast_slice(v.as_slice()));
+    to.copy_from_slice(from);
+}
+
 fn check_inputs(graph: &Graph, inputs: &[Buffer], scalars: &[ScalarValue]) -> Result<(), BackendError> {
     if inputs.len() != graph.params.len() {
         return Err(BackendError::Execution(format!("expected {} inputs, got {}", graph.params.len(), inputs.len())));
@@ -585,6 +631,14 @@ fn eval_node(
         Op::AllReduce { .. } => {
             return Err(BackendError::Unsupported { backend: "cpu".into(), op: node.op.name(), dtype: node.dtype })
         }
+        Op::Dequantize(format) => quant::dequantize(mem, *format, arg(0), shape(0))?,
+        Op::QuantMatMul(format) => quant::matmul(mem, *format, arg(0), shape(0), arg(1), shape(1))?,
+        Op::PrefixAttention => {
+            let pos = cache::positions(arg(4));
+            cache::prefix_attention(mem, arg(0), shape(0), arg(1), shape(1), arg(2), shape(2), arg(3), &pos)?
+        }
+        // Run by `write_at` (in place where it may be).
+        Op::WriteAt { .. } => unreachable!("write_at is run by its own step"),
         Op::Parameter(_) | Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
             unreachable!("{} is bound or fused, never interpreted", node.op.name())
         }

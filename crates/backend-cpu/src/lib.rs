@@ -26,6 +26,7 @@
 //! contract (an unverified graph) may panic.
 
 mod attention;
+mod cache;
 mod conv;
 mod elem;
 mod elementwise;
@@ -37,6 +38,7 @@ mod matmul;
 mod memory;
 mod movement;
 mod profile;
+mod quant;
 mod reduce;
 mod source;
 mod storage;

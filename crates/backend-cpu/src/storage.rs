@@ -394,6 +394,10 @@ impl DeviceStorage for CpuStorage {
     fn byte_size(&self) -> usize {
         self.data.len() * self.data.dtype().size_bytes()
     }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        Some(self)
+    }
 }
 
 #[cfg(test)]

@@ -90,7 +90,6 @@
 //! Architecture invariant: this crate never sees a lazy tensor; it gets
 //! verified graphs and buffers through `lazuli_executor::Backend`.
 
-
 pub mod codegen;
 pub mod compile;
 pub mod device;

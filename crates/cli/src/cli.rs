@@ -45,8 +45,9 @@ pub enum Command {
     Run(commands::run::Args),
     /// Run the benchmark workloads and their baselines; print a table.
     Bench(commands::bench::Args),
-    /// Greedy generation with a small GPT: a growing context beside a
-    /// fixed window.
+    /// Generate text with a language model (--model FILE: GGUF or a
+    /// Hugging Face folder); without --model, the small GPT demo (a
+    /// growing context beside a fixed window).
     Generate(commands::generate::Args),
     /// Summarize the steady state of a LAZULI_TRACE file.
     Trace(commands::trace::Args),

@@ -41,6 +41,12 @@ pub trait DeviceStorage: Send + Sync + fmt::Debug + 'static {
     fn as_any(&self) -> &dyn Any;
     /// Size in bytes of the allocation (may exceed the tensor's bytes).
     fn byte_size(&self) -> usize;
+    /// For writing into a uniquely held (donated) buffer in place: the
+    /// concrete storage, mutably. `None` (the default) where a backend
+    /// does not write in place.
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        None
+    }
 }
 
 /// A tensor's data on one backend: shared, immutable storage plus its type.

@@ -193,6 +193,12 @@ pub enum KernelKind {
     /// and attributes (`Out` with `LogSumExp`, `GradK` with `GradV`), one
     /// output each.
     Attention,
+    /// `Op::Dequantize` or `Op::QuantMatMul`: reads a block-quantized
+    /// weight (see `crate::quant`).
+    Quant,
+    /// `Op::WriteAt` or `Op::PrefixAttention`: a KV cache written or read
+    /// at positions taken from data (they check them: an error slot).
+    Cache,
 }
 
 impl KernelKind {
@@ -201,7 +207,7 @@ impl KernelKind {
     /// outputs (a backend's error slot), counted by
     /// [`Kernel::storage_buffers`].
     pub fn checks_indices(self) -> bool {
-        matches!(self, KernelKind::Gather | KernelKind::ScatterAdd)
+        matches!(self, KernelKind::Gather | KernelKind::ScatterAdd | KernelKind::Cache)
     }
 }
 
@@ -319,6 +325,8 @@ fn class(op: &Op) -> Class {
         // backends refuse a graph holding one before planning it: the
         // executor's plan runs it in a segment of its own.
         Op::AllReduce { .. } => unreachable!("a collective reached the fusion planner"),
+        Op::Dequantize(_) | Op::QuantMatMul(_) => Class::Root(KernelKind::Quant),
+        Op::WriteAt { .. } | Op::PrefixAttention => Class::Root(KernelKind::Cache),
     }
 }
 
@@ -329,9 +337,13 @@ fn is_view(op: &Op) -> bool {
 /// Whether a group of `kind` may inline node `op` as part of its prologue.
 fn accepts(kind: KernelKind, op: &Op) -> bool {
     match kind {
-        KernelKind::MatMul | KernelKind::Conv2d | KernelKind::Pool | KernelKind::PoolGrad | KernelKind::Attention => {
-            is_view(op)
-        }
+        KernelKind::MatMul
+        | KernelKind::Conv2d
+        | KernelKind::Pool
+        | KernelKind::PoolGrad
+        | KernelKind::Attention
+        | KernelKind::Quant
+        | KernelKind::Cache => is_view(op),
         _ => true,
     }
 }

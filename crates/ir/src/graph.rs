@@ -304,6 +304,8 @@ pub fn describe(op: &Op) -> String {
         ),
         Op::Attention { attrs, .. } => format!("{} causal={} mask={:?}", op.name(), attrs.causal, attrs.mask),
         Op::AllReduce { bucket, .. } => format!("{} bucket={bucket}", op.name()),
+        Op::Dequantize(f) | Op::QuantMatMul(f) => format!("{} {f}", op.name()),
+        Op::WriteAt { axis } => format!("write_at axis={axis}"),
         other => other.name(),
     }
 }

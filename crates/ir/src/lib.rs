@@ -16,6 +16,7 @@ mod hash;
 mod op;
 pub mod passes;
 pub mod philox;
+pub mod quant;
 pub mod semantics;
 mod shape;
 
@@ -27,4 +28,5 @@ pub use op::{
     reduced_shape, ArgReduceOp, AttentionAttrs, AttentionMask, AttentionPart, BinaryOp, CollectiveOp, ConvAttrs, Op,
     OpKind, PadMode, PoolAttrs, PoolKind, RandomDist, ReduceOp, UnaryOp, ValueType,
 };
+pub use quant::QuantFormat;
 pub use shape::Shape;

@@ -4,6 +4,7 @@
 //! dtypes are inferred by [`Op::infer`] from the operand types when a node
 //! is made; a mismatch is an [`IrError`] naming the op and the shapes.
 
+use crate::quant::QuantFormat;
 use crate::{DType, IrError, ScalarValue, Shape};
 
 /// The shape and dtype of a value.
@@ -355,6 +356,14 @@ pub enum OpKind {
     Attention,
     /// [`Op::AllReduce`].
     AllReduce,
+    /// [`Op::Dequantize`].
+    Dequantize,
+    /// [`Op::QuantMatMul`].
+    QuantMatMul,
+    /// [`Op::WriteAt`].
+    WriteAt,
+    /// [`Op::PrefixAttention`].
+    PrefixAttention,
 }
 }
 
@@ -711,6 +720,43 @@ pub enum Op {
         /// The tag of this all-reduce within its step.
         bucket: u32,
     },
+    /// Decodes rows of a block-quantized weight (see [`crate::quant`]):
+    /// operand `u8 [.., row_bytes]` (a whole number of the format's
+    /// blocks per row), result f32 `[.., row_len]`, bit-identical to the
+    /// GGML reference formulas. An embedding lookup is a `Gather` of rows
+    /// of the bytes followed by this.
+    Dequantize(QuantFormat),
+    /// `x @ dequantize(w)^T`, dequantizing inside the product: operands
+    /// `x` f32 `[.., m, k]` and `w` u8 `[n, row_bytes(k)]` (a quantized
+    /// `[n, k]` weight, the layout of a GGUF linear layer); result f32
+    /// `[.., m, n]`. The weight is read in its quantized size, never
+    /// widened in memory.
+    QuantMatMul(QuantFormat),
+    /// `base` with `update` written at offset `pos` along `axis` (a KV
+    /// cache written in place at the current position): operands `base`,
+    /// `update` (same dtype and rank; equal dims but `axis`, where it is
+    /// at most `base`'s) and `pos`, integer, rank 0 (one offset) or `[b]`
+    /// with `b = base.dims[0]` and `axis > 0` (one offset per leading
+    /// row: several sequences at their own positions). An offset whose
+    /// update does not fit is an error at the barrier, never a clamp.
+    /// Result of `base`'s type. `pos` is data (a lifted scalar or a
+    /// tensor), so every position runs the same plan; where `base`'s
+    /// buffer is donated the backend writes in place.
+    WriteAt {
+        /// The axis of the offset.
+        axis: usize,
+    },
+    /// Causal attention of queries at positions `pos + i` over the valid
+    /// prefix of a key/value cache: operands `q [b, h, t, d]`, `k [b, g,
+    /// s, d]`, `v [b, g, s, dv]` (`h` a multiple of `g`: grouped-query
+    /// attention, query head `j` reads cache head `j / (h / g)`), a
+    /// rank-0 `scale` and `pos`, integer, rank 0 or `[b]` (as
+    /// [`Op::WriteAt`]); one float dtype. Query `i` of row `r` sees keys
+    /// `0..=pos_r + i`, so the work grows with the prefix, never with `s`;
+    /// `pos_r + t > s` is an error at the barrier. Result `[b, h, t, dv]`,
+    /// equal to `Attention` over the first `pos + t` keys with the causal
+    /// mask aligned bottom-right, up to rounding.
+    PrefixAttention,
 }
 
 /// How `Op::Pad` fills the border.
@@ -755,6 +801,10 @@ impl Op {
             Op::PoolGrad(_) => OpKind::PoolGrad,
             Op::Attention { .. } => OpKind::Attention,
             Op::AllReduce { .. } => OpKind::AllReduce,
+            Op::Dequantize(_) => OpKind::Dequantize,
+            Op::QuantMatMul(_) => OpKind::QuantMatMul,
+            Op::WriteAt { .. } => OpKind::WriteAt,
+            Op::PrefixAttention => OpKind::PrefixAttention,
         }
     }
 
@@ -811,6 +861,10 @@ impl Op {
             },
             Op::AllReduce { op: CollectiveOp::Sum, .. } => "all_reduce_sum",
             Op::AllReduce { op: CollectiveOp::Mean, .. } => "all_reduce_mean",
+            Op::Dequantize(_) => "dequantize",
+            Op::QuantMatMul(_) => "quant_matmul",
+            Op::WriteAt { .. } => "write_at",
+            Op::PrefixAttention => "prefix_attention",
         }
     }
 
@@ -1293,8 +1347,142 @@ impl Op {
                 }
                 Ok(inputs[0].clone())
             }
+            Op::Dequantize(format) => {
+                arity(1)?;
+                let w = &inputs[0];
+                let cols = quant_rows(op, *format, w)?;
+                let mut dims = w.shape.to_vec();
+                *dims.last_mut().expect("rank checked") = cols;
+                Ok(ValueType::new(dims, DType::F32))
+            }
+            Op::QuantMatMul(format) => {
+                arity(2)?;
+                let (x, w) = (&inputs[0], &inputs[1]);
+                let k = quant_rows(op, *format, w)?;
+                if w.shape.rank() != 2 {
+                    return Err(IrError::shape(op, format!("the weight must be [n, row_bytes], got {}", w.shape)));
+                }
+                if x.dtype != DType::F32 || x.shape.rank() < 2 {
+                    return Err(IrError::dtype(op, "x must be f32 of rank >= 2 ([.., m, k])", &dtypes()));
+                }
+                let xd = x.shape.dims();
+                if xd[xd.len() - 1] != k {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "x {} has {} columns but the {format} weight {} holds rows of {k}",
+                            x.shape,
+                            xd[xd.len() - 1],
+                            w.shape
+                        ),
+                    ));
+                }
+                let mut dims = xd.to_vec();
+                *dims.last_mut().expect("rank checked") = w.shape.dims()[0];
+                Ok(ValueType::new(dims, DType::F32))
+            }
+            Op::WriteAt { axis } => {
+                arity(3)?;
+                let (base, update, pos) = (&inputs[0], &inputs[1], &inputs[2]);
+                check_axis(*axis, &base.shape)?;
+                if base.dtype != update.dtype {
+                    return Err(IrError::dtype(op, "base and update must have the same dtype", &dtypes()));
+                }
+                let fits = update.shape.rank() == base.shape.rank()
+                    && base.shape.dims().iter().zip(update.shape.dims()).enumerate().all(|(d, (b, u))| {
+                        if d == *axis {
+                            u <= b
+                        } else {
+                            u == b
+                        }
+                    });
+                if !fits {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "update {} must match base {} but along axis {axis}, where it may be shorter",
+                            update.shape, base.shape
+                        ),
+                    ));
+                }
+                check_positions(op, pos, base, *axis, &dtypes)?;
+                Ok(base.clone())
+            }
+            Op::PrefixAttention => {
+                arity(5)?;
+                let (q, k, v, scale, pos) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4]);
+                let dt = q.dtype;
+                if !dt.is_float() || k.dtype != dt || v.dtype != dt || scale.dtype != dt {
+                    return Err(IrError::dtype(op, "q, k, v and the scale must have one float dtype", &dtypes()));
+                }
+                let shapes = || format!("q {}, k {}, v {}", q.shape, k.shape, v.shape);
+                if q.shape.rank() != 4 || k.shape.rank() != 4 || v.shape.rank() != 4 || scale.shape.rank() != 0 {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "expected q [b, h, t, d], k [b, g, s, d], v [b, g, s, dv], a rank-0 scale; got {}",
+                            shapes()
+                        ),
+                    ));
+                }
+                let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+                let grouped = kd[1] > 0 && qd[1].is_multiple_of(kd[1]);
+                if qd[0] != kd[0] || kd[0] != vd[0] || kd[1] != vd[1] || kd[2] != vd[2] || qd[3] != kd[3] || !grouped {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "batch, cache heads and lengths must agree, q heads a multiple of the cache's, head dims equal: {}",
+                            shapes()
+                        ),
+                    ));
+                }
+                check_positions(op, pos, q, 2, &dtypes)?;
+                Ok(ValueType::new(vec![qd[0], qd[1], qd[2], vd[3]], dt))
+            }
         }
     }
+}
+
+/// The row length of a quantized weight `w` of `format` (see
+/// [`crate::quant`]): `u8`, rank >= 1, whole blocks per row.
+fn quant_rows(op: &str, format: QuantFormat, w: &ValueType) -> Result<usize, IrError> {
+    if w.dtype != DType::U8 || w.shape.rank() == 0 {
+        return Err(IrError::dtype(op, format!("a {format} weight is u8 [.., row_bytes]"), &[w.dtype]));
+    }
+    let row_bytes = *w.shape.dims().last().expect("rank checked");
+    format.row_len(row_bytes).ok_or_else(|| {
+        IrError::shape(
+            op,
+            format!(
+                "rows of {row_bytes} bytes in {} are not whole {format} blocks of {} bytes",
+                w.shape,
+                format.block_bytes()
+            ),
+        )
+    })
+}
+
+/// The positions operand of [`Op::WriteAt`] and [`Op::PrefixAttention`]:
+/// an integer, rank 0 or one per row of `of`'s leading dim (then `axis`
+/// may not be that dim).
+fn check_positions(
+    op: &str,
+    pos: &ValueType,
+    of: &ValueType,
+    axis: usize,
+    dtypes: &dyn Fn() -> Vec<DType>,
+) -> Result<(), IrError> {
+    if !pos.dtype.is_int() {
+        return Err(IrError::dtype(op, "positions must have an integer dtype", &dtypes()));
+    }
+    let per_row = pos.shape.rank() == 1 && axis > 0 && pos.shape.dims()[0] == of.shape.dims()[0];
+    if pos.shape.rank() != 0 && !per_row {
+        return Err(IrError::shape(
+            op,
+            format!("positions {} must be rank 0 or one per row of {} (axis {axis} > 0)", pos.shape, of.shape),
+        ));
+    }
+    Ok(())
 }
 
 /// Type inference of [`Op::Attention`] (see its doc for the operands).

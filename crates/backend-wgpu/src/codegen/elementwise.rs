@@ -261,7 +261,11 @@ impl Writer<'_> {
                 | Op::Pool(_)
                 | Op::PoolGrad(_)
                 | Op::Attention { .. }
-                | Op::AllReduce { .. } => unreachable!("straight_line_width admits only elementwise ops"),
+                | Op::AllReduce { .. }
+                | Op::Dequantize(_)
+                | Op::QuantMatMul(_)
+                | Op::WriteAt { .. }
+                | Op::PrefixAttention => unreachable!("straight_line_width admits only elementwise ops"),
             };
             if self.defined.insert(('v', id.0)) {
                 let _ =

@@ -285,9 +285,17 @@ pub fn dtype_supported(d: DType) -> bool {
 pub fn node_supported(node: &lazuli_ir::Node) -> bool {
     // A collective is no kernel: the executor runs it (stage, MPI, upload).
     !node.op.is_collective()
+        && !wgsl_pending(&node.op)
         && dtype_supported(node.dtype)
         && (!matches!(node.op, Op::Conv2d(_)) || matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16))
         && (!is_half(node.dtype) || half_op_supported(&node.op))
+}
+
+/// The ops of LLM inference that have no WGSL kernel yet (quantized
+/// weights and the KV cache): they run on the CPU fallback until the
+/// buffer-access layer gives quantized storage a kernel form.
+fn wgsl_pending(op: &Op) -> bool {
+    matches!(op, Op::Dequantize(_) | Op::QuantMatMul(_) | Op::WriteAt { .. } | Op::PrefixAttention)
 }
 
 /// The ops whose kernels are proven on f16 and bf16 operands and outputs.
@@ -889,7 +897,11 @@ impl Writer<'_> {
             | Op::Pool(_)
             | Op::PoolGrad(_)
             | Op::Attention { .. }
-            | Op::AllReduce { .. }) => {
+            | Op::AllReduce { .. }
+            | Op::Dequantize(_)
+            | Op::QuantMatMul(_)
+            | Op::WriteAt { .. }
+            | Op::PrefixAttention) => {
                 return Err(LowerError::Unsupported { op: other.name(), dtype: n.dtype });
             }
         };
@@ -1226,6 +1238,10 @@ impl Writer<'_> {
             KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
             KernelKind::Conv2d => invocations = self.conv_kernel(k, &mut b),
             KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),
+            // No WGSL form yet (`node_supported` sends them to the fallback).
+            KernelKind::Quant | KernelKind::Cache => {
+                return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
+            }
         }
         Ok((b, invocations))
     }

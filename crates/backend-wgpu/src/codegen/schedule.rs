@@ -248,6 +248,13 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
         KernelKind::Attention => Family::Attention(AttnPlan::new(kernel, g, limits)),
         KernelKind::Conv2d => Family::Conv(conv_plan(kernel, g, limits.forms.conv)),
         KernelKind::MultiTensor => unreachable!("scheduled above"),
+        // No WGSL form yet: quantized weights and the KV cache need a
+        // storage kind of the access layer (`node_supported` sends them
+        // to the CPU fallback).
+        KernelKind::Quant | KernelKind::Cache => {
+            let n = g.node(root);
+            return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
+        }
     };
     // Bindings read or written as vec4.
     let full = |id: NodeId| g.node(id).shape.numel() == root_numel;

@@ -771,7 +771,11 @@ impl GradFn {
             | Op::Iota { .. }
             | Op::Random { .. }
             | Op::ArgReduce { .. }
-            | Op::AllReduce { .. }) => return Err(not_implemented(&op.name())),
+            | Op::AllReduce { .. }
+            | Op::Dequantize(_)
+            | Op::QuantMatMul(_)
+            | Op::WriteAt { .. }
+            | Op::PrefixAttention) => return Err(not_implemented(&op.name())),
         }
         for (i, o) in out.iter_mut().enumerate() {
             if !need(i) {

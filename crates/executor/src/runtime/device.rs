@@ -674,7 +674,7 @@ impl Device {
     /// the others are submitted.
     pub(crate) fn sync_tensors(&self, tensors: &[&crate::Tensor], trigger: &str) -> Result<()> {
         let pairs: Vec<(crate::Tensor, Arc<LazyNode>)> = tensors.iter().map(|t| ((*t).clone(), t.node())).collect();
-        self.sync_nodes(&pairs, trigger)
+        self.sync_owned(pairs, trigger)
     }
 
     /// Syncs the given (tensor, node) pairs: each node is the value of its
@@ -682,25 +682,53 @@ impl Device {
     /// materialized cell; a tensor whose value another thread replaced in
     /// the meantime keeps the newer value (compare-and-swap).
     pub(crate) fn sync_nodes(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
-        let persisted = self.with_persisted(pairs);
+        self.sync_owned(pairs.to_vec(), trigger)
+    }
+
+    /// [`Device::sync_nodes`] over pairs it owns, with the persistent
+    /// state still pending: the traced nodes are dropped before an inline
+    /// job runs, so an input only they held (a value just replaced by
+    /// `assign`, like a KV cache) is held by the job alone, and donated.
+    fn sync_owned(&self, pairs: Vec<(crate::Tensor, Arc<LazyNode>)>, trigger: &str) -> Result<()> {
+        let given = pairs.len();
+        let pairs = self.with_persisted(&pairs).unwrap_or(pairs);
         crate::timeline::between_syncs();
         let _span = crate::timeline::span("Sync");
         let _guard = self.0.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let synced = self.sync_locked(persisted.as_deref().unwrap_or(pairs), trigger);
-        crate::timeline::sync_ended();
+        let mut inline = None;
+        let synced = self.sync_locked(&pairs, trigger, &mut inline);
         if synced.is_err() {
             // What could not be materialized now waits for the next sync.
-            for (t, node) in persisted.iter().flatten().skip(pairs.len()) {
+            for (t, node) in pairs.iter().skip(given) {
                 if node.is_pending() {
                     self.persist_at_next_sync(t);
                 }
             }
         }
+        drop(pairs);
+        self.run_inline(inline);
+        crate::timeline::sync_ended();
         synced
     }
 
-    /// [`Device::sync_nodes`] under the sync lock.
-    fn sync_locked(&self, pairs: &[(crate::Tensor, Arc<LazyNode>)], trigger: &str) -> Result<()> {
+    /// Runs the job a sync chose to run on its own thread (under the sync
+    /// lock: nothing is queued), exactly as the worker would, results and
+    /// failures going to the cells and the device the same way.
+    fn run_inline(&self, job: Option<Job>) {
+        if let Some(job) = job {
+            metrics::inc("InlineExecutions", 1);
+            execute_job(job, self.0.main.as_ref(), self.0.cpu.as_ref(), &self.0.shared);
+        }
+    }
+
+    /// [`Device::sync_nodes`] under the sync lock; a job to run on this
+    /// thread is left in `inline` for the caller (see [`Device::run_inline`]).
+    fn sync_locked(
+        &self,
+        pairs: &[(crate::Tensor, Arc<LazyNode>)],
+        trigger: &str,
+        inline: &mut Option<Job>,
+    ) -> Result<()> {
         let started = Instant::now();
         // Collect pending roots, deduplicated by node identity.
         let mut roots: Vec<Arc<LazyNode>> = Vec::new();
@@ -747,7 +775,7 @@ impl Device {
             }
         }
         if !failed.is_empty() {
-            return self.sync_around_failures(pairs, &failed, trigger);
+            return self.sync_around_failures(pairs, &failed, trigger, inline);
         }
         let looked_up = Instant::now();
         let plan = match replayed {
@@ -795,10 +823,8 @@ impl Device {
         let job = Job { id, plan, inputs, scalars, outputs, context, locations, ran: Default::default() };
         if !platform::WORKER_THREAD || (idle && self.inline(&job.plan)) {
             // Nothing queued (the sync lock keeps it so): this thread runs
-            // the job exactly as the worker would, results and failures
-            // going to the cells and the device the same way.
-            metrics::inc("InlineExecutions", 1);
-            execute_job(job, self.0.main.as_ref(), self.0.cpu.as_ref(), &self.0.shared);
+            // the job once the caller has let go of the traced nodes.
+            *inline = Some(job);
         } else {
             self.0.tx.as_ref().expect("worker channel open while the device lives").send(job).map_err(|_| {
                 ExecError::Invalid { op: trigger.to_string(), detail: "the device worker has stopped".into() }
@@ -831,6 +857,7 @@ impl Device {
         pairs: &[(crate::Tensor, Arc<LazyNode>)],
         failed: &HashMap<u64, (ExecError, Option<u64>)>,
         trigger: &str,
+        inline: &mut Option<Job>,
     ) -> Result<()> {
         let mut memo: HashMap<*const LazyNode, Option<u64>> = HashMap::new();
         // Roots given a failed cell here (a node may be the value of
@@ -859,7 +886,7 @@ impl Device {
             };
             t.replace_node_if(node, Arc::new(LazyNode::data(cell, node.location)));
         }
-        self.sync_locked(&healthy, trigger)?;
+        self.sync_locked(&healthy, trigger, inline)?;
         first.map_or(Ok(()), Err)
     }
 

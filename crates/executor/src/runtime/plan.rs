@@ -302,6 +302,17 @@ impl Plan {
         }
         let mut pending: HashMap<NodeId, (usize, Box<dyn PendingCollective>)> = HashMap::new();
         let mut failure: Option<BackendError> = None;
+        // Each input leaves the plan's hands with its last reader, so a
+        // segment that reads a donated buffer last holds it uniquely and
+        // may write into it (a KV cache updated in place).
+        let mut reads = vec![0usize; inputs.len()];
+        let refs = self.segments.iter().flat_map(|s| s.inputs.iter());
+        for r in refs.chain(self.collectives.iter().map(|c| &c.input)).chain(&self.outputs) {
+            if let ValueRef::Param(p) = r {
+                reads[*p] += 1;
+            }
+        }
+        let mut inputs: Vec<Option<Buffer>> = inputs.into_iter().map(Some).collect();
         for step in &self.steps {
             match *step {
                 Step::Segment(i) => {
@@ -311,7 +322,7 @@ impl Plan {
                     let s = &self.segments[i];
                     let backend = if s.on_cpu { cpu } else { main };
                     let ran = self.finish_collectives(&s.inputs, &mut pending, &mut values, main).and_then(|()| {
-                        let args = s.arguments(&inputs, &values, backend, main, cpu)?;
+                        let args = s.arguments_from(&mut inputs, &mut reads, &values, backend, main, cpu)?;
                         let started = Instant::now();
                         let outs = backend.execute(s.exe.as_ref(), args, scalars)?;
                         metrics::record_time(
@@ -378,7 +389,14 @@ impl Plan {
         }
         let outs: Vec<ValueRef> = self.outputs.clone();
         self.finish_collectives(&outs, &mut pending, &mut values, main)?;
-        Ok(self.collect_outputs(&inputs, &values))
+        Ok(self
+            .outputs
+            .iter()
+            .map(|r| match r {
+                ValueRef::Param(p) => inputs[*p].clone().expect("an output's input is never handed over"),
+                ValueRef::Node(id) => values[id].clone(),
+            })
+            .collect())
     }
 
     /// Waits for the collectives among `refs` that are still in flight and
@@ -459,10 +477,13 @@ impl Plan {
 }
 
 impl Segment {
-    /// This segment's arguments, moved to `backend` where another owns them.
-    pub fn arguments(
+    /// [`Segment::arguments`] for [`Plan::run`]: an input this segment
+    /// reads last (`reads` counts the readers still to come) is moved out
+    /// of `inputs`, not cloned.
+    fn arguments_from(
         &self,
-        inputs: &[Buffer],
+        inputs: &mut [Option<Buffer>],
+        reads: &mut [usize],
         values: &HashMap<NodeId, Buffer>,
         backend: &dyn Backend,
         main: &dyn Backend,
@@ -472,12 +493,31 @@ impl Segment {
             .iter()
             .map(|r| {
                 let buf = match r {
-                    ValueRef::Param(p) => inputs[*p].clone(),
+                    ValueRef::Param(p) => {
+                        reads[*p] -= 1;
+                        let held = if reads[*p] == 0 { inputs[*p].take() } else { inputs[*p].clone() };
+                        held.expect("an input is handed over only to its last reader")
+                    }
                     ValueRef::Node(id) => values.get(id).expect("earlier segment produced the value").clone(),
                 };
                 transfer(buf, backend, main, cpu)
             })
             .collect()
+    }
+
+    /// This segment's arguments, moved to `backend` where another owns them.
+    pub fn arguments(
+        &self,
+        inputs: &[Buffer],
+        values: &HashMap<NodeId, Buffer>,
+        backend: &dyn Backend,
+        main: &dyn Backend,
+        cpu: &dyn Backend,
+    ) -> Result<Vec<Buffer>, BackendError> {
+        // Every input stays held: readers are never counted down to zero.
+        let mut held: Vec<Option<Buffer>> = inputs.iter().cloned().map(Some).collect();
+        let mut reads = vec![usize::MAX; inputs.len()];
+        self.arguments_from(&mut held, &mut reads, values, backend, main, cpu)
     }
 }
 
@@ -552,13 +592,13 @@ fn phases(g: &Graph, is_leaf: &dyn Fn(&Op) -> bool) -> Vec<(usize, usize)> {
 /// when reading failed.
 fn read_f32(
     c: &CollectiveSegment,
-    inputs: &[Buffer],
+    inputs: &[Option<Buffer>],
     values: &HashMap<NodeId, Buffer>,
     main: &dyn Backend,
     cpu: &dyn Backend,
 ) -> Result<Vec<f32>, Option<BackendError>> {
     let buf = match c.input {
-        ValueRef::Param(p) => &inputs[p],
+        ValueRef::Param(p) => inputs[p].as_ref().expect("a collective's input is never handed over before it"),
         ValueRef::Node(id) => values.get(&id).expect("an earlier segment produced the operand"),
     };
     debug_assert_eq!(buf.ty.dtype, DType::F32, "the IR admits f32 collectives only");
