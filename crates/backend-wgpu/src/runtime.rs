@@ -503,7 +503,7 @@ impl Backend for WgpuBackend {
     }
 
     fn upload(&self, bytes: &[u8], ty: &ValueType) -> Result<Buffer, BackendError> {
-        if !crate::codegen::dtype_supported(ty.dtype) {
+        if !crate::codegen::dtype_stored(ty.dtype) {
             return Err(BackendError::Unsupported { backend: self.name(), op: "upload".into(), dtype: ty.dtype });
         }
         self.inner.ctx.upload(bytes, ty)

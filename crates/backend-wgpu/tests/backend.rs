@@ -62,12 +62,15 @@ fn backend() -> Option<WgpuBackend> {
 enum Data {
     F(Vec<f32>),
     I(Vec<i32>),
+    /// Bytes (a quantized weight).
+    B(Vec<u8>),
 }
 
 fn bytes(d: &Data) -> Vec<u8> {
     match d {
         Data::F(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::B(v) => v.clone(),
     }
 }
 
@@ -1235,4 +1238,118 @@ fn profiled_launches_carry_their_compile_time_costs() {
     b.set_profiling(false);
     assert_eq!(samples.iter().map(|s| s.cost.clone()).collect::<Vec<_>>(), costs);
     assert!(samples.iter().all(|s| s.ms.is_some() == timed), "{samples:?}");
+}
+
+/// Quantized weights (`lazuli_ir::quant`): random blocks of a format,
+/// each scale a sane f16 (normals of both signs and some subnormals,
+/// which the kernels widen exactly), `rows` rows of `cols` values.
+fn quant_weight(format: lazuli_ir::quant::QuantFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    use lazuli_ir::quant::QuantFormat as F;
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    let row_bytes = format.row_bytes(cols).unwrap();
+    let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| next() as u8).collect();
+    // A half of bits: a normal of exponent -10..2 (or a subnormal one
+    // time in eight), either sign.
+    let mut half = |next: &mut dyn FnMut() -> u32| -> [u8; 2] {
+        let r = next();
+        let e = if r % 8 == 0 { 0 } else { 5 + (r >> 3) % 12 };
+        let bits = ((r >> 16) & 0x8000) | (e << 10) | (next() & 0x3ff);
+        (bits as u16).to_le_bytes()
+    };
+    let scales: &[usize] = match format {
+        F::Q8_0 | F::Q4_0 | F::Q5_0 => &[0],
+        F::Q4K => &[0, 2],
+        F::Q6K => &[208],
+        F::F16 | F::BF16 => &[],
+    };
+    for block in w.chunks_exact_mut(format.block_bytes()) {
+        for &at in scales {
+            block[at..at + 2].copy_from_slice(&half(&mut next));
+        }
+        match format {
+            F::F16 => block.copy_from_slice(&half(&mut next)),
+            // bf16: exponent 120..136, either sign.
+            F::BF16 => {
+                let r = next();
+                let bits = ((r >> 16) & 0x8000) | ((120 + r % 16) << 7) | ((r >> 8) & 0x7f);
+                block.copy_from_slice(&(bits as u16).to_le_bytes());
+            }
+            _ => {}
+        }
+    }
+    w
+}
+
+/// `Op::Dequantize` and `Op::QuantMatMul` run as WGSL kernels (no
+/// fallback: the wgpu backend alone, which has none) for every format:
+/// dequantized values bit for bit the IR's reference (llama.cpp's
+/// formulas), products within f32 summation order of the reference
+/// product, for weight rows that are not a multiple of a workgroup's,
+/// depths of one block and of several, one activation row and several;
+/// every source passes naga and reads the weight through its byte
+/// binding.
+#[test]
+fn quantized_weights_run_as_kernels() {
+    use lazuli_ir::quant::QuantFormat;
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    for (fi, format) in QuantFormat::ALL.into_iter().enumerate() {
+        let bl = format.block_len();
+        // Depths: one block (or 40 values, not a whole unit), several.
+        let depths = if bl == 1 { [40, 96] } else { [bl, bl * 3] };
+        for (case, (&k, (n, lead))) in
+            depths.iter().cycle().zip([(1usize, vec![1usize]), (7, vec![3]), (67, vec![2, 3])]).enumerate()
+        {
+            let seed = (fi * 10 + case) as u64;
+            let w = quant_weight(format, n, k, seed);
+            let row_bytes = format.row_bytes(k).unwrap();
+            let mut reference = vec![0f32; n * k];
+            for (row, out) in w.chunks_exact(row_bytes).zip(reference.chunks_exact_mut(k)) {
+                format.dequantize_row(row, out);
+            }
+            let wty = ValueType::new([n, row_bytes], DType::U8);
+            // Dequantize: exact.
+            let mut g = Graph::new();
+            let p = g.param(wty.clone());
+            let d = push(&mut g, Op::Dequantize(format), &[p]);
+            g.outputs.push(d);
+            let v = g.clone().verify().unwrap();
+            let exe = b.compile(&v).expect("compile");
+            let srcs = exe.kernel_sources();
+            assert!(srcs.iter().any(|(_, s)| s.contains("fn qv(")), "{format}: a quantized kernel\n{srcs:?}");
+            let wb = b.upload(&w, &wty).expect("u8 upload");
+            assert_eq!(b.download(&wb).unwrap(), w, "{format}: u8 round trip");
+            let out = b.execute(exe.as_ref(), vec![wb.clone()], &[]).expect("execute");
+            let got = f32s(&b.download(&out[0]).unwrap());
+            for (i, (a, r)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(a.to_bits(), r.to_bits(), "{format} [{n}, {k}] value {i}: {a} vs {r}");
+            }
+            // QuantMatMul: x [lead.., k] @ w^T.
+            let m: usize = lead.iter().product();
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 + case * 11) % 23) as f32 / 11.0 - 1.0).collect();
+            let mut dims = lead.clone();
+            dims.push(k);
+            let mut g = Graph::new();
+            let xp = g.param(ValueType::new(dims, DType::F32));
+            let wp = g.param(wty.clone());
+            let y = push(&mut g, Op::QuantMatMul(format), &[xp, wp]);
+            g.outputs.push(y);
+            let outs = run_on(&b, g, &[Data::F(x.clone()), Data::B(w.clone())], &[]);
+            let got = f32s(&outs[0]);
+            assert_eq!(got.len(), m * n);
+            for (i, a) in got.iter().enumerate() {
+                let (r, c) = (i / n, i % n);
+                let terms = (0..k).map(|j| x[r * k + j] as f64 * reference[c * k + j] as f64);
+                let (want, mag) = terms.fold((0f64, 0f64), |(s, a), t| (s + t, a + t.abs()));
+                assert!(
+                    (*a as f64 - want).abs() <= 1e-5 * mag + 1e-30,
+                    "{format} x {lead:?}x{k} @ [{n}, {k}]^T element {i}: {a} vs {want}"
+                );
+            }
+        }
+    }
 }

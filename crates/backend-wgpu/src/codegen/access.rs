@@ -98,6 +98,12 @@ pub enum Storage {
         /// Array elements (scalars or vectors) per window.
         per: u64,
     },
+    /// A `u8` tensor (quantized weight blocks): four bytes to a `u32`,
+    /// little endian, the stream padded to a word; read only, through
+    /// `ld_NAME(o)` (the byte at byte offset `o`), `ldh_NAME(o)` (the
+    /// little-endian u16 at even byte offset `o`) and `ldf_NAME(o)` (that
+    /// u16 as an f16, widened to f32 exactly, subnormals included).
+    Bytes,
 }
 
 /// One storage binding of a kernel pass: its variable, element type,
@@ -134,6 +140,17 @@ impl Binding {
         elements: u64,
         (f16, windows): (HalfStorage, &Windows),
     ) -> Option<Binding> {
+        if scalar == "u8" {
+            // Bytes: 4 to a word. Never windowed or written (the planner
+            // keeps a weight beyond one binding on the CPU fallback).
+            return (!writable && !vec4 && windows.count(elements.div_ceil(4)) <= 1).then_some(Binding {
+                name,
+                scalar,
+                vec4,
+                writable,
+                storage: Storage::Bytes,
+            });
+        }
         let count = windows.count(elements);
         let storage = if matches!(scalar, "f16" | "bf16") {
             if count > 1 {
@@ -260,7 +277,7 @@ impl Binding {
     pub fn count(&self) -> u32 {
         match self.storage {
             Storage::Windowed { windows, .. } => windows,
-            Storage::Native | Storage::Half { .. } => 1,
+            Storage::Native | Storage::Half { .. } | Storage::Bytes => 1,
         }
     }
 
@@ -272,6 +289,7 @@ impl Binding {
         let (open, scalar, close) = match self.storage {
             Storage::Native | Storage::Windowed { .. } if self.vec4 => ("array<vec4<", self.scalar, ">>"),
             Storage::Native | Storage::Windowed { .. } => ("array<", self.scalar, ">"),
+            Storage::Bytes => ("array<", "u32", ">"),
             Storage::Half { packed: false, .. } if self.vec4 => ("array<vec4<", "f16", ">>"),
             Storage::Half { packed: false, .. } => ("array<", "f16", ">"),
             Storage::Half { packed: true, .. } => match (self.vec4, self.writable) {
@@ -291,7 +309,7 @@ impl Binding {
                     );
                 }
             }
-            Storage::Native | Storage::Half { .. } => {
+            Storage::Native | Storage::Half { .. } | Storage::Bytes => {
                 let _ = writeln!(
                     out,
                     "@group(0) @binding({first}) var<storage, {access}> {}: {open}{scalar}{close};",
@@ -322,6 +340,16 @@ impl Binding {
             fns.push(st);
         }
         fns
+    }
+
+    /// `ld_NAME(o)`, `ldh_NAME(o)` and `ldf_NAME(o)` of a byte binding
+    /// (see [`Storage::Bytes`]).
+    fn byte_fns(&self) -> String {
+        let Storage::Bytes = self.storage else { return String::new() };
+        let name = &self.name;
+        format!(
+            "fn ld_{name}(o: u32) -> u32 {{\n    return ({name}[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;\n}}\n\nfn ldh_{name}(o: u32) -> u32 {{\n    return ({name}[o >> 2u] >> ((o & 2u) * 8u)) & 0xffffu;\n}}\n\nfn ldf_{name}(o: u32) -> f32 {{\n    return f16_bits(ldh_{name}(o));\n}}\n\n"
+        )
     }
 
     /// `ld_NAME(i)` (and `st_NAME(i, v)` where writable) of a
@@ -392,6 +420,10 @@ type Conv = fn(&str) -> String;
 /// bf16 conversions: unpack by a shift; pack rounding to nearest even,
 /// NaN kept (quieted) rather than rounded into infinity.
 const BF16_FNS: &str = "fn bf16_unpack(h: u32) -> f32 {\n    return bitcast<f32>(h << 16u);\n}\n\nfn bf16_pack(v: f32) -> u32 {\n    let x = bitcast<u32>(v);\n    if ((x & 0x7fffffffu) > 0x7f800000u) {\n        return (x >> 16u) | 0x40u;\n    }\n    return (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;\n}\n\n";
+
+/// `f16_bits(h)`: the f16 of bits `h` widened to f32 exactly, by integer
+/// arithmetic (subnormals included, which `unpack2x16float` may flush).
+const F16_BITS_FN: &str = "fn f16_bits(h: u32) -> f32 {\n    let s = (h & 0x8000u) << 16u;\n    let e = (h >> 10u) & 31u;\n    let m = h & 0x3ffu;\n    if (e == 0u) {\n        return bitcast<f32>(s | bitcast<u32>(ldexp(f32(m), -24)));\n    }\n    if (e == 31u) {\n        return bitcast<f32>(s | 0x7f800000u | (m << 13u));\n    }\n    return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));\n}\n\n";
 
 /// `round_bf16(v)`: an f32 register value rounded to bf16 precision
 /// (nearest even; NaN and infinities kept), for explicit casts.
@@ -483,8 +515,9 @@ impl Bindings {
     pub fn helpers(&self) -> String {
         let windows: Vec<String> = self.arrays().flat_map(Binding::window_fns).collect();
         let halves: String = self.arrays().map(Binding::half_fns).collect();
+        let bytes: String = self.arrays().map(Binding::byte_fns).collect();
         let bf16 = self.arrays().any(|b| matches!(b.storage, Storage::Half { bf16: true, .. }));
-        if windows.is_empty() && halves.is_empty() {
+        if windows.is_empty() && halves.is_empty() && bytes.is_empty() {
             return String::new();
         }
         let mut s = String::from("\n");
@@ -498,6 +531,10 @@ impl Bindings {
             s.push_str(BF16_FNS);
         }
         s.push_str(&halves);
+        if !bytes.is_empty() {
+            s.push_str(F16_BITS_FN);
+            s.push_str(&bytes);
+        }
         s
     }
 }

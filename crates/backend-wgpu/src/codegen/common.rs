@@ -25,6 +25,7 @@ pub(super) fn storage_ty(d: DType) -> &'static str {
         DType::Bool => "u32",
         DType::F16 => "f16",
         DType::BF16 => "bf16",
+        DType::U8 => "u8",
         other => ty(other),
     }
 }

@@ -56,6 +56,7 @@ pub mod index;
 pub mod matmul;
 pub mod multi;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 pub mod rows;
 pub mod schedule;
@@ -291,11 +292,23 @@ pub fn node_supported(node: &lazuli_ir::Node) -> bool {
         && (!is_half(node.dtype) || half_op_supported(&node.op))
 }
 
-/// The ops of LLM inference that have no WGSL kernel yet (quantized
-/// weights and the KV cache): they run on the CPU fallback until the
-/// buffer-access layer gives quantized storage a kernel form.
+/// The ops of LLM inference that have no WGSL kernel yet (the KV cache's
+/// write and prefix attention): they run on the CPU fallback.
 fn wgsl_pending(op: &Op) -> bool {
-    matches!(op, Op::Dequantize(_) | Op::QuantMatMul(_) | Op::WriteAt { .. } | Op::PrefixAttention)
+    matches!(op, Op::WriteAt { .. } | Op::PrefixAttention)
+}
+
+/// True for the dtypes a wgpu device stores: those kernels compute in
+/// ([`dtype_supported`]) and `u8` (quantized weight blocks, four bytes
+/// to a word, read only by the quantized kernels: [`access::Storage::Bytes`]).
+pub fn dtype_stored(d: DType) -> bool {
+    dtype_supported(d) || d == DType::U8
+}
+
+/// Whether operand `k` of `op` may be a `u8` tensor on the device: the
+/// weight of [`Op::Dequantize`] and [`Op::QuantMatMul`].
+pub fn reads_bytes(op: &Op, k: usize) -> bool {
+    matches!((op, k), (Op::Dequantize(_), 0) | (Op::QuantMatMul(_), 1))
 }
 
 /// The ops whose kernels are proven on f16 and bf16 operands and outputs.
@@ -332,7 +345,10 @@ pub fn half_op_supported(op: &Op) -> bool {
 fn check_lowerable(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) -> Result<(), LowerError> {
     for &id in kernel.inputs.iter().chain(&kernel.inline).chain(&kernel.outputs) {
         let n = graph.node(id);
-        if !node_supported(n) {
+        // A `u8` input (a quantized weight, wherever it was made) is only
+        // bytes to the kernel: read through its byte binding.
+        let bytes = n.dtype == DType::U8 && kernel.inputs.contains(&id);
+        if !bytes && !node_supported(n) {
             return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
         }
         if n.shape.numel() as u64 > limits.max_elements {
@@ -1238,8 +1254,9 @@ impl Writer<'_> {
             KernelKind::Attention => invocations = self.attention_kernel(k, &mut b),
             KernelKind::Conv2d => invocations = self.conv_kernel(k, &mut b),
             KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),
+            KernelKind::Quant => invocations = self.quant_kernel(k, self.s.quant(), &mut b),
             // No WGSL form yet (`node_supported` sends them to the fallback).
-            KernelKind::Quant | KernelKind::Cache => {
+            KernelKind::Cache => {
                 return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
             }
         }

@@ -28,6 +28,7 @@ use super::attention::AttnPlan;
 use super::common::{is_half, storage_ty};
 use super::conv::{conv_plan, ConvPlan};
 use super::matmul::MatmulPlan;
+use super::quant::{QuantKind, QuantPlan};
 use super::reduce::{acc_ty, reduce_plan, ReducePlan};
 use super::rows::{rows_layout, RowsLayout, SoftmaxPlan};
 use super::{
@@ -104,6 +105,9 @@ pub enum Family {
     Attention(AttnPlan),
     /// A convolution.
     Conv(ConvPlan),
+    /// A quantized weight's dequantization or product (see
+    /// [`super::quant`]).
+    Quant(QuantPlan),
 }
 
 /// How a kernel's `main` is entered.
@@ -248,10 +252,19 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
         KernelKind::Attention => Family::Attention(AttnPlan::new(kernel, g, limits)),
         KernelKind::Conv2d => Family::Conv(conv_plan(kernel, g, limits.forms.conv)),
         KernelKind::MultiTensor => unreachable!("scheduled above"),
-        // No WGSL form yet: quantized weights and the KV cache need a
-        // storage kind of the access layer (`node_supported` sends them
-        // to the CPU fallback).
-        KernelKind::Quant | KernelKind::Cache => {
+        // The weight is read through its byte binding: a kernel input of
+        // its own, and the product is the kernel's only output.
+        KernelKind::Quant => {
+            let n = g.node(root);
+            let weight = n.inputs[usize::from(matches!(n.op, Op::QuantMatMul(_)))];
+            if kernel.outputs != [root] || !kernel.inputs.contains(&weight) {
+                return Err(LowerError::Unsupported { op: format!("{} (a fused weight or output)", n.op.name()), dtype: n.dtype });
+            }
+            Family::Quant(QuantPlan::new(g, kernel))
+        }
+        // No WGSL form yet: the KV cache ops run on the CPU fallback
+        // (`node_supported`).
+        KernelKind::Cache => {
             let n = g.node(root);
             return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
         }
@@ -326,6 +339,10 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
         },
         Family::Attention(plan) => Entry::Workgroup { lanes: plan.lanes() as u32, cooperative_matrix: false },
         Family::Conv(plan) => Entry::Workgroup { lanes: plan.lanes as u32, cooperative_matrix: false },
+        Family::Quant(plan) => match plan.kind {
+            QuantKind::Dequantize { .. } => Entry::PerIndex,
+            QuantKind::MatVec { lanes, .. } => Entry::Workgroup { lanes, cooperative_matrix: false },
+        },
     };
     let passes = match &family {
         _ if empty => Passes::One,
@@ -482,6 +499,14 @@ impl Schedule {
         match &self.family {
             Family::Conv(p) => *p,
             other => unreachable!("a convolution plan, not {other:?}"),
+        }
+    }
+
+    /// The plan of a quantized kernel.
+    pub(super) fn quant(&self) -> QuantPlan {
+        match &self.family {
+            Family::Quant(p) => *p,
+            other => unreachable!("a quantized kernel's plan, not {other:?}"),
         }
     }
 

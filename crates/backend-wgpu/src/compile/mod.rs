@@ -43,7 +43,7 @@ use crate::rewrite::size_families::Member;
 use autotune::TuneJob;
 use lazuli_executor::platform::Instant;
 use lazuli_executor::{metrics, BackendError, CompileHints};
-use lazuli_ir::{Node, Op, VerifiedGraph};
+use lazuli_ir::{DType, Node, Op, VerifiedGraph};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -389,10 +389,18 @@ impl Compiler {
                 || (codegen::half_op_supported(&node.op)
                     && halves().all(|n| n.shape.numel() as u64 <= ctx.windows.elements()))
         };
+        // A `u8` operand only as a quantized weight, within one binding
+        // (four bytes to a word; a byte binding is never windowed).
+        let operand_ok = |(k, n): (usize, &&Node)| {
+            codegen::dtype_supported(n.dtype)
+                || (n.dtype == DType::U8
+                    && codegen::reads_bytes(&node.op, k)
+                    && (n.shape.numel() as u64).div_ceil(4) <= ctx.windows.elements())
+        };
         self.within_loop_budget(ctx, node, inputs)
             && fits
             && codegen::node_supported(node)
-            && inputs.iter().all(|n| codegen::dtype_supported(n.dtype))
+            && inputs.iter().enumerate().all(operand_ok)
             && halves_ok()
     }
 
@@ -417,7 +425,15 @@ impl Compiler {
                 inputs.get(1).is_none_or(|w| codegen::conv::loop_iterations(forms.conv, node, w) <= budget)
             }
             Op::Attention { .. } => codegen::attention::within_loop_budget(node, inputs, forms.attention, budget),
+            Op::QuantMatMul(format) => {
+                codegen::quant::QuantPlan::loop_iterations(*format, node_cols(inputs)) <= budget
+            }
             _ => true,
         }
     }
+}
+
+/// The depth of a quantized product: the last dim of its activations.
+fn node_cols(inputs: &[&Node]) -> u64 {
+    inputs.first().and_then(|x| x.shape.dims().last()).map_or(0, |&k| k as u64)
 }

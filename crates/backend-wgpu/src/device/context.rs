@@ -567,7 +567,9 @@ impl Context {
 /// `crate::codegen::access`); at least 4.
 pub(crate) fn device_bytes(ty: &ValueType) -> u64 {
     let n = ty.shape.numel() as u64;
-    let bytes = if matches!(ty.dtype, DType::F16 | DType::BF16) {
+    let bytes = if ty.dtype == DType::U8 {
+        n.next_multiple_of(4)
+    } else if matches!(ty.dtype, DType::F16 | DType::BF16) {
         n.saturating_mul(2).next_multiple_of(4)
     } else {
         n.saturating_mul(4)

@@ -1,7 +1,8 @@
 //! Transfers between the host and the device in the canonical host byte
 //! format: uploads and readbacks in chunks of at most [`TRANSFER_CHUNK`]
 //! bytes, so staging memory stays bounded for tensors of any size; bools
-//! are one byte on the host and one `u32` on the device.
+//! are one byte on the host and one `u32` on the device, f16 and bf16 two
+//! to a word, `u8` (quantized weight blocks) four to a word.
 //!
 //! Early copies: an execution copies each output of its plan that was
 //! read from one of the [`EARLY_BEHIND`] executions before (and, in a
@@ -108,9 +109,11 @@ impl Context {
         debug_assert_eq!(bytes.len(), n * ty.dtype.size_bytes());
         let buf = self.new_buffer(ty, &[], || "upload".into())?;
         let st = self.storage(&buf)?;
-        if matches!(ty.dtype, DType::F16 | DType::BF16) {
-            // 16-bit elements, the host layout as it is (element 2k in the
-            // low half of word k: little endian), padded to whole words.
+        if matches!(ty.dtype, DType::F16 | DType::BF16 | DType::U8) {
+            // 16-bit elements (or bytes: quantized weight blocks), the host
+            // layout as it is (element 2k in the low half of word k, byte
+            // 4k + j in bits 8j of word k: little endian), padded to whole
+            // words.
             for (c, chunk) in bytes.chunks(TRANSFER_CHUNK as usize).enumerate() {
                 let offset = c as u64 * TRANSFER_CHUNK;
                 if chunk.len() % 4 == 0 {
@@ -191,7 +194,7 @@ impl Context {
                 offset += len;
             }
         }
-        // The padding of a half-precision tensor's last word.
+        // The padding of a half-precision or byte tensor's last word.
         out.truncate(n * dtype.size_bytes());
         Ok(out)
     }
