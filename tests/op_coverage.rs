@@ -26,8 +26,8 @@ use lazuli_wgpu::codegen::{lower, LowerLimits};
 use std::sync::Arc;
 
 /// Op kinds the wgpu backend never lowers: they always run on the CPU
-/// fallback. The KV cache's write and prefix attention, today.
-const WGPU_FALLBACK: &[OpKind] = &[OpKind::WriteAt, OpKind::PrefixAttention];
+/// fallback. None today.
+const WGPU_FALLBACK: &[OpKind] = &[];
 
 /// Collectives: no backend runs them (both refuse them in `supports` and
 /// in `compile`, never treating them as an identity); the executor runs

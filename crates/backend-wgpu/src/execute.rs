@@ -620,8 +620,8 @@ fn encode(enc: &mut wgpu::CommandEncoder, work: &[Launch], from: usize, queries:
     work.len() as u64
 }
 
-/// The error of an index out of range that kernel `k` (a gather or a
-/// scatter-add) reported: `bits` are the index as its kernel read it.
+/// The error of an index out of range that kernel `k` (a gather, a
+/// scatter-add, a KV cache write or prefix attention) reported: `bits` are the index as its kernel read it.
 fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
     with_index(index_error_template(g, k), bits)
 }
@@ -630,14 +630,23 @@ fn index_error(g: &VerifiedGraph, k: &Kernel, bits: u32) -> BackendError {
 /// whether the index is signed.
 fn index_error_template(g: &VerifiedGraph, k: &Kernel) -> (IndexError, bool) {
     let root = g.node(k.root());
-    let axis = match root.op {
-        Op::Gather { axis } | Op::ScatterAdd { axis } => axis,
-        _ => unreachable!("only gathers and scatter-adds check indices"),
+    // The KV cache's ops check a position: the one of a row whose update
+    // (queries) do not fit, named as the CPU backend names it.
+    let (axis, data, index, op) = match root.op {
+        Op::Gather { axis } | Op::ScatterAdd { axis } => (axis, root.inputs[0], root.inputs[1], root.op.name()),
+        Op::WriteAt { axis } => {
+            let len = g.node(root.inputs[1]).shape.dims()[axis];
+            (axis, root.inputs[0], root.inputs[2], format!("write_at (writing or reading {len} positions)"))
+        }
+        Op::PrefixAttention => {
+            let len = g.node(root.inputs[0]).shape.dims()[2];
+            (2, root.inputs[1], root.inputs[4], format!("prefix_attention (writing or reading {len} positions)"))
+        }
+        _ => unreachable!("only gathers, scatter-adds and the KV cache's ops check indices"),
     };
-    let data = g.node(root.inputs[0]);
-    let signed = g.node(root.inputs[1]).dtype == DType::I32;
-    let error =
-        IndexError { op: root.op.name(), index: 0, axis, size: data.shape.dims()[axis], shape: data.shape.clone() };
+    let data = g.node(data);
+    let signed = g.node(index).dtype == DType::I32;
+    let error = IndexError { op, index: 0, axis, size: data.shape.dims()[axis], shape: data.shape.clone() };
     (error, signed)
 }
 

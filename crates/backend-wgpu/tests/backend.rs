@@ -1353,3 +1353,99 @@ fn quantized_weights_run_as_kernels() {
         }
     }
 }
+
+/// `Op::WriteAt` and `Op::PrefixAttention` run as WGSL kernels against a
+/// host reference (the CPU backend's loops): a write at one position and
+/// at a position per row, attention with grouped-query heads over each
+/// row's prefix, one query and several; a position that does not fit is
+/// `IndexOutOfRange`, never a clamp.
+#[test]
+fn kv_cache_ops_run_as_kernels() {
+    let _s = serial();
+    let Some(b) = backend() else { return };
+    let val = |n: usize, salt: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + salt * 3) % 13) as f32 / 6.5 - 1.0).collect() };
+    // WriteAt: base [2, 3, 8, 4], update [2, 3, u, 4] along axis 2.
+    let (bd, axis) = ([2usize, 3, 8, 4], 2);
+    for (u, pos) in [(1usize, vec![5i32]), (3, vec![0, 5]), (2, vec![7])] {
+        let ud = [2usize, 3, u, 4];
+        let (base, upd) = (val(bd.iter().product(), 1), val(ud.iter().product(), 2));
+        let mut g = Graph::new();
+        let bp = g.param(ValueType::new(bd, DType::F32));
+        let up = g.param(ValueType::new(ud, DType::F32));
+        let pdims: Vec<usize> = if pos.len() == 1 { vec![] } else { vec![2] };
+        let pp = g.param(ValueType::new(pdims, DType::I32));
+        let y = push(&mut g, Op::WriteAt { axis }, &[bp, up, pp]);
+        g.outputs.push(y);
+        if pos.iter().any(|&p| p as usize + u > bd[axis]) {
+            let v = g.verify().unwrap();
+            let exe = b.compile(&v).expect("compile");
+            let params = v.params.clone();
+            let bufs = [Data::F(base), Data::F(upd), Data::I(pos)]
+                .iter()
+                .zip(&params)
+                .map(|(d, ty)| b.upload(&bytes(d), ty).unwrap())
+                .collect();
+            let err = b.execute(exe.as_ref(), bufs, &[]).and_then(|o| b.download(&o[0])).unwrap_err();
+            assert!(matches!(err, lazuli_executor::BackendError::IndexOutOfRange(_)), "{err}");
+            assert!(err.to_string().contains("write_at"), "{err}");
+            continue;
+        }
+        let got = f32s(&run_on(&b, g, &[Data::F(base.clone()), Data::F(upd.clone()), Data::I(pos.clone())], &[])[0]);
+        let mut want = base.clone();
+        for o in 0..6 {
+            let p = pos[if pos.len() == 1 { 0 } else { o / 3 }] as usize;
+            for a in 0..u {
+                for r in 0..4 {
+                    want[(o * 8 + p + a) * 4 + r] = upd[(o * u + a) * 4 + r];
+                }
+            }
+        }
+        assert_eq!(got, want, "write_at of {u} at {pos:?}");
+    }
+    // PrefixAttention: q [2, 4, t, 4], k [2, 2, 8, 4], v [2, 2, 8, 3].
+    let (bb, h, gh, s, d, dv) = (2usize, 4usize, 2usize, 8usize, 4usize, 3usize);
+    for (t, pos) in [(1usize, vec![6i32]), (3, vec![0, 5]), (2, vec![7])] {
+        let (q, k, v) = (val(bb * h * t * d, 3), val(bb * gh * s * d, 4), val(bb * gh * s * dv, 5));
+        let mut g = Graph::new();
+        let qp = g.param(ValueType::new([bb, h, t, d], DType::F32));
+        let kp = g.param(ValueType::new([bb, gh, s, d], DType::F32));
+        let vp = g.param(ValueType::new([bb, gh, s, dv], DType::F32));
+        let sc = push(&mut g, Op::Constant(ScalarValue::Float(0.5), DType::F32), &[]);
+        let pdims: Vec<usize> = if pos.len() == 1 { vec![] } else { vec![bb] };
+        let pp = g.param(ValueType::new(pdims, DType::I32));
+        let y = push(&mut g, Op::PrefixAttention, &[qp, kp, vp, sc, pp]);
+        g.outputs.push(y);
+        let inputs = [Data::F(q.clone()), Data::F(k.clone()), Data::F(v.clone()), Data::I(pos.clone())];
+        if pos.iter().any(|&p| p as usize + t > s) {
+            let v = g.verify().unwrap();
+            let exe = b.compile(&v).expect("compile");
+            let params = v.params.clone();
+            let bufs = inputs.iter().zip(&params).map(|(d, ty)| b.upload(&bytes(d), ty).unwrap()).collect();
+            let err = b.execute(exe.as_ref(), bufs, &[]).and_then(|o| b.download(&o[0])).unwrap_err();
+            assert!(err.to_string().contains("prefix_attention"), "{err}");
+            continue;
+        }
+        let got = f32s(&run_on(&b, g, &inputs, &[])[0]);
+        let mut want = vec![0f32; bb * h * t * dv];
+        for r in 0..bb {
+            let p = pos[if pos.len() == 1 { 0 } else { r }] as usize;
+            for hh in 0..h {
+                let kv = (r * gh + hh / (h / gh)) * s;
+                for i in 0..t {
+                    let qi = &q[((r * h + hh) * t + i) * d..][..d];
+                    let scores: Vec<f32> = (0..=p + i)
+                        .map(|j| qi.iter().zip(&k[(kv + j) * d..][..d]).map(|(a, c)| a * c).sum::<f32>() * 0.5)
+                        .collect();
+                    let mx = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                    let w: Vec<f32> = scores.iter().map(|x| (x - mx).exp()).collect();
+                    let sum: f32 = w.iter().sum();
+                    for e in 0..dv {
+                        let acc: f32 = w.iter().enumerate().map(|(j, wj)| wj * v[(kv + j) * dv + e]).sum();
+                        want[((r * h + hh) * t + i) * dv + e] = acc / sum;
+                    }
+                }
+            }
+        }
+        close(&got, &want, 1e-5);
+    }
+}

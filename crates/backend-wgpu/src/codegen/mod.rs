@@ -47,6 +47,7 @@ use thiserror::Error;
 
 pub mod access;
 pub mod attention;
+pub mod cache;
 mod common;
 pub mod conv;
 pub mod coop;
@@ -286,16 +287,9 @@ pub fn dtype_supported(d: DType) -> bool {
 pub fn node_supported(node: &lazuli_ir::Node) -> bool {
     // A collective is no kernel: the executor runs it (stage, MPI, upload).
     !node.op.is_collective()
-        && !wgsl_pending(&node.op)
         && dtype_supported(node.dtype)
         && (!matches!(node.op, Op::Conv2d(_)) || matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16))
         && (!is_half(node.dtype) || half_op_supported(&node.op))
-}
-
-/// The ops of LLM inference that have no WGSL kernel yet (the KV cache's
-/// write and prefix attention): they run on the CPU fallback.
-fn wgsl_pending(op: &Op) -> bool {
-    matches!(op, Op::WriteAt { .. } | Op::PrefixAttention)
 }
 
 /// True for the dtypes a wgpu device stores: those kernels compute in
@@ -1255,9 +1249,11 @@ impl Writer<'_> {
             KernelKind::Conv2d => invocations = self.conv_kernel(k, &mut b),
             KernelKind::MultiTensor => unreachable!("multi-tensor kernels are lowered by `Writer::multi_tensor`"),
             KernelKind::Quant => invocations = self.quant_kernel(k, self.s.quant(), &mut b),
-            // No WGSL form yet (`node_supported` sends them to the fallback).
             KernelKind::Cache => {
-                return Err(LowerError::Unsupported { op: rn.op.name(), dtype: rn.dtype });
+                invocations = match rn.op {
+                    Op::WriteAt { .. } => self.write_at_kernel(k, &mut b),
+                    _ => self.prefix_attention_kernel(k, &mut b),
+                }
             }
         }
         Ok((b, invocations))

@@ -262,12 +262,9 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
             }
             Family::Quant(QuantPlan::new(g, kernel))
         }
-        // No WGSL form yet: the KV cache ops run on the CPU fallback
-        // (`node_supported`).
-        KernelKind::Cache => {
-            let n = g.node(root);
-            return Err(LowerError::Unsupported { op: n.op.name(), dtype: n.dtype });
-        }
+        // The KV cache's ops: per output element (write) or per query
+        // row (attention), no decision of their own (see `super::cache`).
+        KernelKind::Cache => Family::Indexed,
     };
     // Bindings read or written as vec4.
     let full = |id: NodeId| g.node(id).shape.numel() == root_numel;

@@ -397,8 +397,12 @@ impl Compiler {
                     && codegen::reads_bytes(&node.op, k)
                     && (n.shape.numel() as u64).div_ceil(4) <= ctx.windows.elements())
         };
+        // The KV cache's ops on an empty result stay on the fallback
+        // (which checks their positions all the same).
+        let cache_ok = !matches!(node.op, Op::WriteAt { .. } | Op::PrefixAttention) || node.shape.numel() > 0;
         self.within_loop_budget(ctx, node, inputs)
             && fits
+            && cache_ok
             && codegen::node_supported(node)
             && inputs.iter().enumerate().all(operand_ok)
             && halves_ok()
@@ -427,6 +431,10 @@ impl Compiler {
             Op::Attention { .. } => codegen::attention::within_loop_budget(node, inputs, forms.attention, budget),
             Op::QuantMatMul(format) => {
                 codegen::quant::QuantPlan::loop_iterations(*format, node_cols(inputs)) <= budget
+            }
+            Op::PrefixAttention => {
+                let dim = |k: usize, a: usize| inputs.get(k).map_or(0, |n| n.shape.dims()[a] as u64);
+                codegen::cache::prefix_attention_iterations(dim(1, 2), dim(1, 3), dim(2, 3)) <= budget
             }
             _ => true,
         }
