@@ -117,7 +117,8 @@ impl QuantPlan {
     /// times the values of a unit): what llvmpipe's loop budget bounds.
     pub fn loop_iterations(format: QuantFormat, cols: u64) -> u64 {
         let _ = format;
-        cols.div_ceil(QUANT_UNIT).div_ceil(QUANT_LANES as u64) * QUANT_UNIT
+        // Per unit: the activations' loop and each row's value loop.
+        cols.div_ceil(QUANT_UNIT).div_ceil(QUANT_LANES as u64) * QUANT_UNIT * (1 + QUANT_ROWS as u64)
     }
 }
 
@@ -147,6 +148,38 @@ fn decoder(format: QuantFormat, w: &str) -> String {
     format!("fn qv(o: u32, j: u32) -> f32 {{\n{body}}}\n\n")
 }
 
+/// `qdot(o, j0, cnt, xs)`: the sum over values `j0 .. j0 + cnt` of the
+/// block of `format` at byte `o` of weight binding `w` (a unit of
+/// [`QUANT_UNIT`] values; `cnt` below it only at the end of an f16/bf16
+/// row) of each value times `xs[j - j0]`. Each value is the reference's
+/// (`qv`'s) expression, its scales loaded once per unit.
+fn unit_dot(format: QuantFormat, w: &str) -> String {
+    let body = match format {
+        QuantFormat::Q8_0 => format!(
+            "    let d = ldf_{w}(o);\n    for (var j = 0u; j < 32u; j = j + 1u) {{\n        let q = i32(ld_{w}(o + 2u + j) << 24u) >> 24u;\n        s = s + (d * f32(q)) * xs[j];\n    }}\n"
+        ),
+        QuantFormat::Q4_0 => format!(
+            "    let d = ldf_{w}(o);\n    for (var l = 0u; l < 16u; l = l + 1u) {{\n        let b = ld_{w}(o + 2u + l);\n        s = s + (d * f32(i32(b & 15u) - 8)) * xs[l];\n        s = s + (d * f32(i32(b >> 4u) - 8)) * xs[l + 16u];\n    }}\n"
+        ),
+        QuantFormat::Q5_0 => format!(
+            "    let d = ldf_{w}(o);\n    let qh = ldh_{w}(o + 2u) | (ldh_{w}(o + 4u) << 16u);\n    for (var l = 0u; l < 16u; l = l + 1u) {{\n        let b = ld_{w}(o + 6u + l);\n        let x0 = i32((b & 15u) | (((qh >> l) << 4u) & 16u)) - 16;\n        let x1 = i32((b >> 4u) | ((qh >> (l + 12u)) & 16u)) - 16;\n        s = s + (f32(x0) * d) * xs[l];\n        s = s + (f32(x1) * d) * xs[l + 16u];\n    }}\n"
+        ),
+        QuantFormat::Q4K => format!(
+            "    let is = j0 >> 5u;\n    let chunk = is >> 1u;\n    let hi = is & 1u;\n    var sc: u32;\n    var m: u32;\n    if (is < 4u) {{\n        sc = ld_{w}(o + 4u + is) & 63u;\n        m = ld_{w}(o + 8u + is) & 63u;\n    }} else {{\n        let c = ld_{w}(o + 8u + is);\n        sc = (c & 15u) | ((ld_{w}(o + is) >> 6u) << 4u);\n        m = (c >> 4u) | ((ld_{w}(o + 4u + is) >> 6u) << 4u);\n    }}\n    let d1 = ldf_{w}(o) * f32(sc);\n    let m1 = ldf_{w}(o + 2u) * f32(m);\n    for (var l = 0u; l < 32u; l = l + 1u) {{\n        let b = ld_{w}(o + 16u + chunk * 32u + l);\n        let q = select(b & 15u, b >> 4u, hi == 1u);\n        s = s + (d1 * f32(q) - m1) * xs[l];\n    }}\n"
+        ),
+        QuantFormat::Q6K => format!(
+            "    let d = ldf_{w}(o + 208u);\n    let half = j0 >> 7u;\n    let quarter = (j0 >> 5u) & 3u;\n    let sa = o + 192u + 8u * half + 2u * quarter;\n    let s0 = d * f32(i32(ld_{w}(sa) << 24u) >> 24u);\n    let s1 = d * f32(i32(ld_{w}(sa + 1u) << 24u) >> 24u);\n    let qlo = o + 64u * half + 32u * (quarter & 1u);\n    let qho = o + 128u + 32u * half;\n    for (var l = 0u; l < 32u; l = l + 1u) {{\n        let ql = ld_{w}(qlo + l);\n        let lo = select(ql & 15u, ql >> 4u, quarter >= 2u);\n        let q = i32(lo | (((ld_{w}(qho + l) >> (2u * quarter)) & 3u) << 4u)) - 32;\n        s = s + (select(s0, s1, l >= 16u) * f32(q)) * xs[l];\n    }}\n"
+        ),
+        QuantFormat::F16 => format!(
+            "    for (var j = 0u; j < cnt; j = j + 1u) {{\n        s = s + ldf_{w}(o + 2u * j) * xs[j];\n    }}\n"
+        ),
+        QuantFormat::BF16 => format!(
+            "    for (var j = 0u; j < cnt; j = j + 1u) {{\n        s = s + bitcast<f32>(ldh_{w}(o + 2u * j) << 16u) * xs[j];\n    }}\n"
+        ),
+    };
+    format!("fn qdot(o: u32, j0: u32, cnt: u32, xs: array<f32, {QUANT_UNIT}>) -> f32 {{\n    var s = 0.0;\n{body}    return s;\n}}\n\n")
+}
+
 impl Writer<'_> {
     /// The body of a quantized kernel planned as `plan`; returns its
     /// invocations.
@@ -159,12 +192,12 @@ impl Writer<'_> {
         };
         let wk = k.inputs.iter().position(|&x| x == rn.inputs[weight_at]).expect("the weight is a kernel input");
         let w: &Binding = self.input(wk);
-        self.funcs.push_str(&decoder(plan.format, &w.name));
         let (bl, bb) = (plan.format.block_len() as u64, plan.format.block_bytes() as u64);
         let rb = plan.row_bytes;
         let out = self.output(0);
         match plan.kind {
             QuantKind::Dequantize { values } => {
+                self.funcs.push_str(&decoder(plan.format, &w.name));
                 let cols = plan.cols.max(1);
                 let _ = writeln!(
                     b,
@@ -174,6 +207,7 @@ impl Writer<'_> {
                 values
             }
             QuantKind::MatVec { m, n, rows, lanes } => {
+                self.funcs.push_str(&unit_dot(plan.format, &w.name));
                 let x = rn.inputs[0].0;
                 let kk = plan.cols;
                 let units = kk.div_ceil(QUANT_UNIT);
@@ -186,18 +220,19 @@ impl Writer<'_> {
                 for r in 0..rows {
                     let _ = writeln!(b, "    var acc{r} = 0.0;");
                 }
-                let guard = if kk.is_multiple_of(QUANT_UNIT) { String::new() } else { format!(" && c < {kk}u") };
+                // A unit's activations into registers once (0 past the
+                // end of an f16/bf16 row), then one unit of each row.
                 let _ = write!(
                     b,
-                    "    if (qm < {m}u) {{\n        for (var u = lid; u < {units}u; u = u + {lanes}u) {{\n            for (var j = 0u; j < {QUANT_UNIT}u; j = j + 1u) {{\n                let c = u * {QUANT_UNIT}u + j;\n                if (true{guard}) {{\n                    let xv = n{x}(qm * {kk}u + c);\n                    let blk = c / {bl}u;\n                    let jb = c - blk * {bl}u;\n"
+                    "    if (qm < {m}u) {{\n        for (var u = lid; u < {units}u; u = u + {lanes}u) {{\n            let c0 = u * {QUANT_UNIT}u;\n            let cnt = min({QUANT_UNIT}u, {kk}u - c0);\n            var xs: array<f32, {QUANT_UNIT}>;\n            for (var j = 0u; j < {QUANT_UNIT}u; j = j + 1u) {{\n                xs[j] = select(0.0, n{x}(qm * {kk}u + c0 + min(j, cnt - 1u)), j < cnt);\n            }}\n            let blk = c0 / {bl}u;\n            let j0 = c0 - blk * {bl}u;\n"
                 );
                 for r in 0..rows {
                     let _ = writeln!(
                         b,
-                        "                    if (qr0 + {r}u < {n}u) {{\n                        acc{r} = acc{r} + qv((qr0 + {r}u) * {rb}u + blk * {bb}u, jb) * xv;\n                    }}"
+                        "            if (qr0 + {r}u < {n}u) {{\n                acc{r} = acc{r} + qdot((qr0 + {r}u) * {rb}u + blk * {bb}u, j0, cnt, xs);\n            }}"
                     );
                 }
-                b.push_str("                }\n            }\n        }\n    }\n");
+                b.push_str("        }\n    }\n");
                 for r in 0..rows {
                     let _ = writeln!(b, "    qred[{}u + lid] = acc{r};", r * lanes);
                 }
