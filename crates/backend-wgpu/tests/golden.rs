@@ -360,6 +360,34 @@ fn graphs() -> Vec<(&'static str, Graph)> {
         g.outputs.push(y);
         out.push(("conv_bias_relu", g));
     }
+    // LLM decoding: a Q4_0 matrix-vector product (a byte-stored weight,
+    // 10 rows: not a multiple of a workgroup's 4) and the Q6_K
+    // dequantization of an embedding row (`codegen::quant`).
+    {
+        use lazuli_ir::quant::QuantFormat;
+        let mut g = Graph::new();
+        let x = f32p(&mut g, &[1, 64]);
+        let w = g.param(ValueType::new([10, QuantFormat::Q4_0.row_bytes(64).unwrap()], DType::U8));
+        let y = push(&mut g, Op::QuantMatMul(QuantFormat::Q4_0), &[x, w]);
+        let e = g.param(ValueType::new([1, QuantFormat::Q6K.row_bytes(256).unwrap()], DType::U8));
+        let d = push(&mut g, Op::Dequantize(QuantFormat::Q6K), &[e]);
+        g.outputs.extend([y, d]);
+        out.push(("quant_matvec_dequantize", g));
+    }
+    // The KV cache: a write at a lifted position, then prefix attention
+    // over it with grouped-query heads (`codegen::cache`).
+    {
+        let mut g = Graph::new();
+        let cache = f32p(&mut g, &[1, 2, 16, 8]);
+        let k = f32p(&mut g, &[1, 2, 1, 8]);
+        let q = f32p(&mut g, &[1, 4, 1, 8]);
+        let pos = g.scalar(DType::I32);
+        let kc = push(&mut g, Op::WriteAt { axis: 2 }, &[cache, k, pos]);
+        let scale = g.scalar(DType::F32);
+        let y = push(&mut g, Op::PrefixAttention, &[q, kc, kc, scale, pos]);
+        g.outputs.extend([kc, y]);
+        out.push(("kv_cache_decode", g));
+    }
     out
 }
 
