@@ -44,15 +44,23 @@
 //!   as on lavapipe) and the offset inside it. The arithmetic is exact:
 //!   indices are u32 element (or vec4) indices, windows hold a whole
 //!   number of them, and a tensor has at most `u32::MAX` elements.
+//! - [`Storage::Bytes`]: a `u8` tensor (quantized weight blocks, see
+//!   [`crate::codegen::quant`]), four bytes to a `u32` (byte `4k + j` in
+//!   bits `8j` of word `k`, as uploaded), read only, by byte offset:
+//!   `ld_NAME(o)` the byte, `ldh_NAME(o)` the little-endian u16 at an even
+//!   offset (GGML blocks have even sizes, so a u16 never straddles a
+//!   word), `ldf_NAME(o)` that u16 as an f16 widened to f32 by integer
+//!   arithmetic (`f16_bits`: exact, subnormals included, where
+//!   `unpack2x16float` may flush them).
 //!
 //! A kernel whose bindings are all native is written exactly as before the
 //! layer existed, and the others exactly as the text rewrites that came
 //! before it (`halves`, `window`) wrote them: the helpers follow the last
 //! storage declaration. `enable` lines are derived from what was emitted
-//! (the assembler's `enables`), as naga's and CubeCL's writers do. The next
-//! storage kind (quantized weight blocks read and dequantized inside the
-//! matmul kernels) is one more [`Storage`] variant with its declaration
-//! and its load helper here; no family changes.
+//! (the assembler's `enables`), as naga's and CubeCL's writers do. A new
+//! storage kind is one more [`Storage`] variant with its declaration and
+//! its load helper here (the bytes of quantized weights were); no family
+//! changes.
 //!
 //! Rejected alternative: families writing `NAME[i]` and a text rewrite
 //! after lowering turning those accesses into helper calls (what the
@@ -652,6 +660,30 @@ mod tests {
             None,
             "f16 is never windowed"
         );
+    }
+
+    /// A `u8` binding is bytes, four to a word, read through byte, u16
+    /// and f16-scale helpers (naga accepts them); never written, vec4 or
+    /// windowed.
+    #[test]
+    fn byte_bindings_load_bytes_halves_and_scales() {
+        let t = |writable: bool, vec4: bool, elements: u64, windows: &Windows| {
+            Binding::tensor("in0".into(), "u8", vec4, writable, elements, (HalfStorage::Packed, windows))
+        };
+        let b = t(false, false, 18, &Windows::UNBOUNDED).unwrap();
+        assert_eq!(b.storage, Storage::Bytes);
+        assert_eq!(t(true, false, 18, &Windows::UNBOUNDED), None, "written");
+        assert_eq!(t(false, true, 18, &Windows::UNBOUNDED), None, "as vec4");
+        // 256-byte windows: 1024 bytes would need 4 of them.
+        let small = Windows::new(128 << 20, 16, Some(256));
+        assert_eq!(t(false, false, 1024, &small), None, "windowed");
+        assert!(t(false, false, 256, &small).is_some(), "one window of words");
+        let bs = Bindings { inputs: vec![b], ..Default::default() };
+        let mut s = bs.declare_inputs();
+        assert!(s.contains("@group(0) @binding(1) var<storage, read> in0: array<u32>;"), "{s}");
+        s.push_str(&bs.helpers());
+        s.push_str("fn f(o: u32) -> f32 {\n    return f32(ld_in0(o + 2u)) * ldf_in0(o) + f32(ldh_in0(o + 4u));\n}\n");
+        crate::validate_wgsl(&s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     }
 
     /// A windowed binding is one binding per window (those after it
