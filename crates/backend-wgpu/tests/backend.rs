@@ -1328,6 +1328,21 @@ fn quantized_weights_run_as_kernels() {
             for (i, (a, r)) in got.iter().zip(&reference).enumerate() {
                 assert_eq!(a.to_bits(), r.to_bits(), "{format} [{n}, {k}] value {i}: {a} vs {r}");
             }
+            // An embedding lookup: rows of the bytes gathered on the
+            // device (a byte binding written by words), then dequantized.
+            let ids: Vec<i32> = (0..5).map(|i| ((i * 3 + case) % n) as i32).collect();
+            let mut g = Graph::new();
+            let p = g.param(wty.clone());
+            let ip = g.param(ValueType::new([5], DType::I32));
+            let rows = push(&mut g, Op::Gather { axis: 0 }, &[p, ip]);
+            let d = push(&mut g, Op::Dequantize(format), &[rows]);
+            g.outputs.extend([rows, d]);
+            let outs = run_on(&b, g, &[Data::B(w.clone()), Data::I(ids.clone())], &[]);
+            let want_rows: Vec<u8> =
+                ids.iter().flat_map(|&i| w[i as usize * row_bytes..][..row_bytes].to_vec()).collect();
+            assert_eq!(outs[0], want_rows, "{format}: gathered bytes");
+            let want: Vec<f32> = ids.iter().flat_map(|&i| reference[i as usize * k..][..k].to_vec()).collect();
+            assert_eq!(f32s(&outs[1]), want, "{format}: gathered rows dequantized");
             // QuantMatMul: x [lead.., k] @ w^T.
             let m: usize = lead.iter().product();
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 + case * 11) % 23) as f32 / 11.0 - 1.0).collect();

@@ -46,7 +46,9 @@
 //!   number of them, and a tensor has at most `u32::MAX` elements.
 //! - [`Storage::Bytes`]: a `u8` tensor (quantized weight blocks, see
 //!   [`crate::codegen::quant`]), four bytes to a `u32` (byte `4k + j` in
-//!   bits `8j` of word `k`, as uploaded), read only, by byte offset:
+//!   bits `8j` of word `k`, as uploaded). Written a whole word at a time
+//!   (`st_NAME(w, word)`: a gather of embedding rows, each invocation
+//!   owning its word); read by byte offset:
 //!   `ld_NAME(o)` the byte, `ldh_NAME(o)` the little-endian u16 at an even
 //!   offset (GGML blocks have even sizes, so a u16 never straddles a
 //!   word), `ldf_NAME(o)` that u16 as an f16 widened to f32 by integer
@@ -149,9 +151,9 @@ impl Binding {
         (f16, windows): (HalfStorage, &Windows),
     ) -> Option<Binding> {
         if scalar == "u8" {
-            // Bytes: 4 to a word. Never windowed or written (the planner
-            // keeps a weight beyond one binding on the CPU fallback).
-            return (!writable && !vec4 && windows.count(elements.div_ceil(4)) <= 1).then_some(Binding {
+            // Bytes: 4 to a word. Never windowed (the planner keeps a
+            // weight beyond one binding on the CPU fallback).
+            return (!vec4 && windows.count(elements.div_ceil(4)) <= 1).then_some(Binding {
                 name,
                 scalar,
                 vec4,
@@ -355,6 +357,11 @@ impl Binding {
     fn byte_fns(&self) -> String {
         let Storage::Bytes = self.storage else { return String::new() };
         let name = &self.name;
+        if self.writable {
+            // Written a word at a time (`st_NAME(w, word)`), by the
+            // invocation that owns the word.
+            return format!("fn st_{name}(w: u32, v: u32) {{\n    {name}[w] = v;\n}}\n\n");
+        }
         format!(
             "fn ld_{name}(o: u32) -> u32 {{\n    return ({name}[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;\n}}\n\nfn ldh_{name}(o: u32) -> u32 {{\n    return ({name}[o >> 2u] >> ((o & 2u) * 8u)) & 0xffffu;\n}}\n\nfn ldf_{name}(o: u32) -> f32 {{\n    return f16_bits(ldh_{name}(o));\n}}\n\n"
         )
@@ -663,8 +670,7 @@ mod tests {
     }
 
     /// A `u8` binding is bytes, four to a word, read through byte, u16
-    /// and f16-scale helpers (naga accepts them); never written, vec4 or
-    /// windowed.
+    /// and f16-scale helpers (naga accepts them); never vec4 or windowed.
     #[test]
     fn byte_bindings_load_bytes_halves_and_scales() {
         let t = |writable: bool, vec4: bool, elements: u64, windows: &Windows| {
@@ -672,7 +678,7 @@ mod tests {
         };
         let b = t(false, false, 18, &Windows::UNBOUNDED).unwrap();
         assert_eq!(b.storage, Storage::Bytes);
-        assert_eq!(t(true, false, 18, &Windows::UNBOUNDED), None, "written");
+        assert!(t(true, false, 18, &Windows::UNBOUNDED).is_some(), "written by words");
         assert_eq!(t(false, true, 18, &Windows::UNBOUNDED), None, "as vec4");
         // 256-byte windows: 1024 bytes would need 4 of them.
         let small = Windows::new(128 << 20, 16, Some(256));

@@ -113,6 +113,9 @@ impl Writer<'_> {
             return ni;
         }
         let inner: u64 = x.shape.dims()[axis + 1..].iter().product::<usize>() as u64;
+        if rn.dtype == DType::U8 {
+            return self.gather_bytes(k, (ix, ni, dim, inner), b);
+        }
         let check = self.checked_index(ix, "j", dim, "    ");
         let _ = write!(
             b,
@@ -124,6 +127,27 @@ impl Writer<'_> {
             self.output(0).store("t", &store(rn.dtype, "v"))
         );
         rn.shape.numel() as u64
+    }
+
+    /// A gather of `u8` data (rows of quantized weight blocks: an
+    /// embedding lookup) into a byte binding: one invocation per output
+    /// word, which gathers its four bytes (each index checked) and writes
+    /// the word whole, so no two invocations share a word. Returns the
+    /// invocation count.
+    fn gather_bytes(&mut self, k: &Kernel, (ix, ni, dim, inner): (NodeId, u64, u64, u64), b: &mut String) -> u64 {
+        let g = self.g;
+        let rn = g.node(k.root());
+        let numel = rn.shape.numel() as u64;
+        let check = self.checked_index(ix, "j", dim, "            ");
+        let _ = write!(
+            b,
+            "    var word = 0u;\n    for (var q = 0u; q < 4u; q = q + 1u) {{\n        let e = t * 4u + q;\n        if (e < {numel}u) {{\n            let ii = e % {inner}u;\n            let j = (e / {inner}u) % {ni}u;\n            let o = e / {}u;\n{check}            if (ok) {{\n                word = word | (n{}(o * {}u + row * {inner}u + ii) << (q * 8u));\n            }}\n        }}\n    }}\n    {}\n",
+            (inner * ni).max(1),
+            rn.inputs[0].0,
+            dim * inner,
+            self.output(0).store("t", "word")
+        );
+        numel.div_ceil(4)
     }
 
     /// A scatter-add in the form the limits ask for (see the module

@@ -287,7 +287,7 @@ pub fn dtype_supported(d: DType) -> bool {
 pub fn node_supported(node: &lazuli_ir::Node) -> bool {
     // A collective is no kernel: the executor runs it (stage, MPI, upload).
     !node.op.is_collective()
-        && dtype_supported(node.dtype)
+        && (dtype_supported(node.dtype) || (node.dtype == DType::U8 && matches!(node.op, Op::Gather { .. })))
         && (!matches!(node.op, Op::Conv2d(_)) || matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16))
         && (!is_half(node.dtype) || half_op_supported(&node.op))
 }
@@ -300,9 +300,10 @@ pub fn dtype_stored(d: DType) -> bool {
 }
 
 /// Whether operand `k` of `op` may be a `u8` tensor on the device: the
-/// weight of [`Op::Dequantize`] and [`Op::QuantMatMul`].
+/// weight of [`Op::Dequantize`] and [`Op::QuantMatMul`], the data of a
+/// gather (an embedding's quantized rows).
 pub fn reads_bytes(op: &Op, k: usize) -> bool {
-    matches!((op, k), (Op::Dequantize(_), 0) | (Op::QuantMatMul(_), 1))
+    matches!((op, k), (Op::Dequantize(_), 0) | (Op::QuantMatMul(_), 1) | (Op::Gather { .. }, 0))
 }
 
 /// The ops whose kernels are proven on f16 and bf16 operands and outputs.
