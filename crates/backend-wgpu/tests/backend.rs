@@ -1254,9 +1254,9 @@ fn quant_weight(format: lazuli_ir::quant::QuantFormat, rows: usize, cols: usize,
     let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| next() as u8).collect();
     // A half of bits: a normal of exponent -10..2 (or a subnormal one
     // time in eight), either sign.
-    let mut half = |next: &mut dyn FnMut() -> u32| -> [u8; 2] {
+    let half = |next: &mut dyn FnMut() -> u32| -> [u8; 2] {
         let r = next();
-        let e = if r % 8 == 0 { 0 } else { 5 + (r >> 3) % 12 };
+        let e = if r.is_multiple_of(8) { 0 } else { 5 + (r >> 3) % 12 };
         let bits = ((r >> 16) & 0x8000) | (e << 10) | (next() & 0x3ff);
         (bits as u16).to_le_bytes()
     };
@@ -1378,7 +1378,8 @@ fn quantized_weights_run_as_kernels() {
 fn kv_cache_ops_run_as_kernels() {
     let _s = serial();
     let Some(b) = backend() else { return };
-    let val = |n: usize, salt: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + salt * 3) % 13) as f32 / 6.5 - 1.0).collect() };
+    let val =
+        |n: usize, salt: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + salt * 3) % 13) as f32 / 6.5 - 1.0).collect() };
     // WriteAt: base [2, 3, 8, 4], update [2, 3, u, 4] along axis 2.
     let (bd, axis) = ([2usize, 3, 8, 4], 2);
     for (u, pos) in [(1usize, vec![5i32]), (3, vec![0, 5]), (2, vec![7])] {

@@ -258,7 +258,10 @@ pub fn schedule(kernel: &Kernel, graph: &VerifiedGraph, limits: &LowerLimits) ->
             let n = g.node(root);
             let weight = n.inputs[usize::from(matches!(n.op, Op::QuantMatMul(_)))];
             if kernel.outputs != [root] || !kernel.inputs.contains(&weight) {
-                return Err(LowerError::Unsupported { op: format!("{} (a fused weight or output)", n.op.name()), dtype: n.dtype });
+                return Err(LowerError::Unsupported {
+                    op: format!("{} (a fused weight or output)", n.op.name()),
+                    dtype: n.dtype,
+                });
             }
             Family::Quant(QuantPlan::new(g, kernel))
         }

@@ -429,9 +429,7 @@ impl Compiler {
                 inputs.get(1).is_none_or(|w| codegen::conv::loop_iterations(forms.conv, node, w) <= budget)
             }
             Op::Attention { .. } => codegen::attention::within_loop_budget(node, inputs, forms.attention, budget),
-            Op::QuantMatMul(format) => {
-                codegen::quant::QuantPlan::loop_iterations(*format, node_cols(inputs)) <= budget
-            }
+            Op::QuantMatMul(format) => codegen::quant::QuantPlan::loop_iterations(*format, node_cols(inputs)) <= budget,
             Op::PrefixAttention => {
                 let dim = |k: usize, a: usize| inputs.get(k).map_or(0, |n| n.shape.dims()[a] as u64);
                 codegen::cache::prefix_attention_iterations(dim(1, 2), dim(1, 3), dim(2, 3)) <= budget
