@@ -32,8 +32,10 @@
 //! shuffles where [`LowerLimits::subgroups`], else a workgroup tree),
 //! [`matmul`], [`attention`] (fused attention, forward and backward),
 //! [`index`] (gather and scatter-add, which check their indices and report
-//! one out of range through an error slot) and [`pool`] (pooling and its
-//! gradient); [`multi`] writes multi-tensor kernels from the elementwise
+//! one out of range through an error slot), [`pool`] (pooling and its
+//! gradient), [`quant`] (quantized weights: dequantization and the
+//! matrix-vector product, read through the byte storage of [`access`])
+//! and [`cache`] (the KV cache's write and prefix attention); [`multi`] writes multi-tensor kernels from the elementwise
 //! forms; `common` holds the type, literal and index helpers and the WGSL
 //! helper functions they share (a typed `Helper` each). [`forms`] holds
 //! the kernel forms each family can be written in ([`KernelForms`]);
