@@ -321,12 +321,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A deterministic weight of `n` rows of `k` values in `format`
-    /// (random bytes with finite scales).
-    fn weight(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    /// (random bytes with finite scales; `quant_dot`'s tests use it too).
+    pub(crate) fn weight(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
         let row_bytes = format.row_bytes(k).unwrap();
         let mut state = seed;
         let mut next = move || {

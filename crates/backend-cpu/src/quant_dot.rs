@@ -528,36 +528,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic bytes.
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                (state >> 33) as u8
-            })
-            .collect()
-    }
-
-    /// A weight of `n` rows of `k` values: random bytes with small finite
-    /// f16 scales.
-    fn weight(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
-        let mut w = bytes(n * format.row_bytes(k).unwrap(), seed);
-        let fix = |b: &mut [u8], at: usize| b[at + 1] = 0x20 | (b[at + 1] & 0x83);
-        for block in w.chunks_mut(format.block_bytes()) {
-            match format {
-                QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => fix(block, 0),
-                QuantFormat::Q4K => {
-                    fix(block, 0);
-                    fix(block, 2);
-                }
-                QuantFormat::Q6K => fix(block, 208),
-                QuantFormat::F16 | QuantFormat::BF16 => unreachable!(),
-            }
-        }
-        w
-    }
+    use crate::quant::tests::weight;
 
     /// Activations with blocks of very different magnitudes, a zero block
     /// and values on the rounding boundary.
