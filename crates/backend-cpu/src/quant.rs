@@ -65,7 +65,7 @@ pub(crate) fn dequantize(
     Ok(CpuData::F32(out))
 }
 
-/// Whether few-row products quantize the activations to 8 bits
+/// Whether products of the block formats quantize the activations to 8 bits
 /// (`LAZULI_CPU_Q8_ACTIVATIONS`, default on), read once per process. A
 /// malformed value is logged and leaves the default (a device checks
 /// every variable at creation and reports it).
@@ -137,7 +137,8 @@ struct Shape {
     row_bytes: usize,
 }
 
-/// The matrix-vector form: `task(dst, first)` writes output columns
+/// The column form (the 8-bit path, and the exact matrix-vector one):
+/// `task(dst, first)` writes output columns
 /// `first..` (weight rows, `rows` values each) into `dst`; the columns
 /// are split over `threads`, then transposed into the row-major `out`
 /// (`rows x n`).
