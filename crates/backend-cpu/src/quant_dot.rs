@@ -320,7 +320,75 @@ mod avx2 {
         row_bytes: usize,
         x: &Q8Rows,
     ) {
+        if x.rows() == 1 {
+            // Decoding: two weight rows at a time, two independent loads
+            // and accumulator chains (each row's arithmetic unchanged).
+            let xr = x.row(0);
+            let row = |c: usize| &w[c * row_bytes..(c + 1) * row_bytes];
+            let mut pairs = dst.chunks_exact_mut(2);
+            let mut c = first;
+            for out in &mut pairs {
+                out.copy_from_slice(&dot_cols::<2>(format, [row(c), row(c + 1)], xr));
+                c += 2;
+            }
+            for out in pairs.into_remainder() {
+                *out = dot_cols::<1>(format, [row(c)], xr)[0];
+            }
+            return;
+        }
         tiled!(format, dst, first, w, row_bytes, x, dot)
+    }
+
+    /// `C` weight rows dotted with one activation row, their blocks
+    /// interleaved (Q8_0, Q4_0, Q5_0; the others one row at a time).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn dot_cols<const C: usize>(format: QuantFormat, rows: [&[u8]; C], x: Q8Row<'_>) -> [f32; C] {
+        let xs = [x];
+        let mut acc = [[_mm256_setzero_ps(); 1]; C];
+        let eight = _mm256_set1_epi8(8);
+        let high = _mm256_set1_epi8(0xF0u8 as i8);
+        let nb = rows[0].len() / format.block_bytes();
+        match format {
+            QuantFormat::Q8_0 => {
+                for g in 0..nb {
+                    for c in 0..C {
+                        let b = &rows[c][34 * g..34 * g + 34];
+                        signed(&mut acc[c], &xs, load32(&b[2..]), g, half(b));
+                    }
+                }
+            }
+            QuantFormat::Q4_0 => {
+                for g in 0..nb {
+                    for c in 0..C {
+                        let b = &rows[c][18 * g..18 * g + 18];
+                        signed(&mut acc[c], &xs, _mm256_sub_epi8(nibbles(&b[2..]), eight), g, half(b));
+                    }
+                }
+            }
+            QuantFormat::Q5_0 => {
+                for g in 0..nb {
+                    for c in 0..C {
+                        let b = &rows[c][22 * g..22 * g + 22];
+                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                        let w = _mm256_or_si256(nibbles(&b[6..]), _mm256_andnot_si256(bits_to_bytes(qh), high));
+                        signed(&mut acc[c], &xs, w, g, half(b));
+                    }
+                }
+            }
+            _ => {
+                let mut out = [0f32; C];
+                for (o, r) in out.iter_mut().zip(rows) {
+                    *o = dot::<1>(format, r, xs)[0];
+                }
+                return out;
+            }
+        }
+        let mut out = [0f32; C];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = finish(a, [0.0])[0];
+        }
+        out
     }
 
     /// One weight row dotted with `R` activation rows.
