@@ -63,15 +63,37 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
     GenerateOptions { max_tokens, sampling: Sampling::default(), chunk: 4, stop_at_eos: false, ..Default::default() }
 }
 
+/// Whether the model's quantized products round their activations to 8
+/// bits: block-quantized weights, with `LAZULI_CPU_Q8_ACTIVATIONS` not off
+/// (the CPU backend runs them, on wgpu too through the CPU fallback).
+fn q8_activations(r: &Reference) -> bool {
+    let off = std::env::var("LAZULI_CPU_Q8_ACTIVATIONS").is_ok_and(|v| ["0", "false", "off"].contains(&v.trim()));
+    let types = r.json["types"].as_array().unwrap();
+    !off && types.iter().any(|t| t.as_str().is_some_and(|t| t.starts_with('Q')))
+}
+
 /// Logits of every prompt position within 1e-3 of the largest reference
-/// logit; the greedy continuation identical.
+/// logit (the exact products), or 3e-2 where the activations are rounded
+/// to 8 bits; the greedy continuation identical.
+///
+/// The 8-bit bound: each activation moves by up to half a step of its
+/// 32-value block (`max|x| / 254`, 0.4 % of the block's largest value)
+/// at every one of a layer's seven products, and the errors of the
+/// layers add up; on these fixtures the largest error is 1.9e-2 of the
+/// largest logit (llama-q5_0; 0.6e-2 to 1.3e-2 for the others, measured
+/// with the AVX2 and the scalar builds alike, which are bit-identical).
+/// llama.cpp rounds its activations the same way. The kernels themselves
+/// are checked exactly against a float64 reference in `lazuli-cpu`'s
+/// unit tests (`quant_dot`).
 fn check_model(r: &Reference, dev: &Device) {
     let m = load(&r.name, dev);
     let got = m.logits(&r.prompt).unwrap();
     assert_eq!(got.len(), r.prompt.len() * r.vocab, "{}", r.name);
     let scale = r.logits.iter().fold(0f64, |a, b| a.max(b.abs()));
     let err = got.iter().zip(&r.logits).fold(0f64, |a, (g, w)| a.max((f64::from(*g) - w).abs()));
-    assert!(err <= 1e-3 * scale, "{} on {}: max error {err:.3e} (largest logit {scale:.3})", r.name, dev.name());
+    let tol = if q8_activations(r) { 3e-2 } else { 1e-3 };
+    eprintln!("{} on {}: max error {:.3e} of the largest logit", r.name, dev.name(), err / scale);
+    assert!(err <= tol * scale, "{} on {}: max error {err:.3e} (largest logit {scale:.3})", r.name, dev.name());
     let g = m.generate(&r.prompt, &greedy(r.greedy.len()), |_| true).unwrap();
     assert_eq!(g.generated_ids, r.greedy, "{} on {}: greedy continuation", r.name, dev.name());
     assert_eq!(g.decode_compiles, 0, "{} on {}: decoding compiled", r.name, dev.name());
@@ -274,11 +296,24 @@ fn quantize_keeps_blocks_and_its_product_matches_the_dequantized_one() {
         let deq = q.dequantize().unwrap();
         let want = xt.matmul(&deq.t().unwrap()).unwrap().to_vec::<f32>().unwrap();
         let got = q.matmul_t(&xt).unwrap().to_vec::<f32>().unwrap();
-        for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{format}: {a} vs {b}");
+        // The CPU backend rounds the activations to 8 bits by default
+        // (`LAZULI_CPU_Q8_ACTIVATIONS`, as llama.cpp): each value moves by
+        // at most half a step of its 32-value block, `max|x| / 254`, so an
+        // output moves by at most the sum over blocks of that step times
+        // the block's `sum |w|`. The f32 reassociation adds 1e-4.
+        let back = deq.to_vec::<f32>().unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let (r, c) = (i / 16, i % 16);
+            let rounding: f32 = (0..2)
+                .map(|blk| {
+                    let span = 32 * blk..32 * blk + 32;
+                    let amax = x[64 * r..][span.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
+                    amax / 254.0 * back[64 * c..][span].iter().map(|v| v.abs()).sum::<f32>()
+                })
+                .sum();
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()) + rounding, "{format}: {a} vs {b}");
         }
         // The error of quantization itself is bounded by the block step.
-        let back = deq.to_vec::<f32>().unwrap();
         let worst = w.iter().zip(&back).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(worst <= 2.0 / if format == QuantFormat::Q8_0 { 127.0 } else { 7.0 }, "{format}: {worst}");
     }

@@ -5,13 +5,19 @@ prompt and the same number of threads, in one run, alternating A B A B.
 
     pip install gguf numpy llama-cpp-python
     cargo build --release --bin lazuli
-    python3 scripts/llm/bench_twin.py [--threads 2] [--repeats 2] [--dim 1024 --layers 8]
+    python3 scripts/llm/bench_twin.py [--threads 2] [--repeats 2] [--dim 1024 --layers 8] \
+        [--exact] [--baseline path/to/main/lazuli]
 
 The models are random Llama weights written here (not committed): f32, then
 Q8_0 and Q4_0 through the `gguf` package. Each engine runs in a child
 process whose peak RSS (`wait4`) is reported beside the file size and the
 KV cache. Greedy decoding; llama.cpp's own timings (`llama_perf_context`)
 give its prompt and decode rates; Lazuli's come from its `--json`.
+
+`--exact` also runs the same binary with `LAZULI_CPU_Q8_ACTIVATIONS=0` (the
+exact f32 products), `--baseline` another build of `lazuli` (main's, for an
+A/B of a change); every engine runs once per repeat, in turn, so all see
+the same load.
 """
 
 import argparse
@@ -50,10 +56,10 @@ print(json.dumps({"prompt_tps": len(prompt) / (t1 - t0), "decode_tps": (n - 1) /
 """
 
 
-def measured(cmd, threads):
+def measured(cmd, threads, extra_env=None):
     """stdout and peak RSS (bytes) of a child (`wait4`), with `threads`
-    worker threads (rayon's pool for Lazuli)."""
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    worker threads (Lazuli's pool: `LAZULI_CPU_THREADS`, and rayon's)."""
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), LAZULI_CPU_THREADS=str(threads), **(extra_env or {}))
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
     out = p.stdout.read()
     err = p.stderr.read()
@@ -74,7 +80,14 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--lazuli", default=os.path.join(ROOT, "target", "release", "lazuli"))
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "lazuli-llm-bench"))
+    ap.add_argument("--exact", action="store_true", help="also run with LAZULI_CPU_Q8_ACTIVATIONS=0")
+    ap.add_argument("--baseline", help="another lazuli binary (main's) run in the same alternation")
     a = ap.parse_args()
+    variants = [("lazuli", a.lazuli, {})]
+    if a.exact:
+        variants.append(("exact", a.lazuli, {"LAZULI_CPU_Q8_ACTIVATIONS": "0"}))
+    if a.baseline:
+        variants.append(("baseline", a.baseline, {}))
     os.makedirs(a.dir, exist_ok=True)
     tokens, scores, types = spm_vocab()
     cfg = dict(arch="llama", dim=a.dim, heads=a.dim // 64, kv_heads=a.dim // 128, head_dim=64, ffn=a.ffn,
@@ -92,15 +105,18 @@ def main():
         size = os.path.getsize(path)
         kv = 2 * cfg["layers"] * cfg["kv_heads"] * cfg["head_dim"] * (a.prompt + a.tokens) * 4
         for rep in range(a.repeats):
-            lz_out, lz_rss = measured([a.lazuli, "generate", "--model", path, "--device", "cpu", "--prompt-ids",
-                                       ",".join(map(str, prompt)), "--max-tokens", str(a.tokens), "--greedy",
-                                       "--chunk", "64", "--json"], a.threads)
-            lz = json.loads(lz_out.strip().splitlines()[-1])
+            runs = {}
+            for label, binary, env in variants:
+                out, rss = measured([binary, "generate", "--model", path, "--device", "cpu", "--prompt-ids",
+                                     ",".join(map(str, prompt)), "--max-tokens", str(a.tokens), "--greedy",
+                                     "--chunk", "64", "--json"], a.threads, env)
+                runs[label] = (json.loads(out.strip().splitlines()[-1]), rss)
             ll_out, ll_rss = measured([sys.executable, "-c", LLAMA_CHILD, path, str(a.threads), json.dumps(prompt),
                                        str(a.tokens)], a.threads)
             ll = json.loads(ll_out.strip().splitlines()[-1])
+            lz, lz_rss = runs["lazuli"]
             same = sum(x == y for x, y in zip(lz["generated_ids"], ll["generated_ids"]))
-            rows.append(dict(model=name, rep=rep, file_mb=size / 1e6, kv_mb=kv / 1e6,
+            rows.append(dict(model=name, rep=rep, threads=a.threads, file_mb=size / 1e6, kv_mb=kv / 1e6,
                              lazuli_decode=lz["decode_tps"], llama_decode=ll["decode_tps"],
                              lazuli_prompt=lz["prompt_tps"], llama_prompt=ll["prompt_tps"],
                              lazuli_rss_mb=lz_rss / 1e6, llama_rss_mb=ll_rss / 1e6,
@@ -110,6 +126,16 @@ def main():
                   f"(x{r['lazuli_decode'] / r['llama_decode']:.2f}); prefill tok/s {r['lazuli_prompt']:.1f} vs "
                   f"{r['llama_prompt']:.1f}; peak RSS MB {r['lazuli_rss_mb']:.0f} vs {r['llama_rss_mb']:.0f} "
                   f"(file {r['file_mb']:.0f}, cache {r['kv_mb']:.1f}); greedy ids equal {r['same_ids']}", flush=True)
+            for label in runs:
+                if label == "lazuli":
+                    continue
+                other, rss = runs[label]
+                same = sum(x == y for x, y in zip(lz["generated_ids"], other["generated_ids"]))
+                r[f"{label}_decode"], r[f"{label}_prompt"] = other["decode_tps"], other["prompt_tps"]
+                r[f"{label}_rss_mb"], r[f"{label}_same_ids"] = rss / 1e6, f"{same}/{a.tokens}"
+                print(f"    {label}: decode tok/s {other['decode_tps']:.1f} (x{other['decode_tps'] / ll['decode_tps']:.2f}"
+                      f" of llama.cpp), prefill {other['prompt_tps']:.1f}, peak RSS MB {rss / 1e6:.0f}, "
+                      f"greedy ids equal to lazuli's {same}/{a.tokens}", flush=True)
     print(json.dumps(rows))
 
 

@@ -39,6 +39,7 @@ mod memory;
 mod movement;
 mod profile;
 mod quant;
+mod quant_dot;
 mod reduce;
 mod source;
 mod storage;

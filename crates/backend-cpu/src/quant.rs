@@ -2,25 +2,33 @@
 //! `Op::QuantMatMul`; formats and reference formulas in
 //! `lazuli_ir::quant`).
 //!
-//! The weight stays in its quantized bytes; the product dequantizes it
-//! block by block into f32 scratch that lives in the cache (one row or one
-//! panel of rows per thread), never into a widened copy of the matrix:
-//! - few rows of `x` (decoding: a matrix-vector product): each weight row
-//!   is decoded once into a row of scratch and dotted with every row of
-//!   `x` in eight independent lanes (vectorized; AVX2 where the CPU has
-//!   it). Rows of the weight are split over the rayon pool.
+//! The weight stays in its quantized bytes, never widened into a copy of
+//! the matrix:
+//! - by default, for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K: the rows of `x` are
+//!   quantized to 8 bits once per product and each weight row is dotted
+//!   with them in integers ([`crate::quant_dot`], AVX2 where the CPU has
+//!   it), as llama.cpp does, whatever the number of rows (so a row's
+//!   result never depends on the rows beside it: a batch decodes what each
+//!   sequence would alone). This rounds the activations (an error of at
+//!   most half a step, `max|x| / 254`, per value of each 32-value block,
+//!   that llama.cpp's results carry too); `LAZULI_CPU_Q8_ACTIVATIONS=0`
+//!   keeps the exact paths below instead.
+//! - few rows, exact (F16/BF16 weights, or the switch off): each weight
+//!   row is decoded once (fused into the dot product for Q8_0 and Q4_0)
+//!   and dotted with every row of `x` in f32 in eight independent lanes.
 //! - many rows (prefill): panels of [`PANEL`] weight rows are decoded into
-//!   scratch and multiplied with the `gemm` crate's packed kernels, the
-//!   panels split over the pool.
+//!   f32 scratch and multiplied with the `gemm` crate's packed kernels.
 //!
-//! Sums are reassociated (lanes, GEMM blocking) but never narrowed: every
-//! decoded weight is exactly the reference value, and `x` is not
-//! quantized (llama.cpp quantizes activations to 8 bits; we keep f32, so
-//! results match a float64 reference more closely than llama.cpp's).
+//! Weight rows (or panels) are split over the backend's pool
+//! ([`crate::threads`]). On the exact paths sums are reassociated (lanes,
+//! GEMM blocking) but never narrowed: every decoded weight is exactly the
+//! reference value and `x` stays f32.
 
 use crate::matmul::{gemm_strided, Dims, Strided};
 use crate::memory::Memory;
+use crate::quant_dot::{self, Q8Rows};
 use crate::storage::CpuData;
+use lazuli_executor::config;
 use lazuli_executor::BackendError;
 use lazuli_ir::QuantFormat;
 use rayon::prelude::*;
@@ -57,6 +65,22 @@ pub(crate) fn dequantize(
     Ok(CpuData::F32(out))
 }
 
+/// Whether products of the block formats quantize the activations to 8 bits
+/// (`LAZULI_CPU_Q8_ACTIVATIONS`, default on), read once per process. A
+/// malformed value is logged and leaves the default (a device checks
+/// every variable at creation and reports it).
+fn q8_activations() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        config::flag(&config::process, "LAZULI_CPU_Q8_ACTIVATIONS")
+            .unwrap_or_else(|e| {
+                tracing::error!("{e}");
+                None
+            })
+            .unwrap_or(true)
+    })
+}
+
 /// `x @ dequantize(w)^T` for `x` f32 `[.., m, k]` and `w` u8 `[n, row_bytes]`.
 pub(crate) fn matmul(
     mem: &Memory,
@@ -66,6 +90,19 @@ pub(crate) fn matmul(
     w: &CpuData,
     sw: &[usize],
 ) -> Result<CpuData, BackendError> {
+    matmul_with(mem, format, x, sx, w, sw, q8_activations())
+}
+
+/// [`matmul`], the 8-bit activation path chosen by `q8`.
+fn matmul_with(
+    mem: &Memory,
+    format: QuantFormat,
+    x: &CpuData,
+    sx: &[usize],
+    w: &CpuData,
+    sw: &[usize],
+    q8: bool,
+) -> Result<CpuData, BackendError> {
     let (CpuData::F32(x), CpuData::U8(w)) = (x, w) else { unreachable!("a verified quant_matmul reads f32 and u8") };
     let k = *sx.last().expect("rank >= 2 in a verified graph");
     let (n, row_bytes) = (sw[0], sw[1]);
@@ -74,9 +111,16 @@ pub(crate) fn matmul(
     if rows == 0 || n == 0 || k == 0 {
         return Ok(CpuData::F32(out));
     }
-    let threads = if rows * n * k >= PAR_WORK { rayon::current_num_threads() } else { 1 };
-    if rows <= VECTOR_ROWS {
-        matvec(format, x, w, &mut out, Shape { rows, k, n, row_bytes }, threads);
+    let threads = if rows * n * k >= PAR_WORK { crate::threads::available() } else { 1 };
+    if threads > 1 {
+        crate::threads::note(threads);
+    }
+    let shape = Shape { rows, k, n, row_bytes };
+    if q8 && quant_dot::supported(format) {
+        let xq = Q8Rows::quantize(&x[..rows * k], k);
+        split_columns(&mut out, shape, threads, |dst, first| quant_dot::columns(format, dst, first, w, row_bytes, &xq));
+    } else if rows <= VECTOR_ROWS {
+        split_columns(&mut out, shape, threads, |dst, first| kernel(format, dst, first, w, x, shape));
     } else {
         panels(format, x, w, &mut out, Shape { rows, k, n, row_bytes }, threads);
     }
@@ -93,20 +137,31 @@ struct Shape {
     row_bytes: usize,
 }
 
-/// The matrix-vector form: each weight row decoded once, dotted with
-/// every row of `x`. `out` is `rows x n`, written column by column.
-fn matvec(format: QuantFormat, x: &[f32], w: &[u8], out: &mut [f32], s: Shape, threads: usize) {
-    // Columns of the output (weight rows) per task: enough work to be
-    // worth a task, a multiple of nothing in particular.
+/// The column form (the 8-bit path, and the exact matrix-vector one):
+/// `task(dst, first)` writes output columns
+/// `first..` (weight rows, `rows` values each) into `dst`; the columns
+/// are split over `threads`, then transposed into the row-major `out`
+/// (`rows x n`).
+fn split_columns(out: &mut [f32], s: Shape, threads: usize, task: impl Fn(&mut [f32], usize) + Sync) {
+    // Columns per task: a few tasks per thread so a preempted thread's
+    // share is taken by the others, at least 8 columns each.
     let per_task = if threads > 1 { s.n.div_ceil(threads * 8).max(8) } else { s.n };
-    let mut cols: Vec<f32> = vec![0.0; s.n * s.rows];
-    let task = |(t, dst): (usize, &mut [f32])| kernel(format, dst, t * per_task, w, x, s);
-    if threads > 1 {
-        cols.par_chunks_mut(per_task * s.rows).enumerate().for_each(task);
-    } else {
-        cols.chunks_mut(per_task * s.rows).enumerate().for_each(task);
+    let each = |(t, dst): (usize, &mut [f32])| task(dst, t * per_task);
+    if s.rows == 1 {
+        // One row: the columns are the output.
+        if threads > 1 {
+            out.par_chunks_mut(per_task).enumerate().for_each(each);
+        } else {
+            out.chunks_mut(per_task).enumerate().for_each(each);
+        }
+        return;
     }
-    // `cols` is n x rows: transpose into the row-major output.
+    let mut cols: Vec<f32> = vec![0.0; s.n * s.rows];
+    if threads > 1 {
+        cols.par_chunks_mut(per_task * s.rows).enumerate().for_each(each);
+    } else {
+        cols.chunks_mut(per_task * s.rows).enumerate().for_each(each);
+    }
     for (c, col) in cols.chunks(s.rows).enumerate() {
         for (r, v) in col.iter().enumerate() {
             out[r * s.n + c] = *v;
@@ -267,12 +322,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A deterministic weight of `n` rows of `k` values in `format`
-    /// (random bytes with finite scales).
-    fn weight(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    /// (random bytes with finite scales; `quant_dot`'s tests use it too).
+    pub(crate) fn weight(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
         let row_bytes = format.row_bytes(k).unwrap();
         let mut state = seed;
         let mut next = move || {
@@ -311,20 +366,21 @@ mod tests {
     }
 
     #[test]
-    fn both_forms_match_the_float64_product_of_the_decoded_weight() {
+    fn exact_forms_match_the_float64_product_of_the_decoded_weight() {
         let mem = Memory::new(None);
         for format in QuantFormat::ALL {
             let k = 512;
             for (rows, n) in [(1, 70), (3, 5), (9, 130)] {
                 let w = weight(format, n, k, rows as u64 + 7);
                 let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-                let got = matmul(
+                let got = matmul_with(
                     &mem,
                     format,
                     &CpuData::F32(x.clone()),
                     &[rows, k],
                     &CpuData::U8(w.clone()),
                     &[n, format.row_bytes(k).unwrap()],
+                    false,
                 )
                 .unwrap();
                 let CpuData::F32(got) = got else { panic!() };
@@ -332,6 +388,59 @@ mod tests {
                 for (g, r) in got.iter().zip(&want) {
                     let tol = 1e-4 * (1.0 + r.abs());
                     assert!((f64::from(*g) - r).abs() <= tol, "{format} rows {rows}: {g} vs {r}");
+                }
+            }
+        }
+    }
+
+    /// The 8-bit path is the integer dot of `quant_dot` in the output's
+    /// layout, whatever the rows and the split; against the exact product
+    /// its error is the activations' rounding: per block at most half a
+    /// step (`max|x| / 254`) times the block's `sum |w|`.
+    #[test]
+    fn the_8_bit_path_is_the_integer_dot_within_the_activation_rounding() {
+        let mem = Memory::new(None);
+        for format in QuantFormat::ALL.into_iter().filter(|f| quant_dot::supported(*f)) {
+            let k = 512;
+            for (rows, n) in [(1, 300), (4, 70), (37, 20)] {
+                let w = weight(format, n, k, rows as u64 + 3);
+                let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+                let row_bytes = format.row_bytes(k).unwrap();
+                let run = |q8| {
+                    let got = matmul_with(
+                        &mem,
+                        format,
+                        &CpuData::F32(x.clone()),
+                        &[rows, k],
+                        &CpuData::U8(w.clone()),
+                        &[n, row_bytes],
+                        q8,
+                    );
+                    let Ok(CpuData::F32(got)) = got else { panic!() };
+                    got
+                };
+                let fast = run(true);
+                let xq = Q8Rows::quantize(&x, k);
+                let mut cols = vec![0f32; n * rows];
+                quant_dot::columns_scalar(format, &mut cols, 0, &w, row_bytes, &xq);
+                let mut deq = vec![0f32; k];
+                for c in 0..n {
+                    format.dequantize_row(&w[c * row_bytes..(c + 1) * row_bytes], &mut deq);
+                    for r in 0..rows {
+                        let got = fast[r * n + c];
+                        assert_eq!(got.to_bits(), cols[c * rows + r].to_bits(), "{format} ({r}, {c})");
+                        let xr = &x[r * k..(r + 1) * k];
+                        let exact: f64 = (0..k).map(|i| f64::from(deq[i]) * f64::from(xr[i])).sum();
+                        let bound: f64 = (0..k / 32)
+                            .map(|b| {
+                                let amax = xr[32 * b..32 * b + 32].iter().fold(0f32, |m, v| m.max(v.abs()));
+                                let wsum: f64 = deq[32 * b..32 * b + 32].iter().map(|v| f64::from(v.abs())).sum();
+                                f64::from(amax) / 254.0 * wsum
+                            })
+                            .sum();
+                        let tol = bound * (1.0 + 1e-4) + 1e-4 * (1.0 + exact.abs());
+                        assert!((f64::from(got) - exact).abs() <= tol, "{format} ({r}, {c}): {got} vs {exact}");
+                    }
                 }
             }
         }

@@ -238,6 +238,13 @@ pub const VARS: &[Var] = &[
         "lazuli-cpu (CpuOptions::threads)",
     ),
     var(
+        "LAZULI_CPU_Q8_ACTIVATIONS",
+        Kind::Flag,
+        "on",
+        "quantized matrix-vector products round the activations to 8 bits and multiply integers, as llama.cpp (0: exact f32)",
+        "lazuli-cpu (quant)",
+    ),
+    var(
         "LAZULI_MAX_GRAPH_NODES",
         Kind::Count,
         "4096",
