@@ -1,7 +1,7 @@
 //! Windowed kernels: 2-d convolution (groups, strides, dilation, padding)
 //! and N-d max / average pooling.
 //!
-//! Depthwise convolution (one input channel a group) is computed
+//! Depthwise convolution (one input and one output channel a group) is computed
 //! directly, tap by tap along output rows ([`depthwise`]); every other
 //! convolution is im2col + GEMM. For a chunk of images and one group, the
 //! input patches are packed as the rows of a matrix
@@ -114,8 +114,10 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
         res.fill(T::ZERO);
         return Ok(res);
     }
-    if cg == 1 {
-        // Depthwise (one input channel a group): no product to pack for.
+    if cg == 1 && og == 1 {
+        // Depthwise (one input and one output channel a group): no product
+        // to pack for. With a channel multiplier (L1's first layer, one
+        // input channel into 16) the GEMM over the shared patches wins.
         depthwise(x, xd, w, wd, od, c, &mut res);
         return Ok(res);
     }
@@ -186,8 +188,8 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
     Ok(res)
 }
 
-/// The convolution of groups with one input channel each (depthwise, any
-/// channel multiplier) into `res` (`[N, O, oh, ow]`), computed directly:
+/// The convolution of groups with one input and one output channel each
+/// (depthwise) into `res` (`[N, O, oh, ow]`), computed directly:
 /// per output plane, each kernel tap adds its weight times the input
 /// row it reads to every output row inside the input (a unit-stride
 /// `axpy` along the row, which the compiler vectorizes). The im2col form
@@ -737,11 +739,13 @@ mod tests {
                 [3, 2, 4, 5],
                 [2, 2, 5, 3],
             ),
-            // Depthwise (one input channel a group, the direct form): 3x3
-            // same-padded, strided with a channel multiplier of 2, dilated
-            // with taps wholly in the padding, one input channel, and a
-            // kernel wider than the image.
+            // Depthwise (one input and one output channel a group, the
+            // direct form): 3x3 same-padded, strided, dilated with taps
+            // wholly in the padding, and a kernel wider than the image;
+            // then one input channel a group with a channel multiplier
+            // (im2col).
             (ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], groups: 3 }, [2, 3, 7, 5], [3, 1, 3, 3]),
+            (ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 }, [3, 2, 9, 8], [2, 1, 3, 2]),
             (ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 }, [3, 2, 9, 8], [4, 1, 3, 2]),
             (ConvAttrs { strides: [1, 1], pads: [4, 4, 4, 4], dilations: [3, 2], groups: 4 }, [1, 4, 3, 4], [4, 1, 3, 3]),
             (ConvAttrs::default(), [5, 1, 6, 6], [3, 1, 2, 3]),
