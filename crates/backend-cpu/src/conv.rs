@@ -196,7 +196,15 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
 /// would pack a `[positions, kh * kw]` matrix and call a GEMM with one
 /// output column per group. Planes split over the rayon pool when the
 /// convolution is large. The sum runs over the taps in `(ki, kj)` order.
-fn depthwise<T: Num + Send + Sync>(x: &[T], xd: &[usize], w: &[T], wd: &[usize], od: &[usize], c: &ConvAttrs, res: &mut [T]) {
+fn depthwise<T: Num + Send + Sync>(
+    x: &[T],
+    xd: &[usize],
+    w: &[T],
+    wd: &[usize],
+    od: &[usize],
+    c: &ConvAttrs,
+    res: &mut [T],
+) {
     let (ci, ih, iw) = (xd[1], xd[2], xd[3]);
     let (co, kh, kw) = (wd[0], wd[2], wd[3]);
     let (oh, ow) = (od[2], od[3]);
@@ -745,11 +753,27 @@ mod tests {
             // then one input channel a group with a channel multiplier
             // (im2col).
             (ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], groups: 3 }, [2, 3, 7, 5], [3, 1, 3, 3]),
-            (ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 }, [3, 2, 9, 8], [2, 1, 3, 2]),
-            (ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 }, [3, 2, 9, 8], [4, 1, 3, 2]),
-            (ConvAttrs { strides: [1, 1], pads: [4, 4, 4, 4], dilations: [3, 2], groups: 4 }, [1, 4, 3, 4], [4, 1, 3, 3]),
+            (
+                ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 },
+                [3, 2, 9, 8],
+                [2, 1, 3, 2],
+            ),
+            (
+                ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 },
+                [3, 2, 9, 8],
+                [4, 1, 3, 2],
+            ),
+            (
+                ConvAttrs { strides: [1, 1], pads: [4, 4, 4, 4], dilations: [3, 2], groups: 4 },
+                [1, 4, 3, 4],
+                [4, 1, 3, 3],
+            ),
             (ConvAttrs::default(), [5, 1, 6, 6], [3, 1, 2, 3]),
-            (ConvAttrs { strides: [1, 1], pads: [0, 2, 0, 2], dilations: [1, 1], groups: 2 }, [2, 2, 4, 3], [2, 1, 1, 7]),
+            (
+                ConvAttrs { strides: [1, 1], pads: [0, 2, 0, 2], dilations: [1, 1], groups: 2 },
+                [2, 2, 4, 3],
+                [2, 1, 1, 7],
+            ),
         ];
         for (c, xd, wd) in cases {
             let od = lazuli_ir::Op::Conv2d(c.clone())

@@ -206,11 +206,10 @@ pub(crate) fn take_tables<T: Copy>(
                     }
                 }
             }
-        } else if fill.is_none() {
-            out.extend(inner.iter().map(|&t| src[base + t]));
-        } else {
-            let v = fill.expect("checked");
+        } else if let Some(v) = fill {
             out.extend(inner.iter().map(|&t| if t == FILL { v } else { src[base + t] }));
+        } else {
+            out.extend(inner.iter().map(|&t| src[base + t]));
         }
         let mut d = r - 1;
         loop {
