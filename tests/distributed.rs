@@ -329,7 +329,10 @@ fn in_the_step_a_failing_rank_is_an_error_on_every_rank() {
         let e = v["error"].as_str().unwrap_or_else(|| panic!("{v}"));
         assert!(e.contains("rank 1 of 3 failed"), "rank {r}: {e}");
         if r == 1 {
-            assert!(e.contains("matmul"), "names the failing op: {e}");
+            // The failing layer names itself and the shapes (issue 50's
+            // layer errors): `Linear(in_features=6, ...) at ...: input of
+            // shape [4, 5] has 5 features ...`.
+            assert!(e.contains("Linear(in_features=6") && e.contains("[4, 5]"), "names the failing op: {e}");
         }
     }
     eprintln!("in the step, a failing rank: every rank knew within {elapsed:?}");
@@ -382,7 +385,7 @@ fn a_failing_rank_is_an_error_on_every_rank() {
     for v in &all {
         let e = v["error"].as_str().unwrap_or_else(|| panic!("{v}"));
         assert!(e.starts_with("rank 1 of 3 failed during all-reduce of gradients: "), "{e}");
-        assert!(e.contains("matmul"), "names the failing op: {e}");
+        assert!(e.contains("Linear(in_features=6") && e.contains("[4, 5]"), "names the failing op: {e}");
     }
     eprintln!("a failing rank: every rank knew within {elapsed:?}");
 }
