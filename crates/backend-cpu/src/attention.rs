@@ -268,7 +268,9 @@ trait Real:
     const NEG_INF: Self;
     const NAN: Self;
     fn from_f64(x: f64) -> Self;
-    fn exp(self) -> Self;
+    /// `row[j] = exp(row[j] - shift)` for every `j` (f32: the vectorized
+    /// [`crate::fastmath::exp`], not a libm call per element).
+    fn exp_shifted(row: &mut [Self], shift: Self);
     fn ln(self) -> Self;
     fn is_nan(self) -> bool;
     /// The data as `Self` when it is stored so.
@@ -283,8 +285,11 @@ impl Real for f32 {
     fn from_f64(x: f64) -> f32 {
         x as f32
     }
-    fn exp(self) -> f32 {
-        f32::exp(self)
+    fn exp_shifted(row: &mut [f32], shift: f32) {
+        for x in row.iter_mut() {
+            *x -= shift;
+        }
+        crate::fastmath::exp_in_place(row);
     }
     fn ln(self) -> f32 {
         f32::ln(self)
@@ -308,8 +313,10 @@ impl Real for f64 {
     fn from_f64(x: f64) -> f64 {
         x
     }
-    fn exp(self) -> f64 {
-        f64::exp(self)
+    fn exp_shifted(row: &mut [f64], shift: f64) {
+        for x in row.iter_mut() {
+            *x = (*x - shift).exp();
+        }
     }
     fn ln(self) -> f64 {
         f64::ln(self)
@@ -531,11 +538,8 @@ fn forward_block<T: Real>(
             row[..n].fill(T::ZERO);
             lse = T::NEG_INF;
         } else {
-            let mut l = T::ZERO;
-            for x in &mut row[..n] {
-                *x = (*x - m).exp();
-                l = l + *x;
-            }
+            T::exp_shifted(&mut row[..n], m);
+            let l = row[..n].iter().fold(T::ZERO, |l, &x| l + x);
             let r = T::ONE / l;
             for x in &mut row[..n] {
                 *x = *x * r;
@@ -607,9 +611,7 @@ fn backward_block<T: Real>(
         if l == T::NEG_INF {
             row[..n].fill(T::NAN);
         } else {
-            for x in &mut row[..n] {
-                *x = (*x - l).exp();
-            }
+            T::exp_shifted(&mut row[..n], l);
         }
         row[n..].fill(T::ZERO);
     }

@@ -1,7 +1,9 @@
 //! Windowed kernels: 2-d convolution (groups, strides, dilation, padding)
 //! and N-d max / average pooling.
 //!
-//! Convolution is im2col + GEMM. For a chunk of images and one group, the
+//! Depthwise convolution (one input and one output channel a group) is computed
+//! directly, tap by tap along output rows ([`depthwise`]); every other
+//! convolution is im2col + GEMM. For a chunk of images and one group, the
 //! input patches are packed as the rows of a matrix
 //! `col[(n, y, x), (c, ki, kj)]` (zeros where a tap falls into the
 //! padding), multiplied by the transposed weight rows of the group with
@@ -112,6 +114,13 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
         res.fill(T::ZERO);
         return Ok(res);
     }
+    if cg == 1 && og == 1 {
+        // Depthwise (one input and one output channel a group): no product
+        // to pack for. With a channel multiplier (L1's first layer, one
+        // input channel into 16) the GEMM over the shared patches wins.
+        depthwise(x, xd, w, wd, od, c, &mut res);
+        return Ok(res);
+    }
     let geo = Geometry { ci, ih, iw, cg, kh, kw, oh: od[2], ow: od[3], c: c.clone() };
     // Kernels narrower than the output: pack from a channels-last copy of
     // the images, with the patch columns ordered (ki, kj, c) and the weight
@@ -177,6 +186,68 @@ fn conv_gemm<T: GemmFloat + Send + Sync>(
         }
     }
     Ok(res)
+}
+
+/// The convolution of groups with one input and one output channel each
+/// (depthwise) into `res` (`[N, O, oh, ow]`), computed directly:
+/// per output plane, each kernel tap adds its weight times the input
+/// row it reads to every output row inside the input (a unit-stride
+/// `axpy` along the row, which the compiler vectorizes). The im2col form
+/// would pack a `[positions, kh * kw]` matrix and call a GEMM with one
+/// output column per group. Planes split over the rayon pool when the
+/// convolution is large. The sum runs over the taps in `(ki, kj)` order.
+fn depthwise<T: Num + Send + Sync>(
+    x: &[T],
+    xd: &[usize],
+    w: &[T],
+    wd: &[usize],
+    od: &[usize],
+    c: &ConvAttrs,
+    res: &mut [T],
+) {
+    let (ci, ih, iw) = (xd[1], xd[2], xd[3]);
+    let (co, kh, kw) = (wd[0], wd[2], wd[3]);
+    let (oh, ow) = (od[2], od[3]);
+    let og = co / c.groups;
+    let p = oh * ow;
+    let rows: Vec<Span> = (0..kh).map(|ki| span(oh, ih, c.strides[0], c.dilations[0], c.pads[0], ki)).collect();
+    let cols: Vec<Span> = (0..kw).map(|kj| span(ow, iw, c.strides[1], c.dilations[1], c.pads[1], kj)).collect();
+    let plane = |(r, out): (usize, &mut [T])| {
+        let (n, o) = (r / co, r % co);
+        let src = &x[(n * ci + o / og) * ih * iw..][..ih * iw];
+        let taps = &w[o * kh * kw..][..kh * kw];
+        out.fill(T::ZERO);
+        for (ki, sy) in rows.iter().enumerate() {
+            for (kj, sx) in cols.iter().enumerate() {
+                let wv = taps[ki * kw + kj];
+                let len = sx.hi - sx.lo;
+                if len == 0 {
+                    continue;
+                }
+                for y in sy.lo..sy.hi {
+                    let iy = sy.start + (y - sy.lo) * c.strides[0];
+                    let dst = &mut out[y * ow + sx.lo..y * ow + sx.hi];
+                    let row = &src[iy * iw + sx.start..];
+                    if c.strides[1] == 1 {
+                        for (d, &v) in dst.iter_mut().zip(&row[..len]) {
+                            *d = T::add(*d, T::mul(wv, v));
+                        }
+                    } else {
+                        for (j, d) in dst.iter_mut().enumerate() {
+                            *d = T::add(*d, T::mul(wv, row[j * c.strides[1]]));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let threads = crate::threads::available();
+    if threads > 1 && res.len() * kh * kw >= PAR_FLOPS && res.len() > p {
+        crate::threads::note(threads);
+        res.par_chunks_mut(p).enumerate().for_each(plane);
+    } else {
+        res.chunks_mut(p).enumerate().for_each(plane);
+    }
 }
 
 /// A reduction this many times longer than both sides of the product is
@@ -675,6 +746,33 @@ mod tests {
                 ConvAttrs { strides: [1, 2], pads: [2, 1, 2, 1], dilations: [1, 3], groups: 1 },
                 [3, 2, 4, 5],
                 [2, 2, 5, 3],
+            ),
+            // Depthwise (one input and one output channel a group, the
+            // direct form): 3x3 same-padded, strided, dilated with taps
+            // wholly in the padding, and a kernel wider than the image;
+            // then one input channel a group with a channel multiplier
+            // (im2col).
+            (ConvAttrs { strides: [1, 1], pads: [1; 4], dilations: [1, 1], groups: 3 }, [2, 3, 7, 5], [3, 1, 3, 3]),
+            (
+                ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 },
+                [3, 2, 9, 8],
+                [2, 1, 3, 2],
+            ),
+            (
+                ConvAttrs { strides: [2, 3], pads: [1, 0, 2, 1], dilations: [1, 1], groups: 2 },
+                [3, 2, 9, 8],
+                [4, 1, 3, 2],
+            ),
+            (
+                ConvAttrs { strides: [1, 1], pads: [4, 4, 4, 4], dilations: [3, 2], groups: 4 },
+                [1, 4, 3, 4],
+                [4, 1, 3, 3],
+            ),
+            (ConvAttrs::default(), [5, 1, 6, 6], [3, 1, 2, 3]),
+            (
+                ConvAttrs { strides: [1, 1], pads: [0, 2, 0, 2], dilations: [1, 1], groups: 2 },
+                [2, 2, 4, 3],
+                [2, 1, 1, 7],
             ),
         ];
         for (c, xd, wd) in cases {

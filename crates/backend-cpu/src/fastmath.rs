@@ -100,6 +100,17 @@ dispatch!(
     gelu => gelu_generic
 );
 
+/// `x[i] = exp(x[i])` in place, through [`exp`] over a stack block at a
+/// time (no allocation).
+pub(crate) fn exp_in_place(x: &mut [f32]) {
+    let mut tmp = [0f32; 256];
+    for c in x.chunks_mut(tmp.len()) {
+        let t = &mut tmp[..c.len()];
+        t.copy_from_slice(c);
+        exp(t, c);
+    }
+}
+
 #[inline(always)]
 fn exp_generic(x: &[f32], out: &mut [f32]) {
     let mut outside = false;
@@ -258,6 +269,21 @@ mod tests {
     #[test]
     fn exp_is_accurate() {
         check("exp", exp, reference(UnaryOp::Exp), 4e-7);
+    }
+
+    #[test]
+    fn exp_in_place_matches_exp() {
+        let x = sweep();
+        let mut want = vec![0.0f32; x.len()];
+        exp(&x, &mut want);
+        // Lengths around the block size, and empty.
+        for n in [0, 1, 255, 256, 257, 700, x.len()] {
+            let mut got = x[..n].to_vec();
+            exp_in_place(&mut got);
+            for (i, (g, w)) in got.iter().zip(&want[..n]).enumerate() {
+                assert!(g.to_bits() == w.to_bits(), "exp_in_place(x[{i}] = {}) = {g}, want {w}", x[i]);
+            }
+        }
     }
 
     #[test]

@@ -180,6 +180,7 @@ pub(crate) fn take_tables<T: Copy>(
         return Ok(out);
     }
     let inner = &tables[r - 1];
+    let runs = inner_runs(inner);
     let mut idx = vec![0usize; r - 1];
     loop {
         let mut base = 0usize;
@@ -195,11 +196,20 @@ pub(crate) fn take_tables<T: Copy>(
         if filled {
             let v = fill.expect("FILL entries come with a fill value");
             out.extend(std::iter::repeat_n(v, inner.len()));
-        } else if fill.is_none() {
-            out.extend(inner.iter().map(|&t| src[base + t]));
-        } else {
-            let v = fill.expect("checked");
+        } else if let Some(runs) = &runs {
+            for run in runs {
+                match *run {
+                    Run::Copy { at, len } => out.extend_from_slice(&src[base + at..base + at + len]),
+                    Run::Splat { at, len } => out.extend(std::iter::repeat_n(src[base + at], len)),
+                    Run::Fill { len } => {
+                        out.extend(std::iter::repeat_n(fill.expect("FILL entries come with a fill value"), len))
+                    }
+                }
+            }
+        } else if let Some(v) = fill {
             out.extend(inner.iter().map(|&t| if t == FILL { v } else { src[base + t] }));
+        } else {
+            out.extend(inner.iter().map(|&t| src[base + t]));
         }
         let mut d = r - 1;
         loop {
@@ -215,6 +225,57 @@ pub(crate) fn take_tables<T: Copy>(
         }
     }
 }
+
+/// A stretch of an inner offset table that moves as one block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Run {
+    /// `len` consecutive source elements from offset `at` (a `memcpy`).
+    Copy { at: usize, len: usize },
+    /// The source element at offset `at`, `len` times (a broadcast).
+    Splat { at: usize, len: usize },
+    /// `len` fill values (a constant pad).
+    Fill { len: usize },
+}
+
+/// Cuts an inner offset table into [`Run`]s when they are long enough
+/// (at least [`MIN_RUN`] entries on average) for block copies to beat the
+/// per-element gather: the contiguous rows of a pad, a slice, a permute
+/// that keeps the last dim and a broadcast along the last dim. `None` for
+/// tables that jump at almost every entry (a transpose's inner dim).
+fn inner_runs(table: &[usize]) -> Option<Vec<Run>> {
+    let n = table.len();
+    let mut runs = Vec::new();
+    let mut j = 0;
+    while j < n {
+        let at = table[j];
+        let mut e = j + 1;
+        let run = if at == FILL {
+            while e < n && table[e] == FILL {
+                e += 1;
+            }
+            Run::Fill { len: e - j }
+        } else if e < n && table[e] == at {
+            while e < n && table[e] == at {
+                e += 1;
+            }
+            Run::Splat { at, len: e - j }
+        } else {
+            while e < n && table[e] != FILL && table[e] == table[e - 1].wrapping_add(1) {
+                e += 1;
+            }
+            Run::Copy { at, len: e - j }
+        };
+        runs.push(run);
+        if runs.len() * MIN_RUN > n {
+            return None;
+        }
+        j = e;
+    }
+    Some(runs)
+}
+
+/// The shortest average [`Run`] worth a block copy.
+const MIN_RUN: usize = 8;
 
 /// Splits `dims` around `axis` into (outer, len, inner) element counts.
 pub(crate) fn split_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
@@ -251,6 +312,75 @@ mod tests {
         let mut seen = vec![];
         walk(&out, [&a, &b], |[i, j]| seen.push((i, j)));
         assert_eq!(seen, vec![(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn inner_runs_cut_pads_slices_and_broadcasts() {
+        let mut pad = vec![FILL; 3];
+        pad.extend(10..30);
+        pad.extend([FILL; 5]);
+        assert_eq!(
+            inner_runs(&pad),
+            Some(vec![Run::Fill { len: 3 }, Run::Copy { at: 10, len: 20 }, Run::Fill { len: 5 }])
+        );
+        assert_eq!(inner_runs(&[4; 16]), Some(vec![Run::Splat { at: 4, len: 16 }]));
+        // Two contiguous rows back to back (a slice of a wider row), then a
+        // broadcast: three runs of 8.
+        let mut t: Vec<usize> = (0..8).chain(100..108).collect();
+        t.extend([7; 8]);
+        assert_eq!(
+            inner_runs(&t),
+            Some(vec![Run::Copy { at: 0, len: 8 }, Run::Copy { at: 100, len: 8 }, Run::Splat { at: 7, len: 8 }])
+        );
+        // A transpose's inner dim jumps every entry: gathered element by element.
+        assert_eq!(inner_runs(&(0..32).map(|j| j * 5).collect::<Vec<_>>()), None);
+        assert_eq!(inner_runs(&[]), Some(vec![]));
+    }
+
+    /// Every run shape against the per-element gather it replaces, with
+    /// odd sizes, fills on every side and an empty dim.
+    #[test]
+    fn take_tables_runs_match_the_gather() {
+        let mem = Memory::default();
+        let src: Vec<i32> = (0..1000).collect();
+        let naive = |tables: &[Vec<usize>], fill: i32| -> Vec<i32> {
+            let mut out = vec![];
+            let dims: Vec<usize> = tables.iter().map(|t| t.len()).collect();
+            let n: usize = dims.iter().product();
+            for mut lin in 0..n {
+                let mut off = 0usize;
+                let mut filled = false;
+                for d in (0..dims.len()).rev() {
+                    let t = tables[d][lin % dims[d]];
+                    lin /= dims[d];
+                    if t == FILL {
+                        filled = true;
+                    } else {
+                        off += t;
+                    }
+                }
+                out.push(if filled { fill } else { src[off] });
+            }
+            out
+        };
+        let mut pad_inner = vec![FILL; 2];
+        pad_inner.extend(0..13);
+        pad_inner.extend([FILL; 9]);
+        let cases: Vec<Vec<Vec<usize>>> = vec![
+            vec![vec![FILL, 0, 13, 26, FILL], pad_inner.clone()],
+            vec![(0..7).map(|i| i * 40).collect(), (3..20).collect()],
+            vec![(0..5).map(|i| i * 3).collect(), vec![2; 11]],
+            vec![(0..3).map(|i| i * 100).collect(), (0..9).map(|j| j * 7).collect()],
+            vec![vec![], (0..9).collect()],
+            vec![(0..4).map(|i| i * 50).collect(), vec![]],
+        ];
+        for tables in cases {
+            let got = take_tables(&mem, &src, &tables, Some(-1)).unwrap();
+            assert_eq!(got, naive(&tables, -1), "tables {tables:?}");
+            if !tables.iter().flatten().any(|&t| t == FILL) {
+                assert_eq!(take_tables(&mem, &src, &tables, None).unwrap(), naive(&tables, -1));
+            }
+        }
     }
 
     #[test]
