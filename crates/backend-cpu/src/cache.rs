@@ -157,7 +157,7 @@ pub(crate) fn prefix_attention(
     })
 }
 
-fn attend<T: Acc>(
+fn attend<T: Acc + 'static>(
     mem: &Memory,
     q: &[T],
     k: &[T],

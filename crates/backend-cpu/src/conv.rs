@@ -646,7 +646,7 @@ fn max_pool_2d<T: Num>(
 }
 
 /// Runs `f(window elements, padded tap count)` for every output element.
-fn pool_typed<T: Copy>(
+fn pool_typed<T: Copy + 'static>(
     mem: &Memory,
     x: &[T],
     xd: &[usize],

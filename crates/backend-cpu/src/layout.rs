@@ -163,7 +163,7 @@ pub(crate) fn walk<const K: usize>(dims: &[usize], strides: [&[usize]; K], mut f
 /// Builds a tensor whose element at coordinates `c` is
 /// `src[sum_d tables[d][c[d]]]`, or `fill` when any entry is [`FILL`].
 /// The output shape is given by the table lengths.
-pub(crate) fn take_tables<T: Copy>(
+pub(crate) fn take_tables<T: Copy + 'static>(
     mem: &Memory,
     src: &[T],
     tables: &[Vec<usize>],
@@ -286,7 +286,7 @@ pub(crate) fn split_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
 
 /// Permutes `src` (of shape `dims`) so that `out.dims[i] = dims[perm[i]]`.
 /// The identity permutation borrows `src`.
-pub(crate) fn permute<'a, T: Copy>(
+pub(crate) fn permute<'a, T: Copy + 'static>(
     mem: &Memory,
     src: &'a [T],
     dims: &[usize],

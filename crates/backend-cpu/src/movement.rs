@@ -86,7 +86,7 @@ pub(crate) fn concat(
     let outer: usize = shapes[0][..axis].iter().product();
     let chunks: Vec<usize> = shapes.iter().map(|s| s[axis..].iter().product()).collect();
     let total: usize = chunks.iter().sum::<usize>() * outer;
-    fn typed<T: Copy>(
+    fn typed<T: Copy + 'static>(
         mem: &Memory,
         parts: Vec<&[T]>,
         chunks: &[usize],
@@ -146,7 +146,7 @@ pub(crate) fn gather(
         return Ok(same_all!(data, v => v.clone()));
     }
     let (outer, n, inner) = split_axis(dims, axis);
-    fn typed<T: Copy>(
+    fn typed<T: Copy + 'static>(
         mem: &Memory,
         v: &[T],
         rows: &[usize],

@@ -94,7 +94,7 @@ fn row_fn<T: Num>(op: ReduceOp) -> fn(&[T]) -> T {
 const PAR_ELEMS: usize = 1 << 15;
 
 /// `f` of every contiguous row of `v`, rows split over the pool when large.
-fn par_rows<U: Send + bytemuck::Zeroable>(
+fn par_rows<U: Send + bytemuck::Zeroable + 'static>(
     mem: &Memory,
     v: &[f32],
     outer: usize,
@@ -159,7 +159,7 @@ fn sum_f64(x: &[f32]) -> f64 {
     acc.iter().sum::<f64>() + rest
 }
 
-fn rows<T: Copy, U>(
+fn rows<T: Copy, U: 'static>(
     mem: &Memory,
     v: &[T],
     outer: usize,

@@ -292,7 +292,7 @@ impl CpuData {
             )));
         }
         let n = bytes.len() / size;
-        fn dec<T, const N: usize>(
+        fn dec<T: 'static, const N: usize>(
             mem: &Memory,
             bytes: &[u8],
             n: usize,
