@@ -27,8 +27,10 @@
 //! and length ([`Memory::take`], and [`Memory::vec`], [`Memory::zeroed`],
 //! [`Memory::collect`], so that what the pool takes in it also gives out:
 //! otherwise the outputs those allocate sit idle there up to its bound,
-//! +55 MB of peak RSS on a 95M-parameter GGUF model's generation): a steady training step finds every output
-//! it writes whole there, and neither zeroes nor faults in fresh pages.
+//! +55 MB of peak RSS on a 95M-parameter GGUF model's generation): a
+//! steady training step finds every output it writes whole there, and
+//! neither zeroes nor faults in fresh pages. A hit is not checked against
+//! the budget (its bytes were counted when first allocated).
 //! Fixed-size scratch (a fused loop's block registers) is not counted and
 //! allocates normally.
 
