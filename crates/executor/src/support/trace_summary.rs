@@ -2,12 +2,26 @@
 //! numbers, so that one run on a lent GPU says where a step's wall time
 //! goes without opening the trace in a viewer (`lazuli trace FILE`).
 //!
-//! The steady state is the longest run of executions (`Execute` spans)
-//! with no compile (`Compile` span) among them: a training loop between
-//! its first steps' compiles and an evaluation's, a benchmark's timed
-//! iterations. Its window runs from the first such execution's start to
-//! the later of the last one's end and the end of the last kernel that
-//! starts inside the window (an execution returns before its kernels
+//! The steady state is the loop the program means: the stretch of
+//! executions (`Execute` spans) where one step repeats, with no compile
+//! (`Compile` span) in it, that covers the most wall time. A step is one
+//! execution or up to 16 in a row (a training step that syncs its loss
+//! and then its update; a loop that checkpoints every tenth step), and
+//! two executions are the same step where they launch the same kernels
+//! on the CPU backend's kernel track (elsewhere the same host spans
+//! inside them: GPU kernels run after their execution returns and drift
+//! into the next one's stretch where executions overlap). So a
+//! program that loads weights, warms up and then runs its inference loop
+//! gets the inference loop, not the load's executions nor the warm-up;
+//! a training loop wins over a cheaper evaluation loop after it even
+//! with fewer executions. A checkpoint further apart than 16 executions
+//! splits the loop: the longest stretch between two checkpoints is
+//! chosen. The summary lists what the window leaves out (executions
+//! before and after it, the other loops); where no step repeats (a
+//! single long step) it says so and summarizes the longest run of
+//! executions without a compile. The window runs from the first
+//! execution's start to the later of the last one's end and the end of
+//! the last kernel that starts inside the window (an execution returns before its kernels
 //! finish where executions overlap). In it:
 //! - wall time, summed kernel time (the GPU track) and their ratio, the
 //!   time the GPU track is busy (the union of its intervals) and idle;
@@ -70,7 +84,7 @@ pub struct Loop {
     pub period: usize,
     /// The kernels (or host spans) one step launches, sorted by name.
     pub step: Vec<String>,
-    /// Whether `step` holds kernels (else host spans: no kernel track).
+    /// Whether `step` holds kernels (the CPU kernel track), else host spans.
     pub step_is_kernels: bool,
 }
 
@@ -138,13 +152,17 @@ type Event = (String, u64, f64, f64);
 fn steady_state(spans: &[Event], compiles: &[(f64, f64)], is_kernel: impl Fn(u64) -> bool) -> Steady {
     let mut all: Vec<&Event> = spans.iter().filter(|s| !is_kernel(s.1) && s.0 == "Execute").collect();
     all.sort_by(|a, b| a.2.total_cmp(&b.2));
-    // Each execution's step: the kernels that start between it and the
-    // next execution (a set, so that kernels an overlapping execution
-    // leaves running into the next one's stretch do not tell the two
-    // apart); without a kernel track, the host spans inside it.
+    // Each execution's step: on the CPU backend's kernel track, the
+    // kernels that run in it (they run inside the `Execute` span); on the
+    // GPU track, whose kernels run after their execution returns and
+    // drift into the next ones' where executions overlap, or without a
+    // kernel track, the host spans inside it, less those that depend on
+    // the buffer pool's state or on waiting (a set: a step that encodes
+    // one more pass is still told apart by its kernels on the CPU).
     let starts: Vec<f64> = all.iter().map(|e| e.2).collect();
     let mut steps: Vec<std::collections::BTreeSet<&str>> = vec![Default::default(); all.len()];
-    let with_kernels = spans.iter().any(|s| is_kernel(s.1));
+    let cpu_kernels = spans.iter().any(|s| s.1 == crate::timeline::CPU_TRACK);
+    let incidental = |name: &str| name.starts_with("Pool") || name.contains("Wait") || name == "Allocate";
     for s in spans {
         let at = starts.partition_point(|&t| t <= s.2);
         if at == 0 {
@@ -152,7 +170,8 @@ fn steady_state(spans: &[Event], compiles: &[(f64, f64)], is_kernel: impl Fn(u64
         }
         let e = all[at - 1];
         let inside = !is_kernel(s.1) && s.1 == e.1 && s.2 + s.3 <= e.2 + e.3 && !std::ptr::eq(s, e);
-        if (with_kernels && is_kernel(s.1)) || (!with_kernels && inside) {
+        let counts = if cpu_kernels { s.1 == crate::timeline::CPU_TRACK } else { inside && !incidental(&s.0) };
+        if counts {
             steps[at - 1].insert(s.0.as_str());
         }
     }
@@ -206,7 +225,7 @@ fn steady_state(spans: &[Event], compiles: &[(f64, f64)], is_kernel: impl Fn(u64
             repetitions: (to - from) / p,
             period: p,
             step,
-            step_is_kernels: with_kernels,
+            step_is_kernels: cpu_kernels,
         }
     };
     let (from, to, chosen) = match loops.first() {
