@@ -108,8 +108,7 @@ impl Loop {
 /// What the steady window leaves out of a trace's executions.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Skipped {
-    /// Executions before the window (loading, warm-up, earlier loops),
-    /// and where the first of them starts, µs.
+    /// Executions before the window (loading, warm-up, earlier loops).
     pub before: usize,
     /// Where the first execution before the window starts, µs.
     pub before_from_us: f64,
