@@ -1,5 +1,7 @@
 //! `lazuli trace FILE`: the steady state of a `LAZULI_TRACE` file in
-//! numbers (`lazuli::trace_summary`): wall against kernel time, the GPU's
+//! numbers (`lazuli::trace_summary`): the loop it is (the repeated step
+//! that covers the most wall time) and what it skipped (the load, a
+//! warm-up, other loops), wall against kernel time, the GPU's
 //! idle time, host spans per thread and each recording thread's own work
 //! per execution, the kernels by total time, the longest idle stretches
 //! with the host spans over them, and the compiles with the longest
