@@ -195,13 +195,10 @@ impl Memory {
     /// fresh, a freed vector's values when reused): the caller overwrites
     /// every element.
     pub(crate) fn take(&self, dtype: DType, n: usize) -> Result<CpuData, BackendError> {
-        if n.saturating_mul(dtype.size_bytes()) >= Self::POOL_MIN_BYTES && self.pooled() > 0 {
-            if let Some(d) = self.lock_free().take((dtype, n)) {
-                self.pooled.fetch_sub(byte_len(&d) as u64, Ordering::Relaxed);
-                return Ok(d);
-            }
+        match self.pop(dtype, n) {
+            Some(d) => Ok(d),
+            None => self.zeros(dtype, n),
         }
-        self.zeros(dtype, n)
     }
 
     /// A pooled vector of `T` with `n` elements (its values unspecified),
@@ -214,16 +211,21 @@ impl Memory {
     /// live bytes.
     fn reuse<T: 'static>(&self, n: usize) -> Option<Vec<T>> {
         let dtype = dtype_of::<T>()?;
+        // A u8 vector may have held bools or bytes: either serves.
+        let d = self.pop(dtype, n).or_else(|| if dtype == DType::U8 { self.pop(DType::Bool, n) } else { None })?;
+        into_vec(d)
+    }
+
+    /// The pooled vector of `dtype` and length `n`, taken out of the pool,
+    /// if it holds one (the one lookup of [`Memory::take`] and
+    /// [`Memory::reuse`]; sizes under `POOL_MIN_BYTES` are never pooled).
+    fn pop(&self, dtype: DType, n: usize) -> Option<CpuData> {
         if n.saturating_mul(dtype.size_bytes()) < Self::POOL_MIN_BYTES || self.pooled() == 0 {
             return None;
         }
-        let mut free = self.lock_free();
-        // A u8 vector may have held bools or bytes: either serves.
-        let d =
-            free.take((dtype, n)).or_else(|| if dtype == DType::U8 { free.take((DType::Bool, n)) } else { None })?;
+        let d = self.lock_free().take((dtype, n))?;
         self.pooled.fetch_sub(byte_len(&d) as u64, Ordering::Relaxed);
-        drop(free);
-        into_vec(d)
+        Some(d)
     }
 
     /// `n` zeros of `dtype`.

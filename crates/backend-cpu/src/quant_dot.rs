@@ -30,6 +30,7 @@
 //! A non-finite activation makes its block's scale NaN, so the products
 //! that read it are NaN (the f32 path gives NaN or an infinity there).
 
+use lazuli_ir::quant::scale_min_k4;
 use lazuli_ir::QuantFormat;
 
 /// Values per activation block.
@@ -170,17 +171,6 @@ fn lanes_sum(l: [f32; 8]) -> f32 {
 #[inline(always)]
 fn half_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// Scale and min of sub-block `j` of a Q4_K block (6 bits each in 12
-/// bytes; `lazuli_ir::quant`'s unpacking).
-#[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
 }
 
 /// The eight exact lane sums of one block: lane `l` is

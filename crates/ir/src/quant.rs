@@ -295,8 +295,10 @@ fn half_at(block: &[u8], at: usize) -> f32 {
 }
 
 /// Scale and min of sub-block `j` of a Q4_K block (llama.cpp's
-/// `get_scale_min_k4`): 6 bits each, packed in 12 bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+/// `get_scale_min_k4`): 6 bits each, packed in 12 bytes. Public so the
+/// backends' kernels unpack the scales by this one definition.
+#[inline(always)]
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
